@@ -1,0 +1,333 @@
+"""Frozen, validated configs for the MoE layer and the reference decoders.
+
+A YAML file in `configs/` has two sections, `moe:` (the fields of `MoEConfig`)
+and `decoder:` (the other fields of `ModelConfig`). `load_config` returns the
+`MoEConfig`; `load_model_config` returns the whole `ModelConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import math
+import os
+from typing import Any
+
+import jax.numpy as jnp
+import yaml
+
+ACTIVATIONS = ("silu", "gelu", "gelu_exact", "relu", "linear")
+ROUTINGS = ("topk_then_softmax", "softmax_then_topk")
+QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
+GROUPED_MATMUL_IMPLEMENTATIONS = ("auto", "ragged_dot", "blocked", "kernel")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _fail(cls: str, field: str, value: Any, allowed: str) -> None:
+  raise ValueError(f"{cls}.{field}={value!r} is invalid: {allowed}.")
+
+
+def _check_positive_ints(obj: Any, names: tuple[str, ...]) -> None:
+  for name in names:
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+      _fail(type(obj).__name__, name, value, "expected a positive integer")
+
+
+def _check_choice(obj: Any, name: str, allowed: tuple[str, ...]) -> None:
+  value = getattr(obj, name)
+  if value not in allowed:
+    _fail(type(obj).__name__, name, value, f"allowed values are {allowed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+  """Every knob `RoutedMoE` reads.
+
+  Attributes:
+    num_experts: E, the number of routed experts.
+    num_experts_per_tok: k, experts chosen per token (1 <= k <= E).
+    emb_dim: M, the model (embedding) width.
+    moe_mlp_dim: H, the hidden width of each routed expert.
+    mlp_activations: (activated branch, linear branch). Experts compute
+      `act(x @ wi_0) * (x @ wi_1) @ wo`; the second entry must be "linear".
+      "gelu" is the tanh approximation (`jax.nn.gelu`), "gelu_exact" the erf.
+    shared_experts: number of shared experts (0 = none). They are fused into
+      one gated MLP of width `shared_experts * shared_mlp_dim`.
+    shared_mlp_dim: hidden width of one shared expert.
+    routing: "topk_then_softmax" (Mixtral: top-k of the logits, softmax over
+      the chosen ones) or "softmax_then_topk" (softmax over all experts, then
+      top-k, renormalised when `norm_topk_prob`).
+    norm_topk_prob: renormalise the chosen probabilities to sum to 1
+      (only read by "softmax_then_topk"; "topk_then_softmax" always sums to 1).
+    per_expert_scale: learn a `[E]` scale multiplied into routing weights.
+    capacity_factor: dense path only; `<= 0` means dropless, else each expert
+      takes at most `ceil(capacity_factor * seq * k / E)` tokens per sequence.
+    sparse_matmul: True for the sparse (sort + grouped matmul) path, False for
+      the dense einsum path.
+    grouped_matmul: implementation of the sparse path's grouped matmul.
+    dtype: activation / compute dtype name.
+    weight_dtype: parameter storage dtype name.
+    load_balance_loss_weight: weight of the Switch load-balance loss (0 = off).
+    quantization: "none", "int8" (AQT), "fp8" or "nanoo_fp8".
+    fp8_amax_history_length: length of each fp8 amax history.
+  """
+
+  num_experts: int
+  num_experts_per_tok: int
+  emb_dim: int
+  moe_mlp_dim: int
+  mlp_activations: tuple[str, ...] = ("silu", "linear")
+  shared_experts: int = 0
+  shared_mlp_dim: int = 0
+  routing: str = "topk_then_softmax"
+  norm_topk_prob: bool = False
+  per_expert_scale: bool = False
+  capacity_factor: float = 0.0
+  sparse_matmul: bool = True
+  grouped_matmul: str = "auto"
+  dtype: str = "float32"
+  weight_dtype: str = "float32"
+  load_balance_loss_weight: float = 0.01
+  quantization: str = "none"
+  fp8_amax_history_length: int = 1024
+
+  def __post_init__(self):
+    cls = type(self).__name__
+    _check_positive_ints(
+        self,
+        (
+            "num_experts",
+            "num_experts_per_tok",
+            "emb_dim",
+            "moe_mlp_dim",
+            "fp8_amax_history_length",
+        ),
+    )
+    if self.num_experts_per_tok > self.num_experts:
+      _fail(
+          cls,
+          "num_experts_per_tok",
+          self.num_experts_per_tok,
+          f"must be <= num_experts={self.num_experts}",
+      )
+    acts = tuple(self.mlp_activations)
+    object.__setattr__(self, "mlp_activations", acts)
+    if len(acts) != 2 or acts[0] not in ACTIVATIONS or acts[1] != "linear":
+      _fail(
+          cls,
+          "mlp_activations",
+          acts,
+          f"expected (activation, 'linear') with activation in {ACTIVATIONS}",
+      )
+    for name in ("shared_experts", "shared_mlp_dim"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail(cls, name, value, "expected a non-negative integer")
+    if self.shared_experts > 0 and self.shared_mlp_dim <= 0:
+      _fail(
+          cls,
+          "shared_mlp_dim",
+          self.shared_mlp_dim,
+          "must be positive when shared_experts > 0",
+      )
+    _check_choice(self, "routing", ROUTINGS)
+    _check_choice(self, "quantization", QUANTIZATIONS)
+    _check_choice(self, "grouped_matmul", GROUPED_MATMUL_IMPLEMENTATIONS)
+    _check_choice(self, "dtype", FLOAT_DTYPES)
+    _check_choice(self, "weight_dtype", FLOAT_DTYPES)
+    for name in ("capacity_factor", "load_balance_loss_weight"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(cls, name, value, "expected a number")
+      if not math.isfinite(value):
+        _fail(cls, name, value, "expected a finite number")
+      object.__setattr__(self, name, float(value))
+    if self.load_balance_loss_weight < 0:
+      _fail(
+          cls,
+          "load_balance_loss_weight",
+          self.load_balance_loss_weight,
+          "expected >= 0",
+      )
+    for name in ("norm_topk_prob", "per_expert_scale", "sparse_matmul"):
+      if not isinstance(getattr(self, name), bool):
+        _fail(cls, name, getattr(self, name), "expected a bool")
+    if self.sparse_matmul and self.capacity_factor > 0:
+      _fail(
+          cls,
+          "capacity_factor",
+          self.capacity_factor,
+          "token dropping needs the dense path (sparse_matmul=False); the "
+          "sparse path is always dropless, so use capacity_factor <= 0",
+      )
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def param_dtype(self) -> jnp.dtype:
+    return jnp.dtype(self.weight_dtype)
+
+  @property
+  def dropping(self) -> bool:
+    return not self.sparse_matmul and self.capacity_factor > 0
+
+  @property
+  def path(self) -> str:
+    """One of "sparse", "dense", "dense_dropping"."""
+    if self.sparse_matmul:
+      return "sparse"
+    return "dense_dropping" if self.dropping else "dense"
+
+  def replace(self, **changes: Any) -> MoEConfig:
+    _check_keys(type(self), changes)
+    return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The reference decoder: embedding, N blocks, final norm, logits.
+
+  Attributes:
+    moe: the MoE layer in every block.
+    vocab_size: V.
+    num_layers: number of decoder blocks.
+    num_heads: attention heads; head_dim = moe.emb_dim // num_heads unless set.
+    head_dim: width of one attention head (0 = emb_dim // num_heads).
+    rope_max_wavelength: RoPE base.
+    router_input_norm: Gemma-4 style router input: the router reads
+      `rms_norm(x) * learned_scale * emb_dim ** -0.5` (no norm weight), while
+      the experts read their own RMS-normalised input.
+    post_moe_norms: Gemma-4 style: the routed output and the shared expert
+      output are each RMS-normalised before they are added.
+    scan_layers: True to scan the blocks with `nn.scan`, False to unroll.
+    norm_eps: RMSNorm epsilon.
+  """
+
+  moe: MoEConfig
+  vocab_size: int = 256
+  num_layers: int = 2
+  num_heads: int = 4
+  head_dim: int = 0
+  rope_max_wavelength: float = 10_000.0
+  router_input_norm: bool = False
+  post_moe_norms: bool = False
+  scan_layers: bool = True
+  norm_eps: float = 1e-6
+
+  def __post_init__(self):
+    if not isinstance(self.moe, MoEConfig):
+      raise TypeError(
+          f"ModelConfig.moe must be a MoEConfig, got {type(self.moe)}"
+      )
+    _check_positive_ints(self, ("vocab_size", "num_layers", "num_heads"))
+    if self.head_dim < 0:
+      _fail("ModelConfig", "head_dim", self.head_dim, "expected >= 0")
+    if self.head_dim == 0 and self.moe.emb_dim % self.num_heads:
+      _fail(
+          "ModelConfig",
+          "num_heads",
+          self.num_heads,
+          f"must divide emb_dim={self.moe.emb_dim} when head_dim is 0",
+      )
+    if self.resolved_head_dim % 2:
+      _fail(
+          "ModelConfig",
+          "head_dim",
+          self.resolved_head_dim,
+          "RoPE needs an even head_dim",
+      )
+    for name in ("router_input_norm", "post_moe_norms", "scan_layers"):
+      if not isinstance(getattr(self, name), bool):
+        _fail("ModelConfig", name, getattr(self, name), "expected a bool")
+
+  @property
+  def resolved_head_dim(self) -> int:
+    return self.head_dim or self.moe.emb_dim // self.num_heads
+
+  def replace(self, **changes: Any) -> ModelConfig:
+    """Overrides fields of this config or of its `moe` (flat keyword names)."""
+    moe_fields = {f.name for f in dataclasses.fields(MoEConfig)}
+    moe_changes = {k: v for k, v in changes.items() if k in moe_fields}
+    own = {k: v for k, v in changes.items() if k not in moe_fields}
+    _check_keys(ModelConfig, own, extra=moe_fields)
+    moe = self.moe.replace(**moe_changes) if moe_changes else self.moe
+    return dataclasses.replace(self, moe=moe, **own)
+
+
+def _check_keys(cls: type, changes: dict[str, Any], extra=frozenset()) -> None:
+  allowed = {f.name for f in dataclasses.fields(cls)} | set(extra)
+  unknown = sorted(set(changes) - allowed)
+  if unknown:
+    raise ValueError(
+        f"Unknown {cls.__name__} key(s) {unknown}; allowed keys are "
+        f"{sorted(allowed)}."
+    )
+
+
+def available_configs() -> list[str]:
+  """Names of the YAML configs shipped with the package."""
+  root = importlib.resources.files("linen_moe.configs")
+  return sorted(p.name[:-4] for p in root.iterdir() if p.name.endswith(".yml"))
+
+
+def _read_yaml(name_or_path: str | os.PathLike) -> dict[str, Any]:
+  path = os.fspath(name_or_path)
+  if os.path.sep in path or path.endswith((".yml", ".yaml")):
+    if not os.path.exists(path):
+      raise ValueError(f"Config file {path!r} does not exist.")
+    with open(path, encoding="utf-8") as f:
+      data = yaml.safe_load(f)
+  else:
+    resource = importlib.resources.files("linen_moe.configs") / f"{path}.yml"
+    if not resource.is_file():
+      raise ValueError(
+          f"Unknown config name {path!r}; available: {available_configs()} "
+          "(or pass a path to a .yml file)."
+      )
+    data = yaml.safe_load(resource.read_text(encoding="utf-8"))
+  if not isinstance(data, dict) or "moe" not in data:
+    raise ValueError(f"Config {path!r} must be a mapping with a 'moe' section.")
+  unknown = sorted(set(data) - {"moe", "decoder"})
+  if unknown:
+    raise ValueError(
+        f"Config {path!r} has unknown section(s) {unknown}; allowed: "
+        "['decoder', 'moe']."
+    )
+  return data
+
+
+def _moe_from_dict(data: dict[str, Any]) -> MoEConfig:
+  _check_keys(MoEConfig, data)
+  return MoEConfig(**data)
+
+
+def load_model_config(
+    name_or_path: str | os.PathLike, **overrides: Any
+) -> ModelConfig:
+  """Reads a YAML config (a shipped name or a path) into a `ModelConfig`.
+
+  Overrides are flat keyword names of `ModelConfig` or `MoEConfig` fields.
+  """
+  data = _read_yaml(name_or_path)
+  moe = _moe_from_dict(dict(data["moe"] or {}))
+  decoder = dict(data.get("decoder") or {})
+  _check_keys(ModelConfig, decoder)
+  if "moe" in decoder:
+    raise ValueError("The 'decoder' section may not contain 'moe'.")
+  return ModelConfig(moe=moe, **decoder).replace(**overrides)
+
+
+def load_config(name_or_path: str | os.PathLike, **overrides: Any) -> MoEConfig:
+  """Reads the `moe:` section of a YAML config into a validated `MoEConfig`.
+
+  Example:
+    cfg = load_config("tiny_mixtral", quantization="int8")
+  """
+  data = _read_yaml(name_or_path)
+  merged = dict(data["moe"] or {})
+  _check_keys(MoEConfig, overrides)
+  merged.update(overrides)
+  return _moe_from_dict(merged)

@@ -1,0 +1,290 @@
+"""The routed MoE layer (Linen `nn.compact`), its shared expert, and both paths.
+
+Shapes: B batch, S sequence, M emb_dim, H moe_mlp_dim, E num_experts,
+k num_experts_per_tok, C expert capacity, T = B * S tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from linen_moe import routing
+from linen_moe.config import MoEConfig
+from linen_moe.quantization import contraction_modules
+
+# Every contraction that touches an expert weight or a dispatch/combine mask
+# goes through `RoutedMoE.contract` under one of these names.
+CALL_SITES = ("wi_0", "wi_1", "wo", "dispatch", "combine")
+
+_ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),
+    "relu": jax.nn.relu,
+    "linear": lambda x: x,
+}
+
+
+def activation(name: str):
+  return _ACTIVATIONS[name]
+
+
+@flax.struct.dataclass
+class MoEAux:
+  """Auxiliary outputs of `RoutedMoE`.
+
+  Attributes:
+    load_balance_loss: scalar, already multiplied by its config weight (0 when
+      the weight is 0).
+    expert_fraction: <float32>[E] share of routed assignments per expert.
+    dropped_fraction: scalar share of the T*k assignments dropped by capacity
+      (always 0 on dropless paths).
+  """
+
+  load_balance_loss: jax.Array
+  expert_fraction: jax.Array
+  dropped_fraction: jax.Array
+
+
+def expert_capacity(config: MoEConfig, seq_len: int) -> int:
+  """C, the per-sequence capacity of one expert on the dropping dense path."""
+  c = math.ceil(
+      config.capacity_factor
+      * seq_len
+      * config.num_experts_per_tok
+      / config.num_experts
+  )
+  return max(1, min(seq_len, c))
+
+
+def dispatch_mask(
+    indices: jax.Array, num_experts: int, capacity: int
+) -> jax.Array:
+  """<float32>[B, S, k, E, C] one-hot slot of every kept assignment.
+
+  `indices` is <int32>[B, S, k]. Within one sequence, assignments claim expert
+  slots in this priority order: all first choices in token order, then all
+  second choices in token order, and so on. Assignments past an expert's
+  capacity C get an all-zero row (dropped).
+  """
+  b, s, k = indices.shape
+  onehot = jax.nn.one_hot(indices, num_experts, dtype=jnp.int32)  # [B,S,k,E]
+  by_priority = jnp.swapaxes(onehot, 1, 2).reshape(b, k * s, num_experts)
+  position = jnp.cumsum(by_priority, axis=1) * by_priority - 1  # -1 = absent
+  position = jnp.swapaxes(position.reshape(b, k, s, num_experts), 1, 2)
+  # one_hot of -1 or >= capacity is all zeros: absent or dropped.
+  return jax.nn.one_hot(position, capacity, dtype=jnp.float32)
+
+
+class SharedExpert(nn.Module):
+  """A plain gated MLP every token goes through: act(x wi_0) * (x wi_1) wo.
+
+  Parameters: `wi_0` [M, F], `wi_1` [M, F], `wo` [F, M], with
+  F = shared_experts * shared_mlp_dim.
+  """
+
+  config: MoEConfig
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    cfg = self.config
+    width = cfg.shared_experts * cfg.shared_mlp_dim
+    init = nn.initializers.lecun_normal()
+    wi_0 = self.param("wi_0", init, (cfg.emb_dim, width), cfg.param_dtype)
+    wi_1 = self.param("wi_1", init, (cfg.emb_dim, width), cfg.param_dtype)
+    wo = self.param("wo", init, (width, cfg.emb_dim), cfg.param_dtype)
+    x = inputs.astype(cfg.compute_dtype)
+    dt = cfg.compute_dtype
+    hidden = activation(cfg.mlp_activations[0])(x @ wi_0.astype(dt))  # [B,S,F]
+    hidden = hidden * (x @ wi_1.astype(dt))
+    return hidden @ wo.astype(dt)  # [B, S, M]
+
+
+class RoutedMoE(nn.Module):
+  """Routed mixture of experts: top-k routing, gated experts, two paths.
+
+  Example usage:
+    cfg = load_config("tiny_mixtral")
+    moe = RoutedMoE(cfg)
+    variables = moe.init(jax.random.key(0), x)     # x: [B, S, emb_dim]
+    y, aux = moe.apply(variables, x)
+
+  Parameters (the public layout):
+    gate/kernel [M, E], wi_0 [E, M, H] (activated branch), wi_1 [E, M, H]
+    (linear branch), wo [E, H, M], per_expert_scale [E] (when enabled).
+
+  Attributes:
+    config: the `MoEConfig`.
+  """
+
+  config: MoEConfig
+
+  def contract(
+      self, site: str, *operands: Any, eqn: str | None = None
+  ) -> jax.Array:
+    """The one contraction hook, for every expert weight and mask.
+
+    Creates the contraction submodule `{site}_dot` for this config's
+    quantization; an einsum (`eqn` given) or a grouped matmul
+    (`operands = (lhs, rhs, group_sizes)`).
+    """
+    if site not in CALL_SITES:
+      raise ValueError(
+          f"Unknown contraction call site {site!r}; registered call sites are "
+          f"{CALL_SITES}."
+      )
+    cfg = self.config
+    modules = contraction_modules(
+        cfg.quantization,
+        implementation=cfg.grouped_matmul,
+        amax_history_length=cfg.fp8_amax_history_length,
+    )
+    if eqn is not None:
+      module = modules.einsum(name=f"{site}_dot", **modules.einsum_kwargs)
+      return module(eqn, *operands)
+    module = modules.grouped_matmul(
+        name=f"{site}_dot", **modules.grouped_kwargs
+    )
+    return module(*operands)
+
+  @nn.compact
+  def __call__(
+      self, inputs: jax.Array, gate_inputs: jax.Array | None = None
+  ) -> tuple[jax.Array, MoEAux]:
+    """[B, S, M] -> ([B, S, M], MoEAux). The router reads `gate_inputs`
+    ([B, S, M]) when given, else `inputs`."""
+    cfg = self.config
+    if inputs.ndim != 3 or inputs.shape[-1] != cfg.emb_dim:
+      raise ValueError(
+          f"RoutedMoE expects inputs [batch, seq, emb_dim={cfg.emb_dim}]; got "
+          f"shape {inputs.shape}."
+      )
+    if gate_inputs is not None and gate_inputs.shape != inputs.shape:
+      raise ValueError(
+          f"gate_inputs must have the shape of inputs {inputs.shape}; got "
+          f"{gate_inputs.shape}."
+      )
+    b, s, m = inputs.shape
+    e, k, h = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_mlp_dim
+    dt, pdt = cfg.compute_dtype, cfg.param_dtype
+    init = nn.initializers.lecun_normal()
+
+    # The router stays unquantized and in float32.
+    gate = nn.Dense(
+        e,
+        use_bias=False,
+        dtype=jnp.float32,
+        param_dtype=pdt,
+        kernel_init=init,
+        name="gate",
+    )
+    router_in = inputs if gate_inputs is None else gate_inputs
+    logits = gate(router_in.astype(jnp.float32).reshape(b * s, m))  # [T, E]
+    scale = None
+    if cfg.per_expert_scale:
+      scale = self.param("per_expert_scale", nn.initializers.ones, (e,), pdt)
+    router = routing.route(logits, k, cfg.routing, cfg.norm_topk_prob, scale)
+
+    wi_0 = self.param("wi_0", init, (e, m, h), pdt).astype(dt)
+    wi_1 = self.param("wi_1", init, (e, m, h), pdt).astype(dt)
+    wo = self.param("wo", init, (e, h, m), pdt).astype(dt)
+    x = inputs.astype(dt)
+    act = activation(cfg.mlp_activations[0])
+
+    if cfg.sparse_matmul:
+      out = self._sparse(x.reshape(b * s, m), router, wi_0, wi_1, wo, act)
+      out = out.reshape(b, s, m)
+      dropped = jnp.zeros((), jnp.float32)
+    elif cfg.dropping:
+      out, dropped = self._dense_dropping(x, router, wi_0, wi_1, wo, act)
+    else:
+      out = self._dense(x, router, wi_0, wi_1, wo, act)
+      dropped = jnp.zeros((), jnp.float32)
+
+    fraction = routing.expert_assignment_fraction(router.indices, e)
+    if cfg.load_balance_loss_weight > 0:
+      lb = cfg.load_balance_loss_weight * routing.load_balance_loss(router, e)
+    else:
+      lb = jnp.zeros((), jnp.float32)
+    return out.astype(dt), MoEAux(
+        load_balance_loss=lb, expert_fraction=fraction, dropped_fraction=dropped
+    )
+
+  def _sparse(self, x, router, wi_0, wi_1, wo, act):
+    """Dropless: sort assignments by expert, grouped matmuls, unsort."""
+    t, m = x.shape
+    k, e = self.config.num_experts_per_tok, self.config.num_experts
+    flat_experts = router.indices.reshape(-1)  # [T*k]
+    order = jnp.argsort(flat_experts, stable=True)  # [T*k]
+    rows = x[order // k]  # [T*k, M], sorted by expert
+    group_sizes = jnp.bincount(flat_experts, length=e).astype(jnp.int32)
+    hidden = act(self.contract("wi_0", rows, wi_0, group_sizes))  # [T*k, H]
+    hidden = hidden * self.contract("wi_1", rows, wi_1, group_sizes)
+    expert_out = self.contract("wo", hidden, wo, group_sizes)  # [T*k, M]
+    unsorted = expert_out[jnp.argsort(order)]  # back to (token, choice) order
+    weights = router.weights.astype(x.dtype).reshape(t, k, 1)
+    return jnp.sum(unsorted.reshape(t, k, m) * weights, axis=1)  # [T, M]
+
+  def _dense(self, x, router, wi_0, wi_1, wo, act):
+    """Dropless einsums over every expert for every token."""
+    b, s, _ = x.shape
+    e = self.config.num_experts
+    hidden = act(self.contract("wi_0", x, wi_0, eqn="BSM,EMH->BSEH"))
+    hidden = hidden * self.contract("wi_1", x, wi_1, eqn="BSM,EMH->BSEH")
+    expert_out = self.contract("wo", hidden, wo, eqn="BSEH,EHM->BSEM")
+    dense_weights = jnp.zeros((b * s, e), jnp.float32)
+    rows = jnp.arange(b * s)[:, None]
+    dense_weights = dense_weights.at[rows, router.indices].add(router.weights)
+    dense_weights = dense_weights.reshape(b, s, e).astype(x.dtype)  # [B,S,E]
+    return self.contract(
+        "combine", expert_out, dense_weights, eqn="BSEM,BSE->BSM"
+    )
+
+  def _dense_dropping(self, x, router, wi_0, wi_1, wo, act):
+    """Einsums over per-expert capacity slots; overflow tokens are dropped."""
+    b, s, _ = x.shape
+    k, e = self.config.num_experts_per_tok, self.config.num_experts
+    capacity = expert_capacity(self.config, s)
+    slots = dispatch_mask(router.indices.reshape(b, s, k), e, capacity)
+    dispatch = jnp.sum(slots, axis=2)  # [B, S, E, C]
+    weights = router.weights.reshape(b, s, k, 1, 1)
+    combine = jnp.sum(slots * weights, axis=2)  # [B, S, E, C]
+    dropped = 1.0 - jnp.sum(slots) / (b * s * k)
+    expert_in = self.contract(
+        "dispatch", x, dispatch.astype(x.dtype), eqn="BSM,BSEC->EBCM"
+    )
+    hidden = act(self.contract("wi_0", expert_in, wi_0, eqn="EBCM,EMH->EBCH"))
+    hidden = hidden * self.contract(
+        "wi_1", expert_in, wi_1, eqn="EBCM,EMH->EBCH"
+    )
+    expert_out = self.contract("wo", hidden, wo, eqn="EBCH,EHM->EBCM")
+    out = self.contract(
+        "combine", expert_out, combine.astype(x.dtype), eqn="EBCM,BSEC->BSM"
+    )
+    return out, dropped
+
+
+class RoutedAndSharedMoE(nn.Module):
+  """Routed experts plus shared experts, simply added (DeepSeek / Qwen style).
+
+  Parameters: the `RoutedMoE` layout under `routed_experts/` and the
+  `SharedExpert` layout under `shared_experts/` (when `shared_experts > 0`).
+  Returns the same `(outputs, MoEAux)` as `RoutedMoE`.
+  """
+
+  config: MoEConfig
+
+  @nn.compact
+  def __call__(self, inputs, gate_inputs=None):
+    out, aux = RoutedMoE(self.config, name="routed_experts")(
+        inputs, gate_inputs
+    )
+    if self.config.shared_experts > 0:
+      out = out + SharedExpert(self.config, name="shared_experts")(inputs)
+    return out, aux

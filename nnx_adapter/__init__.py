@@ -1,0 +1,1 @@
+"""The NNX adapter: the one place Linen meets NNX."""
