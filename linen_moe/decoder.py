@@ -1,0 +1,181 @@
+"""A reference Linen decoder small enough for tests: embedding, N blocks of
+(RMSNorm, causal attention with RoPE, RMSNorm, MoE), final norm, tied logits.
+
+Shapes: B batch, S sequence, M emb_dim, N heads, D head_dim, V vocab.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from linen_moe.config import ModelConfig
+from linen_moe.moe import RoutedMoE
+from linen_moe.moe import SharedExpert
+from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+
+# Flax RNG streams the decoder splits across scanned layers.
+RNG_STREAMS = ("params", "aqt")
+
+
+def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
+  """x / rms(x) over the last axis, computed in float32."""
+  x32 = x.astype(jnp.float32)
+  scale = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+  return (x32 * scale).astype(x.dtype)
+
+
+class RMSNorm(nn.Module):
+  """RMSNorm with a learned `scale` [M] initialised to 1."""
+
+  eps: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+    return rms_normalize(x, self.eps) * scale.astype(x.dtype)
+
+
+def apply_rope(
+    x: jax.Array, positions: jax.Array, max_wavelength: float
+) -> jax.Array:
+  """Rotary embedding of x [B, S, N, D] at integer positions [B, S]."""
+  half = x.shape[-1] // 2
+  freq = max_wavelength ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angle = positions[..., None].astype(jnp.float32) * freq  # [B, S, D/2]
+  sin, cos = jnp.sin(angle)[:, :, None, :], jnp.cos(angle)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+  """Multi-head causal self-attention with RoPE (no KV cache)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    cfg = self.config
+    n, d = cfg.num_heads, cfg.resolved_head_dim
+    dt = cfg.moe.compute_dtype
+    dense = lambda name: nn.DenseGeneral(  # noqa: E731
+        (n, d),
+        use_bias=False,
+        dtype=dt,
+        param_dtype=cfg.moe.param_dtype,
+        name=name,
+    )
+    q = apply_rope(dense("query")(x), positions, cfg.rope_max_wavelength)
+    k = apply_rope(dense("key")(x), positions, cfg.rope_max_wavelength)
+    v = dense("value")(x)
+    logits = jnp.einsum("BSND,BTND->BNST", q, k).astype(jnp.float32)
+    logits = logits * d**-0.5
+    s = x.shape[1]
+    causal = jnp.tril(jnp.ones((s, s), bool))
+    logits = jnp.where(causal, logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+    attended = jnp.einsum("BNST,BTND->BSND", probs, v)
+    return nn.DenseGeneral(
+        cfg.moe.emb_dim,
+        axis=(-2, -1),
+        use_bias=False,
+        dtype=dt,
+        param_dtype=cfg.moe.param_dtype,
+        name="out",
+    )(attended)
+
+
+class DecoderBlock(nn.Module):
+  """One block; returns `(x, (load_balance_loss, dropped_fraction))`.
+
+  Gemma-4 style options (`router_input_norm`, `post_moe_norms`) are config
+  fields. The signature fits `nn.scan` (carry, broadcast positions).
+  """
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, positions: jax.Array):
+    cfg, moe_cfg = self.config, self.config.moe
+    h = RMSNorm(cfg.norm_eps, name="pre_attention_norm")(x)
+    x = x + CausalSelfAttention(cfg, name="attention")(h, positions)
+    h = RMSNorm(cfg.norm_eps, name="pre_moe_norm")(x)
+    gate_inputs = None
+    if cfg.router_input_norm:
+      router_scale = self.param(
+          "router_input_scale", nn.initializers.ones, (moe_cfg.emb_dim,)
+      )
+      gate_inputs = (
+          rms_normalize(x, cfg.norm_eps) * router_scale * moe_cfg.emb_dim**-0.5
+      )
+    routed, aux = RoutedMoE(moe_cfg, name="moe")(h, gate_inputs)
+    if cfg.post_moe_norms:
+      routed = RMSNorm(cfg.norm_eps, name="post_routed_norm")(routed)
+    mlp_out = routed
+    if moe_cfg.shared_experts > 0:
+      shared = SharedExpert(moe_cfg, name="shared_experts")(h)
+      if cfg.post_moe_norms:
+        shared = RMSNorm(cfg.norm_eps, name="post_shared_norm")(shared)
+      mlp_out = routed + shared
+    x = x + mlp_out.astype(x.dtype)
+    return x, (aux.load_balance_loss, aux.dropped_fraction)
+
+
+class Decoder(nn.Module):
+  """The reference decoder: tokens <int32>[B, S] -> (logits [B, S, V], aux).
+
+  `aux` is a dict with `load_balance_loss` (summed over layers) and
+  `dropped_fraction` (mean over layers). With `config.scan_layers` the blocks'
+  variables are stacked on a leading layer axis under `layers/`; unrolled,
+  they live under `layers_0/`, `layers_1/`, ...
+
+  Example usage:
+    cfg = load_model_config("tiny_mixtral")
+    model = Decoder(cfg)
+    variables = model.init(jax.random.key(0), tokens)
+    logits, aux = model.apply(variables, tokens)
+  """
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array):
+    cfg = self.config
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise ValueError(
+          f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
+          f"{tokens.shape}."
+      )
+    embed = nn.Embed(
+        cfg.vocab_size,
+        cfg.moe.emb_dim,
+        param_dtype=cfg.moe.param_dtype,
+        name="embed",
+    )
+    x = embed(tokens).astype(cfg.moe.compute_dtype)
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    if cfg.scan_layers:
+      scanned = nn.scan(
+          DecoderBlock,
+          variable_axes={"params": 0, OVERWRITE_WITH_GRADIENT: 0},
+          split_rngs={name: True for name in RNG_STREAMS},
+          in_axes=(nn.broadcast,),
+          length=cfg.num_layers,
+          metadata_params={nn.PARTITION_NAME: "layers"},
+      )
+      x, (lb, dropped) = scanned(cfg, name="layers")(x, positions)
+    else:
+      lbs, drops = [], []
+      for i in range(cfg.num_layers):
+        x, (lb_i, drop_i) = DecoderBlock(cfg, name=f"layers_{i}")(x, positions)
+        lbs.append(lb_i)
+        drops.append(drop_i)
+      lb, dropped = jnp.stack(lbs), jnp.stack(drops)
+    x = RMSNorm(cfg.norm_eps, name="final_norm")(x)
+    logits = embed.attend(x.astype(jnp.float32))  # [B, S, V], tied weights
+    return logits, {
+        "load_balance_loss": jnp.sum(lb),
+        "dropped_fraction": jnp.mean(dropped),
+    }

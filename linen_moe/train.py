@@ -1,0 +1,188 @@
+"""Training the reference Linen decoder, and the fp8 overwrite-with-gradient rule.
+
+fp8 state (scales and amax histories) lives in the `_overwrite_with_gradient`
+collection. Flax's fp8 ops return its *new value* as its "gradient": a train
+step differentiates with respect to it and writes that value back; the
+optimizer never sees it. `overwrite_with_gradient` and
+`combine_overwrite_microbatches` are the one implementation of that rule, used
+by the Linen train step here and by the NNX train step in `nnx_adapter`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from linen_moe.decoder import RNG_STREAMS
+from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+
+PyTree = Any
+
+
+def overwrite_with_gradient(state: PyTree, grads: PyTree) -> PyTree:
+  """New fp8 state: the "gradient" of each leaf *is* its new value.
+
+  `state` and `grads` have the same structure; `state` is only used to check
+  it, so a mismatch fails loudly instead of silently keeping old scales.
+  """
+  jax.tree.map(lambda s, g: None, state, grads)  # raises on a mismatch
+  return grads
+
+
+def combine_overwrite_microbatches(a: PyTree, b: PyTree) -> PyTree:
+  """Combines fp8 "gradients" of two microbatches of one step.
+
+  Each microbatch starts from the same fp8 state, so their new amax histories
+  share the rolled-over past and differ only in the newest entry. The
+  element-wise maximum keeps that past and the largest new amax, never a sum
+  and never just the last microbatch's value (which would clip the larger
+  activations of earlier microbatches). Scales, computed from the shared past,
+  are equal, and the maximum keeps them.
+  """
+  return jax.tree.map(jnp.maximum, a, b)
+
+
+def cross_entropy(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+  """Mean next-token cross-entropy (nats) of logits [B, S, V] on tokens."""
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+  target = tokens[:, 1:]
+  return -jnp.mean(jnp.take_along_axis(logp, target[..., None], axis=-1))
+
+
+def decoder_loss(
+    logits: jax.Array, aux: dict[str, jax.Array], tokens: jax.Array
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Training loss = next-token cross-entropy + summed load-balance losses."""
+  ce = cross_entropy(logits, tokens)
+  loss = ce + aux["load_balance_loss"]
+  return loss, {
+      "loss": loss,
+      "cross_entropy": ce,
+      "load_balance_loss": aux["load_balance_loss"],
+      "dropped_fraction": aux["dropped_fraction"],
+  }
+
+
+def split_microbatches(tokens: jax.Array, grad_accum: int) -> jax.Array:
+  """[B, S] -> [grad_accum, B / grad_accum, S]."""
+  if grad_accum < 1 or tokens.shape[0] % grad_accum:
+    raise ValueError(
+        f"grad_accum={grad_accum} must be >= 1 and divide the batch size "
+        f"{tokens.shape[0]}."
+    )
+  return tokens.reshape(grad_accum, -1, *tokens.shape[1:])
+
+
+def accumulate_gradients(
+    grad_fn: Callable, tokens: jax.Array, grad_accum: int, rng: jax.Array
+):
+  """Runs `grad_fn(tokens, rng) -> ((param_grads, fp8_grads), metrics)` over
+  microbatches: parameter gradients and metrics are averaged, fp8 "gradients"
+  combined by `combine_overwrite_microbatches`.
+  """
+  if grad_accum == 1:
+    return grad_fn(tokens, rng)
+  micro = split_microbatches(tokens, grad_accum)
+  rngs = jax.random.split(rng, grad_accum)
+  (p0, o0), m0 = grad_fn(micro[0], rngs[0])
+
+  def body(carry, xs):
+    (p, o), m = carry
+    (pi, oi), mi = grad_fn(*xs)
+    return (
+        (jax.tree.map(jnp.add, p, pi), combine_overwrite_microbatches(o, oi)),
+        jax.tree.map(jnp.add, m, mi),
+    ), None
+
+  ((p, o), m), _ = jax.lax.scan(body, ((p0, o0), m0), (micro[1:], rngs[1:]))
+  scale = lambda t: jax.tree.map(lambda x: x / grad_accum, t)  # noqa: E731
+  return (scale(p), o), scale(m)
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Linen training state: params via optax, fp8 state by overwriting."""
+
+  step: jax.Array
+  params: PyTree
+  fp8_state: PyTree
+  opt_state: PyTree
+
+
+def init_train_state(
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    tokens: jax.Array,
+    rng: jax.Array,
+) -> TrainState:
+  variables = model.init(rng, tokens)
+  params = variables["params"]
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
+      opt_state=optimizer.init(params),
+  )
+
+
+def rng_dict(rng: jax.Array) -> dict[str, jax.Array]:
+  """One key per RNG stream the layer may draw from at apply time."""
+  keys = jax.random.split(rng, len(RNG_STREAMS))
+  return dict(zip(RNG_STREAMS, keys, strict=True))
+
+
+def make_train_step(
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    grad_accum: int = 1,
+):
+  """A jittable `step(state, tokens, rng) -> (state, metrics)` for `model`
+  (a `Decoder`): AdamW-style update of params, fp8 state overwritten."""
+
+  def grad_fn(tokens, rng, params, fp8_state):
+    def loss_fn(params, fp8_state):
+      variables = {"params": params}
+      if fp8_state:
+        variables[OVERWRITE_WITH_GRADIENT] = fp8_state
+      logits, aux = model.apply(variables, tokens, rngs=rng_dict(rng))
+      return decoder_loss(logits, aux, tokens)
+
+    grads, metrics = jax.grad(loss_fn, argnums=(0, 1), has_aux=True)(
+        params, fp8_state
+    )
+    return grads, metrics
+
+  def step(state: TrainState, tokens: jax.Array, rng: jax.Array):
+    fn = lambda t, r: grad_fn(t, r, state.params, state.fp8_state)  # noqa: E731
+    (param_grads, fp8_grads), metrics = accumulate_gradients(
+        fn, tokens, grad_accum, rng
+    )
+    updates, opt_state = optimizer.update(
+        param_grads, state.opt_state, state.params
+    )
+    return (
+        state.replace(
+            step=state.step + 1,
+            params=optax.apply_updates(state.params, updates),
+            fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
+            opt_state=opt_state,
+        ),
+        metrics,
+    )
+
+  return step
+
+
+def default_optimizer(
+    learning_rate: float = 3e-3,
+) -> optax.GradientTransformation:
+  return optax.chain(
+      optax.clip_by_global_norm(1.0),
+      optax.adamw(learning_rate, weight_decay=0.0),
+  )
