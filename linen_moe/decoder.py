@@ -179,3 +179,38 @@ class Decoder(nn.Module):
         "load_balance_loss": jnp.sum(lb),
         "dropped_fraction": jnp.mean(dropped),
     }
+
+
+def scanned_to_unrolled(variables: dict, num_layers: int) -> dict:
+  """Converts scanned decoder variables (`layers/` stacked on axis 0) into the
+  unrolled layout (`layers_0/`, `layers_1/`, ...), in every collection."""
+  out = {}
+  for collection, collection_tree in variables.items():
+    tree = dict(collection_tree)
+    stacked = tree.pop("layers", None)
+    if stacked is not None:
+      for i in range(num_layers):
+        tree[f"layers_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+    out[collection] = tree
+  return out
+
+
+def unrolled_to_scanned(variables: dict, num_layers: int) -> dict:
+  """The inverse of `scanned_to_unrolled`."""
+  out = {}
+  for collection, collection_tree in variables.items():
+    tree = dict(collection_tree)
+    layers = [
+        tree.pop(f"layers_{i}")
+        for i in range(num_layers)
+        if f"layers_{i}" in tree
+    ]
+    if layers:
+      if len(layers) != num_layers:
+        raise ValueError(
+            f"Collection {collection!r} has {len(layers)} of {num_layers} "
+            "unrolled layers."
+        )
+      tree["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+    out[collection] = tree
+  return out

@@ -180,7 +180,7 @@ def make_train_step(
 
 
 def default_optimizer(
-    learning_rate: float = 3e-3,
+    learning_rate: float = 1e-2,
 ) -> optax.GradientTransformation:
   return optax.chain(
       optax.clip_by_global_norm(1.0),

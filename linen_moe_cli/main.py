@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
   train.add_argument("--steps", type=int, default=200)
   train.add_argument("--batch-size", type=int, default=16)
   train.add_argument("--seq-len", type=int, default=32)
-  train.add_argument("--learning-rate", type=float, default=3e-3)
+  train.add_argument("--learning-rate", type=float, default=1e-2)
   train.add_argument(
       "--grad-accum", type=int, default=1, help="microbatches per step"
   )

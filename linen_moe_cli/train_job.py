@@ -37,7 +37,7 @@ def train(
     steps: int,
     batch_size: int = 16,
     seq_len: int = 32,
-    learning_rate: float = 3e-3,
+    learning_rate: float = 1e-2,
     grad_accum: int = 1,
     seed: int = 0,
     progress: bool = True,

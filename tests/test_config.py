@@ -1,0 +1,159 @@
+"""Config validation: every bad value is a ValueError naming the field."""
+
+import dataclasses
+import os
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from linen_moe import MoEConfig
+from linen_moe import available_configs
+from linen_moe import load_config
+from linen_moe import load_model_config
+
+GOOD = dict(num_experts=8, num_experts_per_tok=2, emb_dim=16, moe_mlp_dim=32)
+
+
+class ConfigValidationTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      (
+          "topk_gt_experts",
+          dict(num_experts_per_tok=9),
+          r"num_experts_per_tok=9.*<= num_experts=8",
+      ),
+      ("zero_experts", dict(num_experts=0), r"num_experts=0.*positive"),
+      ("negative_emb", dict(emb_dim=-4), r"emb_dim=-4.*positive"),
+      ("zero_mlp", dict(moe_mlp_dim=0), r"moe_mlp_dim=0.*positive"),
+      ("float_size", dict(emb_dim=16.0), r"emb_dim=16.0.*integer"),
+      (
+          "bad_activation",
+          dict(mlp_activations=("swish", "linear")),
+          r"mlp_activations=.*swish.*silu",
+      ),
+      (
+          "non_linear_second",
+          dict(mlp_activations=("silu", "gelu")),
+          r"mlp_activations",
+      ),
+      (
+          "bad_routing",
+          dict(routing="sinkhorn"),
+          r"routing='sinkhorn'.*topk_then_softmax",
+      ),
+      (
+          "bad_quantization",
+          dict(quantization="int4"),
+          r"quantization='int4'.*'none', 'int8', 'fp8', 'nanoo_fp8'",
+      ),
+      ("bad_dtype", dict(dtype="float64"), r"dtype='float64'"),
+      (
+          "shared_without_width",
+          dict(shared_experts=1),
+          r"shared_mlp_dim=0.*positive",
+      ),
+      ("negative_shared", dict(shared_experts=-1), r"shared_experts=-1"),
+      (
+          "nan_capacity",
+          dict(capacity_factor=float("nan")),
+          r"capacity_factor=nan.*finite",
+      ),
+      (
+          "dropping_on_sparse",
+          dict(capacity_factor=1.0, sparse_matmul=True),
+          r"capacity_factor=1.0.*sparse_matmul=False",
+      ),
+      (
+          "negative_lb",
+          dict(load_balance_loss_weight=-1.0),
+          r"load_balance_loss_weight",
+      ),
+      ("bad_gmm", dict(grouped_matmul="cuda"), r"grouped_matmul='cuda'"),
+  )
+  def test_invalid(self, change, pattern):
+    with self.assertRaisesRegex(ValueError, pattern):
+      MoEConfig(**{**GOOD, **change})
+
+  def test_valid_and_frozen(self):
+    cfg = MoEConfig(**GOOD)
+    self.assertEqual(cfg.path, "sparse")
+    self.assertEqual(cfg.replace(sparse_matmul=False).path, "dense")
+    self.assertEqual(
+        cfg.replace(sparse_matmul=False, capacity_factor=1.0).path,
+        "dense_dropping",
+    )
+    with self.assertRaises(dataclasses.FrozenInstanceError):
+      cfg.emb_dim = 3  # frozen
+
+  def test_replace_rejects_unknown(self):
+    with self.assertRaisesRegex(ValueError, r"\['num_expert'\].*num_experts"):
+      MoEConfig(**GOOD).replace(num_expert=4)
+
+
+class LoadConfigTest(parameterized.TestCase):
+
+  def test_shipped_configs(self):
+    self.assertContainsSubset(
+        {"tiny_mixtral", "tiny_gemma4_26b", "mixtral_8x7b", "gemma4_26b"},
+        set(available_configs()),
+    )
+    for name in available_configs():
+      load_model_config(name)
+
+  def test_structure_of_tiny_configs(self):
+    mix = load_config("tiny_mixtral")
+    self.assertEqual((mix.num_experts, mix.num_experts_per_tok), (8, 2))
+    self.assertEqual(mix.mlp_activations, ("silu", "linear"))
+    self.assertEqual(
+        (mix.routing, mix.shared_experts), ("topk_then_softmax", 0)
+    )
+    gem = load_model_config("tiny_gemma4_26b")
+    self.assertEqual(gem.moe.num_experts_per_tok, 8)
+    self.assertEqual(gem.moe.routing, "softmax_then_topk")
+    self.assertTrue(gem.moe.norm_topk_prob and gem.moe.per_expert_scale)
+    self.assertEqual(gem.moe.shared_experts, 1)
+    self.assertTrue(gem.router_input_norm and gem.post_moe_norms)
+    full = load_config("gemma4_26b")
+    self.assertEqual(
+        (full.num_experts, full.emb_dim, full.moe_mlp_dim), (128, 2816, 704)
+    )
+
+  def test_overrides(self):
+    cfg = load_config("tiny_mixtral", quantization="fp8", sparse_matmul=False)
+    self.assertEqual((cfg.quantization, cfg.sparse_matmul), ("fp8", False))
+    model = load_model_config("tiny_mixtral", num_layers=3, quantization="int8")
+    self.assertEqual((model.num_layers, model.moe.quantization), (3, "int8"))
+
+  def test_unknown_override(self):
+    with self.assertRaisesRegex(ValueError, r"\['num_exprts'\]"):
+      load_config("tiny_mixtral", num_exprts=3)
+    with self.assertRaisesRegex(ValueError, r"\['depth'\]"):
+      load_model_config("tiny_mixtral", depth=3)
+
+  def test_unknown_name(self):
+    with self.assertRaisesRegex(ValueError, r"'tiny_llama'.*tiny_mixtral"):
+      load_config("tiny_llama")
+
+  def test_unknown_yaml_key_in_file(self):
+    with tempfile.TemporaryDirectory() as d:
+      path = os.path.join(d, "bad.yml")
+      with open(path, "w") as f:
+        f.write(
+            "moe:\n  num_experts: 4\n  num_experts_per_tok: 1\n"
+            "  emb_dim: 8\n  moe_mlp_dim: 8\n  expert_count: 3\n"
+        )
+      with self.assertRaisesRegex(ValueError, r"\['expert_count'\]"):
+        load_config(path)
+      with open(path, "w") as f:
+        f.write(
+            "moe:\n  num_experts: 4\n  num_experts_per_tok: 1\n"
+            "  emb_dim: 8\n  moe_mlp_dim: 8\ndecoder:\n  num_layers: 1\n"
+        )
+      self.assertEqual(load_model_config(path).num_layers, 1)
+    with self.assertRaisesRegex(ValueError, "does not exist"):
+      load_config("/nonexistent/cfg.yml")
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,307 @@
+"""RoutedMoE against the NumPy oracle, both paths, dropping, aux losses."""
+
+import math
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linen_moe import RoutedAndSharedMoE
+from linen_moe import RoutedMoE
+from linen_moe import SharedExpert
+from linen_moe import load_config
+from linen_moe import moe as moe_lib
+from linen_moe import routing
+from tests import numpy_reference
+
+CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
+PATHS = {
+    "sparse": dict(sparse_matmul=True),
+    "dense": dict(sparse_matmul=False),
+}
+
+
+def _random_params(cfg, seed=0):
+  """Random params with non-trivial per-expert scales (not all ones)."""
+  moe = RoutedMoE(cfg)
+  x = jnp.zeros((1, 2, cfg.emb_dim))
+  params = moe.init(jax.random.key(seed), x)["params"]
+  if cfg.per_expert_scale:
+    params = dict(params)
+    params["per_expert_scale"] = jax.random.uniform(
+        jax.random.key(seed + 1), (cfg.num_experts,), minval=0.5, maxval=1.5
+    )
+  return params
+
+
+def _inputs(cfg, b=2, s=8, seed=3):
+  return jax.random.normal(jax.random.key(seed), (b, s, cfg.emb_dim))
+
+
+def _rel_err(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+class MoEReferenceTest(parameterized.TestCase):
+
+  @parameterized.product(config=CONFIGS, path=tuple(PATHS))
+  def test_matches_numpy_reference(self, config, path):
+    cfg = load_config(config, **PATHS[path])
+    params = _random_params(cfg)
+    x = _inputs(cfg)
+    gate_inputs = _inputs(cfg, seed=7) if config == "tiny_gemma4_26b" else None
+    y, aux = jax.jit(RoutedMoE(cfg).apply)({"params": params}, x, gate_inputs)
+    expected, _ = numpy_reference.moe_reference(
+        params,
+        np.asarray(x, np.float64),
+        cfg,
+        None if gate_inputs is None else np.asarray(gate_inputs, np.float64),
+    )
+    self.assertLess(_rel_err(y, expected), 1e-5)
+    self.assertEqual(float(aux.dropped_fraction), 0.0)
+
+  @parameterized.parameters(*CONFIGS)
+  def test_dense_dropless_equals_sparse(self, config):
+    params = _random_params(load_config(config))
+    x = _inputs(load_config(config), b=3, s=16)
+    ys = {
+        path: (
+            RoutedMoE(load_config(config, **kw)).apply({"params": params}, x)[0]
+        )
+        for path, kw in PATHS.items()
+    }
+    np.testing.assert_allclose(ys["dense"], ys["sparse"], rtol=1e-5, atol=1e-6)
+
+  @parameterized.parameters(0.5, 1.0, 2.0)
+  def test_dropping_matches_numpy_reference(self, capacity_factor):
+    cfg = load_config(
+        "tiny_mixtral", sparse_matmul=False, capacity_factor=capacity_factor
+    )
+    params = _random_params(cfg)
+    x = _inputs(cfg, b=2, s=16)
+    y, aux = RoutedMoE(cfg).apply({"params": params}, x)
+    capacity = moe_lib.expert_capacity(cfg, 16)
+    self.assertEqual(capacity, min(16, math.ceil(capacity_factor * 16 * 2 / 8)))
+    expected, dropped = numpy_reference.moe_reference(
+        params, np.asarray(x, np.float64), cfg, capacity=capacity
+    )
+    self.assertLess(_rel_err(y, expected), 1e-5)
+    self.assertAlmostEqual(
+        float(aux.dropped_fraction), dropped / (2 * 16 * 2), places=6
+    )
+
+  def test_large_capacity_drops_nothing(self):
+    cfg = load_config("tiny_mixtral", sparse_matmul=False, capacity_factor=4.0)
+    params = _random_params(cfg)
+    x = _inputs(cfg, b=2, s=16)
+    y, aux = RoutedMoE(cfg).apply({"params": params}, x)
+    y_dropless, _ = RoutedMoE(cfg.replace(capacity_factor=0.0)).apply(
+        {"params": params}, x
+    )
+    self.assertEqual(float(aux.dropped_fraction), 0.0)
+    np.testing.assert_allclose(y, y_dropless, rtol=1e-5, atol=1e-6)
+
+
+class DispatchMaskTest(absltest.TestCase):
+
+  def test_hand_checked_priority_order(self):
+    # One sequence of 3 tokens, k=2, 2 experts, capacity 2.
+    # Choices: t0 -> (0, 1), t1 -> (0, 1), t2 -> (0, 1).
+    # Expert 0 slots go to first choices in token order: t0 slot 0, t1 slot 1,
+    # t2 dropped. Expert 1 gets only second choices: t0 slot 0, t1 slot 1,
+    # t2 dropped.
+    indices = jnp.array([[[0, 1], [0, 1], [0, 1]]])
+    mask = moe_lib.dispatch_mask(indices, num_experts=2, capacity=2)
+    expected = np.zeros((1, 3, 2, 2, 2))
+    expected[0, 0, 0, 0, 0] = 1  # t0 choice0 -> expert0 slot0
+    expected[0, 1, 0, 0, 1] = 1  # t1 choice0 -> expert0 slot1
+    expected[0, 0, 1, 1, 0] = 1  # t0 choice1 -> expert1 slot0
+    expected[0, 1, 1, 1, 1] = 1  # t1 choice1 -> expert1 slot1
+    np.testing.assert_array_equal(mask, expected)
+
+  def test_first_choices_win_over_earlier_second_choices(self):
+    # t0 -> (1, 0), t1 -> (0, 1); capacity 1. Expert 0: t1's first choice
+    # beats t0's second choice although t0 comes first.
+    indices = jnp.array([[[1, 0], [0, 1]]])
+    mask = moe_lib.dispatch_mask(indices, num_experts=2, capacity=1)
+    self.assertEqual(float(mask[0, 1, 0, 0, 0]), 1.0)  # t1 choice0 kept
+    self.assertEqual(float(mask[0, 0, 1].sum()), 0.0)  # t0 choice1 dropped
+    self.assertEqual(float(mask[0, 0, 0, 1, 0]), 1.0)  # t0 choice0 kept
+
+  def test_each_slot_used_at_most_once(self):
+    idx = jax.random.randint(jax.random.key(0), (4, 32, 1), 0, 8)
+    mask = moe_lib.dispatch_mask(idx, num_experts=8, capacity=3)
+    per_slot = mask.sum(axis=(1, 2))  # [B, E, C]
+    self.assertLessEqual(float(per_slot.max()), 1.0)
+    # Kept per expert = min(count, capacity).
+    counts = jax.nn.one_hot(idx[..., 0], 8).sum(axis=1)
+    np.testing.assert_array_equal(
+        mask.sum(axis=(1, 2, 4)), np.minimum(counts, 3)
+    )
+
+
+class RoutingTest(parameterized.TestCase):
+
+  def test_mixtral_routing_hand_checked(self):
+    logits = jnp.array([[1.0, 3.0, 2.0, 0.0]])
+    r = routing.route(logits, 2, "topk_then_softmax", False)
+    np.testing.assert_array_equal(r.indices, [[1, 2]])
+    e = math.exp(1.0)
+    np.testing.assert_allclose(
+        r.weights, [[e / (e + 1), 1 / (e + 1)]], rtol=1e-6
+    )
+
+  def test_softmax_then_topk_with_scale(self):
+    logits = jnp.log(jnp.array([[0.1, 0.5, 0.3, 0.1]]))
+    scale = jnp.array([1.0, 2.0, 3.0, 4.0])
+    r = routing.route(logits, 2, "softmax_then_topk", False)
+    np.testing.assert_allclose(r.weights, [[0.5, 0.3]], rtol=1e-6)
+    r = routing.route(logits, 2, "softmax_then_topk", True, scale)
+    np.testing.assert_allclose(r.weights, [[0.625 * 2, 0.375 * 3]], rtol=1e-6)
+
+  def test_load_balance_loss_bounds(self):
+    e = 4
+    uniform = routing.RouterResult(
+        weights=jnp.ones((8, 1)),
+        indices=jnp.arange(8)[:, None] % e,
+        probs=jnp.full((8, e), 1 / e),
+    )
+    self.assertAlmostEqual(
+        float(routing.load_balance_loss(uniform, e)), 1.0, places=6
+    )
+    collapsed = routing.RouterResult(
+        weights=jnp.ones((8, 1)),
+        indices=jnp.zeros((8, 1), jnp.int32),
+        probs=jax.nn.one_hot(jnp.zeros(8, jnp.int32), e),
+    )
+    self.assertAlmostEqual(
+        float(routing.load_balance_loss(collapsed, e)), float(e), places=6
+    )
+
+  def test_layer_aux(self):
+    cfg = load_config("tiny_mixtral", load_balance_loss_weight=0.5)
+    params = _random_params(cfg)
+    x = _inputs(cfg)
+    _, aux = RoutedMoE(cfg).apply({"params": params}, x)
+    np.testing.assert_allclose(
+        float(jnp.sum(aux.expert_fraction)), 1.0, rtol=1e-6
+    )
+    # Switch loss lies in [1, E] before weighting.
+    self.assertBetween(float(aux.load_balance_loss) / 0.5, 1.0, 8.0)
+    _, aux0 = RoutedMoE(cfg.replace(load_balance_loss_weight=0.0)).apply(
+        {"params": params}, x
+    )
+    self.assertEqual(float(aux0.load_balance_loss), 0.0)
+
+  def test_load_balance_gradient_pushes_towards_balance(self):
+    cfg = load_config("tiny_mixtral", load_balance_loss_weight=1.0)
+    params = _random_params(cfg)
+    x = _inputs(cfg, b=4, s=16)
+    moe = RoutedMoE(cfg)
+
+    def lb(p):
+      return moe.apply({"params": p}, x)[1].load_balance_loss
+
+    grads = jax.grad(lb)(params)
+    self.assertGreater(float(jnp.abs(grads["gate"]["kernel"]).sum()), 0.0)
+    stepped = jax.tree.map(lambda p, g: p - 1.0 * g, params, grads)
+    self.assertLess(float(lb(stepped)), float(lb(params)))
+
+
+class LayerTest(parameterized.TestCase):
+
+  def test_parameter_layout(self):
+    cfg = load_config("tiny_gemma4_26b")
+    shapes = jax.tree.map(jnp.shape, _random_params(cfg))
+    e, m, h = cfg.num_experts, cfg.emb_dim, cfg.moe_mlp_dim
+    self.assertEqual(
+        shapes,
+        {
+            "gate": {"kernel": (m, e)},
+            "wi_0": (e, m, h),
+            "wi_1": (e, m, h),
+            "wo": (e, h, m),
+            "per_expert_scale": (e,),
+        },
+    )
+
+  def test_routed_and_shared(self):
+    cfg = load_config("tiny_gemma4_26b")
+    x = _inputs(cfg)
+    both = RoutedAndSharedMoE(cfg)
+    variables = both.init(jax.random.key(0), x)
+    self.assertEqual(
+        set(variables["params"]), {"routed_experts", "shared_experts"}
+    )
+    y, _ = both.apply(variables, x)
+    routed, _ = RoutedMoE(cfg).apply(
+        {"params": variables["params"]["routed_experts"]}, x
+    )
+    shared = SharedExpert(cfg).apply(
+        {"params": variables["params"]["shared_experts"]}, x
+    )
+    np.testing.assert_allclose(y, routed + shared, rtol=1e-5, atol=1e-6)
+    p = variables["params"]["shared_experts"]
+    ref = (
+        numpy_reference._act("gelu", np.asarray(x @ p["wi_0"]))
+        * np.asarray(x @ p["wi_1"])
+    ) @ np.asarray(p["wo"])
+    np.testing.assert_allclose(shared, ref, rtol=1e-4, atol=1e-5)
+
+  @parameterized.product(config=CONFIGS, path=("sparse", "dense", "drop"))
+  def test_gradients_finite_and_nonzero(self, config, path):
+    kw = dict(PATHS.get(path, dict(sparse_matmul=False, capacity_factor=1.0)))
+    cfg = load_config(config, **kw)
+    params = _random_params(cfg)
+    x = _inputs(cfg)
+    moe = RoutedMoE(cfg)
+
+    @jax.jit
+    def loss(p):
+      y, aux = moe.apply({"params": p}, x)
+      return jnp.sum(y**2) + aux.load_balance_loss
+
+    grads = jax.grad(loss)(params)
+    for name, g in jax.tree_util.tree_leaves_with_path(grads):
+      self.assertTrue(np.all(np.isfinite(g)), name)
+      self.assertGreater(float(jnp.abs(g).max()), 0.0, name)
+
+  @parameterized.parameters("sparse", "dense")
+  def test_bfloat16(self, path):
+    cfg = load_config("tiny_mixtral", dtype="bfloat16", **PATHS[path])
+    params = _random_params(cfg.replace(dtype="float32"))
+    x = _inputs(cfg).astype(jnp.bfloat16)
+    y, _ = RoutedMoE(cfg).apply({"params": params}, x)
+    self.assertEqual(y.dtype, jnp.bfloat16)
+    ref, _ = RoutedMoE(cfg.replace(dtype="float32")).apply(
+        {"params": params}, x.astype(jnp.float32)
+    )
+    self.assertLess(_rel_err(y.astype(jnp.float32), ref), 0.05)
+
+  def test_bad_input_shapes(self):
+    cfg = load_config("tiny_mixtral")
+    params = _random_params(cfg)
+    with self.assertRaisesRegex(ValueError, "emb_dim=64"):
+      RoutedMoE(cfg).apply({"params": params}, jnp.zeros((2, 4, 32)))
+    with self.assertRaisesRegex(ValueError, "gate_inputs"):
+      RoutedMoE(cfg).apply(
+          {"params": params}, jnp.zeros((2, 4, 64)), jnp.zeros((2, 5, 64))
+      )
+
+  def test_unregistered_call_site(self):
+    cfg = load_config("tiny_mixtral")
+
+    def call(module):
+      return module.contract(
+          "wi_2", jnp.ones((2, 3)), jnp.ones((3, 4)), eqn="ab,bc->ac"
+      )
+
+    with self.assertRaisesRegex(ValueError, r"wi_2.*'wi_0', 'wi_1', 'wo'"):
+      RoutedMoE(cfg).init(jax.random.key(0), method=call)
+
+
+if __name__ == "__main__":
+  absltest.main()
