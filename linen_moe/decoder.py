@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from linen_moe import sharding
 from linen_moe.config import ModelConfig
 from linen_moe.moe import RoutedMoE
 from linen_moe.moe import SharedExpert
@@ -33,7 +34,11 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+    scale = self.param(
+        "scale",
+        nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+        (x.shape[-1],),
+    )
     return rms_normalize(x, self.eps) * scale.astype(x.dtype)
 
 
@@ -48,6 +53,11 @@ def apply_rope(
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
+
+
+def _kernel_init(names: tuple[str, ...]):
+  """`nn.DenseGeneral`'s default initializer, with logical axis names."""
+  return nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)
 
 
 class CausalSelfAttention(nn.Module):
@@ -65,11 +75,14 @@ class CausalSelfAttention(nn.Module):
         use_bias=False,
         dtype=dt,
         param_dtype=cfg.moe.param_dtype,
+        kernel_init=_kernel_init(("embed", "heads", "kv")),
         name=name,
     )
-    q = apply_rope(dense("query")(x), positions, cfg.rope_max_wavelength)
-    k = apply_rope(dense("key")(x), positions, cfg.rope_max_wavelength)
-    v = dense("value")(x)
+    bsnd = sharding.BSM[:2] + ("activation_heads", "activation_kv")
+    project = lambda name: sharding.constrain(dense(name)(x), bsnd)  # noqa: E731
+    q = apply_rope(project("query"), positions, cfg.rope_max_wavelength)
+    k = apply_rope(project("key"), positions, cfg.rope_max_wavelength)
+    v = project("value")
     logits = jnp.einsum("BSND,BTND->BNST", q, k).astype(jnp.float32)
     logits = logits * d**-0.5
     s = x.shape[1]
@@ -83,6 +96,7 @@ class CausalSelfAttention(nn.Module):
         use_bias=False,
         dtype=dt,
         param_dtype=cfg.moe.param_dtype,
+        kernel_init=_kernel_init(("heads", "kv", "embed")),
         name="out",
     )(attended)
 
@@ -105,7 +119,9 @@ class DecoderBlock(nn.Module):
     gate_inputs = None
     if cfg.router_input_norm:
       router_scale = self.param(
-          "router_input_scale", nn.initializers.ones, (moe_cfg.emb_dim,)
+          "router_input_scale",
+          nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+          (moe_cfg.emb_dim,),
       )
       gate_inputs = (
           rms_normalize(x, cfg.norm_eps) * router_scale * moe_cfg.emb_dim**-0.5
@@ -119,7 +135,7 @@ class DecoderBlock(nn.Module):
       if cfg.post_moe_norms:
         shared = RMSNorm(cfg.norm_eps, name="post_shared_norm")(shared)
       mlp_out = routed + shared
-    x = x + mlp_out.astype(x.dtype)
+    x = sharding.constrain(x + mlp_out.astype(x.dtype), sharding.BSM)
     return x, (aux.load_balance_loss, aux.dropped_fraction)
 
 
@@ -152,9 +168,13 @@ class Decoder(nn.Module):
         cfg.vocab_size,
         cfg.moe.emb_dim,
         param_dtype=cfg.moe.param_dtype,
+        embedding_init=nn.with_logical_partitioning(
+            nn.linear.default_embed_init, ("vocab", "embed")
+        ),
         name="embed",
     )
     x = embed(tokens).astype(cfg.moe.compute_dtype)
+    x = sharding.constrain(x, sharding.BSM)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     if cfg.scan_layers:
       scanned = nn.scan(
@@ -175,6 +195,9 @@ class Decoder(nn.Module):
       lb, dropped = jnp.stack(lbs), jnp.stack(drops)
     x = RMSNorm(cfg.norm_eps, name="final_norm")(x)
     logits = embed.attend(x.astype(jnp.float32))  # [B, S, V], tied weights
+    logits = sharding.constrain(
+        logits, sharding.BSM[:2] + ("activation_vocab",)
+    )
     return logits, {
         "load_balance_loss": jnp.sum(lb),
         "dropped_fraction": jnp.mean(dropped),

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from linen_moe import sharding
 from linen_moe.decoder import RNG_STREAMS
 from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
 
@@ -121,7 +122,7 @@ def init_train_state(
     tokens: jax.Array,
     rng: jax.Array,
 ) -> TrainState:
-  variables = model.init(rng, tokens)
+  variables = sharding.unbox(model.init(rng, tokens))
   params = variables["params"]
   return TrainState(
       step=jnp.zeros((), jnp.int32),
