@@ -55,9 +55,42 @@ def apply_rope(
   return out.astype(x.dtype)
 
 
-def _kernel_init(names: tuple[str, ...]):
-  """`nn.DenseGeneral`'s default initializer, with logical axis names."""
-  return nn.with_logical_partitioning(nn.initializers.lecun_normal(), names)
+class Projection(nn.Module):
+  """`einsum(eqn, x, kernel)` with a named kernel: an `nn.DenseGeneral` whose
+  kernel carries logical axis names (DenseGeneral initialises a flattened
+  kernel, which a mesh cannot constrain with the kernel's names).
+
+  Attributes:
+    eqn: the einsum, e.g. "BSM,MND->BSND".
+    shape: the kernel shape.
+    names: its logical axis names.
+    fan_in_axes: kernel axes the input contracts (for the init's fan-in).
+    dtype: compute dtype.
+    param_dtype: kernel dtype.
+  """
+
+  eqn: str
+  shape: tuple[int, ...]
+  names: tuple[str, ...]
+  fan_in_axes: tuple[int, ...]
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    out_axes = tuple(
+        i for i in range(len(self.shape)) if i not in self.fan_in_axes
+    )
+    init = nn.initializers.variance_scaling(
+        1.0, "fan_in", "truncated_normal", self.fan_in_axes, out_axes
+    )  # lecun_normal over the contracted axes, as DenseGeneral's
+    kernel = self.param(
+        "kernel",
+        nn.with_logical_partitioning(init, self.names),
+        self.shape,
+        self.param_dtype,
+    )
+    return jnp.einsum(self.eqn, x.astype(self.dtype), kernel.astype(self.dtype))
 
 
 class CausalSelfAttention(nn.Module):
@@ -68,18 +101,22 @@ class CausalSelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     cfg = self.config
-    n, d = cfg.num_heads, cfg.resolved_head_dim
-    dt = cfg.moe.compute_dtype
-    dense = lambda name: nn.DenseGeneral(  # noqa: E731
-        (n, d),
-        use_bias=False,
-        dtype=dt,
-        param_dtype=cfg.moe.param_dtype,
-        kernel_init=_kernel_init(("embed", "heads", "kv")),
-        name=name,
-    )
+    n, d, m = cfg.num_heads, cfg.resolved_head_dim, cfg.moe.emb_dim
+    dt, pdt = cfg.moe.compute_dtype, cfg.moe.param_dtype
     bsnd = sharding.BSM[:2] + ("activation_heads", "activation_kv")
-    project = lambda name: sharding.constrain(dense(name)(x), bsnd)  # noqa: E731
+
+    def project(name):  # [B, S, M] -> [B, S, N, D]
+      p = Projection(
+          "BSM,MND->BSND",
+          (m, n, d),
+          ("embed", "heads", "kv"),
+          (0,),
+          dt,
+          pdt,
+          name=name,
+      )
+      return sharding.constrain(p(x), bsnd)
+
     q = apply_rope(project("query"), positions, cfg.rope_max_wavelength)
     k = apply_rope(project("key"), positions, cfg.rope_max_wavelength)
     v = project("value")
@@ -90,15 +127,16 @@ class CausalSelfAttention(nn.Module):
     logits = jnp.where(causal, logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(dt)
     attended = jnp.einsum("BNST,BTND->BSND", probs, v)
-    return nn.DenseGeneral(
-        cfg.moe.emb_dim,
-        axis=(-2, -1),
-        use_bias=False,
-        dtype=dt,
-        param_dtype=cfg.moe.param_dtype,
-        kernel_init=_kernel_init(("heads", "kv", "embed")),
+    out = Projection(
+        "BSND,NDM->BSM",
+        (n, d, m),
+        ("heads", "kv", "embed"),
+        (0, 1),
+        dt,
+        pdt,
         name="out",
-    )(attended)
+    )
+    return out(attended)
 
 
 class DecoderBlock(nn.Module):

@@ -14,6 +14,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from linen_moe import expert_parallel
 from linen_moe import routing
 from linen_moe import sharding
 from linen_moe.config import MoEConfig
@@ -220,8 +221,7 @@ class RoutedMoE(nn.Module):
     act = activation(cfg.mlp_activations[0])
 
     if cfg.sparse_matmul:
-      out = self._sparse(x.reshape(b * s, m), router, wi_0, wi_1, wo, act)
-      out = out.reshape(b, s, m)
+      out = self._sparse(x, router, wi_0, wi_1, wo, act)
       dropped = jnp.zeros((), jnp.float32)
     elif cfg.dropping:
       out, dropped = self._dense_dropping(x, router, wi_0, wi_1, wo, act)
@@ -240,19 +240,31 @@ class RoutedMoE(nn.Module):
     )
 
   def _sparse(self, x, router, wi_0, wi_1, wo, act):
-    """Dropless: sort assignments by expert, grouped matmuls, unsort."""
-    t, m = x.shape
-    k, e = self.config.num_experts_per_tok, self.config.num_experts
-    flat_experts = router.indices.reshape(-1)  # [T*k]
-    order = jnp.argsort(flat_experts, stable=True)  # [T*k]
-    rows = x[order // k]  # [T*k, M], sorted by expert
-    group_sizes = jnp.bincount(flat_experts, length=e).astype(jnp.int32)
-    hidden = act(self.contract("wi_0", rows, wi_0, group_sizes))  # [T*k, H]
-    hidden = hidden * self.contract("wi_1", rows, wi_1, group_sizes)
-    expert_out = self.contract("wo", hidden, wo, group_sizes)  # [T*k, M]
-    unsorted = expert_out[jnp.argsort(order)]  # back to (token, choice) order
-    weights = router.weights.astype(x.dtype).reshape(t, k, 1)
-    return jnp.sum(unsorted.reshape(t, k, m) * weights, axis=1)  # [T, M]
+    """Dropless: sort assignments by expert, grouped matmuls, unsort.
+
+    Under a mesh, expert-parallel (see `linen_moe.expert_parallel`).
+    """
+    b, s, m = x.shape
+    ep = (
+        None
+        if self.is_initializing()
+        else expert_parallel.plan(wi_0.shape[0], b)
+    )
+    if ep is not None:
+      return expert_parallel.sparse_moe(
+          self, ep, x, router.indices, router.weights, wi_0, wi_1, wo, act
+      )
+    out = expert_parallel.local_experts(
+        self.contract,
+        x.reshape(b * s, m),
+        router.indices,
+        router.weights,
+        wi_0,
+        wi_1,
+        wo,
+        act,
+    )
+    return out.reshape(b, s, m)
 
   def _dense(self, x, router, wi_0, wi_1, wo, act):
     """Dropless einsums over every expert for every token."""

@@ -116,13 +116,15 @@ class TrainState:
   opt_state: PyTree
 
 
-def init_train_state(
+def boxed_train_state(
     model: nn.Module,
     optimizer: optax.GradientTransformation,
     tokens: jax.Array,
     rng: jax.Array,
 ) -> TrainState:
-  variables = sharding.unbox(model.init(rng, tokens))
+  """The initial state with parameters (and their optimizer moments) still in
+  their `nn.LogicallyPartitioned` boxes, for computing shardings."""
+  variables = model.init(rng, tokens)
   params = variables["params"]
   return TrainState(
       step=jnp.zeros((), jnp.int32),
@@ -130,6 +132,15 @@ def init_train_state(
       fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
       opt_state=optimizer.init(params),
   )
+
+
+def init_train_state(
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    tokens: jax.Array,
+    rng: jax.Array,
+) -> TrainState:
+  return sharding.unbox(boxed_train_state(model, optimizer, tokens, rng))
 
 
 def rng_dict(rng: jax.Array) -> dict[str, jax.Array]:
