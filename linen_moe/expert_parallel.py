@@ -112,10 +112,14 @@ def plan(num_experts: int, batch: int) -> ExpertParallelPlan | None:
   mesh = sharding.current_mesh()
   if mesh is None or mesh.size == 1:
     return None
+
+  def axes(name):  # size-1 axes would only add no-op collectives
+    return tuple(a for a in sharding.mesh_axes(name, mesh) if mesh.shape[a] > 1)
+
   result = ExpertParallelPlan(
       mesh=mesh,
-      batch_axes=sharding.mesh_axes("activation_batch", mesh),
-      expert_axes=sharding.mesh_axes("exp", mesh),
+      batch_axes=axes("activation_batch"),
+      expert_axes=axes("exp"),
       num_experts=num_experts,
   )
   for what, n, axes in (
@@ -195,6 +199,13 @@ def _copies(n: int, value: jax.Array) -> jax.Array:
   return jnp.broadcast_to(value[None], (n, *value.shape))
 
 
+def _vary(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+  """Casts `x` to varying over those of `axes` it does not yet vary over."""
+  varying = jax.typeof(x).mat.varying
+  missing = tuple(a for a in axes if a not in varying)
+  return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
 def _spec(axes: tuple[str, ...], ndim: int) -> P:
   return P(axes or None, *([None] * (ndim - 1)))
 
@@ -263,6 +274,12 @@ def sparse_moe(
           jax.lax.all_gather, axis_name=ep.gather_axes, axis=0, tiled=True
       )
       x, indices, weights = gather(x), gather(indices), gather(weights)
+    # Every operand varies over all of `vary_axes`, so that custom VJPs
+    # (quantized contractions) see one manual-axes type; the transpose of
+    # this cast sums the weights' gradients over the batch axes.
+    x, indices, weights, wi_0, wi_1, wo = (
+        _vary(v, ep.vary_axes) for v in (x, indices, weights, wi_0, wi_1, wo)
+    )
     first = 0
     if ep.expert_axes:
       first = jax.lax.axis_index(ep.expert_axes) * ep.local_experts

@@ -73,6 +73,7 @@ def cmd_train(args: argparse.Namespace) -> int:
       grad_accum=args.grad_accum,
       seed=args.seed,
       progress=not args.no_progress,
+      mesh=args.mesh,
   )
   print(
       f"steps: {args.steps}  first loss: {result.first_loss:.4f}  "
@@ -159,6 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
       "--grad-accum", type=int, default=1, help="microbatches per step"
   )
   train.add_argument("--seed", type=int, default=0)
+  train.add_argument(
+      "--mesh",
+      default=None,
+      help=(
+          "train sharded on a device mesh, e.g. data=2,expert=4 (axes data, "
+          "fsdp, expert, tensor; missing axes have size 1; the sizes must "
+          "multiply to the device count)"
+      ),
+  )
   train.add_argument(
       "--no-progress", action="store_true", help="no progress bar"
   )

@@ -8,10 +8,12 @@ import jax
 import jax.numpy as jnp
 import tqdm
 
+from linen_moe import sharding
 from linen_moe import train as train_lib
 from linen_moe.config import load_model_config
 from linen_moe.data import MarkovData
 from linen_moe.decoder import Decoder
+from linen_moe.sharded_train import ShardedTraining
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +43,16 @@ def train(
     grad_accum: int = 1,
     seed: int = 0,
     progress: bool = True,
+    mesh: str | None = None,
 ) -> TrainResult:
-  """Trains the Linen reference decoder; returns the per-step losses."""
+  """Trains the Linen reference decoder; returns the per-step losses.
+
+  With `mesh` (e.g. "data=2,expert=4", see `sharding.make_mesh`) the state is
+  sharded at initialisation and every step runs on that mesh.
+  """
   if steps < 1:
     raise ValueError(f"steps={steps} must be >= 1.")
+  device_mesh = None if mesh is None else sharding.make_mesh(mesh)
   cfg = load_model_config(config, **overrides)
   data = MarkovData(cfg.vocab_size)
   batches = data.batches(batch_size, seq_len, seed=seed + 1)
@@ -52,10 +60,15 @@ def train(
   optimizer = train_lib.default_optimizer(learning_rate)
   rng = jax.random.key(seed)
   first = jnp.asarray(next(batches))
-  state = train_lib.init_train_state(model, optimizer, first, rng)
-  step = jax.jit(
-      train_lib.make_train_step(model, optimizer, grad_accum), donate_argnums=0
-  )
+  if device_mesh is None:
+    state = train_lib.init_train_state(model, optimizer, first, rng)
+    step = jax.jit(
+        train_lib.make_train_step(model, optimizer, grad_accum),
+        donate_argnums=0,
+    )
+  else:
+    run = ShardedTraining(model, optimizer, device_mesh, grad_accum=grad_accum)
+    state, step = run.init(first, rng), run.step
   losses = []
   bar = tqdm.trange(steps, disable=not progress, desc="train")
   for i in bar:
