@@ -62,6 +62,8 @@ from linen_moe import sharding
 # parameters (the expert weights enter as explicit, expert-sharded operands).
 LIFTED_COLLECTIONS = nn.DenyList(("params",))
 
+Experts = tuple[jax.Array, jax.Array, jax.Array]  # (wi_0, wi_1, wo)
+
 
 @dataclasses.dataclass(frozen=True)
 class ExpertParallelPlan:
@@ -137,21 +139,21 @@ def plan(num_experts: int, batch: int) -> ExpertParallelPlan | None:
 def local_experts(
     contract,
     x: jax.Array,
-    indices: jax.Array,
-    weights: jax.Array,
-    wi_0: jax.Array,
-    wi_1: jax.Array,
-    wo: jax.Array,
+    router: tuple[jax.Array, jax.Array],
+    experts: Experts,
     act,
     first_expert: jax.Array | int = 0,
 ) -> jax.Array:
-  """The sparse path on the experts [first, first + E_l) that `wi_0` holds.
+  """The sparse path on the experts [first, first + E_l) that `experts` hold.
 
-  x [T, M], indices/weights [T, k], wi_0/wi_1 [E_l, M, H], wo [E_l, H, M];
-  `contract` is `RoutedMoE.contract`. Returns [T, M]: each token's weighted
-  sum over its choices among these experts (0 for the others). With all E
-  experts it is the whole, dropless sparse path.
+  x [T, M]; router = (indices, weights), each [T, k]; experts = (wi_0, wi_1,
+  wo) with wi_0/wi_1 [E_l, M, H], wo [E_l, H, M]; `contract` is
+  `RoutedMoE.contract`. Returns [T, M]: each token's weighted sum over its
+  choices among these experts (0 for the others). With all E experts it is
+  the whole, dropless sparse path.
   """
+  indices, weights = router
+  wi_0, wi_1, wo = experts
   t, m = x.shape
   k = indices.shape[1]
   n_local = wi_0.shape[0]
@@ -251,18 +253,18 @@ def sparse_moe(
     module: nn.Module,
     ep: ExpertParallelPlan,
     x: jax.Array,
-    indices: jax.Array,
-    weights: jax.Array,
-    wi_0: jax.Array,
-    wi_1: jax.Array,
-    wo: jax.Array,
+    router: tuple[jax.Array, jax.Array],
+    experts: Experts,
     act,
 ) -> jax.Array:
   """The expert-parallel sparse path of `module` (a bound `RoutedMoE`).
 
-  x [B, S, M], indices/weights [B*S, k], expert weights [E, ...] -> [B, S, M].
-  See the module docstring for the collectives.
+  x [B, S, M], router = (indices, weights) [B*S, k], experts = (wi_0, wi_1,
+  wo), each [E, ...] -> [B, S, M]. See the module docstring for the
+  collectives.
   """
+  indices, weights = router
+  wi_0, wi_1, wo = experts
   b, s, m = x.shape
   k = indices.shape[-1]
   tokens = _spec(ep.batch_axes, 3)
@@ -286,11 +288,8 @@ def sparse_moe(
     out = local_experts(
         mdl.contract,
         x.reshape(-1, m),
-        indices.reshape(-1, k),
-        weights.reshape(-1, k),
-        wi_0,
-        wi_1,
-        wo,
+        (indices.reshape(-1, k), weights.reshape(-1, k)),
+        (wi_0, wi_1, wo),
         act,
         first,
     ).reshape(x.shape)

@@ -245,24 +245,13 @@ class RoutedMoE(nn.Module):
     Under a mesh, expert-parallel (see `linen_moe.expert_parallel`).
     """
     b, s, m = x.shape
-    ep = (
-        None
-        if self.is_initializing()
-        else expert_parallel.plan(wi_0.shape[0], b)
-    )
-    if ep is not None:
-      return expert_parallel.sparse_moe(
-          self, ep, x, router.indices, router.weights, wi_0, wi_1, wo, act
-      )
+    routes, experts = (router.indices, router.weights), (wi_0, wi_1, wo)
+    if not self.is_initializing():
+      ep = expert_parallel.plan(self.config.num_experts, b)
+      if ep is not None:
+        return expert_parallel.sparse_moe(self, ep, x, routes, experts, act)
     out = expert_parallel.local_experts(
-        self.contract,
-        x.reshape(b * s, m),
-        router.indices,
-        router.weights,
-        wi_0,
-        wi_1,
-        wo,
-        act,
+        self.contract, x.reshape(b * s, m), routes, experts, act
     )
     return out.reshape(b, s, m)
 

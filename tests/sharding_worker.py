@@ -169,7 +169,22 @@ def shardings(job: dict) -> dict:
   return {jax.tree_util.keystr(path): str(s.spec) for path, s in flat}
 
 
-CHECKS = {"equivalence": equivalence, "shardings": shardings}
+def cli(job: dict) -> dict:
+  """`linen-moe train --mesh ...` for a few steps."""
+  import contextlib  # noqa: PLC0415
+  import io  # noqa: PLC0415
+
+  from linen_moe_cli import main as cli_main  # noqa: PLC0415
+
+  out = io.StringIO()
+  argv = ["train", "--mesh", job["mesh"], "--steps", "3", "--no-progress"]
+  argv += ["--batch-size", "8", "--seq-len", "8"]
+  with contextlib.redirect_stdout(out):
+    code = cli_main.main(argv)
+  return {"exit_code": code, "stdout": out.getvalue()}
+
+
+CHECKS = {"equivalence": equivalence, "shardings": shardings, "cli": cli}
 
 
 def main(argv: list[str]) -> None:

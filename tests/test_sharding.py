@@ -66,8 +66,17 @@ def run_worker(*jobs: dict) -> list:
 
 class EquivalenceMixin(parameterized.TestCase):
 
-  def check_equivalent(self, quantization: str, result: dict) -> None:
+  def check_equivalent(
+      self, path: str, quantization: str, meshes, **options
+  ) -> dict:
     """Every mesh: same loss, params and fp8 state as one device."""
+    (result,) = run_worker({
+        "check": "equivalence",
+        "path": path,
+        "quantization": quantization,
+        "meshes": list(meshes),
+        **options,
+    })
     rtol = LOSS_RTOL.get(quantization, 1e-5)
     tol = PARAM_TOL.get(quantization, 1e-4) * result["update"]
     self.assertGreater(result["update"], 0.0)
@@ -80,6 +89,7 @@ class EquivalenceMixin(parameterized.TestCase):
         )
         self.assertLessEqual(r["param_err"], tol)
         self.assertLessEqual(r["fp8_err"], 1e-5 * result["fp8_moved"])
+    return result
 
 
 class MeshSpecTest(absltest.TestCase):
@@ -164,15 +174,10 @@ class ParameterShardingTest(absltest.TestCase):
 class SparseExpertParallelTest(EquivalenceMixin):
 
   def test_sparse_matches_one_device_and_keeps_experts_local(self):
-    (result,) = run_worker({
-        "check": "equivalence",
-        "path": "sparse",
-        "meshes": list(MESHES),
-        "hlo": True,
-        "check_init": True,
-    })
+    result = self.check_equivalent(
+        "sparse", "none", MESHES, hlo=True, check_init=True
+    )
     self.assertEqual(result["init_err"], 0.0)
-    self.check_equivalent("none", result)
     for spec, r in result["meshes"].items():
       shards = sharding.parse_mesh_spec(spec)["expert"]
       for name in ("wi_0", "wi_1", "wo"):
@@ -202,13 +207,7 @@ class EquivalenceTest(EquivalenceMixin):
       ("dense", "int8", ("data=2,expert=4",)),
   )
   def test_matches_one_device(self, path, quantization, meshes):
-    (result,) = run_worker({
-        "check": "equivalence",
-        "path": path,
-        "quantization": quantization,
-        "meshes": list(meshes),
-    })
-    self.check_equivalent(quantization, result)
+    self.check_equivalent(path, quantization, meshes)
 
 
 @pytest.mark.slow
@@ -216,13 +215,16 @@ class EquivalenceProductTest(EquivalenceMixin):
 
   @parameterized.product(path=PATHS, quantization=QUANTIZATIONS)
   def test_matches_one_device(self, path, quantization):
-    (result,) = run_worker({
-        "check": "equivalence",
-        "path": path,
-        "quantization": quantization,
-        "meshes": list(MESHES),
-    })
-    self.check_equivalent(quantization, result)
+    self.check_equivalent(path, quantization, MESHES)
+
+
+@pytest.mark.slow
+class TrainCommandTest(absltest.TestCase):
+
+  def test_train_on_a_mesh(self):
+    (result,) = run_worker({"check": "cli", "mesh": "data=2,expert=4"})
+    self.assertEqual(result["exit_code"], 0)
+    self.assertIn("final loss", result["stdout"])
 
 
 if __name__ == "__main__":
