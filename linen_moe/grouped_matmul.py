@@ -68,8 +68,9 @@ def ragged_dot(
 # last tile of a group spills into the next group's rows, so each tile writes
 # only the rows of its own group (a row mask). No padded copy of lhs or out is
 # made; a tile that would run past row M is shifted back to end at M, and its
-# mask drops the rows it repeats. There are at most ceil(M / bm) + G - 1 tiles,
-# and the loops run over the tiles that exist, not over that bound.
+# mask drops the rows it repeats. There are at most ceil(M / bm) + G - 1 tiles;
+# the loops (over groups, then over each group's tiles) run over the tiles that
+# exist, not over that bound, so an empty group costs nothing.
 # ----------------------------------------------------------------------------
 
 
@@ -107,9 +108,11 @@ def _tile(plan: dict[str, Any], g: jax.Array, t: jax.Array, m: int, bm: int):
   return offset, (rows >= first) & (rows < plan["ends"][g])
 
 
-def _tile_group(plan: dict[str, Any], t: jax.Array) -> jax.Array:
-  """The group that owns global tile `t`."""
-  return jnp.sum(plan["tiles_end"] <= t).astype(jnp.int32)
+def _over_tiles(plan: dict[str, Any], g: jax.Array, tile_body, init):
+  """fori_loop of `tile_body(t, carry)` over the global tile indices of `g`."""
+  return lax.fori_loop(
+      plan["tiles_start"][g], plan["tiles_end"][g], tile_body, init
+  )
 
 
 def _blocked_rows(
@@ -122,25 +125,30 @@ def _blocked_rows(
 ) -> jax.Array:
   """[M, K] x [G, K, N] -> [M, N], or x [G, N, K] -> [M, N] if transposed.
 
-  One [bm, K] x [K, N] matmul per tile of each group, rhs[g] read in place.
+  One [bm, K] x [K, N] matmul per tile of each group; rhs[g] is sliced once
+  per group (XLA copies a dynamic slice it feeds to a dot), not per tile.
   """
   m = lhs.shape[0]
+  num_groups = rhs.shape[0]
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   dims = _DIMS_NT if transpose_rhs else _DIMS_NN
   plan = _tile_plan(group_sizes, m, bm)
 
-  def tile_body(t, out):  # out: [M, N]
-    g = _tile_group(plan, t)
-    offset, mask = _tile(plan, g, t, m, bm)
-    x = lax.dynamic_slice_in_dim(lhs, offset, bm)  # [bm, K]
+  def group_body(g, out):  # out: [M, N]
     w = lax.dynamic_index_in_dim(rhs, g, keepdims=False)  # [K, N] or [N, K]
-    y = lax.dot_general(x, w, dims, preferred_element_type=out_dtype)
-    kept = lax.dynamic_slice_in_dim(out, offset, bm)
-    y = jnp.where(mask[:, None], y, kept)
-    return lax.dynamic_update_slice_in_dim(out, y, offset, 0)
+
+    def tile_body(t, out):
+      offset, mask = _tile(plan, g, t, m, bm)
+      x = lax.dynamic_slice_in_dim(lhs, offset, bm)  # [bm, K]
+      y = lax.dot_general(x, w, dims, preferred_element_type=out_dtype)
+      kept = lax.dynamic_slice_in_dim(out, offset, bm)
+      y = jnp.where(mask[:, None], y, kept)
+      return lax.dynamic_update_slice_in_dim(out, y, offset, 0)
+
+    return _over_tiles(plan, g, tile_body, out)
 
   out = jnp.zeros((m, n), out_dtype)
-  return lax.fori_loop(0, plan["tiles_end"][-1], tile_body, out)
+  return lax.fori_loop(0, num_groups, group_body, out)
 
 
 def _blocked_weight_grad(
@@ -174,12 +182,7 @@ def _blocked_weight_grad(
           x, dy, _DIMS_TN, preferred_element_type=acc_dtype
       )
 
-    acc = lax.fori_loop(
-        plan["tiles_start"][g],
-        plan["tiles_end"][g],
-        tile_body,
-        jnp.zeros((k, n), acc_dtype),
-    )
+    acc = _over_tiles(plan, g, tile_body, jnp.zeros((k, n), acc_dtype))
     return lax.dynamic_update_index_in_dim(drhs, acc, g, 0)
 
   drhs = jnp.zeros((num_groups, k, n), acc_dtype)
