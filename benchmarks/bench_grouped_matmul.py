@@ -3,8 +3,10 @@
 For each group-size pattern, times forward and forward+backward (out, dlhs,
 drhs for a random cotangent) of "ragged_dot" and "blocked", and of a plain
 [T, K] x [K, N] matmul with T = sum(group_sizes): the same useful FLOPs, the
-roofline. Runs are interleaved (one of each per round) so that load from other
-processes hits every candidate alike; the median over rounds is reported.
+roofline. Dense and blocked runs are interleaved (one of each per round, each
+right after an untimed call of itself) so that load from other processes hits
+them alike; "ragged_dot", ~10x slower and with G-times larger buffers that
+would disturb the others, is timed in its own rounds. Medians are reported.
 
   PYTHONPATH=. python benchmarks/bench_grouped_matmul.py
   PYTHONPATH=. python benchmarks/bench_grouped_matmul.py --k 1024 --n 512
@@ -53,6 +55,7 @@ def time_interleaved(calls: dict, rounds: int, warmup: int) -> dict:
   times = {name: [] for name in calls}
   for _ in range(rounds):
     for name, call in calls.items():
+      jax.block_until_ready(call())  # the previous candidate's memory churn
       start = time.perf_counter()
       jax.block_until_ready(call())
       times[name].append(time.perf_counter() - start)
@@ -89,7 +92,9 @@ def bench_pattern(args, pattern: str) -> None:
     fwd, fwd_bwd = fwd_and_fwd_bwd(matmul)
     calls[f"{name} fwd"] = lambda f=fwd, x=x, w=w: f(x, w)
     calls[f"{name} fwd+bwd"] = lambda f=fwd_bwd, x=x, w=w, dy=dy: f(x, w, dy)
+  slow = {name: calls.pop(name) for name in list(calls) if "ragged" in name}
   times = time_interleaved(calls, args.rounds, args.warmup)
+  times |= time_interleaved(slow, args.slow_rounds, args.warmup)
 
   flops_fwd = 2 * useful_rows * k * n
   print(
@@ -117,7 +122,10 @@ def main() -> None:
   parser.add_argument("--g", type=int, default=8, help="groups (experts)")
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--patterns", nargs="+", default=["balanced", "skewed"])
-  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--rounds", type=int, default=7)
+  parser.add_argument(
+      "--slow_rounds", type=int, default=3, help="rounds for ragged_dot"
+  )
   parser.add_argument("--warmup", type=int, default=1)
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
