@@ -118,8 +118,28 @@ def parse_hlo(text: str) -> dict[str, Instruction]:
   return instructions
 
 
-def contraction_inputs(text: str) -> dict[str, frozenset[str]]:
-  """For each contraction, by name, the quantized types feeding its operands."""
+@dataclasses.dataclass(frozen=True)
+class Contraction:
+  """A dot, convolution or ragged-dot, and what feeds it.
+
+  Attributes:
+    name: the HLO instruction name.
+    opcode: "dot", "convolution" or "ragged-dot".
+    op_name: the JAX op path from the metadata ("" when XLA dropped it), e.g.
+      ".../RoutedMoE.contract/wo_dot/..."; "transpose(" in it marks a backward
+      contraction.
+    quantized_inputs: the quantized element types found walking back from
+      its operands.
+  """
+
+  name: str
+  opcode: str
+  op_name: str
+  quantized_inputs: frozenset[str]
+
+
+def contractions(text: str) -> list[Contraction]:
+  """Every contraction of the program, with the quantized types feeding it."""
   instructions = parse_hlo(text)
   roots, callers = {}, {}
   for inst in instructions.values():
@@ -151,18 +171,23 @@ def contraction_inputs(text: str) -> dict[str, frozenset[str]]:
       found |= visit(producer, depth + 1, seen)
     return found
 
-  return {
-      inst.name: frozenset(
-          set().union(*(visit(op, 0, set()) for op in inst.operands))
+  return [
+      Contraction(
+          name=inst.name,
+          opcode=inst.opcode,
+          op_name=inst.op_name,
+          quantized_inputs=frozenset(
+              set().union(*(visit(op, 0, set()) for op in inst.operands))
+          ),
       )
       for inst in instructions.values()
       if inst.opcode in CONTRACTIONS
-  }
+  ]
 
 
 def quantized_types_at_contractions(text: str) -> set[str]:
   """Quantized element types that feed any contraction of the program."""
-  return set().union(*contraction_inputs(text).values())
+  return set().union(*(c.quantized_inputs for c in contractions(text)))
 
 
 def quantized_types_in_hlo(text: str) -> set[str]:
