@@ -13,10 +13,12 @@ import jax.numpy as jnp
 from linen_moe.config import ModelConfig
 from linen_moe.moe import RoutedMoE
 from linen_moe.moe import SharedExpert
+from linen_moe.quantization import AQT_RNG_STREAM
 from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
 
-# Flax RNG streams the decoder splits across scanned layers.
-RNG_STREAMS = ("params", "aqt")
+# Flax RNG streams the layer draws from at apply time (AQT's stochastic
+# rounding), split across scanned layers so each layer draws its own.
+RNG_STREAMS = (AQT_RNG_STREAM,)
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
