@@ -3,9 +3,11 @@
 Reads the text of `jax.jit(f).lower(...).compile().as_text()` (optimised HLO).
 Backends differ in how they run a quantized matmul: a GPU may feed `s8` or
 `f8e4m3fn` straight into a dot, while XLA CPU converts them up inside a fusion
-first. So for each contraction (`dot`, `convolution`, `ragged-dot`) we walk
-back from its operands through element-wise and data-movement ops, into and
-out of fusions, and collect the quantized element types we meet.
+first, and a grouped matmul may run its dots inside `while` loops. So for each
+contraction (`dot`, `convolution`, `ragged-dot`) we walk back from its
+operands through element-wise and data-movement ops, into and out of fusions
+and loops (following tuple elements), and collect the quantized element types
+we meet.
 
 Example:
   text = jax.jit(step).lower(*args).compile().as_text()
@@ -36,7 +38,6 @@ _OPAQUE = CONTRACTIONS | {
     "reduce",
     "reduce-window",
     "sort",
-    "while",
     "conditional",
     "call",
     "custom-call",
@@ -57,12 +58,13 @@ class Instruction:
 
   name: str
   opcode: str
-  types: frozenset[str]  # element types of the result
+  types: frozenset[str]  # element types of the result (empty for tuples)
   operands: tuple[str, ...]
-  called: tuple[str, ...]  # computations a fusion calls
+  called: tuple[str, ...]  # computations a fusion or a while loop calls
   computation: str
   is_root: bool
   parameter: int | None  # the parameter number, for `parameter` ops
+  index: int | None  # the element a `get-tuple-element` takes
   op_name: str  # the JAX op path from the metadata, "" when absent
 
 
@@ -91,15 +93,24 @@ def _parse_instruction(line: str, computation: str) -> Instruction | None:
   close = _matching_paren(rest, len(opcode))
   args, attributes = rest[len(opcode) + 1 : close], rest[close:]
   op_name = re.search(r'op_name="([^"]*)"', attributes)
+  index = re.search(r"\bindex=(\d+)", attributes)
+  is_tuple = type_text.startswith("(")
   return Instruction(
       name=name,
       opcode=opcode,
-      types=frozenset(_ELEMENT_TYPE.findall(type_text)),
+      types=frozenset()
+      if is_tuple
+      else frozenset(_ELEMENT_TYPE.findall(type_text)),
       operands=tuple(_NAME.findall(args)),
-      called=tuple(re.findall(r"calls=%?([\w.\-]+)", attributes)),
+      called=tuple(
+          re.findall(r"\b(?:calls|body|condition)=%?([\w.\-]+)", attributes)
+      ),
       computation=computation,
       is_root=line.lstrip().startswith("ROOT"),
       parameter=int(args) if opcode == "parameter" else None,
+      index=int(index.group(1))
+      if index and opcode == "get-tuple-element"
+      else None,
       op_name=op_name.group(1) if op_name else "",
   )
 
@@ -118,8 +129,28 @@ def parse_hlo(text: str) -> dict[str, Instruction]:
   return instructions
 
 
-def contraction_inputs(text: str) -> dict[str, frozenset[str]]:
-  """For each contraction, by name, the quantized types feeding its operands."""
+@dataclasses.dataclass(frozen=True)
+class Contraction:
+  """A dot, convolution or ragged-dot, and what feeds it.
+
+  Attributes:
+    name: the HLO instruction name.
+    opcode: "dot", "convolution" or "ragged-dot".
+    op_name: the JAX op path from the metadata ("" when XLA dropped it), e.g.
+      ".../RoutedMoE.contract/wo_dot/..."; "transpose(" in it marks a backward
+      contraction.
+    quantized_inputs: the quantized element types found walking back from
+      its operands.
+  """
+
+  name: str
+  opcode: str
+  op_name: str
+  quantized_inputs: frozenset[str]
+
+
+def contractions(text: str) -> list[Contraction]:
+  """Every contraction of the program, with the quantized types feeding it."""
   instructions = parse_hlo(text)
   roots, callers = {}, {}
   for inst in instructions.values():
@@ -128,41 +159,56 @@ def contraction_inputs(text: str) -> dict[str, frozenset[str]]:
     for computation in inst.called:
       callers.setdefault(computation, []).append(inst)
 
-  def producers(inst: Instruction) -> list[str]:
-    if inst.opcode == "fusion":  # into the fused computation
-      return [roots[c] for c in inst.called if c in roots]
-    if inst.parameter is not None:  # out of it, to the fusion's operand
-      return [
-          caller.operands[inst.parameter]
-          for caller in callers.get(inst.computation, [])
-          if inst.parameter < len(caller.operands)
-      ]
-    return list(inst.operands)
+  def producers(inst: Instruction, index: int | None):
+    """(name, tuple index) pairs whose values `inst` passes on."""
+    if inst.opcode == "get-tuple-element":
+      return [(inst.operands[0], inst.index)]
+    if inst.opcode == "tuple" and index is not None:
+      return [(inst.operands[index], None)]
+    if inst.opcode in ("fusion", "while"):  # the called computation's result
+      found = [(roots[c], index) for c in inst.called[-1:] if c in roots]
+      if inst.opcode == "while":  # and the loop's initial value
+        found.append((inst.operands[0], index))
+      return found
+    if inst.parameter is not None:  # a fusion's operand or a loop's value
+      found = []
+      for caller in callers.get(inst.computation, []):
+        if caller.opcode == "while":
+          found.append((caller.name, index))
+        elif inst.parameter < len(caller.operands):
+          found.append((caller.operands[inst.parameter], index))
+      return found
+    return [(operand, None) for operand in inst.operands]
 
-  def visit(name: str, depth: int, seen: set[str]) -> set[str]:
+  def visit(name: str, index: int | None, depth: int, seen: set) -> set[str]:
     inst = instructions.get(name)
-    if inst is None or name in seen or depth > _MAX_DEPTH:
+    if inst is None or (name, index) in seen or depth > _MAX_DEPTH:
       return set()
-    seen.add(name)
+    seen.add((name, index))
     found = set(inst.types & QUANTIZED_TYPES)
     if found or inst.opcode in _OPAQUE:
       return found
-    for producer in producers(inst):
-      found |= visit(producer, depth + 1, seen)
+    for producer, producer_index in producers(inst, index):
+      found |= visit(producer, producer_index, depth + 1, seen)
     return found
 
-  return {
-      inst.name: frozenset(
-          set().union(*(visit(op, 0, set()) for op in inst.operands))
+  return [
+      Contraction(
+          name=inst.name,
+          opcode=inst.opcode,
+          op_name=inst.op_name,
+          quantized_inputs=frozenset(
+              set().union(*(visit(op, None, 0, set()) for op in inst.operands))
+          ),
       )
       for inst in instructions.values()
       if inst.opcode in CONTRACTIONS
-  }
+  ]
 
 
 def quantized_types_at_contractions(text: str) -> set[str]:
   """Quantized element types that feed any contraction of the program."""
-  return set().union(*contraction_inputs(text).values())
+  return set().union(*(c.quantized_inputs for c in contractions(text)))
 
 
 def quantized_types_in_hlo(text: str) -> set[str]:

@@ -133,6 +133,7 @@ def run_case(case: Case, repeats: int = 5) -> dict[str, Any]:
 
   from linen_moe.decoder import DecoderBlock  # noqa: PLC0415
   from linen_moe.moe import RoutedMoE  # noqa: PLC0415
+  from linen_moe.quantization import AQT_RNG_STREAM  # noqa: PLC0415
 
   cfg, (b, s, m) = _model_config(case)
   x = jax.random.normal(jax.random.key(0), (b, s, m), jnp.dtype(case.dtype))
@@ -144,7 +145,7 @@ def run_case(case: Case, repeats: int = 5) -> dict[str, Any]:
     args = (x, jnp.broadcast_to(jnp.arange(s), (b, s)))
   variables = jax.jit(module.init)(jax.random.key(1), *args)
   params = variables.pop("params")
-  rngs = {"params": jax.random.key(2), "aqt": jax.random.key(3)}
+  rngs = {AQT_RNG_STREAM: jax.random.key(2)}
 
   def loss(params, others, *args):
     out, aux = module.apply({"params": params, **others}, *args, rngs=rngs)
