@@ -17,7 +17,6 @@ os.environ["XLA_FLAGS"] = (
 )
 
 import json  # noqa: E402
-import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -38,34 +37,7 @@ PATHS = {
     "dense": dict(sparse_matmul=False, capacity_factor=0.0),
     "dense_dropping": dict(sparse_matmul=False, capacity_factor=1.0),
 }
-COLLECTIVES = (
-    "all-to-all",
-    "all-gather",
-    "reduce-scatter",
-    "all-reduce",
-    "collective-permute",
-)
 EXPERT_WEIGHTS = ("wi_0", "wi_1", "wo")
-_SHAPE = re.compile(r"[a-z]+\d*\[([\d,]*)\]")
-
-
-def collective_counts(hlo_text: str) -> dict[str, int]:
-  """How many ops of each collective kind a compiled HLO module holds."""
-  return {
-      op: len(re.findall(rf"\s{op}(?:-start)?\(", hlo_text))
-      for op in COLLECTIVES
-  }
-
-
-def all_gather_shapes(hlo_text: str) -> list[tuple[int, ...]]:
-  """Result shapes of every all-gather in a compiled HLO module."""
-  shapes = []
-  for line in hlo_text.splitlines():
-    match = re.search(r"=\s*(.*?)\sall-gather(?:-start)?\(", line)
-    if match:
-      for dims in _SHAPE.findall(match.group(1)):
-        shapes.append(tuple(int(d) for d in dims.split(",") if d))
-  return shapes
 
 
 def _max_abs_diff(a, b) -> float:
@@ -137,9 +109,9 @@ def equivalence(job: dict) -> dict:
     if job.get("hlo"):
       hlo = compiled.as_text()
       full = {s for w in weights.values() for s in (w.shape, w.shape[1:])}
-      result["collectives"] = collective_counts(hlo)
+      result["collectives"] = sharding.collective_counts(hlo)
       result["full_weight_gathers"] = [
-          s for s in all_gather_shapes(hlo) if s in full
+          s for s in sharding.all_gather_shapes(hlo) if s in full
       ]
     new, metrics = compiled(state, tokens, step_rng)
     result.update(
