@@ -8,17 +8,19 @@ dominates. The default run holds a representative subset of
 the full product is marked slow.
 
 Tolerances. One SGD step (lr 0.1) from the same init, tokens and RNG, on one
-device and on a mesh. Float modes: the sharded program multiplies and reduces
-in other blocks and orders (per-device batch shapes, reduce-scatters), so
+device and on a mesh. Float: the sharded program multiplies and reduces in
+other blocks and orders (per-device batch shapes, reduce-scatters), so the
 results agree to float rounding: losses to rtol 1e-5, updated parameters to
-1e-4 of the step's largest update, fp8 scales and amax histories to 1e-5 of
-how far the step moved them. int8 rounds to 1/127 of a row's (or channel's)
-absmax: inputs that differ in their last bits, as above, flip a few int8 codes
-by one step, so int8 gets loss rtol 1e-4 and parameters 1e-2 of the largest
-update; a wrong routing or a missing gradient reduction moves them by O(1)
-of it. (AQT's stochastic rounding on the dense path draws from the same RNG
-with sharding-invariant `threefry_partitionable` bits, so it is no source of
-difference.)
+1e-4 of the step's largest update. Quantized modes round to a coarse grid
+(int8: 1/127 of a row's or channel's absmax; e4m3: 3 mantissa bits), and
+inputs that differ in their last bits, as above, can flip a few codes by one
+step; so int8, fp8 and nanoo_fp8 get loss rtol 1e-4, parameters within 1e-2
+of the largest update, and fp8 scales and amax histories within 1e-2 of how
+far the step moved them. (Measured: 1e-4 to 3e-4 of the update.) A wrong
+routing, a lost expert or a missing gradient reduction moves them by O(1) of
+it. AQT's stochastic rounding on the dense path draws from the same RNG with
+sharding-invariant (`threefry_partitionable`) bits, so it is no source of
+difference.
 """
 
 from __future__ import annotations
@@ -43,8 +45,7 @@ QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
 PATHS = ("sparse", "dense", "dense_dropping")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-LOSS_RTOL = {"int8": 1e-4}
-PARAM_TOL = {"int8": 1e-2}  # times the largest single-device update
+QUANTIZED = ("int8", "fp8", "nanoo_fp8")
 
 
 def run_worker(*jobs: dict) -> list:
@@ -77,8 +78,9 @@ class EquivalenceMixin(parameterized.TestCase):
         "meshes": list(meshes),
         **options,
     })
-    rtol = LOSS_RTOL.get(quantization, 1e-5)
-    tol = PARAM_TOL.get(quantization, 1e-4) * result["update"]
+    quantized = quantization in QUANTIZED
+    rtol = 1e-4 if quantized else 1e-5
+    tol = (1e-2 if quantized else 1e-4) * result["update"]
     self.assertGreater(result["update"], 0.0)
     if quantization in ("fp8", "nanoo_fp8"):
       self.assertGreater(result["fp8_moved"], 0.0)
@@ -88,7 +90,7 @@ class EquivalenceMixin(parameterized.TestCase):
             r["loss"], result["loss"], delta=rtol * abs(result["loss"])
         )
         self.assertLessEqual(r["param_err"], tol)
-        self.assertLessEqual(r["fp8_err"], 1e-5 * result["fp8_moved"])
+        self.assertLessEqual(r["fp8_err"], 1e-2 * result["fp8_moved"])
     return result
 
 
