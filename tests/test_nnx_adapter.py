@@ -1,0 +1,446 @@
+"""The NNX adapter, the NNX decoder and its train step, weight interchange."""
+
+import itertools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import flax.errors
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from linen_moe import RoutedMoE
+from linen_moe import load_model_config
+from linen_moe import train as train_lib
+from linen_moe.config import QUANTIZATIONS
+from linen_moe.data import MarkovData
+from linen_moe.decoder import Decoder as LinenDecoder
+from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from linen_moe_cli import main as cli
+from linen_moe_cli import train_job
+import nnx_adapter
+
+CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
+PATHS = {
+    "sparse": {"sparse_matmul": True, "capacity_factor": 0.0},
+    "dense": {"sparse_matmul": False, "capacity_factor": 0.0},
+    "dense_dropping": {"sparse_matmul": False, "capacity_factor": 1.0},
+}
+# The contraction call sites each path registers.
+SITES = {
+    "sparse": ("wi_0", "wi_1", "wo"),
+    "dense": ("wi_0", "wi_1", "wo", "combine"),
+    "dense_dropping": ("wi_0", "wi_1", "wo", "dispatch", "combine"),
+}
+FP8_MODES = ("fp8", "nanoo_fp8")
+FP8_VARIABLES = ("input", "kernel", "output_grad")
+HISTORY = 1024
+F32 = np.dtype("float32")
+TX = train_lib.default_optimizer(1e-2)
+# (config, scanned, quantization, path): every mode and path at least once,
+# both configs and both layer modes. The full product is marked slow.
+DEFAULT_CELLS = (
+    ("tiny_mixtral", True, "fp8", "dense_dropping"),
+    ("tiny_mixtral", False, "int8", "sparse"),
+    ("tiny_gemma4_26b", True, "none", "dense"),
+    ("tiny_gemma4_26b", False, "nanoo_fp8", "sparse"),
+)
+
+
+def _config(name="tiny_mixtral", mode="none", path="sparse", **overrides):
+  return load_model_config(name, quantization=mode, **PATHS[path], **overrides)
+
+
+def _tokens(cfg, batch=2, seq=8, seed=1):
+  return jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, seq, seed)))
+
+
+def _signature(module: nnx.Module) -> set:
+  """{(path, variable type, shape, dtype)} of every variable of `module`."""
+  return {
+      (path, type(v).__name__, v.get_value().shape, v.get_value().dtype)
+      for path, v in nnx.to_flat_state(nnx.state(module))
+  }
+
+
+def _adapted_moe(cfg, batch=2, seq=8):
+  x = jnp.zeros((batch, seq, cfg.moe.emb_dim))
+  return nnx_adapter.EagerToNNX(RoutedMoE(cfg.moe), x, rngs=nnx.Rngs(0))
+
+
+def _copy(tree):
+  return jax.tree.map(np.array, tree)
+
+
+def _fp8_sites(fp8_state: dict) -> dict:
+  """{(layer path..., site): {variable: array}} of a Linen-layout fp8 tree,
+  scanned layers split into one entry per layer."""
+  flat = nnx.traversals.flatten_mapping(fp8_state)
+  sites = {}
+  for path, value in flat.items():
+    site, name = path[:-1], path[-1]
+    if path[0] == "layers":  # stacked: one row per layer
+      for i, row in enumerate(value):
+        sites.setdefault((i, *site), {})[name] = row
+    else:
+      sites.setdefault(site, {})[name] = value
+  return sites
+
+
+class AdapterTest(parameterized.TestCase):
+
+  @parameterized.product(mode=QUANTIZATIONS, path=tuple(PATHS))
+  def test_all_state_exists_at_construction(self, mode, path):
+    cfg = _config(mode=mode, path=path)
+    moe = _adapted_moe(cfg)
+    before = _signature(moe)
+    x = jax.random.normal(jax.random.key(1), (2, 8, cfg.moe.emb_dim))
+    y, _ = moe(x, rngs=jax.random.key(2))
+    self.assertEqual(y.shape, x.shape)
+    self.assertEqual(_signature(moe), before)
+    fp8 = {
+        (path_[0], path_[1], shape, dtype)
+        for path_, kind, shape, dtype in before
+        if kind == "Fp8State"
+    }
+    expected = set()
+    if mode in FP8_MODES:
+      for site, var in itertools.product(SITES[path], FP8_VARIABLES):
+        expected.add((f"{site}_dot", f"{var}_scale", (1,), F32))
+        expected.add((f"{site}_dot", f"{var}_amax_history", (HISTORY,), F32))
+    self.assertEqual(fp8, expected)
+    # Params are the public layout in every mode: nothing quantized in them.
+    params = {p[0] for p, _ in nnx.to_flat_state(nnx.state(moe, nnx.Param))}
+    self.assertEqual(params, {"gate", "wi_0", "wi_1", "wo"})
+
+  def test_fp8_collection_is_one_variable_type(self):
+    self.assertEqual(
+        nnx.variable_name_from_type(nnx_adapter.Fp8State),
+        OVERWRITE_WITH_GRADIENT,
+    )
+    self.assertIs(
+        nnx.variable_type_from_name(OVERWRITE_WITH_GRADIENT),
+        nnx_adapter.Fp8State,
+    )
+
+  def test_int8_rounding_randomness_comes_from_call_rngs(self):
+    moe = _adapted_moe(_config(mode="int8", path="dense"))
+    x = jax.random.normal(jax.random.key(1), (2, 8, 64))
+
+    def grad(key):
+      def loss(moe):
+        return jnp.sum(moe(x, rngs=key)[0] ** 2)
+
+      return nnx.grad(loss)(moe)["wi_0"].get_value()
+
+    g1, g1_again = grad(jax.random.key(3)), grad(jax.random.key(3))
+    g2 = grad(jax.random.key(4))
+    np.testing.assert_array_equal(g1, g1_again)
+    self.assertGreater(float(jnp.abs(g1 - g2).max()), 0.0)
+
+
+class ConstructionUnderTraceTest(absltest.TestCase):
+  """Constructing inside a trace works and builds the same graph, or fails
+  loudly; calls never change the graph."""
+
+  def test_inside_jit_builds_the_eager_state(self):
+    cfg = _config(mode="fp8", path="dense")
+    eager = _adapted_moe(cfg)
+    traced = nnx.jit(lambda: _adapted_moe(cfg))()
+    self.assertEqual(_signature(traced), _signature(eager))
+    jax.tree.map(
+        np.testing.assert_array_equal, nnx.state(traced), nnx.state(eager)
+    )
+
+  def test_inside_vmap_builds_a_stacked_layer(self):
+    cfg = _config(mode="fp8", path="sparse")
+    layers = 3
+
+    @nnx.split_rngs(splits=layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def stacked(rngs):
+      x = jnp.zeros((1, 4, cfg.moe.emb_dim))
+      return nnx_adapter.EagerToNNX(RoutedMoE(cfg.moe), x, rngs=rngs)
+
+    moe = stacked(nnx.Rngs(0))
+    state = nnx.state(moe, nnx_adapter.Fp8State)
+    self.assertEqual(state["wi_0_dot"]["input_scale"].shape, (layers, 1))
+    self.assertEqual(
+        state["wo_dot"]["output_grad_amax_history"].shape, (layers, HISTORY)
+    )
+    wi_0 = moe.wi_0.get_value()
+    self.assertEqual(wi_0.shape[0], layers)
+    self.assertGreater(float(jnp.abs(wi_0[0] - wi_0[1]).max()), 0.0)
+
+  def test_attaching_inside_scan_is_an_error(self):
+    class Holder(nnx.Module):
+
+      def __init__(self):
+        self.inner = nnx_adapter.EagerToNNX(
+            nn.Dense(3), jnp.ones(4), rngs=nnx.Rngs(0)
+        )
+
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+    def body(holder, x):
+      holder.extra = nnx_adapter.EagerToNNX(nn.Dense(3), x, rngs=nnx.Rngs(1))
+      return holder, holder.extra(x)
+
+    holder = Holder()
+    with self.assertRaisesRegex(TypeError, "carry"):
+      body(holder, jnp.ones((2, 4)))
+    self.assertFalse(hasattr(holder, "extra"))
+
+  def test_call_never_creates_or_reshapes_variables(self):
+    dense = nnx_adapter.EagerToNNX(
+        nn.Dense(3), jnp.ones((2, 4)), rngs=nnx.Rngs(0)
+    )
+    before = _signature(dense)
+    with self.assertRaises(flax.errors.ScopeParamShapeError):
+      dense(jnp.ones((2, 8)))
+    self.assertEqual(_signature(dense), before)
+
+
+class InterchangeTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      *((mode, False) for mode in QUANTIZATIONS), ("fp8", True)
+  )
+  def test_same_loss_both_ways(self, mode, scan):
+    cfg = _config("tiny_gemma4_26b", mode, "dense", scan_layers=scan)
+    tokens = _tokens(cfg)
+    linen = LinenDecoder(cfg)
+    variables = linen.init(jax.random.key(0), tokens)
+    if mode in FP8_MODES:  # fp8 state the loss depends on, not the init one
+      leaves, treedef = jax.tree.flatten(variables[OVERWRITE_WITH_GRADIENT])
+      keys = jax.random.split(jax.random.key(5), len(leaves))
+      variables[OVERWRITE_WITH_GRADIENT] = jax.tree.unflatten(
+          treedef,
+          [
+              jax.random.uniform(k, x.shape, x.dtype, 0.5, 2.0)
+              for k, x in zip(keys, leaves, strict=True)
+          ],
+      )
+    model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(1))
+    nnx_adapter.linen_to_nnx(variables, model)
+    linen_loss, _ = train_lib.decoder_loss(
+        *linen.apply(variables, tokens), tokens
+    )
+    nnx_loss, _ = nnx_adapter.decoder_loss(model, tokens, None)
+    np.testing.assert_allclose(nnx_loss, linen_loss, rtol=1e-6)
+    back = nnx_adapter.nnx_to_linen(model)
+    self.assertEqual(jax.tree.structure(back), jax.tree.structure(variables))
+    jax.tree.map(np.testing.assert_array_equal, back, variables)
+    if mode in FP8_MODES and not scan:  # the fp8 state the loss depends on
+      reset = dict(variables)
+      reset[OVERWRITE_WITH_GRADIENT] = linen.init(jax.random.key(0), tokens)[
+          OVERWRITE_WITH_GRADIENT
+      ]
+      reset_loss, _ = train_lib.decoder_loss(
+          *linen.apply(reset, tokens), tokens
+      )
+      self.assertNotAlmostEqual(float(reset_loss), float(linen_loss), places=5)
+
+  def test_mismatch_is_an_error(self):
+    cfg = _config(mode="fp8")
+    model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0))
+    variables = nnx_adapter.nnx_to_linen(model)
+    no_fp8 = {"params": variables["params"]}
+    with self.assertRaisesRegex(ValueError, "missing.*input_scale"):
+      nnx_adapter.linen_to_nnx(no_fp8, model)
+    with self.assertRaisesRegex(ValueError, "unexpected.*extra"):
+      nnx_adapter.linen_to_nnx(
+          {**variables, "extra": {"x": jnp.ones(1)}}, model
+      )
+    bad = jax.tree.map(lambda x: x, variables)
+    bad["params"]["final_norm"]["scale"] = jnp.ones(3)
+    with self.assertRaisesRegex(ValueError, "final_norm/scale"):
+      nnx_adapter.linen_to_nnx(bad, model)
+
+
+class _CellCheck(parameterized.TestCase):
+  """Two jitted NNX train steps of one quantization x path cell."""
+
+  def _check_cell(self, name, scan, mode, path):
+    cfg = _config(name, mode, path, scan_layers=scan)
+    training = train_job.make_training("nnx", cfg, TX, donate=False)
+    tokens = _tokens(cfg)
+    state = training.init(tokens, jax.random.key(0))
+    params0, fp8_0 = _copy(state.params), _copy(state.fp8_state)
+    for i in range(2):
+      state, metrics = training.step(
+          state, _tokens(cfg, seed=i), jax.random.key(i)
+      )
+      self.assertTrue(np.isfinite(float(metrics["loss"])))
+    self.assertEqual(training.step._cache_size(), 1)  # no recompile
+    self.assertEqual(int(state.step), 2)
+    before = nnx.traversals.flatten_mapping(params0)
+    after = nnx.traversals.flatten_mapping(state.params)
+    unchanged = [p for p in before if np.array_equal(before[p], after[p])]
+    self.assertEqual(unchanged, [])
+    sites0, sites = _fp8_sites(fp8_0), _fp8_sites(state.fp8_state)
+    if mode not in FP8_MODES:
+      self.assertEqual(sites, {})
+      return
+    per_layer = {s[-1] for s in sites}
+    self.assertEqual(per_layer, {f"{s}_dot" for s in SITES[path]})
+    self.assertLen(sites, cfg.num_layers * len(SITES[path]))
+    for site, values in sites.items():
+      for var, value in values.items():
+        self.assertFalse(
+            np.array_equal(value, sites0[site][var]),
+            f"{site} {var} did not move",
+        )
+    for (s1, v1), (s2, v2) in itertools.combinations(sites.items(), 2):
+      same = all(np.array_equal(v1[k], v2[k]) for k in v1)
+      self.assertFalse(same, f"{s1} and {s2} share their fp8 state")
+
+
+class TrainStepTest(_CellCheck):
+
+  @parameterized.parameters(*DEFAULT_CELLS)
+  def test_cell(self, name, scan, mode, path):
+    self._check_cell(name, scan, mode, path)
+
+
+@pytest.mark.slow
+class AllCellsTest(_CellCheck):
+  """The full product: 12 cells x 2 configs x {scanned, unrolled}."""
+
+  @parameterized.product(name=CONFIGS, scan=(True, False))
+  def test_all_cells(self, name, scan):
+    for mode, path in itertools.product(QUANTIZATIONS, PATHS):
+      with self.subTest(mode=mode, path=path):
+        self._check_cell(name, scan, mode, path)
+
+
+class TrainingTest(absltest.TestCase):
+
+  def test_fp8_trains_and_linen_matches_nnx(self):
+    """50 steps of tiny_mixtral (scanned, 2 microbatches a step) with and
+    without fp8, in both front ends from the same initial weights."""
+    steps, grad_accum = 50, 2
+    final, first = {}, {}
+    for mode in ("none", "fp8"):
+      cfg = _config(mode=mode)
+      batches = MarkovData(cfg.vocab_size).batches(8, 16, seed=3)
+      data = [jnp.asarray(next(batches)) for _ in range(steps)]
+      model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0))
+      variables = nnx_adapter.nnx_to_linen(model)
+      optimizer = nnx.Optimizer(model, TX, wrt=nnx.Param)
+      nnx_step = nnx.jit(nnx_adapter.train_step, static_argnames="grad_accum")
+      linen_state = train_lib.TrainState(
+          step=jnp.zeros((), jnp.int32),
+          params=variables["params"],
+          fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
+          opt_state=TX.init(variables["params"]),
+      )
+      linen_step = jax.jit(
+          train_lib.make_train_step(LinenDecoder(cfg), TX, grad_accum)
+      )
+      losses = {"linen": [], "nnx": []}
+      for i, tokens in enumerate(data):
+        rng = jax.random.key(i)
+        metrics = nnx_step(model, optimizer, tokens, rng, grad_accum=grad_accum)
+        losses["nnx"].append(float(metrics["cross_entropy"]))
+        linen_state, metrics = linen_step(linen_state, tokens, rng)
+        losses["linen"].append(float(metrics["cross_entropy"]))
+      # Same math, same weights, same batches: the first two steps agree.
+      np.testing.assert_allclose(
+          losses["nnx"][:2], losses["linen"][:2], rtol=1e-5
+      )
+      for frontend, curve in losses.items():
+        first[mode, frontend] = curve[0]
+        final[mode, frontend] = np.mean(curve[-5:])
+    for frontend in ("linen", "nnx"):
+      # log(256) = 5.5 at the start; the fp8 run must learn as well as the
+      # float one, within 0.15 nats, and at least 1.2 nats below the start.
+      self.assertLess(
+          final["fp8", frontend], first["fp8", frontend] - 1.2, frontend
+      )
+      self.assertLess(
+          abs(final["fp8", frontend] - final["none", frontend]), 0.15, frontend
+      )
+
+
+class GradAccumTest(parameterized.TestCase):
+
+  @parameterized.parameters("linen", "nnx")
+  def test_microbatch_amax_is_the_maximum(self, frontend):
+    """fp8 amax over microbatches of magnitude 1 and 100: the combined
+    newest amax is their maximum, whichever microbatch comes first."""
+    cfg = _config(mode="fp8", path="dense")
+    x = jax.random.normal(jax.random.key(0), (1, 8, cfg.moe.emb_dim))
+    fp8_grads = jax.jit(self._fp8_grads(frontend, cfg), static_argnums=1)
+    small = fp8_grads(x, 1)
+    large = fp8_grads(100.0 * x, 1)
+    newest = lambda t: t["wi_0_dot"]["input_amax_history"][0]  # noqa: E731
+    np.testing.assert_allclose(newest(large), 100.0 * newest(small), rtol=1e-5)
+    for batch in ((x, 100.0 * x), (100.0 * x, x)):
+      combined = fp8_grads(jnp.concatenate(batch), 2)
+      # Not the sum, not the last microbatch's: the element-wise maximum.
+      jax.tree.map(
+          np.testing.assert_array_equal,
+          combined,
+          jax.tree.map(jnp.maximum, small, large),
+      )
+      self.assertEqual(float(newest(combined)), float(newest(large)))
+
+  def _fp8_grads(self, frontend, cfg):
+    """(inputs [B, S, M], grad_accum) -> the layer's combined fp8 grads."""
+    loss = lambda y: jnp.mean(y**2)  # noqa: E731
+    rng = jax.random.key(1)
+    if frontend == "nnx":
+      moe = _adapted_moe(cfg, batch=1)
+
+      def nnx_grads(x, grad_accum):
+        (_, fp8), _ = nnx_adapter.accumulate_gradients(
+            moe,
+            lambda m, x, r: (loss(m(x, rngs=r)[0]), {}),
+            x,
+            rng,
+            grad_accum,
+        )
+        return nnx.to_pure_dict(fp8)
+
+      return nnx_grads
+    module = RoutedMoE(cfg.moe)
+    variables = module.init(rng, jnp.zeros((1, 8, cfg.moe.emb_dim)))
+
+    def linen_grads(x, grad_accum):
+      def grad_fn(x, rng):
+        def f(params, fp8):
+          y, _ = module.apply(
+              {"params": params, OVERWRITE_WITH_GRADIENT: fp8},
+              x,
+              rngs={"params": rng},
+          )
+          return loss(y), {}
+
+        return jax.grad(f, argnums=(0, 1), has_aux=True)(
+            variables["params"], variables[OVERWRITE_WITH_GRADIENT]
+        )
+
+      (_, fp8), _ = train_lib.accumulate_gradients(grad_fn, x, grad_accum, rng)
+      return fp8
+
+    return linen_grads
+
+
+class CommandLineTest(absltest.TestCase):
+
+  def test_frontend_and_grad_accum_flags(self):
+    args = cli.build_parser().parse_args(
+        ["train", "--frontend", "nnx", "--grad-accum", "4"]
+    )
+    self.assertEqual((args.frontend, args.grad_accum), ("nnx", 4))
+    with self.assertRaises(SystemExit):
+      cli.build_parser().parse_args(["train", "--frontend", "haiku"])
+    with self.assertRaisesRegex(ValueError, "frontend"):
+      train_job.make_training("haiku", _config(), TX)
+
+
+if __name__ == "__main__":
+  absltest.main()
