@@ -10,9 +10,15 @@ from linen_moe.moe import MoEAux
 from linen_moe.moe import RoutedAndSharedMoE
 from linen_moe.moe import RoutedMoE
 from linen_moe.moe import SharedExpert
+from linen_moe.quantization import AQT_RNG_STREAM
+from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from linen_moe.quantization import contraction_modules
 from linen_moe.routing import RouterResult
 
 __all__ = [
+    "AQT_RNG_STREAM",
+    "OVERWRITE_WITH_GRADIENT",
+    "contraction_modules",
     "CALL_SITES",
     "MoEAux",
     "MoEConfig",

@@ -13,10 +13,12 @@ import jax.numpy as jnp
 from linen_moe.config import ModelConfig
 from linen_moe.moe import RoutedMoE
 from linen_moe.moe import SharedExpert
+from linen_moe.quantization import AQT_RNG_STREAM
 from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
 
-# Flax RNG streams the decoder splits across scanned layers.
-RNG_STREAMS = ("params", "aqt")
+# Flax RNG streams the layer draws from at apply time (AQT's stochastic
+# rounding), split across scanned layers so each layer draws its own.
+RNG_STREAMS = (AQT_RNG_STREAM,)
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
@@ -148,13 +150,16 @@ class Decoder(nn.Module):
           f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
           f"{tokens.shape}."
       )
+    # Rows of unit norm keep the tied logits O(1) at init; the input is
+    # scaled back up by sqrt(emb_dim) so the residual stream has unit RMS.
     embed = nn.Embed(
         cfg.vocab_size,
         cfg.moe.emb_dim,
+        embedding_init=nn.initializers.normal(cfg.moe.emb_dim**-0.5),
         param_dtype=cfg.moe.param_dtype,
         name="embed",
     )
-    x = embed(tokens).astype(cfg.moe.compute_dtype)
+    x = (embed(tokens) * cfg.moe.emb_dim**0.5).astype(cfg.moe.compute_dtype)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     if cfg.scan_layers:
       scanned = nn.scan(

@@ -1,39 +1,86 @@
-"""Contraction modules, one per quantization mode. Knows nothing of MoE.
+"""Contraction modules, one pair per quantization mode. Knows nothing of MoE.
 
 Each mode offers two Linen modules with the same call signature across modes:
 
   einsum module:          module(eqn, lhs, rhs) -> einsum(eqn, lhs, rhs)
   grouped matmul module:  module(lhs [M, K], rhs [G, K, N], group_sizes [G])
 
-`contraction_modules(mode)` is the one factory that picks them. Quantization
-state never lives in `params`, so one `params` tree loads into every mode.
+`contraction_modules(mode)` is the one factory that picks them:
+
+  "none"       plain einsum / grouped matmul.
+  "int8"       einsum: AQT `AqtEinsum` in training mode, int8 forward and int8
+               input gradient (dlhs) with int32 accumulation, float weight
+               gradient (drhs); per-channel absmax scales, computed on the fly.
+               grouped matmul: `linen_moe.int8_grouped` (per-expert,
+               per-output-channel weight scales; same int8 fwd/dlhs split).
+  "fp8"        Flax delayed scaling (`flax.linen.fp8_ops`): lhs and rhs are
+               quantized-dequantized to float8_e4m3fn, the output gradient to
+               float8_e5m2, each with a scale and an amax history.
+  "nanoo_fp8"  the same with float8_e4m3fnuz / float8_e5m2fnuz.
+
+What `apply` needs, per mode:
+
+  int8   An RNG in the `AQT_RNG_STREAM` ("params") stream whenever gradients
+         are taken: AQT rounds the dlhs cotangent stochastically. Pass
+         `rngs={"params": key}` (a fresh key per step) to `apply` in the train
+         step. A forward-only `apply` needs no RNG. AQT in training mode keeps
+         no variables.
+  fp8,   Six variables per contraction in the `OVERWRITE_WITH_GRADIENT`
+  nanoo  collection: `input_scale`, `kernel_scale`, `output_grad_scale` (1,)
+         and `input_amax_history`, `kernel_amax_history`,
+         `output_grad_amax_history` (amax_history_length,). Differentiate the
+         loss with respect to this collection too; its "gradient" is the new
+         value, which the train step writes back (never into the optimizer).
+
+Quantization state never lives in `params`, so one `params` tree loads into
+every mode.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import dataclasses
+import functools
 from typing import Any
 
+from aqt.jax.v2 import config as aqt_config
+from aqt.jax.v2.flax import aqt_flax
 import flax.linen as nn
+from flax.linen import fp8_ops
 import jax
 import jax.numpy as jnp
 
 from linen_moe import grouped_matmul as gmm_lib
 from linen_moe.config import QUANTIZATIONS
+from linen_moe.int8_grouped import int8_grouped_matmul
 
-OVERWRITE_WITH_GRADIENT = "_overwrite_with_gradient"
+OVERWRITE_WITH_GRADIENT = fp8_ops.OVERWRITE_WITH_GRADIENT
+AQT_RNG_STREAM = "params"
+FP8_DTYPES = {
+    "fp8": (jnp.float8_e4m3fn, jnp.float8_e5m2),
+    "nanoo_fp8": (jnp.float8_e4m3fnuz, jnp.float8_e5m2fnuz),
+}
+OPTIONS = ("implementation", "amax_history_length")
 
 
-class Einsum(nn.Module):
-  """Unquantized einsum in the dtype of its operands."""
+class _Contraction(nn.Module):
+  """Base of the float-contraction modules; `_wrap` is the quantization hook."""
+
+  def _wrap(self, contract: Callable, lhs: jax.Array, rhs: jax.Array):
+    """Runs `contract(lhs, rhs)`; quantizing subclasses wrap it."""
+    return contract(lhs, rhs)
+
+
+class Einsum(_Contraction):
+  """Unquantized einsum in the dtype of its operands: module(eqn, lhs, rhs)."""
 
   @nn.compact
   def __call__(self, eqn: str, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
-    return jnp.einsum(eqn, lhs, rhs)
+    return self._wrap(functools.partial(jnp.einsum, eqn), lhs, rhs)
 
 
-class GroupedMatmul(nn.Module):
-  """Unquantized grouped matmul.
+class GroupedMatmul(_Contraction):
+  """Unquantized grouped matmul: module(lhs [M, K], rhs [G, K, N], sizes [G]).
 
   Attributes:
     implementation: see `linen_moe.grouped_matmul.IMPLEMENTATIONS`.
@@ -41,13 +88,111 @@ class GroupedMatmul(nn.Module):
 
   implementation: str = "auto"
 
+  def _matmul(self, lhs, rhs, group_sizes) -> jax.Array:
+    return gmm_lib.grouped_matmul(
+        lhs, rhs, group_sizes, implementation=self.implementation
+    )
+
   @nn.compact
   def __call__(
       self, lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array
   ) -> jax.Array:
-    return gmm_lib.grouped_matmul(
-        lhs, rhs, group_sizes, implementation=self.implementation
+    return self._wrap(lambda a, b: self._matmul(a, b, group_sizes), lhs, rhs)
+
+
+def int8_aqt_config() -> aqt_config.DotGeneral:
+  """AQT int8 training config: 8-bit fwd and dlhs, int32 accumulation."""
+  return aqt_config.config_v4(
+      fwd_bits=8,
+      dlhs_bits=8,
+      drhs_bits=None,
+      fwd_accumulator_dtype=jnp.int32,
+      dlhs_accumulator_dtype=jnp.int32,
+  )
+
+
+class Int8Einsum(nn.Module):
+  """AQT int8 einsum in training mode; keeps no variables.
+
+  Reads the `AQT_RNG_STREAM` RNG when one is passed to `apply` (needed for
+  gradients: stochastic rounding of the cotangent); without one the forward
+  still runs, and taking a gradient fails inside AQT.
+  """
+
+  @nn.compact
+  def __call__(self, eqn: str, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
+    stream = AQT_RNG_STREAM if self.has_rng(AQT_RNG_STREAM) else None
+    aqt = aqt_flax.AqtEinsum(
+        cfg=int8_aqt_config(), prng_name=stream, name="aqt"
     )
+    return aqt(eqn, lhs, rhs)
+
+
+class Int8GroupedMatmul(GroupedMatmul):
+  """Int8 grouped matmul, see `linen_moe.int8_grouped`; keeps no variables."""
+
+  def _matmul(self, lhs, rhs, group_sizes) -> jax.Array:
+    return int8_grouped_matmul(lhs, rhs, group_sizes, self.implementation)
+
+
+class _Fp8(_Contraction):
+  """Delayed-scaling fp8 around the contraction (Flax `fp8_ops` qdq).
+
+  lhs and rhs are quantized-dequantized to `e4m3_dtype` with the scale derived
+  from their amax history (the current amax only enters the history: delayed
+  scaling); the output's cotangent is quantized-dequantized to `e5m2_dtype`.
+  The contraction itself runs in the operands' float dtype on the qdq values.
+
+  Variables (collection `OVERWRITE_WITH_GRADIENT`, Flax's names): scales
+  `input_scale`, `kernel_scale`, `output_grad_scale` <float32>[1], initialised
+  to 1; histories `input_amax_history`, `kernel_amax_history`,
+  `output_grad_amax_history` <float32>[amax_history_length], initialised to 0.
+
+  Attributes:
+    amax_history_length: length of each amax history.
+    e4m3_dtype: forward (lhs and rhs) fp8 type.
+    e5m2_dtype: output-gradient fp8 type.
+  """
+
+  amax_history_length: int = 1024
+  e4m3_dtype: Any = jnp.float8_e4m3fn
+  e5m2_dtype: Any = jnp.float8_e5m2
+
+  def _qdq(self, qdq_fn, role: str, q_dtype, x: jax.Array) -> jax.Array:
+    """`fp8_ops.in_qdq` or `out_qdq` of `x` with the `role`'s scale/history."""
+    scale = self.variable(
+        OVERWRITE_WITH_GRADIENT, f"{role}_scale", jnp.ones, (1,), jnp.float32
+    )
+    history = self.variable(
+        OVERWRITE_WITH_GRADIENT,
+        f"{role}_amax_history",
+        jnp.zeros,
+        (self.amax_history_length,),
+        jnp.float32,
+    )
+    return qdq_fn(x.dtype, q_dtype, x, scale.value, history.value)
+
+  def _wrap(self, contract: Callable, lhs: jax.Array, rhs: jax.Array):
+    dtype = jnp.result_type(lhs, rhs)
+    q_lhs = self._qdq(
+        fp8_ops.in_qdq, "input", self.e4m3_dtype, lhs.astype(dtype)
+    )
+    q_rhs = self._qdq(
+        fp8_ops.in_qdq, "kernel", self.e4m3_dtype, rhs.astype(dtype)
+    )
+    out = contract(q_lhs, q_rhs)
+    return self._qdq(fp8_ops.out_qdq, "output_grad", self.e5m2_dtype, out)
+
+
+class Fp8Einsum(_Fp8, Einsum):
+  """fp8 (or NANOO fp8) einsum: module(eqn, lhs, rhs); see `_Fp8`.
+
+  Unlike `flax.linen.Fp8Einsum`, it really uses `e4m3_dtype`/`e5m2_dtype`.
+  """
+
+
+class Fp8GroupedMatmul(_Fp8, GroupedMatmul):
+  """fp8 (or NANOO fp8) grouped matmul: module(lhs, rhs, group_sizes)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +214,22 @@ def contraction_modules(mode: str, **options: Any) -> ContractionModules:
     raise ValueError(
         f"Unknown quantization {mode!r}; allowed: {QUANTIZATIONS}."
     )
-  implementation = options.get("implementation", "auto")
+  unknown = sorted(set(options) - set(OPTIONS))
+  if unknown:
+    raise ValueError(f"Unknown option(s) {unknown}; allowed: {OPTIONS}.")
+  grouped = {"implementation": options.get("implementation", "auto")}
   if mode == "none":
+    return ContractionModules(Einsum, GroupedMatmul, grouped_kwargs=grouped)
+  if mode == "int8":
     return ContractionModules(
-        Einsum, GroupedMatmul, grouped_kwargs={"implementation": implementation}
+        Int8Einsum, Int8GroupedMatmul, grouped_kwargs=grouped
     )
-  raise NotImplementedError(f"quantization {mode!r} is not implemented yet")
+  e4m3, e5m2 = FP8_DTYPES[mode]
+  fp8 = {
+      "amax_history_length": options.get("amax_history_length", 1024),
+      "e4m3_dtype": e4m3,
+      "e5m2_dtype": e5m2,
+  }
+  return ContractionModules(
+      Fp8Einsum, Fp8GroupedMatmul, fp8, {**fp8, **grouped}
+  )

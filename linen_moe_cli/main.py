@@ -85,6 +85,60 @@ def cmd_train(args: argparse.Namespace) -> int:
   return 0
 
 
+def cmd_matrix(args: argparse.Namespace) -> int:
+  from linen_moe_cli import matrix  # noqa: PLC0415 (jax import is slow)
+
+  if args.all:
+    configs, frontends, layers = matrix.CONFIGS, matrix.FRONTENDS, matrix.LAYERS
+  else:
+    configs = (args.config,)
+    frontends = (args.frontend,)
+    layers = (args.layers or "scanned",)
+  quantizations = (args.quantization,) if args.quantization else QUANTIZATIONS
+  start = time.perf_counter()
+  results = []
+  for config in configs:
+    for fe in frontends:
+      for layer in layers:
+        group = [
+            matrix.run_cell(cell)
+            for cell in matrix.cells(
+                (config,), quantizations, frontends=(fe,), layers=(layer,)
+            )
+        ]
+        results.extend(group)
+        print(matrix.format_table(group), flush=True)
+        print(flush=True)
+  failed = [r for r in results if not r.ok]
+  slowest = sorted(results, key=lambda r: r.compile_s, reverse=True)[:3]
+  print(
+      "slowest cells (compile / step seconds): "
+      + "; ".join(
+          f"{r.cell.config}/{r.cell.frontend}/{r.cell.layers}/{r.cell.quantization}/{r.cell.path}"
+          f" {r.compile_s:.1f}s/{r.step_s:.2f}s"
+          for r in slowest
+      )
+  )
+  print(
+      f"{len(results) - len(failed)} passed, {len(failed)} failed "
+      f"(matrix cells) in {time.perf_counter() - start:.0f}s"
+  )
+  return 1 if failed else 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+  from linen_moe_cli import bench_report  # noqa: PLC0415
+
+  rows = bench_report.run(
+      args.sweep,
+      args.quantization or ("none",),
+      tuple(args.target or ("layer",)),
+      args.repeats,
+      args.out,
+  )
+  return 1 if any("error" in r for r in rows) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="linen-moe",
@@ -117,6 +171,52 @@ def build_parser() -> argparse.ArgumentParser:
       "--no-progress", action="store_true", help="no progress bar"
   )
   train.set_defaults(func=cmd_train)
+
+  mat = sub.add_parser(
+      "matrix", help="train one step in every quantization x path cell"
+  )
+  mat.add_argument("--config", default="tiny_mixtral")
+  mat.add_argument(
+      "--quantization",
+      choices=QUANTIZATIONS,
+      default=None,
+      help="one row only (default: all modes)",
+  )
+  mat.add_argument("--layers", choices=("scanned", "unrolled"), default=None)
+  mat.add_argument("--frontend", choices=("linen", "nnx"), default="linen")
+  mat.add_argument(
+      "--all",
+      action="store_true",
+      help="every config x front end x layers (ignores the rest)",
+  )
+  mat.set_defaults(func=cmd_matrix)
+
+  bench = sub.add_parser(
+      "bench", help="time forward+backward of the layer across sizes/paths"
+  )
+  bench.add_argument(
+      "--sweep",
+      nargs="+",
+      default=["sizes", "implementations", "experts", "capacity"],
+      choices=("sizes", "implementations", "experts", "capacity"),
+  )
+  bench.add_argument(
+      "--quantization",
+      nargs="+",
+      choices=QUANTIZATIONS,
+      default=None,
+      help="default: none",
+  )
+  bench.add_argument(
+      "--target",
+      nargs="+",
+      choices=("layer", "decoder_layer"),
+      default=None,
+      help="default: layer",
+  )
+  bench.add_argument("--repeats", type=int, default=5)
+  bench.add_argument("--out", default="benchmarks/results")
+  bench.set_defaults(func=cmd_bench)
   return parser
 
 

@@ -1,0 +1,216 @@
+"""Which quantized element types reach the contractions of a compiled program.
+
+Reads the text of `jax.jit(f).lower(...).compile().as_text()` (optimised HLO).
+Backends differ in how they run a quantized matmul: a GPU may feed `s8` or
+`f8e4m3fn` straight into a dot, while XLA CPU converts them up inside a fusion
+first, and a grouped matmul may run its dots inside `while` loops. So for each
+contraction (`dot`, `convolution`, `ragged-dot`) we walk back from its
+operands through element-wise and data-movement ops, into and out of fusions
+and loops (following tuple elements), and collect the quantized element types
+we meet.
+
+Example:
+  text = jax.jit(step).lower(*args).compile().as_text()
+  assert quantized_types_at_contractions(text) == {"s8"}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+QUANTIZED_TYPES = frozenset({
+    "s8",
+    "u8",
+    "s4",
+    "u4",
+    "f8e4m3fn",
+    "f8e5m2",
+    "f8e4m3fnuz",
+    "f8e5m2fnuz",
+    "f8e4m3b11fnuz",
+    "f8e4m3",
+    "f8e3m4",
+})
+CONTRACTIONS = frozenset({"dot", "convolution", "ragged-dot"})
+# The walk stops at these: they do not pass an operand's type through.
+_OPAQUE = CONTRACTIONS | {
+    "reduce",
+    "reduce-window",
+    "sort",
+    "conditional",
+    "call",
+    "custom-call",
+    "rng",
+    "rng-bit-generator",
+}
+_MAX_DEPTH = 24
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_ELEMENT_TYPE = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[")
+_NAME = re.compile(r"%([\w.\-]+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+  """One HLO instruction, reduced to what the walk needs."""
+
+  name: str
+  opcode: str
+  types: frozenset[str]  # element types of the result (empty for tuples)
+  operands: tuple[str, ...]
+  called: tuple[str, ...]  # computations a fusion or a while loop calls
+  computation: str
+  is_root: bool
+  parameter: int | None  # the parameter number, for `parameter` ops
+  index: int | None  # the element a `get-tuple-element` takes
+  op_name: str  # the JAX op path from the metadata, "" when absent
+
+
+def _matching_paren(text: str, open_index: int) -> int:
+  depth = 0
+  for i in range(open_index, len(text)):
+    depth += {"(": 1, ")": -1}.get(text[i], 0)
+    if depth == 0:
+      return i
+  return len(text)
+
+
+def _parse_instruction(line: str, computation: str) -> Instruction | None:
+  match = _INSTRUCTION.match(line)
+  if not match:
+    return None
+  name, rest = match.groups()
+  if rest.startswith("("):  # a tuple type
+    type_end = _matching_paren(rest, 0) + 1
+  else:
+    type_end = rest.find(" ")
+  type_text, rest = rest[:type_end], rest[type_end:].lstrip()
+  opcode, paren, _ = rest.partition("(")
+  if not paren or not re.fullmatch(r"[\w\-]+", opcode):
+    return None
+  close = _matching_paren(rest, len(opcode))
+  args, attributes = rest[len(opcode) + 1 : close], rest[close:]
+  op_name = re.search(r'op_name="([^"]*)"', attributes)
+  index = re.search(r"\bindex=(\d+)", attributes)
+  is_tuple = type_text.startswith("(")
+  return Instruction(
+      name=name,
+      opcode=opcode,
+      types=frozenset()
+      if is_tuple
+      else frozenset(_ELEMENT_TYPE.findall(type_text)),
+      operands=tuple(_NAME.findall(args)),
+      called=tuple(
+          re.findall(r"\b(?:calls|body|condition)=%?([\w.\-]+)", attributes)
+      ),
+      computation=computation,
+      is_root=line.lstrip().startswith("ROOT"),
+      parameter=int(args) if opcode == "parameter" else None,
+      index=int(index.group(1))
+      if index and opcode == "get-tuple-element"
+      else None,
+      op_name=op_name.group(1) if op_name else "",
+  )
+
+
+def parse_hlo(text: str) -> dict[str, Instruction]:
+  """Every instruction of an HLO module text, by (module-unique) name."""
+  instructions, computation = {}, ""
+  for line in text.splitlines():
+    header = _COMPUTATION.match(line)
+    if header and " = " not in line:
+      computation = header.group(1)
+      continue
+    instruction = _parse_instruction(line, computation)
+    if instruction is not None:
+      instructions[instruction.name] = instruction
+  return instructions
+
+
+@dataclasses.dataclass(frozen=True)
+class Contraction:
+  """A dot, convolution or ragged-dot, and what feeds it.
+
+  Attributes:
+    name: the HLO instruction name.
+    opcode: "dot", "convolution" or "ragged-dot".
+    op_name: the JAX op path from the metadata ("" when XLA dropped it), e.g.
+      ".../RoutedMoE.contract/wo_dot/..."; "transpose(" in it marks a backward
+      contraction.
+    quantized_inputs: the quantized element types found walking back from
+      its operands.
+  """
+
+  name: str
+  opcode: str
+  op_name: str
+  quantized_inputs: frozenset[str]
+
+
+def contractions(text: str) -> list[Contraction]:
+  """Every contraction of the program, with the quantized types feeding it."""
+  instructions = parse_hlo(text)
+  roots, callers = {}, {}
+  for inst in instructions.values():
+    if inst.is_root:
+      roots[inst.computation] = inst.name
+    for computation in inst.called:
+      callers.setdefault(computation, []).append(inst)
+
+  def producers(inst: Instruction, index: int | None):
+    """(name, tuple index) pairs whose values `inst` passes on."""
+    if inst.opcode == "get-tuple-element":
+      return [(inst.operands[0], inst.index)]
+    if inst.opcode == "tuple" and index is not None:
+      return [(inst.operands[index], None)]
+    if inst.opcode in ("fusion", "while"):  # the called computation's result
+      found = [(roots[c], index) for c in inst.called[-1:] if c in roots]
+      if inst.opcode == "while":  # and the loop's initial value
+        found.append((inst.operands[0], index))
+      return found
+    if inst.parameter is not None:  # a fusion's operand or a loop's value
+      found = []
+      for caller in callers.get(inst.computation, []):
+        if caller.opcode == "while":
+          found.append((caller.name, index))
+        elif inst.parameter < len(caller.operands):
+          found.append((caller.operands[inst.parameter], index))
+      return found
+    return [(operand, None) for operand in inst.operands]
+
+  def visit(name: str, index: int | None, depth: int, seen: set) -> set[str]:
+    inst = instructions.get(name)
+    if inst is None or (name, index) in seen or depth > _MAX_DEPTH:
+      return set()
+    seen.add((name, index))
+    found = set(inst.types & QUANTIZED_TYPES)
+    if found or inst.opcode in _OPAQUE:
+      return found
+    for producer, producer_index in producers(inst, index):
+      found |= visit(producer, producer_index, depth + 1, seen)
+    return found
+
+  return [
+      Contraction(
+          name=inst.name,
+          opcode=inst.opcode,
+          op_name=inst.op_name,
+          quantized_inputs=frozenset(
+              set().union(*(visit(op, None, 0, set()) for op in inst.operands))
+          ),
+      )
+      for inst in instructions.values()
+      if inst.opcode in CONTRACTIONS
+  ]
+
+
+def quantized_types_at_contractions(text: str) -> set[str]:
+  """Quantized element types that feed any contraction of the program."""
+  return set().union(*(c.quantized_inputs for c in contractions(text)))
+
+
+def quantized_types_in_hlo(text: str) -> set[str]:
+  """Quantized element types that appear anywhere in the program text."""
+  return set(_ELEMENT_TYPE.findall(text)) & QUANTIZED_TYPES

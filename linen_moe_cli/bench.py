@@ -1,0 +1,217 @@
+"""Benchmarks of the MoE layer: step time, throughput, roofline, compile, memory.
+
+Each case runs in its own subprocess so that its peak memory (max RSS) is its
+own. All cases of one run are measured side by side on the same machine, with
+the dense-matmul roofline measured in the same run, so ratios are meaningful
+even on a shared, noisy machine. Timings live here, never in unit tests.
+
+Run: `linen-moe bench` (or `python benchmarks/bench_moe.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+# name -> (batch, seq, emb_dim, moe_mlp_dim, num_experts, top_k)
+SIZES = {
+    "tiny": (8, 32, 64, 128, 8, 2),
+    "small": (4, 128, 256, 512, 8, 2),
+    "medium": (8, 512, 512, 1024, 8, 2),
+    "gemma_like": (8, 512, 512, 128, 128, 8),
+}
+PATHS = {
+    "sparse": dict(sparse_matmul=True, capacity_factor=0.0),
+    "dense": dict(sparse_matmul=False, capacity_factor=0.0),
+    "dense_dropping": dict(sparse_matmul=False, capacity_factor=1.25),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One benchmark case.
+
+  Attributes:
+    size: a key of SIZES (or "custom" with explicit dims).
+    path: a key of PATHS, or "roofline" for the plain dense matmul.
+    quantization: MoEConfig.quantization.
+    target: "layer" (RoutedMoE) or "decoder_layer" (one DecoderBlock).
+    implementation: grouped matmul implementation of the sparse path.
+    dims: (batch, seq, emb, mlp, experts, top_k).
+    capacity_factor: overrides the path's capacity factor when > 0.
+    dtype: compute and weight dtype.
+  """
+
+  size: str
+  path: str
+  quantization: str = "none"
+  target: str = "layer"
+  implementation: str = "auto"
+  dims: tuple[int, ...] = ()
+  capacity_factor: float = 0.0
+  dtype: str = "float32"
+
+  def resolved_dims(self) -> tuple[int, ...]:
+    return self.dims or SIZES[self.size]
+
+  def useful_flops(self) -> float:
+    """FLOPs of one forward+backward counting only the active experts
+    (3 matmuls of M x H per routed assignment; backward = 2 x forward), plus
+    attention projections and scores for a decoder layer."""
+    b, s, m, h, _, k = self.resolved_dims()
+    tokens = b * s
+    flops = 3 * (2 * tokens * k * 3 * m * h)
+    if self.target == "decoder_layer":
+      flops += 3 * (2 * tokens * 4 * m * m + 2 * 2 * b * s * s * m)
+    return float(flops)
+
+
+def _model_config(case: Case):
+  from linen_moe.config import ModelConfig  # noqa: PLC0415
+  from linen_moe.config import MoEConfig  # noqa: PLC0415
+
+  b, s, m, h, e, k = case.resolved_dims()
+  path = dict(PATHS[case.path])
+  if case.capacity_factor > 0:
+    path["capacity_factor"] = case.capacity_factor
+  moe = MoEConfig(
+      num_experts=e,
+      num_experts_per_tok=k,
+      emb_dim=m,
+      moe_mlp_dim=h,
+      quantization=case.quantization,
+      grouped_matmul=case.implementation,
+      dtype=case.dtype,
+      weight_dtype=case.dtype,
+      load_balance_loss_weight=0.01,
+      **path,
+  )
+  heads = max(1, m // 64)
+  return ModelConfig(moe=moe, num_layers=1, num_heads=heads), (b, s, m)
+
+
+def _time(fn, args, repeats: int) -> float:
+  import jax  # noqa: PLC0415
+
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  times.sort()
+  return times[len(times) // 2]
+
+
+def _roofline(repeats: int) -> dict[str, float]:
+  """GFLOP/s of a plain float32 matmul, forward+backward, of medium shape."""
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  x = jax.random.normal(jax.random.key(0), (8192, 512))
+  w = jax.random.normal(jax.random.key(1), (512, 1024))
+  step = jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.dot(x, w)), argnums=(0, 1)))
+  seconds = _time(step, (x, w), repeats)
+  return {
+      "step_s": seconds,
+      "gflops": 3 * 2 * 8192 * 512 * 1024 / seconds / 1e9,
+  }
+
+
+def run_case(case: Case, repeats: int = 5) -> dict[str, Any]:
+  """Compiles and times one forward+backward of the case, in this process."""
+  if case.path == "roofline":
+    return _roofline(repeats)
+  import flax.linen as nn  # noqa: PLC0415
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  from linen_moe.decoder import DecoderBlock  # noqa: PLC0415
+  from linen_moe.moe import RoutedMoE  # noqa: PLC0415
+  from linen_moe.quantization import AQT_RNG_STREAM  # noqa: PLC0415
+
+  cfg, (b, s, m) = _model_config(case)
+  x = jax.random.normal(jax.random.key(0), (b, s, m), jnp.dtype(case.dtype))
+  if case.target == "layer":
+    module = RoutedMoE(cfg.moe)
+    args = (x,)
+  else:
+    module = DecoderBlock(cfg)
+    args = (x, jnp.broadcast_to(jnp.arange(s), (b, s)))
+  variables = jax.jit(module.init)(jax.random.key(1), *args)
+  params = variables.pop("params")
+  rngs = {AQT_RNG_STREAM: jax.random.key(2)}
+
+  def loss(params, others, *args):
+    out, aux = module.apply({"params": params, **others}, *args, rngs=rngs)
+    lb = aux.load_balance_loss if hasattr(aux, "load_balance_loss") else aux[0]
+    return jnp.mean(jnp.square(out.astype(jnp.float32))) + lb
+
+  step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  start = time.perf_counter()
+  compiled = step.lower(params, variables, *args).compile()
+  compile_s = time.perf_counter() - start
+  seconds = _time(compiled, (params, variables, *args), repeats)
+  del nn
+  return {
+      "step_s": seconds,
+      "compile_s": compile_s,
+      "tokens_per_s": b * s / seconds,
+      "useful_gflops": case.useful_flops() / seconds / 1e9,
+  }
+
+
+def _max_rss_mib() -> float:
+  import resource  # noqa: PLC0415
+
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_case_subprocess(
+    case: Case, repeats: int, timeout: float = 900
+) -> dict[str, Any]:
+  """Runs `run_case` in a fresh Python; adds its peak RSS (MiB)."""
+  cmd = [
+      sys.executable,
+      "-m",
+      "linen_moe_cli.bench",
+      "--case",
+      json.dumps(dataclasses.asdict(case)),
+      "--repeats",
+      str(repeats),
+  ]
+  try:
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+  except subprocess.TimeoutExpired:
+    return {"error": f"timed out after {timeout:.0f}s"}
+  if proc.returncode != 0:
+    tail = proc.stderr.strip().splitlines()[-1:] or ["?"]
+    return {"error": tail[0][:300]}
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _case_main(argv: list[str]) -> int:
+  import argparse  # noqa: PLC0415
+
+  p = argparse.ArgumentParser()
+  p.add_argument("--case", required=True)
+  p.add_argument("--repeats", type=int, default=5)
+  a = p.parse_args(argv)
+  fields = json.loads(a.case)
+  fields["dims"] = tuple(fields.get("dims") or ())
+  result = run_case(Case(**fields), a.repeats)
+  result["max_rss_mib"] = _max_rss_mib()
+  print(json.dumps(result))
+  return 0
+
+
+if __name__ == "__main__":
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  sys.exit(_case_main(sys.argv[1:]))

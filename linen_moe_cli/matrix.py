@@ -1,0 +1,240 @@
+"""The quantization x path matrix: does every cell train, really quantized?
+
+A cell is (config, quantization, path, layers, front end). Running it builds
+the reference decoder, compiles one training step, reads the compiled HLO for
+the quantized element types, runs two steps and checks that the loss is
+finite, the parameters moved and (fp8 flavours) every call site's fp8 state
+moved and differs from every other site's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linen_moe import hlo
+from linen_moe import train as train_lib
+from linen_moe.config import QUANTIZATIONS
+from linen_moe.config import load_model_config
+from linen_moe.data import MarkovData
+from linen_moe.decoder import Decoder
+
+PATHS = {
+    "sparse": dict(sparse_matmul=True, capacity_factor=0.0),
+    "dense": dict(sparse_matmul=False, capacity_factor=0.0),
+    "dense_dropping": dict(sparse_matmul=False, capacity_factor=1.0),
+}
+PATH_TITLES = {
+    "sparse": "sparse (gmm)",
+    "dense": "dense",
+    "dense_dropping": "dense + dropping",
+}
+LAYERS = ("scanned", "unrolled")
+FRONTENDS = ("linen", "nnx")
+CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
+MATRIX_LEARNING_RATE = 1e-3
+# The element types a compiled training step must feed its contractions.
+EXPECTED_TYPES = {
+    "none": frozenset(),
+    "int8": frozenset({"s8"}),
+    "fp8": frozenset({"f8e4m3fn", "f8e5m2"}),
+    "nanoo_fp8": frozenset({"f8e4m3fnuz", "f8e5m2fnuz"}),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  config: str
+  quantization: str
+  path: str
+  layers: str = "scanned"
+  frontend: str = "linen"
+
+  def model_config(self, **overrides: Any):
+    return load_model_config(
+        self.config,
+        quantization=self.quantization,
+        scan_layers=self.layers == "scanned",
+        **PATHS[self.path],
+        **overrides,
+    )
+
+
+@dataclasses.dataclass
+class CellResult:
+  cell: Cell
+  losses: tuple[float, ...] = ()
+  quantized_types: frozenset[str] = frozenset()
+  compile_s: float = 0.0
+  step_s: float = 0.0
+  error: str | None = None
+
+  @property
+  def ok(self) -> bool:
+    return self.error is None
+
+  def summary(self) -> str:
+    if not self.ok:
+      return f"FAILS: {self.error}"
+    types = ",".join(sorted(self.quantized_types)) or "float"
+    return f"trains {self.losses[0]:.3f}->{self.losses[1]:.3f} [{types}]"
+
+
+class LinenFrontend:
+  """Adapter of the Linen decoder + train step to the matrix's protocol."""
+
+  @staticmethod
+  def init(model_config, optimizer, tokens, rng):
+    model = Decoder(model_config)
+    init = jax.jit(
+        lambda t, r: train_lib.init_train_state(model, optimizer, t, r)
+    )
+    return init(tokens, rng)
+
+  @staticmethod
+  def make_step(model_config, optimizer):
+    return train_lib.make_train_step(Decoder(model_config), optimizer)
+
+  @staticmethod
+  def params(state):
+    return state.params
+
+  @staticmethod
+  def fp8_state(state):
+    return state.fp8_state
+
+
+def frontend(name: str):
+  if name == "linen":
+    return LinenFrontend
+  if name == "nnx":
+    import nnx_adapter  # noqa: PLC0415 (optional front end)
+
+    return nnx_adapter.MatrixFrontend
+  raise ValueError(f"Unknown front end {name!r}; allowed: {FRONTENDS}.")
+
+
+def _site_states(fp8_state) -> dict[str, np.ndarray]:
+  """Flattens fp8 state into one vector per call site (`.../wi_0_dot`)."""
+  sites: dict[str, list[np.ndarray]] = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(fp8_state):
+    keys = [getattr(k, "key", getattr(k, "name", str(k))) for k in path]
+    site = "/".join(str(k) for k in keys[:-1])
+    sites.setdefault(site, []).append(np.ravel(np.asarray(leaf)))
+  return {s: np.concatenate(v) for s, v in sites.items()}
+
+
+def check_trained(cell: Cell, before, after, losses) -> None:
+  """Raises AssertionError unless the step trained as it should."""
+  fe = frontend(cell.frontend)
+  if not all(np.isfinite(losses)):
+    raise AssertionError(f"non-finite loss {losses}")
+  if not losses[1] < losses[0]:
+    raise AssertionError(f"loss did not fall on the same batch: {losses}")
+  moved = jax.tree.map(
+      lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
+      fe.params(before),
+      fe.params(after),
+  )
+  if not any(jax.tree.leaves(moved)):
+    raise AssertionError("no parameter changed")
+  if cell.quantization not in ("fp8", "nanoo_fp8"):
+    return
+  old, new = _site_states(fe.fp8_state(before)), _site_states(
+      fe.fp8_state(after)
+  )
+  if not new:
+    raise AssertionError("no fp8 state found")
+  frozen = [s for s in new if np.array_equal(old[s], new[s])]
+  if frozen:
+    raise AssertionError(f"fp8 state did not move at {frozen}")
+  names = sorted(new)
+  for a, b in itertools.combinations(names, 2):
+    if np.array_equal(new[a], new[b]):
+      raise AssertionError(f"fp8 state of {a} equals that of {b}")
+
+
+def run_cell(
+    cell: Cell, batch: int = 2, seq: int = 8, **overrides: Any
+) -> CellResult:
+  """Compiles and runs two training steps of one cell; never raises."""
+  result = CellResult(cell)
+  try:
+    cfg = cell.model_config(**overrides)
+    fe = frontend(cell.frontend)
+    optimizer = train_lib.default_optimizer(MATRIX_LEARNING_RATE)
+    tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, seq)))
+    rng = jax.random.key(0)
+    state = fe.init(cfg, optimizer, tokens, rng)
+    start = time.perf_counter()
+    compiled = (
+        jax.jit(fe.make_step(cfg, optimizer))
+        .lower(state, tokens, rng)
+        .compile()
+    )
+    result.compile_s = time.perf_counter() - start
+    result.quantized_types = frozenset(
+        hlo.quantized_types_at_contractions(compiled.as_text())
+    )
+    expected = EXPECTED_TYPES[cell.quantization]
+    missing = expected - result.quantized_types
+    if missing:
+      raise AssertionError(
+          f"compiled step lacks quantized types {sorted(missing)} (found "
+          f"{sorted(result.quantized_types) or 'none'})"
+      )
+    if cell.quantization == "none" and result.quantized_types:
+      raise AssertionError(
+          f"unquantized step holds {sorted(result.quantized_types)}"
+      )
+    state1, m1 = compiled(state, tokens, jax.random.key(1))
+    start = time.perf_counter()
+    # The same batch again: a step that trains lowers its loss on it.
+    state2, m2 = compiled(state1, tokens, jax.random.key(2))
+    jax.block_until_ready(state2)
+    result.step_s = time.perf_counter() - start
+    result.losses = (float(m1["loss"]), float(m2["loss"]))
+    check_trained(cell, state, state2, result.losses)
+  except Exception as e:  # noqa: BLE001 (a cell reports any failure)
+    result.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+  return result
+
+
+def cells(
+    configs=CONFIGS,
+    quantizations=QUANTIZATIONS,
+    paths=tuple(PATHS),
+    layers=LAYERS,
+    frontends=FRONTENDS,
+) -> list[Cell]:
+  product = itertools.product(configs, frontends, layers, quantizations, paths)
+  return [
+      Cell(config, quant, path, layer, fe)
+      for config, fe, layer, quant, path in product
+  ]
+
+
+def format_table(results: list[CellResult]) -> str:
+  """One table: rows quantization modes, columns the three paths."""
+  first = results[0].cell
+  lines = [
+      f"config={first.config} frontend={first.frontend} layers={first.layers}"
+  ]
+  width = max(len(r.summary()) for r in results) + 2
+  header = f"{'':<10}" + "".join(f"{PATH_TITLES[p]:<{width}}" for p in PATHS)
+  lines.append(header)
+  by_cell = {(r.cell.quantization, r.cell.path): r for r in results}
+  for q in QUANTIZATIONS:
+    row = [
+        by_cell[(q, p)].summary() if (q, p) in by_cell else "-" for p in PATHS
+    ]
+    if all(r == "-" for r in row):
+      continue
+    lines.append(f"{q:<10}" + "".join(f"{r:<{width}}" for r in row))
+  return "\n".join(lines)

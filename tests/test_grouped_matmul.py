@@ -1,0 +1,309 @@
+"""Tests for linen_moe.grouped_matmul: "blocked" against "ragged_dot" and NumPy."""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linen_moe import grouped_matmul as gmm_lib
+
+M, K, N = 96, 24, 40  # M > K, N: only a dense fallback reaches G * M * N
+
+
+def _operands(num_groups, m=M, dtype=jnp.float32, seed=0):
+  """lhs [m, K], rhs [G, K, N], cotangent [m, N]."""
+  keys = jax.random.split(jax.random.key(seed), 3)
+  lhs = jax.random.normal(keys[0], (m, K), dtype)
+  rhs = jax.random.normal(keys[1], (num_groups, K, N), dtype)
+  dout = jax.random.normal(keys[2], (m, N), dtype)
+  return lhs, rhs, dout
+
+
+def _fwd_bwd(matmul, group_sizes):
+  """jit(lhs, rhs, dout -> (out, dlhs, drhs)) for matmul(lhs, rhs, sizes)."""
+
+  def fwd_bwd(lhs, rhs, dout):
+    out, vjp = jax.vjp(lambda x, w: matmul(x, w, group_sizes), lhs, rhs)
+    return (out, *vjp(dout))
+
+  return jax.jit(fwd_bwd)
+
+
+def _blocked(block_rows=None, **kwargs):
+  return functools.partial(
+      gmm_lib.blocked_grouped_matmul,
+      block_rows_override=block_rows,
+      **kwargs,
+  )
+
+
+def _numpy_reference(lhs, rhs, group_sizes, dout):
+  """Row-by-row loop in float64: (out, dlhs, drhs)."""
+  lhs, rhs, dout = (np.asarray(a, np.float64) for a in (lhs, rhs, dout))
+  out = np.zeros((lhs.shape[0], rhs.shape[2]))
+  dlhs = np.zeros_like(lhs)
+  drhs = np.zeros_like(rhs)
+  row = 0
+  for g, size in enumerate(np.asarray(group_sizes)):
+    for _ in range(size):
+      if row < lhs.shape[0]:
+        out[row] = lhs[row] @ rhs[g]
+        dlhs[row] = rhs[g] @ dout[row]
+        drhs[g] += np.outer(lhs[row], dout[row])
+      row += 1
+  return out, dlhs, drhs
+
+
+def _assert_all_close(got, want, **tolerance):
+  """(out, dlhs, drhs) against (out, dlhs, drhs)."""
+  for name, g, w in zip(("out", "dlhs", "drhs"), got, want, strict=True):
+    np.testing.assert_allclose(g, w, err_msg=name, **tolerance)
+
+
+def _max_jaxpr_size(jaxpr) -> int:
+  """Largest element count of any value in `jaxpr` and its sub-jaxprs."""
+  sizes = [math.prod(v.aval.shape) for v in jaxpr.invars]
+  for eqn in jaxpr.eqns:
+    sizes += [math.prod(v.aval.shape) for v in eqn.outvars]
+    for param in eqn.params.values():
+      for item in param if isinstance(param, (tuple, list)) else (param,):
+        sub = getattr(item, "jaxpr", item)  # ClosedJaxpr -> Jaxpr
+        if hasattr(sub, "eqns"):
+          sizes.append(_max_jaxpr_size(sub))
+  return max(sizes, default=0)
+
+
+def _max_hlo_size(compiled_text: str) -> int:
+  """Largest element count of any array shape in compiled HLO text."""
+  shapes = re.findall(r"\b(?:pred|[suf]\d+|bf16)\[([\d,]+)\]", compiled_text)
+  return max(math.prod(int(d) for d in s.split(",")) for s in shapes)
+
+
+class BlockedMatchesRaggedDotTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("empty_groups", [13, 0, 37, 20, 0, 5, 21, 0], 16),
+      ("one_group_holds_all", [0, 0, 96, 0], 16),
+      ("not_block_multiples", [7, 33, 1, 55], 8),
+      ("trailing_rows", [20, 0, 31, 10], 16),
+      ("single_group", [70], 32),
+      ("no_rows", [0, 0, 0], 16),
+      ("total_above_m", [50, 60, 40], 16),
+      ("block_of_one_row", [30, 3, 0, 41], 1),
+      ("block_of_all_rows", [30, 3, 0, 41], M),
+      ("default_block_rows", [13, 0, 37, 20, 0, 5, 21, 0], None),
+  )
+  def test_forward_and_gradients(self, sizes, block_rows):
+    group_sizes = jnp.array(sizes, jnp.int32)
+    lhs, rhs, dout = _operands(len(sizes))
+    got = _fwd_bwd(_blocked(block_rows), group_sizes)(lhs, rhs, dout)
+    want = _fwd_bwd(gmm_lib.ragged_dot, group_sizes)(lhs, rhs, dout)
+    _assert_all_close(got, want, rtol=1e-5, atol=1e-5)
+
+  def test_matches_numpy_loop(self):
+    group_sizes = jnp.array([9, 0, 40, 1, 30], jnp.int32)  # 80 of 96 rows
+    lhs, rhs, dout = _operands(5, seed=1)
+    got = _fwd_bwd(_blocked(16), group_sizes)(lhs, rhs, dout)
+    want = _numpy_reference(lhs, rhs, group_sizes, dout)
+    _assert_all_close(got, want, rtol=1e-5, atol=1e-4)
+
+  def test_rows_past_total_are_zero_with_zero_gradient(self):
+    group_sizes = jnp.array([10, 0, 25], jnp.int32)  # rows 35: are past
+    lhs, rhs, dout = _operands(3)
+    out, dlhs, _ = _fwd_bwd(_blocked(16), group_sizes)(lhs, rhs, dout)
+    np.testing.assert_array_equal(out[35:], 0)
+    np.testing.assert_array_equal(dlhs[35:], 0)
+    self.assertGreater(float(jnp.abs(out[:35]).min()), 0)
+
+  @parameterized.named_parameters(("bf16_out", None), ("f32_out", jnp.float32))
+  def test_bfloat16(self, preferred):
+    group_sizes = jnp.array([13, 0, 50, 20], jnp.int32)
+    lhs, rhs, dout = _operands(4, dtype=jnp.bfloat16)
+    if preferred is not None:
+      dout = dout.astype(preferred)
+    got = _fwd_bwd(_blocked(16, preferred_element_type=preferred), group_sizes)(
+        lhs, rhs, dout
+    )
+    want = _fwd_bwd(
+        functools.partial(gmm_lib.ragged_dot, preferred_element_type=preferred),
+        group_sizes,
+    )(lhs, rhs, dout)
+    for name, g, w in zip(("out", "dlhs", "drhs"), got, want, strict=True):
+      self.assertEqual(g.dtype, w.dtype, name)
+      scale = float(jnp.abs(w.astype(jnp.float32)).max())
+      np.testing.assert_allclose(
+          g.astype(np.float32),
+          w.astype(np.float32),
+          atol=2e-2 * scale,
+          err_msg=name,
+      )
+
+  def test_int8_accumulates_in_int32_exactly(self):
+    rng = np.random.default_rng(0)
+    lhs = rng.integers(-128, 128, (M, K), dtype=np.int8)
+    rhs = rng.integers(-128, 128, (3, K, N), dtype=np.int8)
+    sizes = np.array([40, 0, 45], np.int32)  # 11 trailing rows
+    got = jax.jit(_blocked(16, preferred_element_type=jnp.int32))(
+        lhs, rhs, sizes
+    )
+    want = np.zeros((M, N), np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    for g in range(3):
+      rows = slice(starts[g], starts[g + 1])
+      want[rows] = lhs[rows].astype(np.int64) @ rhs[g].astype(np.int64)
+    self.assertEqual(got.dtype, jnp.int32)
+    np.testing.assert_array_equal(got, want)
+
+  def test_grouped_matmul_dispatches_to_blocked(self):
+    group_sizes = jnp.array([20, 0, 76], jnp.int32)
+    lhs, rhs, _ = _operands(3)
+    got = jax.jit(
+        functools.partial(gmm_lib.grouped_matmul, implementation="blocked")
+    )(lhs, rhs, group_sizes)
+    want = gmm_lib.ragged_dot(lhs, rhs, group_sizes)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+  def test_zero_rows(self):
+    lhs, rhs, _ = _operands(2, m=0)
+    out = gmm_lib.blocked_grouped_matmul(lhs, rhs, jnp.zeros(2, jnp.int32))
+    self.assertEqual(out.shape, (0, N))
+
+
+class NoDenseFallbackTest(absltest.TestCase):
+  """The blocked forward+backward holds no [G, M, ...]-sized array."""
+
+  def setUp(self):
+    super().setUp()
+    self.group_sizes = jnp.array([10, 30, 0, 40], jnp.int32)
+    self.operands = _operands(4)
+    self.limit = 4 * M * N  # G * M * N
+
+  def _sizes(self, matmul):
+    fwd_bwd = _fwd_bwd(matmul, self.group_sizes)
+    jaxpr = jax.make_jaxpr(fwd_bwd)(*self.operands).jaxpr
+    compiled = fwd_bwd.lower(*self.operands).compile().as_text()
+    return _max_jaxpr_size(jaxpr), _max_hlo_size(compiled)
+
+  def test_blocked_has_no_all_group_array(self):
+    jaxpr_size, hlo_size = self._sizes(_blocked(16))
+    self.assertLess(jaxpr_size, self.limit)
+    self.assertLess(hlo_size, self.limit)
+    # The walk does reach the backward: drhs [G, K, N] is the largest value.
+    self.assertEqual(jaxpr_size, 4 * K * N)
+
+  def test_check_catches_a_dense_fallback(self):
+    def dense_fallback(lhs, rhs, group_sizes):
+      group_of_row = jnp.searchsorted(
+          jnp.cumsum(group_sizes), jnp.arange(lhs.shape[0]), side="right"
+      )
+      all_groups = jnp.einsum("mk,gkn->gmn", lhs, rhs)  # [G, M, N]
+      mask = jnp.arange(rhs.shape[0])[:, None] == group_of_row  # [G, M]
+      return jnp.sum(jnp.where(mask[..., None], all_groups, 0), axis=0)
+
+    jaxpr_size, hlo_size = self._sizes(dense_fallback)
+    self.assertGreaterEqual(jaxpr_size, self.limit)
+    self.assertGreaterEqual(hlo_size, self.limit)
+
+
+class KernelSeamTest(parameterized.TestCase):
+
+  def test_megablox_wrapper_in_interpret_mode(self):
+    # Runs the TPU kernel's Pallas interpreter on CPU: checks the padding and
+    # row masks around megablox, not its speed or its Mosaic lowering.
+    group_sizes = jnp.array([10, 0, 57, 20], jnp.int32)  # 9 trailing rows
+    lhs, rhs, dout = _operands(4)
+    megablox = functools.partial(gmm_lib._megablox_gmm, interpret=True)
+    got = _fwd_bwd(megablox, group_sizes)(lhs, rhs, dout)
+    want = _fwd_bwd(gmm_lib.ragged_dot, group_sizes)(lhs, rhs, dout)
+    _assert_all_close(got, want, rtol=1e-5, atol=1e-4)
+
+  @parameterized.named_parameters(
+      ("cpu_auto", "auto", "cpu", (), "blocked"),
+      ("cpu_explicit", "ragged_dot", "cpu", (), "ragged_dot"),
+      ("tpu_auto", "auto", "tpu", (jnp.float32,), "kernel"),
+      ("tpu_auto_int8", "auto", "tpu", (jnp.int8,), "ragged_dot"),
+      ("gpu_blocked", "blocked", "gpu", (), "blocked"),
+  )
+  def test_resolve(self, implementation, backend, dtypes, want):
+    got = gmm_lib.resolve_implementation(implementation, backend, dtypes)
+    self.assertEqual(got, want)
+
+  @parameterized.named_parameters(
+      ("cpu", "cpu", (), "no grouped-matmul kernel"),
+      ("tpu_int8", "tpu", (jnp.int8,), "float32/bfloat16 only"),
+  )
+  def test_missing_kernel_is_a_clear_error(self, backend, dtypes, why):
+    with self.assertRaisesRegex(ValueError, f"{why}.*Available here"):
+      gmm_lib.resolve_implementation("kernel", backend, dtypes)
+
+  def test_gpu_without_tokamax(self):
+    try:
+      import tokamax  # noqa: F401
+
+      self.skipTest("tokamax is installed")
+    except ImportError:
+      pass
+    self.assertEqual(
+        gmm_lib.resolve_implementation("auto", "gpu"), "ragged_dot"
+    )
+    with self.assertRaisesRegex(ValueError, "tokamax"):
+      gmm_lib.resolve_implementation("kernel", "gpu")
+
+
+class ValidationTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("lhs_not_2d", (2, M, K), (3, K, N), (3,), {}, "lhs \\[M, K\\]"),
+      ("rhs_not_3d", (M, K), (K, N), (3,), {}, "rhs \\[G, K, N\\]"),
+      ("k_mismatch", (M, K), (3, K + 1, N), (3,), {}, "same K"),
+      ("sizes_shape", (M, K), (3, K, N), (4,), {}, "group_sizes must have"),
+      ("sizes_2d", (M, K), (3, K, N), (3, 1), {}, "group_sizes must have"),
+      (
+          "unknown_impl",
+          (M, K),
+          (3, K, N),
+          (3,),
+          {"implementation": "magic"},
+          "'magic'.*allowed",
+      ),
+  )
+  def test_bad_arguments(self, lhs_shape, rhs_shape, sizes_shape, kw, msg):
+    with self.assertRaisesRegex(ValueError, msg):
+      gmm_lib.grouped_matmul(
+          jnp.zeros(lhs_shape),
+          jnp.zeros(rhs_shape),
+          jnp.zeros(sizes_shape, jnp.int32),
+          **kw,
+      )
+
+  def test_float_group_sizes(self):
+    with self.assertRaisesRegex(ValueError, "integers"):
+      gmm_lib.grouped_matmul(
+          jnp.zeros((M, K)), jnp.zeros((3, K, N)), jnp.zeros((3,))
+      )
+
+  def test_block_rows_out_of_range(self):
+    with self.assertRaisesRegex(ValueError, "block rows"):
+      gmm_lib.blocked_grouped_matmul(
+          jnp.zeros((M, K)),
+          jnp.zeros((3, K, N)),
+          jnp.zeros((3,), jnp.int32),
+          block_rows_override=M + 1,
+      )
+
+  @parameterized.parameters(
+      (8192, 8, 256), (300, 8, 64), (96, 4, 32), (5, 8, 5), (40, 1, 40)
+  )
+  def test_block_rows(self, m, g, want):
+    self.assertEqual(gmm_lib.block_rows(m, g), want)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,65 @@
+"""Every quantization x path cell trains in the Linen decoder, really quantized.
+
+The default run covers each (config, quantization, path) cell once, with the
+layer mode alternating so both scanned and unrolled layers meet every mode.
+The full product (both layer modes for every cell) is marked slow; CI also
+runs it through `linen-moe matrix --all`.
+"""
+
+import itertools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import pytest
+
+from linen_moe.config import QUANTIZATIONS
+from linen_moe_cli import matrix
+
+_ALL = list(itertools.product(matrix.CONFIGS, QUANTIZATIONS, matrix.PATHS))
+_DEFAULT = [
+    (config, quant, path, matrix.LAYERS[i % 2])
+    for i, (config, quant, path) in enumerate(_ALL)
+]
+
+
+def _check(test, cell):
+  result = matrix.run_cell(cell)
+  test.assertTrue(result.ok, f"{cell}: {result.error}")
+  test.assertEqual(
+      result.quantized_types, matrix.EXPECTED_TYPES[cell.quantization]
+  )
+
+
+class LinenMatrixTest(parameterized.TestCase):
+
+  @parameterized.parameters(*_DEFAULT)
+  def test_cell_trains(self, config, quant, path, layers):
+    _check(self, matrix.Cell(config, quant, path, layers, "linen"))
+
+  @pytest.mark.slow
+  @parameterized.product(
+      config=matrix.CONFIGS,
+      quant=QUANTIZATIONS,
+      path=tuple(matrix.PATHS),
+      layers=matrix.LAYERS,
+  )
+  def test_full_product(self, config, quant, path, layers):
+    _check(self, matrix.Cell(config, quant, path, layers, "linen"))
+
+
+class MatrixChecksCanFailTest(absltest.TestCase):
+
+  def test_missing_quantized_types_fail_the_cell(self):
+    # A cell that claims int8 but whose step holds no s8 must fail.
+    saved = matrix.EXPECTED_TYPES
+    matrix.EXPECTED_TYPES = {**saved, "none": frozenset({"s8"})}
+    try:
+      result = matrix.run_cell(matrix.Cell("tiny_mixtral", "none", "dense"))
+    finally:
+      matrix.EXPECTED_TYPES = saved
+    self.assertFalse(result.ok)
+    self.assertIn("lacks quantized types ['s8']", result.error)
+
+
+if __name__ == "__main__":
+  absltest.main()
