@@ -8,7 +8,6 @@ import time
 
 from linen_moe.config import QUANTIZATIONS
 from linen_moe.config import available_configs
-from linen_moe_cli.train_job import FRONTENDS
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -163,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
   train.add_argument("--seed", type=int, default=0)
   train.add_argument(
       "--frontend",
-      choices=FRONTENDS,
+      choices=("linen", "nnx"),
       default="linen",
       help="the Linen decoder or the NNX one (nnx_adapter)",
   )

@@ -51,8 +51,12 @@ class Decoder(nnx.Module):
     tokens = jnp.zeros(sample_shape, jnp.int32)  # [B, S]
     x = jnp.zeros((*sample_shape, moe.emb_dim), moe.compute_dtype)  # [B, S, M]
     positions = jnp.broadcast_to(jnp.arange(sample_shape[1]), sample_shape)
+    # The Linen decoder's embedding, initialiser and input scale included.
     embed = nn.Embed(
-        config.vocab_size, moe.emb_dim, param_dtype=moe.param_dtype
+        config.vocab_size,
+        moe.emb_dim,
+        embedding_init=nn.initializers.normal(moe.emb_dim**-0.5),
+        param_dtype=moe.param_dtype,
     )
     self.embed = EagerToNNX(embed, tokens, rngs=rngs)
     block = linen_decoder.DecoderBlock(config)
@@ -80,7 +84,8 @@ class Decoder(nnx.Module):
           f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
           f"{tokens.shape}."
       )
-    x = self.embed(tokens).astype(cfg.moe.compute_dtype)  # [B, S, M]
+    x = self.embed(tokens) * cfg.moe.emb_dim**0.5
+    x = x.astype(cfg.moe.compute_dtype)  # [B, S, M]
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     keys = None if rng is None else jax.random.split(rng, cfg.num_layers)
 

@@ -139,3 +139,25 @@ def make_train_step(grad_accum: int = 1):
     return state.replace(state=nnx.state((model, optimizer))), metrics
 
   return step
+
+
+class MatrixFrontend:
+  """The NNX front end of `linen-moe matrix` and `linen-moe train`: the
+  protocol of `linen_moe_cli.matrix.LinenFrontend`."""
+
+  @staticmethod
+  def init(model_config, optimizer, tokens, rng) -> TrainState:
+    return init_train_state(model_config, optimizer, tokens, rng)
+
+  @staticmethod
+  def make_step(model_config, optimizer, grad_accum=1):
+    del model_config, optimizer  # both live in the TrainState
+    return make_train_step(grad_accum)
+
+  @staticmethod
+  def params(state: TrainState) -> PyTree:
+    return state.params
+
+  @staticmethod
+  def fp8_state(state: TrainState) -> PyTree:
+    return state.fp8_state
