@@ -5,6 +5,8 @@ Shapes: B batch, S sequence, M emb_dim, V vocab, L num_layers.
 
 from __future__ import annotations
 
+from typing import Any
+
 from flax import nnx
 import flax.linen as nn
 import jax
@@ -15,7 +17,7 @@ from linen_moe.config import ModelConfig
 from linen_moe.train import rng_dict
 from nnx_adapter._adapter import EagerToNNX
 
-PyTree = dict
+PyTree = dict[str, Any]
 
 
 class Decoder(nnx.Module):
@@ -138,9 +140,8 @@ def linen_to_nnx(variables: PyTree, model: nnx.Module) -> nnx.Module:
   with its shape and dtype, and nothing else."""
   given = nnx.traversals.flatten_mapping(dict(variables))
   wanted = _flat_variables(model)
-  missing, extra = sorted(set(wanted) - set(given)), sorted(
-      set(given) - set(wanted)
-  )
+  missing = sorted(set(wanted) - set(given))
+  extra = sorted(set(given) - set(wanted))
   if missing or extra:
     raise ValueError(
         f"Linen variables do not match the NNX model: missing {missing}, "
@@ -154,5 +155,5 @@ def linen_to_nnx(variables: PyTree, model: nnx.Module) -> nnx.Module:
           f"{'/'.join(map(str, key))}: expected {old.dtype}{list(old.shape)}, "
           f"got {value.dtype}{list(value.shape)}."
       )
-    var.set_value(jnp.asarray(value))
+    var.set_value(jnp.asarray(value))  # `nnx.state` holds the live Variables
   return model

@@ -18,6 +18,7 @@ import optax
 
 from linen_moe import train as linen_train
 from linen_moe.config import ModelConfig
+from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
 from nnx_adapter._adapter import Fp8State
 from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import nnx_to_linen
@@ -112,8 +113,7 @@ class TrainState:
 
   @property
   def fp8_state(self) -> PyTree:
-    variables = nnx_to_linen(self.merge()[0])
-    return variables.get(nnx.variable_name_from_type(Fp8State), {})
+    return nnx_to_linen(self.merge()[0]).get(OVERWRITE_WITH_GRADIENT, {})
 
 
 def init_train_state(
