@@ -26,13 +26,14 @@ nnx.register_variable_name(OVERWRITE_WITH_GRADIENT, Fp8State, overwrite=True)
 class EagerToNNX(nnx.bridge.ToNNX):
   """`nnx.bridge.ToNNX` that creates all of its state at construction.
 
-  Plain `ToNNX` creates the Linen variables on the first call. If that call is
-  inside `nnx.scan`, `nnx.vmap`, `jax.jit` or any other trace, the module
-  graph grows under the trace: variables are born as tracers, per iteration
-  instead of stacked, or not at all outside the trace. So this wrapper runs
-  `nnx.bridge.lazy_init` here, eagerly, on sample inputs: params, fp8 scales
-  and amax histories (`Fp8State`), and anything else the Linen module keeps
-  all exist before the module is first used. Construct it outside the layer
+  Plain `ToNNX` holds no variables until `nnx.bridge.lazy_init` has run it
+  once. Done lazily, on first use, that may be inside `nnx.scan`, `nnx.vmap`,
+  `jax.jit` or any other trace, and the module graph then grows under the
+  trace: variables are born as tracers, per iteration instead of stacked, or
+  not at all outside the trace. So this wrapper runs `lazy_init` here,
+  eagerly, on sample inputs: params, fp8 scales and amax histories
+  (`Fp8State`), and anything else the Linen module keeps all exist before the
+  module is first used. Construct it outside the layer
   loop, or inside an `nnx.vmap`-ed constructor (with `nnx.split_rngs`) to get
   a stacked layer for `nnx.scan`.
 
