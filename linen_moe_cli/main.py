@@ -74,6 +74,7 @@ def cmd_train(args: argparse.Namespace) -> int:
       grad_accum=args.grad_accum,
       seed=args.seed,
       progress=not args.no_progress,
+      frontend=args.frontend,
   )
   print(
       f"steps: {args.steps}  first loss: {result.first_loss:.4f}  "
@@ -171,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
       "--grad-accum", type=int, default=1, help="microbatches per step"
   )
   train.add_argument("--seed", type=int, default=0)
+  train.add_argument(
+      "--frontend",
+      choices=("linen", "nnx"),
+      default="linen",
+      help="the Linen decoder or the NNX one (nnx_adapter)",
+  )
   train.add_argument(
       "--no-progress", action="store_true", help="no progress bar"
   )

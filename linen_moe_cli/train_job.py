@@ -11,7 +11,7 @@ import tqdm
 from linen_moe import train as train_lib
 from linen_moe.config import load_model_config
 from linen_moe.data import MarkovData
-from linen_moe.decoder import Decoder
+from linen_moe_cli import matrix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,21 +41,21 @@ def train(
     grad_accum: int = 1,
     seed: int = 0,
     progress: bool = True,
+    frontend: str = "linen",
 ) -> TrainResult:
-  """Trains the Linen reference decoder; returns the per-step losses."""
+  """Trains the reference decoder in `frontend` ("linen" or "nnx"); returns
+  the per-step losses."""
   if steps < 1:
     raise ValueError(f"steps={steps} must be >= 1.")
   cfg = load_model_config(config, **overrides)
   data = MarkovData(cfg.vocab_size)
   batches = data.batches(batch_size, seq_len, seed=seed + 1)
-  model = Decoder(cfg)
+  fe = matrix.frontend(frontend)
   optimizer = train_lib.default_optimizer(learning_rate)
   rng = jax.random.key(seed)
   first = jnp.asarray(next(batches))
-  state = train_lib.init_train_state(model, optimizer, first, rng)
-  step = jax.jit(
-      train_lib.make_train_step(model, optimizer, grad_accum), donate_argnums=0
-  )
+  state = fe.init(cfg, optimizer, first, rng)
+  step = jax.jit(fe.make_step(cfg, optimizer, grad_accum), donate_argnums=0)
   losses = []
   bar = tqdm.trange(steps, disable=not progress, desc="train")
   for i in bar:
