@@ -52,7 +52,8 @@ def _row(case: Case, result: dict, roofline_gflops: float) -> dict:
   row = dataclasses.asdict(case)
   row.update(result)
   if "useful_gflops" in result:
-    row["roofline_fraction"] = result["useful_gflops"] / roofline_gflops
+    roofline = result.get("roofline_gflops", roofline_gflops)
+    row["roofline_fraction"] = result["useful_gflops"] / roofline
   return row
 
 

@@ -98,8 +98,10 @@ class LinenFrontend:
     return init(tokens, rng)
 
   @staticmethod
-  def make_step(model_config, optimizer):
-    return train_lib.make_train_step(Decoder(model_config), optimizer)
+  def make_step(model_config, optimizer, grad_accum=1):
+    return train_lib.make_train_step(
+        Decoder(model_config), optimizer, grad_accum
+    )
 
   @staticmethod
   def params(state):

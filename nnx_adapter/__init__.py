@@ -1,1 +1,31 @@
 """The NNX adapter: the one place Linen meets NNX."""
+
+from nnx_adapter._adapter import EagerToNNX
+from nnx_adapter._adapter import Fp8State
+from nnx_adapter._decoder import Decoder
+from nnx_adapter._decoder import linen_to_nnx
+from nnx_adapter._decoder import nnx_to_linen
+from nnx_adapter._train import MatrixFrontend
+from nnx_adapter._train import TrainState
+from nnx_adapter._train import accumulate_gradients
+from nnx_adapter._train import apply_gradients
+from nnx_adapter._train import decoder_loss
+from nnx_adapter._train import init_train_state
+from nnx_adapter._train import make_train_step
+from nnx_adapter._train import train_step
+
+__all__ = [
+    "Decoder",
+    "EagerToNNX",
+    "Fp8State",
+    "MatrixFrontend",
+    "TrainState",
+    "accumulate_gradients",
+    "apply_gradients",
+    "decoder_loss",
+    "init_train_state",
+    "linen_to_nnx",
+    "make_train_step",
+    "nnx_to_linen",
+    "train_step",
+]

@@ -1,0 +1,66 @@
+"""`EagerToNNX`: a Linen module of this library as an `nnx.Module`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import nnx
+import flax.linen as nn
+import jax
+
+from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+
+
+class Fp8State(nnx.Variable):
+  """fp8 scales and amax histories: the Linen `_overwrite_with_gradient`
+  collection. Differentiate with respect to it and write the "gradient" back
+  as the new value (`linen_moe.train.overwrite_with_gradient`); never give it
+  to an optimizer."""
+
+
+# The bridge maps Linen collections to NNX variable types through this
+# registry, in both directions (ToNNX on the way in, on the way out).
+nnx.register_variable_name(OVERWRITE_WITH_GRADIENT, Fp8State, overwrite=True)
+
+
+class EagerToNNX(nnx.bridge.ToNNX):
+  """`nnx.bridge.ToNNX` that creates all of its state at construction.
+
+  Plain `ToNNX` holds no variables until `nnx.bridge.lazy_init` has run it
+  once. Done lazily, on first use, that may be inside `nnx.scan`, `nnx.vmap`,
+  `jax.jit` or any other trace, and the module graph then grows under the
+  trace: variables are born as tracers, per iteration instead of stacked, or
+  not at all outside the trace. So this wrapper runs `lazy_init` here,
+  eagerly, on sample inputs: params, fp8 scales and amax histories
+  (`Fp8State`), and anything else the Linen module keeps all exist before the
+  module is first used. Construct it outside the layer
+  loop, or inside an `nnx.vmap`-ed constructor (with `nnx.split_rngs`) to get
+  a stacked layer for `nnx.scan`.
+
+  Calls never create variables: they apply the Linen module with nothing
+  mutable, so a call that would need a new variable (another input width, say)
+  fails in Linen instead of changing the graph.
+
+  Randomness at apply time (AQT int8 stochastic rounding reads the `params`
+  stream) comes from each call's `rngs=` (a key, which feeds `params`, or an
+  `nnx.Rngs` with one stream per Linen RNG name). The `rngs` given here are
+  used for initialisation only and not kept.
+
+  Example usage:
+    cfg = load_config("tiny_mixtral", quantization="fp8")
+    x = jnp.zeros((1, 8, cfg.emb_dim))                   # [B, S, M] sample
+    moe = EagerToNNX(RoutedMoE(cfg), x, rngs=nnx.Rngs(0))
+    y, aux = moe(inputs, rngs=key)
+    fp8_state = nnx.state(moe, Fp8State)
+  """
+
+  def __init__(
+      self,
+      module: nn.Module,
+      *sample_args: Any,
+      rngs: nnx.Rngs | jax.Array,
+      **sample_kwargs: Any,
+  ):
+    super().__init__(module, rngs=rngs)
+    nnx.bridge.lazy_init(self, *sample_args, **sample_kwargs)
+    self.to_nnx__rngs = None

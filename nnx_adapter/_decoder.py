@@ -1,0 +1,159 @@
+"""The NNX reference decoder, and weight interchange with the Linen one.
+
+Shapes: B batch, S sequence, M emb_dim, V vocab, L num_layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import nnx
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from linen_moe import decoder as linen_decoder
+from linen_moe.config import ModelConfig
+from linen_moe.train import rng_dict
+from nnx_adapter._adapter import EagerToNNX
+
+PyTree = dict[str, Any]
+
+
+class Decoder(nnx.Module):
+  """The NNX twin of `linen_moe.decoder.Decoder`: same config, same math.
+
+  tokens <int32>[B, S] -> (logits [B, S, V], aux). `aux` is a dict with
+  `load_balance_loss` (summed over layers) and `dropped_fraction` (mean over
+  layers). The embedding, the blocks and the final norm are the Linen modules
+  of `linen_moe.decoder` (one implementation of the math) behind
+  `EagerToNNX`, so the whole state, fp8 included, exists after `__init__`.
+  With `config.scan_layers` the blocks are built stacked by `nnx.vmap` under
+  `layers` (leading axis L) and applied with `nnx.scan`; unrolled, they are
+  `layers_0`, `layers_1`, ... The attribute names are the Linen decoder's, so
+  the state paths are its variable paths (see `linen_to_nnx`).
+
+  Example usage:
+    cfg = load_model_config("tiny_mixtral", quantization="fp8")
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    logits, aux = model(tokens, rng=jax.random.key(1))
+  """
+
+  def __init__(
+      self,
+      config: ModelConfig,
+      *,
+      rngs: nnx.Rngs,
+      sample_shape: tuple[int, int] = (1, 8),
+  ):
+    """`sample_shape` [B, S] only sizes the sample inputs of the eager init;
+    no variable of this decoder depends on it."""
+    self.config = config
+    moe = config.moe
+    tokens = jnp.zeros(sample_shape, jnp.int32)  # [B, S]
+    x = jnp.zeros((*sample_shape, moe.emb_dim), moe.compute_dtype)  # [B, S, M]
+    positions = jnp.broadcast_to(jnp.arange(sample_shape[1]), sample_shape)
+    # The Linen decoder's embedding, initialiser and input scale included.
+    embed = nn.Embed(
+        config.vocab_size,
+        moe.emb_dim,
+        embedding_init=nn.initializers.normal(moe.emb_dim**-0.5),
+        param_dtype=moe.param_dtype,
+    )
+    self.embed = EagerToNNX(embed, tokens, rngs=rngs)
+    block = linen_decoder.DecoderBlock(config)
+    if config.scan_layers:
+
+      @nnx.split_rngs(splits=config.num_layers)
+      @nnx.vmap(in_axes=(0,), out_axes=0)
+      def stacked(rngs: nnx.Rngs) -> EagerToNNX:
+        return EagerToNNX(block, x, positions, rngs=rngs)
+
+      self.layers = stacked(rngs)
+    else:
+      for i in range(config.num_layers):
+        setattr(self, f"layers_{i}", EagerToNNX(block, x, positions, rngs=rngs))
+    self.final_norm = EagerToNNX(
+        linen_decoder.RMSNorm(config.norm_eps), x, rngs=rngs
+    )
+
+  def __call__(self, tokens: jax.Array, rng: jax.Array | None = None):
+    """`rng` feeds every RNG stream the blocks draw from at apply time (AQT
+    int8 needs it whenever gradients are taken); one key per layer."""
+    cfg = self.config
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise ValueError(
+          f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
+          f"{tokens.shape}."
+      )
+    x = self.embed(tokens) * cfg.moe.emb_dim**0.5
+    x = x.astype(cfg.moe.compute_dtype)  # [B, S, M]
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    keys = None if rng is None else jax.random.split(rng, cfg.num_layers)
+
+    def apply_block(block, x, key):
+      rngs = None if key is None else nnx.Rngs(**rng_dict(key))
+      return block(x, positions, rngs=rngs)
+
+    if cfg.scan_layers:
+
+      @nnx.scan(in_axes=(0, nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+      def scan_blocks(block, x, key):
+        return apply_block(block, x, key)
+
+      x, (lb, dropped) = scan_blocks(self.layers, x, keys)
+    else:
+      outs = []
+      for i in range(cfg.num_layers):
+        key = None if keys is None else keys[i]
+        x, out = apply_block(getattr(self, f"layers_{i}"), x, key)
+        outs.append(out)
+      lb, dropped = (jnp.stack(o) for o in zip(*outs, strict=True))
+    x = self.final_norm(x)
+    logits = self.embed.attend(x.astype(jnp.float32))  # [B, S, V], tied
+    return logits, {
+        "load_balance_loss": jnp.sum(lb),
+        "dropped_fraction": jnp.mean(dropped),
+    }
+
+
+def _flat_variables(model: nnx.Module):
+  """(Linen collection, *path) -> Variable, for every variable of `model`."""
+  return {
+      (nnx.variable_name_from_type(type(v)), *path): v
+      for path, v in nnx.to_flat_state(nnx.state(model))
+  }
+
+
+def nnx_to_linen(model: nnx.Module) -> PyTree:
+  """Linen variables `{collection: {path...: array}}` of an NNX model built
+  from `EagerToNNX` modules, e.g. `Decoder`; its attribute names are the Linen
+  names, so each variable keeps its path, and its type names the collection
+  (`nnx.Param` -> `params`, `Fp8State` -> `_overwrite_with_gradient`)."""
+  flat = {k: v.get_value() for k, v in _flat_variables(model).items()}
+  return nnx.traversals.unflatten_mapping(flat)
+
+
+def linen_to_nnx(variables: PyTree, model: nnx.Module) -> nnx.Module:
+  """Loads Linen variables (e.g. from `linen_moe.decoder.Decoder.init`) into
+  `model` in place and returns it. Every variable of the model must be given
+  with its shape and dtype, and nothing else."""
+  given = nnx.traversals.flatten_mapping(dict(variables))
+  wanted = _flat_variables(model)
+  missing = sorted(set(wanted) - set(given))
+  extra = sorted(set(given) - set(wanted))
+  if missing or extra:
+    raise ValueError(
+        f"Linen variables do not match the NNX model: missing {missing}, "
+        f"unexpected {extra}."
+    )
+  for key, var in wanted.items():
+    value = given[key]
+    old = var.get_value()
+    if value.shape != old.shape or value.dtype != old.dtype:
+      raise ValueError(
+          f"{'/'.join(map(str, key))}: expected {old.dtype}{list(old.shape)}, "
+          f"got {value.dtype}{list(value.shape)}."
+      )
+    var.set_value(jnp.asarray(value))  # `nnx.state` holds the live Variables
+  return model

@@ -1,0 +1,163 @@
+"""The NNX train step: optax on `nnx.Param`, fp8 state overwritten.
+
+The rule for fp8 state is `linen_moe.train`'s, shared with the Linen train
+step: differentiate with respect to `Fp8State` too, write its "gradient" back
+as the new value (`overwrite_with_gradient`), and combine microbatches with
+`combine_overwrite_microbatches` (inside `accumulate_gradients`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flax import nnx
+import flax.struct
+import jax
+import optax
+
+from linen_moe import train as linen_train
+from linen_moe.config import ModelConfig
+from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from nnx_adapter._adapter import Fp8State
+from nnx_adapter._decoder import Decoder
+from nnx_adapter._decoder import nnx_to_linen
+
+PyTree = Any
+
+
+def accumulate_gradients(
+    model: nnx.Module,
+    loss_fn: Callable,
+    batch: jax.Array,
+    rng: jax.Array,
+    grad_accum: int = 1,
+):
+  """Gradients of `loss_fn(model, microbatch, rng) -> (loss, metrics)` with
+  respect to `nnx.Param` and `Fp8State`, over `grad_accum` microbatches
+  (`linen_moe.train.accumulate_gradients`: parameter gradients and metrics
+  averaged, fp8 "gradients" combined by their element-wise maximum).
+
+  Returns `((param_grads, fp8_grads), metrics)`; `model` is left untouched.
+  """
+  graphdef, params, fp8_state, rest = nnx.split(model, nnx.Param, Fp8State, ...)
+
+  def grad_fn(microbatch, rng):
+    def loss(params, fp8_state):
+      merged = nnx.merge(graphdef, params, fp8_state, rest)
+      return loss_fn(merged, microbatch, rng)
+
+    return jax.grad(loss, argnums=(0, 1), has_aux=True)(params, fp8_state)
+
+  return linen_train.accumulate_gradients(grad_fn, batch, grad_accum, rng)
+
+
+def apply_gradients(
+    model: nnx.Module,
+    optimizer: nnx.Optimizer,
+    param_grads: nnx.State,
+    fp8_grads: nnx.State,
+) -> None:
+  """Optimizer update of the params; fp8 state overwritten by its gradient."""
+  optimizer.update(model, param_grads)
+  fp8_state = nnx.state(model, Fp8State)
+  nnx.update(model, linen_train.overwrite_with_gradient(fp8_state, fp8_grads))
+
+
+def decoder_loss(model: nnx.Module, tokens: jax.Array, rng: jax.Array):
+  """`linen_moe.train.decoder_loss` of the NNX decoder on `tokens`."""
+  logits, aux = model(tokens, rng=rng)
+  return linen_train.decoder_loss(logits, aux, tokens)
+
+
+def train_step(
+    model: nnx.Module,
+    optimizer: nnx.Optimizer,
+    tokens: jax.Array,
+    rng: jax.Array,
+    grad_accum: int = 1,
+) -> dict[str, jax.Array]:
+  """One training step of `model` (a `Decoder`) in place; returns metrics.
+
+  Use under `nnx.jit` with `grad_accum` static, e.g.
+  `nnx.jit(train_step, static_argnames="grad_accum")`.
+  """
+  (param_grads, fp8_grads), metrics = accumulate_gradients(
+      model, decoder_loss, tokens, rng, grad_accum
+  )
+  apply_gradients(model, optimizer, param_grads, fp8_grads)
+  return metrics
+
+
+@flax.struct.dataclass
+class TrainState:
+  """The NNX model and its optimizer as one pytree, for `jax.jit`.
+
+  `params` and `fp8_state` read like the Linen `TrainState`'s: Linen-layout
+  trees (`{"layers": {"moe": {"wi_0": ...}}}`), so one check serves both.
+  """
+
+  graphdef: nnx.GraphDef = flax.struct.field(pytree_node=False)
+  state: nnx.State
+
+  def merge(self) -> tuple[Decoder, nnx.Optimizer]:
+    return nnx.merge(self.graphdef, self.state)
+
+  @property
+  def step(self) -> jax.Array:
+    return self.merge()[1].step.get_value()
+
+  @property
+  def params(self) -> PyTree:
+    return nnx_to_linen(self.merge()[0]).get("params", {})
+
+  @property
+  def fp8_state(self) -> PyTree:
+    return nnx_to_linen(self.merge()[0]).get(OVERWRITE_WITH_GRADIENT, {})
+
+
+def init_train_state(
+    config: ModelConfig,
+    optimizer: optax.GradientTransformation,
+    tokens: jax.Array,
+    rng: jax.Array,
+) -> TrainState:
+  """A new NNX `Decoder(config)` (sampled on `tokens`' shape) and optimizer."""
+  model = Decoder(config, rngs=nnx.Rngs(rng), sample_shape=tokens.shape)
+  return TrainState(
+      *nnx.split((model, nnx.Optimizer(model, optimizer, wrt=nnx.Param)))
+  )
+
+
+def make_train_step(grad_accum: int = 1):
+  """A jittable `step(state, tokens, rng) -> (state, metrics)` on a
+  `TrainState`: the pure form of `train_step`."""
+
+  def step(state: TrainState, tokens: jax.Array, rng: jax.Array):
+    model, optimizer = state.merge()
+    metrics = train_step(model, optimizer, tokens, rng, grad_accum)
+    return state.replace(state=nnx.state((model, optimizer))), metrics
+
+  return step
+
+
+class MatrixFrontend:
+  """The NNX front end of `linen-moe matrix` and `linen-moe train`: the
+  protocol of `linen_moe_cli.matrix.LinenFrontend`."""
+
+  @staticmethod
+  def init(model_config, optimizer, tokens, rng) -> TrainState:
+    return init_train_state(model_config, optimizer, tokens, rng)
+
+  @staticmethod
+  def make_step(model_config, optimizer, grad_accum=1):
+    del model_config, optimizer  # both live in the TrainState
+    return make_train_step(grad_accum)
+
+  @staticmethod
+  def params(state: TrainState) -> PyTree:
+    return state.params
+
+  @staticmethod
+  def fp8_state(state: TrainState) -> PyTree:
+    return state.fp8_state

@@ -1,0 +1,433 @@
+"""The NNX adapter, the NNX decoder and its train step, weight interchange."""
+
+import itertools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import flax.errors
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from linen_moe import RoutedMoE
+from linen_moe import load_model_config
+from linen_moe import train as train_lib
+from linen_moe.config import QUANTIZATIONS
+from linen_moe.data import MarkovData
+from linen_moe.decoder import Decoder as LinenDecoder
+from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from linen_moe_cli import main as cli
+from linen_moe_cli import matrix
+import nnx_adapter
+
+CONFIGS = matrix.CONFIGS
+PATHS = matrix.PATHS
+LAYERS = {True: "scanned", False: "unrolled"}
+# The contraction call sites each path registers.
+SITES = {
+    "sparse": ("wi_0", "wi_1", "wo"),
+    "dense": ("wi_0", "wi_1", "wo", "combine"),
+    "dense_dropping": ("wi_0", "wi_1", "wo", "dispatch", "combine"),
+}
+FP8_MODES = ("fp8", "nanoo_fp8")
+FP8_VARIABLES = ("input", "kernel", "output_grad")
+HISTORY = 1024
+F32 = np.dtype("float32")
+TX = train_lib.default_optimizer(1e-2)
+# (config, scanned, quantization, path): every mode and path at least once,
+# both configs and both layer modes. The full product is marked slow.
+DEFAULT_CELLS = (
+    ("tiny_mixtral", True, "fp8", "dense_dropping"),
+    ("tiny_mixtral", False, "int8", "sparse"),
+    ("tiny_gemma4_26b", True, "none", "dense"),
+    ("tiny_gemma4_26b", False, "nanoo_fp8", "sparse"),
+)
+
+
+def _config(name="tiny_mixtral", mode="none", path="sparse", **overrides):
+  return load_model_config(name, quantization=mode, **PATHS[path], **overrides)
+
+
+def _tokens(cfg, batch=2, seq=8, seed=1):
+  return jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, seq, seed)))
+
+
+def _signature(module: nnx.Module) -> set:
+  """{(path, variable type, shape, dtype)} of every variable of `module`."""
+  return {
+      (path, type(v).__name__, v.get_value().shape, v.get_value().dtype)
+      for path, v in nnx.to_flat_state(nnx.state(module))
+  }
+
+
+def _adapted_moe(cfg, batch=2, seq=8):
+  x = jnp.zeros((batch, seq, cfg.moe.emb_dim))
+  return nnx_adapter.EagerToNNX(RoutedMoE(cfg.moe), x, rngs=nnx.Rngs(0))
+
+
+def _fp8_sites(fp8_state: dict) -> dict:
+  """{(layer path..., site): {variable: array}} of a Linen-layout fp8 tree,
+  scanned layers split into one entry per layer."""
+  flat = nnx.traversals.flatten_mapping(fp8_state)
+  sites = {}
+  for path, value in flat.items():
+    site, name = path[:-1], path[-1]
+    if path[0] == "layers":  # stacked: one row per layer
+      for i, row in enumerate(value):
+        sites.setdefault((i, *site), {})[name] = row
+    else:
+      sites.setdefault(site, {})[name] = value
+  return sites
+
+
+class AdapterTest(parameterized.TestCase):
+
+  @parameterized.product(mode=QUANTIZATIONS, path=tuple(PATHS))
+  def test_all_state_exists_at_construction(self, mode, path):
+    cfg = _config(mode=mode, path=path)
+    moe = _adapted_moe(cfg)
+    before = _signature(moe)
+    x = jax.random.normal(jax.random.key(1), (2, 8, cfg.moe.emb_dim))
+    y, _ = moe(x, rngs=jax.random.key(2))
+    self.assertEqual(y.shape, x.shape)
+    self.assertEqual(_signature(moe), before)
+    fp8 = {
+        (path_[0], path_[1], shape, dtype)
+        for path_, kind, shape, dtype in before
+        if kind == "Fp8State"
+    }
+    expected = set()
+    if mode in FP8_MODES:
+      for site, var in itertools.product(SITES[path], FP8_VARIABLES):
+        expected.add((f"{site}_dot", f"{var}_scale", (1,), F32))
+        expected.add((f"{site}_dot", f"{var}_amax_history", (HISTORY,), F32))
+    self.assertEqual(fp8, expected)
+    # Params are the public layout in every mode: nothing quantized in them.
+    params = {p[0] for p, _ in nnx.to_flat_state(nnx.state(moe, nnx.Param))}
+    self.assertEqual(params, {"gate", "wi_0", "wi_1", "wo"})
+
+  def test_fp8_collection_is_one_variable_type(self):
+    self.assertEqual(
+        nnx.variable_name_from_type(nnx_adapter.Fp8State),
+        OVERWRITE_WITH_GRADIENT,
+    )
+    self.assertIs(
+        nnx.variable_type_from_name(OVERWRITE_WITH_GRADIENT),
+        nnx_adapter.Fp8State,
+    )
+
+  def test_int8_rounding_randomness_comes_from_call_rngs(self):
+    moe = _adapted_moe(_config(mode="int8", path="dense"))
+    x = jax.random.normal(jax.random.key(1), (2, 8, 64))
+
+    @nnx.jit
+    def grad(moe, key):
+      loss = lambda moe: jnp.sum(moe(x, rngs=key)[0] ** 2)  # noqa: E731
+      return nnx.grad(loss)(moe)["wi_0"].get_value()
+
+    g1, g1_again = grad(moe, jax.random.key(3)), grad(moe, jax.random.key(3))
+    g2 = grad(moe, jax.random.key(4))
+    np.testing.assert_array_equal(g1, g1_again)
+    self.assertGreater(float(jnp.abs(g1 - g2).max()), 0.0)
+
+
+class ConstructionUnderTraceTest(absltest.TestCase):
+  """Constructing inside a trace works and builds the same graph, or fails
+  loudly; calls never change the graph."""
+
+  def test_inside_jit_builds_the_eager_state(self):
+    cfg = _config(mode="fp8", path="dense")
+    eager = _adapted_moe(cfg)
+    traced = nnx.jit(lambda: _adapted_moe(cfg))()
+    self.assertEqual(_signature(traced), _signature(eager))
+    jax.tree.map(
+        np.testing.assert_array_equal, nnx.state(traced), nnx.state(eager)
+    )
+
+  def test_inside_vmap_builds_a_stacked_layer(self):
+    cfg = _config(mode="fp8", path="sparse")
+    layers = 3
+
+    @nnx.split_rngs(splits=layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def stacked(rngs):
+      x = jnp.zeros((1, 4, cfg.moe.emb_dim))
+      return nnx_adapter.EagerToNNX(RoutedMoE(cfg.moe), x, rngs=rngs)
+
+    moe = stacked(nnx.Rngs(0))
+    state = nnx.state(moe, nnx_adapter.Fp8State)
+    self.assertEqual(state["wi_0_dot"]["input_scale"].shape, (layers, 1))
+    self.assertEqual(
+        state["wo_dot"]["output_grad_amax_history"].shape, (layers, HISTORY)
+    )
+    wi_0 = moe.wi_0.get_value()
+    self.assertEqual(wi_0.shape[0], layers)
+    self.assertGreater(float(jnp.abs(wi_0[0] - wi_0[1]).max()), 0.0)
+
+  def test_attaching_inside_scan_is_an_error(self):
+    class Holder(nnx.Module):
+
+      def __init__(self):
+        self.inner = nnx_adapter.EagerToNNX(
+            nn.Dense(3), jnp.ones(4), rngs=nnx.Rngs(0)
+        )
+
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+    def body(holder, x):
+      holder.extra = nnx_adapter.EagerToNNX(nn.Dense(3), x, rngs=nnx.Rngs(1))
+      return holder, holder.extra(x)
+
+    holder = Holder()
+    with self.assertRaisesRegex(TypeError, "carry"):
+      body(holder, jnp.ones((2, 4)))
+    self.assertFalse(hasattr(holder, "extra"))
+
+  def test_call_never_creates_or_reshapes_variables(self):
+    dense = nnx_adapter.EagerToNNX(
+        nn.Dense(3), jnp.ones((2, 4)), rngs=nnx.Rngs(0)
+    )
+    before = _signature(dense)
+    with self.assertRaises(flax.errors.ScopeParamShapeError):
+      dense(jnp.ones((2, 8)))
+    self.assertEqual(_signature(dense), before)
+
+
+class InterchangeTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      *((mode, False) for mode in QUANTIZATIONS), ("fp8", True)
+  )
+  def test_same_loss_both_ways(self, mode, scan):
+    cfg = _config("tiny_gemma4_26b", mode, "dense", scan_layers=scan)
+    tokens = _tokens(cfg)
+    linen = LinenDecoder(cfg)
+    variables = linen.init(jax.random.key(0), tokens)
+    if mode in FP8_MODES:  # fp8 state the loss depends on, not the init one
+      leaves, treedef = jax.tree.flatten(variables[OVERWRITE_WITH_GRADIENT])
+      keys = jax.random.split(jax.random.key(5), len(leaves))
+      variables[OVERWRITE_WITH_GRADIENT] = jax.tree.unflatten(
+          treedef,
+          [
+              jax.random.uniform(k, x.shape, x.dtype, 0.5, 2.0)
+              for k, x in zip(keys, leaves, strict=True)
+          ],
+      )
+    model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(1))
+    nnx_adapter.linen_to_nnx(variables, model)
+    linen_loss, _ = train_lib.decoder_loss(
+        *linen.apply(variables, tokens), tokens
+    )
+    nnx_loss, _ = nnx_adapter.decoder_loss(model, tokens, None)
+    np.testing.assert_allclose(nnx_loss, linen_loss, rtol=1e-6)
+    back = nnx_adapter.nnx_to_linen(model)
+    self.assertEqual(jax.tree.structure(back), jax.tree.structure(variables))
+    jax.tree.map(np.testing.assert_array_equal, back, variables)
+    if mode in FP8_MODES and not scan:  # the fp8 state the loss depends on
+      reset = dict(variables)
+      reset[OVERWRITE_WITH_GRADIENT] = linen.init(jax.random.key(0), tokens)[
+          OVERWRITE_WITH_GRADIENT
+      ]
+      reset_loss, _ = train_lib.decoder_loss(
+          *linen.apply(reset, tokens), tokens
+      )
+      self.assertNotAlmostEqual(float(reset_loss), float(linen_loss), places=5)
+
+  def test_mismatch_is_an_error(self):
+    cfg = _config(mode="fp8")
+    model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0))
+    variables = nnx_adapter.nnx_to_linen(model)
+    no_fp8 = {"params": variables["params"]}
+    with self.assertRaisesRegex(ValueError, "missing.*input_scale"):
+      nnx_adapter.linen_to_nnx(no_fp8, model)
+    with self.assertRaisesRegex(ValueError, "unexpected.*extra"):
+      nnx_adapter.linen_to_nnx(
+          {**variables, "extra": {"x": jnp.ones(1)}}, model
+      )
+    bad = jax.tree.map(lambda x: x, variables)
+    bad["params"]["final_norm"]["scale"] = jnp.ones(3)
+    with self.assertRaisesRegex(ValueError, "final_norm/scale"):
+      nnx_adapter.linen_to_nnx(bad, model)
+
+
+def _check_cell(test, name, scan, mode, path):
+  cell = matrix.Cell(name, mode, path, LAYERS[scan], "nnx")
+  result = matrix.run_cell(cell)
+  test.assertTrue(result.ok, f"{cell}: {result.error}")
+  test.assertEqual(result.quantized_types, matrix.EXPECTED_TYPES[mode])
+
+
+# pytest marks on absl's parameterized methods are lost; mark the class.
+@pytest.mark.slow
+class FullProductTest(parameterized.TestCase):
+
+  @parameterized.product(
+      name=CONFIGS, scan=(True, False), mode=QUANTIZATIONS, path=tuple(PATHS)
+  )
+  def test_cell(self, name, scan, mode, path):
+    _check_cell(self, name, scan, mode, path)
+
+
+class TrainStepTest(parameterized.TestCase):
+  """Two jitted NNX train steps per cell, through the shared cell runner:
+  compiled once, really quantized, finite, lower loss on the same batch,
+  params moved, every fp8 call site moved and differs from the others."""
+
+  @parameterized.parameters(*DEFAULT_CELLS)
+  def test_cell(self, name, scan, mode, path):
+    _check_cell(self, name, scan, mode, path)
+
+
+class TrainingTest(absltest.TestCase):
+
+  def _train(self, mode, steps=50, grad_accum=2):
+    """Trains tiny_mixtral (scanned, `grad_accum` microbatches a step) in both
+    front ends from the same initial weights; returns their losses."""
+    cfg = _config(mode=mode)
+    batches = MarkovData(cfg.vocab_size).batches(8, 16, seed=3)
+    model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0))
+    variables = nnx_adapter.nnx_to_linen(model)
+    optimizer = nnx.Optimizer(model, TX, wrt=nnx.Param)
+    traces = []
+
+    @nnx.jit(static_argnames="grad_accum")
+    def nnx_step(model, optimizer, tokens, rng, grad_accum):
+      traces.append(None)
+      return nnx_adapter.train_step(model, optimizer, tokens, rng, grad_accum)
+
+    linen_state = train_lib.TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=variables["params"],
+        fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
+        opt_state=TX.init(variables["params"]),
+    )
+    linen_step = jax.jit(
+        train_lib.make_train_step(LinenDecoder(cfg), TX, grad_accum)
+    )
+    losses = {"linen": [], "nnx": []}
+    for i in range(steps):
+      tokens, rng = jnp.asarray(next(batches)), jax.random.key(i)
+      metrics = nnx_step(model, optimizer, tokens, rng, grad_accum=grad_accum)
+      losses["nnx"].append(float(metrics["cross_entropy"]))
+      linen_state, metrics = linen_step(linen_state, tokens, rng)
+      losses["linen"].append(float(metrics["cross_entropy"]))
+    self.assertLen(traces, 1)  # one trace for all steps under nnx.jit
+    self.assertEqual(linen_step._cache_size(), 1)
+    fp8_after = {
+        "linen": linen_state.fp8_state,
+        "nnx": nnx_adapter.nnx_to_linen(model).get(OVERWRITE_WITH_GRADIENT, {}),
+    }
+    return losses, variables.get(OVERWRITE_WITH_GRADIENT, {}), fp8_after
+
+  def test_fp8_trains_and_linen_matches_nnx(self):
+    losses = {}
+    for mode in ("none", "fp8"):
+      losses[mode], fp8_before, fp8_after = self._train(mode)
+    # Every variable of every call site moved, in every layer of the stack.
+    before = _fp8_sites(fp8_before)
+    self.assertLen(before, 2 * len(SITES["sparse"]))
+    for frontend, fp8 in fp8_after.items():
+      for site, values in _fp8_sites(fp8).items():
+        self.assertLen(values, 2 * len(FP8_VARIABLES))
+        for var, value in values.items():
+          self.assertFalse(
+              np.array_equal(value, before[site][var]),
+              f"{frontend} {site} {var}",
+          )
+    for mode, curves in losses.items():
+      # Same math, weights and batches: the first two steps agree.
+      np.testing.assert_allclose(
+          curves["nnx"][:2], curves["linen"][:2], rtol=1e-5, err_msg=mode
+      )
+    for frontend in ("linen", "nnx"):
+      fp8, none = losses["fp8"][frontend], losses["none"][frontend]
+      final_fp8, final_none = np.mean(fp8[-5:]), np.mean(none[-5:])
+      # From log(256) = 5.5: fp8 must fall at least 1.2 nats and end within
+      # 0.15 nats of the float run (old scales written back over new ones
+      # left fp8 barely moving).
+      self.assertLess(final_fp8, fp8[0] - 1.2, frontend)
+      self.assertLess(abs(final_fp8 - final_none), 0.15, frontend)
+
+
+class GradAccumTest(parameterized.TestCase):
+
+  @parameterized.parameters("linen", "nnx")
+  def test_microbatch_amax_is_the_maximum(self, frontend):
+    """fp8 amax over microbatches of magnitude 1 and 100: the combined
+    newest amax is their maximum, whichever microbatch comes first."""
+    cfg = _config(mode="fp8", path="dense")
+    x = jax.random.normal(jax.random.key(0), (1, 8, cfg.moe.emb_dim))
+    fp8_grads = jax.jit(self._fp8_grads(frontend, cfg), static_argnums=1)
+    small = fp8_grads(x, 1)
+    large = fp8_grads(100.0 * x, 1)
+    newest = lambda t: t["wi_0_dot"]["input_amax_history"][0]  # noqa: E731
+    np.testing.assert_allclose(newest(large), 100.0 * newest(small), rtol=1e-5)
+    for batch in ((x, 100.0 * x), (100.0 * x, x)):
+      combined = fp8_grads(jnp.concatenate(batch), 2)
+      # Not the sum, not the last microbatch's: the element-wise maximum.
+      jax.tree.map(
+          np.testing.assert_array_equal,
+          combined,
+          jax.tree.map(jnp.maximum, small, large),
+      )
+      self.assertEqual(float(newest(combined)), float(newest(large)))
+
+  def _fp8_grads(self, frontend, cfg):
+    """(inputs [B, S, M], grad_accum) -> the layer's combined fp8 grads."""
+    loss = lambda y: jnp.mean(y**2)  # noqa: E731
+    rng = jax.random.key(1)
+    if frontend == "nnx":
+      moe = _adapted_moe(cfg, batch=1)
+
+      def nnx_grads(x, grad_accum):
+        (_, fp8), _ = nnx_adapter.accumulate_gradients(
+            moe,
+            lambda m, x, r: (loss(m(x, rngs=r)[0]), {}),
+            x,
+            rng,
+            grad_accum,
+        )
+        return nnx.to_pure_dict(fp8)
+
+      return nnx_grads
+    module = RoutedMoE(cfg.moe)
+    variables = module.init(rng, jnp.zeros((1, 8, cfg.moe.emb_dim)))
+
+    def linen_grads(x, grad_accum):
+      def grad_fn(x, rng):
+        def f(params, fp8):
+          y, _ = module.apply(
+              {"params": params, OVERWRITE_WITH_GRADIENT: fp8},
+              x,
+              rngs={"params": rng},
+          )
+          return loss(y), {}
+
+        return jax.grad(f, argnums=(0, 1), has_aux=True)(
+            variables["params"], variables[OVERWRITE_WITH_GRADIENT]
+        )
+
+      (_, fp8), _ = train_lib.accumulate_gradients(grad_fn, x, grad_accum, rng)
+      return fp8
+
+    return linen_grads
+
+
+class CommandLineTest(absltest.TestCase):
+
+  def test_frontend_and_grad_accum_flags(self):
+    args = cli.build_parser().parse_args(
+        ["train", "--frontend", "nnx", "--grad-accum", "4"]
+    )
+    self.assertEqual((args.frontend, args.grad_accum), ("nnx", 4))
+    with self.assertRaises(SystemExit):
+      cli.build_parser().parse_args(["train", "--frontend", "haiku"])
+    with self.assertRaisesRegex(ValueError, "front end"):
+      matrix.frontend("haiku")
+    self.assertIs(matrix.frontend("nnx"), nnx_adapter.MatrixFrontend)
+
+
+if __name__ == "__main__":
+  absltest.main()
