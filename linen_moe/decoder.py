@@ -179,6 +179,23 @@ class DecoderBlock(nn.Module):
     return x, (aux.load_balance_loss, aux.dropped_fraction)
 
 
+def embedding(cfg: ModelConfig, **kwargs) -> nn.Embed:
+  """The token embedding, `embedding` [V, M] named ("vocab", "embed").
+
+  Rows of unit norm keep the tied logits O(1) at init; the decoders scale
+  the input back up by sqrt(emb_dim) so the residual stream has unit RMS.
+  """
+  return nn.Embed(
+      cfg.vocab_size,
+      cfg.moe.emb_dim,
+      embedding_init=nn.with_logical_partitioning(
+          nn.initializers.normal(cfg.moe.emb_dim**-0.5), ("vocab", "embed")
+      ),
+      param_dtype=cfg.moe.param_dtype,
+      **kwargs,
+  )
+
+
 class Decoder(nn.Module):
   """The reference decoder: tokens <int32>[B, S] -> (logits [B, S, V], aux).
 
@@ -204,17 +221,7 @@ class Decoder(nn.Module):
           f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
           f"{tokens.shape}."
       )
-    # Rows of unit norm keep the tied logits O(1) at init; the input is
-    # scaled back up by sqrt(emb_dim) so the residual stream has unit RMS.
-    embed = nn.Embed(
-        cfg.vocab_size,
-        cfg.moe.emb_dim,
-        embedding_init=nn.with_logical_partitioning(
-            nn.initializers.normal(cfg.moe.emb_dim**-0.5), ("vocab", "embed")
-        ),
-        param_dtype=cfg.moe.param_dtype,
-        name="embed",
-    )
+    embed = embedding(cfg, name="embed")
     x = (embed(tokens) * cfg.moe.emb_dim**0.5).astype(cfg.moe.compute_dtype)
     x = sharding.constrain(x, sharding.BSM)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)

@@ -29,8 +29,8 @@ from linen_moe import load_model_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
 from linen_moe import train as train_lib  # noqa: E402
 from linen_moe.data import MarkovData  # noqa: E402
-from linen_moe.decoder import Decoder  # noqa: E402
-from linen_moe.sharded_train import ShardedTraining  # noqa: E402
+from linen_moe_cli import matrix  # noqa: E402
+from linen_moe_cli import train_job  # noqa: E402
 
 PATHS = {
     "sparse": dict(sparse_matmul=True, capacity_factor=0.0),
@@ -67,24 +67,25 @@ def equivalence(job: dict) -> dict:
       num_layers=job.get("num_layers", 1),
       **PATHS[job.get("path", "sparse")],
   )
-  model = Decoder(cfg)
+  frontend = job.get("frontend", "linen")
+  fe = matrix.frontend(frontend)
   optimizer = optax.sgd(0.1)
   tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(8, 8, 1)))
   rng, step_rng = jax.random.key(0), jax.random.key(1)
   runs = {
-      spec: ShardedTraining(model, optimizer, sharding.make_mesh(spec))
+      spec: train_job.sharded_training(
+          frontend, cfg, optimizer, sharding.make_mesh(spec)
+      )
       for spec in job["meshes"]
   }
   first = runs[job["meshes"][0]].init(tokens, rng)
   host = jax.device_get(first)
   out = {"meshes": {}}
   if job.get("check_init"):
-    init = jax.jit(
-        lambda t, r: train_lib.init_train_state(model, optimizer, t, r)
-    )
+    init = jax.jit(lambda t, r: fe.init(cfg, optimizer, t, r))
     out["init_err"] = _max_abs_diff(first, init(tokens, rng))
   state0 = jax.device_put(host, jax.devices()[0])
-  ref, ref_metrics = jax.jit(train_lib.make_train_step(model, optimizer))(
+  ref, ref_metrics = jax.jit(fe.make_step(cfg, optimizer))(
       state0, tokens, step_rng
   )
   out.update(
@@ -96,7 +97,7 @@ def equivalence(job: dict) -> dict:
     start = time.perf_counter()
     state = first if spec == job["meshes"][0] else None
     if state is None:
-      state = jax.device_put(host, run.state_shardings(tokens, rng))
+      state = run.place(host, tokens, rng)
     weights = _expert_weights(state.params)
     result = {
         "specs": {name: str(w.sharding.spec) for name, w in weights.items()},
@@ -131,8 +132,9 @@ def shardings(job: dict) -> dict:
       quantization=job.get("quantization", "fp8"),
   )
   tokens = jax.ShapeDtypeStruct((8, 8), jnp.int32)
-  run = ShardedTraining(
-      Decoder(cfg),
+  run = train_job.sharded_training(
+      job.get("frontend", "linen"),
+      cfg,
       train_lib.default_optimizer(),
       sharding.make_mesh(job["mesh"]),
   )
@@ -150,6 +152,7 @@ def cli(job: dict) -> dict:
 
   out = io.StringIO()
   argv = ["train", "--mesh", job["mesh"], "--steps", "3", "--no-progress"]
+  argv += ["--frontend", job.get("frontend", "linen")]
   argv += ["--batch-size", "8", "--seq-len", "8"]
   with contextlib.redirect_stdout(out):
     code = cli_main.main(argv)

@@ -4,8 +4,8 @@ The multi-device checks run in subprocesses (`tests/sharding_worker.py`),
 which set `--xla_force_host_platform_device_count=8` before importing jax;
 each test batches several meshes into one subprocess, since compiling
 dominates. The default run holds a representative subset of
-{sparse, dense, dense + dropping} x {none, int8, fp8, nanoo_fp8} x meshes;
-the full product is marked slow.
+{sparse, dense, dense + dropping} x {none, int8, fp8, nanoo_fp8} x meshes x
+{Linen, NNX}; the full product is marked slow.
 
 Tolerances. One SGD step (lr 0.1) from the same init, tokens and RNG, on one
 device and on a mesh. Float: the sharded program multiplies and reduces in
@@ -43,6 +43,7 @@ from linen_moe.decoder import Decoder
 MESHES = ("data=8", "expert=8", "data=2,expert=4")
 QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
 PATHS = ("sparse", "dense", "dense_dropping")
+FRONTENDS = ("linen", "nnx")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 QUANTIZED = ("int8", "fp8", "nanoo_fp8")
@@ -142,9 +143,14 @@ class MeshSpecTest(absltest.TestCase):
 class ParameterShardingTest(absltest.TestCase):
 
   def test_rule_table_shardings(self):
-    tp, ep = run_worker(
+    tp, ep, nnx = run_worker(
         {"check": "shardings", "mesh": "fsdp=2,expert=2,tensor=2"},
         {"check": "shardings", "mesh": "data=2,expert=4"},
+        {
+            "check": "shardings",
+            "mesh": "fsdp=2,expert=2,tensor=2",
+            "frontend": "nnx",
+        },
     )
     moe = ".params['layers']['moe']"
     expected = {
@@ -171,13 +177,33 @@ class ParameterShardingTest(absltest.TestCase):
     fp8 = [p for p in tp if p.startswith(".fp8_state")]
     self.assertLen(fp8, 18)
     self.assertEqual({tp[p] for p in fp8}, {"P()"})
+    # The NNX decoder's state (model, optimizer), through NNX metadata.
+    for path, spec in {
+        ".state[0]['layers']['moe']['wi_0'].value": expected[f"{moe}['wi_0']"],
+        ".state[0]['embed']['embedding'].value": "P('tensor', 'fsdp')",
+        ".state[1]['opt_state'][1][0]['nu']['layers']['moe']['wo'].value": (
+            expected[f"{moe}['wo']"]
+        ),
+        ".state[0]['layers']['moe']['wo_dot']['kernel_scale'].value": "P()",
+    }.items():
+      self.assertEqual(nnx[path], spec, path)
 
 
 class SparseExpertParallelTest(EquivalenceMixin):
 
-  def test_sparse_matches_one_device_and_keeps_experts_local(self):
+  @parameterized.parameters(
+      ("linen", MESHES), ("nnx", ("expert=8", "data=2,expert=4"))
+  )
+  def test_sparse_matches_one_device_and_keeps_experts_local(
+      self, frontend, meshes
+  ):
     result = self.check_equivalent(
-        "sparse", "none", MESHES, hlo=True, check_init=True
+        "sparse",
+        "none",
+        meshes,
+        frontend=frontend,
+        hlo=True,
+        check_init=True,
     )
     self.assertEqual(result["init_err"], 0.0)
     for spec, r in result["meshes"].items():
@@ -207,24 +233,30 @@ class EquivalenceTest(EquivalenceMixin):
       ("sparse", "int8", ("expert=8",)),
       ("dense", "nanoo_fp8", ("expert=8",)),
       ("dense", "int8", ("data=2,expert=4",)),
+      ("dense", "fp8", ("data=2,expert=4",), "nnx"),
   )
-  def test_matches_one_device(self, path, quantization, meshes):
-    self.check_equivalent(path, quantization, meshes)
+  def test_matches_one_device(self, path, quantization, meshes, fe="linen"):
+    self.check_equivalent(path, quantization, meshes, frontend=fe)
 
 
 @pytest.mark.slow
 class EquivalenceProductTest(EquivalenceMixin):
 
-  @parameterized.product(path=PATHS, quantization=QUANTIZATIONS)
-  def test_matches_one_device(self, path, quantization):
-    self.check_equivalent(path, quantization, MESHES)
+  @parameterized.product(
+      path=PATHS, quantization=QUANTIZATIONS, frontend=FRONTENDS
+  )
+  def test_matches_one_device(self, path, quantization, frontend):
+    self.check_equivalent(path, quantization, MESHES, frontend=frontend)
 
 
 @pytest.mark.slow
-class TrainCommandTest(absltest.TestCase):
+class TrainCommandTest(parameterized.TestCase):
 
-  def test_train_on_a_mesh(self):
-    (result,) = run_worker({"check": "cli", "mesh": "data=2,expert=4"})
+  @parameterized.parameters(*FRONTENDS)
+  def test_train_on_a_mesh(self, frontend):
+    (result,) = run_worker(
+        {"check": "cli", "mesh": "data=2,expert=4", "frontend": frontend}
+    )
     self.assertEqual(result["exit_code"], 0)
     self.assertIn("final loss", result["stdout"])
 
