@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe import decoder as linen_decoder
+from linen_moe import sharding
 from linen_moe.config import ModelConfig
 from linen_moe.train import rng_dict
 from nnx_adapter._adapter import EagerToNNX
@@ -140,7 +141,7 @@ def linen_to_nnx(variables: PyTree, model: nnx.Module) -> nnx.Module:
   """Loads Linen variables (e.g. from `linen_moe.decoder.Decoder.init`) into
   `model` in place and returns it. Every variable of the model must be given
   with its shape and dtype, and nothing else."""
-  given = nnx.traversals.flatten_mapping(dict(variables))
+  given = nnx.traversals.flatten_mapping(dict(sharding.unbox(variables)))
   wanted = _flat_variables(model)
   missing = sorted(set(wanted) - set(given))
   extra = sorted(set(given) - set(wanted))
