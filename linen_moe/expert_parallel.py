@@ -118,6 +118,8 @@ def plan(num_experts: int, batch: int) -> ExpertParallelPlan | None:
   def axes(name):  # size-1 axes would only add no-op collectives
     return tuple(a for a in sharding.mesh_axes(name, mesh) if mesh.shape[a] > 1)
 
+  if not (axes("activation_batch") or axes("exp")):
+    return None  # nothing is split: the plain path, replicated
   result = ExpertParallelPlan(
       mesh=mesh,
       batch_axes=axes("activation_batch"),
@@ -201,11 +203,10 @@ def _copies(n: int, value: jax.Array) -> jax.Array:
   return jnp.broadcast_to(value[None], (n, *value.shape))
 
 
-def _vary(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-  """Casts `x` to varying over those of `axes` it does not yet vary over."""
-  varying = jax.typeof(x).mat.varying
-  missing = tuple(a for a in axes if a not in varying)
-  return jax.lax.pcast(x, missing, to="varying") if missing else x
+def _vary(xs, varying: tuple[str, ...], ep: ExpertParallelPlan):
+  """Casts arrays that vary over `varying` to vary over all `ep.vary_axes`."""
+  missing = tuple(a for a in ep.vary_axes if a not in varying)
+  return jax.lax.pcast(xs, missing, to="varying") if missing else xs
 
 
 def _spec(axes: tuple[str, ...], ndim: int) -> P:
@@ -279,9 +280,8 @@ def sparse_moe(
     # Every operand varies over all of `vary_axes`, so that custom VJPs
     # (quantized contractions) see one manual-axes type; the transpose of
     # this cast sums the weights' gradients over the batch axes.
-    x, indices, weights, wi_0, wi_1, wo = (
-        _vary(v, ep.vary_axes) for v in (x, indices, weights, wi_0, wi_1, wo)
-    )
+    x, indices, weights = _vary((x, indices, weights), ep.batch_axes, ep)
+    wi_0, wi_1, wo = _vary((wi_0, wi_1, wo), ep.expert_axes, ep)
     first = 0
     if ep.expert_axes:
       first = jax.lax.axis_index(ep.expert_axes) * ep.local_experts

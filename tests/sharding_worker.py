@@ -143,6 +143,50 @@ def shardings(job: dict) -> dict:
   return {jax.tree_util.keystr(path): str(s.spec) for path, s in flat}
 
 
+def layer(job: dict) -> dict:
+  """Loss and gradients (params and fp8 state) of one `RoutedMoE` layer on
+  one device and under each (mesh, rules): `rules` "batch_on_data" maps the
+  batch to `data` only, so tokens are replicated over `expert` (outputs are
+  summed there instead of reduce-scattered)."""
+  from linen_moe import RoutedMoE  # noqa: PLC0415
+  from linen_moe.config import load_config  # noqa: PLC0415
+  from linen_moe.quantization import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
+
+  cfg = load_config(
+      job.get("config", "tiny_mixtral"),
+      quantization=job.get("quantization", "fp8"),
+      **PATHS[job.get("path", "sparse")],
+  )
+  moe = RoutedMoE(cfg)
+  x = jax.random.normal(jax.random.key(3), (8, 8, cfg.emb_dim))
+  variables = sharding.unbox(moe.init(jax.random.key(0), x))
+
+  def loss(params, fp8, x):
+    y, _ = moe.apply({"params": params, OVERWRITE_WITH_GRADIENT: fp8}, x)
+    return jnp.sum(y**2)
+
+  fp8 = variables.get(OVERWRITE_WITH_GRADIENT, {})
+  args = (variables["params"], fp8, x)
+  ref_loss, ref_grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(*args)
+  batch_on_data = tuple(
+      (name, ("data",) if name == "activation_batch" else axes)
+      for name, axes in sharding.DEFAULT_RULES
+  )
+  out = {}
+  for spec, rules_name in job["meshes"]:
+    rules = batch_on_data if rules_name == "batch_on_data" else None
+    with sharding.mesh_context(
+        sharding.make_mesh(spec), rules or sharding.DEFAULT_RULES
+    ):
+      value, grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(*args)
+    out[f"{spec}/{rules_name}"] = {
+        "loss_err": abs(float(value) - float(ref_loss)),
+        "param_grad_err": _max_abs_diff(grads[0], ref_grads[0]),
+        "fp8_err": _max_abs_diff(grads[1], ref_grads[1]),
+    }
+  return out
+
+
 def cli(job: dict) -> dict:
   """`linen-moe train --mesh ...` for a few steps."""
   import contextlib  # noqa: PLC0415
@@ -159,7 +203,12 @@ def cli(job: dict) -> dict:
   return {"exit_code": code, "stdout": out.getvalue()}
 
 
-CHECKS = {"equivalence": equivalence, "shardings": shardings, "cli": cli}
+CHECKS = {
+    "equivalence": equivalence,
+    "shardings": shardings,
+    "layer": layer,
+    "cli": cli,
+}
 
 
 def main(argv: list[str]) -> None:

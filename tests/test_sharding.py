@@ -223,6 +223,25 @@ class SparseExpertParallelTest(EquivalenceMixin):
         self.assertGreater(r["collectives"]["reduce-scatter"], 0, spec)
 
 
+class RulesTest(absltest.TestCase):
+
+  def test_own_rules_and_fsdp_tensor_meshes(self):
+    """fp8 sparse layer: batch on `data` only (tokens replicated over
+    `expert`, outputs summed), and a mesh with fsdp and tensor axes."""
+    (result,) = run_worker({
+        "check": "layer",
+        "meshes": [
+            ("data=2,expert=4", "batch_on_data"),
+            ("fsdp=2,expert=2,tensor=2", "default"),
+        ],
+    })
+    for case, r in result.items():
+      with self.subTest(case=case):
+        self.assertLess(r["loss_err"], 1e-5)
+        self.assertLess(r["param_grad_err"], 1e-5)
+        self.assertLess(r["fp8_err"], 1e-5)
+
+
 class EquivalenceTest(EquivalenceMixin):
   """A representative subset; the full product is `EquivalenceProductTest`."""
 
