@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from linen_moe import sharding
 from linen_moe.config import ModelConfig
 from linen_moe.moe import RoutedMoE
 from linen_moe.moe import SharedExpert
@@ -35,7 +36,11 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+    scale = self.param(
+        "scale",
+        nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+        (x.shape[-1],),
+    )
     return rms_normalize(x, self.eps) * scale.astype(x.dtype)
 
 
@@ -52,6 +57,44 @@ def apply_rope(
   return out.astype(x.dtype)
 
 
+class Projection(nn.Module):
+  """`einsum(eqn, x, kernel)` with a named kernel: an `nn.DenseGeneral` whose
+  kernel carries logical axis names (DenseGeneral initialises a flattened
+  kernel, which a mesh cannot constrain with the kernel's names).
+
+  Attributes:
+    eqn: the einsum, e.g. "BSM,MND->BSND".
+    shape: the kernel shape.
+    names: its logical axis names.
+    fan_in_axes: kernel axes the input contracts (for the init's fan-in).
+    dtype: compute dtype.
+    param_dtype: kernel dtype.
+  """
+
+  eqn: str
+  shape: tuple[int, ...]
+  names: tuple[str, ...]
+  fan_in_axes: tuple[int, ...]
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    out_axes = tuple(
+        i for i in range(len(self.shape)) if i not in self.fan_in_axes
+    )
+    init = nn.initializers.variance_scaling(
+        1.0, "fan_in", "truncated_normal", self.fan_in_axes, out_axes
+    )  # lecun_normal over the contracted axes, as DenseGeneral's
+    kernel = self.param(
+        "kernel",
+        nn.with_logical_partitioning(init, self.names),
+        self.shape,
+        self.param_dtype,
+    )
+    return jnp.einsum(self.eqn, x.astype(self.dtype), kernel.astype(self.dtype))
+
+
 class CausalSelfAttention(nn.Module):
   """Multi-head causal self-attention with RoPE (no KV cache)."""
 
@@ -60,18 +103,25 @@ class CausalSelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     cfg = self.config
-    n, d = cfg.num_heads, cfg.resolved_head_dim
-    dt = cfg.moe.compute_dtype
-    dense = lambda name: nn.DenseGeneral(  # noqa: E731
-        (n, d),
-        use_bias=False,
-        dtype=dt,
-        param_dtype=cfg.moe.param_dtype,
-        name=name,
-    )
-    q = apply_rope(dense("query")(x), positions, cfg.rope_max_wavelength)
-    k = apply_rope(dense("key")(x), positions, cfg.rope_max_wavelength)
-    v = dense("value")(x)
+    n, d, m = cfg.num_heads, cfg.resolved_head_dim, cfg.moe.emb_dim
+    dt, pdt = cfg.moe.compute_dtype, cfg.moe.param_dtype
+    bsnd = sharding.BSM[:2] + ("activation_heads", "activation_kv")
+
+    def project(name):  # [B, S, M] -> [B, S, N, D]
+      p = Projection(
+          "BSM,MND->BSND",
+          (m, n, d),
+          ("embed", "heads", "kv"),
+          (0,),
+          dt,
+          pdt,
+          name=name,
+      )
+      return sharding.constrain(p(x), bsnd)
+
+    q = apply_rope(project("query"), positions, cfg.rope_max_wavelength)
+    k = apply_rope(project("key"), positions, cfg.rope_max_wavelength)
+    v = project("value")
     logits = jnp.einsum("BSND,BTND->BNST", q, k).astype(jnp.float32)
     logits = logits * d**-0.5
     s = x.shape[1]
@@ -79,14 +129,16 @@ class CausalSelfAttention(nn.Module):
     logits = jnp.where(causal, logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(dt)
     attended = jnp.einsum("BNST,BTND->BSND", probs, v)
-    return nn.DenseGeneral(
-        cfg.moe.emb_dim,
-        axis=(-2, -1),
-        use_bias=False,
-        dtype=dt,
-        param_dtype=cfg.moe.param_dtype,
+    out = Projection(
+        "BSND,NDM->BSM",
+        (n, d, m),
+        ("heads", "kv", "embed"),
+        (0, 1),
+        dt,
+        pdt,
         name="out",
-    )(attended)
+    )
+    return out(attended)
 
 
 class DecoderBlock(nn.Module):
@@ -107,7 +159,9 @@ class DecoderBlock(nn.Module):
     gate_inputs = None
     if cfg.router_input_norm:
       router_scale = self.param(
-          "router_input_scale", nn.initializers.ones, (moe_cfg.emb_dim,)
+          "router_input_scale",
+          nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+          (moe_cfg.emb_dim,),
       )
       gate_inputs = (
           rms_normalize(x, cfg.norm_eps) * router_scale * moe_cfg.emb_dim**-0.5
@@ -121,8 +175,25 @@ class DecoderBlock(nn.Module):
       if cfg.post_moe_norms:
         shared = RMSNorm(cfg.norm_eps, name="post_shared_norm")(shared)
       mlp_out = routed + shared
-    x = x + mlp_out.astype(x.dtype)
+    x = sharding.constrain(x + mlp_out.astype(x.dtype), sharding.BSM)
     return x, (aux.load_balance_loss, aux.dropped_fraction)
+
+
+def embedding(cfg: ModelConfig, **kwargs) -> nn.Embed:
+  """The token embedding, `embedding` [V, M] named ("vocab", "embed").
+
+  Rows of unit norm keep the tied logits O(1) at init; the decoders scale
+  the input back up by sqrt(emb_dim) so the residual stream has unit RMS.
+  """
+  return nn.Embed(
+      cfg.vocab_size,
+      cfg.moe.emb_dim,
+      embedding_init=nn.with_logical_partitioning(
+          nn.initializers.normal(cfg.moe.emb_dim**-0.5), ("vocab", "embed")
+      ),
+      param_dtype=cfg.moe.param_dtype,
+      **kwargs,
+  )
 
 
 class Decoder(nn.Module):
@@ -150,16 +221,9 @@ class Decoder(nn.Module):
           f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
           f"{tokens.shape}."
       )
-    # Rows of unit norm keep the tied logits O(1) at init; the input is
-    # scaled back up by sqrt(emb_dim) so the residual stream has unit RMS.
-    embed = nn.Embed(
-        cfg.vocab_size,
-        cfg.moe.emb_dim,
-        embedding_init=nn.initializers.normal(cfg.moe.emb_dim**-0.5),
-        param_dtype=cfg.moe.param_dtype,
-        name="embed",
-    )
+    embed = embedding(cfg, name="embed")
     x = (embed(tokens) * cfg.moe.emb_dim**0.5).astype(cfg.moe.compute_dtype)
+    x = sharding.constrain(x, sharding.BSM)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     if cfg.scan_layers:
       scanned = nn.scan(
@@ -180,6 +244,9 @@ class Decoder(nn.Module):
       lb, dropped = jnp.stack(lbs), jnp.stack(drops)
     x = RMSNorm(cfg.norm_eps, name="final_norm")(x)
     logits = embed.attend(x.astype(jnp.float32))  # [B, S, V], tied weights
+    logits = sharding.constrain(
+        logits, sharding.BSM[:2] + ("activation_vocab",)
+    )
     return logits, {
         "load_balance_loss": jnp.sum(lb),
         "dropped_fraction": jnp.mean(dropped),

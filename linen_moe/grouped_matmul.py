@@ -110,6 +110,16 @@ def _tile(plan: dict[str, Any], g: jax.Array, t: jax.Array, m: int, bm: int):
   return offset, (rows >= first) & (rows < plan["ends"][g])
 
 
+def _zeros_varying_like(shape, dtype, *operands) -> jax.Array:
+  """Zeros that vary (inside `shard_map`) over every mesh axis an operand
+  varies over, so that a loop carry started from them has the manual-axes
+  type of the loop body's output."""
+  out = jnp.zeros(shape, dtype)
+  for x in operands:
+    out = out + jnp.zeros_like(x, shape=shape, dtype=dtype)
+  return out
+
+
 def _over_tiles(plan: dict[str, Any], g: jax.Array, tile_body, init):
   """fori_loop of `tile_body(t, carry)` over the global tile indices of `g`."""
   return lax.fori_loop(
@@ -149,7 +159,7 @@ def _blocked_rows(
 
     return _over_tiles(plan, g, tile_body, out)
 
-  out = jnp.zeros((m, n), out_dtype)
+  out = _zeros_varying_like((m, n), out_dtype, lhs, rhs, group_sizes)
   return lax.fori_loop(0, num_groups, group_body, out)
 
 
@@ -184,10 +194,13 @@ def _blocked_weight_grad(
           x, dy, _DIMS_TN, preferred_element_type=acc_dtype
       )
 
-    acc = _over_tiles(plan, g, tile_body, jnp.zeros((k, n), acc_dtype))
+    zeros = _zeros_varying_like((k, n), acc_dtype, lhs, dout, group_sizes)
+    acc = _over_tiles(plan, g, tile_body, zeros)
     return lax.dynamic_update_index_in_dim(drhs, acc, g, 0)
 
-  drhs = jnp.zeros((num_groups, k, n), acc_dtype)
+  drhs = _zeros_varying_like(
+      (num_groups, k, n), acc_dtype, lhs, dout, group_sizes
+  )
   return lax.fori_loop(0, num_groups, group_body, drhs)
 
 

@@ -14,13 +14,27 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from linen_moe import expert_parallel
 from linen_moe import routing
+from linen_moe import sharding
 from linen_moe.config import MoEConfig
 from linen_moe.quantization import contraction_modules
 
 # Every contraction that touches an expert weight or a dispatch/combine mask
 # goes through `RoutedMoE.contract` under one of these names.
 CALL_SITES = ("wi_0", "wi_1", "wo", "dispatch", "combine")
+
+# Logical axis names of the dense paths' intermediates (see `sharding`): the
+# expert axis on "activation_exp", the batch beside it on the other axes.
+BSEH = (
+    "activation_batch_no_exp",
+    "activation_length",
+    "activation_exp",
+    "activation_mlp",
+)
+BSEM = BSEH[:3] + ("activation_embed",)
+EBCH = ("activation_exp", "activation_batch_no_exp", None, "activation_mlp")
+EBCM = EBCH[:3] + ("activation_embed",)
 
 _ACTIVATIONS = {
     "silu": jax.nn.silu,
@@ -96,9 +110,11 @@ class SharedExpert(nn.Module):
     cfg = self.config
     width = cfg.shared_experts * cfg.shared_mlp_dim
     init = nn.initializers.lecun_normal()
-    wi_0 = self.param("wi_0", init, (cfg.emb_dim, width), cfg.param_dtype)
-    wi_1 = self.param("wi_1", init, (cfg.emb_dim, width), cfg.param_dtype)
-    wo = self.param("wo", init, (width, cfg.emb_dim), cfg.param_dtype)
+    w_in = nn.with_logical_partitioning(init, ("embed", "mlp"))
+    w_out = nn.with_logical_partitioning(init, ("mlp", "embed"))
+    wi_0 = self.param("wi_0", w_in, (cfg.emb_dim, width), cfg.param_dtype)
+    wi_1 = self.param("wi_1", w_in, (cfg.emb_dim, width), cfg.param_dtype)
+    wo = self.param("wo", w_out, (width, cfg.emb_dim), cfg.param_dtype)
     x = inputs.astype(cfg.compute_dtype)
     dt = cfg.compute_dtype
     hidden = activation(cfg.mlp_activations[0])(x @ wi_0.astype(dt))  # [B,S,F]
@@ -181,25 +197,31 @@ class RoutedMoE(nn.Module):
         use_bias=False,
         dtype=jnp.float32,
         param_dtype=pdt,
-        kernel_init=init,
+        kernel_init=nn.with_logical_partitioning(init, ("embed", "router")),
         name="gate",
     )
     router_in = inputs if gate_inputs is None else gate_inputs
     logits = gate(router_in.astype(jnp.float32).reshape(b * s, m))  # [T, E]
     scale = None
     if cfg.per_expert_scale:
-      scale = self.param("per_expert_scale", nn.initializers.ones, (e,), pdt)
+      scale = self.param(
+          "per_expert_scale",
+          nn.with_logical_partitioning(nn.initializers.ones, ("exp",)),
+          (e,),
+          pdt,
+      )
     router = routing.route(logits, k, cfg.routing, cfg.norm_topk_prob, scale)
 
-    wi_0 = self.param("wi_0", init, (e, m, h), pdt).astype(dt)
-    wi_1 = self.param("wi_1", init, (e, m, h), pdt).astype(dt)
-    wo = self.param("wo", init, (e, h, m), pdt).astype(dt)
-    x = inputs.astype(dt)
+    w_in = nn.with_logical_partitioning(init, ("exp", "embed", "mlp"))
+    w_out = nn.with_logical_partitioning(init, ("exp", "mlp", "embed"))
+    wi_0 = self.param("wi_0", w_in, (e, m, h), pdt).astype(dt)
+    wi_1 = self.param("wi_1", w_in, (e, m, h), pdt).astype(dt)
+    wo = self.param("wo", w_out, (e, h, m), pdt).astype(dt)
+    x = sharding.constrain(inputs.astype(dt), sharding.BSM)
     act = activation(cfg.mlp_activations[0])
 
     if cfg.sparse_matmul:
-      out = self._sparse(x.reshape(b * s, m), router, wi_0, wi_1, wo, act)
-      out = out.reshape(b, s, m)
+      out = self._sparse(x, router, wi_0, wi_1, wo, act)
       dropped = jnp.zeros((), jnp.float32)
     elif cfg.dropping:
       out, dropped = self._dense_dropping(x, router, wi_0, wi_1, wo, act)
@@ -212,32 +234,37 @@ class RoutedMoE(nn.Module):
       lb = cfg.load_balance_loss_weight * routing.load_balance_loss(router, e)
     else:
       lb = jnp.zeros((), jnp.float32)
-    return out.astype(dt), MoEAux(
+    out = sharding.constrain(out.astype(dt), sharding.BSM)
+    return out, MoEAux(
         load_balance_loss=lb, expert_fraction=fraction, dropped_fraction=dropped
     )
 
   def _sparse(self, x, router, wi_0, wi_1, wo, act):
-    """Dropless: sort assignments by expert, grouped matmuls, unsort."""
-    t, m = x.shape
-    k, e = self.config.num_experts_per_tok, self.config.num_experts
-    flat_experts = router.indices.reshape(-1)  # [T*k]
-    order = jnp.argsort(flat_experts, stable=True)  # [T*k]
-    rows = x[order // k]  # [T*k, M], sorted by expert
-    group_sizes = jnp.bincount(flat_experts, length=e).astype(jnp.int32)
-    hidden = act(self.contract("wi_0", rows, wi_0, group_sizes))  # [T*k, H]
-    hidden = hidden * self.contract("wi_1", rows, wi_1, group_sizes)
-    expert_out = self.contract("wo", hidden, wo, group_sizes)  # [T*k, M]
-    unsorted = expert_out[jnp.argsort(order)]  # back to (token, choice) order
-    weights = router.weights.astype(x.dtype).reshape(t, k, 1)
-    return jnp.sum(unsorted.reshape(t, k, m) * weights, axis=1)  # [T, M]
+    """Dropless: sort assignments by expert, grouped matmuls, unsort.
+
+    Under a mesh, expert-parallel (see `linen_moe.expert_parallel`).
+    """
+    b, s, m = x.shape
+    routes, experts = (router.indices, router.weights), (wi_0, wi_1, wo)
+    if not self.is_initializing():
+      ep = expert_parallel.plan(self.config.num_experts, b)
+      if ep is not None:
+        return expert_parallel.sparse_moe(self, ep, x, routes, experts, act)
+    out = expert_parallel.local_experts(
+        self.contract, x.reshape(b * s, m), routes, experts, act
+    )
+    return out.reshape(b, s, m)
 
   def _dense(self, x, router, wi_0, wi_1, wo, act):
     """Dropless einsums over every expert for every token."""
     b, s, _ = x.shape
     e = self.config.num_experts
-    hidden = act(self.contract("wi_0", x, wi_0, eqn="BSM,EMH->BSEH"))
-    hidden = hidden * self.contract("wi_1", x, wi_1, eqn="BSM,EMH->BSEH")
-    expert_out = self.contract("wo", hidden, wo, eqn="BSEH,EHM->BSEM")
+    c = sharding.constrain
+    hidden = act(c(self.contract("wi_0", x, wi_0, eqn="BSM,EMH->BSEH"), BSEH))
+    hidden = hidden * c(
+        self.contract("wi_1", x, wi_1, eqn="BSM,EMH->BSEH"), BSEH
+    )
+    expert_out = c(self.contract("wo", hidden, wo, eqn="BSEH,EHM->BSEM"), BSEM)
     dense_weights = jnp.zeros((b * s, e), jnp.float32)
     rows = jnp.arange(b * s)[:, None]
     dense_weights = dense_weights.at[rows, router.indices].add(router.weights)
@@ -256,14 +283,20 @@ class RoutedMoE(nn.Module):
     weights = router.weights.reshape(b, s, k, 1, 1)
     combine = jnp.sum(slots * weights, axis=2)  # [B, S, E, C]
     dropped = 1.0 - jnp.sum(slots) / (b * s * k)
-    expert_in = self.contract(
-        "dispatch", x, dispatch.astype(x.dtype), eqn="BSM,BSEC->EBCM"
+    c = sharding.constrain
+    expert_in = c(
+        self.contract(
+            "dispatch", x, dispatch.astype(x.dtype), eqn="BSM,BSEC->EBCM"
+        ),
+        EBCM,
     )
-    hidden = act(self.contract("wi_0", expert_in, wi_0, eqn="EBCM,EMH->EBCH"))
-    hidden = hidden * self.contract(
-        "wi_1", expert_in, wi_1, eqn="EBCM,EMH->EBCH"
+    hidden = act(
+        c(self.contract("wi_0", expert_in, wi_0, eqn="EBCM,EMH->EBCH"), EBCH)
     )
-    expert_out = self.contract("wo", hidden, wo, eqn="EBCH,EHM->EBCM")
+    hidden = hidden * c(
+        self.contract("wi_1", expert_in, wi_1, eqn="EBCM,EMH->EBCH"), EBCH
+    )
+    expert_out = c(self.contract("wo", hidden, wo, eqn="EBCH,EHM->EBCM"), EBCM)
     out = self.contract(
         "combine", expert_out, combine.astype(x.dtype), eqn="EBCM,BSEC->BSM"
     )

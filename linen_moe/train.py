@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from linen_moe import sharding
 from linen_moe.decoder import RNG_STREAMS
 from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
 
@@ -115,12 +116,14 @@ class TrainState:
   opt_state: PyTree
 
 
-def init_train_state(
+def boxed_train_state(
     model: nn.Module,
     optimizer: optax.GradientTransformation,
     tokens: jax.Array,
     rng: jax.Array,
 ) -> TrainState:
+  """The initial state with parameters (and their optimizer moments) still in
+  their `nn.LogicallyPartitioned` boxes, for computing shardings."""
   variables = model.init(rng, tokens)
   params = variables["params"]
   return TrainState(
@@ -129,6 +132,15 @@ def init_train_state(
       fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
       opt_state=optimizer.init(params),
   )
+
+
+def init_train_state(
+    model: nn.Module,
+    optimizer: optax.GradientTransformation,
+    tokens: jax.Array,
+    rng: jax.Array,
+) -> TrainState:
+  return sharding.unbox(boxed_train_state(model, optimizer, tokens, rng))
 
 
 def rng_dict(rng: jax.Array) -> dict[str, jax.Array]:

@@ -74,6 +74,7 @@ def cmd_train(args: argparse.Namespace) -> int:
       grad_accum=args.grad_accum,
       seed=args.seed,
       progress=not args.no_progress,
+      mesh=args.mesh,
       frontend=args.frontend,
   )
   print(
@@ -172,6 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
       "--grad-accum", type=int, default=1, help="microbatches per step"
   )
   train.add_argument("--seed", type=int, default=0)
+  train.add_argument(
+      "--mesh",
+      default=None,
+      help=(
+          "train sharded on a device mesh, e.g. data=2,expert=4 (axes data, "
+          "fsdp, expert, tensor; missing axes have size 1; the sizes must "
+          "multiply to the device count)"
+      ),
+  )
   train.add_argument(
       "--frontend",
       choices=("linen", "nnx"),

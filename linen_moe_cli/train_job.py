@@ -8,9 +8,12 @@ import jax
 import jax.numpy as jnp
 import tqdm
 
+from linen_moe import sharding
 from linen_moe import train as train_lib
 from linen_moe.config import load_model_config
 from linen_moe.data import MarkovData
+from linen_moe.decoder import Decoder
+from linen_moe.sharded_train import ShardedTraining
 from linen_moe_cli import matrix
 
 
@@ -42,11 +45,17 @@ def train(
     seed: int = 0,
     progress: bool = True,
     frontend: str = "linen",
+    mesh: str | None = None,
 ) -> TrainResult:
   """Trains the reference decoder in `frontend` ("linen" or "nnx"); returns
-  the per-step losses."""
+  the per-step losses.
+
+  With `mesh` (e.g. "data=2,expert=4", see `sharding.make_mesh`) the state is
+  sharded at initialisation and every step runs on that mesh.
+  """
   if steps < 1:
     raise ValueError(f"steps={steps} must be >= 1.")
+  device_mesh = None if mesh is None else sharding.make_mesh(mesh)
   cfg = load_model_config(config, **overrides)
   data = MarkovData(cfg.vocab_size)
   batches = data.batches(batch_size, seq_len, seed=seed + 1)
@@ -54,8 +63,12 @@ def train(
   optimizer = train_lib.default_optimizer(learning_rate)
   rng = jax.random.key(seed)
   first = jnp.asarray(next(batches))
-  state = fe.init(cfg, optimizer, first, rng)
-  step = jax.jit(fe.make_step(cfg, optimizer, grad_accum), donate_argnums=0)
+  if device_mesh is None:
+    state = fe.init(cfg, optimizer, first, rng)
+    step = jax.jit(fe.make_step(cfg, optimizer, grad_accum), donate_argnums=0)
+  else:
+    run = sharded_training(frontend, cfg, optimizer, device_mesh, grad_accum)
+    state, step = run.init(first, rng), run.step
   losses = []
   bar = tqdm.trange(steps, disable=not progress, desc="train")
   for i in bar:
@@ -65,3 +78,12 @@ def train(
     losses.append(loss)
     bar.set_postfix(loss=f"{loss:.3f}", best=f"{data.best_loss:.3f}")
   return TrainResult(losses=losses, best_loss=data.best_loss)
+
+
+def sharded_training(frontend: str, cfg, optimizer, mesh, grad_accum: int = 1):
+  """The sharded init and step of `frontend`'s decoder on `mesh`."""
+  if frontend == "nnx":
+    import nnx_adapter  # noqa: PLC0415 (optional front end)
+
+    return nnx_adapter.ShardedNNXTraining(cfg, optimizer, mesh, grad_accum)
+  return ShardedTraining(Decoder(cfg), optimizer, mesh, grad_accum=grad_accum)

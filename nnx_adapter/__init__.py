@@ -5,6 +5,7 @@ from nnx_adapter._adapter import Fp8State
 from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import linen_to_nnx
 from nnx_adapter._decoder import nnx_to_linen
+from nnx_adapter._sharding import ShardedNNXTraining
 from nnx_adapter._train import MatrixFrontend
 from nnx_adapter._train import TrainState
 from nnx_adapter._train import accumulate_gradients
@@ -19,6 +20,7 @@ __all__ = [
     "EagerToNNX",
     "Fp8State",
     "MatrixFrontend",
+    "ShardedNNXTraining",
     "TrainState",
     "accumulate_gradients",
     "apply_gradients",

@@ -61,6 +61,10 @@ class EagerToNNX(nnx.bridge.ToNNX):
       rngs: nnx.Rngs | jax.Array,
       **sample_kwargs: Any,
   ):
-    super().__init__(module, rngs=rngs)
-    nnx.bridge.lazy_init(self, *sample_args, **sample_kwargs)
+    # Linen's logical axis names become each Variable's `out_sharding`. They
+    # are not applied at creation (that needs a mesh and rules in context);
+    # sharded training places the state with them (`ShardedNNXTraining`).
+    with nnx.use_eager_sharding(False):
+      super().__init__(module, rngs=rngs)
+      nnx.bridge.lazy_init(self, *sample_args, **sample_kwargs)
     self.to_nnx__rngs = None

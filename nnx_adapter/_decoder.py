@@ -8,16 +8,20 @@ from __future__ import annotations
 from typing import Any
 
 from flax import nnx
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from linen_moe import decoder as linen_decoder
+from linen_moe import sharding
 from linen_moe.config import ModelConfig
 from linen_moe.train import rng_dict
 from nnx_adapter._adapter import EagerToNNX
 
 PyTree = dict[str, Any]
+# The stacked layer axis carries the logical name "layers" (as under the
+# Linen decoder's `nn.scan`), so the partitioning metadata of stacked
+# variables has one name per array axis.
+LAYERS_AXIS = {nnx.PARTITION_NAME: "layers"}
 
 
 class Decoder(nnx.Module):
@@ -53,19 +57,14 @@ class Decoder(nnx.Module):
     tokens = jnp.zeros(sample_shape, jnp.int32)  # [B, S]
     x = jnp.zeros((*sample_shape, moe.emb_dim), moe.compute_dtype)  # [B, S, M]
     positions = jnp.broadcast_to(jnp.arange(sample_shape[1]), sample_shape)
-    # The Linen decoder's embedding, initialiser and input scale included.
-    embed = nn.Embed(
-        config.vocab_size,
-        moe.emb_dim,
-        embedding_init=nn.initializers.normal(moe.emb_dim**-0.5),
-        param_dtype=moe.param_dtype,
-    )
-    self.embed = EagerToNNX(embed, tokens, rngs=rngs)
+    # The Linen decoder's embedding (initialiser, axis names); input scale
+    # in `__call__`.
+    self.embed = EagerToNNX(linen_decoder.embedding(config), tokens, rngs=rngs)
     block = linen_decoder.DecoderBlock(config)
     if config.scan_layers:
 
       @nnx.split_rngs(splits=config.num_layers)
-      @nnx.vmap(in_axes=(0,), out_axes=0)
+      @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=LAYERS_AXIS)
       def stacked(rngs: nnx.Rngs) -> EagerToNNX:
         return EagerToNNX(block, x, positions, rngs=rngs)
 
@@ -97,7 +96,11 @@ class Decoder(nnx.Module):
 
     if cfg.scan_layers:
 
-      @nnx.scan(in_axes=(0, nnx.Carry, 0), out_axes=(nnx.Carry, 0))
+      @nnx.scan(
+          in_axes=(0, nnx.Carry, 0),
+          out_axes=(nnx.Carry, 0),
+          transform_metadata=LAYERS_AXIS,
+      )
       def scan_blocks(block, x, key):
         return apply_block(block, x, key)
 
@@ -138,7 +141,7 @@ def linen_to_nnx(variables: PyTree, model: nnx.Module) -> nnx.Module:
   """Loads Linen variables (e.g. from `linen_moe.decoder.Decoder.init`) into
   `model` in place and returns it. Every variable of the model must be given
   with its shape and dtype, and nothing else."""
-  given = nnx.traversals.flatten_mapping(dict(variables))
+  given = nnx.traversals.flatten_mapping(dict(sharding.unbox(variables)))
   wanted = _flat_variables(model)
   missing = sorted(set(wanted) - set(given))
   extra = sorted(set(given) - set(wanted))

@@ -13,6 +13,7 @@ from linen_moe.data import MarkovData
 from linen_moe.decoder import Decoder
 from linen_moe.decoder import scanned_to_unrolled
 from linen_moe.decoder import unrolled_to_scanned
+from linen_moe.sharding import unbox
 
 CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
 
@@ -29,7 +30,7 @@ class DecoderTest(parameterized.TestCase):
     tokens = _tokens(cfg)
     scanned = Decoder(cfg)
     unrolled = Decoder(cfg.replace(scan_layers=False))
-    variables = scanned.init(jax.random.key(0), tokens)
+    variables = unbox(scanned.init(jax.random.key(0), tokens))
     self.assertEqual(
         variables["params"]["layers"]["moe"]["wi_0"].shape,
         (
@@ -42,7 +43,7 @@ class DecoderTest(parameterized.TestCase):
     as_unrolled = scanned_to_unrolled(variables, cfg.num_layers)
     self.assertEqual(
         jax.tree.structure(as_unrolled),
-        jax.tree.structure(unrolled.init(jax.random.key(0), tokens)),
+        jax.tree.structure(unbox(unrolled.init(jax.random.key(0), tokens))),
     )
     (l1, a1), (l2, a2) = (
         scanned.apply(variables, tokens),
@@ -59,7 +60,7 @@ class DecoderTest(parameterized.TestCase):
     cfg = load_model_config("tiny_gemma4_26b")
     tokens = _tokens(cfg)
     model = Decoder(cfg)
-    variables = model.init(jax.random.key(0), tokens)
+    variables = unbox(model.init(jax.random.key(0), tokens))
     block = variables["params"]["layers"]
     self.assertIn("router_input_scale", block)
     self.assertIn("post_routed_norm", block)

@@ -14,6 +14,7 @@ from linen_moe import SharedExpert
 from linen_moe import load_config
 from linen_moe import moe as moe_lib
 from linen_moe import routing
+from linen_moe.sharding import unbox
 from tests import numpy_reference
 
 CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
@@ -27,7 +28,7 @@ def _random_params(cfg, seed=0):
   """Random params with non-trivial per-expert scales (not all ones)."""
   moe = RoutedMoE(cfg)
   x = jnp.zeros((1, 2, cfg.emb_dim))
-  params = moe.init(jax.random.key(seed), x)["params"]
+  params = unbox(moe.init(jax.random.key(seed), x))["params"]
   if cfg.per_expert_scale:
     params = dict(params)
     params["per_expert_scale"] = jax.random.uniform(
@@ -232,7 +233,7 @@ class LayerTest(parameterized.TestCase):
     cfg = load_config("tiny_gemma4_26b")
     x = _inputs(cfg)
     both = RoutedAndSharedMoE(cfg)
-    variables = both.init(jax.random.key(0), x)
+    variables = unbox(both.init(jax.random.key(0), x))
     self.assertEqual(
         set(variables["params"]), {"routed_experts", "shared_experts"}
     )

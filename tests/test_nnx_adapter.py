@@ -19,6 +19,7 @@ from linen_moe.config import QUANTIZATIONS
 from linen_moe.data import MarkovData
 from linen_moe.decoder import Decoder as LinenDecoder
 from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from linen_moe.sharding import unbox
 from linen_moe_cli import main as cli
 from linen_moe_cli import matrix
 import nnx_adapter
@@ -204,7 +205,7 @@ class InterchangeTest(parameterized.TestCase):
     cfg = _config("tiny_gemma4_26b", mode, "dense", scan_layers=scan)
     tokens = _tokens(cfg)
     linen = LinenDecoder(cfg)
-    variables = linen.init(jax.random.key(0), tokens)
+    variables = unbox(linen.init(jax.random.key(0), tokens))
     if mode in FP8_MODES:  # fp8 state the loss depends on, not the init one
       leaves, treedef = jax.tree.flatten(variables[OVERWRITE_WITH_GRADIENT])
       keys = jax.random.split(jax.random.key(5), len(leaves))

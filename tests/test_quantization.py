@@ -23,6 +23,7 @@ from linen_moe import load_config
 from linen_moe import quantization
 from linen_moe.config import MoEConfig
 from linen_moe.quantization import OVERWRITE_WITH_GRADIENT as OWG
+from linen_moe.sharding import unbox
 
 CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
 PATHS = {
@@ -85,7 +86,7 @@ def _inputs(config: MoEConfig):
 def _params(config_name: str):
   config = load_config(config_name)
   init = jax.jit(RoutedMoE(config).init)
-  return init(jax.random.key(0), _inputs(config)[0])["params"]
+  return unbox(init(jax.random.key(0), _inputs(config)[0]))["params"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,319 @@
+"""Expert parallelism for the sparse (grouped-matmul) path.
+
+Shapes: B batch, S sequence, M emb_dim, H moe_mlp_dim, E experts, k experts
+per token, D_e expert shards (the product of the mesh axes "exp" maps to),
+E_l = E / D_e local experts, T_g tokens a device sees after the gather.
+
+How tokens meet their experts. Under a mesh, the sparse path runs inside one
+`jax.shard_map` over the whole mesh. Expert weights enter sharded on their
+expert axis only (`P(exp_axes)`; FSDP/tensor shards of them are gathered at
+the boundary, like FSDP gathers any weight), so a device holds E_l experts
+and never another device's. Tokens enter sharded on their batch axes. Then,
+per layer:
+
+  1. all-gather the tokens and their routing (indices, weights) over the
+     expert axes (the batch axes that experts are also sharded on),
+  2. pick the assignments routed to the local experts, sort them by expert
+     into a buffer of R = T_g * min(k, E_l) rows, and run the grouped
+     matmuls (through `RoutedMoE.contract`, so every quantization works),
+  3. weight and sum each token's local results, then reduce-scatter over the
+     expert axes: each device gets the summed output of its own tokens.
+
+Why all-gather + reduce-scatter, not all-to-all. The path must be dropless.
+With a fixed-shape `all_to_all`, a dropless buffer has to hold every local
+assignment for every destination (all T_l * k of them may go to one device),
+so it moves D_e * T_l * k rows each way: k times more than the T_g = D_e *
+T_l rows of the all-gather. `ragged_all_to_all` would move only the real
+rows, but XLA's CPU backend (where this library's tests run) does not
+implement it, and its receive buffer must be sized for the worst case anyway.
+The all-gather's buffer is provably dropless: top-k experts of a token are
+distinct, so a token has at most min(k, E_l) assignments to one device's
+experts, and R rows always suffice. Tokens are small next to the weights
+([T, M] against [E, M, H]), and the weights never move.
+
+Quantization state under the shard_map. fp8 contractions keep scales and amax
+histories in the `_overwrite_with_gradient` collection, whose "gradient" is
+the new value. Passed in replicated, shard_map would *sum* those gradients
+over devices. So each device gets its own copy (`_per_device_copies`), whose
+backward takes the element-wise maximum over the copies: Flax's delayed
+scaling derives the new scale from the old (replicated) history, so scales
+agree on every device, and the new history differs only in its newest entry,
+the local amax, whose maximum is the global amax. The new state is therefore
+the single-device one. int8 scales are computed on the fly per row and per
+(expert, output channel), which the local computation sees whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import flax.core.lift as core_lift
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from linen_moe import sharding
+
+# Variable collections lifted into the shard_map body: every one except the
+# parameters (the expert weights enter as explicit, expert-sharded operands).
+LIFTED_COLLECTIONS = nn.DenyList(("params",))
+
+Experts = tuple[jax.Array, jax.Array, jax.Array]  # (wi_0, wi_1, wo)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertParallelPlan:
+  """How the sparse path is laid out on the current mesh.
+
+  Attributes:
+    mesh: the (abstract) mesh.
+    batch_axes: mesh axes the token batch is sharded on.
+    expert_axes: mesh axes the experts are sharded on.
+    num_experts: E.
+  """
+
+  mesh: Any
+  batch_axes: tuple[str, ...]
+  expert_axes: tuple[str, ...]
+  num_experts: int
+
+  @property
+  def gather_axes(self) -> tuple[str, ...]:
+    """Expert axes that also shard the batch: tokens are gathered on them."""
+    return tuple(a for a in self.expert_axes if a in self.batch_axes)
+
+  @property
+  def sum_axes(self) -> tuple[str, ...]:
+    """Expert axes the tokens are replicated on: outputs are summed on them."""
+    return tuple(a for a in self.expert_axes if a not in self.batch_axes)
+
+  @property
+  def vary_axes(self) -> tuple[str, ...]:
+    """Axes the body's results vary over, in mesh order."""
+    used = set(self.batch_axes) | set(self.expert_axes)
+    return tuple(a for a in self.mesh.axis_names if a in used)
+
+  def size(self, axes: tuple[str, ...]) -> int:
+    return math.prod(self.mesh.shape[a] for a in axes)
+
+  @property
+  def local_experts(self) -> int:
+    return self.num_experts // self.size(self.expert_axes)
+
+
+def plan(num_experts: int, batch: int) -> ExpertParallelPlan | None:
+  """The plan for the current mesh and rules, or None without a mesh.
+
+  Raises `ValueError` when the experts or the batch do not divide evenly
+  over the mesh axes they are sharded on.
+  """
+  mesh = sharding.current_mesh()
+  if mesh is None or mesh.size == 1:
+    return None
+
+  def axes(name):  # size-1 axes would only add no-op collectives
+    return tuple(a for a in sharding.mesh_axes(name, mesh) if mesh.shape[a] > 1)
+
+  result = ExpertParallelPlan(
+      mesh=mesh,
+      batch_axes=axes("activation_batch"),
+      expert_axes=axes("exp"),
+      num_experts=num_experts,
+  )
+  for what, n, axes in (
+      ("num_experts", num_experts, result.expert_axes),
+      ("batch size", batch, result.batch_axes),
+  ):
+    if n % result.size(axes):
+      raise ValueError(
+          f"The sparse MoE path shards {what}={n} over mesh axes {axes} of "
+          f"total size {result.size(axes)}, which must divide it."
+      )
+  return result
+
+
+def local_experts(
+    contract,
+    x: jax.Array,
+    router: tuple[jax.Array, jax.Array],
+    experts: Experts,
+    act,
+    first_expert: jax.Array | int = 0,
+) -> jax.Array:
+  """The sparse path on the experts [first, first + E_l) that `experts` hold.
+
+  x [T, M]; router = (indices, weights), each [T, k]; experts = (wi_0, wi_1,
+  wo) with wi_0/wi_1 [E_l, M, H], wo [E_l, H, M]; `contract` is
+  `RoutedMoE.contract`. Returns [T, M]: each token's weighted sum over its
+  choices among these experts (0 for the others). With all E experts it is
+  the whole, dropless sparse path.
+  """
+  indices, weights = router
+  wi_0, wi_1, wo = experts
+  t, m = x.shape
+  k = indices.shape[1]
+  n_local = wi_0.shape[0]
+  rows_per_token = min(k, n_local)
+  flat = indices.reshape(-1) - first_expert  # [T*k] local expert ids
+  is_local = (flat >= 0) & (flat < n_local)
+  key = jnp.where(is_local, flat, n_local)
+  order = jnp.argsort(key, stable=True)[: t * rows_per_token]  # [R]
+  group_sizes = jnp.bincount(key, length=n_local + 1)[:n_local].astype(
+      jnp.int32
+  )
+  valid = jnp.arange(order.shape[0]) < jnp.sum(group_sizes)  # [R]
+  rows = jnp.where(valid[:, None], x[order // k], 0)  # [R, M] sorted by expert
+  hidden = act(contract("wi_0", rows, wi_0, group_sizes))  # [R, H]
+  hidden = hidden * contract("wi_1", rows, wi_1, group_sizes)
+  expert_out = contract("wo", hidden, wo, group_sizes)  # [R, M]
+  # Row of each (token, choice) assignment; 0 (weight 0) for other experts'.
+  position = jnp.zeros(t * k, jnp.int32).at[order].set(jnp.arange(order.size))
+  unsorted = expert_out[position]  # [T*k, M], back in (token, choice) order
+  w = jnp.where(is_local, weights.reshape(-1), 0).astype(x.dtype)
+  return jnp.sum((unsorted * w[:, None]).reshape(t, k, m), axis=1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _per_device_copies(n: int, value: jax.Array) -> jax.Array:
+  """[...] -> [n, ...] copies; the backward takes their element-wise max."""
+  return jnp.broadcast_to(value[None], (n, *value.shape))
+
+
+def _copies_fwd(n, value):
+  return _per_device_copies(n, value), None
+
+
+def _copies_bwd(n, _, g):
+  del n
+  return (jnp.max(g, axis=0),)
+
+
+_per_device_copies.defvjp(_copies_fwd, _copies_bwd)
+
+
+def _copies(n: int, value: jax.Array) -> jax.Array:
+  if jnp.issubdtype(value.dtype, jnp.floating):
+    return _per_device_copies(n, value)
+  return jnp.broadcast_to(value[None], (n, *value.shape))
+
+
+def _vary(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+  """Casts `x` to varying over those of `axes` it does not yet vary over."""
+  varying = jax.typeof(x).mat.varying
+  missing = tuple(a for a in axes if a not in varying)
+  return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def _spec(axes: tuple[str, ...], ndim: int) -> P:
+  return P(axes or None, *([None] * (ndim - 1)))
+
+
+def _lifted_shard_map(fn, *, ep: ExpertParallelPlan, in_specs, out_specs):
+  """`jax.shard_map` lifted over a Linen scope (non-parameter collections).
+
+  Lifted variables enter as per-device copies sharded over `ep.vary_axes`
+  (see `_per_device_copies`); RNGs enter replicated. Variables written
+  inside come back from the first device.
+  """
+  n = ep.size(ep.vary_axes)
+  copies_spec = P(ep.vary_axes)
+
+  def inner(scope_fn, repack_fn, variable_groups, rng_groups, *args):
+    copies = jax.tree.map(functools.partial(_copies, n), variable_groups)
+
+    def body(copies, rng_groups, args):
+      local = jax.tree.map(lambda v: v[0], copies)
+      scope = scope_fn(local, rng_groups)
+      y = fn(scope, *args)
+      out_vars = jax.tree.map(lambda v: v[None], repack_fn(scope))
+      return y, out_vars
+
+    y, out_vars = jax.shard_map(
+        body,
+        mesh=ep.mesh,
+        in_specs=(copies_spec, P(), in_specs),
+        out_specs=(out_specs, copies_spec),
+    )(copies, rng_groups, args)
+    return y, jax.tree.map(lambda v: v[0], out_vars)
+
+  return core_lift.pack(
+      inner,
+      (LIFTED_COLLECTIONS,),
+      (LIFTED_COLLECTIONS,),
+      (True,),
+      name="expert_parallel",
+  )
+
+
+def sparse_moe(
+    module: nn.Module,
+    ep: ExpertParallelPlan,
+    x: jax.Array,
+    router: tuple[jax.Array, jax.Array],
+    experts: Experts,
+    act,
+) -> jax.Array:
+  """The expert-parallel sparse path of `module` (a bound `RoutedMoE`).
+
+  x [B, S, M], router = (indices, weights) [B*S, k], experts = (wi_0, wi_1,
+  wo), each [E, ...] -> [B, S, M]. See the module docstring for the
+  collectives.
+  """
+  indices, weights = router
+  wi_0, wi_1, wo = experts
+  b, s, m = x.shape
+  k = indices.shape[-1]
+  tokens = _spec(ep.batch_axes, 3)
+  experts = _spec(ep.expert_axes, 3)
+
+  def body(mdl, x, indices, weights, wi_0, wi_1, wo):
+    if ep.gather_axes:
+      gather = functools.partial(
+          jax.lax.all_gather, axis_name=ep.gather_axes, axis=0, tiled=True
+      )
+      x, indices, weights = gather(x), gather(indices), gather(weights)
+    # Every operand varies over all of `vary_axes`, so that custom VJPs
+    # (quantized contractions) see one manual-axes type; the transpose of
+    # this cast sums the weights' gradients over the batch axes.
+    x, indices, weights, wi_0, wi_1, wo = (
+        _vary(v, ep.vary_axes) for v in (x, indices, weights, wi_0, wi_1, wo)
+    )
+    first = 0
+    if ep.expert_axes:
+      first = jax.lax.axis_index(ep.expert_axes) * ep.local_experts
+    out = local_experts(
+        mdl.contract,
+        x.reshape(-1, m),
+        (indices.reshape(-1, k), weights.reshape(-1, k)),
+        (wi_0, wi_1, wo),
+        act,
+        first,
+    ).reshape(x.shape)
+    if ep.gather_axes:
+      out = jax.lax.psum_scatter(
+          out, ep.gather_axes, scatter_dimension=0, tiled=True
+      )
+    if ep.sum_axes:
+      out = jax.lax.psum(out, ep.sum_axes)
+    return out
+
+  lifted = nn.transforms.lift_transform(
+      _lifted_shard_map,
+      body,
+      ep=ep,
+      in_specs=(tokens, tokens, tokens, experts, experts, experts),
+      out_specs=tokens,
+  )
+  return lifted(
+      module,
+      x,
+      indices.reshape(b, s, k),
+      weights.reshape(b, s, k),
+      wi_0,
+      wi_1,
+      wo,
+  )

@@ -1,0 +1,164 @@
+"""Training the Linen reference decoder on a device mesh.
+
+The state is sharded *at* initialisation: the shardings come from the logical
+axis names of `jax.eval_shape` of the boxed initial state (parameters and the
+optimizer moments that mirror them), and the init itself is jitted with those
+`out_shardings`, so no array is ever materialised whole on one device. fp8
+state has no names and is replicated. The step is jitted with the same
+shardings in and out, and traced under the mesh and the rules, so activation
+constraints and the sparse path's expert parallelism apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+from jax.sharding import Mesh
+import optax
+
+from linen_moe import sharding
+from linen_moe import train as train_lib
+
+
+class ShardedRun:
+  """Sharded init and jitted step on `self.mesh`, for any front end.
+
+  A subclass provides `mesh`, `rules`, `grad_accum` and a `_cache` dict, and
+  the hooks `_initial_state` (the init, with partitioning metadata),
+  `_shardings_of` (its NamedShardings, from an abstract state), `_plain`
+  (metadata stripped) and `_train_step` (a pure `step(state, tokens, rng)`).
+  """
+
+  mesh: Mesh
+  rules: sharding.Rules
+  grad_accum: int
+  _cache: dict
+
+  def _initial_state(self, tokens, rng):
+    raise NotImplementedError
+
+  def _shardings_of(self, abstract_state):
+    raise NotImplementedError
+
+  def _plain(self, state):
+    return state
+
+  def _train_step(self):
+    raise NotImplementedError
+
+  def context(self):
+    return sharding.mesh_context(self.mesh, self.rules)
+
+  def token_sharding(self) -> jax.sharding.NamedSharding:
+    """<int32>[B, S] tokens: batch on the batch axes."""
+    names = ("activation_batch", "activation_length")
+    return sharding.named(self.mesh, names, self.rules)
+
+  def _abstract(self, tokens, rng):
+    with self.context():
+      return jax.eval_shape(self._initial_state, tokens, rng)
+
+  def state_shardings(self, tokens: Any, rng: jax.Array) -> Any:
+    """NamedShardings of the train state, from an abstract (eval_shape) init."""
+    abstract = self._abstract(tokens, rng)
+    with self.context():
+      return self._shardings_of(abstract)
+
+  def init(self, tokens: Any, rng: jax.Array):
+    """The initial state, created directly in its shardings.
+
+    The jitted init returns the state's leaves (static parts of a state, such
+    as an NNX graph definition, need not compare equal between two traces)
+    and they are put back into the abstract state's structure.
+    """
+    abstract = self._abstract(tokens, rng)
+    with self.context():
+      shardings = jax.tree.leaves(self._shardings_of(abstract))
+    init = jax.jit(
+        lambda t, r: jax.tree.leaves(self._plain(self._initial_state(t, r))),
+        in_shardings=(self.token_sharding(), sharding.replicated(self.mesh)),
+        out_shardings=shardings,
+    )
+    with self.context():
+      leaves = init(tokens, rng)
+    return jax.tree.unflatten(jax.tree.structure(self._plain(abstract)), leaves)
+
+  def place(self, state, tokens: Any, rng: jax.Array):
+    """An existing state (e.g. restored on the host) put into its shardings."""
+    shardings = jax.tree.leaves(self.state_shardings(tokens, rng))
+    leaves = jax.tree.leaves(state)
+    return jax.tree.unflatten(
+        jax.tree.structure(state),
+        [jax.device_put(x, s) for x, s in zip(leaves, shardings, strict=True)],
+    )
+
+  def _jitted_step(self, state):
+    """The jitted step, built once with the shardings of the first state."""
+    if "step" not in self._cache:
+      shardings = jax.tree.map(lambda x: x.sharding, state)
+      self._cache["step"] = jax.jit(
+          self._train_step(),
+          in_shardings=(
+              shardings,
+              self.token_sharding(),
+              sharding.replicated(self.mesh),
+          ),
+          out_shardings=(shardings, sharding.replicated(self.mesh)),
+          donate_argnums=0,
+      )
+    return self._cache["step"]
+
+  def step(self, state, tokens, rng):
+    """One jitted step; the state keeps its shardings (and is donated)."""
+    with self.context():
+      return self._jitted_step(state)(state, tokens, rng)
+
+  def lower(self, state, tokens, rng) -> jax.stages.Lowered:
+    """The lowered step (`.compile().as_text()` for its HLO)."""
+    with self.context():
+      return self._jitted_step(state).lower(state, tokens, rng)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedTraining(ShardedRun):
+  """Sharded init and train step of a Linen `Decoder` on `mesh`.
+
+  Example usage:
+    mesh = sharding.make_mesh("data=2,expert=4")
+    run = ShardedTraining(Decoder(cfg), optimizer, mesh)
+    state = run.init(tokens, jax.random.key(0))
+    state, metrics = run.step(state, tokens, jax.random.key(1))
+
+  Attributes:
+    model: the Linen decoder.
+    optimizer: the optax optimizer.
+    mesh: a mesh over `sharding.MESH_AXES` (see `sharding.make_mesh`).
+    rules: logical-name -> mesh-axes rule table.
+    grad_accum: microbatches per step.
+  """
+
+  model: nn.Module
+  optimizer: optax.GradientTransformation
+  mesh: Mesh
+  rules: sharding.Rules = sharding.DEFAULT_RULES
+  grad_accum: int = 1
+  _cache: dict = dataclasses.field(
+      default_factory=dict, init=False, repr=False, compare=False
+  )
+
+  def _initial_state(self, tokens, rng):
+    return train_lib.boxed_train_state(self.model, self.optimizer, tokens, rng)
+
+  def _shardings_of(self, abstract_state):
+    return sharding.logical_shardings(abstract_state, self.mesh, self.rules)
+
+  def _plain(self, state):
+    return sharding.unbox(state)
+
+  def _train_step(self):
+    return train_lib.make_train_step(
+        self.model, self.optimizer, self.grad_accum
+    )

@@ -1,0 +1,172 @@
+"""Sharding checks on 8 simulated CPU devices, run in a subprocess.
+
+`python -m tests.sharding_worker '<json list of jobs>'` runs each job and
+prints one JSON line with their results; `tests/test_sharding.py` asserts on
+them. The device count must be set before jax is imported, which is why this
+runs in its own process. Each job compiles its single-device reference once
+and then one sharded init and step per mesh.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_force_host_platform_device_count=8"
+)
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from linen_moe import load_model_config  # noqa: E402
+from linen_moe import sharding  # noqa: E402
+from linen_moe import train as train_lib  # noqa: E402
+from linen_moe.data import MarkovData  # noqa: E402
+from linen_moe_cli import matrix  # noqa: E402
+from linen_moe_cli import train_job  # noqa: E402
+
+PATHS = {
+    "sparse": dict(sparse_matmul=True, capacity_factor=0.0),
+    "dense": dict(sparse_matmul=False, capacity_factor=0.0),
+    "dense_dropping": dict(sparse_matmul=False, capacity_factor=1.0),
+}
+EXPERT_WEIGHTS = ("wi_0", "wi_1", "wo")
+
+
+def _max_abs_diff(a, b) -> float:
+  diffs = [
+      float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y))))
+      for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+  ]
+  return max(diffs, default=0.0)
+
+
+def _expert_weights(params) -> dict[str, jax.Array]:
+  """The routed experts' weights of the first MoE layer, by name."""
+  layer = params["layers"] if "layers" in params else params["layers_0"]
+  return {name: layer["moe"][name] for name in EXPERT_WEIGHTS}
+
+
+def equivalence(job: dict) -> dict:
+  """One step of `job`'s cell on one device and on each mesh, compared.
+
+  The state is initialised sharded on the first mesh; the single-device
+  reference and the other meshes start from copies of it (with
+  `check_init`, an independent single-device init must equal it too).
+  """
+  cfg = load_model_config(
+      job.get("config", "tiny_mixtral"),
+      quantization=job.get("quantization", "none"),
+      num_layers=job.get("num_layers", 1),
+      **PATHS[job.get("path", "sparse")],
+  )
+  frontend = job.get("frontend", "linen")
+  fe = matrix.frontend(frontend)
+  optimizer = optax.sgd(0.1)
+  tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(8, 8, 1)))
+  rng, step_rng = jax.random.key(0), jax.random.key(1)
+  runs = {
+      spec: train_job.sharded_training(
+          frontend, cfg, optimizer, sharding.make_mesh(spec)
+      )
+      for spec in job["meshes"]
+  }
+  first = runs[job["meshes"][0]].init(tokens, rng)
+  host = jax.device_get(first)
+  out = {"meshes": {}}
+  if job.get("check_init"):
+    init = jax.jit(lambda t, r: fe.init(cfg, optimizer, t, r))
+    out["init_err"] = _max_abs_diff(first, init(tokens, rng))
+  state0 = jax.device_put(host, jax.devices()[0])
+  ref, ref_metrics = jax.jit(fe.make_step(cfg, optimizer))(
+      state0, tokens, step_rng
+  )
+  out.update(
+      loss=float(ref_metrics["loss"]),
+      update=_max_abs_diff(ref.params, host.params),
+      fp8_moved=_max_abs_diff(ref.fp8_state, host.fp8_state),
+  )
+  for spec, run in runs.items():
+    start = time.perf_counter()
+    state = first if spec == job["meshes"][0] else None
+    if state is None:
+      state = run.place(host, tokens, rng)
+    weights = _expert_weights(state.params)
+    result = {
+        "specs": {name: str(w.sharding.spec) for name, w in weights.items()},
+        "local_fraction": {
+            name: w.addressable_shards[0].data.nbytes / w.nbytes
+            for name, w in weights.items()
+        },
+    }
+    compiled = run.lower(state, tokens, step_rng).compile()
+    if job.get("hlo"):
+      hlo = compiled.as_text()
+      full = {s for w in weights.values() for s in (w.shape, w.shape[1:])}
+      result["collectives"] = sharding.collective_counts(hlo)
+      result["full_weight_gathers"] = [
+          s for s in sharding.all_gather_shapes(hlo) if s in full
+      ]
+    new, metrics = compiled(state, tokens, step_rng)
+    result.update(
+        loss=float(metrics["loss"]),
+        param_err=_max_abs_diff(new.params, ref.params),
+        fp8_err=_max_abs_diff(new.fp8_state, ref.fp8_state),
+        seconds=time.perf_counter() - start,
+    )
+    out["meshes"][spec] = result
+  return out
+
+
+def shardings(job: dict) -> dict:
+  """The state's shardings on a mesh, from an abstract init (no compile)."""
+  cfg = load_model_config(
+      job.get("config", "tiny_gemma4_26b"),
+      quantization=job.get("quantization", "fp8"),
+  )
+  tokens = jax.ShapeDtypeStruct((8, 8), jnp.int32)
+  run = train_job.sharded_training(
+      job.get("frontend", "linen"),
+      cfg,
+      train_lib.default_optimizer(),
+      sharding.make_mesh(job["mesh"]),
+  )
+  specs = run.state_shardings(tokens, jax.random.key(0))
+  flat = jax.tree_util.tree_leaves_with_path(specs)
+  return {jax.tree_util.keystr(path): str(s.spec) for path, s in flat}
+
+
+def cli(job: dict) -> dict:
+  """`linen-moe train --mesh ...` for a few steps."""
+  import contextlib  # noqa: PLC0415
+  import io  # noqa: PLC0415
+
+  from linen_moe_cli import main as cli_main  # noqa: PLC0415
+
+  out = io.StringIO()
+  argv = ["train", "--mesh", job["mesh"], "--steps", "3", "--no-progress"]
+  argv += ["--frontend", job.get("frontend", "linen")]
+  argv += ["--batch-size", "8", "--seq-len", "8"]
+  with contextlib.redirect_stdout(out):
+    code = cli_main.main(argv)
+  return {"exit_code": code, "stdout": out.getvalue()}
+
+
+CHECKS = {"equivalence": equivalence, "shardings": shardings, "cli": cli}
+
+
+def main(argv: list[str]) -> None:
+  jobs = json.loads(argv[1])
+  results = [CHECKS[job["check"]](job) for job in jobs]
+  print(json.dumps(results))
+
+
+if __name__ == "__main__":
+  main(sys.argv)

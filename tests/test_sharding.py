@@ -1,0 +1,265 @@
+"""Logical sharding, sharded training and expert parallelism on 8 devices.
+
+The multi-device checks run in subprocesses (`tests/sharding_worker.py`),
+which set `--xla_force_host_platform_device_count=8` before importing jax;
+each test batches several meshes into one subprocess, since compiling
+dominates. The default run holds a representative subset of
+{sparse, dense, dense + dropping} x {none, int8, fp8, nanoo_fp8} x meshes x
+{Linen, NNX}; the full product is marked slow.
+
+Tolerances. One SGD step (lr 0.1) from the same init, tokens and RNG, on one
+device and on a mesh. Float: the sharded program multiplies and reduces in
+other blocks and orders (per-device batch shapes, reduce-scatters), so the
+results agree to float rounding: losses to rtol 1e-5, updated parameters to
+1e-4 of the step's largest update. Quantized modes round to a coarse grid
+(int8: 1/127 of a row's or channel's absmax; e4m3: 3 mantissa bits), and
+inputs that differ in their last bits, as above, can flip a few codes by one
+step; so int8, fp8 and nanoo_fp8 get loss rtol 1e-4, parameters within 1e-2
+of the largest update, and fp8 scales and amax histories within 1e-2 of how
+far the step moved them. (Measured: 1e-4 to 3e-4 of the update.) A wrong
+routing, a lost expert or a missing gradient reduction moves them by O(1) of
+it. AQT's stochastic rounding on the dense path draws from the same RNG with
+sharding-invariant (`threefry_partitionable`) bits, so it is no source of
+difference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import pytest
+
+from linen_moe import load_model_config
+from linen_moe import sharding
+from linen_moe.decoder import Decoder
+
+MESHES = ("data=8", "expert=8", "data=2,expert=4")
+QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
+PATHS = ("sparse", "dense", "dense_dropping")
+FRONTENDS = ("linen", "nnx")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+QUANTIZED = ("int8", "fp8", "nanoo_fp8")
+
+
+def run_worker(*jobs: dict) -> list:
+  """Runs jobs in `tests.sharding_worker` on 8 simulated devices."""
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.sharding_worker", json.dumps(jobs)],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=900,
+      check=False,
+  )
+  if proc.returncode:
+    raise AssertionError(f"worker failed:\n{proc.stderr[-4000:]}")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class EquivalenceMixin(parameterized.TestCase):
+
+  def check_equivalent(
+      self, path: str, quantization: str, meshes, **options
+  ) -> dict:
+    """Every mesh: same loss, params and fp8 state as one device."""
+    (result,) = run_worker({
+        "check": "equivalence",
+        "path": path,
+        "quantization": quantization,
+        "meshes": list(meshes),
+        **options,
+    })
+    quantized = quantization in QUANTIZED
+    rtol = 1e-4 if quantized else 1e-5
+    tol = (1e-2 if quantized else 1e-4) * result["update"]
+    self.assertGreater(result["update"], 0.0)
+    if quantization in ("fp8", "nanoo_fp8"):
+      self.assertGreater(result["fp8_moved"], 0.0)
+    for spec, r in result["meshes"].items():
+      with self.subTest(mesh=spec):
+        self.assertAlmostEqual(
+            r["loss"], result["loss"], delta=rtol * abs(result["loss"])
+        )
+        self.assertLessEqual(r["param_err"], tol)
+        self.assertLessEqual(r["fp8_err"], 1e-2 * result["fp8_moved"])
+    return result
+
+
+class MeshSpecTest(absltest.TestCase):
+
+  def test_parse(self):
+    self.assertEqual(
+        sharding.parse_mesh_spec("data=2, expert=4"),
+        {"data": 2, "fsdp": 1, "expert": 4, "tensor": 1},
+    )
+    self.assertEqual(sharding.parse_mesh_spec({"tensor": 2})["tensor"], 2)
+
+  def test_bad_specs(self):
+    for spec, message in (
+        ("data:2", "Bad mesh spec item"),
+        ("model=2", "Unknown mesh axis 'model'"),
+        ("data=2,data=2", "appears twice"),
+        ("data=0", "must be an integer >= 1"),
+    ):
+      with self.subTest(spec=spec), self.assertRaisesRegex(ValueError, message):
+        sharding.parse_mesh_spec(spec)
+
+  def test_product_must_match_devices(self):
+    with self.assertRaisesRegex(ValueError, "multiply to the device count"):
+      sharding.make_mesh(f"data={jax.device_count() + 1}")
+
+  def test_cli_reports_bad_mesh(self):
+    from linen_moe_cli import main  # noqa: PLC0415
+
+    self.assertEqual(main.main(["train", "--mesh", "data=3,expert=7"]), 2)
+
+  def test_rules_cover_every_parameter_name(self):
+    cfg = load_model_config("tiny_gemma4_26b", quantization="fp8")
+    abstract = jax.eval_shape(
+        Decoder(cfg).init, jax.random.key(0), jnp.zeros((2, 4), jnp.int32)
+    )
+    specs = jax.tree.leaves(
+        jax.tree.map(
+            lambda x: x.names,
+            abstract["params"],
+            is_leaf=lambda x: hasattr(x, "names"),
+        )
+    )
+    names = {n for n in specs if n is not None}
+    self.assertLessEqual(names, {rule for rule, _ in sharding.DEFAULT_RULES})
+    self.assertTrue({"exp", "embed", "mlp", "vocab", "layers"} <= names)
+
+
+class ParameterShardingTest(absltest.TestCase):
+
+  def test_rule_table_shardings(self):
+    tp, ep, nnx = run_worker(
+        {"check": "shardings", "mesh": "fsdp=2,expert=2,tensor=2"},
+        {"check": "shardings", "mesh": "data=2,expert=4"},
+        {
+            "check": "shardings",
+            "mesh": "fsdp=2,expert=2,tensor=2",
+            "frontend": "nnx",
+        },
+    )
+    moe = ".params['layers']['moe']"
+    expected = {
+        f"{moe}['wi_0']": "P(None, 'expert', 'fsdp', 'tensor')",
+        f"{moe}['wo']": "P(None, 'expert', 'tensor', 'fsdp')",
+        f"{moe}['gate']['kernel']": "P(None, 'fsdp', None)",
+        f"{moe}['per_expert_scale']": "P(None, 'expert')",
+        ".params['embed']['embedding']": "P('tensor', 'fsdp')",
+        ".params['layers']['attention']['query']['kernel']": (
+            "P(None, 'fsdp', 'tensor', None)"
+        ),
+        ".params['layers']['shared_experts']['wi_0']": (
+            "P(None, 'fsdp', 'tensor')"
+        ),
+        ".opt_state[1][0].mu['layers']['moe']['wi_0']": (
+            "P(None, 'expert', 'fsdp', 'tensor')"
+        ),
+        ".fp8_state['layers']['moe']['wi_0_dot']['kernel_scale']": "P()",
+        ".fp8_state['layers']['moe']['wo_dot']['input_amax_history']": "P()",
+    }
+    for path, spec in expected.items():
+      self.assertEqual(tp[path], spec, path)
+    self.assertEqual(ep[f"{moe}['wi_0']"], expected[f"{moe}['wi_0']"])
+    fp8 = [p for p in tp if p.startswith(".fp8_state")]
+    self.assertLen(fp8, 18)
+    self.assertEqual({tp[p] for p in fp8}, {"P()"})
+    # The NNX decoder's state (model, optimizer), through NNX metadata.
+    for path, spec in {
+        ".state[0]['layers']['moe']['wi_0'].value": expected[f"{moe}['wi_0']"],
+        ".state[0]['embed']['embedding'].value": "P('tensor', 'fsdp')",
+        ".state[1]['opt_state'][1][0]['nu']['layers']['moe']['wo'].value": (
+            expected[f"{moe}['wo']"]
+        ),
+        ".state[0]['layers']['moe']['wo_dot']['kernel_scale'].value": "P()",
+    }.items():
+      self.assertEqual(nnx[path], spec, path)
+
+
+class SparseExpertParallelTest(EquivalenceMixin):
+
+  @parameterized.parameters(
+      ("linen", MESHES), ("nnx", ("expert=8", "data=2,expert=4"))
+  )
+  def test_sparse_matches_one_device_and_keeps_experts_local(
+      self, frontend, meshes
+  ):
+    result = self.check_equivalent(
+        "sparse",
+        "none",
+        meshes,
+        frontend=frontend,
+        hlo=True,
+        check_init=True,
+    )
+    self.assertEqual(result["init_err"], 0.0)
+    for spec, r in result["meshes"].items():
+      shards = sharding.parse_mesh_spec(spec)["expert"]
+      for name in ("wi_0", "wi_1", "wo"):
+        self.assertEqual(
+            r["specs"][name],
+            "P(None, 'expert', 'fsdp', 'tensor')"
+            if name != "wo"
+            else "P(None, 'expert', 'tensor', 'fsdp')",
+        )
+        self.assertEqual(r["local_fraction"][name], 1 / shards)
+      self.assertEqual(r["full_weight_gathers"], [], spec)
+      self.assertEqual(r["collectives"]["all-to-all"], 0, spec)
+      if shards > 1:  # tokens gathered, outputs reduce-scattered
+        self.assertGreater(r["collectives"]["all-gather"], 0, spec)
+        self.assertGreater(r["collectives"]["reduce-scatter"], 0, spec)
+
+
+class EquivalenceTest(EquivalenceMixin):
+  """A representative subset; the full product is `EquivalenceProductTest`."""
+
+  @parameterized.parameters(
+      ("dense", "none", ("expert=8", "data=2,expert=4")),
+      ("dense_dropping", "none", ("data=2,expert=4",)),
+      ("sparse", "fp8", ("data=2,expert=4",)),
+      ("sparse", "int8", ("expert=8",)),
+      ("dense", "nanoo_fp8", ("expert=8",)),
+      ("dense", "int8", ("data=2,expert=4",)),
+      ("dense", "fp8", ("data=2,expert=4",), "nnx"),
+  )
+  def test_matches_one_device(self, path, quantization, meshes, fe="linen"):
+    self.check_equivalent(path, quantization, meshes, frontend=fe)
+
+
+@pytest.mark.slow
+class EquivalenceProductTest(EquivalenceMixin):
+
+  @parameterized.product(
+      path=PATHS, quantization=QUANTIZATIONS, frontend=FRONTENDS
+  )
+  def test_matches_one_device(self, path, quantization, frontend):
+    self.check_equivalent(path, quantization, MESHES, frontend=frontend)
+
+
+@pytest.mark.slow
+class TrainCommandTest(parameterized.TestCase):
+
+  @parameterized.parameters(*FRONTENDS)
+  def test_train_on_a_mesh(self, frontend):
+    (result,) = run_worker(
+        {"check": "cli", "mesh": "data=2,expert=4", "frontend": frontend}
+    )
+    self.assertEqual(result["exit_code"], 0)
+    self.assertIn("final loss", result["stdout"])
+
+
+if __name__ == "__main__":
+  absltest.main()
