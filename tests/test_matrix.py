@@ -39,14 +39,17 @@ class LinenMatrixTest(parameterized.TestCase):
   def test_cell_trains(self, config, quant, path, layers):
     _check(self, matrix.Cell(config, quant, path, layers, "linen"))
 
-  @pytest.mark.slow
+
+@pytest.mark.slow  # on the class: absl's parameterized drops method marks
+class LinenMatrixFullProductTest(parameterized.TestCase):
+
   @parameterized.product(
       config=matrix.CONFIGS,
       quant=QUANTIZATIONS,
       path=tuple(matrix.PATHS),
       layers=matrix.LAYERS,
   )
-  def test_full_product(self, config, quant, path, layers):
+  def test_cell_trains(self, config, quant, path, layers):
     _check(self, matrix.Cell(config, quant, path, layers, "linen"))
 
 
