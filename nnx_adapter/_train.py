@@ -21,6 +21,7 @@ from linen_moe.config import ModelConfig
 from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
 from nnx_adapter._adapter import Fp8State
 from nnx_adapter._decoder import Decoder
+from nnx_adapter._decoder import init_decoder
 from nnx_adapter._decoder import nnx_to_linen
 
 PyTree = Any
@@ -122,8 +123,12 @@ def init_train_state(
     tokens: jax.Array,
     rng: jax.Array,
 ) -> TrainState:
-  """A new NNX `Decoder(config)` (sampled on `tokens`' shape) and optimizer."""
-  model = Decoder(config, rngs=nnx.Rngs(rng), sample_shape=tokens.shape)
+  """A new NNX `Decoder(config)` (sampled on `tokens`' shape) and optimizer.
+
+  The decoder starts at the Linen decoder's initial weights for `rng`
+  (`init_decoder`), so both front ends train from the same point.
+  """
+  model = init_decoder(config, rng, sample_shape=tokens.shape)
   return TrainState(
       *nnx.split((model, nnx.Optimizer(model, optimizer, wrt=nnx.Param)))
   )
