@@ -12,12 +12,15 @@ by leaf over whatever the state holds.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from typing import Any
 
 from flax import nnx
 
-from linen_moe import checkpoint
-from nnx_adapter._train import TrainState
+from linen_moe import checkpoint_tree as checkpoint
+
+if TYPE_CHECKING:  # _train imports this module
+  from nnx_adapter._train import TrainState
 
 MODEL, OPTIMIZER = 0, 1  # TrainState.state holds (model, optimizer)
 
@@ -31,7 +34,7 @@ def _path_fn(state: TrainState) -> Callable[[tuple], checkpoint.Path]:
   }
 
   def path_of(key_path: tuple) -> checkpoint.Path:
-    raw = [checkpoint._key_name(k) for k in key_path]  # noqa: SLF001
+    raw = [checkpoint.key_name(k) for k in key_path]
     if raw[0] != "state":  # another TrainState field
       return tuple(raw)
     if raw[-1] == "value":  # a Variable's payload

@@ -19,6 +19,7 @@ import optax
 from linen_moe.config import ModelConfig
 from linen_moe.training import step as linen_train
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
+from nnx_adapter import _checkpoint
 from nnx_adapter._adapter import Fp8State
 from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import init_decoder
@@ -167,3 +168,6 @@ class NNXFrontend:
   @staticmethod
   def fp8_state(state: TrainState) -> PyTree:
     return state.fp8_state
+
+  checkpoint_tree = staticmethod(_checkpoint.tree_of)
+  from_checkpoint_tree = staticmethod(_checkpoint.state_from)

@@ -15,6 +15,7 @@ from typing import Protocol
 import jax
 import optax
 
+from linen_moe import checkpoint_tree as ckpt_tree
 from linen_moe.config import ModelConfig
 from linen_moe.decoder import Decoder
 from linen_moe.training import step as step_lib
@@ -54,6 +55,14 @@ class TrainingFrontend(Protocol):
     """The `_overwrite_with_gradient` collection, in the Linen layout."""
     ...
 
+  def checkpoint_tree(self, state: Any) -> dict:
+    """The state (arrays or abstract) as a `linen_moe.checkpoint` tree."""
+    ...
+
+  def from_checkpoint_tree(self, tree: dict, template: Any) -> Any:
+    """`template` (a state) with its leaves from a checkpoint tree."""
+    ...
+
 
 class LinenFrontend:
   """The Linen `Decoder` and `make_train_step` as a `TrainingFrontend`."""
@@ -79,3 +88,6 @@ class LinenFrontend:
   @staticmethod
   def fp8_state(state: step_lib.TrainState) -> PyTree:
     return state.fp8_state
+
+  checkpoint_tree = staticmethod(ckpt_tree.tree_of)
+  from_checkpoint_tree = staticmethod(ckpt_tree.state_from)
