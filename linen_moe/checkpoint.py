@@ -215,7 +215,9 @@ class Checkpoints:
     if not create and not os.path.isdir(self.directory):
       raise ValueError(f"Checkpoint directory {self.directory} does not exist.")
     options = ocp.CheckpointManagerOptions(
-        save_interval_steps=save_every,
+        save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(
+            save_every
+        ),
         preservation_policy=ocp.checkpoint_managers.LatestN(keep),
         enable_async_checkpointing=async_save,
         cleanup_tmp_directories=True,  # what a killed save left behind
@@ -256,10 +258,12 @@ class Checkpoints:
     steps = self.all_steps()
     if step is None and steps:
       return steps[-1]
+    if step is None:
+      raise ValueError(f"No checkpoint in {self.directory}.")
     if step not in steps:
       raise ValueError(
           f"No checkpoint of step {step} in {self.directory}; it holds "
-          f"{steps or 'none'}."
+          f"steps {steps or 'none'}."
       )
     return step
 
@@ -479,9 +483,11 @@ def load_export(path: str | os.PathLike) -> tuple[dict, dict]:
   checkpointer = ocp.StandardCheckpointer()
   try:
     metadata = checkpointer.metadata(path)
-    variables = checkpointer.restore(
-        path, abstract(metadata.item_metadata.tree)
+    shapes = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
+        metadata.item_metadata.tree,
     )
+    variables = checkpointer.restore(path, abstract(shapes))
   except Exception as e:  # noqa: BLE001
     raise ValueError(
         f"Export {path} cannot be read ({type(e).__name__})."
