@@ -195,9 +195,14 @@ def _truncate_metrics(path: str, step: int) -> None:
   if not os.path.exists(path):
     return
   with open(path, encoding="utf-8") as f:
-    lines = [line for line in f if line.strip()]
-  kept = [line for line in lines if json.loads(line)["step"] <= step]
-  if len(kept) != len(lines):
+    lines = f.readlines()
+  # A line without its newline was torn by a killed run.
+  kept = [
+      line
+      for line in lines
+      if line.endswith("\n") and json.loads(line)["step"] <= step
+  ]
+  if kept != lines:
     with open(path, "w", encoding="utf-8") as f:
       f.writelines(kept)
 
