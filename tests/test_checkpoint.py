@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 
 from absl.testing import absltest
@@ -35,8 +34,8 @@ from linen_moe.training import default_optimizer
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 import nnx_adapter
 from tests import checkpoint_worker
+from tests import workers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TX = default_optimizer()
 TOKENS = jnp.zeros((2, 8), jnp.int32)
 FP8 = (checkpoint.VARIABLES, OVERWRITE_WITH_GRADIENT)
@@ -337,14 +336,8 @@ class CheckpointsManagerTest(absltest.TestCase):
   def test_killed_mid_commit_leaves_the_previous_checkpoint(self):
     """SIGKILL while step 2 is being committed: step 1 stays the latest,
     byte for byte, and the next save of step 2 succeeds."""
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.checkpoint_worker", "kill", self.dir],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    proc = workers.start(
+        "tests.checkpoint_worker", "kill", self.dir, stdout=subprocess.PIPE
     )
     lines = []
     step1 = None
@@ -464,28 +457,10 @@ class CheckpointMeshTest(absltest.TestCase):
   the saved value (its row, across layouts)."""
 
   def run_worker(self, job):
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     tmp = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
     job = dict(job, dir=os.path.join(tmp, "ckpt"))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.checkpoint_worker",
-            "mesh",
-            json.dumps(job),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    if proc.returncode:
-      raise AssertionError(f"worker failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return workers.run_json("tests.checkpoint_worker", "mesh", json.dumps(job))
 
   def check(self, job):
     results = self.run_worker(job)

@@ -20,8 +20,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -43,8 +41,8 @@ from linen_moe_cli import main as cli
 from linen_moe_cli import train_job
 from linen_moe_cli.frontends import FRONTENDS
 from linen_moe_cli.frontends import frontend as get_frontend
+from tests import workers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOP, STEPS = 6, 12
 BATCH, SEQ, GRAD_ACCUM = 4, 8, 2
 
@@ -304,17 +302,10 @@ class KilledTrainingTest(absltest.TestCase):
     whole = os.path.join(tmp, "whole")
     self.assertEqual(_run_cli(*argv, "--checkpoint-dir", whole)[0], 0)
     killed = os.path.join(tmp, "killed")
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-    command = [sys.executable, "-m", "linen_moe_cli.main", *argv]
-    command += ["--checkpoint-dir", killed]
     rng = np.random.default_rng(0)
     for _ in range(4):
-      proc = subprocess.Popen(
-          command,
-          cwd=ROOT,
-          env=env,
-          stdout=subprocess.DEVNULL,
-          stderr=subprocess.DEVNULL,
+      proc = workers.start(
+          "linen_moe_cli.main", *argv, "--checkpoint-dir", killed
       )
       metrics = os.path.join(killed, "metrics.jsonl")
       start = _lines(metrics)
