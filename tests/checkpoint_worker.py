@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-if sys.argv[1] == "mesh":
+if __name__ == "__main__" and sys.argv[1:2] == ["mesh"]:
   os.environ["XLA_FLAGS"] = (
       os.environ.get("XLA_FLAGS", "")
       + " --xla_force_host_platform_device_count=8"
