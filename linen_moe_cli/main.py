@@ -218,6 +218,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
   return 1 if any("error" in r for r in rows) else 0
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+  from linen_moe_cli import launch  # noqa: PLC0415
+
+  command = args.command[1:] if args.command[:1] == ["--"] else args.command
+  return launch.launch(
+      command,
+      args.local_processes,
+      args.devices_per_process,
+      timeout_s=args.timeout,
+  )
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="linen-moe",
@@ -288,6 +300,33 @@ def build_parser() -> argparse.ArgumentParser:
       ),
   )
   mat.set_defaults(func=cmd_matrix)
+
+  launch = sub.add_parser(
+      "launch",
+      help="run `train` as N local processes joined by jax.distributed",
+      usage=(
+          "linen-moe launch --local-processes N [--devices-per-process D] "
+          "[--timeout SECONDS] -- train [train flags]"
+      ),
+  )
+  launch.add_argument("--local-processes", type=int, required=True)
+  launch.add_argument(
+      "--devices-per-process",
+      type=int,
+      default=None,
+      help="simulate D CPU devices in each process (default: JAX's devices)",
+  )
+  launch.add_argument(
+      "--timeout",
+      type=float,
+      default=3600.0,
+      metavar="SECONDS",
+      help="stop every process and fail past this",
+  )
+  launch.add_argument(
+      "command", nargs=argparse.REMAINDER, help="-- train [train flags]"
+  )
+  launch.set_defaults(func=cmd_launch)
 
   bench = sub.add_parser(
       "bench", help="time forward+backward of the layer across sizes/paths"
