@@ -39,18 +39,31 @@ PROCESS_FLAGS = ("--coordinator", "--num-processes", "--process-id")
 _NOISE = re.compile(r"^\[Gloo\] |^\s*@\s+0x[0-9a-f]+\s")
 
 
+def process_flags(num_processes: int) -> list[list[str]]:
+  """`--coordinator localhost:PORT --num-processes N --process-id I` for
+  each I, on a port free now; [[]] for a single process."""
+  if isinstance(num_processes, bool) or not isinstance(num_processes, int):
+    raise TypeError(f"local_processes={num_processes!r} must be an int.")
+  if num_processes < 1:
+    raise ValueError(f"local_processes={num_processes} must be >= 1.")
+  if num_processes == 1:
+    return [[]]
+  coordinator = f"localhost:{free_port()}"
+  return [
+      ["--coordinator", coordinator, "--num-processes", str(num_processes)]
+      + ["--process-id", str(i)]
+      for i in range(num_processes)
+  ]
+
+
 def child_commands(argv: list[str], num_processes: int) -> list[list[str]]:
-  """One `linen-moe` command line per process, joined on a free port.
+  """One `linen-moe` command line per process (see `process_flags`).
 
   Args:
     argv: the command after `--`, e.g. ["train", "--steps", "3"].
     num_processes: N >= 1; with 1, the command runs as a plain single
       process.
   """
-  if isinstance(num_processes, bool) or not isinstance(num_processes, int):
-    raise TypeError(f"local_processes={num_processes!r} must be an int.")
-  if num_processes < 1:
-    raise ValueError(f"local_processes={num_processes} must be >= 1.")
   if not argv or argv[0] != "train":
     raise ValueError(
         f"launch runs `train` (the one command that joins processes); got "
@@ -62,15 +75,7 @@ def child_commands(argv: list[str], num_processes: int) -> list[list[str]]:
         f"launch sets {', '.join(given)} itself; remove them from the command."
     )
   base = [sys.executable, "-m", "linen_moe_cli.main", *argv]
-  if num_processes == 1:
-    return [base]
-  coordinator = f"localhost:{free_port()}"
-  return [
-      base
-      + ["--coordinator", coordinator]
-      + ["--num-processes", str(num_processes), "--process-id", str(i)]
-      for i in range(num_processes)
-  ]
+  return [base + flags for flags in process_flags(num_processes)]
 
 
 def child_env(devices_per_process: int | None) -> dict[str, str]:
@@ -102,6 +107,7 @@ class _Child:
       default_factory=lambda: collections.deque(maxlen=TAIL_LINES)
   )
   threads: list[threading.Thread] = dataclasses.field(default_factory=list)
+  ended_s: float | None = None  # when the group first saw it exit
 
   def kill(self) -> None:
     if self.popen.poll() is None:
@@ -164,6 +170,27 @@ def _describe(code: int) -> str:
   return f"exit code {code}"
 
 
+@dataclasses.dataclass(frozen=True)
+class GroupResult:
+  """How a group of processes ended.
+
+  Attributes:
+    code: 0 when every process succeeded; else the first failure's exit
+      code (1 for a signal), or 124 on a timeout.
+    returncodes: each process's return code (negative: killed by a signal).
+    ended_s: seconds from the start until each process was seen to exit on
+      its own (None: the group killed it).
+    failed: the index of the first process to fail, or None.
+    tails: each process's last lines of output (without gloo's notices).
+  """
+
+  code: int
+  returncodes: tuple[int, ...]
+  ended_s: tuple[float | None, ...]
+  failed: int | None
+  tails: tuple[tuple[str, ...], ...]
+
+
 def run_group(
     commands: list[list[str]],
     env: dict[str, str],
@@ -172,38 +199,41 @@ def run_group(
     grace_s: float = GRACE_S,
     out: IO[str] = sys.stdout,
     err: IO[str] = sys.stderr,
-) -> int:
-  """Runs `commands` as one group; returns 0 when all of them succeed.
+) -> GroupResult:
+  """Runs `commands` as one group of processes.
 
   Process 0's stdout and stderr go to `out` and `err` as they come. The
   first process to fail (or every process, past `timeout_s` seconds) is
   reported on `err` with its last lines; the others get `grace_s` seconds
-  and are killed. Returns the first failure's exit code (1 for a signal),
-  or 124 on a timeout.
+  to end on their own and are then killed.
   """
   if timeout_s <= 0:
     raise ValueError(f"timeout={timeout_s} must be > 0 seconds.")
+  start = time.monotonic()
   children = [
       _start(i, command, env, out, err) for i, command in enumerate(commands)
   ]
-  deadline = time.monotonic() + timeout_s
   failed = None
+
+  def poll() -> None:
+    nonlocal failed
+    for c in children:
+      if c.ended_s is None and c.popen.poll() is not None:
+        c.ended_s = time.monotonic() - start
+        if failed is None and c.popen.returncode != 0:
+          failed = c
+
+  def running() -> bool:
+    return any(c.ended_s is None for c in children)
+
   try:
-    while failed is None and time.monotonic() < deadline:
-      codes = [c.popen.poll() for c in children]
-      if all(code == 0 for code in codes):
-        break
-      failed = next(
-          (c for c, code in zip(children, codes) if code not in (None, 0)),
-          None,
-      )
+    while failed is None and running() and _left(start, timeout_s) > 0:
       time.sleep(0.1)
-    if failed is not None:
-      end = time.monotonic() + grace_s
-      while time.monotonic() < end and any(
-          c.popen.poll() is None for c in children
-      ):
-        time.sleep(0.1)
+      poll()
+    end = time.monotonic() + min(grace_s, _left(start, timeout_s))
+    while failed is not None and running() and time.monotonic() < end:
+      time.sleep(0.1)
+      poll()
   finally:
     for c in children:
       c.kill()
@@ -218,8 +248,8 @@ def run_group(
         f"linen-moe launch: process {failed.index} of {n} failed "
         f"({_describe(code)}); its last lines:\n{failed.last_lines()}\n"
     )
-    return code if code > 0 else 1
-  if any(c.popen.returncode != 0 for c in children):
+    code = code if code > 0 else 1
+  elif running():
     lines = "\n".join(
         f"process {c.index}:\n{c.last_lines()}" for c in children
     )
@@ -227,8 +257,20 @@ def run_group(
         f"linen-moe launch: timed out after {timeout_s:g}s; stopped all "
         f"{n} processes. Their last lines:\n{lines}\n"
     )
-    return 124
-  return 0
+    code = 124
+  else:
+    code = 0
+  return GroupResult(
+      code=code,
+      returncodes=tuple(c.popen.returncode for c in children),
+      ended_s=tuple(c.ended_s for c in children),
+      failed=None if failed is None else failed.index,
+      tails=tuple(tuple(c.tail) for c in children),
+  )
+
+
+def _left(start: float, timeout_s: float) -> float:
+  return timeout_s - (time.monotonic() - start)
 
 
 def launch(
@@ -240,4 +282,4 @@ def launch(
   """`linen-moe launch`: `argv` on `local_processes` processes."""
   commands = child_commands(argv, local_processes)
   env = child_env(devices_per_process)
-  return run_group(commands, env, timeout_s=timeout_s)
+  return run_group(commands, env, timeout_s=timeout_s).code
