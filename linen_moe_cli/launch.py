@@ -34,9 +34,12 @@ from linen_moe.distributed import free_port
 GRACE_S = 5.0
 TAIL_LINES = 20
 PROCESS_FLAGS = ("--coordinator", "--num-processes", "--process-id")
-# Lines of output a user never needs: gloo's connection notices (stdout) and
-# the native stack frames of JAX's fatal-error report.
-_NOISE = re.compile(r"^\[Gloo\] |^\s*@\s+0x[0-9a-f]+\s")
+# Lines of output a user never needs: gloo's connection notices (stdout, from
+# several threads, so interleaved) and the native stack frames of JAX's
+# fatal-error report.
+_NOISE = re.compile(
+    r"\[Gloo\] |is connected to \d+ peer ranks|^\s*@\s+0x[0-9a-f]+\s"
+)
 
 
 def process_flags(num_processes: int) -> list[list[str]]:
