@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 
@@ -68,10 +69,10 @@ class Instruction:
   op_name: str  # the JAX op path from the metadata, "" when absent
 
 
-def _matching_paren(text: str, open_index: int) -> int:
+def _matching_paren(text: str, open_index: int, pair: str = "()") -> int:
   depth = 0
   for i in range(open_index, len(text)):
-    depth += {"(": 1, ")": -1}.get(text[i], 0)
+    depth += {pair[0]: 1, pair[1]: -1}.get(text[i], 0)
     if depth == 0:
       return i
   return len(text)
@@ -295,27 +296,16 @@ def _iota_groups(shape_text, dims_text, perm_text):
   for axis in perm:  # row-major walk over the transposed array
     order = [p + k * strides[axis] for p in order for k in range(dims[axis])]
   size = shape[-1] if shape else total
-  return tuple(
-      tuple(order[i : i + size]) for i in range(0, len(order), size)
-  )
+  return tuple(tuple(order[i : i + size]) for i in range(0, len(order), size))
 
 
 def _list_groups(line: str, start: int):
   """`{{0,1},{2,3}}` from `start` (the outer brace); `{}` is None."""
-  body = line[start : _matching_brace(line, start) + 1]
+  body = line[start : _matching_paren(line, start, "{}") + 1]
   groups = tuple(
       tuple(_int_list(g)) for g in re.findall(r"\{([\d,\s]*)\}", body[1:-1])
   )
   return groups or None
-
-
-def _matching_brace(text: str, open_index: int) -> int:
-  depth = 0
-  for i in range(open_index, len(text)):
-    depth += {"{": 1, "}": -1}.get(text[i], 0)
-    if depth == 0:
-      return i
-  return len(text)
 
 
 def collectives(text: str) -> list[Collective]:
@@ -351,3 +341,19 @@ def crosses_processes(op: Collective, process_of: list[int]) -> bool:
   """
   groups = op.groups or (tuple(range(len(process_of))),)
   return any(len({process_of[d] for d in group}) > 1 for group in groups)
+
+
+def collective_summary(
+    text: str, process_of: list[int]
+) -> list[tuple[str, str, bool, int]]:
+  """(op, mesh axes, crosses processes, count) for the collectives of a
+  compiled HLO module, sorted; axes "?" where the HLO names none."""
+  counts = collections.Counter(
+      (
+          op.opcode,
+          ",".join(op.axes or ("?",)),
+          crosses_processes(op, process_of),
+      )
+      for op in collectives(text)
+  )
+  return [(*key, n) for key, n in sorted(counts.items())]

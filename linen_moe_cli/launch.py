@@ -69,7 +69,7 @@ def child_commands(argv: list[str], num_processes: int) -> list[list[str]]:
   """
   if not argv or argv[0] != "train":
     raise ValueError(
-        f"launch runs `train` (the one command that joins processes); got "
+        "launch runs `train` (the one command that joins processes); got "
         f"{' '.join(argv) or 'nothing'} after `--`."
     )
   given = [f for f in PROCESS_FLAGS if any(a.split("=")[0] == f for a in argv)]
@@ -87,9 +87,7 @@ def child_env(devices_per_process: int | None) -> dict[str, str]:
   if devices_per_process is None:
     return env
   if devices_per_process < 1:
-    raise ValueError(
-        f"devices_per_process={devices_per_process} must be >= 1."
-    )
+    raise ValueError(f"devices_per_process={devices_per_process} must be >= 1.")
   flags = re.sub(
       r"--xla_force_host_platform_device_count=\S*",
       "",
@@ -253,9 +251,7 @@ def run_group(
     )
     code = code if code > 0 else 1
   elif running():
-    lines = "\n".join(
-        f"process {c.index}:\n{c.last_lines()}" for c in children
-    )
+    lines = "\n".join(f"process {c.index}:\n{c.last_lines()}" for c in children)
     err.write(
         f"linen-moe launch: timed out after {timeout_s:g}s; stopped all "
         f"{n} processes. Their last lines:\n{lines}\n"

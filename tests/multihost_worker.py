@@ -19,7 +19,6 @@ Jobs:
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import io
 import json
@@ -28,14 +27,27 @@ import signal
 import sys
 import time
 
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+from linen_moe import distributed
+from linen_moe import hlo
+from linen_moe import sharding
+from linen_moe import train as train_lib
+from linen_moe.config import load_model_config
+from linen_moe.data import MarkovData
+from linen_moe_cli import main as cli_main
+from linen_moe_cli import matrix
+from linen_moe_cli import train_job
+
 
 def train(job: dict) -> dict:
-  from linen_moe_cli import main  # noqa: PLC0415
-
-  args = main.build_parser().parse_args(["train", *job["argv"]])
+  args = cli_main.build_parser().parse_args(["train", *job["argv"]])
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
-    code = main._train(args)  # noqa: SLF001 (the command, minus joining)
+    code = cli_main._train(args)  # noqa: SLF001 (the command, minus joining)
   return {"exit_code": code, "stdout": out.getvalue()}
 
 
@@ -48,16 +60,6 @@ def bad_mesh(job: dict) -> dict:
 
 
 def collectives(job: dict) -> dict:
-  import jax  # noqa: PLC0415
-
-  from linen_moe import hlo  # noqa: PLC0415
-  from linen_moe import sharding  # noqa: PLC0415
-  from linen_moe import train as train_lib  # noqa: PLC0415
-  from linen_moe.config import load_model_config  # noqa: PLC0415
-  from linen_moe.data import MarkovData  # noqa: PLC0415
-  from linen_moe_cli import matrix  # noqa: PLC0415
-  from linen_moe_cli import train_job  # noqa: PLC0415
-  from linen_moe import distributed  # noqa: PLC0415
 
   cfg = load_model_config(
       "tiny_mixtral", **matrix.PATHS[job.get("path", "sparse")]
@@ -74,28 +76,19 @@ def collectives(job: dict) -> dict:
   state = run.init(tokens, jax.random.key(0))
   text = run.lower(state, tokens, jax.random.key(1)).compile().as_text()
   process_of = [d.process_index for d in mesh.devices.flat]
-  counts = collections.Counter(
-      (op.opcode, ",".join(op.axes or ("?",)), hlo.crosses_processes(op, process_of))
-      for op in hlo.collectives(text)
-  )
+  summary = hlo.collective_summary(text, process_of)
   return {
       "process_of": process_of,
-      "counts": [[*key, n] for key, n in sorted(counts.items())],
+      "counts": summary,
   }
 
 
 def spin(job: dict) -> dict:
-  import jax  # noqa: PLC0415
-  import numpy as np  # noqa: PLC0415
-  from jax.sharding import NamedSharding  # noqa: PLC0415
-  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
-
-  from linen_moe import distributed  # noqa: PLC0415
 
   mesh = jax.make_mesh((jax.device_count(),), ("data",))
   x = np.ones((jax.device_count(),), np.float32)
   array = distributed.global_array(x.shape, NamedSharding(mesh, P("data")), x)
-  total = jax.jit(jnp_sum, out_shardings=NamedSharding(mesh, P()))
+  total = jax.jit(lambda v: v.sum(), out_shardings=NamedSharding(mesh, P()))
   for i in range(10**9):
     value = float(total(array))
     if distributed.is_main_process():
@@ -104,10 +97,6 @@ def spin(job: dict) -> dict:
       os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.2)
   return {}
-
-
-def jnp_sum(x):
-  return x.sum()
 
 
 CHECKS = {
@@ -126,7 +115,6 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--process-id", type=int)
   parser.add_argument("--heartbeat-timeout", type=int, default=30)
   args = parser.parse_args(argv)
-  from linen_moe import distributed  # noqa: PLC0415
 
   distributed.initialize(
       args.coordinator,

@@ -79,9 +79,7 @@ def run_worker(jobs: list[dict], processes: int, devices: int, **kwargs):
   ]
   out, err = io.StringIO(), io.StringIO()
   kwargs.setdefault("timeout_s", 900)
-  result = launch.run_group(
-      commands, _env(devices), out=out, err=err, **kwargs
-  )
+  result = launch.run_group(commands, _env(devices), out=out, err=err, **kwargs)
   outputs = {}
   for line in out.getvalue().splitlines():
     if line.startswith('{"job"'):
@@ -268,7 +266,8 @@ class CollectivesTest(absltest.TestCase):
     )
     self.assertEqual(op.groups, ((0, 2, 4, 6), (1, 3, 5, 7)))
     op = self._one(
-        "  %p = f32[2] collective-permute(%x), source_target_pairs={{0,1},{1,0}}"
+        "  %p = f32[2] collective-permute(%x),"
+        " source_target_pairs={{0,1},{1,0}}"
     )
     self.assertEqual(op.groups, ((0, 1), (1, 0)))
     op = self._one("  %r = f32[2] all-reduce(%x), replica_groups={}")
@@ -291,7 +290,7 @@ class TwoProcessTrainTest(absltest.TestCase):
     self.assertLen(LOSSES.findall(out), 1)
     self.assertIn("3/3", err)  # process 0's progress bar
     # Process 1 stays quiet: no progress bar, no result line.
-    self.assertFalse([l for l in two.tails[1] if "loss" in l or "train" in l])
+    self.assertFalse([t for t in two.tails[1] if "loss" in t or "train" in t])
 
 
 class _ProcessDeath(absltest.TestCase):
@@ -363,8 +362,10 @@ class MultiProcessMatrixTest(absltest.TestCase):
     jobs = [
         {
             "check": "train",
-            "argv": [*TRAIN, "--mesh", mesh, "--frontend", fe, path]
-            + ["--no-progress"],
+            "argv": (
+                [*TRAIN, "--mesh", mesh, "--frontend", fe, path]
+                + ["--no-progress"]
+            ),
         }
         for mesh, fe, path in self.TRAIN_CASES
     ]
