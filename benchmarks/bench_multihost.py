@@ -27,28 +27,28 @@ import statistics
 import sys
 import time
 
+import jax
+
+from linen_moe import distributed
+from linen_moe import hlo
+from linen_moe import sharding
+from linen_moe.config import PATHS
+from linen_moe.config import load_model_config
+from linen_moe.training import MarkovData
+from linen_moe.training import default_optimizer
+from linen_moe_cli import launch
+from linen_moe_cli import train_job
+
 GROUPS = ((1, 8), (2, 4))  # (processes, devices per process)
 
 
 def child(args: argparse.Namespace) -> None:
   """One process of a group: time the step; process 0 prints a JSON line."""
-  from linen_moe import distributed  # noqa: PLC0415
-
   distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-  import jax  # noqa: PLC0415
-
-  from linen_moe import hlo  # noqa: PLC0415
-  from linen_moe import sharding  # noqa: PLC0415
-  from linen_moe import train as train_lib  # noqa: PLC0415
-  from linen_moe.config import load_model_config  # noqa: PLC0415
-  from linen_moe.data import MarkovData  # noqa: PLC0415
-  from linen_moe_cli import matrix  # noqa: PLC0415
-  from linen_moe_cli import train_job  # noqa: PLC0415
-
-  cfg = load_model_config(args.config, **matrix.PATHS[args.path])
+  cfg = load_model_config(args.config, **PATHS[args.path])
   mesh = sharding.make_mesh(args.mesh)
   run = train_job.sharded_training(
-      args.frontend, cfg, train_lib.default_optimizer(), mesh
+      args.frontend, cfg, default_optimizer(), mesh
   )
   batches = MarkovData(cfg.vocab_size).batches(args.batch, args.seq)
   token_sharding = run.token_sharding()
@@ -83,8 +83,6 @@ def child(args: argparse.Namespace) -> None:
 
 
 def parent(args: argparse.Namespace, argv: list[str]) -> None:
-  from linen_moe_cli import launch  # noqa: PLC0415
-
   results = {}
   for processes, devices in GROUPS:
     commands = [

@@ -35,11 +35,11 @@ import numpy as np
 from linen_moe import distributed
 from linen_moe import hlo
 from linen_moe import sharding
-from linen_moe import train as train_lib
+from linen_moe.config import PATHS
 from linen_moe.config import load_model_config
-from linen_moe.data import MarkovData
+from linen_moe.training import MarkovData
+from linen_moe.training import default_optimizer
 from linen_moe_cli import main as cli_main
-from linen_moe_cli import matrix
 from linen_moe_cli import train_job
 
 
@@ -61,14 +61,12 @@ def bad_mesh(job: dict) -> dict:
 
 def collectives(job: dict) -> dict:
 
-  cfg = load_model_config(
-      "tiny_mixtral", **matrix.PATHS[job.get("path", "sparse")]
-  )
+  cfg = load_model_config("tiny_mixtral", **PATHS[job.get("path", "sparse")])
   mesh = sharding.make_mesh(job["mesh"])
   run = train_job.sharded_training(
       job.get("frontend", "linen"),
       cfg,
-      train_lib.default_optimizer(),
+      default_optimizer(),
       mesh,
   )
   batch = next(MarkovData(cfg.vocab_size).batches(8, 8))
