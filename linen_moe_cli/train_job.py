@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import tqdm
 
 from linen_moe import checkpoint
+from linen_moe import distributed
 from linen_moe import sharding
 from linen_moe.config import load_model_config
 from linen_moe.decoder import Decoder
@@ -66,7 +67,11 @@ def train(
   step `steps`; returns the per-step losses.
 
   With `mesh` (e.g. "data=2,expert=4", see `sharding.make_mesh`) the state is
-  sharded at initialisation and every step runs on that mesh. Step i (from
+  sharded at initialisation and every step runs on that mesh. One of several
+  processes (`jax.distributed`) trains on a mesh over every process's
+  devices (default: "data=<global device count>"); each process generates
+  the same global batches from `seed` and places only its own shards, and
+  only process 0 shows the progress bar and writes the metrics. Step i (from
   0) trains on batch i of the data stream `seed + 1` with the key
   `fold_in(key(seed), i)`, so a run is a function of its step.
 
@@ -81,6 +86,8 @@ def train(
     raise ValueError(f"steps={steps} must be >= 1.")
   if save_every is not None and checkpoint_dir is None:
     raise ValueError("save_every needs a checkpoint_dir.")
+  if mesh is None and jax.process_count() > 1:
+    mesh = f"data={jax.device_count()}"
   device_mesh = None if mesh is None else sharding.make_mesh(mesh)
   cfg = load_model_config(config, **overrides)
   data = MarkovData(cfg.vocab_size)
@@ -88,10 +95,14 @@ def train(
   fe = get_frontend(frontend)
   optimizer = default_optimizer(learning_rate)
   rng = jax.random.key(seed)
-  first = jnp.asarray(data.batch(0, batch_size, seq_len, data_seed))
-  run = None
+  run, feed = None, jnp.asarray
   if device_mesh is not None:
     run = sharded_training(frontend, cfg, optimizer, device_mesh, grad_accum)
+    tokens_sharding = run.token_sharding()
+    feed = lambda batch: distributed.global_array(  # noqa: E731
+        batch.shape, tokens_sharding, batch
+    )
+  first = feed(data.batch(0, batch_size, seq_len, data_seed))
   ckpts = None
   if checkpoint_dir is not None:
     ckpts = checkpoint.Checkpoints(
@@ -132,13 +143,15 @@ def train(
         },
     }
     metrics_path = None
-    if ckpts is not None:
+    main_process = distributed.is_main_process()
+    if ckpts is not None and main_process:
       metrics_path = os.path.join(ckpts.directory, METRICS_FILE)
       _truncate_metrics(metrics_path, start)
     losses = []
-    bar = tqdm.trange(start, steps, disable=not progress, desc="train")
+    show = progress and main_process
+    bar = tqdm.trange(start, steps, disable=not show, desc="train")
     for i in bar:
-      tokens = jnp.asarray(data.batch(i, batch_size, seq_len, data_seed))
+      tokens = feed(data.batch(i, batch_size, seq_len, data_seed))
       state, metrics = step_fn(state, tokens, jax.random.fold_in(rng, i))
       record = {"step": i + 1, **{k: float(v) for k, v in metrics.items()}}
       losses.append(record["cross_entropy"])
