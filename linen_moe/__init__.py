@@ -2,7 +2,8 @@
 
 The public API is what `__all__` lists; everything else is reached through
 the documented submodules (`linen_moe.sharding`, `linen_moe.training`,
-`linen_moe.hlo`, `linen_moe.distributed`) or is private.
+`linen_moe.hlo`, `linen_moe.distributed`, `linen_moe.checkpoint`, imported
+on its own so that orbax loads only when asked for) or is private.
 """
 
 from linen_moe import distributed
