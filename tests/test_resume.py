@@ -258,6 +258,31 @@ class TrainResumeProductTest(parameterized.TestCase):
 
 
 @pytest.mark.slow
+class FreshFp8StateCommandTest(absltest.TestCase):
+  """An unquantized run resumed with fp8 needs `--fresh-fp8-state`."""
+
+  def test_switch_to_fp8(self):
+    tmp = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+    plain = [a if a != "fp8" else "none" for a in TRAIN]
+    self.assertEqual(
+        _run_cli(*plain, "--steps", "3", "--checkpoint-dir", tmp)[0], 0
+    )
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+      code, _ = _run_cli(*TRAIN, "--steps", "5", "--checkpoint-dir", tmp)
+    self.assertEqual(code, 2)
+    self.assertIn("--fresh-fp8-state", err.getvalue())
+    self.assertLen(_metrics(tmp), 3)
+    code, out = _run_cli(
+        *TRAIN, "--steps", "5", "--checkpoint-dir", tmp, "--fresh-fp8-state"
+    )
+    self.assertEqual(code, 0)
+    self.assertIn("resumed from step 3 with fresh fp8 state", out)
+    self.assertEqual([m["step"] for m in _metrics(tmp)], [1, 2, 3, 4, 5])
+
+
+@pytest.mark.slow
 class KilledTrainingTest(absltest.TestCase):
   """`linen-moe train --save-every 1` killed (SIGKILL) at several moments,
   whatever it is doing, then run again until done: its metrics equal an
