@@ -325,6 +325,28 @@ class CheckpointsManagerTest(absltest.TestCase):
       )
       np.testing.assert_array_equal(ckpts.restore(target, 6).tree["step"], 6)
 
+  def test_rng_and_config_as_json(self):
+    for rng in (jax.random.key(7), jax.random.key(7, impl="rbg")):
+      back = checkpoint.rng_from_json(
+          json.loads(json.dumps(checkpoint.rng_to_json(rng)))
+      )
+      self.assertEqual(jax.random.key_impl(back), jax.random.key_impl(rng))
+      np.testing.assert_array_equal(
+          jax.random.key_data(back), jax.random.key_data(rng)
+      )
+    cfg = _config()
+    saved = json.loads(json.dumps(checkpoint.config_dict(cfg)))
+    run_changes = _config(
+        "int8", "dense_dropping", scan_layers=False, dtype="bfloat16"
+    )
+    checkpoint.check_model_config(saved, run_changes, "here")  # allowed
+    with self.assertRaisesRegex(
+        ValueError, r"num_experts=8 there, 4 here; num_layers=2 there, 3 here\."
+    ):
+      checkpoint.check_model_config(
+          saved, cfg.replace(num_experts=4, num_layers=3), "x"
+      )
+
   def test_bad_arguments(self):
     for kwargs in ({"save_every": 0}, {"keep": 0}, {"save_every": 1.5}):
       with self.assertRaisesRegex(ValueError, f"{next(iter(kwargs))}="):
