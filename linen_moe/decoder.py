@@ -6,20 +6,24 @@ Shapes: B batch, S sequence, M emb_dim, N heads, D head_dim, V vocab.
 
 from __future__ import annotations
 
+from flax import traverse_util
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from linen_moe import routing
 from linen_moe import sharding
 from linen_moe.config import ModelConfig
+from linen_moe.moe import RoutedAndSharedMoE
 from linen_moe.moe import RoutedMoE
 from linen_moe.moe import SharedExpert
 from linen_moe.quantization import AQT_RNG_STREAM
 from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
 
 # Flax RNG streams the layer draws from at apply time (AQT's stochastic
-# rounding), split across scanned layers so each layer draws its own.
-RNG_STREAMS = (AQT_RNG_STREAM,)
+# rounding, router jitter), split across scanned layers so each layer draws
+# its own.
+RNG_STREAMS = (AQT_RNG_STREAM, routing.ROUTER_JITTER_RNG_STREAM)
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
@@ -142,10 +146,15 @@ class CausalSelfAttention(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-  """One block; returns `(x, (load_balance_loss, dropped_fraction))`.
+  """One block; returns `(x, aux)`, `aux` the dict of `layer_aux`'s fields
+  for this block (`expert_load` <float32>[E]).
 
   Gemma-4 style options (`router_input_norm`, `post_moe_norms`) are config
-  fields. The signature fits `nn.scan` (carry, broadcast positions).
+  fields. Shared experts without post-MoE norms are added DeepSeek / Qwen
+  style by `RoutedAndSharedMoE` (variables under `moe/routed_experts/` and
+  `moe/shared_experts/`); with `post_moe_norms` the block normalises the
+  routed and the shared output (`moe/`, `shared_experts/`) before adding.
+  The signature fits `nn.scan` (carry, broadcast positions).
   """
 
   config: ModelConfig
@@ -166,17 +175,55 @@ class DecoderBlock(nn.Module):
       gate_inputs = (
           rms_normalize(x, cfg.norm_eps) * router_scale * moe_cfg.emb_dim**-0.5
       )
-    routed, aux = RoutedMoE(moe_cfg, name="moe")(h, gate_inputs)
-    if cfg.post_moe_norms:
-      routed = RMSNorm(cfg.norm_eps, name="post_routed_norm")(routed)
-    mlp_out = routed
-    if moe_cfg.shared_experts > 0:
-      shared = SharedExpert(moe_cfg, name="shared_experts")(h)
+    if moe_cfg.shared_experts > 0 and not cfg.post_moe_norms:
+      mlp_out, aux = RoutedAndSharedMoE(moe_cfg, name="moe")(h, gate_inputs)
+    else:
+      routed, aux = RoutedMoE(moe_cfg, name="moe")(h, gate_inputs)
       if cfg.post_moe_norms:
-        shared = RMSNorm(cfg.norm_eps, name="post_shared_norm")(shared)
-      mlp_out = routed + shared
+        routed = RMSNorm(cfg.norm_eps, name="post_routed_norm")(routed)
+      mlp_out = routed
+      if moe_cfg.shared_experts > 0:
+        shared = SharedExpert(moe_cfg, name="shared_experts")(h)
+        if cfg.post_moe_norms:
+          shared = RMSNorm(cfg.norm_eps, name="post_shared_norm")(shared)
+        mlp_out = routed + shared
     x = sharding.constrain(x + mlp_out.astype(x.dtype), sharding.BSM)
-    return x, (aux.load_balance_loss, aux.dropped_fraction)
+    return x, {
+        "load_balance_loss": aux.load_balance_loss,
+        "router_z_loss": aux.router_z_loss,
+        "dropped_fraction": aux.dropped_fraction,
+        "expert_load": aux.expert_fraction,
+    }
+
+
+def layer_aux(per_layer: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """The decoder's `aux` from its blocks' aux stacked on a leading layer axis:
+  `load_balance_loss` and `router_z_loss` summed over layers (both join the
+  training loss), `dropped_fraction` their mean, and `expert_load`
+  <float32>[L, E], each layer's share of routed assignments per expert."""
+  return {
+      "load_balance_loss": jnp.sum(per_layer["load_balance_loss"]),
+      "router_z_loss": jnp.sum(per_layer["router_z_loss"]),
+      "dropped_fraction": jnp.mean(per_layer["dropped_fraction"]),
+      "expert_load": per_layer["expert_load"],
+  }
+
+
+def routed_bias_rule(rule_state: dict, expert_load: jax.Array, rate: float):
+  """The `updated_by_rule` variables of a decoder after one step: every
+  layer's `routed_bias` moved by `routing.routed_bias_update` from its row of
+  `expert_load` <float32>[L, E] (scanned: `layers/.../routed_bias` [L, E];
+  unrolled: `layers_{i}/.../routed_bias` [E]). Other leaves are kept."""
+  flat = traverse_util.flatten_dict(rule_state)
+  for path, value in flat.items():
+    if path[-1] != "routed_bias":
+      continue
+    if path[0] == "layers":
+      load = expert_load
+    else:
+      load = expert_load[int(path[0].removeprefix("layers_"))]
+    flat[path] = routing.routed_bias_update(value, load, rate)
+  return traverse_util.unflatten_dict(flat)
 
 
 def embedding(cfg: ModelConfig, **kwargs) -> nn.Embed:
@@ -199,9 +246,9 @@ def embedding(cfg: ModelConfig, **kwargs) -> nn.Embed:
 class Decoder(nn.Module):
   """The reference decoder: tokens <int32>[B, S] -> (logits [B, S, V], aux).
 
-  `aux` is a dict with `load_balance_loss` (summed over layers) and
-  `dropped_fraction` (mean over layers). With `config.scan_layers` the blocks'
-  variables are stacked on a leading layer axis under `layers/`; unrolled,
+  `aux` is the dict of `layer_aux`: `load_balance_loss` and `router_z_loss`
+  (summed over layers), `dropped_fraction` (mean over layers) and
+  `expert_load` [L, E]. With `config.scan_layers` the blocks' variables are stacked on a leading layer axis under `layers/`; unrolled,
   they live under `layers_0/`, `layers_1/`, ...
 
   Example usage:
@@ -228,29 +275,29 @@ class Decoder(nn.Module):
     if cfg.scan_layers:
       scanned = nn.scan(
           DecoderBlock,
-          variable_axes={"params": 0, OVERWRITE_WITH_GRADIENT: 0},
+          variable_axes={
+              "params": 0,
+              OVERWRITE_WITH_GRADIENT: 0,
+              routing.UPDATED_BY_RULE: 0,
+          },
           split_rngs={name: True for name in RNG_STREAMS},
           in_axes=(nn.broadcast,),
           length=cfg.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"},
       )
-      x, (lb, dropped) = scanned(cfg, name="layers")(x, positions)
+      x, per_layer = scanned(cfg, name="layers")(x, positions)
     else:
-      lbs, drops = [], []
+      outs = []
       for i in range(cfg.num_layers):
-        x, (lb_i, drop_i) = DecoderBlock(cfg, name=f"layers_{i}")(x, positions)
-        lbs.append(lb_i)
-        drops.append(drop_i)
-      lb, dropped = jnp.stack(lbs), jnp.stack(drops)
+        x, out = DecoderBlock(cfg, name=f"layers_{i}")(x, positions)
+        outs.append(out)
+      per_layer = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
     x = RMSNorm(cfg.norm_eps, name="final_norm")(x)
     logits = embed.attend(x.astype(jnp.float32))  # [B, S, V], tied weights
     logits = sharding.constrain(
         logits, sharding.BSM[:2] + ("activation_vocab",)
     )
-    return logits, {
-        "load_balance_loss": jnp.sum(lb),
-        "dropped_fraction": jnp.mean(dropped),
-    }
+    return logits, layer_aux(per_layer)
 
 
 def scanned_to_unrolled(variables: dict, num_layers: int) -> dict:

@@ -56,14 +56,18 @@ class MoEAux:
   Attributes:
     load_balance_loss: scalar, already multiplied by its config weight (0 when
       the weight is 0).
-    expert_fraction: <float32>[E] share of routed assignments per expert.
+    expert_fraction: <float32>[E] share of routed assignments per expert (the
+      expert load the routed-bias rule reads; before any dropping).
     dropped_fraction: scalar share of the T*k assignments dropped by capacity
       (always 0 on dropless paths).
+    router_z_loss: scalar, the router z-loss times its config weight (0 when
+      the weight is 0).
   """
 
   load_balance_loss: jax.Array
   expert_fraction: jax.Array
   dropped_fraction: jax.Array
+  router_z_loss: jax.Array
 
 
 def expert_capacity(config: MoEConfig, seq_len: int) -> int:
@@ -78,19 +82,32 @@ def expert_capacity(config: MoEConfig, seq_len: int) -> int:
 
 
 def dispatch_mask(
-    indices: jax.Array, num_experts: int, capacity: int
+    indices: jax.Array,
+    num_experts: int,
+    capacity: int,
+    priority: jax.Array | None = None,
 ) -> jax.Array:
   """<float32>[B, S, k, E, C] one-hot slot of every kept assignment.
 
   `indices` is <int32>[B, S, k]. Within one sequence, assignments claim expert
-  slots in this priority order: all first choices in token order, then all
-  second choices in token order, and so on. Assignments past an expert's
-  capacity C get an all-zero row (dropped).
+  slots in this order ("position" drop policy): all first choices in token
+  order, then all second choices in token order, and so on. With `priority`
+  <float>[B, S, k] (the routing weights: "probability" drop policy), the
+  highest priority claims first, equal priorities in that position order
+  (batch prioritized routing). Assignments past an expert's capacity C get an
+  all-zero row (dropped).
   """
   b, s, k = indices.shape
   onehot = jax.nn.one_hot(indices, num_experts, dtype=jnp.int32)  # [B,S,k,E]
   by_priority = jnp.swapaxes(onehot, 1, 2).reshape(b, k * s, num_experts)
+  if priority is not None:  # sort the claims, count, sort back
+    flat = jnp.swapaxes(priority, 1, 2).reshape(b, k * s, 1)
+    order = jnp.argsort(-flat, axis=1, stable=True)  # [B, k*S, 1]
+    by_priority = jnp.take_along_axis(by_priority, order, axis=1)
   position = jnp.cumsum(by_priority, axis=1) * by_priority - 1  # -1 = absent
+  if priority is not None:
+    inverse = jnp.argsort(order, axis=1)
+    position = jnp.take_along_axis(position, inverse, axis=1)
   position = jnp.swapaxes(position.reshape(b, k, s, num_experts), 1, 2)
   # one_hot of -1 or >= capacity is all zeros: absent or dropped.
   return jax.nn.one_hot(position, capacity, dtype=jnp.float32)
@@ -134,6 +151,9 @@ class RoutedMoE(nn.Module):
   Parameters (the public layout):
     gate/kernel [M, E], wi_0 [E, M, H] (activated branch), wi_1 [E, M, H]
     (linear branch), wo [E, H, M], per_expert_scale [E] (when enabled).
+  Other state: routed_bias <float32>[E] in the `updated_by_rule` collection
+    (when `routed_bias`), the selection-only bias; a train step moves it.
+  RNG streams: `router_jitter` (read only when `router_jitter > 0`).
 
   Attributes:
     config: the `MoEConfig`.
@@ -201,7 +221,13 @@ class RoutedMoE(nn.Module):
         name="gate",
     )
     router_in = inputs if gate_inputs is None else gate_inputs
-    logits = gate(router_in.astype(jnp.float32).reshape(b * s, m))  # [T, E]
+    router_in = router_in.astype(jnp.float32).reshape(b * s, m)
+    stream = routing.ROUTER_JITTER_RNG_STREAM
+    if cfg.router_jitter > 0 and self.has_rng(stream):
+      router_in = routing.jitter(
+          router_in, cfg.router_jitter, self.make_rng(stream)
+      )
+    logits = gate(router_in)  # [T, E]
     scale = None
     if cfg.per_expert_scale:
       scale = self.param(
@@ -210,7 +236,26 @@ class RoutedMoE(nn.Module):
           (e,),
           pdt,
       )
-    router = routing.route(logits, k, cfg.routing, cfg.norm_topk_prob, scale)
+    bias = None
+    if cfg.routed_bias:  # replicated: no logical axis names
+      bias = self.variable(
+          routing.UPDATED_BY_RULE,
+          "routed_bias",
+          jnp.zeros,
+          (e,),
+          jnp.float32,
+      ).value
+    router = routing.route(
+        logits,
+        k,
+        cfg.routing,
+        cfg.norm_topk_prob,
+        scale,
+        selection_bias=bias,
+        n_groups=cfg.n_routing_groups,
+        topk_groups=cfg.topk_routing_group,
+        routed_scaling_factor=cfg.routed_scaling_factor,
+    )
 
     w_in = nn.with_logical_partitioning(init, ("exp", "embed", "mlp"))
     w_out = nn.with_logical_partitioning(init, ("exp", "mlp", "embed"))
@@ -230,13 +275,17 @@ class RoutedMoE(nn.Module):
       dropped = jnp.zeros((), jnp.float32)
 
     fraction = routing.expert_assignment_fraction(router.indices, e)
+    lb = z = jnp.zeros((), jnp.float32)
     if cfg.load_balance_loss_weight > 0:
       lb = cfg.load_balance_loss_weight * routing.load_balance_loss(router, e)
-    else:
-      lb = jnp.zeros((), jnp.float32)
+    if cfg.router_z_loss_weight > 0:
+      z = cfg.router_z_loss_weight * routing.router_z_loss(logits)
     out = sharding.constrain(out.astype(dt), sharding.BSM)
     return out, MoEAux(
-        load_balance_loss=lb, expert_fraction=fraction, dropped_fraction=dropped
+        load_balance_loss=lb,
+        expert_fraction=fraction,
+        dropped_fraction=dropped,
+        router_z_loss=z,
     )
 
   def _sparse(self, x, router, wi_0, wi_1, wo, act):
@@ -278,7 +327,12 @@ class RoutedMoE(nn.Module):
     b, s, _ = x.shape
     k, e = self.config.num_experts_per_tok, self.config.num_experts
     capacity = expert_capacity(self.config, s)
-    slots = dispatch_mask(router.indices.reshape(b, s, k), e, capacity)
+    priority = None
+    if self.config.drop_policy == "probability":
+      priority = router.weights.reshape(b, s, k)
+    slots = dispatch_mask(
+        router.indices.reshape(b, s, k), e, capacity, priority
+    )
     dispatch = jnp.sum(slots, axis=2)  # [B, S, E, C]
     weights = router.weights.reshape(b, s, k, 1, 1)
     combine = jnp.sum(slots * weights, axis=2)  # [B, S, E, C]

@@ -21,7 +21,9 @@ import optax
 
 from linen_moe import sharding
 from linen_moe.decoder import RNG_STREAMS
+from linen_moe.decoder import routed_bias_rule
 from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from linen_moe.routing import UPDATED_BY_RULE
 
 PyTree = Any
 
@@ -59,14 +61,18 @@ def cross_entropy(logits: jax.Array, tokens: jax.Array) -> jax.Array:
 def decoder_loss(
     logits: jax.Array, aux: dict[str, jax.Array], tokens: jax.Array
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Training loss = next-token cross-entropy + summed load-balance losses."""
+  """Training loss = next-token cross-entropy + the summed load-balance and
+  router z-losses. The metrics carry `expert_load` [L, E] for the routed-bias
+  rule (averaged over microbatches like every metric)."""
   ce = cross_entropy(logits, tokens)
-  loss = ce + aux["load_balance_loss"]
+  loss = ce + aux["load_balance_loss"] + aux["router_z_loss"]
   return loss, {
       "loss": loss,
       "cross_entropy": ce,
       "load_balance_loss": aux["load_balance_loss"],
+      "router_z_loss": aux["router_z_loss"],
       "dropped_fraction": aux["dropped_fraction"],
+      "expert_load": aux["expert_load"],
   }
 
 
@@ -108,12 +114,14 @@ def accumulate_gradients(
 
 @flax.struct.dataclass
 class TrainState:
-  """Linen training state: params via optax, fp8 state by overwriting."""
+  """Linen training state: params via optax, fp8 state by overwriting, the
+  `updated_by_rule` collection (routed biases) by its rule after the step."""
 
   step: jax.Array
   params: PyTree
   fp8_state: PyTree
   opt_state: PyTree
+  rule_state: PyTree = flax.struct.field(default_factory=dict)
 
 
 def boxed_train_state(
@@ -131,6 +139,7 @@ def boxed_train_state(
       params=params,
       fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
       opt_state=optimizer.init(params),
+      rule_state=variables.get(UPDATED_BY_RULE, {}),
   )
 
 
@@ -155,13 +164,17 @@ def make_train_step(
     grad_accum: int = 1,
 ):
   """A jittable `step(state, tokens, rng) -> (state, metrics)` for `model`
-  (a `Decoder`): AdamW-style update of params, fp8 state overwritten."""
+  (a `Decoder`): AdamW-style update of params, fp8 state overwritten, routed
+  biases moved by their rule from the step's expert loads."""
+  rate = model.config.moe.routed_bias_update_rate
 
-  def grad_fn(tokens, rng, params, fp8_state):
+  def grad_fn(tokens, rng, params, fp8_state, rule_state):
     def loss_fn(params, fp8_state):
       variables = {"params": params}
       if fp8_state:
         variables[OVERWRITE_WITH_GRADIENT] = fp8_state
+      if rule_state:
+        variables[UPDATED_BY_RULE] = rule_state
       logits, aux = model.apply(variables, tokens, rngs=rng_dict(rng))
       return decoder_loss(logits, aux, tokens)
 
@@ -171,19 +184,25 @@ def make_train_step(
     return grads, metrics
 
   def step(state: TrainState, tokens: jax.Array, rng: jax.Array):
-    fn = lambda t, r: grad_fn(t, r, state.params, state.fp8_state)  # noqa: E731
+    fn = lambda t, r: grad_fn(  # noqa: E731
+        t, r, state.params, state.fp8_state, state.rule_state
+    )
     (param_grads, fp8_grads), metrics = accumulate_gradients(
         fn, tokens, grad_accum, rng
     )
     updates, opt_state = optimizer.update(
         param_grads, state.opt_state, state.params
     )
+    rule_state = state.rule_state
+    if rate > 0:
+      rule_state = routed_bias_rule(rule_state, metrics["expert_load"], rate)
     return (
         state.replace(
             step=state.step + 1,
             params=optax.apply_updates(state.params, updates),
             fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
             opt_state=opt_state,
+            rule_state=rule_state,
         ),
         metrics,
     )

@@ -37,7 +37,12 @@ PATH_TITLES = {
 }
 LAYERS = ("scanned", "unrolled")
 FRONTENDS = ("linen", "nnx")
-CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
+CONFIGS = (
+    "tiny_mixtral",
+    "tiny_gemma4_26b",
+    "tiny_deepseek_v3",
+    "tiny_qwen3_moe",
+)
 MATRIX_LEARNING_RATE = 1e-3
 # The element types a compiled training step must feed its contractions.
 EXPECTED_TYPES = {
@@ -110,6 +115,10 @@ class LinenFrontend:
   @staticmethod
   def fp8_state(state):
     return state.fp8_state
+
+  @staticmethod
+  def rule_state(state):
+    return state.rule_state
 
 
 def frontend(name: str):

@@ -2,6 +2,7 @@
 
 from nnx_adapter._adapter import EagerToNNX
 from nnx_adapter._adapter import Fp8State
+from nnx_adapter._adapter import RuleState
 from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import linen_to_nnx
 from nnx_adapter._decoder import nnx_to_linen
@@ -19,6 +20,7 @@ __all__ = [
     "Decoder",
     "EagerToNNX",
     "Fp8State",
+    "RuleState",
     "MatrixFrontend",
     "ShardedNNXTraining",
     "TrainState",

@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 
 from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from linen_moe.routing import UPDATED_BY_RULE
 
 
 class Fp8State(nnx.Variable):
@@ -18,9 +19,16 @@ class Fp8State(nnx.Variable):
   to an optimizer."""
 
 
+class RuleState(nnx.Variable):
+  """State a rule moves after each optimizer step (the selection-only
+  `routed_bias`): the Linen `updated_by_rule` collection. Neither
+  differentiated nor given to an optimizer."""
+
+
 # The bridge maps Linen collections to NNX variable types through this
 # registry, in both directions (ToNNX on the way in, on the way out).
 nnx.register_variable_name(OVERWRITE_WITH_GRADIENT, Fp8State, overwrite=True)
+nnx.register_variable_name(UPDATED_BY_RULE, RuleState, overwrite=True)
 
 
 class EagerToNNX(nnx.bridge.ToNNX):

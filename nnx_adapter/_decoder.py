@@ -27,9 +27,8 @@ LAYERS_AXIS = {nnx.PARTITION_NAME: "layers"}
 class Decoder(nnx.Module):
   """The NNX twin of `linen_moe.decoder.Decoder`: same config, same math.
 
-  tokens <int32>[B, S] -> (logits [B, S, V], aux). `aux` is a dict with
-  `load_balance_loss` (summed over layers) and `dropped_fraction` (mean over
-  layers). The embedding, the blocks and the final norm are the Linen modules
+  tokens <int32>[B, S] -> (logits [B, S, V], aux). `aux` is the Linen
+  decoder's (`linen_moe.decoder.layer_aux`). The embedding, the blocks and the final norm are the Linen modules
   of `linen_moe.decoder` (one implementation of the math) behind
   `EagerToNNX`, so the whole state, fp8 included, exists after `__init__`.
   With `config.scan_layers` the blocks are built stacked by `nnx.vmap` under
@@ -104,20 +103,17 @@ class Decoder(nnx.Module):
       def scan_blocks(block, x, key):
         return apply_block(block, x, key)
 
-      x, (lb, dropped) = scan_blocks(self.layers, x, keys)
+      x, per_layer = scan_blocks(self.layers, x, keys)
     else:
       outs = []
       for i in range(cfg.num_layers):
         key = None if keys is None else keys[i]
         x, out = apply_block(getattr(self, f"layers_{i}"), x, key)
         outs.append(out)
-      lb, dropped = (jnp.stack(o) for o in zip(*outs, strict=True))
+      per_layer = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
     x = self.final_norm(x)
     logits = self.embed.attend(x.astype(jnp.float32))  # [B, S, V], tied
-    return logits, {
-        "load_balance_loss": jnp.sum(lb),
-        "dropped_fraction": jnp.mean(dropped),
-    }
+    return logits, linen_decoder.layer_aux(per_layer)
 
 
 def _flat_variables(model: nnx.Module):
@@ -132,7 +128,8 @@ def nnx_to_linen(model: nnx.Module) -> PyTree:
   """Linen variables `{collection: {path...: array}}` of an NNX model built
   from `EagerToNNX` modules, e.g. `Decoder`; its attribute names are the Linen
   names, so each variable keeps its path, and its type names the collection
-  (`nnx.Param` -> `params`, `Fp8State` -> `_overwrite_with_gradient`)."""
+  (`nnx.Param` -> `params`, `Fp8State` -> `_overwrite_with_gradient`,
+  `RuleState` -> `updated_by_rule`)."""
   flat = {k: v.get_value() for k, v in _flat_variables(model).items()}
   return nnx.traversals.unflatten_mapping(flat)
 

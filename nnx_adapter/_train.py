@@ -1,9 +1,12 @@
-"""The NNX train step: optax on `nnx.Param`, fp8 state overwritten.
+"""The NNX train step: optax on `nnx.Param`, fp8 state overwritten, routed
+biases moved by their rule.
 
 The rule for fp8 state is `linen_moe.train`'s, shared with the Linen train
 step: differentiate with respect to `Fp8State` too, write its "gradient" back
 as the new value (`overwrite_with_gradient`), and combine microbatches with
-`combine_overwrite_microbatches` (inside `accumulate_gradients`).
+`combine_overwrite_microbatches` (inside `accumulate_gradients`). `RuleState`
+(the routed biases) follows `linen_moe.decoder.routed_bias_rule` after the
+optimizer update, from the step's expert loads.
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ import optax
 
 from linen_moe import train as linen_train
 from linen_moe.config import ModelConfig
+from linen_moe.decoder import routed_bias_rule
 from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from linen_moe.routing import UPDATED_BY_RULE
 from nnx_adapter._adapter import Fp8State
+from nnx_adapter._adapter import RuleState
 from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import nnx_to_linen
 
@@ -64,6 +70,17 @@ def apply_gradients(
   nnx.update(model, linen_train.overwrite_with_gradient(fp8_state, fp8_grads))
 
 
+def apply_routed_bias_rule(
+    model: nnx.Module, expert_load: jax.Array, rate: float
+) -> None:
+  """Moves every `routed_bias` of `model` (a `Decoder`) in place by the rule,
+  from the step's expert loads <float32>[L, E]."""
+  rule_state = nnx.state(model, RuleState)
+  new = routed_bias_rule(rule_state.to_pure_dict(), expert_load, rate)
+  nnx.replace_by_pure_dict(rule_state, new)
+  nnx.update(model, rule_state)
+
+
 def decoder_loss(model: nnx.Module, tokens: jax.Array, rng: jax.Array):
   """`linen_moe.train.decoder_loss` of the NNX decoder on `tokens`."""
   logits, aux = model(tokens, rng=rng)
@@ -86,6 +103,9 @@ def train_step(
       model, decoder_loss, tokens, rng, grad_accum
   )
   apply_gradients(model, optimizer, param_grads, fp8_grads)
+  rate = model.config.moe.routed_bias_update_rate
+  if rate > 0:
+    apply_routed_bias_rule(model, metrics["expert_load"], rate)
   return metrics
 
 
@@ -114,6 +134,10 @@ class TrainState:
   @property
   def fp8_state(self) -> PyTree:
     return nnx_to_linen(self.merge()[0]).get(OVERWRITE_WITH_GRADIENT, {})
+
+  @property
+  def rule_state(self) -> PyTree:
+    return nnx_to_linen(self.merge()[0]).get(UPDATED_BY_RULE, {})
 
 
 def init_train_state(
@@ -161,3 +185,7 @@ class MatrixFrontend:
   @staticmethod
   def fp8_state(state: TrainState) -> PyTree:
     return state.fp8_state
+
+  @staticmethod
+  def rule_state(state: TrainState) -> PyTree:
+    return state.rule_state
