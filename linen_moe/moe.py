@@ -1,52 +1,32 @@
-"""The routed MoE layer (Linen `nn.compact`), its shared expert, and both paths.
+"""The routed MoE layer (Linen `nn.compact`): router, weights, the contraction
+hook, and the choice of path (`dense`, `sparse`, `expert_parallel`).
 
 Shapes: B batch, S sequence, M emb_dim, H moe_mlp_dim, E num_experts,
-k num_experts_per_tok, C expert capacity, T = B * S tokens.
+k num_experts_per_tok, T = B * S tokens.
 """
 
 from __future__ import annotations
-
-import math
-from typing import Any
 
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
 
+from linen_moe import dense
 from linen_moe import expert_parallel
 from linen_moe import routing
 from linen_moe import sharding
+from linen_moe import variables
+from linen_moe.activations import activation
 from linen_moe.config import MoEConfig
+from linen_moe.expert import SharedExpert
 from linen_moe.quantization import contraction_modules
+from linen_moe.sparse import sparse_experts
 
 # Every contraction that touches an expert weight or a dispatch/combine mask
-# goes through `RoutedMoE.contract` under one of these names.
+# goes through `RoutedMoE.einsum` or `RoutedMoE.grouped` under one of these
+# names, and owns the submodule `{site}_dot`.
 CALL_SITES = ("wi_0", "wi_1", "wo", "dispatch", "combine")
-
-# Logical axis names of the dense paths' intermediates (see `sharding`): the
-# expert axis on "activation_exp", the batch beside it on the other axes.
-BSEH = (
-    "activation_batch_no_exp",
-    "activation_length",
-    "activation_exp",
-    "activation_mlp",
-)
-BSEM = BSEH[:3] + ("activation_embed",)
-EBCH = ("activation_exp", "activation_batch_no_exp", None, "activation_mlp")
-EBCM = EBCH[:3] + ("activation_embed",)
-
-_ACTIVATIONS = {
-    "silu": jax.nn.silu,
-    "gelu": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),
-    "relu": jax.nn.relu,
-    "linear": lambda x: x,
-}
-
-
-def activation(name: str):
-  return _ACTIVATIONS[name]
 
 
 @flax.struct.dataclass
@@ -68,75 +48,6 @@ class MoEAux:
   expert_fraction: jax.Array
   dropped_fraction: jax.Array
   router_z_loss: jax.Array
-
-
-def expert_capacity(config: MoEConfig, seq_len: int) -> int:
-  """C, the per-sequence capacity of one expert on the dropping dense path."""
-  c = math.ceil(
-      config.capacity_factor
-      * seq_len
-      * config.num_experts_per_tok
-      / config.num_experts
-  )
-  return max(1, min(seq_len, c))
-
-
-def dispatch_mask(
-    indices: jax.Array,
-    num_experts: int,
-    capacity: int,
-    priority: jax.Array | None = None,
-) -> jax.Array:
-  """<float32>[B, S, k, E, C] one-hot slot of every kept assignment.
-
-  `indices` is <int32>[B, S, k]. Within one sequence, assignments claim expert
-  slots in this order ("position" drop policy): all first choices in token
-  order, then all second choices in token order, and so on. With `priority`
-  <float>[B, S, k] (the routing weights: "probability" drop policy), the
-  highest priority claims first, equal priorities in that position order
-  (batch prioritized routing). Assignments past an expert's capacity C get an
-  all-zero row (dropped).
-  """
-  b, s, k = indices.shape
-  onehot = jax.nn.one_hot(indices, num_experts, dtype=jnp.int32)  # [B,S,k,E]
-  by_priority = jnp.swapaxes(onehot, 1, 2).reshape(b, k * s, num_experts)
-  if priority is not None:  # sort the claims, count, sort back
-    flat = jnp.swapaxes(priority, 1, 2).reshape(b, k * s, 1)
-    order = jnp.argsort(-flat, axis=1, stable=True)  # [B, k*S, 1]
-    by_priority = jnp.take_along_axis(by_priority, order, axis=1)
-  position = jnp.cumsum(by_priority, axis=1) * by_priority - 1  # -1 = absent
-  if priority is not None:
-    inverse = jnp.argsort(order, axis=1)
-    position = jnp.take_along_axis(position, inverse, axis=1)
-  position = jnp.swapaxes(position.reshape(b, k, s, num_experts), 1, 2)
-  # one_hot of -1 or >= capacity is all zeros: absent or dropped.
-  return jax.nn.one_hot(position, capacity, dtype=jnp.float32)
-
-
-class SharedExpert(nn.Module):
-  """A plain gated MLP every token goes through: act(x wi_0) * (x wi_1) wo.
-
-  Parameters: `wi_0` [M, F], `wi_1` [M, F], `wo` [F, M], with
-  F = shared_experts * shared_mlp_dim.
-  """
-
-  config: MoEConfig
-
-  @nn.compact
-  def __call__(self, inputs: jax.Array) -> jax.Array:
-    cfg = self.config
-    width = cfg.shared_experts * cfg.shared_mlp_dim
-    init = nn.initializers.lecun_normal()
-    w_in = nn.with_logical_partitioning(init, ("embed", "mlp"))
-    w_out = nn.with_logical_partitioning(init, ("mlp", "embed"))
-    wi_0 = self.param("wi_0", w_in, (cfg.emb_dim, width), cfg.param_dtype)
-    wi_1 = self.param("wi_1", w_in, (cfg.emb_dim, width), cfg.param_dtype)
-    wo = self.param("wo", w_out, (width, cfg.emb_dim), cfg.param_dtype)
-    x = inputs.astype(cfg.compute_dtype)
-    dt = cfg.compute_dtype
-    hidden = activation(cfg.mlp_activations[0])(x @ wi_0.astype(dt))  # [B,S,F]
-    hidden = hidden * (x @ wi_1.astype(dt))
-    return hidden @ wo.astype(dt)  # [B, S, M]
 
 
 class RoutedMoE(nn.Module):
@@ -161,33 +72,42 @@ class RoutedMoE(nn.Module):
 
   config: MoEConfig
 
-  def contract(
-      self, site: str, *operands: Any, eqn: str | None = None
-  ) -> jax.Array:
-    """The one contraction hook, for every expert weight and mask.
+  def _contractions(self):
+    """The mode's einsum and grouped-matmul modules (built once per mode)."""
+    cfg = self.config
+    return contraction_modules(
+        cfg.quantization,
+        implementation=cfg.grouped_matmul,
+        amax_history_length=cfg.fp8_amax_history_length,
+    )
 
-    Creates the contraction submodule `{site}_dot` for this config's
-    quantization; an einsum (`eqn` given) or a grouped matmul
-    (`operands = (lhs, rhs, group_sizes)`).
-    """
+  def _submodule_name(self, site: str) -> str:
     if site not in CALL_SITES:
       raise ValueError(
           f"Unknown contraction call site {site!r}; registered call sites are "
           f"{CALL_SITES}."
       )
-    cfg = self.config
-    modules = contraction_modules(
-        cfg.quantization,
-        implementation=cfg.grouped_matmul,
-        amax_history_length=cfg.fp8_amax_history_length,
-    )
-    if eqn is not None:
-      module = modules.einsum(name=f"{site}_dot", **modules.einsum_kwargs)
-      return module(eqn, *operands)
-    module = modules.grouped_matmul(
-        name=f"{site}_dot", **modules.grouped_kwargs
-    )
-    return module(*operands)
+    return f"{site}_dot"
+
+  def einsum(
+      self, site: str, eqn: str, lhs: jax.Array, rhs: jax.Array
+  ) -> jax.Array:
+    """The named einsum hook of the dense paths: `einsum(eqn, lhs, rhs)`,
+    computed by the submodule `{site}_dot` in this config's quantization."""
+    name = self._submodule_name(site)
+    modules = self._contractions()
+    return modules.einsum(name=name, **modules.einsum_kwargs)(eqn, lhs, rhs)
+
+  def grouped(
+      self, site: str, lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array
+  ) -> jax.Array:
+    """The named grouped-matmul hook of the sparse path: lhs [R, K] sorted by
+    group, rhs [G, K, N], group_sizes <int32>[G] -> [R, N], computed by the
+    submodule `{site}_dot` in this config's quantization."""
+    name = self._submodule_name(site)
+    modules = self._contractions()
+    module = modules.grouped_matmul(name=name, **modules.grouped_kwargs)
+    return module(lhs, rhs, group_sizes)
 
   @nn.compact
   def __call__(
@@ -222,7 +142,7 @@ class RoutedMoE(nn.Module):
     )
     router_in = inputs if gate_inputs is None else gate_inputs
     router_in = router_in.astype(jnp.float32).reshape(b * s, m)
-    stream = routing.ROUTER_JITTER_RNG_STREAM
+    stream = variables.ROUTER_JITTER_RNG_STREAM
     if cfg.router_jitter > 0 and self.has_rng(stream):
       router_in = routing.jitter(
           router_in, cfg.router_jitter, self.make_rng(stream)
@@ -239,7 +159,7 @@ class RoutedMoE(nn.Module):
     bias = None
     if cfg.routed_bias:  # replicated: no logical axis names
       bias = self.variable(
-          routing.UPDATED_BY_RULE,
+          variables.UPDATED_BY_RULE,
           "routed_bias",
           jnp.zeros,
           (e,),
@@ -264,15 +184,24 @@ class RoutedMoE(nn.Module):
     wo = self.param("wo", w_out, (e, h, m), pdt).astype(dt)
     x = sharding.constrain(inputs.astype(dt), sharding.BSM)
     act = activation(cfg.mlp_activations[0])
+    experts = (wi_0, wi_1, wo)
 
+    dropped = jnp.zeros((), jnp.float32)
     if cfg.sparse_matmul:
-      out = self._sparse(x, router, wi_0, wi_1, wo, act)
-      dropped = jnp.zeros((), jnp.float32)
+      out = self._sparse(x, router, experts, act)
     elif cfg.dropping:
-      out, dropped = self._dense_dropping(x, router, wi_0, wi_1, wo, act)
+      capacity = dense.expert_capacity(cfg, s)
+      out, dropped = dense.dense_dropping(
+          self.einsum,
+          x,
+          router,
+          experts,
+          act,
+          capacity,
+          by_probability=cfg.drop_policy == "probability",
+      )
     else:
-      out = self._dense(x, router, wi_0, wi_1, wo, act)
-      dropped = jnp.zeros((), jnp.float32)
+      out = dense.dense(self.einsum, x, router, experts, act)
 
     fraction = routing.expert_assignment_fraction(router.indices, e)
     lb = z = jnp.zeros((), jnp.float32)
@@ -288,73 +217,25 @@ class RoutedMoE(nn.Module):
         router_z_loss=z,
     )
 
-  def _sparse(self, x, router, wi_0, wi_1, wo, act):
+  def _sparse(self, x, router, experts, act):
     """Dropless: sort assignments by expert, grouped matmuls, unsort.
 
     Under a mesh, expert-parallel (see `linen_moe.expert_parallel`).
     """
     b, s, m = x.shape
-    routes, experts = (router.indices, router.weights), (wi_0, wi_1, wo)
     if not self.is_initializing():
       ep = expert_parallel.plan(self.config.num_experts, b)
       if ep is not None:
-        return expert_parallel.sparse_moe(self, ep, x, routes, experts, act)
-    out = expert_parallel.local_experts(
-        self.contract, x.reshape(b * s, m), routes, experts, act
+        return expert_parallel.sparse_moe(self, ep, x, router, experts, act)
+    out = sparse_experts(
+        self.grouped,
+        x.reshape(b * s, m),
+        router.indices,
+        router.weights,
+        experts,
+        act,
     )
     return out.reshape(b, s, m)
-
-  def _dense(self, x, router, wi_0, wi_1, wo, act):
-    """Dropless einsums over every expert for every token."""
-    b, s, _ = x.shape
-    e = self.config.num_experts
-    c = sharding.constrain
-    hidden = act(c(self.contract("wi_0", x, wi_0, eqn="BSM,EMH->BSEH"), BSEH))
-    hidden = hidden * c(
-        self.contract("wi_1", x, wi_1, eqn="BSM,EMH->BSEH"), BSEH
-    )
-    expert_out = c(self.contract("wo", hidden, wo, eqn="BSEH,EHM->BSEM"), BSEM)
-    dense_weights = jnp.zeros((b * s, e), jnp.float32)
-    rows = jnp.arange(b * s)[:, None]
-    dense_weights = dense_weights.at[rows, router.indices].add(router.weights)
-    dense_weights = dense_weights.reshape(b, s, e).astype(x.dtype)  # [B,S,E]
-    return self.contract(
-        "combine", expert_out, dense_weights, eqn="BSEM,BSE->BSM"
-    )
-
-  def _dense_dropping(self, x, router, wi_0, wi_1, wo, act):
-    """Einsums over per-expert capacity slots; overflow tokens are dropped."""
-    b, s, _ = x.shape
-    k, e = self.config.num_experts_per_tok, self.config.num_experts
-    capacity = expert_capacity(self.config, s)
-    priority = None
-    if self.config.drop_policy == "probability":
-      priority = router.weights.reshape(b, s, k)
-    slots = dispatch_mask(
-        router.indices.reshape(b, s, k), e, capacity, priority
-    )
-    dispatch = jnp.sum(slots, axis=2)  # [B, S, E, C]
-    weights = router.weights.reshape(b, s, k, 1, 1)
-    combine = jnp.sum(slots * weights, axis=2)  # [B, S, E, C]
-    dropped = 1.0 - jnp.sum(slots) / (b * s * k)
-    c = sharding.constrain
-    expert_in = c(
-        self.contract(
-            "dispatch", x, dispatch.astype(x.dtype), eqn="BSM,BSEC->EBCM"
-        ),
-        EBCM,
-    )
-    hidden = act(
-        c(self.contract("wi_0", expert_in, wi_0, eqn="EBCM,EMH->EBCH"), EBCH)
-    )
-    hidden = hidden * c(
-        self.contract("wi_1", expert_in, wi_1, eqn="EBCM,EMH->EBCH"), EBCH
-    )
-    expert_out = c(self.contract("wo", hidden, wo, eqn="EBCH,EHM->EBCM"), EBCM)
-    out = self.contract(
-        "combine", expert_out, combine.astype(x.dtype), eqn="EBCM,BSEC->BSM"
-    )
-    return out, dropped
 
 
 class RoutedAndSharedMoE(nn.Module):

@@ -21,12 +21,6 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-# The Flax RNG stream router jitter draws from.
-ROUTER_JITTER_RNG_STREAM = "router_jitter"
-# The variable collection of state a rule updates after each optimizer step
-# (never a parameter, never optimised): the selection-only `routed_bias`.
-UPDATED_BY_RULE = "updated_by_rule"
-
 
 @flax.struct.dataclass
 class RouterResult:
