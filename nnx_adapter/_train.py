@@ -50,7 +50,9 @@ def accumulate_gradients(
 
   def grad_fn(microbatch, rng):
     def loss(params, fp8_state):
-      merged = nnx.merge(graphdef, params, fp8_state, rest)
+      # Fresh copies of the other variables (routed biases), at this trace's
+      # level: `nnx.scan` refuses variables made outside it.
+      merged = nnx.merge(graphdef, params, fp8_state, rest, copy=True)
       return loss_fn(merged, microbatch, rng)
 
     return jax.grad(loss, argnums=(0, 1), has_aux=True)(params, fp8_state)
