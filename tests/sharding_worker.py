@@ -47,7 +47,8 @@ def _max_abs_diff(a, b) -> float:
 def _expert_weights(params) -> dict[str, jax.Array]:
   """The routed experts' weights of the first MoE layer, by name."""
   layer = params["layers"] if "layers" in params else params["layers_0"]
-  return {name: layer["moe"][name] for name in EXPERT_WEIGHTS}
+  moe = layer["moe"].get("routed_experts", layer["moe"])
+  return {name: moe[name] for name in EXPERT_WEIGHTS}
 
 
 def equivalence(job: dict) -> dict:
@@ -55,7 +56,9 @@ def equivalence(job: dict) -> dict:
 
   The state is initialised sharded on the first mesh; the single-device
   reference and the other meshes start from copies of it (with
-  `check_init`, an independent single-device init must equal it too).
+  `check_init`, an independent single-device init must equal it too). With
+  `grad_accum`, the meshes split the batch into that many microbatches; the
+  reference always takes it whole.
   """
   cfg = load_model_config(
       job.get("config", "tiny_mixtral"),
@@ -66,11 +69,16 @@ def equivalence(job: dict) -> dict:
   frontend = job.get("frontend", "linen")
   fe = get_frontend(frontend)
   optimizer = optax.sgd(0.1)
-  tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(8, 8, 1)))
+  batch = job.get("batch", 8)
+  tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, 8, 1)))
   rng, step_rng = jax.random.key(0), jax.random.key(1)
   runs = {
       spec: train_job.sharded_training(
-          frontend, cfg, optimizer, sharding.make_mesh(spec)
+          frontend,
+          cfg,
+          optimizer,
+          sharding.make_mesh(spec),
+          job.get("grad_accum", 1),
       )
       for spec in job["meshes"]
   }
@@ -88,6 +96,7 @@ def equivalence(job: dict) -> dict:
       loss=float(ref_metrics["loss"]),
       update=_max_abs_diff(ref.params, host.params),
       fp8_moved=_max_abs_diff(ref.fp8_state, host.fp8_state),
+      rule_moved=_max_abs_diff(fe.rule_state(ref), fe.rule_state(host)),
   )
   for spec, run in runs.items():
     start = time.perf_counter()
@@ -115,6 +124,7 @@ def equivalence(job: dict) -> dict:
         loss=float(metrics["loss"]),
         param_err=_max_abs_diff(new.params, ref.params),
         fp8_err=_max_abs_diff(new.fp8_state, ref.fp8_state),
+        rule_err=_max_abs_diff(fe.rule_state(new), fe.rule_state(ref)),
         seconds=time.perf_counter() - start,
     )
     out["meshes"][spec] = result
