@@ -148,7 +148,11 @@ def run_case(case: Case, repeats: int = 5) -> dict[str, Any]:
 
   def loss(params, others, *args):
     out, aux = module.apply({"params": params, **others}, *args, rngs=rngs)
-    lb = aux.load_balance_loss if hasattr(aux, "load_balance_loss") else aux[0]
+    lb = (
+        aux["load_balance_loss"]
+        if isinstance(aux, dict)
+        else aux.load_balance_loss
+    )
     return jnp.mean(jnp.square(out.astype(jnp.float32))) + lb
 
   step = jax.jit(jax.grad(loss, argnums=(0, 1)))

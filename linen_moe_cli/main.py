@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+import yaml
+
 from linen_moe.config import QUANTIZATIONS
 from linen_moe.config import available_configs
 
@@ -44,11 +46,35 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
       default=None,
       help="scan the decoder blocks or unroll them",
   )
+  p.add_argument(
+      "--set",
+      action="append",
+      default=[],
+      metavar="FIELD=VALUE",
+      help=(
+          "override any config field (repeatable; the value is read as YAML), "
+          "e.g. --set routed_bias=false --set router_z_loss_weight=1e-3"
+      ),
+  )
+
+
+def parse_set(items: list[str]) -> dict:
+  """["field=value", ...] -> {field: YAML value}; raises ValueError on an
+  item without '=' (unknown fields are the config's to reject)."""
+  overrides = {}
+  for item in items:
+    field, sep, value = item.partition("=")
+    if not sep or not field.strip():
+      raise ValueError(
+          f"--set {item!r}: expected FIELD=VALUE, e.g. routed_bias=false."
+      )
+    overrides[field.strip()] = yaml.safe_load(value)
+  return overrides
 
 
 def model_overrides(args: argparse.Namespace) -> dict:
   """Config overrides named on the command line."""
-  overrides = {}
+  overrides = parse_set(args.set)
   if args.quantization is not None:
     overrides["quantization"] = args.quantization
   if args.sparse_matmul is not None:
@@ -81,6 +107,7 @@ def cmd_train(args: argparse.Namespace) -> int:
       f"steps: {args.steps}  first loss: {result.first_loss:.4f}  "
       f"final loss: {result.final_loss:.4f}  "
       f"best achievable: {result.best_loss:.4f}  "
+      f"expert load max/min: {result.load_ratio:.2f}  "
       f"wall: {time.perf_counter() - start:.1f}s"
   )
   return 0

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import tqdm
 
 from linen_moe import sharding
@@ -16,11 +18,18 @@ from linen_moe.training import ShardedTraining
 from linen_moe.training import default_optimizer
 from linen_moe_cli.frontends import frontend as get_frontend
 
+# Steps over which the final loss and expert loads are averaged.
+TAIL_STEPS = 10
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
+  """Per-step losses, and <float32>[L, E] each layer's share of routed
+  assignments per expert averaged over the last `TAIL_STEPS` steps."""
+
   losses: list[float]
   best_loss: float
+  expert_load: np.ndarray | None = None
 
   @property
   def first_loss(self) -> float:
@@ -29,8 +38,15 @@ class TrainResult:
   @property
   def final_loss(self) -> float:
     """Mean of the last 10 steps' losses (less noisy than the last one)."""
-    tail = self.losses[-10:]
+    tail = self.losses[-TAIL_STEPS:]
     return sum(tail) / len(tail)
+
+  @property
+  def load_ratio(self) -> float:
+    """Max / min expert load of the most unbalanced layer (1 = balanced; inf
+    when an expert got nothing), from `expert_load`."""
+    ratios = self.expert_load.max(axis=-1) / self.expert_load.min(axis=-1)
+    return float(np.max(ratios))
 
 
 def train(
@@ -69,15 +85,20 @@ def train(
   else:
     run = sharded_training(frontend, cfg, optimizer, device_mesh, grad_accum)
     state, step = run.init(first, rng), run.step
-  losses = []
+  losses, loads = [], collections.deque(maxlen=TAIL_STEPS)
   bar = tqdm.trange(steps, disable=not progress, desc="train")
   for i in bar:
     tokens = first if i == 0 else jnp.asarray(next(batches))
     state, metrics = step(state, tokens, jax.random.fold_in(rng, i))
     loss = float(metrics["cross_entropy"])
     losses.append(loss)
+    loads.append(metrics["expert_load"])
     bar.set_postfix(loss=f"{loss:.3f}", best=f"{data.best_loss:.3f}")
-  return TrainResult(losses=losses, best_loss=data.best_loss)
+  return TrainResult(
+      losses=losses,
+      best_loss=data.best_loss,
+      expert_load=np.mean(jax.device_get(list(loads)), axis=0),
+  )
 
 
 def sharded_training(frontend: str, cfg, optimizer, mesh, grad_accum: int = 1):
