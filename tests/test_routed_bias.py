@@ -18,6 +18,8 @@ from linen_moe import routing
 from linen_moe.decoder import Decoder
 from linen_moe.training import MarkovData
 from linen_moe.training import step as step_lib
+from linen_moe_cli import main as cli
+from linen_moe_cli import train_job
 from linen_moe_cli.frontends import frontend as get_frontend
 import nnx_adapter
 
@@ -118,6 +120,42 @@ class GradAccumulationTest(parameterized.TestCase):
     np.testing.assert_array_equal(got.reshape(2, 16), expected)
     # Most experts move (an expert exactly at the mean load keeps its bias).
     self.assertGreater(float(jnp.mean(expected != bias0)), 0.5)
+
+
+class CommandLineTest(absltest.TestCase):
+
+  def test_set_overrides(self):
+    args = cli.build_parser().parse_args([
+        "train",
+        "--set",
+        "routed_bias=false",
+        "--set",
+        "routed_bias_update_rate=0",
+        "--set",
+        "drop_policy=probability",
+        "--quantization",
+        "int8",
+    ])
+    self.assertEqual(
+        cli.model_overrides(args),
+        dict(
+            routed_bias=False,
+            routed_bias_update_rate=0,
+            drop_policy="probability",
+            quantization="int8",
+        ),
+    )
+    with self.assertRaisesRegex(ValueError, "'routed_bias': expected FIELD"):
+      cli.parse_set(["routed_bias"])
+    self.assertEqual(cli.main(["train", "--set", "n_routing_groups=3"]), 2)
+
+  def test_load_ratio_of_the_worst_layer(self):
+    result = train_job.TrainResult(
+        losses=[1.0],
+        best_loss=1.0,
+        expert_load=np.array([[0.25, 0.25, 0.25, 0.25], [0.4, 0.2, 0.2, 0.2]]),
+    )
+    self.assertAlmostEqual(result.load_ratio, 2.0)
 
 
 if __name__ == "__main__":
