@@ -257,8 +257,9 @@ class Decoder(nn.Module):
 
   `aux` is the dict of `layer_aux`: `load_balance_loss` and `router_z_loss`
   (summed over layers), `dropped_fraction` (mean over layers) and
-  `expert_load` [L, E]. With `config.scan_layers` the blocks' variables are stacked on a leading layer axis under `layers/`; unrolled,
-  they live under `layers_0/`, `layers_1/`, ...
+  `expert_load` [L, E]. With `config.scan_layers` the blocks' variables are
+  stacked on a leading layer axis under `layers/`; unrolled, they live under
+  `layers_0/`, `layers_1/`, ...
 
   Example usage:
     cfg = load_model_config("tiny_mixtral")
