@@ -152,3 +152,9 @@ def moe_reference(
         if keep[si, c]:
           out[bi, si] += w * expert(x[bi, si], p, e, act)
   return out, dropped
+
+
+def rel_err(got, expected) -> float:
+  """||got - expected|| / ||expected||, in float64."""
+  got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+  return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
