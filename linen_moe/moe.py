@@ -6,6 +6,7 @@ k num_experts_per_tok, C expert capacity, T = B * S tokens.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -17,12 +18,17 @@ import jax.numpy as jnp
 from linen_moe import expert_parallel
 from linen_moe import routing
 from linen_moe import sharding
+from linen_moe import stored_weights
 from linen_moe.config import MoEConfig
+from linen_moe.quantization import Einsum
 from linen_moe.quantization import contraction_modules
 
 # Every contraction that touches an expert weight or a dispatch/combine mask
 # goes through `RoutedMoE.contract` under one of these names.
 CALL_SITES = ("wi_0", "wi_1", "wo", "dispatch", "combine")
+# The call sites that contract an expert weight: a serving layer feeds them
+# its stored kernels; the others (masks, routing weights) stay float.
+WEIGHT_SITES = ("wi_0", "wi_1", "wo")
 
 # Logical axis names of the dense paths' intermediates (see `sharding`): the
 # expert axis on "activation_exp", the batch beside it on the other axes.
@@ -109,15 +115,28 @@ class SharedExpert(nn.Module):
   def __call__(self, inputs: jax.Array) -> jax.Array:
     cfg = self.config
     width = cfg.shared_experts * cfg.shared_mlp_dim
+    m, dt = cfg.emb_dim, cfg.compute_dtype
+    x = inputs.astype(dt)
+    act = activation(cfg.mlp_activations[0])
+    names_in, names_out = ("embed", "mlp"), ("mlp", "embed")
+    if cfg.serving:
+      stored = functools.partial(stored_weights.stored_kernel, self, config=cfg)
+      wi_0 = stored("wi_0", (m, width), names_in)
+      wi_1 = stored("wi_1", (m, width), names_in)
+      wo = stored("wo", (width, m), names_out)
+      dot = lambda site, eqn, a, w: stored_weights.StoredEinsum(  # noqa: E731
+          name=f"{site}_dot"
+      )(eqn, a, w)
+      hidden = act(dot("wi_0", "BSM,MF->BSF", x, wi_0))
+      hidden = hidden * dot("wi_1", "BSM,MF->BSF", x, wi_1)
+      return dot("wo", "BSF,FM->BSM", hidden, wo)
     init = nn.initializers.lecun_normal()
-    w_in = nn.with_logical_partitioning(init, ("embed", "mlp"))
-    w_out = nn.with_logical_partitioning(init, ("mlp", "embed"))
-    wi_0 = self.param("wi_0", w_in, (cfg.emb_dim, width), cfg.param_dtype)
-    wi_1 = self.param("wi_1", w_in, (cfg.emb_dim, width), cfg.param_dtype)
-    wo = self.param("wo", w_out, (width, cfg.emb_dim), cfg.param_dtype)
-    x = inputs.astype(cfg.compute_dtype)
-    dt = cfg.compute_dtype
-    hidden = activation(cfg.mlp_activations[0])(x @ wi_0.astype(dt))  # [B,S,F]
+    w_in = nn.with_logical_partitioning(init, names_in)
+    w_out = nn.with_logical_partitioning(init, names_out)
+    wi_0 = self.param("wi_0", w_in, (m, width), cfg.param_dtype)
+    wi_1 = self.param("wi_1", w_in, (m, width), cfg.param_dtype)
+    wo = self.param("wo", w_out, (width, m), cfg.param_dtype)
+    hidden = act(x @ wi_0.astype(dt))  # [B, S, F]
     hidden = hidden * (x @ wi_1.astype(dt))
     return hidden @ wo.astype(dt)  # [B, S, M]
 
@@ -156,6 +175,8 @@ class RoutedMoE(nn.Module):
           f"{CALL_SITES}."
       )
     cfg = self.config
+    if cfg.serving:
+      return self._serving_contract(site, *operands, eqn=eqn)
     modules = contraction_modules(
         cfg.quantization,
         implementation=cfg.grouped_matmul,
@@ -166,6 +187,18 @@ class RoutedMoE(nn.Module):
       return module(eqn, *operands)
     module = modules.grouped_matmul(
         name=f"{site}_dot", **modules.grouped_kwargs
+    )
+    return module(*operands)
+
+  def _serving_contract(self, site, *operands, eqn=None):
+    """Weight sites read the stored kernels; masks and routing weights stay
+    float (plain einsums), so every path computes the same expert math."""
+    if site not in WEIGHT_SITES:
+      return Einsum(name=f"{site}_dot")(eqn, *operands)
+    if eqn is not None:
+      return stored_weights.StoredEinsum(name=f"{site}_dot")(eqn, *operands)
+    module = stored_weights.StoredGroupedMatmul(
+        self.config.grouped_matmul, name=f"{site}_dot"
     )
     return module(*operands)
 
@@ -187,7 +220,7 @@ class RoutedMoE(nn.Module):
           f"{gate_inputs.shape}."
       )
     b, s, m = inputs.shape
-    e, k, h = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_mlp_dim
+    e, k = cfg.num_experts, cfg.num_experts_per_tok
     dt, pdt = cfg.compute_dtype, cfg.param_dtype
     init = nn.initializers.lecun_normal()
 
@@ -212,11 +245,7 @@ class RoutedMoE(nn.Module):
       )
     router = routing.route(logits, k, cfg.routing, cfg.norm_topk_prob, scale)
 
-    w_in = nn.with_logical_partitioning(init, ("exp", "embed", "mlp"))
-    w_out = nn.with_logical_partitioning(init, ("exp", "mlp", "embed"))
-    wi_0 = self.param("wi_0", w_in, (e, m, h), pdt).astype(dt)
-    wi_1 = self.param("wi_1", w_in, (e, m, h), pdt).astype(dt)
-    wo = self.param("wo", w_out, (e, h, m), pdt).astype(dt)
+    wi_0, wi_1, wo = self._expert_kernels(init)
     x = sharding.constrain(inputs.astype(dt), sharding.BSM)
     act = activation(cfg.mlp_activations[0])
 
@@ -237,6 +266,28 @@ class RoutedMoE(nn.Module):
     out = sharding.constrain(out.astype(dt), sharding.BSM)
     return out, MoEAux(
         load_balance_loss=lb, expert_fraction=fraction, dropped_fraction=dropped
+    )
+
+  def _expert_kernels(self, init):
+    """(wi_0, wi_1, wo): float params in the compute dtype, or, serving, the
+    stored kernels (`stored_weights.StoredKernel`)."""
+    cfg = self.config
+    e, m, h = cfg.num_experts, cfg.emb_dim, cfg.moe_mlp_dim
+    names_in, names_out = ("exp", "embed", "mlp"), ("exp", "mlp", "embed")
+    if cfg.serving:
+      stored = functools.partial(stored_weights.stored_kernel, self, config=cfg)
+      return (
+          stored("wi_0", (e, m, h), names_in),
+          stored("wi_1", (e, m, h), names_in),
+          stored("wo", (e, h, m), names_out),
+      )
+    w_in = nn.with_logical_partitioning(init, names_in)
+    w_out = nn.with_logical_partitioning(init, names_out)
+    dt, pdt = cfg.compute_dtype, cfg.param_dtype
+    return (
+        self.param("wi_0", w_in, (e, m, h), pdt).astype(dt),
+        self.param("wi_1", w_in, (e, m, h), pdt).astype(dt),
+        self.param("wo", w_out, (e, h, m), pdt).astype(dt),
     )
 
   def _sparse(self, x, router, wi_0, wi_1, wo, act):
