@@ -12,14 +12,10 @@ import jax.numpy as jnp
 
 from linen_moe import sharding
 from linen_moe.config import ModelConfig
+from linen_moe.expert import SharedExpert
 from linen_moe.moe import RoutedMoE
-from linen_moe.moe import SharedExpert
-from linen_moe.quantization import AQT_RNG_STREAM
-from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
-
-# Flax RNG streams the layer draws from at apply time (AQT's stochastic
-# rounding), split across scanned layers so each layer draws its own.
-RNG_STREAMS = (AQT_RNG_STREAM,)
+from linen_moe.scan import scan_blocks
+from linen_moe.variables import CACHE
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
@@ -115,11 +111,9 @@ class CausalSelfAttention(nn.Module):
 
   def _cached(self, k: jax.Array, v: jax.Array, positions: jax.Array):
     """(keys, values, key positions [B, T]) after writing k, v to the cache."""
-    initialized = self.has_variable("cache", "cached_key")
-    cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-    cached_v = self.variable(
-        "cache", "cached_value", jnp.zeros, v.shape, v.dtype
-    )
+    initialized = self.has_variable(CACHE, "cached_key")
+    cached_k = self.variable(CACHE, "cached_key", jnp.zeros, k.shape, k.dtype)
+    cached_v = self.variable(CACHE, "cached_value", jnp.zeros, v.shape, v.dtype)
     if not initialized:  # init: the cache is shaped after the sample
       return k, v, positions
     start = (0, positions[0, 0], 0, 0)
@@ -230,6 +224,21 @@ def embedding(cfg: ModelConfig, **kwargs) -> nn.Embed:
   )
 
 
+def check_tokens(tokens: jax.Array) -> None:
+  """Raises `ValueError` unless `tokens` is an integer [batch, seq] array."""
+  if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise ValueError(
+        f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
+        f"{tokens.shape}."
+    )
+
+
+def scale_embeddings(x: jax.Array, cfg: ModelConfig) -> jax.Array:
+  """Embedded tokens [B, S, M] scaled by sqrt(emb_dim), in the compute dtype:
+  the unit-norm embedding rows then give the residual stream unit RMS."""
+  return (x * cfg.moe.emb_dim**0.5).astype(cfg.moe.compute_dtype)
+
+
 class Decoder(nn.Module):
   """The reference decoder: tokens <int32>[B, S] -> (logits [B, S, V], aux).
 
@@ -258,8 +267,8 @@ class Decoder(nn.Module):
     b, s = tokens.shape
     start = 0
     if self.decode:
-      initialized = self.has_variable("cache", "index")
-      index = self.variable("cache", "index", jnp.zeros, (), jnp.int32)
+      initialized = self.has_variable(CACHE, "index")
+      index = self.variable(CACHE, "index", jnp.zeros, (), jnp.int32)
       if initialized:
         start = index.value
         index.value = start + s
@@ -268,23 +277,14 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, tokens: jax.Array):
     cfg = self.config
-    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-      raise ValueError(
-          f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
-          f"{tokens.shape}."
-      )
+    check_tokens(tokens)
     embed = embedding(cfg, name="embed")
-    x = (embed(tokens) * cfg.moe.emb_dim**0.5).astype(cfg.moe.compute_dtype)
+    x = scale_embeddings(embed(tokens), cfg)
     x = sharding.constrain(x, sharding.BSM)
     positions = self._positions(tokens)
     if cfg.scan_layers:
-      scanned = nn.scan(
-          DecoderBlock,
-          variable_axes={"params": 0, OVERWRITE_WITH_GRADIENT: 0, "cache": 0},
-          split_rngs={name: True for name in RNG_STREAMS},
-          in_axes=(nn.broadcast,),
-          length=cfg.num_layers,
-          metadata_params={nn.PARTITION_NAME: "layers"},
+      scanned = scan_blocks(
+          DecoderBlock, cfg.num_layers, in_axes=(nn.broadcast,)
       )
       x, (lb, dropped) = scanned(cfg, self.decode, name="layers")(x, positions)
     else:

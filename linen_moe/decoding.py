@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from linen_moe import sharding
 from linen_moe.config import ModelConfig
 from linen_moe.decoder import Decoder
+from linen_moe.variables import CACHE
 
 PyTree = dict
 
@@ -41,7 +42,7 @@ def init_cache(config: ModelConfig, batch: int, max_len: int) -> PyTree:
   shapes = jax.eval_shape(
       lambda t: Decoder(config, decode=True).init(jax.random.key(0), t),
       sample,
-  )["cache"]
+  )[CACHE]
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
@@ -50,10 +51,10 @@ def _extend(config: ModelConfig, variables, cache, tokens):
   """Appends tokens [B, S] to the cache: (greedy next token [B], logits of the
   last position [B, V], new cache)."""
   (logits, _), mutated = Decoder(config, decode=True).apply(
-      {**variables, "cache": cache}, tokens, mutable=["cache"]
+      {**variables, CACHE: cache}, tokens, mutable=[CACHE]
   )
   last = logits[:, -1]
-  return jnp.argmax(last, axis=-1).astype(jnp.int32), last, mutated["cache"]
+  return jnp.argmax(last, axis=-1).astype(jnp.int32), last, mutated[CACHE]
 
 
 def prefill(config: ModelConfig, variables: Mapping, cache, prompt):
@@ -100,7 +101,7 @@ def greedy_generate(
         "tokens."
     )
   variables = sharding.unbox(dict(variables))
-  if "cache" in variables:
+  if CACHE in variables:
     raise ValueError("variables must not hold a cache; it is made here.")
   cache = init_cache(config, b, max_len)
   token, _, cache = prefill(config, variables, cache, prompt.astype(jnp.int32))

@@ -50,7 +50,7 @@ from linen_moe.config import SERVING_QUANTIZATIONS
 from linen_moe.config import ModelConfig
 from linen_moe.config import MoEConfig
 from linen_moe.int8_grouped import quantize_int8
-from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 
 PyTree = Any
 KERNELS = ("wi_0", "wi_1", "wo")

@@ -1,0 +1,95 @@
+"""The gated expert MLP, written once: act(x wi_0) * (x wi_1) wo.
+
+Every path computes its experts with `gated_mlp`; what differs between them
+is only how one weight is contracted (a plain matmul for the shared expert,
+a named einsum on the dense paths, a named grouped matmul on the sparse
+path), which the caller passes as `project`. A new activation or a bias is
+one edit here.
+
+Shapes: M emb_dim, F the hidden width (H for a routed expert).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+
+from linen_moe import stored_weights
+from linen_moe.activations import activation
+from linen_moe.config import MoEConfig
+
+# project(site, operand, weight) -> the operand contracted with the weight.
+Project = Callable[[str, jax.Array, jax.Array], jax.Array]
+
+
+def gated_mlp(
+    project: Project,
+    act: Callable[[jax.Array], jax.Array],
+    x: jax.Array,
+    wi_0: jax.Array,
+    wi_1: jax.Array,
+    wo: jax.Array,
+) -> jax.Array:
+  """act(x wi_0) * (x wi_1) wo, each contraction `project(site, ...)` with
+  `site` in ("wi_0", "wi_1", "wo")."""
+  hidden = act(project("wi_0", x, wi_0)) * project("wi_1", x, wi_1)
+  return project("wo", hidden, wo)
+
+
+def _matmul(site: str, x: jax.Array, w: jax.Array) -> jax.Array:
+  del site  # in training, the shared expert is never quantized
+  return x @ w.astype(x.dtype)
+
+
+class SharedExpert(nn.Module):
+  """A plain gated MLP every token goes through: act(x wi_0) * (x wi_1) wo.
+
+  Parameters: `wi_0` [M, F], `wi_1` [M, F], `wo` [F, M], with
+  F = shared_experts * shared_mlp_dim. Serving (`config.serving`), they are
+  stored kernels (`linen_moe.stored_weights`) under the same names, each
+  contracted by its own `{name}_dot` submodule.
+
+  Attributes:
+    config: the `MoEConfig` (`shared_experts`, `shared_mlp_dim`, activations).
+  """
+
+  config: MoEConfig
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    """[B, S, M] -> [B, S, M]."""
+    cfg = self.config
+    m, width = cfg.emb_dim, cfg.shared_experts * cfg.shared_mlp_dim
+    shapes = {"wi_0": (m, width), "wi_1": (m, width), "wo": (width, m)}
+    names = {
+        "wi_0": ("embed", "mlp"),
+        "wi_1": ("embed", "mlp"),
+        "wo": ("mlp", "embed"),
+    }
+    x = inputs.astype(cfg.compute_dtype)
+    act = activation(cfg.mlp_activations[0])
+    if cfg.serving:
+      kernels = [
+          stored_weights.stored_kernel(self, w, shapes[w], names[w], cfg)
+          for w in shapes
+      ]
+      return gated_mlp(self._stored_matmul, act, x, *kernels)
+    init = nn.initializers.lecun_normal()
+    kernels = [
+        self.param(
+            w,
+            nn.with_logical_partitioning(init, names[w]),
+            shapes[w],
+            cfg.param_dtype,
+        )
+        for w in shapes
+    ]
+    return gated_mlp(_matmul, act, x, *kernels)  # [B, S, M]
+
+  def _stored_matmul(self, site: str, x: jax.Array, w) -> jax.Array:
+    """x [..., K] @ stored kernel [K, N] -> [..., N]."""
+    flat = x.reshape(-1, x.shape[-1])  # [T, K]
+    out = stored_weights.StoredEinsum(name=f"{site}_dot")("TK,KN->TN", flat, w)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
