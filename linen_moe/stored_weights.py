@@ -105,39 +105,40 @@ class StoredKernel:
 def _check_given(module: nn.Module, name: str, shape, mode: str) -> None:
   """Converted weights of this mode and shape, or a ValueError that says
   what is there instead."""
-  path = "/".join((*module.scope.path, name))
+
+  def path(stored):
+    return "/".join(("params", *module.scope.path, stored))
+
   storage = STORAGE_DTYPES[mode]
-  for stored in stored_names(name, mode):
-    if not module.has_variable("params", stored):
+  if module.has_variable("params", name):
+    values = nn.unbox(module.get_variable("params", name))
+    if values.dtype != storage:
+      converted = values.dtype in STORAGE_DTYPES.values()
+      what = "weights converted for another mode" if converted else "float"
       raise ValueError(
-          f"A {mode} serving layer reads its converted expert weights, but "
-          f"params has no {'/'.join((*module.scope.path, stored))}: convert "
-          "the float variables with linen_moe.serving.quantize_weights and "
-          "apply the serving config it returns to what it returns."
+          f"{path(name)} holds {what} weights ({values.dtype}), but a serving "
+          f"layer with quantization={mode!r} reads {storage} weights: "
+          "convert the float variables for this mode with "
+          "linen_moe.serving.quantize_weights."
       )
-  values = nn.unbox(module.get_variable("params", name))
-  if values.dtype != storage:
-    converted = values.dtype in STORAGE_DTYPES.values()
-    what = (
-        "weights converted for another mode" if converted else "float weights"
-    )
-    raise ValueError(
-        f"params/{path} holds {what} ({values.dtype}), but a serving layer "
-        f"with quantization={mode!r} reads {storage} weights: convert the "
-        "float variables with linen_moe.serving.quantize_weights for this "
-        "mode."
-    )
   expected = {
       name: shape,
       name + SCALE_SUFFIX: scale_shape(mode, shape, len(shape)),
       name + INPUT_SCALE_SUFFIX: (1,),
   }
   for stored in stored_names(name, mode):
-    got = nn.unbox(module.get_variable("params", stored)).shape
-    if tuple(got) != tuple(expected[stored]):
+    if not module.has_variable("params", stored):
       raise ValueError(
-          f"params/{'/'.join((*module.scope.path, stored))} has shape "
-          f"{tuple(got)}; this serving config expects {expected[stored]}."
+          f"A serving layer (quantization={mode!r}) reads converted expert "
+          f"weights, but there is no {path(stored)}: convert the float "
+          "variables with linen_moe.serving.quantize_weights and apply the "
+          "serving config it returns to the variables it returns."
+      )
+    got = tuple(nn.unbox(module.get_variable("params", stored)).shape)
+    if got != tuple(expected[stored]):
+      raise ValueError(
+          f"{path(stored)} has shape {got}; this serving config expects "
+          f"{expected[stored]}."
       )
 
 

@@ -38,11 +38,33 @@ class Decoder(nnx.Module):
   `layers_0`, `layers_1`, ... The attribute names are the Linen decoder's, so
   the state paths are its variable paths (see `linen_to_nnx`).
 
+  A serving config (`linen_moe.serving`) builds a serving decoder: its MoE
+  layers hold stored kernels; `Decoder.from_linen(serve_config,
+  serve_variables)` builds it straight from converted Linen variables.
+
   Example usage:
     cfg = load_model_config("tiny_mixtral", quantization="fp8")
     model = Decoder(cfg, rngs=nnx.Rngs(0))
     logits, aux = model(tokens, rng=jax.random.key(1))
   """
+
+  @classmethod
+  def from_linen(
+      cls,
+      config: ModelConfig,
+      variables: PyTree,
+      *,
+      sample_shape: tuple[int, int] = (1, 8),
+  ) -> Decoder:
+    """A decoder holding the Linen `variables` (e.g. from
+    `linen_moe.serving.quantize_weights`, with its serving config), built
+    abstractly (`nnx.eval_shape`: no variable is initialised, then none is
+    allocated twice) and filled by `linen_to_nnx`, which checks every
+    path, shape and dtype."""
+    abstract = nnx.eval_shape(
+        lambda: cls(config, rngs=nnx.Rngs(0), sample_shape=sample_shape)
+    )
+    return linen_to_nnx(variables, abstract)
 
   def __init__(
       self,
