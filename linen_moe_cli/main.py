@@ -138,6 +138,26 @@ def cmd_matrix(args: argparse.Namespace) -> int:
   return 1 if failed else 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+  from linen_moe_cli import generate_job  # noqa: PLC0415 (jax import is slow)
+
+  overrides = model_overrides(args)
+  overrides.pop("quantization", None)
+  result = generate_job.generate(
+      args.config,
+      overrides,
+      quantization=args.quantization or "int8",
+      train_steps=args.train_steps,
+      batch_size=args.batch_size,
+      prompt_len=args.prompt_len,
+      new_tokens=args.new_tokens,
+      seed=args.seed,
+      repeats=args.repeats,
+  )
+  print(generate_job.format_report(result))
+  return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
   from linen_moe_cli import bench_report  # noqa: PLC0415
 
@@ -247,6 +267,27 @@ def build_parser() -> argparse.ArgumentParser:
   bench.add_argument("--repeats", type=int, default=5)
   bench.add_argument("--out", default="benchmarks/results")
   bench.set_defaults(func=cmd_bench)
+  gen = sub.add_parser(
+      "generate",
+      help=(
+          "convert the decoder's expert weights for serving and decode "
+          "greedily with a KV cache, float vs converted"
+      ),
+  )
+  _add_model_args(gen)
+  gen.set_defaults(quantization="int8")
+  gen.add_argument(
+      "--train-steps",
+      type=int,
+      default=50,
+      help="train this many steps first, in the serving mode (0: fresh init)",
+  )
+  gen.add_argument("--batch-size", type=int, default=8)
+  gen.add_argument("--prompt-len", type=int, default=16)
+  gen.add_argument("--new-tokens", type=int, default=32)
+  gen.add_argument("--repeats", type=int, default=3, help="timed runs")
+  gen.add_argument("--seed", type=int, default=0)
+  gen.set_defaults(func=cmd_generate)
   return parser
 
 
