@@ -183,6 +183,32 @@ def layer(job: dict) -> dict:
   return out
 
 
+def serving(job: dict) -> dict:
+  """Serving forward of a converted `RoutedMoE` (sparse path) on one device
+  and under each mesh: the expert-parallel path reads the stored kernels."""
+  from linen_moe import RoutedMoE  # noqa: PLC0415
+  from linen_moe import serving as serving_lib  # noqa: PLC0415
+  from linen_moe.config import load_config  # noqa: PLC0415
+
+  out = {}
+  for mode in job["modes"]:
+    cfg = load_config(job.get("config", "tiny_mixtral"), quantization=mode)
+    x = jax.random.normal(jax.random.key(3), (8, 8, cfg.emb_dim))
+    float_layer = RoutedMoE(cfg.replace(quantization="none"))
+    variables = sharding.unbox(float_layer.init(jax.random.key(0), x))
+    serve_cfg, served = serving_lib.quantize_weights(cfg, variables)
+    apply = jax.jit(RoutedMoE(serve_cfg).apply)
+    ref = apply(served, x)[0]
+    for spec in job["meshes"]:
+      with sharding.mesh_context(sharding.make_mesh(spec)):
+        y = jax.jit(RoutedMoE(serve_cfg).apply)(served, x)[0]
+      out[f"{mode}/{spec}"] = {
+          "err": _max_abs_diff(y, ref),
+          "scale": float(jnp.max(jnp.abs(ref))),
+      }
+  return out
+
+
 def cli(job: dict) -> dict:
   """`linen-moe train --mesh ...` for a few steps."""
   import contextlib  # noqa: PLC0415
@@ -203,6 +229,7 @@ CHECKS = {
     "equivalence": equivalence,
     "shardings": shardings,
     "layer": layer,
+    "serving": serving,
     "cli": cli,
 }
 

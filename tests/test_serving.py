@@ -30,6 +30,7 @@ from linen_moe.config import TINY_CONFIGS
 from linen_moe.sharding import unbox
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT as OWG
 import nnx_adapter
+from tests.test_sharding import run_worker
 
 MODES = ("int8", "fp8", "nanoo_fp8")
 SITES = ("wi_0", "wi_1", "wo")
@@ -396,6 +397,22 @@ class NNXServingTest(absltest.TestCase):
     logits = nnx.jit(lambda m, t: m(t)[0])(model, tokens)
     expected = jax.jit(Decoder(serve_config).apply)(served, tokens)[0]
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+class ExpertParallelServingTest(absltest.TestCase):
+
+  def test_mesh_serving_equals_one_device(self):
+    # The expert-parallel sparse path splits the stored kernels (and int8's
+    # per-expert scales) over `expert` and replicates fp8's per-tensor
+    # scales; each device multiplies the same codes as one device does.
+    (result,) = run_worker({
+        "check": "serving",
+        "modes": ["int8", "fp8"],
+        "meshes": ["expert=8", "data=2,expert=4"],
+    })
+    self.assertLen(result, 4)
+    for key, cell in result.items():
+      self.assertLess(cell["err"], 1e-5 * cell["scale"], key)
 
 
 if __name__ == "__main__":
