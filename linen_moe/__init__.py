@@ -2,10 +2,12 @@
 
 The public API is what `__all__` lists; everything else is reached through
 the documented submodules (`linen_moe.sharding`, `linen_moe.training`,
-`linen_moe.hlo`, `linen_moe.serving`, `linen_moe.decoding`) or is private.
+`linen_moe.hlo`, `linen_moe.distributed`, `linen_moe.serving`,
+`linen_moe.decoding`) or is private.
 """
 
 from linen_moe import decoding
+from linen_moe import distributed
 from linen_moe import hlo
 from linen_moe import serving
 from linen_moe import sharding
@@ -57,6 +59,7 @@ __all__ = [
     "available_configs",
     "decoding",
     "default_optimizer",
+    "distributed",
     "hlo",
     "init_train_state",
     "load_config",

@@ -19,10 +19,11 @@ input_scale)`. Where the training state held those scales, they are its
 
 The contractions take a `StoredKernel` where the float layers take a kernel:
 
-  int8   einsum: AQT `AqtEinsum` (training config) given the stored weights
-         as a `QTensor`, AQT's way of serving pre-quantized weights: the input
-         is quantized per row exactly as in training, the weights are not
-         touched, int32 accumulation. grouped matmul:
+  int8   einsum: the training mode's AQT einsum (`quantization.Int8Einsum`)
+         given the stored weights as a `QTensor`, AQT's way of serving
+         pre-quantized weights: the input is quantized per row exactly as in
+         training, the weights are not touched, int32 accumulation. grouped
+         matmul:
          `int8_grouped.int8_grouped_matmul_stored`.
   fp8    the input is quantized to e4m3 with `input_scale`; the fp8 input and
          the fp8 kernel go into one dot (float32 accumulation) whose output
@@ -36,7 +37,6 @@ from __future__ import annotations
 from typing import Any
 
 from aqt.jax.v2 import aqt_tensor
-from aqt.jax.v2.flax import aqt_flax
 import flax.linen as nn
 from flax.linen import fp8_ops
 import flax.struct
@@ -47,7 +47,7 @@ from linen_moe import grouped_matmul as gmm_lib
 from linen_moe import int8_grouped
 from linen_moe.config import SERVING_QUANTIZATIONS
 from linen_moe.config import MoEConfig
-from linen_moe.quantization import int8_aqt_config
+from linen_moe.quantization import Int8Einsum
 
 STORAGE_DTYPES = {
     "int8": jnp.dtype(jnp.int8),
@@ -220,10 +220,8 @@ class StoredEinsum(nn.Module):
           bias=[],
           dequant_dtype=lhs.dtype,
       )
-      aqt = aqt_flax.AqtEinsum(
-          cfg=int8_aqt_config(), prng_name=None, name="aqt"
-      )
-      return aqt(eqn, lhs, qt)
+      # The training mode's AQT einsum, given the stored weights.
+      return Int8Einsum(name="int8")(eqn, lhs, qt)
     out = jnp.einsum(
         eqn,
         _fp8_input(lhs, rhs),
