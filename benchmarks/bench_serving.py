@@ -57,6 +57,13 @@ def expert_bytes(config_name: str) -> dict[str, int]:
   return out
 
 
+def _human(n: int) -> str:
+  for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    if n >= size:
+      return f"{n / size:.2f} {unit}"
+  return f"{n} B"
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
@@ -76,11 +83,11 @@ def main() -> None:
   args = parser.parse_args()
 
   print("expert-weight bytes (routed + shared kernels and their scales)")
-  print(f"{'config':<16}" + "".join(f"{s:>18}" for s in STORAGE))
+  print(f"{'config':<16}" + "".join(f"{s:>20}" for s in STORAGE))
   for name in args.configs:
     row = expert_bytes(name)
     cells = "".join(
-        f"{row[s]:>12,} {row[s] / row['float32']:.2f}x"[-18:].rjust(18)
+        f"{_human(row[s])} {row[s] / row['float32']:.2f}x".rjust(20)
         for s in STORAGE
     )
     print(f"{name:<16}{cells}")

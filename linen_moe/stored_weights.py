@@ -97,10 +97,6 @@ class StoredKernel:
   def dtype(self):
     return self.values.dtype
 
-  def dequantize(self, dtype=jnp.float32) -> jax.Array:
-    """The float kernel it stands for (tests and checks; never the forward)."""
-    return self.values.astype(dtype) * self.scale.astype(dtype)
-
 
 def _check_given(module: nn.Module, name: str, shape, mode: str) -> None:
   """Converted weights of this mode and shape, or a ValueError that says
@@ -114,9 +110,11 @@ def _check_given(module: nn.Module, name: str, shape, mode: str) -> None:
     values = nn.unbox(module.get_variable("params", name))
     if values.dtype != storage:
       converted = values.dtype in STORAGE_DTYPES.values()
-      what = "weights converted for another mode" if converted else "float"
+      what = (
+          "weights converted for another mode" if converted else "float weights"
+      )
       raise ValueError(
-          f"{path(name)} holds {what} weights ({values.dtype}), but a serving "
+          f"{path(name)} holds {what} ({values.dtype}), but a serving "
           f"layer with quantization={mode!r} reads {storage} weights: "
           "convert the float variables for this mode with "
           "linen_moe.serving.quantize_weights."
