@@ -31,6 +31,7 @@ What `apply` needs, per mode:
          `output_grad_amax_history` (amax_history_length,). Differentiate the
          loss with respect to this collection too; its "gradient" is the new
          value, which the train step writes back (never into the optimizer).
+         A non-finite amax is never recorded (`finite_amax_history`).
 
 Quantization state never lives in `params`, so one `params` tree loads into
 every mode.
@@ -135,6 +136,41 @@ class Int8GroupedMatmul(GroupedMatmul):
     return int8_grouped_matmul(lhs, rhs, group_sizes, self.implementation)
 
 
+@jax.custom_vjp
+def finite_amax_history(history: jax.Array) -> jax.Array:
+  """Identity on an amax history whose "gradient" holds only finite values.
+
+  Flax's `fp8_ops.in_qdq`/`out_qdq` return the new history as the cotangent of
+  the old one: rolled left by one, with the newest amax (max |x| of the input,
+  or of the output gradient) at index 0. An `inf` or `nan` there would stay in
+  the window for `amax_history_length` steps, and Flax keeps the old scale
+  while the window holds a non-finite value: scaling would freeze. The
+  backward here records every non-finite entry as 0 instead, the neutral
+  element of the maximum that both the scale (max over the window) and the
+  combination of microbatches and devices (element-wise max) take: a
+  non-finite amax is ignored, the finite ones stay, and a history restored
+  with a non-finite entry is cleaned on the next step.
+
+  Args:
+    history: <float32>[amax_history_length].
+
+  Returns:
+    `history`, unchanged.
+  """
+  return history
+
+
+def _finite_amax_history_fwd(history):
+  return history, None
+
+
+def _finite_amax_history_bwd(_, new_history):
+  return (jnp.where(jnp.isfinite(new_history), new_history, 0.0),)
+
+
+finite_amax_history.defvjp(_finite_amax_history_fwd, _finite_amax_history_bwd)
+
+
 class _Fp8(_Contraction):
   """Delayed-scaling fp8 around the contraction (Flax `fp8_ops` qdq).
 
@@ -147,6 +183,9 @@ class _Fp8(_Contraction):
   `input_scale`, `kernel_scale`, `output_grad_scale` <float32>[1], initialised
   to 1; histories `input_amax_history`, `kernel_amax_history`,
   `output_grad_amax_history` <float32>[amax_history_length], initialised to 0.
+  A non-finite amax (an `inf` input, a `nan` gradient) is recorded as 0, so
+  it never enters a history and the scales keep adapting
+  (`finite_amax_history`); finite values are recorded as Flax does.
 
   Attributes:
     amax_history_length: length of each amax history.
@@ -170,7 +209,9 @@ class _Fp8(_Contraction):
         (self.amax_history_length,),
         jnp.float32,
     )
-    return qdq_fn(x.dtype, q_dtype, x, scale.value, history.value)
+    return qdq_fn(
+        x.dtype, q_dtype, x, scale.value, finite_amax_history(history.value)
+    )
 
   def _wrap(self, contract: Callable, lhs: jax.Array, rhs: jax.Array):
     dtype = jnp.result_type(lhs, rhs)
