@@ -16,6 +16,7 @@ from linen_moe.moe import RoutedMoE
 from linen_moe.moe import SharedExpert
 from linen_moe.quantization import AQT_RNG_STREAM
 from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from linen_moe.tokens import TokenEmbed
 
 # Flax RNG streams the layer draws from at apply time (AQT's stochastic
 # rounding), split across scanned layers so each layer draws its own.
@@ -179,13 +180,14 @@ class DecoderBlock(nn.Module):
     return x, (aux.load_balance_loss, aux.dropped_fraction)
 
 
-def embedding(cfg: ModelConfig, **kwargs) -> nn.Embed:
+def embedding(cfg: ModelConfig, **kwargs) -> TokenEmbed:
   """The token embedding, `embedding` [V, M] named ("vocab", "embed").
 
   Rows of unit norm keep the tied logits O(1) at init; the decoders scale
   the input back up by sqrt(emb_dim) so the residual stream has unit RMS.
+  An id outside [0, V) embeds as NaN (`linen_moe.tokens`).
   """
-  return nn.Embed(
+  return TokenEmbed(
       cfg.vocab_size,
       cfg.moe.emb_dim,
       embedding_init=nn.with_logical_partitioning(

@@ -112,12 +112,37 @@ def int8_aqt_config() -> aqt_config.DotGeneral:
   )
 
 
+def _forward_only(out: jax.Array, where: str) -> jax.Array:
+  """Identity whose gradient is a `ValueError`: an int8 einsum applied
+  without the RNG its backward needs (raised while the gradient is traced,
+  before AQT's own backward would fail on an assertion)."""
+
+  @jax.custom_vjp
+  def identity(out):
+    return out
+
+  def fwd(out):
+    return out, None
+
+  def bwd(_, g):
+    raise ValueError(
+        f"{where}: rngs has no {AQT_RNG_STREAM!r} key, but the gradient of "
+        "an int8 (AQT) einsum rounds stochastically and needs one: pass "
+        f'rngs={{"{AQT_RNG_STREAM}": key}} to apply (a fresh key per step; '
+        "under NNX, rngs=key to the EagerToNNX call or rng=key to "
+        "nnx_adapter.Decoder); a forward-only apply needs none."
+    )
+
+  identity.defvjp(fwd, bwd)
+  return identity(out)
+
+
 class Int8Einsum(nn.Module):
   """AQT int8 einsum in training mode; keeps no variables.
 
   Reads the `AQT_RNG_STREAM` RNG when one is passed to `apply` (needed for
   gradients: stochastic rounding of the cotangent); without one the forward
-  still runs, and taking a gradient fails inside AQT.
+  still runs, and taking a gradient is a `ValueError` saying to pass it.
   """
 
   @nn.compact
@@ -126,7 +151,11 @@ class Int8Einsum(nn.Module):
     aqt = aqt_flax.AqtEinsum(
         cfg=int8_aqt_config(), prng_name=stream, name="aqt"
     )
-    return aqt(eqn, lhs, rhs)
+    out = aqt(eqn, lhs, rhs)
+    if stream is None:
+      where = "/".join(self.scope.path) or type(self).__name__
+      out = _forward_only(out, f"int8 einsum {where}")
+    return out
 
 
 class Int8GroupedMatmul(GroupedMatmul):

@@ -9,6 +9,7 @@ import time
 
 from linen_moe.config import QUANTIZATIONS
 from linen_moe.config import available_configs
+from linen_moe_cli import options
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -61,6 +62,13 @@ def model_overrides(args: argparse.Namespace) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+  options.check_train_options(
+      steps=args.steps,
+      batch_size=args.batch_size,
+      seq_len=args.seq_len,
+      learning_rate=args.learning_rate,
+      grad_accum=args.grad_accum,
+  )
   from linen_moe_cli import train_job  # noqa: PLC0415 (jax import is slow)
 
   start = time.perf_counter()
@@ -139,6 +147,12 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+  options.check_int("repeats", args.repeats, 1)
+  no_chart = options.missing_optional(
+      "matplotlib", "the chart (bench.png) is skipped; bench.json is written"
+  )
+  if no_chart:
+    print(f"linen-moe bench: {no_chart}", file=sys.stderr)
   from linen_moe_cli import bench_report  # noqa: PLC0415
 
   rows = bench_report.run(
@@ -147,6 +161,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
       tuple(args.target or ("layer",)),
       args.repeats,
       args.out,
+      chart=not no_chart,
   )
   return 1 if any("error" in r for r in rows) else 0
 
@@ -256,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     return args.func(args)
   except ValueError as e:
     print(f"linen-moe: error: {e}", file=sys.stderr)
+    return 2
+  except ModuleNotFoundError as e:  # an optional package no check foresaw
+    needed = options.missing_optional(e.name or str(e), "this command stops")
+    print(f"linen-moe: error: {needed or e}", file=sys.stderr)
     return 2
 
 

@@ -14,7 +14,9 @@ from linen_moe.config import load_model_config
 from linen_moe.data import MarkovData
 from linen_moe.decoder import Decoder
 from linen_moe.sharded_train import ShardedTraining
+from linen_moe.tokens import validate_tokens
 from linen_moe_cli import matrix
+from linen_moe_cli import options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,17 +50,27 @@ def train(
     mesh: str | None = None,
 ) -> TrainResult:
   """Trains the reference decoder in `frontend` ("linen" or "nnx"); returns
-  the per-step losses.
+  the per-step losses. Bad options are a `ValueError` before any work
+  (`options.check_train_options`), and so is a batch holding an id outside
+  [0, vocab_size) (`linen_moe.tokens.validate_tokens`), before its step.
 
   With `mesh` (e.g. "data=2,expert=4", see `sharding.make_mesh`) the state is
   sharded at initialisation and every step runs on that mesh.
   """
-  if steps < 1:
-    raise ValueError(f"steps={steps} must be >= 1.")
+  options.check_train_options(
+      steps=steps,
+      batch_size=batch_size,
+      seq_len=seq_len,
+      learning_rate=learning_rate,
+      grad_accum=grad_accum,
+  )
   device_mesh = None if mesh is None else sharding.make_mesh(mesh)
   cfg = load_model_config(config, **overrides)
   data = MarkovData(cfg.vocab_size)
-  batches = data.batches(batch_size, seq_len, seed=seed + 1)
+  batches = (
+      validate_tokens(b, cfg.vocab_size, name="batch")
+      for b in data.batches(batch_size, seq_len, seed=seed + 1)
+  )
   fe = matrix.frontend(frontend)
   optimizer = train_lib.default_optimizer(learning_rate)
   rng = jax.random.key(seed)
