@@ -21,8 +21,8 @@ import numpy as np
 
 from linen_moe import load_model_config
 from linen_moe import tokens as tokens_lib
-from linen_moe.data import MarkovData
 from linen_moe.decoder import Decoder
+from linen_moe.training import MarkovData
 from linen_moe_cli import bench_report
 from linen_moe_cli import main as cli
 from linen_moe_cli import options
@@ -105,7 +105,7 @@ class TokensTest(absltest.TestCase):
 
     with (
         mock.patch.object(MarkovData, "batches", batches),
-        mock.patch.object(train_job.matrix, "frontend") as frontend,
+        mock.patch.object(train_job, "get_frontend") as frontend,
     ):
       with self.assertRaisesRegex(
           ValueError, rf"batch\[0, 0\]={V} is invalid: .*vocab_size={V}"

@@ -18,7 +18,7 @@ import numpy as np
 from linen_moe import RoutedMoE
 from linen_moe import load_config
 from linen_moe import quantization
-from linen_moe.quantization import OVERWRITE_WITH_GRADIENT as OWG
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT as OWG
 
 ROLES = ("input", "kernel", "output_grad")
 HISTORY = 4
