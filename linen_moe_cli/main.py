@@ -68,6 +68,7 @@ def cmd_train(args: argparse.Namespace) -> int:
       seq_len=args.seq_len,
       learning_rate=args.learning_rate,
       grad_accum=args.grad_accum,
+      max_consecutive_skips=args.max_consecutive_skips,
   )
   from linen_moe_cli import train_job  # noqa: PLC0415 (jax import is slow)
 
@@ -84,11 +85,13 @@ def cmd_train(args: argparse.Namespace) -> int:
       progress=not args.no_progress,
       mesh=args.mesh,
       frontend=args.frontend,
+      max_consecutive_skips=args.max_consecutive_skips,
   )
   print(
       f"steps: {args.steps}  first loss: {result.first_loss:.4f}  "
       f"final loss: {result.final_loss:.4f}  "
       f"best achievable: {result.best_loss:.4f}  "
+      f"skipped steps: {result.skipped_steps}  "
       f"wall: {time.perf_counter() - start:.1f}s"
   )
   return 0
@@ -204,6 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
       help="the Linen decoder or the NNX one (nnx_adapter)",
   )
   train.add_argument(
+      "--max-consecutive-skips",
+      type=int,
+      default=10,
+      help=(
+          "stop after this many steps in a row were skipped for a "
+          "non-finite loss or gradient"
+      ),
+  )
+  train.add_argument(
       "--no-progress", action="store_true", help="no progress bar"
   )
   train.set_defaults(func=cmd_train)
@@ -272,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
   except ValueError as e:
     print(f"linen-moe: error: {e}", file=sys.stderr)
     return 2
+  except options.RunStopped as e:
+    print(f"linen-moe: error: {e}", file=sys.stderr)
+    return 1
   except ModuleNotFoundError as e:  # an optional package no check foresaw
     needed = options.missing_optional(e.name or str(e), "this command stops")
     print(f"linen-moe: error: {needed or e}", file=sys.stderr)

@@ -14,6 +14,11 @@ from typing import Any
 EXTRAS = {"matplotlib": "bench", "hypothesis": "test"}
 
 
+class RunStopped(Exception):
+  """A run stopped on purpose (e.g. too many skipped steps); the message
+  says where and why."""
+
+
 def _fail(name: str, value: Any, allowed: str) -> None:
   flag = "--" + name.replace("_", "-")
   raise ValueError(f"{name}={value!r} ({flag}) is invalid: {allowed}.")

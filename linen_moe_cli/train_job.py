@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -21,18 +22,22 @@ from linen_moe_cli.frontends import frontend as get_frontend
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
+  """Per-step cross-entropy (NaN where the step was skipped), the best
+  achievable loss, and how many steps were skipped."""
+
   losses: list[float]
   best_loss: float
+  skipped_steps: int = 0
 
   @property
   def first_loss(self) -> float:
-    return self.losses[0]
+    return next((x for x in self.losses if math.isfinite(x)), math.nan)
 
   @property
   def final_loss(self) -> float:
-    """Mean of the last 10 steps' losses (less noisy than the last one)."""
-    tail = self.losses[-10:]
-    return sum(tail) / len(tail)
+    """Mean of the last 10 steps' finite losses (less noisy than the last)."""
+    tail = [x for x in self.losses[-10:] if math.isfinite(x)]
+    return sum(tail) / len(tail) if tail else math.nan
 
 
 def train(
@@ -48,6 +53,7 @@ def train(
     progress: bool = True,
     frontend: str = "linen",
     mesh: str | None = None,
+    max_consecutive_skips: int = 10,
 ) -> TrainResult:
   """Trains the reference decoder in `frontend` ("linen" or "nnx"); returns
   the per-step losses. Bad options are a `ValueError` before any work
@@ -56,6 +62,10 @@ def train(
 
   With `mesh` (e.g. "data=2,expert=4", see `sharding.make_mesh`) the state is
   sharded at initialisation and every step runs on that mesh.
+
+  A step with a non-finite loss or gradient is skipped (the state stays as it
+  was; `linen_moe.training.skip`) and counted; after `max_consecutive_skips`
+  skipped steps in a row the run stops with `options.RunStopped`.
   """
   options.check_train_options(
       steps=steps,
@@ -63,6 +73,7 @@ def train(
       seq_len=seq_len,
       learning_rate=learning_rate,
       grad_accum=grad_accum,
+      max_consecutive_skips=max_consecutive_skips,
   )
   device_mesh = None if mesh is None else sharding.make_mesh(mesh)
   cfg = load_model_config(config, **overrides)
@@ -81,15 +92,27 @@ def train(
   else:
     run = sharded_training(frontend, cfg, optimizer, device_mesh, grad_accum)
     state, step = run.init(first, rng), run.step
-  losses = []
+  losses, skipped, in_a_row = [], 0, 0
   bar = tqdm.trange(steps, disable=not progress, desc="train")
   for i in bar:
     tokens = first if i == 0 else jnp.asarray(next(batches))
     state, metrics = step(state, tokens, jax.random.fold_in(rng, i))
     loss = float(metrics["cross_entropy"])
     losses.append(loss)
-    bar.set_postfix(loss=f"{loss:.3f}", best=f"{data.best_loss:.3f}")
-  return TrainResult(losses=losses, best_loss=data.best_loss)
+    in_a_row = in_a_row + 1 if int(metrics["skipped"]) else 0
+    skipped += in_a_row > 0
+    if in_a_row >= max_consecutive_skips:
+      raise options.RunStopped(
+          f"stopped at step {i + 1} of {steps}: the last {in_a_row} steps "
+          f"({i + 2 - in_a_row} to {i + 1}) were all skipped for a non-finite "
+          f"loss or gradient (--max-consecutive-skips {max_consecutive_skips}"
+          f"; {skipped} skipped in all). The run is not recovering: lower "
+          "--learning-rate, or check the data."
+      )
+    bar.set_postfix(
+        loss=f"{loss:.3f}", best=f"{data.best_loss:.3f}", skipped=skipped
+    )
+  return TrainResult(losses, data.best_loss, skipped)
 
 
 def sharded_training(frontend: str, cfg, optimizer, mesh, grad_accum: int = 1):

@@ -54,6 +54,10 @@ class TrainOptionsTest(parameterized.TestCase):
       (["--learning-rate", "nan"], r"learning_rate=nan .*finite number > 0"),
       (["--grad-accum", "0"], r"grad_accum=0 .*integer >= 1"),
       (
+          ["--max-consecutive-skips", "0"],
+          r"max_consecutive_skips=0 \(--max-consecutive-skips\) .*>= 1",
+      ),
+      (
           ["--batch-size", "4", "--grad-accum", "3"],
           r"grad_accum=3 .*divisor of batch_size=4 \(\[1, 2, 4\]\)",
       ),
