@@ -2,9 +2,10 @@
 
 The public API is what `__all__` lists; everything else is reached through
 the documented submodules (`linen_moe.sharding`, `linen_moe.training`,
-`linen_moe.hlo`) or is private.
+`linen_moe.hlo`, `linen_moe.distributed`) or is private.
 """
 
+from linen_moe import distributed
 from linen_moe import hlo
 from linen_moe import sharding
 from linen_moe import training
@@ -54,6 +55,7 @@ __all__ = [
     "TrainState",
     "available_configs",
     "default_optimizer",
+    "distributed",
     "hlo",
     "init_train_state",
     "load_config",

@@ -65,7 +65,7 @@ from linen_moe.sparse import sparse_experts
 
 # Variable collections lifted into the shard_map body: every one except the
 # parameters (the expert weights enter as explicit, expert-sharded operands).
-LIFTED_COLLECTIONS = nn.DenyList(("params",))
+_LIFTED_COLLECTIONS = nn.DenyList(("params",))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,8 +207,8 @@ def _lifted_shard_map(fn, *, ep: ExpertParallelPlan, in_specs, out_specs):
 
   return core_lift.pack(
       inner,
-      (LIFTED_COLLECTIONS,),
-      (LIFTED_COLLECTIONS,),
+      (_LIFTED_COLLECTIONS,),
+      (_LIFTED_COLLECTIONS,),
       (True,),
       name="expert_parallel",
   )

@@ -61,7 +61,7 @@ FP8_DTYPES = {
     "fp8": (jnp.float8_e4m3fn, jnp.float8_e5m2),
     "nanoo_fp8": (jnp.float8_e4m3fnuz, jnp.float8_e5m2fnuz),
 }
-OPTIONS = ("implementation", "amax_history_length")
+_OPTIONS = ("implementation", "amax_history_length")
 
 
 class _Contraction(nn.Module):
@@ -101,7 +101,7 @@ class GroupedMatmul(_Contraction):
     return self._wrap(lambda a, b: self._matmul(a, b, group_sizes), lhs, rhs)
 
 
-def int8_aqt_config() -> aqt_config.DotGeneral:
+def _int8_aqt_config() -> aqt_config.DotGeneral:
   """AQT int8 training config: 8-bit fwd and dlhs, int32 accumulation."""
   return aqt_config.config_v4(
       fwd_bits=8,
@@ -149,7 +149,7 @@ class Int8Einsum(nn.Module):
   def __call__(self, eqn: str, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
     stream = AQT_RNG_STREAM if self.has_rng(AQT_RNG_STREAM) else None
     aqt = aqt_flax.AqtEinsum(
-        cfg=int8_aqt_config(), prng_name=stream, name="aqt"
+        cfg=_int8_aqt_config(), prng_name=stream, name="aqt"
     )
     out = aqt(eqn, lhs, rhs)
     if stream is None:
@@ -286,9 +286,9 @@ def contraction_modules(mode: str, **options: Any) -> ContractionModules:
     raise ValueError(
         f"Unknown quantization {mode!r}; allowed: {QUANTIZATIONS}."
     )
-  unknown = sorted(set(options) - set(OPTIONS))
+  unknown = sorted(set(options) - set(_OPTIONS))
   if unknown:
-    raise ValueError(f"Unknown option(s) {unknown}; allowed: {OPTIONS}.")
+    raise ValueError(f"Unknown option(s) {unknown}; allowed: {_OPTIONS}.")
   grouped = {"implementation": options.get("implementation", "auto")}
   if mode == "none":
     return ContractionModules(Einsum, GroupedMatmul, grouped_kwargs=grouped)

@@ -9,6 +9,8 @@ import time
 
 from linen_moe.config import QUANTIZATIONS
 from linen_moe.config import available_configs
+from linen_moe.distributed import DEFAULT_HEARTBEAT_TIMEOUT_S
+from linen_moe.distributed import DEFAULT_INIT_TIMEOUT_S
 from linen_moe_cli import options
 
 
@@ -47,6 +49,40 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
   )
 
 
+def _add_process_args(p: argparse.ArgumentParser) -> None:
+  group = p.add_argument_group(
+      "multiple processes",
+      "one process per host joined by jax.distributed (none of these under "
+      "Slurm srun, Open MPI mpirun or a Cloud TPU pod, which JAX detects)",
+  )
+  group.add_argument(
+      "--coordinator",
+      default=None,
+      metavar="HOST:PORT",
+      help="address of process 0, which serves the coordination service",
+  )
+  group.add_argument(
+      "--num-processes", type=int, default=None, help="N, all processes"
+  )
+  group.add_argument(
+      "--process-id", type=int, default=None, help="this process, in [0, N)"
+  )
+  group.add_argument(
+      "--init-timeout",
+      type=int,
+      default=DEFAULT_INIT_TIMEOUT_S,
+      metavar="SECONDS",
+      help="give up when the processes have not all joined by then",
+  )
+  group.add_argument(
+      "--heartbeat-timeout",
+      type=int,
+      default=DEFAULT_HEARTBEAT_TIMEOUT_S,
+      metavar="SECONDS",
+      help="a silent process counts as dead after this; the others then stop",
+  )
+
+
 def model_overrides(args: argparse.Namespace) -> dict:
   """Config overrides named on the command line."""
   overrides = {}
@@ -70,6 +106,38 @@ def cmd_train(args: argparse.Namespace) -> int:
       grad_accum=args.grad_accum,
       max_consecutive_skips=args.max_consecutive_skips,
   )
+  from linen_moe import distributed  # noqa: PLC0415 (jax import is slow)
+
+  several = distributed.initialize(
+      args.coordinator,
+      args.num_processes,
+      args.process_id,
+      init_timeout_s=args.init_timeout,
+      heartbeat_timeout_s=args.heartbeat_timeout,
+  )
+  if not several:
+    return _train(args)
+  try:
+    return _train(args)
+  except (ValueError, options.RunStopped):
+    # Every process rejects the same input, and sees the same (replicated)
+    # skipped steps: they exit together.
+    raise
+  except BaseException:  # noqa: BLE001
+    # Leave now: the normal exit waits at a shutdown barrier for peers that
+    # may be blocked in a collective with this process. Once its heartbeats
+    # stop, JAX terminates the others with an error.
+    import traceback  # noqa: PLC0415
+
+    print(f"[process {args.process_id}]", file=sys.stderr)
+    traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _train(args: argparse.Namespace) -> int:
+  from linen_moe import distributed  # noqa: PLC0415
   from linen_moe_cli import train_job  # noqa: PLC0415 (jax import is slow)
 
   start = time.perf_counter()
@@ -87,13 +155,14 @@ def cmd_train(args: argparse.Namespace) -> int:
       frontend=args.frontend,
       max_consecutive_skips=args.max_consecutive_skips,
   )
-  print(
-      f"steps: {args.steps}  first loss: {result.first_loss:.4f}  "
-      f"final loss: {result.final_loss:.4f}  "
-      f"best achievable: {result.best_loss:.4f}  "
-      f"skipped steps: {result.skipped_steps}  "
-      f"wall: {time.perf_counter() - start:.1f}s"
-  )
+  if distributed.is_main_process():
+    print(
+        f"steps: {args.steps}  first loss: {result.first_loss:.4f}  "
+        f"final loss: {result.final_loss:.4f}  "
+        f"best achievable: {result.best_loss:.4f}  "
+        f"skipped steps: {result.skipped_steps}  "
+        f"wall: {time.perf_counter() - start:.1f}s"
+    )
   return 0
 
 
@@ -169,6 +238,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
   return 1 if any("error" in r for r in rows) else 0
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+  from linen_moe_cli import launch  # noqa: PLC0415
+
+  command = args.command[1:] if args.command[:1] == ["--"] else args.command
+  return launch.launch(
+      command,
+      args.local_processes,
+      args.devices_per_process,
+      timeout_s=args.timeout,
+  )
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="linen-moe",
@@ -218,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
   train.add_argument(
       "--no-progress", action="store_true", help="no progress bar"
   )
+  _add_process_args(train)
   train.set_defaults(func=cmd_train)
 
   mat = sub.add_parser(
@@ -247,6 +329,33 @@ def build_parser() -> argparse.ArgumentParser:
       ),
   )
   mat.set_defaults(func=cmd_matrix)
+
+  launch = sub.add_parser(
+      "launch",
+      help="run `train` as N local processes joined by jax.distributed",
+      usage=(
+          "linen-moe launch --local-processes N [--devices-per-process D] "
+          "[--timeout SECONDS] -- train [train flags]"
+      ),
+  )
+  launch.add_argument("--local-processes", type=int, required=True)
+  launch.add_argument(
+      "--devices-per-process",
+      type=int,
+      default=None,
+      help="simulate D CPU devices in each process (default: JAX's devices)",
+  )
+  launch.add_argument(
+      "--timeout",
+      type=float,
+      default=3600.0,
+      metavar="SECONDS",
+      help="stop every process and fail past this",
+  )
+  launch.add_argument(
+      "command", nargs=argparse.REMAINDER, help="-- train [train flags]"
+  )
+  launch.set_defaults(func=cmd_launch)
 
   bench = sub.add_parser(
       "bench", help="time forward+backward of the layer across sizes/paths"

@@ -1,7 +1,7 @@
 """Checks of what a command is given and what it needs, before any work.
 
-Imports no jax: a bad flag or a missing optional package is reported in
-well under a second, not after minutes of compiling and running.
+Imports no jax: a bad flag or a missing optional package is reported
+before any computation, not after minutes of compiling and running.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import tqdm
 
+from linen_moe import distributed
 from linen_moe import sharding
 from linen_moe.config import load_model_config
 from linen_moe.decoder import Decoder
@@ -61,7 +62,11 @@ def train(
   [0, vocab_size) (`linen_moe.tokens.validate_tokens`), before its step.
 
   With `mesh` (e.g. "data=2,expert=4", see `sharding.make_mesh`) the state is
-  sharded at initialisation and every step runs on that mesh.
+  sharded at initialisation and every step runs on that mesh. One of several
+  processes (`jax.distributed`) trains on a mesh over every process's
+  devices (default: "data=<global device count>"); each process generates
+  the same global batches from `seed` and places only its own shards, and
+  only process 0 shows the progress bar.
 
   A step with a non-finite loss or gradient is skipped (the state stays as it
   was; `linen_moe.training.skip`) and counted; after `max_consecutive_skips`
@@ -75,6 +80,8 @@ def train(
       grad_accum=grad_accum,
       max_consecutive_skips=max_consecutive_skips,
   )
+  if mesh is None and jax.process_count() > 1:
+    mesh = f"data={jax.device_count()}"
   device_mesh = None if mesh is None else sharding.make_mesh(mesh)
   cfg = load_model_config(config, **overrides)
   data = MarkovData(cfg.vocab_size)
@@ -85,17 +92,24 @@ def train(
   fe = get_frontend(frontend)
   optimizer = default_optimizer(learning_rate)
   rng = jax.random.key(seed)
-  first = jnp.asarray(next(batches))
   if device_mesh is None:
+    feed = jnp.asarray
+    first = feed(next(batches))
     state = fe.init(cfg, optimizer, first, rng)
     step = jax.jit(fe.make_step(cfg, optimizer, grad_accum), donate_argnums=0)
   else:
     run = sharded_training(frontend, cfg, optimizer, device_mesh, grad_accum)
+    tokens_sharding = run.token_sharding()
+    feed = lambda batch: distributed.global_array(  # noqa: E731
+        batch.shape, tokens_sharding, batch
+    )
+    first = feed(next(batches))
     state, step = run.init(first, rng), run.step
   losses, skipped, in_a_row = [], 0, 0
-  bar = tqdm.trange(steps, disable=not progress, desc="train")
+  show = progress and distributed.is_main_process()
+  bar = tqdm.trange(steps, disable=not show, desc="train")
   for i in bar:
-    tokens = first if i == 0 else jnp.asarray(next(batches))
+    tokens = first if i == 0 else feed(next(batches))
     state, metrics = step(state, tokens, jax.random.fold_in(rng, i))
     loss = float(metrics["cross_entropy"])
     losses.append(loss)
