@@ -15,6 +15,7 @@ from linen_moe.config import ModelConfig
 from linen_moe.expert import SharedExpert
 from linen_moe.moe import RoutedMoE
 from linen_moe.scan import scan_blocks
+from linen_moe.tokens import TokenEmbed
 from linen_moe.variables import CACHE
 
 
@@ -207,13 +208,14 @@ class DecoderBlock(nn.Module):
     return x, (aux.load_balance_loss, aux.dropped_fraction)
 
 
-def embedding(cfg: ModelConfig, **kwargs) -> nn.Embed:
+def embedding(cfg: ModelConfig, **kwargs) -> TokenEmbed:
   """The token embedding, `embedding` [V, M] named ("vocab", "embed").
 
   Rows of unit norm keep the tied logits O(1) at init; the decoders scale
   the input back up by sqrt(emb_dim) so the residual stream has unit RMS.
+  An id outside [0, V) embeds as NaN (`linen_moe.tokens`).
   """
-  return nn.Embed(
+  return TokenEmbed(
       cfg.vocab_size,
       cfg.moe.emb_dim,
       embedding_init=nn.with_logical_partitioning(

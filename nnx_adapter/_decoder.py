@@ -158,7 +158,8 @@ def nnx_to_linen(model: nnx.Module) -> PyTree:
 def linen_to_nnx(variables: PyTree, model: nnx.Module) -> nnx.Module:
   """Loads Linen variables (e.g. from `linen_moe.decoder.Decoder.init`) into
   `model` in place and returns it. Every variable of the model must be given
-  with its shape and dtype, and nothing else."""
+  with its shape and dtype, and nothing else; otherwise a `ValueError` names
+  the paths and both shapes, and nothing is loaded."""
   given = nnx.traversals.flatten_mapping(dict(sharding.unbox(variables)))
   wanted = _flat_variables(model)
   missing = sorted(set(wanted) - set(given))
@@ -168,13 +169,20 @@ def linen_to_nnx(variables: PyTree, model: nnx.Module) -> nnx.Module:
         f"Linen variables do not match the NNX model: missing {missing}, "
         f"unexpected {extra}."
     )
+  wrong = [
+      f"{'/'.join(map(str, key))}: expected "
+      f"{var.get_value().dtype}{list(var.get_value().shape)}, got "
+      f"{given[key].dtype}{list(given[key].shape)}"
+      for key, var in wanted.items()
+      if (given[key].shape, given[key].dtype)
+      != (var.get_value().shape, var.get_value().dtype)
+  ]
+  if wrong:  # checked before anything is loaded: all or nothing
+    more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+    raise ValueError(
+        "Linen variables do not fit the NNX model (another config?): "
+        f"{'; '.join(wrong[:3])}{more}."
+    )
   for key, var in wanted.items():
-    value = given[key]
-    old = var.get_value()
-    if value.shape != old.shape or value.dtype != old.dtype:
-      raise ValueError(
-          f"{'/'.join(map(str, key))}: expected {old.dtype}{list(old.shape)}, "
-          f"got {value.dtype}{list(value.shape)}."
-      )
-    var.set_value(jnp.asarray(value))  # `nnx.state` holds the live Variables
+    var.set_value(jnp.asarray(given[key]))  # `nnx.state` holds the Variables
   return model
