@@ -142,7 +142,10 @@ def dense_dropping(
   dispatch = jnp.sum(slots, axis=2)  # [B, S, E, C]
   weights = router.weights.reshape(b, s, k, 1, 1)
   combine = jnp.sum(slots * weights, axis=2)  # [B, S, E, C]
-  dropped = 1.0 - jnp.sum(slots) / (b * s * k)
+  # Counted in integers: 1 - kept / total in float32 (XLA multiplies by the
+  # reciprocal) leaves a small negative fraction when nothing is dropped.
+  total = b * s * k
+  dropped = (total - jnp.sum(slots.astype(jnp.int32))) / total
   expert_in = sharding.constrain(
       einsum("dispatch", "BSM,BSEC->EBCM", x, dispatch.astype(x.dtype)), EBCM
   )

@@ -9,6 +9,8 @@ Three kinds of state, each in its own collection (DESIGN.md, principle 6):
                             selection-only `routed_bias`): neither
                             differentiated nor optimised; replicated.
 
+plus, while decoding, the KV cache (`CACHE`).
+
 Anything that scans, stacks, shards or saves the layer's variables reads
 `STATE_COLLECTIONS` (every collection but `params`) and `RNG_STREAMS` from
 here, so a new kind of state is registered in one place.
@@ -26,6 +28,10 @@ UPDATED_BY_RULE = "updated_by_rule"
 
 # Non-parameter collections the layer may keep, in a fixed order.
 STATE_COLLECTIONS = (OVERWRITE_WITH_GRADIENT, UPDATED_BY_RULE)
+
+# The reference decoder's KV cache in decode mode (`linen_moe.decoding`):
+# stacked per layer like the state above, but neither trained nor saved.
+CACHE = "cache"
 
 # AQT int8 draws its stochastic rounding of the input gradient from this
 # stream whenever gradients are taken.

@@ -122,9 +122,16 @@ def write_chart(rows: list[dict], path: str) -> None:
 
 
 def run(
-    sweeps, quantizations, targets, repeats: int, out_dir: str, log=print
+    sweeps,
+    quantizations,
+    targets,
+    repeats: int,
+    out_dir: str,
+    log=print,
+    chart: bool = True,
 ) -> list[dict]:
-  """Runs the sweeps; prints and writes `bench.json` and `bench.png`."""
+  """Runs the sweeps; prints and writes `bench.json` and (with `chart`, which
+  needs matplotlib) `bench.png`."""
   start = time.perf_counter()
   roofline = run_case_subprocess(Case("medium", "roofline"), repeats)
   if "error" in roofline:
@@ -146,9 +153,9 @@ def run(
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "bench.json"), "w", encoding="utf-8") as f:
     json.dump({"roofline": roofline, "rows": rows}, f, indent=1)
-  write_chart(rows, os.path.join(out_dir, "bench.png"))
-  log(
-      f"\nwrote {out_dir}/bench.json and {out_dir}/bench.png "
-      f"({time.perf_counter() - start:.0f}s)"
-  )
+  written = [f"{out_dir}/bench.json"]
+  if chart:
+    write_chart(rows, os.path.join(out_dir, "bench.png"))
+    written.append(f"{out_dir}/bench.png")
+  log(f"\nwrote {' and '.join(written)} ({time.perf_counter() - start:.0f}s)")
   return rows

@@ -13,6 +13,7 @@ from linen_moe.config import QUANTIZATIONS
 from linen_moe.config import available_configs
 from linen_moe.distributed import DEFAULT_HEARTBEAT_TIMEOUT_S
 from linen_moe.distributed import DEFAULT_INIT_TIMEOUT_S
+from linen_moe_cli import options
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -123,6 +124,14 @@ def model_overrides(args: argparse.Namespace) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+  options.check_train_options(
+      steps=args.steps,
+      batch_size=args.batch_size,
+      seq_len=args.seq_len,
+      learning_rate=args.learning_rate,
+      grad_accum=args.grad_accum,
+      max_consecutive_skips=args.max_consecutive_skips,
+  )
   from linen_moe import distributed  # noqa: PLC0415 (jax import is slow)
 
   several = distributed.initialize(
@@ -136,8 +145,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     return _train(args)
   try:
     return _train(args)
-  except ValueError:
-    raise  # every process rejects the same input; they exit together
+  except (ValueError, options.RunStopped):
+    # Every process rejects the same input, and sees the same (replicated)
+    # skipped steps: they exit together.
+    raise
   except BaseException:  # noqa: BLE001
     # Leave now: the normal exit waits at a shutdown barrier for peers that
     # may be blocked in a collective with this process. Once its heartbeats
@@ -168,12 +179,14 @@ def _train(args: argparse.Namespace) -> int:
       progress=not args.no_progress,
       mesh=args.mesh,
       frontend=args.frontend,
+      max_consecutive_skips=args.max_consecutive_skips,
   )
   if distributed.is_main_process():
     print(
         f"steps: {args.steps}  first loss: {result.first_loss:.4f}  "
         f"final loss: {result.final_loss:.4f}  "
         f"best achievable: {result.best_loss:.4f}  "
+        f"skipped steps: {result.skipped_steps}  "
         f"expert load max/min: {result.load_ratio:.2f}  "
         f"wall: {time.perf_counter() - start:.1f}s"
     )
@@ -232,7 +245,33 @@ def cmd_matrix(args: argparse.Namespace) -> int:
   return 1 if failed else 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+  from linen_moe_cli import generate_job  # noqa: PLC0415 (jax import is slow)
+
+  overrides = model_overrides(args)
+  overrides.pop("quantization", None)
+  result = generate_job.generate(
+      args.config,
+      overrides,
+      quantization=args.quantization or "int8",
+      train_steps=args.train_steps,
+      batch_size=args.batch_size,
+      prompt_len=args.prompt_len,
+      new_tokens=args.new_tokens,
+      seed=args.seed,
+      repeats=args.repeats,
+  )
+  print(generate_job.format_report(result))
+  return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+  options.check_int("repeats", args.repeats, 1)
+  no_chart = options.missing_optional(
+      "matplotlib", "the chart (bench.png) is skipped; bench.json is written"
+  )
+  if no_chart:
+    print(f"linen-moe bench: {no_chart}", file=sys.stderr)
   from linen_moe_cli import bench_report  # noqa: PLC0415
 
   rows = bench_report.run(
@@ -241,6 +280,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
       tuple(args.target or ("layer",)),
       args.repeats,
       args.out,
+      chart=not no_chart,
   )
   return 1 if any("error" in r for r in rows) else 0
 
@@ -293,6 +333,15 @@ def build_parser() -> argparse.ArgumentParser:
       choices=("linen", "nnx"),
       default="linen",
       help="the Linen decoder or the NNX one (nnx_adapter)",
+  )
+  train.add_argument(
+      "--max-consecutive-skips",
+      type=int,
+      default=10,
+      help=(
+          "stop after this many steps in a row were skipped for a "
+          "non-finite loss or gradient"
+      ),
   )
   train.add_argument(
       "--no-progress", action="store_true", help="no progress bar"
@@ -381,6 +430,27 @@ def build_parser() -> argparse.ArgumentParser:
   bench.add_argument("--repeats", type=int, default=5)
   bench.add_argument("--out", default="benchmarks/results")
   bench.set_defaults(func=cmd_bench)
+  gen = sub.add_parser(
+      "generate",
+      help=(
+          "convert the decoder's expert weights for serving and decode "
+          "greedily with a KV cache, float vs converted"
+      ),
+  )
+  _add_model_args(gen)
+  gen.set_defaults(quantization="int8")
+  gen.add_argument(
+      "--train-steps",
+      type=int,
+      default=50,
+      help="train this many steps first, in the serving mode (0: fresh init)",
+  )
+  gen.add_argument("--batch-size", type=int, default=8)
+  gen.add_argument("--prompt-len", type=int, default=16)
+  gen.add_argument("--new-tokens", type=int, default=32)
+  gen.add_argument("--repeats", type=int, default=3, help="timed runs")
+  gen.add_argument("--seed", type=int, default=0)
+  gen.set_defaults(func=cmd_generate)
   return parser
 
 
@@ -390,6 +460,13 @@ def main(argv: list[str] | None = None) -> int:
     return args.func(args)
   except ValueError as e:
     print(f"linen-moe: error: {e}", file=sys.stderr)
+    return 2
+  except options.RunStopped as e:
+    print(f"linen-moe: error: {e}", file=sys.stderr)
+    return 1
+  except ModuleNotFoundError as e:  # an optional package no check foresaw
+    needed = options.missing_optional(e.name or str(e), "this command stops")
+    print(f"linen-moe: error: {needed or e}", file=sys.stderr)
     return 2
 
 

@@ -122,6 +122,30 @@ class GradAccumulationTest(parameterized.TestCase):
     self.assertGreater(float(jnp.mean(expected != bias0)), 0.5)
 
 
+class SkippedStepTest(parameterized.TestCase):
+
+  @parameterized.parameters("linen", "nnx")
+  def test_skipped_step_keeps_the_biases(self, frontend):
+    """A step with a NaN loss (an out-of-range token id) changes no bias; the
+    next, finite step moves them."""
+    cfg = _config(0.01, num_layers=1)
+    fe = get_frontend(frontend)
+    good = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(2, 8, 4)))
+    bad = good.at[1, 3].set(cfg.vocab_size)
+    state = fe.init(cfg, OPTIMIZER, good, jax.random.key(0))
+    step = jax.jit(fe.make_step(cfg, OPTIMIZER))
+    skipped, m_bad = step(state, bad, jax.random.key(1))
+    moved, m_good = step(skipped, good, jax.random.key(2))
+    self.assertEqual((int(m_bad["skipped"]), int(m_good["skipped"])), (1, 0))
+    before, after = _bias_leaves(frontend, state), _bias_leaves(
+        frontend, skipped
+    )
+    jax.tree.map(np.testing.assert_array_equal, after, before)
+    self.assertGreater(
+        float(jnp.abs(_bias_leaves(frontend, moved)[0] - after[0]).max()), 0.0
+    )
+
+
 class CommandLineTest(absltest.TestCase):
 
   def test_set_overrides(self):

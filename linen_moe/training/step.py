@@ -11,6 +11,7 @@ by the Linen train step here and by the NNX train step in `nnx_adapter`.
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -21,6 +22,7 @@ import optax
 
 from linen_moe import sharding
 from linen_moe.decoder import routed_bias_rule
+from linen_moe.training import skip
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.variables import UPDATED_BY_RULE
 from linen_moe.variables import rng_dict
@@ -112,16 +114,32 @@ def accumulate_gradients(
   return (scale(p), o), scale(m)
 
 
+def _zero_count() -> jax.Array:
+  return jnp.zeros((), jnp.int32)
+
+
 @flax.struct.dataclass
 class TrainState:
-  """Linen training state: params via optax, fp8 state by overwriting, the
-  `updated_by_rule` collection (routed biases) by its rule after the step."""
+  """Linen training state: params via optax, fp8 state by overwriting, routed
+  biases by their rule after the step.
+
+  Attributes:
+    step: <int32>[] steps taken, skipped ones included.
+    params: the decoder's `params` collection.
+    fp8_state: its `_overwrite_with_gradient` collection (may be empty).
+    opt_state: the optimizer's state.
+    skipped_steps: <int32>[] steps skipped for a non-finite loss or gradient
+      (`linen_moe.training.skip`).
+    rule_state: its `updated_by_rule` collection, the routed biases (may be
+      empty).
+  """
 
   step: jax.Array
   params: PyTree
   fp8_state: PyTree
   opt_state: PyTree
-  rule_state: PyTree = flax.struct.field(default_factory=dict)
+  skipped_steps: jax.Array = dataclasses.field(default_factory=_zero_count)
+  rule_state: PyTree = dataclasses.field(default_factory=dict)
 
 
 def boxed_train_state(
@@ -158,8 +176,15 @@ def make_train_step(
     grad_accum: int = 1,
 ):
   """A jittable `step(state, tokens, rng) -> (state, metrics)` for `model`
-  (a `Decoder`): AdamW-style update of params, fp8 state overwritten, routed
-  biases moved by their rule from the step's expert loads."""
+  (a `Decoder`): optimizer update of params, fp8 state overwritten, routed
+  biases moved by their rule from the step's expert loads
+  (`decoder.routed_bias_rule`).
+
+  A step whose loss or any gradient is non-finite leaves the state as it was
+  but for `step` (advanced) and `skipped_steps` (counted); see
+  `linen_moe.training.skip`. `metrics` holds the loss terms, `expert_load`,
+  `skipped` (0 or 1) and `skipped_steps`.
+  """
   rate = model.config.moe.routed_bias_update_rate
 
   def grad_fn(tokens, rng, params, fp8_state, rule_state):
@@ -190,16 +215,18 @@ def make_train_step(
     rule_state = state.rule_state
     if rate > 0:
       rule_state = routed_bias_rule(rule_state, metrics["expert_load"], rate)
-    return (
-        state.replace(
-            step=state.step + 1,
-            params=optax.apply_updates(state.params, updates),
-            fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
-            opt_state=opt_state,
-            rule_state=rule_state,
-        ),
-        metrics,
+    new = state.replace(
+        params=optax.apply_updates(state.params, updates),
+        fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
+        opt_state=opt_state,
+        rule_state=rule_state,
     )
+    ok = skip.all_finite((metrics["loss"], param_grads, fp8_grads))
+    skipped_steps, skip_metrics = skip.skip_metrics(ok, state.skipped_steps)
+    new = skip.keep_if_finite(ok, new, state).replace(
+        step=state.step + 1, skipped_steps=skipped_steps
+    )
+    return new, {**metrics, **skip_metrics}
 
   return step
 
