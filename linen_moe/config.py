@@ -380,6 +380,14 @@ class ModelConfig:
   def resolved_head_dim(self) -> int:
     return self.head_dim or self.moe.emb_dim // self.num_heads
 
+  @property
+  def shared_in_moe(self) -> bool:
+    """Whether a block's `moe` is a `RoutedAndSharedMoE` (shared experts
+    without post-MoE norms, DeepSeek / Qwen: `moe/routed_experts/`,
+    `moe/shared_experts/`), rather than the routed layer itself beside the
+    block's own `shared_experts/` (Gemma-4's post-MoE norms, or none)."""
+    return self.moe.shared_experts > 0 and not self.post_moe_norms
+
   def replace(self, **changes: Any) -> ModelConfig:
     """Overrides fields of this config or of its `moe` (flat keyword names)."""
     moe_fields = {f.name for f in dataclasses.fields(MoEConfig)}

@@ -203,7 +203,7 @@ class DecoderBlock(nn.Module):
       gate_inputs = (
           rms_normalize(x, cfg.norm_eps) * router_scale * moe_cfg.emb_dim**-0.5
       )
-    if moe_cfg.shared_experts > 0 and not cfg.post_moe_norms:
+    if cfg.shared_in_moe:
       mlp_out, aux = RoutedAndSharedMoE(moe_cfg, name="moe")(h, gate_inputs)
     else:
       routed, aux = RoutedMoE(moe_cfg, name="moe")(h, gate_inputs)

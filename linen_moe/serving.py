@@ -66,6 +66,10 @@ def _expert_nodes(config: MoEConfig | ModelConfig, params: Mapping):
       blocks = [((f"layers_{i}",), ()) for i in range(config.num_layers)]
     nodes = []
     for block, lead in blocks:
+      if config.shared_in_moe:
+        nodes.append(((*block, "moe", "routed_experts"), ROUTED, lead))
+        nodes.append(((*block, "moe", "shared_experts"), SHARED, lead))
+        continue
       nodes.append(((*block, "moe"), ROUTED, lead))
       if config.moe.shared_experts > 0:
         nodes.append(((*block, "shared_experts"), SHARED, lead))
