@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from linen_moe import permute
 from linen_moe import sharding
 
 # Variable collections lifted into the shard_map body: every one except the
@@ -156,27 +157,13 @@ def local_experts(
   """
   indices, weights = router
   wi_0, wi_1, wo = experts
-  t, m = x.shape
-  k = indices.shape[1]
-  n_local = wi_0.shape[0]
-  rows_per_token = min(k, n_local)
-  flat = indices.reshape(-1) - first_expert  # [T*k] local expert ids
-  is_local = (flat >= 0) & (flat < n_local)
-  key = jnp.where(is_local, flat, n_local)
-  order = jnp.argsort(key, stable=True)[: t * rows_per_token]  # [R]
-  group_sizes = jnp.bincount(key, length=n_local + 1)[:n_local].astype(
-      jnp.int32
-  )
-  valid = jnp.arange(order.shape[0]) < jnp.sum(group_sizes)  # [R]
-  rows = jnp.where(valid[:, None], x[order // k], 0)  # [R, M] sorted by expert
+  plan = permute.sort_plan(indices, wi_0.shape[0], first_expert)
+  group_sizes = plan.group_sizes
+  rows = permute.dispatch_rows(x, plan)  # [R, M] sorted by expert
   hidden = act(contract("wi_0", rows, wi_0, group_sizes))  # [R, H]
   hidden = hidden * contract("wi_1", rows, wi_1, group_sizes)
   expert_out = contract("wo", hidden, wo, group_sizes)  # [R, M]
-  # Row of each (token, choice) assignment; 0 (weight 0) for other experts'.
-  position = jnp.zeros(t * k, jnp.int32).at[order].set(jnp.arange(order.size))
-  unsorted = expert_out[position]  # [T*k, M], back in (token, choice) order
-  w = jnp.where(is_local, weights.reshape(-1), 0).astype(x.dtype)
-  return jnp.sum((unsorted * w[:, None]).reshape(t, k, m), axis=1)
+  return permute.combine_rows(expert_out, weights.astype(x.dtype), plan)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
