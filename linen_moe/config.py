@@ -16,11 +16,25 @@ from typing import Any
 import jax.numpy as jnp
 import yaml
 
-ACTIVATIONS = ("silu", "gelu", "gelu_exact", "relu", "linear")
+from linen_moe import activations
+from linen_moe import grouped_matmul
+
+ACTIVATIONS = tuple(activations.ACTIVATIONS)
 ROUTINGS = ("topk_then_softmax", "softmax_then_topk")
 QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
-GROUPED_MATMUL_IMPLEMENTATIONS = ("auto", "ragged_dot", "blocked", "kernel")
+GROUPED_MATMUL_IMPLEMENTATIONS = grouped_matmul.IMPLEMENTATIONS
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+# The three matmul paths, as the config overrides that select each one. The
+# dropping path's capacity factor of 1 gives every expert its fair share.
+PATHS: dict[str, dict[str, Any]] = {
+    "sparse": dict(sparse_matmul=True, capacity_factor=0.0),
+    "dense": dict(sparse_matmul=False, capacity_factor=0.0),
+    "dense_dropping": dict(sparse_matmul=False, capacity_factor=1.0),
+}
+# The tiny configs that train in seconds (tests, the matrix); the others are
+# full-size shapes for shape and FLOP accounting.
+TINY_CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
 
 
 def _fail(cls: str, field: str, value: Any, allowed: str) -> None:

@@ -12,14 +12,9 @@ import jax.numpy as jnp
 
 from linen_moe import sharding
 from linen_moe.config import ModelConfig
+from linen_moe.expert import SharedExpert
 from linen_moe.moe import RoutedMoE
-from linen_moe.moe import SharedExpert
-from linen_moe.quantization import AQT_RNG_STREAM
-from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
-
-# Flax RNG streams the layer draws from at apply time (AQT's stochastic
-# rounding), split across scanned layers so each layer draws its own.
-RNG_STREAMS = (AQT_RNG_STREAM,)
+from linen_moe.scan import scan_blocks
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
@@ -196,6 +191,21 @@ def embedding(cfg: ModelConfig, **kwargs) -> nn.Embed:
   )
 
 
+def check_tokens(tokens: jax.Array) -> None:
+  """Raises `ValueError` unless `tokens` is an integer [batch, seq] array."""
+  if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise ValueError(
+        f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
+        f"{tokens.shape}."
+    )
+
+
+def scale_embeddings(x: jax.Array, cfg: ModelConfig) -> jax.Array:
+  """Embedded tokens [B, S, M] scaled by sqrt(emb_dim), in the compute dtype:
+  the unit-norm embedding rows then give the residual stream unit RMS."""
+  return (x * cfg.moe.emb_dim**0.5).astype(cfg.moe.compute_dtype)
+
+
 class Decoder(nn.Module):
   """The reference decoder: tokens <int32>[B, S] -> (logits [B, S, V], aux).
 
@@ -216,23 +226,14 @@ class Decoder(nn.Module):
   @nn.compact
   def __call__(self, tokens: jax.Array):
     cfg = self.config
-    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-      raise ValueError(
-          f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
-          f"{tokens.shape}."
-      )
+    check_tokens(tokens)
     embed = embedding(cfg, name="embed")
-    x = (embed(tokens) * cfg.moe.emb_dim**0.5).astype(cfg.moe.compute_dtype)
+    x = scale_embeddings(embed(tokens), cfg)
     x = sharding.constrain(x, sharding.BSM)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     if cfg.scan_layers:
-      scanned = nn.scan(
-          DecoderBlock,
-          variable_axes={"params": 0, OVERWRITE_WITH_GRADIENT: 0},
-          split_rngs={name: True for name in RNG_STREAMS},
-          in_axes=(nn.broadcast,),
-          length=cfg.num_layers,
-          metadata_params={nn.PARTITION_NAME: "layers"},
+      scanned = scan_blocks(
+          DecoderBlock, cfg.num_layers, in_axes=(nn.broadcast,)
       )
       x, (lb, dropped) = scanned(cfg, name="layers")(x, positions)
     else:

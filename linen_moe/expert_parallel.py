@@ -1,4 +1,5 @@
-"""Expert parallelism for the sparse (grouped-matmul) path.
+"""Expert parallelism for the sparse (grouped-matmul) path: the plan and the
+`shard_map` lifting; the per-device computation is `linen_moe.sparse`.
 
 Shapes: B batch, S sequence, M emb_dim, H moe_mlp_dim, E experts, k experts
 per token, D_e expert shards (the product of the mesh axes "exp" maps to),
@@ -15,7 +16,8 @@ per layer:
      expert axes (the batch axes that experts are also sharded on),
   2. pick the assignments routed to the local experts, sort them by expert
      into a buffer of R = T_g * min(k, E_l) rows, and run the grouped
-     matmuls (through `RoutedMoE.contract`, so every quantization works),
+     matmuls (`linen_moe.sparse`, through `RoutedMoE.grouped`, so every
+     quantization works),
   3. weight and sum each token's local results, then reduce-scatter over the
      expert axes: each device gets the summed output of its own tokens.
 
@@ -56,14 +58,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from linen_moe import permute
 from linen_moe import sharding
+from linen_moe.routing import RouterResult
+from linen_moe.sparse import Experts
+from linen_moe.sparse import sparse_experts
 
 # Variable collections lifted into the shard_map body: every one except the
 # parameters (the expert weights enter as explicit, expert-sharded operands).
 LIFTED_COLLECTIONS = nn.DenyList(("params",))
-
-Experts = tuple[jax.Array, jax.Array, jax.Array]  # (wi_0, wi_1, wo)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +104,8 @@ class ExpertParallelPlan:
     return math.prod(self.mesh.shape[a] for a in axes)
 
   @property
-  def local_experts(self) -> int:
+  def experts_per_device(self) -> int:
+    """E_l, the experts each device holds."""
     return self.num_experts // self.size(self.expert_axes)
 
 
@@ -116,20 +119,21 @@ def plan(num_experts: int, batch: int) -> ExpertParallelPlan | None:
   if mesh is None or mesh.size == 1:
     return None
 
-  def axes(name):  # size-1 axes would only add no-op collectives
+  def split_axes(name):  # size-1 axes would only add no-op collectives
     return tuple(a for a in sharding.mesh_axes(name, mesh) if mesh.shape[a] > 1)
 
-  if not (axes("activation_batch") or axes("exp")):
+  batch_axes, expert_axes = split_axes("activation_batch"), split_axes("exp")
+  if not (batch_axes or expert_axes):
     return None  # nothing is split: the plain path, replicated
   result = ExpertParallelPlan(
       mesh=mesh,
-      batch_axes=axes("activation_batch"),
-      expert_axes=axes("exp"),
+      batch_axes=batch_axes,
+      expert_axes=expert_axes,
       num_experts=num_experts,
   )
   for what, n, axes in (
-      ("num_experts", num_experts, result.expert_axes),
-      ("batch size", batch, result.batch_axes),
+      ("num_experts", num_experts, expert_axes),
+      ("batch size", batch, batch_axes),
   ):
     if n % result.size(axes):
       raise ValueError(
@@ -137,33 +141,6 @@ def plan(num_experts: int, batch: int) -> ExpertParallelPlan | None:
           f"total size {result.size(axes)}, which must divide it."
       )
   return result
-
-
-def local_experts(
-    contract,
-    x: jax.Array,
-    router: tuple[jax.Array, jax.Array],
-    experts: Experts,
-    act,
-    first_expert: jax.Array | int = 0,
-) -> jax.Array:
-  """The sparse path on the experts [first, first + E_l) that `experts` hold.
-
-  x [T, M]; router = (indices, weights), each [T, k]; experts = (wi_0, wi_1,
-  wo) with wi_0/wi_1 [E_l, M, H], wo [E_l, H, M]; `contract` is
-  `RoutedMoE.contract`. Returns [T, M]: each token's weighted sum over its
-  choices among these experts (0 for the others). With all E experts it is
-  the whole, dropless sparse path.
-  """
-  indices, weights = router
-  wi_0, wi_1, wo = experts
-  plan = permute.sort_plan(indices, wi_0.shape[0], first_expert)
-  group_sizes = plan.group_sizes
-  rows = permute.dispatch_rows(x, plan)  # [R, M] sorted by expert
-  hidden = act(contract("wi_0", rows, wi_0, group_sizes))  # [R, H]
-  hidden = hidden * contract("wi_1", rows, wi_1, group_sizes)
-  expert_out = contract("wo", hidden, wo, group_sizes)  # [R, M]
-  return permute.combine_rows(expert_out, weights.astype(x.dtype), plan)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -241,22 +218,19 @@ def sparse_moe(
     module: nn.Module,
     ep: ExpertParallelPlan,
     x: jax.Array,
-    router: tuple[jax.Array, jax.Array],
+    router: RouterResult,
     experts: Experts,
     act,
 ) -> jax.Array:
   """The expert-parallel sparse path of `module` (a bound `RoutedMoE`).
 
-  x [B, S, M], router = (indices, weights) [B*S, k], experts = (wi_0, wi_1,
-  wo), each [E, ...] -> [B, S, M]. See the module docstring for the
-  collectives.
+  x [B, S, M], router over the B*S tokens, experts = (wi_0, wi_1, wo), each
+  [E, ...] -> [B, S, M]. See the module docstring for the collectives.
   """
-  indices, weights = router
-  wi_0, wi_1, wo = experts
   b, s, m = x.shape
-  k = indices.shape[-1]
-  tokens = _spec(ep.batch_axes, 3)
-  experts = _spec(ep.expert_axes, 3)
+  k = router.indices.shape[-1]
+  token_spec = _spec(ep.batch_axes, 3)
+  expert_spec = _spec(ep.expert_axes, 3)
 
   def body(mdl, x, indices, weights, wi_0, wi_1, wo):
     if ep.gather_axes:
@@ -271,11 +245,12 @@ def sparse_moe(
     wi_0, wi_1, wo = _vary((wi_0, wi_1, wo), ep.expert_axes, ep)
     first = 0
     if ep.expert_axes:
-      first = jax.lax.axis_index(ep.expert_axes) * ep.local_experts
-    out = local_experts(
-        mdl.contract,
+      first = jax.lax.axis_index(ep.expert_axes) * ep.experts_per_device
+    out = sparse_experts(
+        mdl.grouped,
         x.reshape(-1, m),
-        (indices.reshape(-1, k), weights.reshape(-1, k)),
+        indices.reshape(-1, k),
+        weights.reshape(-1, k),
         (wi_0, wi_1, wo),
         act,
         first,
@@ -292,15 +267,13 @@ def sparse_moe(
       _lifted_shard_map,
       body,
       ep=ep,
-      in_specs=(tokens, tokens, tokens, experts, experts, experts),
-      out_specs=tokens,
+      in_specs=(token_spec,) * 3 + (expert_spec,) * 3,
+      out_specs=token_spec,
   )
   return lifted(
       module,
       x,
-      indices.reshape(b, s, k),
-      weights.reshape(b, s, k),
-      wi_0,
-      wi_1,
-      wo,
+      router.indices.reshape(b, s, k),
+      router.weights.reshape(b, s, k),
+      *experts,
   )

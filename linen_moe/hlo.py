@@ -1,4 +1,5 @@
-"""Which quantized element types reach the contractions of a compiled program.
+"""Reading compiled programs: which quantized element types reach their
+contractions, and which collectives they hold.
 
 Reads the text of `jax.jit(f).lower(...).compile().as_text()` (optimised HLO).
 Backends differ in how they run a quantized matmul: a GPU may feed `s8` or
@@ -8,6 +9,9 @@ contraction (`dot`, `convolution`, `ragged-dot`) we walk back from its
 operands through element-wise and data-movement ops, into and out of fusions
 and loops (following tuple elements), and collect the quantized element types
 we meet.
+
+Collectives (`collective_counts`, `all_gather_shapes`) are read from the
+same text, for the sharding tests and benchmarks.
 
 Example:
   text = jax.jit(step).lower(*args).compile().as_text()
@@ -214,3 +218,31 @@ def quantized_types_at_contractions(text: str) -> set[str]:
 def quantized_types_in_hlo(text: str) -> set[str]:
   """Quantized element types that appear anywhere in the program text."""
   return set(_ELEMENT_TYPE.findall(text)) & QUANTIZED_TYPES
+
+
+COLLECTIVES = (
+    "all-to-all",
+    "all-gather",
+    "reduce-scatter",
+    "all-reduce",
+    "collective-permute",
+)
+
+
+def collective_counts(hlo_text: str) -> dict[str, int]:
+  """How many ops of each kind in `COLLECTIVES` a compiled HLO module holds."""
+  return {
+      op: len(re.findall(rf"\s{op}(?:-start)?\(", hlo_text))
+      for op in COLLECTIVES
+  }
+
+
+def all_gather_shapes(hlo_text: str) -> list[tuple[int, ...]]:
+  """Result shapes of every all-gather in a compiled HLO module."""
+  shapes = []
+  for line in hlo_text.splitlines():
+    match = re.search(r"=\s*(.*?)\sall-gather(?:-start)?\(", line)
+    if match:
+      for dims in re.findall(r"[a-z]+\d*\[([\d,]*)\]", match.group(1)):
+        shapes.append(tuple(int(d) for d in dims.split(",") if d))
+  return shapes

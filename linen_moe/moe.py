@@ -1,52 +1,31 @@
-"""The routed MoE layer (Linen `nn.compact`), its shared expert, and both paths.
+"""The routed MoE layer (Linen `nn.compact`): router, weights, the contraction
+hook, and the choice of path (`dense`, `sparse`, `expert_parallel`).
 
 Shapes: B batch, S sequence, M emb_dim, H moe_mlp_dim, E num_experts,
-k num_experts_per_tok, C expert capacity, T = B * S tokens.
+k num_experts_per_tok, T = B * S tokens.
 """
 
 from __future__ import annotations
-
-import math
-from typing import Any
 
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
 
+from linen_moe import dense
 from linen_moe import expert_parallel
 from linen_moe import routing
 from linen_moe import sharding
+from linen_moe.activations import activation
 from linen_moe.config import MoEConfig
+from linen_moe.expert import SharedExpert
 from linen_moe.quantization import contraction_modules
+from linen_moe.sparse import sparse_experts
 
 # Every contraction that touches an expert weight or a dispatch/combine mask
-# goes through `RoutedMoE.contract` under one of these names.
+# goes through `RoutedMoE.einsum` or `RoutedMoE.grouped` under one of these
+# names, and owns the submodule `{site}_dot`.
 CALL_SITES = ("wi_0", "wi_1", "wo", "dispatch", "combine")
-
-# Logical axis names of the dense paths' intermediates (see `sharding`): the
-# expert axis on "activation_exp", the batch beside it on the other axes.
-BSEH = (
-    "activation_batch_no_exp",
-    "activation_length",
-    "activation_exp",
-    "activation_mlp",
-)
-BSEM = BSEH[:3] + ("activation_embed",)
-EBCH = ("activation_exp", "activation_batch_no_exp", None, "activation_mlp")
-EBCM = EBCH[:3] + ("activation_embed",)
-
-_ACTIVATIONS = {
-    "silu": jax.nn.silu,
-    "gelu": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_exact": lambda x: jax.nn.gelu(x, approximate=False),
-    "relu": jax.nn.relu,
-    "linear": lambda x: x,
-}
-
-
-def activation(name: str):
-  return _ACTIVATIONS[name]
 
 
 @flax.struct.dataclass
@@ -64,62 +43,6 @@ class MoEAux:
   load_balance_loss: jax.Array
   expert_fraction: jax.Array
   dropped_fraction: jax.Array
-
-
-def expert_capacity(config: MoEConfig, seq_len: int) -> int:
-  """C, the per-sequence capacity of one expert on the dropping dense path."""
-  c = math.ceil(
-      config.capacity_factor
-      * seq_len
-      * config.num_experts_per_tok
-      / config.num_experts
-  )
-  return max(1, min(seq_len, c))
-
-
-def dispatch_mask(
-    indices: jax.Array, num_experts: int, capacity: int
-) -> jax.Array:
-  """<float32>[B, S, k, E, C] one-hot slot of every kept assignment.
-
-  `indices` is <int32>[B, S, k]. Within one sequence, assignments claim expert
-  slots in this priority order: all first choices in token order, then all
-  second choices in token order, and so on. Assignments past an expert's
-  capacity C get an all-zero row (dropped).
-  """
-  b, s, k = indices.shape
-  onehot = jax.nn.one_hot(indices, num_experts, dtype=jnp.int32)  # [B,S,k,E]
-  by_priority = jnp.swapaxes(onehot, 1, 2).reshape(b, k * s, num_experts)
-  position = jnp.cumsum(by_priority, axis=1) * by_priority - 1  # -1 = absent
-  position = jnp.swapaxes(position.reshape(b, k, s, num_experts), 1, 2)
-  # one_hot of -1 or >= capacity is all zeros: absent or dropped.
-  return jax.nn.one_hot(position, capacity, dtype=jnp.float32)
-
-
-class SharedExpert(nn.Module):
-  """A plain gated MLP every token goes through: act(x wi_0) * (x wi_1) wo.
-
-  Parameters: `wi_0` [M, F], `wi_1` [M, F], `wo` [F, M], with
-  F = shared_experts * shared_mlp_dim.
-  """
-
-  config: MoEConfig
-
-  @nn.compact
-  def __call__(self, inputs: jax.Array) -> jax.Array:
-    cfg = self.config
-    width = cfg.shared_experts * cfg.shared_mlp_dim
-    init = nn.initializers.lecun_normal()
-    w_in = nn.with_logical_partitioning(init, ("embed", "mlp"))
-    w_out = nn.with_logical_partitioning(init, ("mlp", "embed"))
-    wi_0 = self.param("wi_0", w_in, (cfg.emb_dim, width), cfg.param_dtype)
-    wi_1 = self.param("wi_1", w_in, (cfg.emb_dim, width), cfg.param_dtype)
-    wo = self.param("wo", w_out, (width, cfg.emb_dim), cfg.param_dtype)
-    x = inputs.astype(cfg.compute_dtype)
-    dt = cfg.compute_dtype
-    hidden = activation(cfg.mlp_activations[0])(x @ wi_0.astype(dt))  # [B,S,F]
-    hidden = hidden * (x @ wi_1.astype(dt))
-    return hidden @ wo.astype(dt)  # [B, S, M]
 
 
 class RoutedMoE(nn.Module):
@@ -141,33 +64,42 @@ class RoutedMoE(nn.Module):
 
   config: MoEConfig
 
-  def contract(
-      self, site: str, *operands: Any, eqn: str | None = None
-  ) -> jax.Array:
-    """The one contraction hook, for every expert weight and mask.
+  def _contractions(self):
+    """The mode's einsum and grouped-matmul modules (built once per mode)."""
+    cfg = self.config
+    return contraction_modules(
+        cfg.quantization,
+        implementation=cfg.grouped_matmul,
+        amax_history_length=cfg.fp8_amax_history_length,
+    )
 
-    Creates the contraction submodule `{site}_dot` for this config's
-    quantization; an einsum (`eqn` given) or a grouped matmul
-    (`operands = (lhs, rhs, group_sizes)`).
-    """
+  def _submodule_name(self, site: str) -> str:
     if site not in CALL_SITES:
       raise ValueError(
           f"Unknown contraction call site {site!r}; registered call sites are "
           f"{CALL_SITES}."
       )
-    cfg = self.config
-    modules = contraction_modules(
-        cfg.quantization,
-        implementation=cfg.grouped_matmul,
-        amax_history_length=cfg.fp8_amax_history_length,
-    )
-    if eqn is not None:
-      module = modules.einsum(name=f"{site}_dot", **modules.einsum_kwargs)
-      return module(eqn, *operands)
-    module = modules.grouped_matmul(
-        name=f"{site}_dot", **modules.grouped_kwargs
-    )
-    return module(*operands)
+    return f"{site}_dot"
+
+  def einsum(
+      self, site: str, eqn: str, lhs: jax.Array, rhs: jax.Array
+  ) -> jax.Array:
+    """The named einsum hook of the dense paths: `einsum(eqn, lhs, rhs)`,
+    computed by the submodule `{site}_dot` in this config's quantization."""
+    name = self._submodule_name(site)
+    modules = self._contractions()
+    return modules.einsum(name=name, **modules.einsum_kwargs)(eqn, lhs, rhs)
+
+  def grouped(
+      self, site: str, lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array
+  ) -> jax.Array:
+    """The named grouped-matmul hook of the sparse path: lhs [R, K] sorted by
+    group, rhs [G, K, N], group_sizes <int32>[G] -> [R, N], computed by the
+    submodule `{site}_dot` in this config's quantization."""
+    name = self._submodule_name(site)
+    modules = self._contractions()
+    module = modules.grouped_matmul(name=name, **modules.grouped_kwargs)
+    return module(lhs, rhs, group_sizes)
 
   @nn.compact
   def __call__(
@@ -219,15 +151,18 @@ class RoutedMoE(nn.Module):
     wo = self.param("wo", w_out, (e, h, m), pdt).astype(dt)
     x = sharding.constrain(inputs.astype(dt), sharding.BSM)
     act = activation(cfg.mlp_activations[0])
+    experts = (wi_0, wi_1, wo)
 
+    dropped = jnp.zeros((), jnp.float32)
     if cfg.sparse_matmul:
-      out = self._sparse(x, router, wi_0, wi_1, wo, act)
-      dropped = jnp.zeros((), jnp.float32)
+      out = self._sparse(x, router, experts, act)
     elif cfg.dropping:
-      out, dropped = self._dense_dropping(x, router, wi_0, wi_1, wo, act)
+      capacity = dense.expert_capacity(cfg, s)
+      out, dropped = dense.dense_dropping(
+          self.einsum, x, router, experts, act, capacity
+      )
     else:
-      out = self._dense(x, router, wi_0, wi_1, wo, act)
-      dropped = jnp.zeros((), jnp.float32)
+      out = dense.dense(self.einsum, x, router, experts, act)
 
     fraction = routing.expert_assignment_fraction(router.indices, e)
     if cfg.load_balance_loss_weight > 0:
@@ -239,68 +174,25 @@ class RoutedMoE(nn.Module):
         load_balance_loss=lb, expert_fraction=fraction, dropped_fraction=dropped
     )
 
-  def _sparse(self, x, router, wi_0, wi_1, wo, act):
+  def _sparse(self, x, router, experts, act):
     """Dropless: sort assignments by expert, grouped matmuls, unsort.
 
     Under a mesh, expert-parallel (see `linen_moe.expert_parallel`).
     """
     b, s, m = x.shape
-    routes, experts = (router.indices, router.weights), (wi_0, wi_1, wo)
     if not self.is_initializing():
       ep = expert_parallel.plan(self.config.num_experts, b)
       if ep is not None:
-        return expert_parallel.sparse_moe(self, ep, x, routes, experts, act)
-    out = expert_parallel.local_experts(
-        self.contract, x.reshape(b * s, m), routes, experts, act
+        return expert_parallel.sparse_moe(self, ep, x, router, experts, act)
+    out = sparse_experts(
+        self.grouped,
+        x.reshape(b * s, m),
+        router.indices,
+        router.weights,
+        experts,
+        act,
     )
     return out.reshape(b, s, m)
-
-  def _dense(self, x, router, wi_0, wi_1, wo, act):
-    """Dropless einsums over every expert for every token."""
-    b, s, _ = x.shape
-    e = self.config.num_experts
-    c = sharding.constrain
-    hidden = act(c(self.contract("wi_0", x, wi_0, eqn="BSM,EMH->BSEH"), BSEH))
-    hidden = hidden * c(
-        self.contract("wi_1", x, wi_1, eqn="BSM,EMH->BSEH"), BSEH
-    )
-    expert_out = c(self.contract("wo", hidden, wo, eqn="BSEH,EHM->BSEM"), BSEM)
-    dense_weights = jnp.zeros((b * s, e), jnp.float32)
-    rows = jnp.arange(b * s)[:, None]
-    dense_weights = dense_weights.at[rows, router.indices].add(router.weights)
-    dense_weights = dense_weights.reshape(b, s, e).astype(x.dtype)  # [B,S,E]
-    return self.contract(
-        "combine", expert_out, dense_weights, eqn="BSEM,BSE->BSM"
-    )
-
-  def _dense_dropping(self, x, router, wi_0, wi_1, wo, act):
-    """Einsums over per-expert capacity slots; overflow tokens are dropped."""
-    b, s, _ = x.shape
-    k, e = self.config.num_experts_per_tok, self.config.num_experts
-    capacity = expert_capacity(self.config, s)
-    slots = dispatch_mask(router.indices.reshape(b, s, k), e, capacity)
-    dispatch = jnp.sum(slots, axis=2)  # [B, S, E, C]
-    weights = router.weights.reshape(b, s, k, 1, 1)
-    combine = jnp.sum(slots * weights, axis=2)  # [B, S, E, C]
-    dropped = 1.0 - jnp.sum(slots) / (b * s * k)
-    c = sharding.constrain
-    expert_in = c(
-        self.contract(
-            "dispatch", x, dispatch.astype(x.dtype), eqn="BSM,BSEC->EBCM"
-        ),
-        EBCM,
-    )
-    hidden = act(
-        c(self.contract("wi_0", expert_in, wi_0, eqn="EBCM,EMH->EBCH"), EBCH)
-    )
-    hidden = hidden * c(
-        self.contract("wi_1", expert_in, wi_1, eqn="EBCM,EMH->EBCH"), EBCH
-    )
-    expert_out = c(self.contract("wo", hidden, wo, eqn="EBCH,EHM->EBCM"), EBCM)
-    out = self.contract(
-        "combine", expert_out, combine.astype(x.dtype), eqn="EBCM,BSEC->BSM"
-    )
-    return out, dropped
 
 
 class RoutedAndSharedMoE(nn.Module):

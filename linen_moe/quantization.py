@@ -53,9 +53,9 @@ import jax.numpy as jnp
 from linen_moe import grouped_matmul as gmm_lib
 from linen_moe.config import QUANTIZATIONS
 from linen_moe.int8_grouped import int8_grouped_matmul
+from linen_moe.variables import AQT_RNG_STREAM
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 
-OVERWRITE_WITH_GRADIENT = fp8_ops.OVERWRITE_WITH_GRADIENT
-AQT_RNG_STREAM = "params"
 FP8_DTYPES = {
     "fp8": (jnp.float8_e4m3fn, jnp.float8_e5m2),
     "nanoo_fp8": (jnp.float8_e4m3fnuz, jnp.float8_e5m2fnuz),
@@ -205,10 +205,12 @@ class ContractionModules:
   grouped_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+@functools.cache
 def contraction_modules(mode: str, **options: Any) -> ContractionModules:
   """The one factory: einsum and grouped-matmul module classes for `mode`.
 
   Options: `implementation` (grouped matmul), `amax_history_length` (fp8).
+  Built once per (mode, options); the result is shared, so never mutate it.
   """
   if mode not in QUANTIZATIONS:
     raise ValueError(

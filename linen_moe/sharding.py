@@ -72,14 +72,6 @@ DEFAULT_RULES: Rules = (
 # Logical names of the [batch, seq, emb] activations between layers.
 BSM = ("activation_batch", "activation_length", "activation_embed")
 
-COLLECTIVES = (
-    "all-to-all",
-    "all-gather",
-    "reduce-scatter",
-    "all-reduce",
-    "collective-permute",
-)
-
 _SPEC_ITEM = re.compile(r"^\s*([A-Za-z_]\w*)\s*=\s*(\d+)\s*$")
 
 
@@ -192,22 +184,3 @@ def named(mesh: Mesh, names: Sequence[str | None], rules: Rules) -> Any:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
-
-
-def collective_counts(hlo_text: str) -> dict[str, int]:
-  """How many ops of each kind in `COLLECTIVES` a compiled HLO module holds."""
-  return {
-      op: len(re.findall(rf"\s{op}(?:-start)?\(", hlo_text))
-      for op in COLLECTIVES
-  }
-
-
-def all_gather_shapes(hlo_text: str) -> list[tuple[int, ...]]:
-  """Result shapes of every all-gather in a compiled HLO module."""
-  shapes = []
-  for line in hlo_text.splitlines():
-    match = re.search(r"=\s*(.*?)\sall-gather(?:-start)?\(", line)
-    if match:
-      for dims in re.findall(r"[a-z]+\d*\[([\d,]*)\]", match.group(1)):
-        shapes.append(tuple(int(d) for d in dims.split(",") if d))
-  return shapes

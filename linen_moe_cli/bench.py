@@ -132,7 +132,7 @@ def run_case(case: Case, repeats: int = 5) -> dict[str, Any]:
 
   from linen_moe.decoder import DecoderBlock  # noqa: PLC0415
   from linen_moe.moe import RoutedMoE  # noqa: PLC0415
-  from linen_moe.quantization import AQT_RNG_STREAM  # noqa: PLC0415
+  from linen_moe.variables import AQT_RNG_STREAM  # noqa: PLC0415
 
   cfg, (b, s, m) = _model_config(case)
   x = jax.random.normal(jax.random.key(0), (b, s, m), jnp.dtype(case.dtype))

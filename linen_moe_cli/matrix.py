@@ -19,25 +19,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import hlo
-from linen_moe import train as train_lib
+from linen_moe.config import PATHS
 from linen_moe.config import QUANTIZATIONS
+from linen_moe.config import TINY_CONFIGS
 from linen_moe.config import load_model_config
-from linen_moe.data import MarkovData
-from linen_moe.decoder import Decoder
+from linen_moe.training import MarkovData
+from linen_moe.training import default_optimizer
+from linen_moe_cli.frontends import FRONTENDS
+from linen_moe_cli.frontends import frontend
 
-PATHS = {
-    "sparse": dict(sparse_matmul=True, capacity_factor=0.0),
-    "dense": dict(sparse_matmul=False, capacity_factor=0.0),
-    "dense_dropping": dict(sparse_matmul=False, capacity_factor=1.0),
-}
 PATH_TITLES = {
     "sparse": "sparse (gmm)",
     "dense": "dense",
     "dense_dropping": "dense + dropping",
 }
 LAYERS = ("scanned", "unrolled")
-FRONTENDS = ("linen", "nnx")
-CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
+CONFIGS = TINY_CONFIGS
 MATRIX_LEARNING_RATE = 1e-3
 # The element types a compiled training step must feed its contractions.
 EXPECTED_TYPES = {
@@ -84,42 +81,6 @@ class CellResult:
       return f"FAILS: {self.error}"
     types = ",".join(sorted(self.quantized_types)) or "float"
     return f"trains {self.losses[0]:.3f}->{self.losses[1]:.3f} [{types}]"
-
-
-class LinenFrontend:
-  """Adapter of the Linen decoder + train step to the matrix's protocol."""
-
-  @staticmethod
-  def init(model_config, optimizer, tokens, rng):
-    model = Decoder(model_config)
-    init = jax.jit(
-        lambda t, r: train_lib.init_train_state(model, optimizer, t, r)
-    )
-    return init(tokens, rng)
-
-  @staticmethod
-  def make_step(model_config, optimizer, grad_accum=1):
-    return train_lib.make_train_step(
-        Decoder(model_config), optimizer, grad_accum
-    )
-
-  @staticmethod
-  def params(state):
-    return state.params
-
-  @staticmethod
-  def fp8_state(state):
-    return state.fp8_state
-
-
-def frontend(name: str):
-  if name == "linen":
-    return LinenFrontend
-  if name == "nnx":
-    import nnx_adapter  # noqa: PLC0415 (optional front end)
-
-    return nnx_adapter.MatrixFrontend
-  raise ValueError(f"Unknown front end {name!r}; allowed: {FRONTENDS}.")
 
 
 def _site_states(fp8_state) -> dict[str, np.ndarray]:
@@ -170,7 +131,7 @@ def run_cell(
   try:
     cfg = cell.model_config(**overrides)
     fe = frontend(cell.frontend)
-    optimizer = train_lib.default_optimizer(MATRIX_LEARNING_RATE)
+    optimizer = default_optimizer(MATRIX_LEARNING_RATE)
     tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, seq)))
     rng = jax.random.key(0)
     state = fe.init(cfg, optimizer, tokens, rng)

@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import tqdm
 
 from linen_moe import sharding
-from linen_moe import train as train_lib
 from linen_moe.config import load_model_config
-from linen_moe.data import MarkovData
 from linen_moe.decoder import Decoder
-from linen_moe.sharded_train import ShardedTraining
-from linen_moe_cli import matrix
+from linen_moe.training import MarkovData
+from linen_moe.training import ShardedTraining
+from linen_moe.training import default_optimizer
+from linen_moe_cli.frontends import frontend as get_frontend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +59,8 @@ def train(
   cfg = load_model_config(config, **overrides)
   data = MarkovData(cfg.vocab_size)
   batches = data.batches(batch_size, seq_len, seed=seed + 1)
-  fe = matrix.frontend(frontend)
-  optimizer = train_lib.default_optimizer(learning_rate)
+  fe = get_frontend(frontend)
+  optimizer = default_optimizer(learning_rate)
   rng = jax.random.key(seed)
   first = jnp.asarray(next(batches))
   if device_mesh is None:
@@ -85,5 +85,7 @@ def sharded_training(frontend: str, cfg, optimizer, mesh, grad_accum: int = 1):
   if frontend == "nnx":
     import nnx_adapter  # noqa: PLC0415 (optional front end)
 
-    return nnx_adapter.ShardedNNXTraining(cfg, optimizer, mesh, grad_accum)
+    return nnx_adapter.ShardedNNXTraining(
+        cfg, optimizer, mesh, grad_accum=grad_accum
+    )
   return ShardedTraining(Decoder(cfg), optimizer, mesh, grad_accum=grad_accum)

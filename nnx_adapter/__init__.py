@@ -6,7 +6,7 @@ from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import linen_to_nnx
 from nnx_adapter._decoder import nnx_to_linen
 from nnx_adapter._sharding import ShardedNNXTraining
-from nnx_adapter._train import MatrixFrontend
+from nnx_adapter._train import NNXFrontend
 from nnx_adapter._train import TrainState
 from nnx_adapter._train import accumulate_gradients
 from nnx_adapter._train import apply_gradients
@@ -19,7 +19,7 @@ __all__ = [
     "Decoder",
     "EagerToNNX",
     "Fp8State",
-    "MatrixFrontend",
+    "NNXFrontend",
     "ShardedNNXTraining",
     "TrainState",
     "accumulate_gradients",

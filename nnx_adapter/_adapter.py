@@ -8,13 +8,13 @@ from flax import nnx
 import flax.linen as nn
 import jax
 
-from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 
 
 class Fp8State(nnx.Variable):
   """fp8 scales and amax histories: the Linen `_overwrite_with_gradient`
   collection. Differentiate with respect to it and write the "gradient" back
-  as the new value (`linen_moe.train.overwrite_with_gradient`); never give it
+  as the new value (`linen_moe.training.overwrite_with_gradient`); never give it
   to an optimizer."""
 
 

@@ -12,16 +12,17 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe import decoder as linen_decoder
+from linen_moe import scan
 from linen_moe import sharding
 from linen_moe.config import ModelConfig
-from linen_moe.train import rng_dict
+from linen_moe.variables import rng_dict
 from nnx_adapter._adapter import EagerToNNX
 
 PyTree = dict[str, Any]
 # The stacked layer axis carries the logical name "layers" (as under the
 # Linen decoder's `nn.scan`), so the partitioning metadata of stacked
 # variables has one name per array axis.
-LAYERS_AXIS = {nnx.PARTITION_NAME: "layers"}
+LAYERS_AXIS = {nnx.PARTITION_NAME: scan.LAYERS_AXIS}
 
 
 class Decoder(nnx.Module):
@@ -80,13 +81,8 @@ class Decoder(nnx.Module):
     """`rng` feeds every RNG stream the blocks draw from at apply time (AQT
     int8 needs it whenever gradients are taken); one key per layer."""
     cfg = self.config
-    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-      raise ValueError(
-          f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
-          f"{tokens.shape}."
-      )
-    x = self.embed(tokens) * cfg.moe.emb_dim**0.5
-    x = x.astype(cfg.moe.compute_dtype)  # [B, S, M]
+    linen_decoder.check_tokens(tokens)
+    x = linen_decoder.scale_embeddings(self.embed(tokens), cfg)  # [B, S, M]
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     keys = None if rng is None else jax.random.split(rng, cfg.num_layers)
 

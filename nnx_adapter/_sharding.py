@@ -22,7 +22,7 @@ import optax
 
 from linen_moe import sharding
 from linen_moe.config import ModelConfig
-from linen_moe.sharded_train import ShardedRun
+from linen_moe.training.sharded import ShardedRun
 from nnx_adapter._train import init_train_state
 from nnx_adapter._train import make_train_step
 
@@ -40,15 +40,16 @@ class ShardedNNXTraining(ShardedRun):
     config: the decoder's `ModelConfig`.
     optimizer: the optax optimizer.
     mesh: a mesh over `sharding.MESH_AXES` (see `sharding.make_mesh`).
-    grad_accum: microbatches per step.
-    rules: logical-name -> mesh-axes rule table.
+    rules: logical-name -> mesh-axes rule table (keyword-only).
+    grad_accum: microbatches per step (keyword-only).
   """
 
   config: ModelConfig
   optimizer: optax.GradientTransformation
   mesh: Mesh
-  grad_accum: int = 1
+  _: dataclasses.KW_ONLY
   rules: sharding.Rules = sharding.DEFAULT_RULES
+  grad_accum: int = 1
   _cache: dict = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False
   )

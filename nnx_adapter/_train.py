@@ -1,6 +1,6 @@
 """The NNX train step: optax on `nnx.Param`, fp8 state overwritten.
 
-The rule for fp8 state is `linen_moe.train`'s, shared with the Linen train
+The rule for fp8 state is `linen_moe.training.step`'s, shared with the Linen train
 step: differentiate with respect to `Fp8State` too, write its "gradient" back
 as the new value (`overwrite_with_gradient`), and combine microbatches with
 `combine_overwrite_microbatches` (inside `accumulate_gradients`).
@@ -16,9 +16,9 @@ import flax.struct
 import jax
 import optax
 
-from linen_moe import train as linen_train
 from linen_moe.config import ModelConfig
-from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from linen_moe.training import step as linen_train
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from nnx_adapter._adapter import Fp8State
 from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import nnx_to_linen
@@ -35,7 +35,7 @@ def accumulate_gradients(
 ):
   """Gradients of `loss_fn(model, microbatch, rng) -> (loss, metrics)` with
   respect to `nnx.Param` and `Fp8State`, over `grad_accum` microbatches
-  (`linen_moe.train.accumulate_gradients`: parameter gradients and metrics
+  (`linen_moe.training.accumulate_gradients`: parameter gradients and metrics
   averaged, fp8 "gradients" combined by their element-wise maximum).
 
   Returns `((param_grads, fp8_grads), metrics)`; `model` is left untouched.
@@ -65,7 +65,7 @@ def apply_gradients(
 
 
 def decoder_loss(model: nnx.Module, tokens: jax.Array, rng: jax.Array):
-  """`linen_moe.train.decoder_loss` of the NNX decoder on `tokens`."""
+  """`linen_moe.training.decoder_loss` of the NNX decoder on `tokens`."""
   logits, aux = model(tokens, rng=rng)
   return linen_train.decoder_loss(logits, aux, tokens)
 
@@ -141,9 +141,10 @@ def make_train_step(grad_accum: int = 1):
   return step
 
 
-class MatrixFrontend:
-  """The NNX front end of `linen-moe matrix` and `linen-moe train`: the
-  protocol of `linen_moe_cli.matrix.LinenFrontend`."""
+class NNXFrontend:
+  """The NNX `Decoder` and train step as a
+  `linen_moe.training.TrainingFrontend` (used by `linen-moe train` and
+  `linen-moe matrix --frontend nnx`)."""
 
   @staticmethod
   def init(model_config, optimizer, tokens, rng) -> TrainState:

@@ -27,16 +27,12 @@ import optax  # noqa: E402
 
 from linen_moe import load_model_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
-from linen_moe import train as train_lib  # noqa: E402
-from linen_moe.data import MarkovData  # noqa: E402
-from linen_moe_cli import matrix  # noqa: E402
+from linen_moe.config import PATHS  # noqa: E402
+from linen_moe.training import MarkovData  # noqa: E402
+from linen_moe.training import step as train_lib  # noqa: E402
 from linen_moe_cli import train_job  # noqa: E402
+from linen_moe_cli.frontends import frontend as get_frontend  # noqa: E402
 
-PATHS = {
-    "sparse": dict(sparse_matmul=True, capacity_factor=0.0),
-    "dense": dict(sparse_matmul=False, capacity_factor=0.0),
-    "dense_dropping": dict(sparse_matmul=False, capacity_factor=1.0),
-}
 EXPERT_WEIGHTS = ("wi_0", "wi_1", "wo")
 
 
@@ -68,7 +64,7 @@ def equivalence(job: dict) -> dict:
       **PATHS[job.get("path", "sparse")],
   )
   frontend = job.get("frontend", "linen")
-  fe = matrix.frontend(frontend)
+  fe = get_frontend(frontend)
   optimizer = optax.sgd(0.1)
   tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(8, 8, 1)))
   rng, step_rng = jax.random.key(0), jax.random.key(1)
@@ -110,9 +106,9 @@ def equivalence(job: dict) -> dict:
     if job.get("hlo"):
       hlo = compiled.as_text()
       full = {s for w in weights.values() for s in (w.shape, w.shape[1:])}
-      result["collectives"] = sharding.collective_counts(hlo)
+      result["collectives"] = hlo.collective_counts(hlo)
       result["full_weight_gathers"] = [
-          s for s in sharding.all_gather_shapes(hlo) if s in full
+          s for s in hlo.all_gather_shapes(hlo) if s in full
       ]
     new, metrics = compiled(state, tokens, step_rng)
     result.update(
@@ -150,7 +146,7 @@ def layer(job: dict) -> dict:
   summed there instead of reduce-scattered)."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
   from linen_moe.config import load_config  # noqa: PLC0415
-  from linen_moe.quantization import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
+  from linen_moe.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
 
   cfg = load_config(
       job.get("config", "tiny_mixtral"),

@@ -12,6 +12,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import pytest
 
+from linen_moe.config import PATHS
 from linen_moe.config import QUANTIZATIONS
 from linen_moe_cli import matrix
 
@@ -19,9 +20,7 @@ from linen_moe_cli import matrix
 # that every config and layer mode meets every quantization and every path.
 _DEFAULT = [
     (matrix.CONFIGS[i % 2], quant, path, matrix.LAYERS[(i // 2) % 2])
-    for i, (quant, path) in enumerate(
-        itertools.product(QUANTIZATIONS, matrix.PATHS)
-    )
+    for i, (quant, path) in enumerate(itertools.product(QUANTIZATIONS, PATHS))
 ]
 
 
@@ -46,7 +45,7 @@ class LinenMatrixFullProductTest(parameterized.TestCase):
   @parameterized.product(
       config=matrix.CONFIGS,
       quant=QUANTIZATIONS,
-      path=tuple(matrix.PATHS),
+      path=tuple(PATHS),
       layers=matrix.LAYERS,
   )
   def test_cell_trains(self, config, quant, path, layers):

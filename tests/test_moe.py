@@ -11,17 +11,15 @@ import numpy as np
 from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
 from linen_moe import SharedExpert
+from linen_moe import dense as dense_lib
 from linen_moe import load_config
-from linen_moe import moe as moe_lib
 from linen_moe import routing
+from linen_moe.config import PATHS as ALL_PATHS
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 
 CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
-PATHS = {
-    "sparse": dict(sparse_matmul=True),
-    "dense": dict(sparse_matmul=False),
-}
+PATHS = {p: ALL_PATHS[p] for p in ("sparse", "dense")}  # the dropless ones
 
 
 def _random_params(cfg, seed=0):
@@ -84,7 +82,7 @@ class MoEReferenceTest(parameterized.TestCase):
     params = _random_params(cfg)
     x = _inputs(cfg, b=2, s=16)
     y, aux = RoutedMoE(cfg).apply({"params": params}, x)
-    capacity = moe_lib.expert_capacity(cfg, 16)
+    capacity = dense_lib.expert_capacity(cfg, 16)
     self.assertEqual(capacity, min(16, math.ceil(capacity_factor * 16 * 2 / 8)))
     expected, dropped = numpy_reference.moe_reference(
         params, np.asarray(x, np.float64), cfg, capacity=capacity
@@ -115,7 +113,7 @@ class DispatchMaskTest(absltest.TestCase):
     # t2 dropped. Expert 1 gets only second choices: t0 slot 0, t1 slot 1,
     # t2 dropped.
     indices = jnp.array([[[0, 1], [0, 1], [0, 1]]])
-    mask = moe_lib.dispatch_mask(indices, num_experts=2, capacity=2)
+    mask = dense_lib.dispatch_mask(indices, num_experts=2, capacity=2)
     expected = np.zeros((1, 3, 2, 2, 2))
     expected[0, 0, 0, 0, 0] = 1  # t0 choice0 -> expert0 slot0
     expected[0, 1, 0, 0, 1] = 1  # t1 choice0 -> expert0 slot1
@@ -127,14 +125,14 @@ class DispatchMaskTest(absltest.TestCase):
     # t0 -> (1, 0), t1 -> (0, 1); capacity 1. Expert 0: t1's first choice
     # beats t0's second choice although t0 comes first.
     indices = jnp.array([[[1, 0], [0, 1]]])
-    mask = moe_lib.dispatch_mask(indices, num_experts=2, capacity=1)
+    mask = dense_lib.dispatch_mask(indices, num_experts=2, capacity=1)
     self.assertEqual(float(mask[0, 1, 0, 0, 0]), 1.0)  # t1 choice0 kept
     self.assertEqual(float(mask[0, 0, 1].sum()), 0.0)  # t0 choice1 dropped
     self.assertEqual(float(mask[0, 0, 0, 1, 0]), 1.0)  # t0 choice0 kept
 
   def test_each_slot_used_at_most_once(self):
     idx = jax.random.randint(jax.random.key(0), (4, 32, 1), 0, 8)
-    mask = moe_lib.dispatch_mask(idx, num_experts=8, capacity=3)
+    mask = dense_lib.dispatch_mask(idx, num_experts=8, capacity=3)
     per_slot = mask.sum(axis=(1, 2))  # [B, E, C]
     self.assertLessEqual(float(per_slot.max()), 1.0)
     # Kept per expert = min(count, capacity).
@@ -296,8 +294,8 @@ class LayerTest(parameterized.TestCase):
     cfg = load_config("tiny_mixtral")
 
     def call(module):
-      return module.contract(
-          "wi_2", jnp.ones((2, 3)), jnp.ones((3, 4)), eqn="ab,bc->ac"
+      return module.einsum(
+          "wi_2", "ab,bc->ac", jnp.ones((2, 3)), jnp.ones((3, 4))
       )
 
     with self.assertRaisesRegex(ValueError, r"wi_2.*'wi_0', 'wi_1', 'wo'"):

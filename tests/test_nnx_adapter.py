@@ -14,18 +14,20 @@ import pytest
 
 from linen_moe import RoutedMoE
 from linen_moe import load_model_config
-from linen_moe import train as train_lib
+from linen_moe.config import PATHS
 from linen_moe.config import QUANTIZATIONS
-from linen_moe.data import MarkovData
+from linen_moe.config import TINY_CONFIGS
 from linen_moe.decoder import Decoder as LinenDecoder
-from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
 from linen_moe.sharding import unbox
+from linen_moe.training import MarkovData
+from linen_moe.training import step as train_lib
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe_cli import frontends
 from linen_moe_cli import main as cli
 from linen_moe_cli import matrix
 import nnx_adapter
 
-CONFIGS = matrix.CONFIGS
-PATHS = matrix.PATHS
+CONFIGS = TINY_CONFIGS
 LAYERS = {True: "scanned", False: "unrolled"}
 # The contraction call sites each path registers.
 SITES = {
@@ -426,8 +428,8 @@ class CommandLineTest(absltest.TestCase):
     with self.assertRaises(SystemExit):
       cli.build_parser().parse_args(["train", "--frontend", "haiku"])
     with self.assertRaisesRegex(ValueError, "front end"):
-      matrix.frontend("haiku")
-    self.assertIs(matrix.frontend("nnx"), nnx_adapter.MatrixFrontend)
+      frontends.frontend("haiku")
+    self.assertIs(frontends.frontend("nnx"), nnx_adapter.NNXFrontend)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,10 @@ from linen_moe import hlo
 from linen_moe import int8_grouped
 from linen_moe import load_config
 from linen_moe import quantization
+from linen_moe import variables
 from linen_moe.config import MoEConfig
-from linen_moe.quantization import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe.sharding import unbox
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT as OWG
 
 CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
 PATHS = {
@@ -113,7 +114,7 @@ def _cell(config_name: str, path: str, mode: str) -> Cell:
     y, aux = model.apply(
         {"params": params, OWG: state},
         x,
-        rngs={quantization.AQT_RNG_STREAM: rng},
+        rngs={variables.AQT_RNG_STREAM: rng},
     )
     return jnp.mean(jnp.square(y - target)) + aux.load_balance_loss, y
 
@@ -250,7 +251,7 @@ class QuantizedLayerTest(parameterized.TestCase):
 
     jax.eval_shape(loss, w, {})  # the forward alone needs no RNG
 
-    rngs = {quantization.AQT_RNG_STREAM: jax.random.key(0)}
+    rngs = {variables.AQT_RNG_STREAM: jax.random.key(0)}
     jax.eval_shape(jax.grad(loss), w, rngs)
     with self.assertRaisesRegex(AssertionError, "RNG"):
       jax.eval_shape(jax.grad(loss), w, {})
@@ -277,7 +278,10 @@ class ErrorsTest(parameterized.TestCase):
     with self.assertRaisesRegex(
         ValueError, "'wi_2'.*'wi_0', 'wi_1', 'wo', 'dispatch', 'combine'"
     ):
-      model.apply({}, "wi_2", a, a.T, eqn="ij,jk->ik", method=model.contract)
+      model.apply({}, "wi_2", "ij,jk->ik", a, a.T, method=model.einsum)
+    sizes = jnp.array([2], jnp.int32)
+    with self.assertRaisesRegex(ValueError, "'gate'.*'wi_0', 'wi_1', 'wo'"):
+      model.apply({}, "gate", a, a.T[None], sizes, method=model.grouped)
 
 
 class Int8GroupedMatmulTest(parameterized.TestCase):

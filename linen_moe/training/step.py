@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import optax
 
 from linen_moe import sharding
-from linen_moe.decoder import RNG_STREAMS
-from linen_moe.quantization import OVERWRITE_WITH_GRADIENT
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe.variables import rng_dict
 
 PyTree = Any
 
@@ -141,12 +141,6 @@ def init_train_state(
     rng: jax.Array,
 ) -> TrainState:
   return sharding.unbox(boxed_train_state(model, optimizer, tokens, rng))
-
-
-def rng_dict(rng: jax.Array) -> dict[str, jax.Array]:
-  """One key per RNG stream the layer may draw from at apply time."""
-  keys = jax.random.split(rng, len(RNG_STREAMS))
-  return dict(zip(RNG_STREAMS, keys, strict=True))
 
 
 def make_train_step(

@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 import optax
 
 from linen_moe import sharding
-from linen_moe import train as train_lib
+from linen_moe.training import step as train_lib
 
 
 class ShardedRun:
@@ -136,13 +136,14 @@ class ShardedTraining(ShardedRun):
     model: the Linen decoder.
     optimizer: the optax optimizer.
     mesh: a mesh over `sharding.MESH_AXES` (see `sharding.make_mesh`).
-    rules: logical-name -> mesh-axes rule table.
-    grad_accum: microbatches per step.
+    rules: logical-name -> mesh-axes rule table (keyword-only).
+    grad_accum: microbatches per step (keyword-only).
   """
 
   model: nn.Module
   optimizer: optax.GradientTransformation
   mesh: Mesh
+  _: dataclasses.KW_ONLY
   rules: sharding.Rules = sharding.DEFAULT_RULES
   grad_accum: int = 1
   _cache: dict = dataclasses.field(

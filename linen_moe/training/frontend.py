@@ -1,0 +1,81 @@
+"""The training front-end protocol, and its Linen implementation.
+
+A front end is the decoder + train step of one framework: this package's
+Linen `Decoder` (`LinenFrontend`) or the NNX one (`nnx_adapter.NNXFrontend`).
+`linen-moe train` and `linen-moe matrix` drive either through this protocol,
+so a cell or a run is written once for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from typing import Protocol
+
+import jax
+import optax
+
+from linen_moe.config import ModelConfig
+from linen_moe.decoder import Decoder
+from linen_moe.training import step as step_lib
+
+PyTree = Any
+# step(state, tokens <int32>[B, S], rng) -> (state, metrics)
+TrainStep = Callable[[Any, jax.Array, jax.Array], tuple[Any, dict]]
+
+
+class TrainingFrontend(Protocol):
+  """Builds, steps and reads the training state of one front end."""
+
+  def init(
+      self,
+      model_config: ModelConfig,
+      optimizer: optax.GradientTransformation,
+      tokens: jax.Array,
+      rng: jax.Array,
+  ) -> Any:
+    """The initial train state for `model_config`, sampled on `tokens`."""
+    ...
+
+  def make_step(
+      self,
+      model_config: ModelConfig,
+      optimizer: optax.GradientTransformation,
+      grad_accum: int = 1,
+  ) -> TrainStep:
+    """A pure, jittable train step over the state `init` returns."""
+    ...
+
+  def params(self, state: Any) -> PyTree:
+    """The parameters, in the Linen variable layout."""
+    ...
+
+  def fp8_state(self, state: Any) -> PyTree:
+    """The `_overwrite_with_gradient` collection, in the Linen layout."""
+    ...
+
+
+class LinenFrontend:
+  """The Linen `Decoder` and `make_train_step` as a `TrainingFrontend`."""
+
+  @staticmethod
+  def init(model_config, optimizer, tokens, rng) -> step_lib.TrainState:
+    model = Decoder(model_config)
+    init = jax.jit(
+        lambda t, r: step_lib.init_train_state(model, optimizer, t, r)
+    )
+    return init(tokens, rng)
+
+  @staticmethod
+  def make_step(model_config, optimizer, grad_accum=1) -> TrainStep:
+    return step_lib.make_train_step(
+        Decoder(model_config), optimizer, grad_accum
+    )
+
+  @staticmethod
+  def params(state: step_lib.TrainState) -> PyTree:
+    return state.params
+
+  @staticmethod
+  def fp8_state(state: step_lib.TrainState) -> PyTree:
+    return state.fp8_state
