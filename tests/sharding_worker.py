@@ -25,6 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
+from linen_moe import hlo  # noqa: E402
 from linen_moe import load_model_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
 from linen_moe.config import PATHS  # noqa: E402
@@ -104,11 +105,11 @@ def equivalence(job: dict) -> dict:
     }
     compiled = run.lower(state, tokens, step_rng).compile()
     if job.get("hlo"):
-      hlo = compiled.as_text()
+      text = compiled.as_text()
       full = {s for w in weights.values() for s in (w.shape, w.shape[1:])}
-      result["collectives"] = hlo.collective_counts(hlo)
+      result["collectives"] = hlo.collective_counts(text)
       result["full_weight_gathers"] = [
-          s for s in hlo.all_gather_shapes(hlo) if s in full
+          s for s in hlo.all_gather_shapes(text) if s in full
       ]
     new, metrics = compiled(state, tokens, step_rng)
     result.update(
