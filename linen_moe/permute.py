@@ -167,3 +167,33 @@ def _combine_bwd(residuals, g):
 
 
 combine_rows.defvjp(_combine_fwd, _combine_bwd)
+
+
+def _take_or_zero(src: jax.Array, index: jax.Array) -> jax.Array:
+  rows = src[jnp.clip(index, 0, src.shape[0] - 1)]
+  return jnp.where((index >= 0)[:, None], rows, 0)
+
+
+@jax.custom_vjp
+def take_injective(
+    src: jax.Array, index: jax.Array, inverse: jax.Array
+) -> jax.Array:
+  """Rows of `src` [N, M] picked by `index` <int>[R] -> [R, M], 0 where -1.
+
+  `index` picks each source row at most once, and `inverse` <int>[N] says
+  which output row took source row a (-1 for none): the two index arrays of
+  one partial permutation. The gradient is then a gather by `inverse`, not a
+  scatter-add.
+  """
+  return _take_or_zero(src, index)
+
+
+def _take_fwd(src, index, inverse):
+  return _take_or_zero(src, index), inverse
+
+
+def _take_bwd(inverse, g):
+  return _take_or_zero(g, inverse), None, None
+
+
+take_injective.defvjp(_take_fwd, _take_bwd)
