@@ -151,6 +151,7 @@ def _blocked_rows(
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   dims = _DIMS_NT if transpose_rhs else _DIMS_NN
   plan = _tile_plan(group_sizes, m, bm)
+  acc_dtype = _grad_dtype(out_dtype)
 
   def group_body(g, out):  # out: [M, N]
     w = lax.dynamic_index_in_dim(rhs, g, keepdims=False)  # [K, N] or [N, K]
@@ -158,7 +159,10 @@ def _blocked_rows(
     def tile_body(t, out):
       offset, mask = _tile(plan, g, t, m, bm)
       x = lax.dynamic_slice_in_dim(lhs, offset, bm)  # [bm, K]
-      y = lax.dot_general(x, w, dims, preferred_element_type=out_dtype)
+      # float32 accumulation for narrower floats (XLA:CPU's bf16 dot is
+      # slower than its float32 one); the output keeps `out_dtype`.
+      y = lax.dot_general(x, w, dims, preferred_element_type=acc_dtype)
+      y = y.astype(out_dtype)
       kept = lax.dynamic_slice_in_dim(out, offset, bm)
       y = jnp.where(mask[:, None], y, kept)
       return lax.dynamic_update_slice_in_dim(out, y, offset, 0)
