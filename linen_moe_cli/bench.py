@@ -18,17 +18,14 @@ import sys
 import time
 from typing import Any
 
+from linen_moe.config import PATHS
+
 # name -> (batch, seq, emb_dim, moe_mlp_dim, num_experts, top_k)
 SIZES = {
     "tiny": (8, 32, 64, 128, 8, 2),
     "small": (4, 128, 256, 512, 8, 2),
     "medium": (8, 512, 512, 1024, 8, 2),
     "gemma_like": (8, 512, 512, 128, 128, 8),
-}
-PATHS = {
-    "sparse": dict(sparse_matmul=True, capacity_factor=0.0),
-    "dense": dict(sparse_matmul=False, capacity_factor=0.0),
-    "dense_dropping": dict(sparse_matmul=False, capacity_factor=1.25),
 }
 
 

@@ -164,6 +164,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
       tuple(args.target or ("layer",)),
       args.repeats,
       args.out,
+      dtypes=tuple(args.dtype),
+      peer_path=args.peer,
   )
   return 1 if any("error" in r for r in rows) else 0
 
@@ -269,6 +271,23 @@ def build_parser() -> argparse.ArgumentParser:
       choices=("layer", "decoder_layer"),
       default=None,
       help="default: layer",
+  )
+  bench.add_argument(
+      "--dtype",
+      nargs="+",
+      choices=("float32", "bfloat16"),
+      default=["float32", "bfloat16"],
+      help="compute/weight dtypes of the sizes sweep (default: both)",
+  )
+  bench.add_argument(
+      "--peer",
+      default=None,
+      metavar="JSON",
+      help=(
+          "another library's results for the same cases (see "
+          "linen_moe_cli/bench_peer.py), shown beside ours in the table "
+          "and the chart"
+      ),
   )
   bench.add_argument("--repeats", type=int, default=5)
   bench.add_argument("--out", default="benchmarks/results")
