@@ -2,10 +2,14 @@
 
 The public API is what `__all__` lists; everything else is reached through
 the documented submodules (`linen_moe.sharding`, `linen_moe.training`,
-`linen_moe.hlo`) or is private.
+`linen_moe.hlo`, `linen_moe.distributed`, `linen_moe.serving`,
+`linen_moe.decoding`) or is private.
 """
 
+from linen_moe import decoding
+from linen_moe import distributed
 from linen_moe import hlo
+from linen_moe import serving
 from linen_moe import sharding
 from linen_moe import training
 from linen_moe.config import PATHS
@@ -53,7 +57,9 @@ __all__ = [
     "SharedExpert",
     "TrainState",
     "available_configs",
+    "decoding",
     "default_optimizer",
+    "distributed",
     "hlo",
     "init_train_state",
     "load_config",
@@ -62,6 +68,7 @@ __all__ = [
     "rng_dict",
     "scan_blocks",
     "scanned_to_unrolled",
+    "serving",
     "sharding",
     "training",
     "unrolled_to_scanned",

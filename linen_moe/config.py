@@ -22,6 +22,8 @@ from linen_moe import grouped_matmul
 ACTIVATIONS = tuple(activations.ACTIVATIONS)
 ROUTINGS = ("topk_then_softmax", "softmax_then_topk")
 QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
+# Modes that store their expert weights converted when `MoEConfig.serving`.
+SERVING_QUANTIZATIONS = ("int8", "fp8", "nanoo_fp8")
 GROUPED_MATMUL_IMPLEMENTATIONS = grouped_matmul.IMPLEMENTATIONS
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -85,6 +87,11 @@ class MoEConfig:
     load_balance_loss_weight: weight of the Switch load-balance loss (0 = off).
     quantization: "none", "int8" (AQT), "fp8" or "nanoo_fp8".
     fp8_amax_history_length: length of each fp8 amax history.
+    serving: True for a serving layer: the expert kernels are stored converted
+      to the storage type of `quantization` (int8, float8_e4m3fn or
+      float8_e4m3fnuz) with their scales, as `linen_moe.serving.
+      quantize_weights` returns them (and the config it returns sets this),
+      and the layer runs inference from them. Needs a quantized mode.
   """
 
   num_experts: int
@@ -105,6 +112,7 @@ class MoEConfig:
   load_balance_loss_weight: float = 0.01
   quantization: str = "none"
   fp8_amax_history_length: int = 1024
+  serving: bool = False
 
   def __post_init__(self):
     cls = type(self).__name__
@@ -164,9 +172,22 @@ class MoEConfig:
           self.load_balance_loss_weight,
           "expected >= 0",
       )
-    for name in ("norm_topk_prob", "per_expert_scale", "sparse_matmul"):
+    for name in (
+        "norm_topk_prob",
+        "per_expert_scale",
+        "sparse_matmul",
+        "serving",
+    ):
       if not isinstance(getattr(self, name), bool):
         _fail(cls, name, getattr(self, name), "expected a bool")
+    if self.serving and self.quantization not in SERVING_QUANTIZATIONS:
+      _fail(
+          cls,
+          "serving",
+          self.serving,
+          "a serving layer stores its expert weights in a quantized mode "
+          f"{SERVING_QUANTIZATIONS}, but quantization={self.quantization!r}",
+      )
     if self.sparse_matmul and self.capacity_factor > 0:
       _fail(
           cls,

@@ -16,6 +16,8 @@ from linen_moe.expert import SharedExpert
 from linen_moe.jit_init import JitInit
 from linen_moe.moe import RoutedMoE
 from linen_moe.scan import scan_blocks
+from linen_moe.tokens import TokenEmbed
+from linen_moe.variables import CACHE
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
@@ -92,9 +94,36 @@ class Projection(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-  """Multi-head causal self-attention with RoPE (no KV cache)."""
+  """Multi-head causal self-attention with RoPE, and a KV cache in decode mode.
+
+  Query i attends to the keys at positions <= positions[:, i]. With `decode`,
+  the keys and values live in the `cache` collection (`cached_key`,
+  `cached_value`: [B, max_len, N, D], created by `init` on a [B, max_len]
+  sample): a call writes its S new ones at positions[0, 0] .. + S - 1 (every
+  row of the batch at the same positions) and attends over the whole cache.
+  The parameters are the same in both modes.
+
+  Attributes:
+    config: the `ModelConfig`.
+    decode: keep and extend a KV cache.
+  """
 
   config: ModelConfig
+  decode: bool = False
+
+  def _cached(self, k: jax.Array, v: jax.Array, positions: jax.Array):
+    """(keys, values, key positions [B, T]) after writing k, v to the cache."""
+    initialized = self.has_variable(CACHE, "cached_key")
+    cached_k = self.variable(CACHE, "cached_key", jnp.zeros, k.shape, k.dtype)
+    cached_v = self.variable(CACHE, "cached_value", jnp.zeros, v.shape, v.dtype)
+    if not initialized:  # init: the cache is shaped after the sample
+      return k, v, positions
+    start = (0, positions[0, 0], 0, 0)
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, start)
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, start)
+    b, max_len = k.shape[0], cached_k.value.shape[1]
+    key_positions = jnp.broadcast_to(jnp.arange(max_len), (b, max_len))
+    return cached_k.value, cached_v.value, key_positions
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
@@ -118,11 +147,13 @@ class CausalSelfAttention(nn.Module):
     q = apply_rope(project("query"), positions, cfg.rope_max_wavelength)
     k = apply_rope(project("key"), positions, cfg.rope_max_wavelength)
     v = project("value")
+    key_positions = positions
+    if self.decode:
+      k, v, key_positions = self._cached(k, v, positions)
     logits = jnp.einsum("BSND,BTND->BNST", q, k).astype(jnp.float32)
     logits = logits * d**-0.5
-    s = x.shape[1]
-    causal = jnp.tril(jnp.ones((s, s), bool))
-    logits = jnp.where(causal, logits, jnp.finfo(jnp.float32).min)
+    causal = key_positions[:, None, :] <= positions[:, :, None]  # [B, S, T]
+    logits = jnp.where(causal[:, None], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(dt)
     attended = jnp.einsum("BNST,BTND->BSND", probs, v)
     out = Projection(
@@ -142,15 +173,18 @@ class DecoderBlock(nn.Module):
 
   Gemma-4 style options (`router_input_norm`, `post_moe_norms`) are config
   fields. The signature fits `nn.scan` (carry, broadcast positions).
+  `decode` keeps a KV cache in the attention (see `CausalSelfAttention`).
   """
 
   config: ModelConfig
+  decode: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array):
     cfg, moe_cfg = self.config, self.config.moe
     h = RMSNorm(cfg.norm_eps, name="pre_attention_norm")(x)
-    x = x + CausalSelfAttention(cfg, name="attention")(h, positions)
+    attention = CausalSelfAttention(cfg, self.decode, name="attention")
+    x = x + attention(h, positions)
     h = RMSNorm(cfg.norm_eps, name="pre_moe_norm")(x)
     gate_inputs = None
     if cfg.router_input_norm:
@@ -175,13 +209,14 @@ class DecoderBlock(nn.Module):
     return x, (aux.load_balance_loss, aux.dropped_fraction)
 
 
-def embedding(cfg: ModelConfig, **kwargs) -> nn.Embed:
+def embedding(cfg: ModelConfig, **kwargs) -> TokenEmbed:
   """The token embedding, `embedding` [V, M] named ("vocab", "embed").
 
   Rows of unit norm keep the tied logits O(1) at init; the decoders scale
   the input back up by sqrt(emb_dim) so the residual stream has unit RMS.
+  An id outside [0, V) embeds as NaN (`linen_moe.tokens`).
   """
-  return nn.Embed(
+  return TokenEmbed(
       cfg.vocab_size,
       cfg.moe.emb_dim,
       embedding_init=nn.with_logical_partitioning(
@@ -215,6 +250,11 @@ class Decoder(JitInit, nn.Module):
   variables are stacked on a leading layer axis under `layers/`; unrolled,
   they live under `layers_0/`, `layers_1/`, ...
 
+  With `decode`, each attention keeps a KV cache and the decoder the number
+  of tokens already in it (`cache/index`); each call appends its tokens at
+  the next positions (prefill with the prompt, then one token at a time; see
+  `linen_moe.decoding`). `init` on a [B, max_len] sample sizes the cache.
+
   Example usage:
     cfg = load_model_config("tiny_mixtral")
     model = Decoder(cfg)
@@ -223,6 +263,19 @@ class Decoder(JitInit, nn.Module):
   """
 
   config: ModelConfig
+  decode: bool = False
+
+  def _positions(self, tokens: jax.Array) -> jax.Array:
+    """[B, S] positions of `tokens`: 0.. S-1, or after the cached ones."""
+    b, s = tokens.shape
+    start = 0
+    if self.decode:
+      initialized = self.has_variable(CACHE, "index")
+      index = self.variable(CACHE, "index", jnp.zeros, (), jnp.int32)
+      if initialized:
+        start = index.value
+        index.value = start + s
+    return jnp.broadcast_to(start + jnp.arange(s, dtype=jnp.int32), (b, s))
 
   @nn.compact
   def __call__(self, tokens: jax.Array):
@@ -231,16 +284,17 @@ class Decoder(JitInit, nn.Module):
     embed = embedding(cfg, name="embed")
     x = scale_embeddings(embed(tokens), cfg)
     x = sharding.constrain(x, sharding.BSM)
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    positions = self._positions(tokens)
     if cfg.scan_layers:
       scanned = scan_blocks(
           DecoderBlock, cfg.num_layers, in_axes=(nn.broadcast,)
       )
-      x, (lb, dropped) = scanned(cfg, name="layers")(x, positions)
+      x, (lb, dropped) = scanned(cfg, self.decode, name="layers")(x, positions)
     else:
       lbs, drops = [], []
       for i in range(cfg.num_layers):
-        x, (lb_i, drop_i) = DecoderBlock(cfg, name=f"layers_{i}")(x, positions)
+        block = DecoderBlock(cfg, self.decode, name=f"layers_{i}")
+        x, (lb_i, drop_i) = block(x, positions)
         lbs.append(lb_i)
         drops.append(drop_i)
       lb, dropped = jnp.stack(lbs), jnp.stack(drops)

@@ -153,7 +153,10 @@ def dense_dropping(
   indices = router.indices.reshape(b, s, k)
   position = slot_positions(indices, e, capacity)  # [B, S, k]
   kept = position >= 0
-  dropped = 1.0 - jnp.mean(kept.astype(jnp.float32))
+  # Counted in integers: 1 - kept / total in float32 (XLA multiplies by the
+  # reciprocal) leaves a small negative fraction when nothing is dropped.
+  total = b * s * k
+  dropped = (total - jnp.sum(kept.astype(jnp.int32))) / total
   # Per sequence: the slot e * C + c of each choice, and the choice s * k + j
   # in each slot (-1: dropped / empty).
   slot_of_choice = jnp.where(kept, indices * capacity + position, -1)

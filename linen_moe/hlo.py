@@ -11,7 +11,9 @@ and loops (following tuple elements), and collect the quantized element types
 we meet.
 
 Collectives (`collective_counts`, `all_gather_shapes`) are read from the
-same text, for the sharding tests and benchmarks.
+same text, for the sharding tests and benchmarks, and so are the device groups
+each collective joins (`collectives`): with the processes of the devices,
+`crosses_processes` tells which collectives go between processes (hosts).
 
 Example:
   text = jax.jit(step).lower(*args).compile().as_text()
@@ -20,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 
@@ -72,10 +75,10 @@ class Instruction:
   op_name: str  # the JAX op path from the metadata, "" when absent
 
 
-def _matching_paren(text: str, open_index: int) -> int:
+def _matching_paren(text: str, open_index: int, pair: str = "()") -> int:
   depth = 0
   for i in range(open_index, len(text)):
-    depth += {"(": 1, ")": -1}.get(text[i], 0)
+    depth += {pair[0]: 1, pair[1]: -1}.get(text[i], 0)
     if depth == 0:
       return i
   return len(text)
@@ -246,3 +249,142 @@ def all_gather_shapes(hlo_text: str) -> list[tuple[int, ...]]:
       for dims in re.findall(r"[a-z]+\d*\[([\d,]*)\]", match.group(1)):
         shapes.append(tuple(int(d) for d in dims.split(",") if d))
   return shapes
+
+
+# Which devices each collective joins, and whether a group spans processes.
+
+_COLLECTIVE = re.compile(rf"\s({'|'.join(COLLECTIVES)})(?:-start)?\(")
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_IOTA_GROUPS = re.compile(
+    r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?"
+)
+_LIST_GROUPS = re.compile(r"(?:replica_groups|source_target_pairs)=\{")
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+  """One collective op and the device groups it communicates within.
+
+  Device numbers index the program's device assignment (for a step jitted
+  on a mesh: `mesh.devices.flat`). `groups` is None when the op joins every
+  device; `axes` names the mesh axes it runs over, when the HLO says so.
+  """
+
+  name: str
+  opcode: str
+  groups: tuple[tuple[int, ...], ...] | None
+  axes: tuple[str, ...] | None
+
+
+def _int_list(text: str) -> list[int]:
+  return [int(v) for v in text.split(",") if v.strip()]
+
+
+def _mesh_groups(sizes_text: str, axes_text: str):
+  """`mesh['data'=2,'expert'=4] {'expert'}`: devices varying on `expert`."""
+  names, sizes = [], []
+  for item in sizes_text.split(","):
+    match = re.fullmatch(r"\s*'([^']+)'=(\d+)\s*", item)
+    if not match:
+      raise ValueError(f"Unparsed mesh replica group item {item!r}.")
+    names.append(match.group(1))
+    sizes.append(int(match.group(2)))
+  axes = tuple(re.findall(r"'([^']+)'", axes_text))
+  unknown = set(axes) - set(names)
+  if unknown:
+    raise ValueError(f"Replica group axes {sorted(unknown)} not in {names}.")
+  # Row-major device numbers over the mesh; a group fixes the other axes.
+  strides = [1] * len(sizes)
+  for i in range(len(sizes) - 2, -1, -1):
+    strides[i] = strides[i + 1] * sizes[i + 1]
+  inner = [i for i, n in enumerate(names) if n in axes]
+  outer = [i for i, n in enumerate(names) if n not in axes]
+
+  def positions(dims):
+    out = [0]
+    for d in dims:
+      out = [p + k * strides[d] for p in out for k in range(sizes[d])]
+    return out
+
+  groups = tuple(
+      tuple(sorted(base + offset for offset in positions(inner)))
+      for base in positions(outer)
+  )
+  return groups, axes
+
+
+def _iota_groups(shape_text, dims_text, perm_text):
+  """`[G,S]<=[dims]T(perm)`: iota over dims, transposed, cut into G groups."""
+  shape, dims = _int_list(shape_text), _int_list(dims_text)
+  perm = _int_list(perm_text) if perm_text else list(range(len(dims)))
+  total = 1
+  for d in dims:
+    total *= d
+  strides = [1] * len(dims)
+  for i in range(len(dims) - 2, -1, -1):
+    strides[i] = strides[i + 1] * dims[i + 1]
+  order = [0]
+  for axis in perm:  # row-major walk over the transposed array
+    order = [p + k * strides[axis] for p in order for k in range(dims[axis])]
+  size = shape[-1] if shape else total
+  return tuple(tuple(order[i : i + size]) for i in range(0, len(order), size))
+
+
+def _list_groups(line: str, start: int):
+  """`{{0,1},{2,3}}` from `start` (the outer brace); `{}` is None."""
+  body = line[start : _matching_paren(line, start, "{}") + 1]
+  groups = tuple(
+      tuple(_int_list(g)) for g in re.findall(r"\{([\d,\s]*)\}", body[1:-1])
+  )
+  return groups or None
+
+
+def collectives(text: str) -> list[Collective]:
+  """Every collective op of a compiled HLO module, with its device groups.
+
+  Reads the three ways HLO writes groups: mesh axes
+  (`replica_groups=mesh['data'=2,'expert'=4] {'data'}`), an iota list
+  (`replica_groups=[2,4]<=[8]`) and explicit lists (`replica_groups=
+  {{0,1},{2,3}}`, a collective-permute's `source_target_pairs`).
+  """
+  found = []
+  for line in text.splitlines():
+    op = _COLLECTIVE.search(line)
+    if not op:
+      continue
+    name = line.split("=", 1)[0].strip().lstrip("%").removeprefix("ROOT ")
+    groups, axes = None, None
+    if mesh := _MESH_GROUPS.search(line):
+      groups, axes = _mesh_groups(mesh.group(1), mesh.group(2))
+    elif iota := _IOTA_GROUPS.search(line):
+      groups = _iota_groups(*iota.groups())
+    elif listed := _LIST_GROUPS.search(line):
+      groups = _list_groups(line, listed.end() - 1)
+    found.append(Collective(name, op.group(1), groups, axes))
+  return found
+
+
+def crosses_processes(op: Collective, process_of: list[int]) -> bool:
+  """Whether any group of `op` joins devices of different processes.
+
+  `process_of[d]` is the process of device number d of the assignment,
+  e.g. `[dev.process_index for dev in mesh.devices.flat]`.
+  """
+  groups = op.groups or (tuple(range(len(process_of))),)
+  return any(len({process_of[d] for d in group}) > 1 for group in groups)
+
+
+def collective_summary(
+    text: str, process_of: list[int]
+) -> list[tuple[str, str, bool, int]]:
+  """(op, mesh axes, crosses processes, count) for the collectives of a
+  compiled HLO module, sorted; axes "?" where the HLO names none."""
+  counts = collections.Counter(
+      (
+          op.opcode,
+          ",".join(op.axes or ("?",)),
+          crosses_processes(op, process_of),
+      )
+      for op in collectives(text)
+  )
+  return [(*key, n) for key, n in sorted(counts.items())]

@@ -16,10 +16,12 @@ from linen_moe import dense
 from linen_moe import expert_parallel
 from linen_moe import routing
 from linen_moe import sharding
+from linen_moe import stored_weights
 from linen_moe.activations import activation
 from linen_moe.config import MoEConfig
 from linen_moe.expert import SharedExpert
 from linen_moe.jit_init import JitInit
+from linen_moe.quantization import Einsum
 from linen_moe.quantization import contraction_modules
 from linen_moe.sparse import sparse_experts
 
@@ -27,6 +29,11 @@ from linen_moe.sparse import sparse_experts
 # goes through `RoutedMoE.einsum` or `RoutedMoE.grouped` under one of these
 # names, and owns the submodule `{site}_dot`.
 CALL_SITES = ("wi_0", "wi_1", "wo", "dispatch", "combine")
+# The call sites that contract an expert weight. A serving layer
+# (`config.serving`) feeds them its stored kernels; the others (the dispatch
+# mask, the combine weights) then stay float, so that every path computes
+# the same expert math.
+WEIGHT_SITES = ("wi_0", "wi_1", "wo")
 
 
 @flax.struct.dataclass
@@ -88,6 +95,10 @@ class RoutedMoE(JitInit, nn.Module):
     """The named einsum hook of the dense paths: `einsum(eqn, lhs, rhs)`,
     computed by the submodule `{site}_dot` in this config's quantization."""
     name = self._submodule_name(site)
+    if self.config.serving:
+      stored = site in WEIGHT_SITES
+      module = stored_weights.StoredEinsum if stored else Einsum
+      return module(name=name)(eqn, lhs, rhs)
     modules = self._contractions()
     return modules.einsum(name=name, **modules.einsum_kwargs)(eqn, lhs, rhs)
 
@@ -98,6 +109,11 @@ class RoutedMoE(JitInit, nn.Module):
     group, rhs [G, K, N], group_sizes <int32>[G] -> [R, N], computed by the
     submodule `{site}_dot` in this config's quantization."""
     name = self._submodule_name(site)
+    if self.config.serving:
+      module = stored_weights.StoredGroupedMatmul(
+          self.config.grouped_matmul, name=name
+      )
+      return module(lhs, rhs, group_sizes)
     modules = self._contractions()
     module = modules.grouped_matmul(name=name, **modules.grouped_kwargs)
     return module(lhs, rhs, group_sizes)
@@ -120,7 +136,7 @@ class RoutedMoE(JitInit, nn.Module):
           f"{gate_inputs.shape}."
       )
     b, s, m = inputs.shape
-    e, k, h = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_mlp_dim
+    e, k = cfg.num_experts, cfg.num_experts_per_tok
     dt, pdt = cfg.compute_dtype, cfg.param_dtype
     init = nn.initializers.lecun_normal()
 
@@ -145,14 +161,9 @@ class RoutedMoE(JitInit, nn.Module):
       )
     router = routing.route(logits, k, cfg.routing, cfg.norm_topk_prob, scale)
 
-    w_in = nn.with_logical_partitioning(init, ("exp", "embed", "mlp"))
-    w_out = nn.with_logical_partitioning(init, ("exp", "mlp", "embed"))
-    wi_0 = self.param("wi_0", w_in, (e, m, h), pdt).astype(dt)
-    wi_1 = self.param("wi_1", w_in, (e, m, h), pdt).astype(dt)
-    wo = self.param("wo", w_out, (e, h, m), pdt).astype(dt)
+    experts = self._expert_kernels(init)
     x = sharding.constrain(inputs.astype(dt), sharding.BSM)
     act = activation(cfg.mlp_activations[0])
-    experts = (wi_0, wi_1, wo)
 
     dropped = jnp.zeros((), jnp.float32)
     if cfg.sparse_matmul:
@@ -173,6 +184,32 @@ class RoutedMoE(JitInit, nn.Module):
     out = sharding.constrain(out.astype(dt), sharding.BSM)
     return out, MoEAux(
         load_balance_loss=lb, expert_fraction=fraction, dropped_fraction=dropped
+    )
+
+  def _expert_kernels(self, init):
+    """(wi_0, wi_1, wo): float params in the compute dtype or, serving, the
+    stored kernels (`stored_weights.StoredKernel`), same names and shapes."""
+    cfg = self.config
+    e, m, h = cfg.num_experts, cfg.emb_dim, cfg.moe_mlp_dim
+    shapes = {"wi_0": (e, m, h), "wi_1": (e, m, h), "wo": (e, h, m)}
+    names = {
+        "wi_0": ("exp", "embed", "mlp"),
+        "wi_1": ("exp", "embed", "mlp"),
+        "wo": ("exp", "mlp", "embed"),
+    }
+    if cfg.serving:
+      return tuple(
+          stored_weights.stored_kernel(self, w, shapes[w], names[w], cfg)
+          for w in WEIGHT_SITES
+      )
+    return tuple(
+        self.param(
+            w,
+            nn.with_logical_partitioning(init, names[w]),
+            shapes[w],
+            cfg.param_dtype,
+        ).astype(cfg.compute_dtype)
+        for w in WEIGHT_SITES
     )
 
   def _sparse(self, x, router, experts, act):

@@ -126,10 +126,12 @@ def make_mesh(
   sizes = parse_mesh_spec(spec)
   devices = list(jax.devices() if devices is None else devices)
   if math.prod(sizes.values()) != len(devices):
+    processes = {getattr(d, "process_index", 0) for d in devices}
+    where = f" over {len(processes)} processes" if len(processes) > 1 else ""
     raise ValueError(
         f"Mesh {spec!r} has {math.prod(sizes.values())} devices "
-        f"({sizes}), but {len(devices)} are available; the axis sizes must "
-        "multiply to the device count."
+        f"({sizes}), but {len(devices)} are available{where}; the axis "
+        "sizes must multiply to the device count."
     )
   return jax.make_mesh(
       tuple(sizes.values()),

@@ -6,6 +6,8 @@ Three kinds of state, each in its own collection (DESIGN.md, principle 6):
   _overwrite_with_gradient  fp8 scales and amax histories: differentiated, and
                             the "gradient" is written back as the new value.
 
+plus, while decoding, the KV cache (`CACHE`).
+
 Anything that scans, stacks, shards or saves the layer's variables reads
 `STATE_COLLECTIONS` (every collection but `params`) and `RNG_STREAMS` from
 here, so a new kind of state is registered in one place.
@@ -21,6 +23,10 @@ OVERWRITE_WITH_GRADIENT = fp8_ops.OVERWRITE_WITH_GRADIENT
 
 # Non-parameter collections the layer may keep, in a fixed order.
 STATE_COLLECTIONS = (OVERWRITE_WITH_GRADIENT,)
+
+# The reference decoder's KV cache in decode mode (`linen_moe.decoding`):
+# stacked per layer like the state above, but neither trained nor saved.
+CACHE = "cache"
 
 # AQT int8 draws its stochastic rounding of the input gradient from this
 # stream whenever gradients are taken.

@@ -7,7 +7,7 @@ import json
 import os
 import time
 
-from linen_moe_cli.bench import PATHS
+from linen_moe.config import PATHS
 from linen_moe_cli.bench import SIZES
 from linen_moe_cli.bench import Case
 from linen_moe_cli.bench import run_case_subprocess
@@ -180,8 +180,10 @@ def run(
     log=print,
     dtypes=("float32",),
     peer_path: str | None = None,
+    chart: bool = True,
 ) -> list[dict]:
-  """Runs the sweeps; prints and writes `bench.json` and `bench.png`.
+  """Runs the sweeps; prints and writes `bench.json` and (with `chart`, which
+  needs matplotlib) `bench.png`.
 
   `peer_path`: a peer results file (see `bench_peer`), shown beside ours.
   """
@@ -209,9 +211,9 @@ def run(
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "bench.json"), "w", encoding="utf-8") as f:
     json.dump({"roofline": roofline, "rows": rows, "peer": peer}, f, indent=1)
-  write_chart(rows, os.path.join(out_dir, "bench.png"), peer)
-  log(
-      f"\nwrote {out_dir}/bench.json and {out_dir}/bench.png "
-      f"({time.perf_counter() - start:.0f}s)"
-  )
+  written = [f"{out_dir}/bench.json"]
+  if chart:
+    write_chart(rows, os.path.join(out_dir, "bench.png"), peer)
+    written.append(f"{out_dir}/bench.png")
+  log(f"\nwrote {' and '.join(written)} ({time.perf_counter() - start:.0f}s)")
   return rows

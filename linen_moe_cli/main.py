@@ -10,6 +10,9 @@ import time
 
 from linen_moe.config import QUANTIZATIONS
 from linen_moe.config import available_configs
+from linen_moe.distributed import DEFAULT_HEARTBEAT_TIMEOUT_S
+from linen_moe.distributed import DEFAULT_INIT_TIMEOUT_S
+from linen_moe_cli import options
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -47,6 +50,40 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
   )
 
 
+def _add_process_args(p: argparse.ArgumentParser) -> None:
+  group = p.add_argument_group(
+      "multiple processes",
+      "one process per host joined by jax.distributed (none of these under "
+      "Slurm srun, Open MPI mpirun or a Cloud TPU pod, which JAX detects)",
+  )
+  group.add_argument(
+      "--coordinator",
+      default=None,
+      metavar="HOST:PORT",
+      help="address of process 0, which serves the coordination service",
+  )
+  group.add_argument(
+      "--num-processes", type=int, default=None, help="N, all processes"
+  )
+  group.add_argument(
+      "--process-id", type=int, default=None, help="this process, in [0, N)"
+  )
+  group.add_argument(
+      "--init-timeout",
+      type=int,
+      default=DEFAULT_INIT_TIMEOUT_S,
+      metavar="SECONDS",
+      help="give up when the processes have not all joined by then",
+  )
+  group.add_argument(
+      "--heartbeat-timeout",
+      type=int,
+      default=DEFAULT_HEARTBEAT_TIMEOUT_S,
+      metavar="SECONDS",
+      help="a silent process counts as dead after this; the others then stop",
+  )
+
+
 def model_overrides(args: argparse.Namespace) -> dict:
   """Config overrides named on the command line."""
   overrides = {}
@@ -62,6 +99,46 @@ def model_overrides(args: argparse.Namespace) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+  options.check_train_options(
+      steps=args.steps,
+      batch_size=args.batch_size,
+      seq_len=args.seq_len,
+      learning_rate=args.learning_rate,
+      grad_accum=args.grad_accum,
+      max_consecutive_skips=args.max_consecutive_skips,
+  )
+  from linen_moe import distributed  # noqa: PLC0415 (jax import is slow)
+
+  several = distributed.initialize(
+      args.coordinator,
+      args.num_processes,
+      args.process_id,
+      init_timeout_s=args.init_timeout,
+      heartbeat_timeout_s=args.heartbeat_timeout,
+  )
+  if not several:
+    return _train(args)
+  try:
+    return _train(args)
+  except (ValueError, options.RunStopped):
+    # Every process rejects the same input, and sees the same (replicated)
+    # skipped steps: they exit together.
+    raise
+  except BaseException:  # noqa: BLE001
+    # Leave now: the normal exit waits at a shutdown barrier for peers that
+    # may be blocked in a collective with this process. Once its heartbeats
+    # stop, JAX terminates the others with an error.
+    import traceback  # noqa: PLC0415
+
+    print(f"[process {args.process_id}]", file=sys.stderr)
+    traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def _train(args: argparse.Namespace) -> int:
+  from linen_moe import distributed  # noqa: PLC0415
   from linen_moe_cli import train_job  # noqa: PLC0415 (jax import is slow)
 
   start = time.perf_counter()
@@ -77,13 +154,16 @@ def cmd_train(args: argparse.Namespace) -> int:
       progress=not args.no_progress,
       mesh=args.mesh,
       frontend=args.frontend,
+      max_consecutive_skips=args.max_consecutive_skips,
   )
-  print(
-      f"steps: {args.steps}  first loss: {result.first_loss:.4f}  "
-      f"final loss: {result.final_loss:.4f}  "
-      f"best achievable: {result.best_loss:.4f}  "
-      f"wall: {time.perf_counter() - start:.1f}s"
-  )
+  if distributed.is_main_process():
+    print(
+        f"steps: {args.steps}  first loss: {result.first_loss:.4f}  "
+        f"final loss: {result.final_loss:.4f}  "
+        f"best achievable: {result.best_loss:.4f}  "
+        f"skipped steps: {result.skipped_steps}  "
+        f"wall: {time.perf_counter() - start:.1f}s"
+    )
   return 0
 
 
@@ -155,7 +235,33 @@ def cmd_matrix(args: argparse.Namespace) -> int:
   return 1 if failed else 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+  from linen_moe_cli import generate_job  # noqa: PLC0415 (jax import is slow)
+
+  overrides = model_overrides(args)
+  overrides.pop("quantization", None)
+  result = generate_job.generate(
+      args.config,
+      overrides,
+      quantization=args.quantization or "int8",
+      train_steps=args.train_steps,
+      batch_size=args.batch_size,
+      prompt_len=args.prompt_len,
+      new_tokens=args.new_tokens,
+      seed=args.seed,
+      repeats=args.repeats,
+  )
+  print(generate_job.format_report(result))
+  return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+  options.check_int("repeats", args.repeats, 1)
+  no_chart = options.missing_optional(
+      "matplotlib", "the chart (bench.png) is skipped; bench.json is written"
+  )
+  if no_chart:
+    print(f"linen-moe bench: {no_chart}", file=sys.stderr)
   from linen_moe_cli import bench_report  # noqa: PLC0415
 
   rows = bench_report.run(
@@ -166,8 +272,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
       args.out,
       dtypes=tuple(args.dtype),
       peer_path=args.peer,
+      chart=not no_chart,
   )
   return 1 if any("error" in r for r in rows) else 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+  from linen_moe_cli import launch  # noqa: PLC0415
+
+  command = args.command[1:] if args.command[:1] == ["--"] else args.command
+  return launch.launch(
+      command,
+      args.local_processes,
+      args.devices_per_process,
+      timeout_s=args.timeout,
+  )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,8 +327,18 @@ def build_parser() -> argparse.ArgumentParser:
       help="the Linen decoder or the NNX one (nnx_adapter)",
   )
   train.add_argument(
+      "--max-consecutive-skips",
+      type=int,
+      default=10,
+      help=(
+          "stop after this many steps in a row were skipped for a "
+          "non-finite loss or gradient"
+      ),
+  )
+  train.add_argument(
       "--no-progress", action="store_true", help="no progress bar"
   )
+  _add_process_args(train)
   train.set_defaults(func=cmd_train)
 
   mat = sub.add_parser(
@@ -248,6 +377,33 @@ def build_parser() -> argparse.ArgumentParser:
       ),
   )
   mat.set_defaults(func=cmd_matrix)
+
+  launch = sub.add_parser(
+      "launch",
+      help="run `train` as N local processes joined by jax.distributed",
+      usage=(
+          "linen-moe launch --local-processes N [--devices-per-process D] "
+          "[--timeout SECONDS] -- train [train flags]"
+      ),
+  )
+  launch.add_argument("--local-processes", type=int, required=True)
+  launch.add_argument(
+      "--devices-per-process",
+      type=int,
+      default=None,
+      help="simulate D CPU devices in each process (default: JAX's devices)",
+  )
+  launch.add_argument(
+      "--timeout",
+      type=float,
+      default=3600.0,
+      metavar="SECONDS",
+      help="stop every process and fail past this",
+  )
+  launch.add_argument(
+      "command", nargs=argparse.REMAINDER, help="-- train [train flags]"
+  )
+  launch.set_defaults(func=cmd_launch)
 
   bench = sub.add_parser(
       "bench", help="time forward+backward of the layer across sizes/paths"
@@ -292,6 +448,27 @@ def build_parser() -> argparse.ArgumentParser:
   bench.add_argument("--repeats", type=int, default=5)
   bench.add_argument("--out", default="benchmarks/results")
   bench.set_defaults(func=cmd_bench)
+  gen = sub.add_parser(
+      "generate",
+      help=(
+          "convert the decoder's expert weights for serving and decode "
+          "greedily with a KV cache, float vs converted"
+      ),
+  )
+  _add_model_args(gen)
+  gen.set_defaults(quantization="int8")
+  gen.add_argument(
+      "--train-steps",
+      type=int,
+      default=50,
+      help="train this many steps first, in the serving mode (0: fresh init)",
+  )
+  gen.add_argument("--batch-size", type=int, default=8)
+  gen.add_argument("--prompt-len", type=int, default=16)
+  gen.add_argument("--new-tokens", type=int, default=32)
+  gen.add_argument("--repeats", type=int, default=3, help="timed runs")
+  gen.add_argument("--seed", type=int, default=0)
+  gen.set_defaults(func=cmd_generate)
   return parser
 
 
@@ -301,6 +478,13 @@ def main(argv: list[str] | None = None) -> int:
     return args.func(args)
   except ValueError as e:
     print(f"linen-moe: error: {e}", file=sys.stderr)
+    return 2
+  except options.RunStopped as e:
+    print(f"linen-moe: error: {e}", file=sys.stderr)
+    return 1
+  except ModuleNotFoundError as e:  # an optional package no check foresaw
+    needed = options.missing_optional(e.name or str(e), "this command stops")
+    print(f"linen-moe: error: {needed or e}", file=sys.stderr)
     return 2
 
 

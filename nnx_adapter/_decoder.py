@@ -38,11 +38,33 @@ class Decoder(nnx.Module):
   `layers_0`, `layers_1`, ... The attribute names are the Linen decoder's, so
   the state paths are its variable paths (see `linen_to_nnx`).
 
+  A serving config (`linen_moe.serving`) builds a serving decoder: its MoE
+  layers hold stored kernels; `Decoder.from_linen(serve_config,
+  serve_variables)` builds it straight from converted Linen variables.
+
   Example usage:
     cfg = load_model_config("tiny_mixtral", quantization="fp8")
     model = Decoder(cfg, rngs=nnx.Rngs(0))
     logits, aux = model(tokens, rng=jax.random.key(1))
   """
+
+  @classmethod
+  def from_linen(
+      cls,
+      config: ModelConfig,
+      variables: PyTree,
+      *,
+      sample_shape: tuple[int, int] = (1, 8),
+  ) -> Decoder:
+    """A decoder holding the Linen `variables` (e.g. from
+    `linen_moe.serving.quantize_weights`, with its serving config), built
+    abstractly (`nnx.eval_shape`: no variable is initialised, then none is
+    allocated twice) and filled by `linen_to_nnx`, which checks every
+    path, shape and dtype."""
+    abstract = nnx.eval_shape(
+        lambda: cls(config, rngs=nnx.Rngs(0), sample_shape=sample_shape)
+    )
+    return linen_to_nnx(variables, abstract)
 
   def __init__(
       self,
@@ -136,7 +158,8 @@ def nnx_to_linen(model: nnx.Module) -> PyTree:
 def linen_to_nnx(variables: PyTree, model: nnx.Module) -> nnx.Module:
   """Loads Linen variables (e.g. from `linen_moe.decoder.Decoder.init`) into
   `model` in place and returns it. Every variable of the model must be given
-  with its shape and dtype, and nothing else."""
+  with its shape and dtype, and nothing else; otherwise a `ValueError` names
+  the paths and both shapes, and nothing is loaded."""
   given = nnx.traversals.flatten_mapping(dict(sharding.unbox(variables)))
   wanted = _flat_variables(model)
   missing = sorted(set(wanted) - set(given))
@@ -146,13 +169,20 @@ def linen_to_nnx(variables: PyTree, model: nnx.Module) -> nnx.Module:
         f"Linen variables do not match the NNX model: missing {missing}, "
         f"unexpected {extra}."
     )
+  wrong = [
+      f"{'/'.join(map(str, key))}: expected "
+      f"{var.get_value().dtype}{list(var.get_value().shape)}, got "
+      f"{given[key].dtype}{list(given[key].shape)}"
+      for key, var in wanted.items()
+      if (given[key].shape, given[key].dtype)
+      != (var.get_value().shape, var.get_value().dtype)
+  ]
+  if wrong:  # checked before anything is loaded: all or nothing
+    more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+    raise ValueError(
+        "Linen variables do not fit the NNX model (another config?): "
+        f"{'; '.join(wrong[:3])}{more}."
+    )
   for key, var in wanted.items():
-    value = given[key]
-    old = var.get_value()
-    if value.shape != old.shape or value.dtype != old.dtype:
-      raise ValueError(
-          f"{'/'.join(map(str, key))}: expected {old.dtype}{list(old.shape)}, "
-          f"got {value.dtype}{list(value.shape)}."
-      )
-    var.set_value(jnp.asarray(value))  # `nnx.state` holds the live Variables
+    var.set_value(jnp.asarray(given[key]))  # `nnx.state` holds the Variables
   return model

@@ -20,7 +20,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 import optax
 
-from linen_moe import sharding
 from linen_moe.config import ModelConfig
 from linen_moe.training.sharded import ShardedRun
 from nnx_adapter._train import init_train_state
@@ -47,12 +46,6 @@ class ShardedNNXTraining(ShardedRun):
   config: ModelConfig
   optimizer: optax.GradientTransformation
   mesh: Mesh
-  _: dataclasses.KW_ONLY
-  rules: sharding.Rules = sharding.DEFAULT_RULES
-  grad_accum: int = 1
-  _cache: dict = dataclasses.field(
-      default_factory=dict, init=False, repr=False, compare=False
-  )
 
   def _initial_state(self, tokens, rng):
     return init_train_state(self.config, self.optimizer, tokens, rng)

@@ -9,14 +9,17 @@ as the new value (`overwrite_with_gradient`), and combine microbatches with
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from typing import Any
 
 from flax import nnx
 import flax.struct
 import jax
+import jax.numpy as jnp
 import optax
 
 from linen_moe.config import ModelConfig
+from linen_moe.training import skip
 from linen_moe.training import step as linen_train
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from nnx_adapter._adapter import Fp8State
@@ -79,14 +82,24 @@ def train_step(
 ) -> dict[str, jax.Array]:
   """One training step of `model` (a `Decoder`) in place; returns metrics.
 
+  A step whose loss or any gradient is non-finite leaves the model and the
+  optimizer as they were, but for `optimizer.step` (advanced);
+  `metrics["skipped"]` is then 1 (see `linen_moe.training.skip`).
   Use under `nnx.jit` with `grad_accum` static, e.g.
   `nnx.jit(train_step, static_argnames="grad_accum")`.
   """
+  # A copy of the values: `nnx.state` holds the live Variables.
+  old = jax.tree.map(lambda x: x, nnx.state((model, optimizer)))
   (param_grads, fp8_grads), metrics = accumulate_gradients(
       model, decoder_loss, tokens, rng, grad_accum
   )
   apply_gradients(model, optimizer, param_grads, fp8_grads)
-  return metrics
+  ok = skip.all_finite((metrics["loss"], param_grads, fp8_grads))
+  steps = optimizer.step.get_value()
+  new = nnx.state((model, optimizer))
+  nnx.update((model, optimizer), skip.keep_if_finite(ok, new, old))
+  optimizer.step.set_value(steps)
+  return {**metrics, "skipped": jnp.logical_not(ok).astype(jnp.int32)}
 
 
 @flax.struct.dataclass
@@ -99,6 +112,10 @@ class TrainState:
 
   graphdef: nnx.GraphDef = flax.struct.field(pytree_node=False)
   state: nnx.State
+  # <int32>[] steps skipped for a non-finite loss or gradient.
+  skipped_steps: jax.Array = dataclasses.field(
+      default_factory=lambda: jnp.zeros((), jnp.int32)
+  )
 
   def merge(self) -> tuple[Decoder, nnx.Optimizer]:
     return nnx.merge(self.graphdef, self.state)
@@ -131,12 +148,19 @@ def init_train_state(
 
 def make_train_step(grad_accum: int = 1):
   """A jittable `step(state, tokens, rng) -> (state, metrics)` on a
-  `TrainState`: the pure form of `train_step`."""
+  `TrainState`: the pure form of `train_step`, which also counts skipped
+  steps (`TrainState.skipped_steps`, `metrics["skipped_steps"]`)."""
 
   def step(state: TrainState, tokens: jax.Array, rng: jax.Array):
     model, optimizer = state.merge()
     metrics = train_step(model, optimizer, tokens, rng, grad_accum)
-    return state.replace(state=nnx.state((model, optimizer))), metrics
+    skipped_steps = state.skipped_steps + metrics["skipped"]
+    return (
+        state.replace(
+            state=nnx.state((model, optimizer)), skipped_steps=skipped_steps
+        ),
+        {**metrics, "skipped_steps": skipped_steps},
+    )
 
   return step
 

@@ -18,9 +18,9 @@ find_python312() {
 
 VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || "$(find_python312)" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -qq --upgrade pip
 if [ -n "${1:-}" ]; then
-  "$VENV/bin/python" -m pip install -q -e ".[$1]"
+  "$VENV/bin/python" -m pip install -qq -e ".[$1]"
 else
-  "$VENV/bin/python" -m pip install -q -e .
+  "$VENV/bin/python" -m pip install -qq -e .
 fi

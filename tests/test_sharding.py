@@ -258,6 +258,27 @@ class EquivalenceTest(EquivalenceMixin):
     self.check_equivalent(path, quantization, meshes, frontend=fe)
 
 
+class SkipStepOnMeshTest(absltest.TestCase):
+
+  def test_poisoned_microbatch_skips_the_sharded_step(self):
+    """fp8, sparse (expert parallel), two microbatches, both front ends."""
+    results = run_worker(*(
+        {"check": "skip", "mesh": "data=2,expert=4", "frontend": fe}
+        for fe in FRONTENDS
+    ))
+    for fe, r in zip(FRONTENDS, results, strict=True):
+      with self.subTest(frontend=fe):
+        self.assertEqual([m["skipped"] for m in r["metrics"]], [0, 1, 0])
+        self.assertEqual(r["skipped_steps"], 1)
+        self.assertEqual(r["steps"], [0, 1, 2, 3])
+        self.assertGreater(r["fp8_leaves"], 0)
+        self.assertEqual(r["skip_diff"], 0.0)  # params, fp8, optimizer
+        self.assertTrue(r["finite"])
+        self.assertGreater(r["moved_after"], 0.0)
+        losses = [m["loss"] for m in r["metrics"]]
+        self.assertLess(losses[2], losses[0])
+
+
 @pytest.mark.slow
 class EquivalenceProductTest(EquivalenceMixin):
 

@@ -23,19 +23,26 @@ from linen_moe import sharding
 from linen_moe.training import step as train_lib
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ShardedRun:
   """Sharded init and jitted step on `self.mesh`, for any front end.
 
-  A subclass provides `mesh`, `rules`, `grad_accum` and a `_cache` dict, and
-  the hooks `_initial_state` (the init, with partitioning metadata),
-  `_shardings_of` (its NamedShardings, from an abstract state), `_plain`
-  (metadata stripped) and `_train_step` (a pure `step(state, tokens, rng)`).
+  A subclass (a frozen dataclass) adds its positional fields, `mesh` among
+  them, and the hooks `_initial_state` (the init, with partitioning
+  metadata), `_shardings_of` (its NamedShardings, from an abstract state),
+  `_plain` (metadata stripped) and `_train_step` (a pure
+  `step(state, tokens, rng)`).
+
+  Attributes:
+    rules: logical-name -> mesh-axes rule table (keyword-only).
+    grad_accum: microbatches per step (keyword-only).
   """
 
-  mesh: Mesh
-  rules: sharding.Rules
-  grad_accum: int
-  _cache: dict
+  rules: sharding.Rules = sharding.DEFAULT_RULES
+  grad_accum: int = 1
+  _cache: dict = dataclasses.field(
+      default_factory=dict, init=False, repr=False, compare=False
+  )
 
   def _initial_state(self, tokens, rng):
     raise NotImplementedError
@@ -143,12 +150,6 @@ class ShardedTraining(ShardedRun):
   model: nn.Module
   optimizer: optax.GradientTransformation
   mesh: Mesh
-  _: dataclasses.KW_ONLY
-  rules: sharding.Rules = sharding.DEFAULT_RULES
-  grad_accum: int = 1
-  _cache: dict = dataclasses.field(
-      default_factory=dict, init=False, repr=False, compare=False
-  )
 
   def _initial_state(self, tokens, rng):
     return train_lib.boxed_train_state(self.model, self.optimizer, tokens, rng)

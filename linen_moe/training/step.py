@@ -11,6 +11,7 @@ by the Linen train step here and by the NNX train step in `nnx_adapter`.
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from linen_moe import sharding
+from linen_moe.training import skip
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.variables import rng_dict
 
@@ -106,14 +108,28 @@ def accumulate_gradients(
   return (scale(p), o), scale(m)
 
 
+def _zero_count() -> jax.Array:
+  return jnp.zeros((), jnp.int32)
+
+
 @flax.struct.dataclass
 class TrainState:
-  """Linen training state: params via optax, fp8 state by overwriting."""
+  """Linen training state: params via optax, fp8 state by overwriting.
+
+  Attributes:
+    step: <int32>[] steps taken, skipped ones included.
+    params: the decoder's `params` collection.
+    fp8_state: its `_overwrite_with_gradient` collection (may be empty).
+    opt_state: the optimizer's state.
+    skipped_steps: <int32>[] steps skipped for a non-finite loss or gradient
+      (`linen_moe.training.skip`).
+  """
 
   step: jax.Array
   params: PyTree
   fp8_state: PyTree
   opt_state: PyTree
+  skipped_steps: jax.Array = dataclasses.field(default_factory=_zero_count)
 
 
 def boxed_train_state(
@@ -149,7 +165,13 @@ def make_train_step(
     grad_accum: int = 1,
 ):
   """A jittable `step(state, tokens, rng) -> (state, metrics)` for `model`
-  (a `Decoder`): AdamW-style update of params, fp8 state overwritten."""
+  (a `Decoder`): optimizer update of params, fp8 state overwritten.
+
+  A step whose loss or any gradient is non-finite leaves the state as it was
+  but for `step` (advanced) and `skipped_steps` (counted); see
+  `linen_moe.training.skip`. `metrics` holds the loss terms, `skipped` (0 or
+  1) and `skipped_steps`.
+  """
 
   def grad_fn(tokens, rng, params, fp8_state):
     def loss_fn(params, fp8_state):
@@ -172,15 +194,17 @@ def make_train_step(
     updates, opt_state = optimizer.update(
         param_grads, state.opt_state, state.params
     )
-    return (
-        state.replace(
-            step=state.step + 1,
-            params=optax.apply_updates(state.params, updates),
-            fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
-            opt_state=opt_state,
-        ),
-        metrics,
+    new = state.replace(
+        params=optax.apply_updates(state.params, updates),
+        fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
+        opt_state=opt_state,
     )
+    ok = skip.all_finite((metrics["loss"], param_grads, fp8_grads))
+    skipped_steps, skip_metrics = skip.skip_metrics(ok, state.skipped_steps)
+    new = skip.keep_if_finite(ok, new, state).replace(
+        step=state.step + 1, skipped_steps=skipped_steps
+    )
+    return new, {**metrics, **skip_metrics}
 
   return step
 

@@ -1,0 +1,405 @@
+"""Several processes joined by `jax.distributed`, on this one machine.
+
+Groups of local processes (each on simulated CPU devices, collectives over
+gloo) run through `linen_moe_cli.launch.run_group`, the machinery of
+`linen-moe launch`. The reference for "the same run" is one process with as
+many devices as the group has in all: a multi-process step is one SPMD
+program over the same global mesh, so the printed losses must agree to the
+printed precision (4 decimals). A wrong shard of the batch, a process that
+initialises differently or a missing cross-process reduction moves them in
+the first or second decimal.
+
+The default run holds the in-process checks, one two-process `train` (Linen,
+sparse path) beside its one-process reference, and one two-process group in
+which a process kills itself. The front end x path product, expert
+parallelism across the process boundary and the compiled collectives are
+marked slow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import socket
+import sys
+import time
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import pytest
+
+from linen_moe import distributed
+from linen_moe import hlo
+from linen_moe_cli import launch
+from linen_moe_cli import main as cli_main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = ["--steps", "3", "--batch-size", "8", "--seq-len", "8"]
+LOSSES = re.compile(r"first loss: \S+\s+final loss: \S+")
+HEARTBEAT_S = 5
+# A loaded 2-core machine can take this long beyond the heartbeat timeout
+# to notice and report a dead peer.
+DETECTION_MARGIN_S = 45
+
+
+def _env(devices: int) -> dict[str, str]:
+  return dict(launch.child_env(devices), PYTHONPATH=ROOT)
+
+
+def run_train(argv: list[str], processes: int, devices: int):
+  """`linen-moe train <argv>` on `processes` x `devices`: (result, stdout,
+  stderr) of the group, process 0's output captured."""
+  out, err = io.StringIO(), io.StringIO()
+  result = launch.run_group(
+      launch.child_commands(["train", *argv], processes),
+      _env(devices),
+      timeout_s=900,
+      out=out,
+      err=err,
+  )
+  return result, out.getvalue(), err.getvalue()
+
+
+def run_worker(jobs: list[dict], processes: int, devices: int, **kwargs):
+  """`tests.multihost_worker` jobs on a group: (result, {job: output})."""
+  extra = ["--heartbeat-timeout", str(HEARTBEAT_S)]
+  commands = [
+      [sys.executable, "-m", "tests.multihost_worker", json.dumps(jobs)]
+      + extra
+      + flags
+      for flags in launch.process_flags(processes)
+  ]
+  out, err = io.StringIO(), io.StringIO()
+  kwargs.setdefault("timeout_s", 900)
+  result = launch.run_group(commands, _env(devices), out=out, err=err, **kwargs)
+  outputs = {}
+  for line in out.getvalue().splitlines():
+    if line.startswith('{"job"'):
+      record = json.loads(line)
+      outputs[record["job"]] = record["result"]
+  return result, outputs, err.getvalue()
+
+
+class InitializeTest(parameterized.TestCase):
+  """`distributed.initialize` rejects bad input before joining anything."""
+
+  @parameterized.parameters(
+      ("10.0.0.1:1234", ("10.0.0.1", 1234)),
+      ("localhost:80", ("localhost", 80)),
+      ("[::1]:5000", ("::1", 5000)),
+  )
+  def test_parse_coordinator(self, address, expected):
+    self.assertEqual(distributed.parse_coordinator(address), expected)
+
+  @parameterized.parameters("localhost", ":1234", "host:", "host:0", "h:x")
+  def test_bad_coordinator(self, address):
+    with self.assertRaisesRegex(ValueError, "coordinator=.*HOST:PORT"):
+      distributed.initialize(address, 2, 0)
+
+  @parameterized.parameters(
+      (dict(coordinator="localhost:1"), "num_processes, process_id missing"),
+      (dict(num_processes=2, process_id=0), "coordinator missing"),
+      (dict(coordinator="h:1", num_processes=2, process_id=2), r"\[0, num"),
+      (dict(coordinator="h:1", num_processes=0, process_id=0), ">= 1"),
+      (dict(init_timeout_s=0), "init_timeout_s=0"),
+      (dict(heartbeat_timeout_s=-1), "heartbeat_timeout_s=-1"),
+  )
+  def test_bad_arguments(self, kwargs, message):
+    with self.assertRaisesRegex(ValueError, message):
+      distributed.initialize(**kwargs)
+
+  def test_process_id_type(self):
+    with self.assertRaisesRegex(TypeError, "process_id='0'"):
+      distributed.initialize("h:1", 2, "0")
+
+  def test_port_in_use(self):
+    with socket.socket() as taken:
+      taken.bind(("", 0))
+      taken.listen()
+      port = taken.getsockname()[1]
+      with self.assertRaisesRegex(ValueError, f"port {port} is already in use"):
+        distributed.initialize(f"localhost:{port}", 2, 0)
+
+  @parameterized.parameters(
+      ({}, None),
+      ({"SLURM_NTASKS": "1"}, None),
+      ({"SLURM_NTASKS": "4"}, "slurm"),
+      ({"OMPI_COMM_WORLD_SIZE": "2"}, "openmpi"),
+      ({"TPU_WORKER_HOSTNAMES": "a"}, None),
+      ({"TPU_WORKER_HOSTNAMES": "a,b"}, "tpu"),
+  )
+  def test_cluster_launcher(self, environ, expected):
+    self.assertEqual(distributed.cluster_launcher(environ), expected)
+
+  def test_alone_without_arguments(self):
+    cleared = {k: "" for k in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")}
+    with mock.patch.dict(os.environ, cleared):
+      self.assertFalse(distributed.initialize())
+
+  def test_global_array(self):
+    mesh = jax.make_mesh((1,), ("data",))
+    data = np.arange(12, dtype=np.int32).reshape(4, 3)
+    array = distributed.global_array(
+        data.shape, NamedSharding(mesh, P("data")), data
+    )
+    np.testing.assert_array_equal(np.asarray(array), data)
+    with self.assertRaisesRegex(ValueError, r"data shape \(4, 3\)"):
+      distributed.global_array((8, 3), NamedSharding(mesh, P()), data)
+
+
+class LaunchTest(absltest.TestCase):
+  """The process group: streaming, failure, timeout (plain Python children)."""
+
+  def _group(self, *codes: str, **kwargs):
+    out, err = io.StringIO(), io.StringIO()
+    commands = [[sys.executable, "-c", code] for code in codes]
+    start = time.monotonic()
+    result = launch.run_group(
+        commands, launch.child_env(None), out=out, err=err, **kwargs
+    )
+    return result, out.getvalue(), err.getvalue(), time.monotonic() - start
+
+  def test_success_streams_process_0_only(self):
+    result, out, err, _ = self._group(
+        "print('[Gloo] Rank 0 is connected'); print('zero')",
+        "print('one')",
+        timeout_s=60,
+    )
+    self.assertEqual(result.code, 0)
+    self.assertEqual(out, "zero\n")
+    self.assertEqual(err, "")
+    self.assertEqual(result.tails, (("zero",), ("one",)))
+
+  def test_failure_stops_the_group(self):
+    result, _, err, seconds = self._group(
+        "import time; time.sleep(120)",
+        "import sys; print('loading'); sys.exit('bad shard 3')",
+        timeout_s=120,
+        grace_s=0.5,
+    )
+    self.assertEqual((result.code, result.failed), (1, 1))
+    self.assertEqual(result.returncodes, (-9, 1))
+    self.assertIsNone(result.ended_s[0])  # killed by the group
+    self.assertIn("process 1 of 2 failed (exit code 1)", err)
+    # Its stdout and stderr, each in order (the two pipes may interleave).
+    self.assertIn("  | loading\n", err)
+    self.assertIn("  | bad shard 3\n", err)
+    self.assertLess(seconds, 60)
+
+  def test_timeout(self):
+    result, _, err, seconds = self._group(
+        "import time; print('waiting', flush=True); time.sleep(120)",
+        timeout_s=1.5,
+    )
+    self.assertEqual(result.code, 124)
+    self.assertIn("timed out after 1.5s", err)
+    self.assertIn("| waiting", err)
+    self.assertLess(seconds, 60)
+
+  def test_process_flags(self):
+    self.assertEqual(launch.process_flags(1), [[]])
+    flags = launch.process_flags(3)
+    self.assertEqual([f[-1] for f in flags], ["0", "1", "2"])
+    self.assertEqual(len({f[1] for f in flags}), 1)  # one coordinator
+    self.assertEqual(flags[0][2:4], ["--num-processes", "3"])
+    with self.assertRaisesRegex(ValueError, "local_processes=0"):
+      launch.process_flags(0)
+
+  def test_child_commands_reject(self):
+    with self.assertRaisesRegex(ValueError, "launch runs `train`"):
+      launch.child_commands(["matrix"], 2)
+    with self.assertRaisesRegex(ValueError, "sets --process-id itself"):
+      launch.child_commands(["train", "--process-id=1"], 2)
+
+  def test_child_env(self):
+    with mock.patch.dict(
+        os.environ, XLA_FLAGS="--a --xla_force_host_platform_device_count=8"
+    ):
+      env = launch.child_env(4)
+    self.assertEqual(
+        env["XLA_FLAGS"], "--a --xla_force_host_platform_device_count=4"
+    )
+    self.assertEqual(env["JAX_PLATFORMS"], "cpu")
+
+  def test_cli_rejects_other_commands(self):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+      code = cli_main.main(["launch", "--local-processes", "2", "--", "bench"])
+    self.assertEqual(code, 2)
+    self.assertIn("launch runs `train`", err.getvalue())
+
+
+class CollectivesTest(absltest.TestCase):
+  """`hlo.collectives` reads each way HLO writes device groups."""
+
+  def _one(self, text):
+    (op,) = hlo.collectives(text)
+    return op
+
+  def test_mesh_axes(self):
+    op = self._one(
+        "  %ag = f32[4] all-gather(%x), channel_id=1, replica_groups="
+        "mesh['data'=2,'fsdp'=1,'expert'=4] {'expert'}, dimensions={0}"
+    )
+    self.assertEqual(op.groups, ((0, 1, 2, 3), (4, 5, 6, 7)))
+    self.assertEqual(op.axes, ("expert",))
+    op = self._one(
+        "  %ar = f32[] all-reduce(%x), replica_groups="
+        "mesh['data'=2,'expert'=4] {'data'}, to_apply=%add"
+    )
+    self.assertEqual(op.groups, ((0, 4), (1, 5), (2, 6), (3, 7)))
+    two_processes = [0] * 4 + [1] * 4
+    self.assertTrue(hlo.crosses_processes(op, two_processes))
+    self.assertFalse(hlo.crosses_processes(op, [0, 1, 2, 3] * 2))
+
+  def test_iota_and_lists(self):
+    op = self._one("  %r = f32[2] all-reduce(%x), replica_groups=[2,4]<=[8]")
+    self.assertEqual(op.groups, ((0, 1, 2, 3), (4, 5, 6, 7)))
+    op = self._one(
+        "  %r = f32[2] all-reduce(%x), replica_groups=[2,4]<=[4,2]T(1,0)"
+    )
+    self.assertEqual(op.groups, ((0, 2, 4, 6), (1, 3, 5, 7)))
+    op = self._one(
+        "  %p = f32[2] collective-permute(%x),"
+        " source_target_pairs={{0,1},{1,0}}"
+    )
+    self.assertEqual(op.groups, ((0, 1), (1, 0)))
+    op = self._one("  %r = f32[2] all-reduce(%x), replica_groups={}")
+    self.assertIsNone(op.groups)
+    self.assertTrue(hlo.crosses_processes(op, [0, 1]))
+
+
+class TwoProcessTrainTest(absltest.TestCase):
+  """`linen-moe train` on 2 processes x 4 devices = 1 process x 8 devices."""
+
+  def test_linen_sparse(self):
+    argv = [*TRAIN, "--mesh", "data=2,expert=4", "--frontend", "linen"]
+    two, out, err = run_train(argv, processes=2, devices=4)
+    self.assertEqual(two.code, 0, err)
+    one, ref_out, ref_err = run_train(
+        [*argv, "--no-progress"], processes=1, devices=8
+    )
+    self.assertEqual(one.code, 0, ref_err)
+    self.assertEqual(LOSSES.findall(out), LOSSES.findall(ref_out))
+    self.assertLen(LOSSES.findall(out), 1)
+    self.assertIn("3/3", err)  # process 0's progress bar
+    # Process 1 stays quiet: no progress bar, no result line.
+    self.assertFalse([t for t in two.tails[1] if "loss" in t or "train" in t])
+
+
+class _ProcessDeath(absltest.TestCase):
+  """A process that dies ends the others within the heartbeat timeout.
+
+  The group's first job is a mesh of the wrong size: every process rejects
+  it before any step. The second runs an all-reduce until one process
+  SIGKILLs itself; the grace period is long, so the survivor has to end on
+  its own (JAX's coordination service sees the missing heartbeats).
+  """
+
+  def check_death(self, victim: int):
+    jobs = [
+        {"check": "bad_mesh", "mesh": "data=3"},
+        {"check": "spin", "victim": victim, "die_at": 3},
+    ]
+    result, outputs, err = run_worker(
+        jobs,
+        processes=2,
+        devices=2,
+        grace_s=2 * (HEARTBEAT_S + DETECTION_MARGIN_S),
+    )
+    self.assertRegex(
+        outputs[0]["error"],
+        r"Mesh 'data=3' has 3 devices .* but 4 are available over 2 processes",
+    )
+    survivor = 1 - victim
+    self.assertEqual(result.failed, victim, err)
+    self.assertEqual(result.returncodes[victim], -9)
+    self.assertIsNotNone(result.ended_s[survivor], "the group killed it")
+    self.assertNotEqual(result.returncodes[survivor], 0)
+    self.assertLess(
+        result.ended_s[survivor] - result.ended_s[victim],
+        HEARTBEAT_S + DETECTION_MARGIN_S,
+    )
+    self.assertIn(f"process {victim} of 2 failed (killed by SIGKILL)", err)
+    return err
+
+
+class ProcessDeathTest(_ProcessDeath):
+
+  def test_worker_dies(self):
+    err = self.check_death(victim=1)
+    self.assertIn("stopped sending heartbeats", err)
+
+
+@pytest.mark.slow
+class ProcessDeathSlowTest(_ProcessDeath):
+
+  def test_coordinator_dies(self):
+    self.check_death(victim=0)
+
+
+@pytest.mark.slow
+class MultiProcessMatrixTest(absltest.TestCase):
+  """Both front ends x both matmul paths, and experts split across the
+  process boundary, on 2 x 4 devices against 1 x 8; one group for all."""
+
+  TRAIN_CASES = [
+      ("data=2,expert=4", "linen", "--sparse-matmul"),
+      ("data=2,expert=4", "linen", "--no-sparse-matmul"),
+      ("data=2,expert=4", "nnx", "--sparse-matmul"),
+      ("data=2,expert=4", "nnx", "--no-sparse-matmul"),
+      ("expert=8", "linen", "--sparse-matmul"),
+      ("expert=8", "nnx", "--no-sparse-matmul"),
+  ]
+
+  def test_matrix(self):
+    jobs = [
+        {
+            "check": "train",
+            "argv": (
+                [*TRAIN, "--mesh", mesh, "--frontend", fe, path]
+                + ["--no-progress"]
+            ),
+        }
+        for mesh, fe, path in self.TRAIN_CASES
+    ]
+    collectives = [
+        {"check": "collectives", "mesh": "data=2,expert=4"},
+        {"check": "collectives", "mesh": "expert=8"},
+    ]
+    two, outputs, err = run_worker(jobs + collectives, 2, 4)
+    self.assertEqual(two.code, 0, err)
+    one, ref, ref_err = run_worker(jobs, 1, 8)
+    self.assertEqual(one.code, 0, ref_err)
+    for i, case in enumerate(self.TRAIN_CASES):
+      with self.subTest(case=case):
+        self.assertEqual(
+            LOSSES.findall(outputs[i]["stdout"]),
+            LOSSES.findall(ref[i]["stdout"]),
+        )
+        self.assertLen(LOSSES.findall(outputs[i]["stdout"]), 1)
+    split, across = outputs[len(jobs)], outputs[len(jobs) + 1]
+    self.assertEqual(split["process_of"], [0] * 4 + [1] * 4)
+    crossing = {(op, axes): c for op, axes, c, _ in split["counts"]}
+    # data=2,expert=4: processes lie along `data`, so expert parallelism
+    # stays inside a process and only the data-parallel sums cross.
+    self.assertTrue(crossing[("all-reduce", "data")])
+    for (op, axes), crosses in crossing.items():
+      if axes == "expert":
+        self.assertFalse(crosses, op)
+    # expert=8: the experts' all-gathers and reduce-scatters cross.
+    crossing = {(op, axes): c for op, axes, c, _ in across["counts"]}
+    self.assertTrue(crossing[("all-gather", "expert")])
+    self.assertTrue(crossing[("reduce-scatter", "expert")])
+
+
+if __name__ == "__main__":
+  absltest.main()
