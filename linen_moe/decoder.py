@@ -15,6 +15,7 @@ from linen_moe import routing
 from linen_moe import sharding
 from linen_moe.config import ModelConfig
 from linen_moe.expert import SharedExpert
+from linen_moe.jit_init import JitInit
 from linen_moe.moe import RoutedAndSharedMoE
 from linen_moe.moe import RoutedMoE
 from linen_moe.scan import scan_blocks
@@ -287,7 +288,7 @@ def scale_embeddings(x: jax.Array, cfg: ModelConfig) -> jax.Array:
   return (x * cfg.moe.emb_dim**0.5).astype(cfg.moe.compute_dtype)
 
 
-class Decoder(nn.Module):
+class Decoder(JitInit, nn.Module):
   """The reference decoder: tokens <int32>[B, S] -> (logits [B, S, V], aux).
 
   `aux` is the dict of `layer_aux`: `load_balance_loss` and `router_z_loss`

@@ -21,6 +21,7 @@ from linen_moe import variables
 from linen_moe.activations import activation
 from linen_moe.config import MoEConfig
 from linen_moe.expert import SharedExpert
+from linen_moe.jit_init import JitInit
 from linen_moe.quantization import Einsum
 from linen_moe.quantization import contraction_modules
 from linen_moe.sparse import sparse_experts
@@ -57,7 +58,7 @@ class MoEAux:
   router_z_loss: jax.Array
 
 
-class RoutedMoE(nn.Module):
+class RoutedMoE(JitInit, nn.Module):
   """Routed mixture of experts: top-k routing, gated experts, two paths.
 
   Example usage:
@@ -275,7 +276,7 @@ class RoutedMoE(nn.Module):
     return out.reshape(b, s, m)
 
 
-class RoutedAndSharedMoE(nn.Module):
+class RoutedAndSharedMoE(JitInit, nn.Module):
   """Routed experts plus shared experts, simply added (DeepSeek / Qwen style).
 
   Parameters: the `RoutedMoE` layout under `routed_experts/` and the

@@ -72,12 +72,22 @@ class _Contraction(nn.Module):
     return contract(lhs, rhs)
 
 
+def _einsum(eqn: str, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
+  """`jnp.einsum` in the operands' dtype, accumulated in float32 when that is
+  a narrower float (`grouped_matmul.float32_accumulation`): more accurate,
+  and on XLA:CPU 2.5x faster than a bf16 dot (measured forward+backward,
+  [8, 8, 160, 512] x [8, 512, 1024])."""
+  dtype = jnp.result_type(lhs, rhs)
+  a, b, acc = gmm_lib.float32_accumulation(lhs, rhs)
+  return jnp.einsum(eqn, a, b, preferred_element_type=acc).astype(dtype)
+
+
 class Einsum(_Contraction):
   """Unquantized einsum in the dtype of its operands: module(eqn, lhs, rhs)."""
 
   @nn.compact
   def __call__(self, eqn: str, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
-    return self._wrap(functools.partial(jnp.einsum, eqn), lhs, rhs)
+    return self._wrap(functools.partial(_einsum, eqn), lhs, rhs)
 
 
 class GroupedMatmul(_Contraction):

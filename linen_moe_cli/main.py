@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 
 import yaml
@@ -202,9 +203,27 @@ def use_fast_compile() -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0"
 
 
+# Compiled programs persist here (unless JAX_COMPILATION_CACHE_DIR says
+# otherwise), shared by the test session and `linen-moe matrix` on one
+# machine: the matrix cells the tests already compiled load instead.
+COMPILATION_CACHE_DIR = os.path.join(
+    tempfile.gettempdir(), "linen_moe_jax_cache"
+)
+
+
+def use_compilation_cache() -> None:
+  """Turns on JAX's persistent compilation cache (before jax is imported, so
+  that worker processes inherit it) for programs that took over a second."""
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", COMPILATION_CACHE_DIR)
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+
+
 def cmd_matrix(args: argparse.Namespace) -> int:
+  if args.workers < 1:
+    raise ValueError(f"--workers must be at least 1; got {args.workers}.")
   if args.fast_compile:
     use_fast_compile()
+  use_compilation_cache()
   from linen_moe_cli import matrix  # noqa: PLC0415 (jax import is slow)
 
   if args.all:
@@ -215,19 +234,17 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     layers = (args.layers or "scanned",)
   quantizations = (args.quantization,) if args.quantization else QUANTIZATIONS
   start = time.perf_counter()
+  groups = [
+      matrix.cells((config,), quantizations, frontends=(fe,), layers=(layer,))
+      for config in configs
+      for fe in frontends
+      for layer in layers
+  ]
   results = []
-  for config in configs:
-    for fe in frontends:
-      for layer in layers:
-        group = [
-            matrix.run_cell(cell)
-            for cell in matrix.cells(
-                (config,), quantizations, frontends=(fe,), layers=(layer,)
-            )
-        ]
-        results.extend(group)
-        print(matrix.format_table(group), flush=True)
-        print(flush=True)
+  for group in matrix.run_cells(groups, args.workers):
+    results.extend(group)
+    print(matrix.format_table(group), flush=True)
+    print(flush=True)
   failed = [r for r in results if not r.ok]
   slowest = sorted(results, key=lambda r: r.compile_s, reverse=True)[:3]
   print(
@@ -280,6 +297,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
       tuple(args.target or ("layer",)),
       args.repeats,
       args.out,
+      dtypes=tuple(args.dtype),
+      peer_path=args.peer,
       chart=not no_chart,
   )
   return 1 if any("error" in r for r in rows) else 0
@@ -375,6 +394,15 @@ def build_parser() -> argparse.ArgumentParser:
           "half the compile time; step times not representative)"
       ),
   )
+  mat.add_argument(
+      "--workers",
+      type=int,
+      default=min(2, os.cpu_count() or 1),
+      help=(
+          "processes that compile and run cells side by side (default: 2, "
+          "or 1 on a single core)"
+      ),
+  )
   mat.set_defaults(func=cmd_matrix)
 
   launch = sub.add_parser(
@@ -426,6 +454,23 @@ def build_parser() -> argparse.ArgumentParser:
       choices=("layer", "decoder_layer"),
       default=None,
       help="default: layer",
+  )
+  bench.add_argument(
+      "--dtype",
+      nargs="+",
+      choices=("float32", "bfloat16"),
+      default=["float32", "bfloat16"],
+      help="compute/weight dtypes of the sizes sweep (default: both)",
+  )
+  bench.add_argument(
+      "--peer",
+      default=None,
+      metavar="JSON",
+      help=(
+          "another library's results for the same cases (see "
+          "linen_moe_cli/bench_peer.py), shown beside ours in the table "
+          "and the chart"
+      ),
   )
   bench.add_argument("--repeats", type=int, default=5)
   bench.add_argument("--out", default="benchmarks/results")

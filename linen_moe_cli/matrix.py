@@ -9,8 +9,11 @@ moved and differs from every other site's.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+import concurrent.futures
 import dataclasses
 import itertools
+import multiprocessing
 import time
 from typing import Any
 
@@ -172,6 +175,31 @@ def run_cell(
   except Exception as e:  # noqa: BLE001 (a cell reports any failure)
     result.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
   return result
+
+
+def _run_group(cells: list[Cell]) -> list[CellResult]:
+  return [run_cell(cell) for cell in cells]
+
+
+def run_cells(
+    groups: list[list[Cell]], workers: int = 1
+) -> Iterator[list[CellResult]]:
+  """Runs groups of cells, yielding each group's results in order.
+
+  With `workers` > 1, cells run in that many fresh processes (spawned, so
+  each starts its own JAX) that compile side by side: a cell's time is mostly
+  single-threaded XLA compilation. Each cell is one task, so a slow group does
+  not hold a worker for long.
+  """
+  if workers <= 1:
+    for group in groups:
+      yield _run_group(group)
+    return
+  context = multiprocessing.get_context("spawn")
+  with concurrent.futures.ProcessPoolExecutor(workers, context) as pool:
+    futures = [[pool.submit(run_cell, cell) for cell in g] for g in groups]
+    for group in futures:
+      yield [f.result() for f in group]
 
 
 def cells(
