@@ -2,12 +2,16 @@
 
 The public API is what `__all__` lists; everything else is reached through
 the documented submodules (`linen_moe.sharding`, `linen_moe.training`,
-`linen_moe.hlo`, `linen_moe.distributed`, `linen_moe.checkpoint`, imported
+`linen_moe.hlo`, `linen_moe.distributed`, `linen_moe.serving`,
+`linen_moe.decoding`, `linen_moe.routing`, `linen_moe.checkpoint`, imported
 on its own so that orbax loads only when asked for) or is private.
 """
 
+from linen_moe import decoding
 from linen_moe import distributed
 from linen_moe import hlo
+from linen_moe import routing
+from linen_moe import serving
 from linen_moe import sharding
 from linen_moe import training
 from linen_moe.config import PATHS
@@ -34,7 +38,9 @@ from linen_moe.training import init_train_state
 from linen_moe.training import make_train_step
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.variables import RNG_STREAMS
+from linen_moe.variables import ROUTER_JITTER_RNG_STREAM
 from linen_moe.variables import STATE_COLLECTIONS
+from linen_moe.variables import UPDATED_BY_RULE
 from linen_moe.variables import rng_dict
 
 __all__ = [
@@ -42,7 +48,9 @@ __all__ = [
     "OVERWRITE_WITH_GRADIENT",
     "PATHS",
     "RNG_STREAMS",
+    "ROUTER_JITTER_RNG_STREAM",
     "STATE_COLLECTIONS",
+    "UPDATED_BY_RULE",
     "Decoder",
     "MarkovData",
     "MoEAux",
@@ -55,6 +63,7 @@ __all__ = [
     "SharedExpert",
     "TrainState",
     "available_configs",
+    "decoding",
     "default_optimizer",
     "distributed",
     "hlo",
@@ -63,8 +72,10 @@ __all__ = [
     "load_model_config",
     "make_train_step",
     "rng_dict",
+    "routing",
     "scan_blocks",
     "scanned_to_unrolled",
+    "serving",
     "sharding",
     "training",
     "unrolled_to_scanned",

@@ -60,17 +60,22 @@ from linen_moe.config import ModelConfig
 STATE, META = "state", "meta"
 FORMAT_VERSION = 1
 # ModelConfig fields a restore may change: how the same weights are computed
-# (matmul path, quantization, layer mode, compute dtype) or trained (the
-# load-balance weight). Every other field is the model itself (its shapes and
-# routing) and must equal the checkpoint's.
+# (matmul path and its token dropping, quantization, layer mode, compute
+# dtype) or trained (loss weights, router noise, the routed-bias rate).
+# Every other field is the model itself (its shapes, routing and state) and
+# must equal the checkpoint's; a field added later counts as the model.
 RUN_FIELDS = frozenset({
     "sparse_matmul",
     "capacity_factor",
+    "drop_policy",
     "grouped_matmul",
     "quantization",
     "fp8_amax_history_length",
     "dtype",
     "load_balance_loss_weight",
+    "router_z_loss_weight",
+    "router_jitter",
+    "routed_bias_update_rate",
     "scan_layers",
 })
 

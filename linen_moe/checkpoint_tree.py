@@ -25,6 +25,7 @@ from linen_moe import decoder as decoder_lib
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.variables import PARAMS
 from linen_moe.variables import STATE_COLLECTIONS
+from linen_moe.variables import UPDATED_BY_RULE
 
 PyTree = Any
 Path = tuple[str, ...]
@@ -33,7 +34,10 @@ VARIABLES = "variables"
 FP8_PREFIX = (VARIABLES, OVERWRITE_WITH_GRADIENT)
 # Linen TrainState fields holding a collection under another name. A field
 # named after a collection (`params`, `variables.STATE_COLLECTIONS`) holds it.
-LINEN_FIELD_ALIASES = {"fp8_state": OVERWRITE_WITH_GRADIENT}
+LINEN_FIELD_ALIASES = {
+    "fp8_state": OVERWRITE_WITH_GRADIENT,
+    "rule_state": UPDATED_BY_RULE,
+}
 
 
 def key_name(key: Any) -> str:

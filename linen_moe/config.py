@@ -20,8 +20,11 @@ from linen_moe import activations
 from linen_moe import grouped_matmul
 
 ACTIVATIONS = tuple(activations.ACTIVATIONS)
-ROUTINGS = ("topk_then_softmax", "softmax_then_topk")
+ROUTINGS = ("topk_then_softmax", "softmax_then_topk", "sigmoid_then_topk")
+DROP_POLICIES = ("position", "probability")
 QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
+# Modes that store their expert weights converted when `MoEConfig.serving`.
+SERVING_QUANTIZATIONS = ("int8", "fp8", "nanoo_fp8")
 GROUPED_MATMUL_IMPLEMENTATIONS = grouped_matmul.IMPLEMENTATIONS
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -34,7 +37,29 @@ PATHS: dict[str, dict[str, Any]] = {
 }
 # The tiny configs that train in seconds (tests, the matrix); the others are
 # full-size shapes for shape and FLOP accounting.
-TINY_CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
+TINY_CONFIGS = (
+    "tiny_mixtral",
+    "tiny_gemma4_26b",
+    "tiny_deepseek_v3",
+    "tiny_qwen3_moe",
+)
+
+
+# Float fields (ints accepted, stored as floats); all must be finite.
+_FLOAT_FIELDS = (
+    "capacity_factor",
+    "load_balance_loss_weight",
+    "routed_scaling_factor",
+    "routed_bias_update_rate",
+    "router_z_loss_weight",
+    "router_jitter",
+)
+_NON_NEGATIVE_FIELDS = (
+    "load_balance_loss_weight",
+    "routed_bias_update_rate",
+    "router_z_loss_weight",
+    "router_jitter",
+)
 
 
 def _fail(cls: str, field: str, value: Any, allowed: str) -> None:
@@ -70,13 +95,38 @@ class MoEConfig:
       one gated MLP of width `shared_experts * shared_mlp_dim`.
     shared_mlp_dim: hidden width of one shared expert.
     routing: "topk_then_softmax" (Mixtral: top-k of the logits, softmax over
-      the chosen ones) or "softmax_then_topk" (softmax over all experts, then
-      top-k, renormalised when `norm_topk_prob`).
-    norm_topk_prob: renormalise the chosen probabilities to sum to 1
-      (only read by "softmax_then_topk"; "topk_then_softmax" always sums to 1).
+      the chosen ones), "softmax_then_topk" (softmax over all experts, then
+      top-k, renormalised when `norm_topk_prob`) or "sigmoid_then_topk"
+      (DeepSeek-V3: sigmoid of each logit, top-k, the chosen sigmoids
+      renormalised when `norm_topk_prob`).
+    norm_topk_prob: renormalise the chosen weights to sum to 1 (read by
+      "softmax_then_topk" and "sigmoid_then_topk"; "topk_then_softmax"
+      always sums to 1).
+    routed_scaling_factor: multiplies every routing weight (after
+      renormalisation), for every routing; DeepSeek-V3 uses 2.5.
+    n_routing_groups: G; the experts form G contiguous groups of E / G and
+      a token may only choose experts in its `topk_routing_group` best groups,
+      a group scoring the sum of its two highest selection scores (1 = off).
+    topk_routing_group: the number of groups a token may choose from
+      (1 <= topk_routing_group <= n_routing_groups).
+    routed_bias: keep a `[E]` selection-only bias `routed_bias` (collection
+      `updated_by_rule`, initialised to 0): added to the selection score
+      (logits, softmax or sigmoid of the routing) to choose experts, never
+      to the weights (aux-loss-free load balancing).
+    routed_bias_update_rate: after each optimizer step the train step moves
+      the bias by `rate * sign(mean_load - load_e)` (0 = frozen).
+    router_z_loss_weight: weight of the ST-MoE router z-loss, the mean over
+      tokens of `logsumexp(logits) ** 2` (0 = off).
+    router_jitter: eps; the router input is multiplied by uniform noise in
+      `[1 - eps, 1 + eps]` drawn from the `router_jitter` RNG stream, only
+      when that stream is given (the train steps give it; 0 = off).
     per_expert_scale: learn a `[E]` scale multiplied into routing weights.
     capacity_factor: dense path only; `<= 0` means dropless, else each expert
       takes at most `ceil(capacity_factor * seq * k / E)` tokens per sequence.
+    drop_policy: which assignments keep an expert's capacity slots on the
+      dropping dense path: "position" (all first choices in token order,
+      then all second choices, ...) or "probability" (highest routing weight
+      first, ties in "position" order).
     sparse_matmul: True for the sparse (sort + grouped matmul) path, False for
       the dense einsum path.
     grouped_matmul: implementation of the sparse path's grouped matmul.
@@ -85,6 +135,11 @@ class MoEConfig:
     load_balance_loss_weight: weight of the Switch load-balance loss (0 = off).
     quantization: "none", "int8" (AQT), "fp8" or "nanoo_fp8".
     fp8_amax_history_length: length of each fp8 amax history.
+    serving: True for a serving layer: the expert kernels are stored converted
+      to the storage type of `quantization` (int8, float8_e4m3fn or
+      float8_e4m3fnuz) with their scales, as `linen_moe.serving.
+      quantize_weights` returns them (and the config it returns sets this),
+      and the layer runs inference from them. Needs a quantized mode.
   """
 
   num_experts: int
@@ -96,8 +151,16 @@ class MoEConfig:
   shared_mlp_dim: int = 0
   routing: str = "topk_then_softmax"
   norm_topk_prob: bool = False
+  routed_scaling_factor: float = 1.0
+  n_routing_groups: int = 1
+  topk_routing_group: int = 1
+  routed_bias: bool = False
+  routed_bias_update_rate: float = 0.0
+  router_z_loss_weight: float = 0.0
+  router_jitter: float = 0.0
   per_expert_scale: bool = False
   capacity_factor: float = 0.0
+  drop_policy: str = "position"
   sparse_matmul: bool = True
   grouped_matmul: str = "auto"
   dtype: str = "float32"
@@ -105,6 +168,7 @@ class MoEConfig:
   load_balance_loss_weight: float = 0.01
   quantization: str = "none"
   fp8_amax_history_length: int = 1024
+  serving: bool = False
 
   def __post_init__(self):
     cls = type(self).__name__
@@ -150,23 +214,34 @@ class MoEConfig:
     _check_choice(self, "grouped_matmul", GROUPED_MATMUL_IMPLEMENTATIONS)
     _check_choice(self, "dtype", FLOAT_DTYPES)
     _check_choice(self, "weight_dtype", FLOAT_DTYPES)
-    for name in ("capacity_factor", "load_balance_loss_weight"):
+    for name in _FLOAT_FIELDS:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)):
         _fail(cls, name, value, "expected a number")
       if not math.isfinite(value):
         _fail(cls, name, value, "expected a finite number")
       object.__setattr__(self, name, float(value))
-    if self.load_balance_loss_weight < 0:
-      _fail(
-          cls,
-          "load_balance_loss_weight",
-          self.load_balance_loss_weight,
-          "expected >= 0",
-      )
-    for name in ("norm_topk_prob", "per_expert_scale", "sparse_matmul"):
+    for name in _NON_NEGATIVE_FIELDS:
+      if getattr(self, name) < 0:
+        _fail(cls, name, getattr(self, name), "expected >= 0")
+    for name in (
+        "norm_topk_prob",
+        "routed_bias",
+        "per_expert_scale",
+        "sparse_matmul",
+        "serving",
+    ):
       if not isinstance(getattr(self, name), bool):
         _fail(cls, name, getattr(self, name), "expected a bool")
+    if self.serving and self.quantization not in SERVING_QUANTIZATIONS:
+      _fail(
+          cls,
+          "serving",
+          self.serving,
+          "a serving layer stores its expert weights in a quantized mode "
+          f"{SERVING_QUANTIZATIONS}, but quantization={self.quantization!r}",
+      )
+    self._check_routing()
     if self.sparse_matmul and self.capacity_factor > 0:
       _fail(
           cls,
@@ -174,6 +249,50 @@ class MoEConfig:
           self.capacity_factor,
           "token dropping needs the dense path (sparse_matmul=False); the "
           "sparse path is always dropless, so use capacity_factor <= 0",
+      )
+
+  def _check_routing(self) -> None:
+    """The routing fields beyond the choice of `routing` (numbers already
+    checked to be finite, flags to be bools)."""
+    cls = type(self).__name__
+    _check_choice(self, "drop_policy", DROP_POLICIES)
+    if self.routed_scaling_factor <= 0:
+      _fail(
+          cls,
+          "routed_scaling_factor",
+          self.routed_scaling_factor,
+          "expected > 0",
+      )
+    if self.router_jitter >= 1:
+      _fail(cls, "router_jitter", self.router_jitter, "expected 0 <= eps < 1")
+    if self.routed_bias_update_rate > 0 and not self.routed_bias:
+      _fail(
+          cls,
+          "routed_bias_update_rate",
+          self.routed_bias_update_rate,
+          "a non-zero rate needs routed_bias=True",
+      )
+    _check_positive_ints(self, ("n_routing_groups", "topk_routing_group"))
+    e, g, t = self.num_experts, self.n_routing_groups, self.topk_routing_group
+    if e % g:
+      _fail(cls, "n_routing_groups", g, f"must divide num_experts={e}")
+    if g > 1 and e // g < 2:
+      _fail(
+          cls,
+          "n_routing_groups",
+          g,
+          "groups need >= 2 experts each (a group scores its two highest); "
+          f"num_experts={e}",
+      )
+    if t > g:
+      _fail(cls, "topk_routing_group", t, f"must be <= n_routing_groups={g}")
+    if self.num_experts_per_tok > t * e // g:
+      _fail(
+          cls,
+          "num_experts_per_tok",
+          self.num_experts_per_tok,
+          "must be <= topk_routing_group * num_experts / n_routing_groups "
+          f"= {t * e // g} (the experts of the chosen groups)",
       )
 
   @property
@@ -260,6 +379,14 @@ class ModelConfig:
   @property
   def resolved_head_dim(self) -> int:
     return self.head_dim or self.moe.emb_dim // self.num_heads
+
+  @property
+  def shared_in_moe(self) -> bool:
+    """Whether a block's `moe` is a `RoutedAndSharedMoE` (shared experts
+    without post-MoE norms, DeepSeek / Qwen: `moe/routed_experts/`,
+    `moe/shared_experts/`), rather than the routed layer itself beside the
+    block's own `shared_experts/` (Gemma-4's post-MoE norms, or none)."""
+    return self.moe.shared_experts > 0 and not self.post_moe_norms
 
   def replace(self, **changes: Any) -> ModelConfig:
     """Overrides fields of this config or of its `moe` (flat keyword names)."""

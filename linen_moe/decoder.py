@@ -6,15 +6,21 @@ Shapes: B batch, S sequence, M emb_dim, N heads, D head_dim, V vocab.
 
 from __future__ import annotations
 
+from flax import traverse_util
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from linen_moe import routing
 from linen_moe import sharding
 from linen_moe.config import ModelConfig
 from linen_moe.expert import SharedExpert
+from linen_moe.jit_init import JitInit
+from linen_moe.moe import RoutedAndSharedMoE
 from linen_moe.moe import RoutedMoE
 from linen_moe.scan import scan_blocks
+from linen_moe.tokens import TokenEmbed
+from linen_moe.variables import CACHE
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
@@ -91,9 +97,36 @@ class Projection(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-  """Multi-head causal self-attention with RoPE (no KV cache)."""
+  """Multi-head causal self-attention with RoPE, and a KV cache in decode mode.
+
+  Query i attends to the keys at positions <= positions[:, i]. With `decode`,
+  the keys and values live in the `cache` collection (`cached_key`,
+  `cached_value`: [B, max_len, N, D], created by `init` on a [B, max_len]
+  sample): a call writes its S new ones at positions[0, 0] .. + S - 1 (every
+  row of the batch at the same positions) and attends over the whole cache.
+  The parameters are the same in both modes.
+
+  Attributes:
+    config: the `ModelConfig`.
+    decode: keep and extend a KV cache.
+  """
 
   config: ModelConfig
+  decode: bool = False
+
+  def _cached(self, k: jax.Array, v: jax.Array, positions: jax.Array):
+    """(keys, values, key positions [B, T]) after writing k, v to the cache."""
+    initialized = self.has_variable(CACHE, "cached_key")
+    cached_k = self.variable(CACHE, "cached_key", jnp.zeros, k.shape, k.dtype)
+    cached_v = self.variable(CACHE, "cached_value", jnp.zeros, v.shape, v.dtype)
+    if not initialized:  # init: the cache is shaped after the sample
+      return k, v, positions
+    start = (0, positions[0, 0], 0, 0)
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, start)
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, start)
+    b, max_len = k.shape[0], cached_k.value.shape[1]
+    key_positions = jnp.broadcast_to(jnp.arange(max_len), (b, max_len))
+    return cached_k.value, cached_v.value, key_positions
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
@@ -117,11 +150,13 @@ class CausalSelfAttention(nn.Module):
     q = apply_rope(project("query"), positions, cfg.rope_max_wavelength)
     k = apply_rope(project("key"), positions, cfg.rope_max_wavelength)
     v = project("value")
+    key_positions = positions
+    if self.decode:
+      k, v, key_positions = self._cached(k, v, positions)
     logits = jnp.einsum("BSND,BTND->BNST", q, k).astype(jnp.float32)
     logits = logits * d**-0.5
-    s = x.shape[1]
-    causal = jnp.tril(jnp.ones((s, s), bool))
-    logits = jnp.where(causal, logits, jnp.finfo(jnp.float32).min)
+    causal = key_positions[:, None, :] <= positions[:, :, None]  # [B, S, T]
+    logits = jnp.where(causal[:, None], logits, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(logits, axis=-1).astype(dt)
     attended = jnp.einsum("BNST,BTND->BSND", probs, v)
     out = Projection(
@@ -137,19 +172,27 @@ class CausalSelfAttention(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-  """One block; returns `(x, (load_balance_loss, dropped_fraction))`.
+  """One block; returns `(x, aux)`, `aux` the dict of `layer_aux`'s fields
+  for this block (`expert_load` <float32>[E]).
 
   Gemma-4 style options (`router_input_norm`, `post_moe_norms`) are config
-  fields. The signature fits `nn.scan` (carry, broadcast positions).
+  fields. Shared experts without post-MoE norms are added DeepSeek / Qwen
+  style by `RoutedAndSharedMoE` (variables under `moe/routed_experts/` and
+  `moe/shared_experts/`); with `post_moe_norms` the block normalises the
+  routed and the shared output (`moe/`, `shared_experts/`) before adding.
+  The signature fits `nn.scan` (carry, broadcast positions).
+  `decode` keeps a KV cache in the attention (see `CausalSelfAttention`).
   """
 
   config: ModelConfig
+  decode: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array):
     cfg, moe_cfg = self.config, self.config.moe
     h = RMSNorm(cfg.norm_eps, name="pre_attention_norm")(x)
-    x = x + CausalSelfAttention(cfg, name="attention")(h, positions)
+    attention = CausalSelfAttention(cfg, self.decode, name="attention")
+    x = x + attention(h, positions)
     h = RMSNorm(cfg.norm_eps, name="pre_moe_norm")(x)
     gate_inputs = None
     if cfg.router_input_norm:
@@ -161,26 +204,65 @@ class DecoderBlock(nn.Module):
       gate_inputs = (
           rms_normalize(x, cfg.norm_eps) * router_scale * moe_cfg.emb_dim**-0.5
       )
-    routed, aux = RoutedMoE(moe_cfg, name="moe")(h, gate_inputs)
-    if cfg.post_moe_norms:
-      routed = RMSNorm(cfg.norm_eps, name="post_routed_norm")(routed)
-    mlp_out = routed
-    if moe_cfg.shared_experts > 0:
-      shared = SharedExpert(moe_cfg, name="shared_experts")(h)
+    if cfg.shared_in_moe:
+      mlp_out, aux = RoutedAndSharedMoE(moe_cfg, name="moe")(h, gate_inputs)
+    else:
+      routed, aux = RoutedMoE(moe_cfg, name="moe")(h, gate_inputs)
       if cfg.post_moe_norms:
-        shared = RMSNorm(cfg.norm_eps, name="post_shared_norm")(shared)
-      mlp_out = routed + shared
+        routed = RMSNorm(cfg.norm_eps, name="post_routed_norm")(routed)
+      mlp_out = routed
+      if moe_cfg.shared_experts > 0:
+        shared = SharedExpert(moe_cfg, name="shared_experts")(h)
+        if cfg.post_moe_norms:
+          shared = RMSNorm(cfg.norm_eps, name="post_shared_norm")(shared)
+        mlp_out = routed + shared
     x = sharding.constrain(x + mlp_out.astype(x.dtype), sharding.BSM)
-    return x, (aux.load_balance_loss, aux.dropped_fraction)
+    return x, {
+        "load_balance_loss": aux.load_balance_loss,
+        "router_z_loss": aux.router_z_loss,
+        "dropped_fraction": aux.dropped_fraction,
+        "expert_load": aux.expert_fraction,
+    }
 
 
-def embedding(cfg: ModelConfig, **kwargs) -> nn.Embed:
+def layer_aux(per_layer: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  """The decoder's `aux` from its blocks' aux stacked on a leading layer axis:
+  `load_balance_loss` and `router_z_loss` summed over layers (both join the
+  training loss), `dropped_fraction` their mean, and `expert_load`
+  <float32>[L, E], each layer's share of routed assignments per expert."""
+  return {
+      "load_balance_loss": jnp.sum(per_layer["load_balance_loss"]),
+      "router_z_loss": jnp.sum(per_layer["router_z_loss"]),
+      "dropped_fraction": jnp.mean(per_layer["dropped_fraction"]),
+      "expert_load": per_layer["expert_load"],
+  }
+
+
+def routed_bias_rule(rule_state: dict, expert_load: jax.Array, rate: float):
+  """The `updated_by_rule` variables of a decoder after one step: every
+  layer's `routed_bias` moved by `routing.routed_bias_update` from its row of
+  `expert_load` <float32>[L, E] (scanned: `layers/.../routed_bias` [L, E];
+  unrolled: `layers_{i}/.../routed_bias` [E]). Other leaves are kept."""
+  flat = traverse_util.flatten_dict(rule_state)
+  for path, value in flat.items():
+    if path[-1] != "routed_bias":
+      continue
+    if path[0] == "layers":
+      load = expert_load
+    else:
+      load = expert_load[int(path[0].removeprefix("layers_"))]
+    flat[path] = routing.routed_bias_update(value, load, rate)
+  return traverse_util.unflatten_dict(flat)
+
+
+def embedding(cfg: ModelConfig, **kwargs) -> TokenEmbed:
   """The token embedding, `embedding` [V, M] named ("vocab", "embed").
 
   Rows of unit norm keep the tied logits O(1) at init; the decoders scale
   the input back up by sqrt(emb_dim) so the residual stream has unit RMS.
+  An id outside [0, V) embeds as NaN (`linen_moe.tokens`).
   """
-  return nn.Embed(
+  return TokenEmbed(
       cfg.vocab_size,
       cfg.moe.emb_dim,
       embedding_init=nn.with_logical_partitioning(
@@ -206,13 +288,19 @@ def scale_embeddings(x: jax.Array, cfg: ModelConfig) -> jax.Array:
   return (x * cfg.moe.emb_dim**0.5).astype(cfg.moe.compute_dtype)
 
 
-class Decoder(nn.Module):
+class Decoder(JitInit, nn.Module):
   """The reference decoder: tokens <int32>[B, S] -> (logits [B, S, V], aux).
 
-  `aux` is a dict with `load_balance_loss` (summed over layers) and
-  `dropped_fraction` (mean over layers). With `config.scan_layers` the blocks'
-  variables are stacked on a leading layer axis under `layers/`; unrolled,
-  they live under `layers_0/`, `layers_1/`, ...
+  `aux` is the dict of `layer_aux`: `load_balance_loss` and `router_z_loss`
+  (summed over layers), `dropped_fraction` (mean over layers) and
+  `expert_load` [L, E]. With `config.scan_layers` the blocks' variables are
+  stacked on a leading layer axis under `layers/`; unrolled, they live under
+  `layers_0/`, `layers_1/`, ...
+
+  With `decode`, each attention keeps a KV cache and the decoder the number
+  of tokens already in it (`cache/index`); each call appends its tokens at
+  the next positions (prefill with the prompt, then one token at a time; see
+  `linen_moe.decoding`). `init` on a [B, max_len] sample sizes the cache.
 
   Example usage:
     cfg = load_model_config("tiny_mixtral")
@@ -222,6 +310,19 @@ class Decoder(nn.Module):
   """
 
   config: ModelConfig
+  decode: bool = False
+
+  def _positions(self, tokens: jax.Array) -> jax.Array:
+    """[B, S] positions of `tokens`: 0.. S-1, or after the cached ones."""
+    b, s = tokens.shape
+    start = 0
+    if self.decode:
+      initialized = self.has_variable(CACHE, "index")
+      index = self.variable(CACHE, "index", jnp.zeros, (), jnp.int32)
+      if initialized:
+        start = index.value
+        index.value = start + s
+    return jnp.broadcast_to(start + jnp.arange(s, dtype=jnp.int32), (b, s))
 
   @nn.compact
   def __call__(self, tokens: jax.Array):
@@ -230,28 +331,25 @@ class Decoder(nn.Module):
     embed = embedding(cfg, name="embed")
     x = scale_embeddings(embed(tokens), cfg)
     x = sharding.constrain(x, sharding.BSM)
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    positions = self._positions(tokens)
     if cfg.scan_layers:
       scanned = scan_blocks(
           DecoderBlock, cfg.num_layers, in_axes=(nn.broadcast,)
       )
-      x, (lb, dropped) = scanned(cfg, name="layers")(x, positions)
+      x, per_layer = scanned(cfg, self.decode, name="layers")(x, positions)
     else:
-      lbs, drops = [], []
+      outs = []
       for i in range(cfg.num_layers):
-        x, (lb_i, drop_i) = DecoderBlock(cfg, name=f"layers_{i}")(x, positions)
-        lbs.append(lb_i)
-        drops.append(drop_i)
-      lb, dropped = jnp.stack(lbs), jnp.stack(drops)
+        block = DecoderBlock(cfg, self.decode, name=f"layers_{i}")
+        x, out = block(x, positions)
+        outs.append(out)
+      per_layer = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
     x = RMSNorm(cfg.norm_eps, name="final_norm")(x)
     logits = embed.attend(x.astype(jnp.float32))  # [B, S, V], tied weights
     logits = sharding.constrain(
         logits, sharding.BSM[:2] + ("activation_vocab",)
     )
-    return logits, {
-        "load_balance_loss": jnp.sum(lb),
-        "dropped_fraction": jnp.mean(dropped),
-    }
+    return logits, layer_aux(per_layer)
 
 
 def scanned_to_unrolled(variables: dict, num_layers: int) -> dict:

@@ -16,6 +16,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from linen_moe import permute
 from linen_moe import sharding
 from linen_moe.config import MoEConfig
 from linen_moe.expert import gated_mlp
@@ -71,23 +72,50 @@ def expert_capacity(config: MoEConfig, seq_len: int) -> int:
   return max(1, min(seq_len, c))
 
 
-def dispatch_mask(
-    indices: jax.Array, num_experts: int, capacity: int
+def slot_positions(
+    indices: jax.Array,
+    num_experts: int,
+    capacity: int,
+    priority: jax.Array | None = None,
 ) -> jax.Array:
-  """<float32>[B, S, k, E, C] one-hot slot of every kept assignment.
+  """<int32>[B, S, k]: the capacity slot of every assignment, -1 if dropped.
 
   `indices` is <int32>[B, S, k]. Within one sequence, assignments claim expert
-  slots in this priority order: all first choices in token order, then all
-  second choices in token order, and so on. Assignments past an expert's
-  capacity C get an all-zero row (dropped).
+  slots in this order (the "position" drop policy): all first choices in
+  token order, then all second choices in token order, and so on. With
+  `priority` <float>[B, S, k] (the routing weights: the "probability" drop
+  policy, batch prioritized routing), the highest priority claims first,
+  equal priorities in the position order. Assignments past an expert's
+  capacity C are dropped.
   """
   b, s, k = indices.shape
   onehot = jax.nn.one_hot(indices, num_experts, dtype=jnp.int32)  # [B,S,k,E]
   by_priority = jnp.swapaxes(onehot, 1, 2).reshape(b, k * s, num_experts)
-  position = jnp.cumsum(by_priority, axis=1) * by_priority - 1  # -1 = absent
-  position = jnp.swapaxes(position.reshape(b, k, s, num_experts), 1, 2)
-  # one_hot of -1 or >= capacity is all zeros: absent or dropped.
-  return jax.nn.one_hot(position, capacity, dtype=jnp.float32)
+  if priority is not None:  # claim in priority order, then put back
+    flat = jnp.swapaxes(priority, 1, 2).reshape(b, k * s, 1)
+    order = jnp.argsort(-flat, axis=1, stable=True)  # [B, k*S, 1]
+    by_priority = jnp.take_along_axis(by_priority, order, axis=1)
+  rank = jnp.cumsum(by_priority, axis=1)  # [B, k*S, E]: 1-based
+  if priority is not None:
+    rank = jnp.take_along_axis(rank, jnp.argsort(order, axis=1), axis=1)
+  rank = jnp.swapaxes(rank.reshape(b, k, s, num_experts), 1, 2)  # [B,S,k,E]
+  position = jnp.take_along_axis(rank, indices[..., None], axis=-1)[..., 0] - 1
+  return jnp.where(position < capacity, position, -1)
+
+
+def dispatch_mask(
+    indices: jax.Array,
+    num_experts: int,
+    capacity: int,
+    priority: jax.Array | None = None,
+) -> jax.Array:
+  """<float32>[B, S, k, E, C] one-hot slot of every kept assignment (the
+  dense form of `slot_positions`; dropped assignments get all-zero rows)."""
+  slot = jax.nn.one_hot(
+      slot_positions(indices, num_experts, capacity, priority), capacity
+  )  # [B, S, k, C]; one_hot(-1) is all zeros
+  expert = jax.nn.one_hot(indices, num_experts)  # [B, S, k, E]
+  return expert[..., None] * slot[..., None, :]
 
 
 def dense(
@@ -114,21 +142,79 @@ def dense_dropping(
     experts: Experts,
     act,
     capacity: int,
+    by_probability: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-  """Per-expert capacity slots; assignments past `capacity` are dropped.
+  """Per-expert capacity slots; assignments past `capacity` are dropped, the
+  lowest routing weights first when `by_probability`, else the latest in
+  `dispatch_mask`'s position order.
 
   x [B, S, M]; router over the B*S tokens -> ([B, S, M], dropped fraction).
+
+  Index form. The one-hot dispatch/combine masks [B, S, E, C] have one
+  nonzero per kept assignment, so contracting them costs B*S*E*C*M
+  multiply-adds for B*S*k*M of data movement (at 128 experts and capacity
+  factor 1, more than the experts' own FLOPs). Here the two contractions
+  keep only each token's own k choices, and the rows move by gathers:
+
+    dispatch  'BSM,BSK->BSKM': x times its kept-choice mask (1 kept, 0
+              dropped), the dispatch one-hot restricted to its nonzero
+              block; then gathered into the slots [E, B, C, M].
+    combine   'BSKM,BSK->BSM': each choice's expert output (gathered back
+              from its slot, 0 if dropped) contracted with its weight.
+
+  Both still go through the named hook, so every quantization applies to
+  them. The gathers are partial permutations (`permute.take_injective`):
+  their gradients are gathers too.
   """
-  b, s, _ = x.shape
+  b, s, m = x.shape
   k, e = router.indices.shape[-1], experts[0].shape[0]
-  slots = dispatch_mask(router.indices.reshape(b, s, k), e, capacity)
-  dispatch = jnp.sum(slots, axis=2)  # [B, S, E, C]
-  weights = router.weights.reshape(b, s, k, 1, 1)
-  combine = jnp.sum(slots * weights, axis=2)  # [B, S, E, C]
-  dropped = 1.0 - jnp.sum(slots) / (b * s * k)
-  expert_in = sharding.constrain(
-      einsum("dispatch", "BSM,BSEC->EBCM", x, dispatch.astype(x.dtype)), EBCM
-  )
+  indices = router.indices.reshape(b, s, k)
+  priority = router.weights.reshape(b, s, k) if by_probability else None
+  position = slot_positions(indices, e, capacity, priority)  # [B, S, k]
+  kept = position >= 0
+  # Counted in integers: 1 - kept / total in float32 (XLA multiplies by the
+  # reciprocal) leaves a small negative fraction when nothing is dropped.
+  total = b * s * k
+  dropped = (total - jnp.sum(kept.astype(jnp.int32))) / total
+  # Per sequence: the slot e * C + c of each choice, and the choice s * k + j
+  # in each slot (-1: dropped / empty).
+  slot_of_choice = jnp.where(kept, indices * capacity + position, -1)
+  slot_of_choice = slot_of_choice.reshape(b, s * k)
+  # Dropped choices write past the end, which mode="drop" discards (a -1
+  # index would wrap around to the last slot).
+  past_end = jnp.where(slot_of_choice >= 0, slot_of_choice, e * capacity)
+  choice_of_slot = jax.vmap(
+      lambda slots: jnp.full((e * capacity,), -1, jnp.int32)
+      .at[slots]
+      .set(jnp.arange(s * k, dtype=jnp.int32), mode="drop")
+  )(
+      past_end
+  )  # [B, E*C]
+
+  x_choices = einsum(
+      "dispatch", "BSM,BSK->BSKM", x, kept.astype(x.dtype)
+  )  # [B, S, k, M]
+  expert_in = jax.vmap(
+      lambda rows, index, inverse: permute.take_injective(
+          rows, index, inverse
+      ).reshape(e, capacity, m),
+      out_axes=1,
+  )(x_choices.reshape(b, s * k, m), choice_of_slot, slot_of_choice)
+  expert_in = sharding.constrain(expert_in, EBCM)  # [E, B, C, M]
   expert_out = _experts(einsum, _SLOTS, expert_in, experts, act)  # [E,B,C,M]
-  out = einsum("combine", "EBCM,BSEC->BSM", expert_out, combine.astype(x.dtype))
+  out_choices = jax.vmap(
+      lambda rows, index, inverse: permute.take_injective(
+          rows.reshape(e * capacity, m), index, inverse
+      ),
+      in_axes=(1, 0, 0),
+  )(
+      expert_out, slot_of_choice, choice_of_slot
+  )  # [B, S*k, M]
+  weights = jnp.where(kept, router.weights.reshape(b, s, k), 0)
+  out = einsum(
+      "combine",
+      "BSKM,BSK->BSM",
+      out_choices.reshape(b, s, k, m),
+      weights.astype(x.dtype),
+  )
   return out, dropped

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 
+from linen_moe import stored_weights
 from linen_moe.activations import activation
 from linen_moe.config import MoEConfig
 
@@ -38,7 +39,7 @@ def gated_mlp(
 
 
 def _matmul(site: str, x: jax.Array, w: jax.Array) -> jax.Array:
-  del site  # the shared expert is never quantized
+  del site  # in training, the shared expert is never quantized
   return x @ w.astype(x.dtype)
 
 
@@ -46,7 +47,9 @@ class SharedExpert(nn.Module):
   """A plain gated MLP every token goes through: act(x wi_0) * (x wi_1) wo.
 
   Parameters: `wi_0` [M, F], `wi_1` [M, F], `wo` [F, M], with
-  F = shared_experts * shared_mlp_dim.
+  F = shared_experts * shared_mlp_dim. Serving (`config.serving`), they are
+  stored kernels (`linen_moe.stored_weights`) under the same names, each
+  contracted by its own `{name}_dot` submodule.
 
   Attributes:
     config: the `MoEConfig` (`shared_experts`, `shared_mlp_dim`, activations).
@@ -58,13 +61,35 @@ class SharedExpert(nn.Module):
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """[B, S, M] -> [B, S, M]."""
     cfg = self.config
-    width = cfg.shared_experts * cfg.shared_mlp_dim
-    init = nn.initializers.lecun_normal()
-    w_in = nn.with_logical_partitioning(init, ("embed", "mlp"))
-    w_out = nn.with_logical_partitioning(init, ("mlp", "embed"))
-    wi_0 = self.param("wi_0", w_in, (cfg.emb_dim, width), cfg.param_dtype)
-    wi_1 = self.param("wi_1", w_in, (cfg.emb_dim, width), cfg.param_dtype)
-    wo = self.param("wo", w_out, (width, cfg.emb_dim), cfg.param_dtype)
+    m, width = cfg.emb_dim, cfg.shared_experts * cfg.shared_mlp_dim
+    shapes = {"wi_0": (m, width), "wi_1": (m, width), "wo": (width, m)}
+    names = {
+        "wi_0": ("embed", "mlp"),
+        "wi_1": ("embed", "mlp"),
+        "wo": ("mlp", "embed"),
+    }
     x = inputs.astype(cfg.compute_dtype)
     act = activation(cfg.mlp_activations[0])
-    return gated_mlp(_matmul, act, x, wi_0, wi_1, wo)  # [B, S, M]
+    if cfg.serving:
+      kernels = [
+          stored_weights.stored_kernel(self, w, shapes[w], names[w], cfg)
+          for w in shapes
+      ]
+      return gated_mlp(self._stored_matmul, act, x, *kernels)
+    init = nn.initializers.lecun_normal()
+    kernels = [
+        self.param(
+            w,
+            nn.with_logical_partitioning(init, names[w]),
+            shapes[w],
+            cfg.param_dtype,
+        )
+        for w in shapes
+    ]
+    return gated_mlp(_matmul, act, x, *kernels)  # [B, S, M]
+
+  def _stored_matmul(self, site: str, x: jax.Array, w) -> jax.Array:
+    """x [..., K] @ stored kernel [K, N] -> [..., N]."""
+    flat = x.reshape(-1, x.shape[-1])  # [T, K]
+    out = stored_weights.StoredEinsum(name=f"{site}_dot")("TK,KN->TN", flat, w)
+    return out.reshape(*x.shape[:-1], out.shape[-1])

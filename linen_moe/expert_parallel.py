@@ -230,7 +230,16 @@ def sparse_moe(
   b, s, m = x.shape
   k = router.indices.shape[-1]
   token_spec = _spec(ep.batch_axes, 3)
-  expert_spec = _spec(ep.expert_axes, 3)
+
+  def expert_spec(weight):
+    """Arrays with a leading expert axis (kernels, a stored kernel's int8
+    scales) are split on it; per-tensor scales (fp8 serving) replicated."""
+    return jax.tree.map(
+        lambda a: _spec(ep.expert_axes, a.ndim)
+        if a.ndim > 1 and a.shape[0] == ep.num_experts
+        else P(),
+        weight,
+    )
 
   def body(mdl, x, indices, weights, wi_0, wi_1, wo):
     if ep.gather_axes:
@@ -267,7 +276,7 @@ def sparse_moe(
       _lifted_shard_map,
       body,
       ep=ep,
-      in_specs=(token_spec,) * 3 + (expert_spec,) * 3,
+      in_specs=(token_spec,) * 3 + tuple(expert_spec(w) for w in experts),
       out_specs=token_spec,
   )
   return lifted(

@@ -39,6 +39,12 @@ IMPLEMENTATIONS = ("auto", "ragged_dot", "blocked", "kernel")
 # overhead, 512 and 1024 to the rows wasted in each group's last tile.
 _BLOCK_ROWS = 256
 _MIN_BLOCK_ROWS = 8
+# Each group's last tile computes a full tile of rows: on average half a tile
+# per group is wasted. Tiles of a quarter of the mean group size keep that
+# waste near 1/8 of the work; measured in CPU seconds (2-core CPU, 128 groups
+# of ~256 rows, K x N = 512 x 128 and 128 x 512), tiles of 32-64 rows run
+# forward+backward 15-20% faster than 256-row tiles, whose waste is ~50%.
+_TILES_PER_MEAN_GROUP = 4
 
 # [M, K] x [K, N] -> [M, N], and the same with rhs given as [N, K].
 _DIMS_NN = (((1,), (0,)), ((), ()))
@@ -79,12 +85,12 @@ def ragged_dot(
 def block_rows(m: int, num_groups: int) -> int:
   """Row-tile size of "blocked" for M rows in G groups.
 
-  `_BLOCK_ROWS`, cut for small M to about the mean group size (a power of two,
-  at least `_MIN_BLOCK_ROWS`) so that tiles do not mostly hold other groups'
-  rows, and never above M.
+  A quarter of the mean group size, rounded down to a power of two, within
+  [`_MIN_BLOCK_ROWS`, `_BLOCK_ROWS`] and never above M.
   """
-  mean_group = max(1, -(-m // max(num_groups, 1)))
-  fit = max(_MIN_BLOCK_ROWS, 1 << (mean_group - 1).bit_length())
+  mean_group = max(1, m // max(num_groups, 1))
+  quarter = max(1, mean_group // _TILES_PER_MEAN_GROUP)
+  fit = max(_MIN_BLOCK_ROWS, 1 << (quarter.bit_length() - 1))
   return max(1, min(_BLOCK_ROWS, fit, m))
 
 
@@ -145,6 +151,9 @@ def _blocked_rows(
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   dims = _DIMS_NT if transpose_rhs else _DIMS_NN
   plan = _tile_plan(group_sizes, m, bm)
+  narrow = jnp.issubdtype(out_dtype, jnp.floating) and _grad_dtype(
+      out_dtype
+  ) != jnp.dtype(out_dtype)
 
   def group_body(g, out):  # out: [M, N]
     w = lax.dynamic_index_in_dim(rhs, g, keepdims=False)  # [K, N] or [N, K]
@@ -152,7 +161,12 @@ def _blocked_rows(
     def tile_body(t, out):
       offset, mask = _tile(plan, g, t, m, bm)
       x = lax.dynamic_slice_in_dim(lhs, offset, bm)  # [bm, K]
-      y = lax.dot_general(x, w, dims, preferred_element_type=out_dtype)
+      if narrow:  # float32 accumulation; the output keeps `out_dtype`
+        a, b, acc = float32_accumulation(x, w)
+        y = lax.dot_general(a, b, dims, preferred_element_type=acc)
+      else:
+        y = lax.dot_general(x, w, dims, preferred_element_type=out_dtype)
+      y = y.astype(out_dtype)
       kept = lax.dynamic_slice_in_dim(out, offset, bm)
       y = jnp.where(mask[:, None], y, kept)
       return lax.dynamic_update_slice_in_dim(out, y, offset, 0)
@@ -202,6 +216,23 @@ def _blocked_weight_grad(
       (num_groups, k, n), acc_dtype, lhs, dout, group_sizes
   )
   return lax.fori_loop(0, num_groups, group_body, drhs)
+
+
+def float32_accumulation(lhs: jax.Array, rhs: jax.Array):
+  """(lhs, rhs, preferred_element_type) that accumulate a dot of narrow
+  floats (bf16, fp8) in float32; other dtypes are returned unchanged.
+
+  On CPU the operands are upcast instead: XLA:CPU's bf16 dot is ~2.5x slower
+  than its float32 one, and some bf16 x bf16 -> f32 dots fail to run there
+  ("Unsupported element type for DotThunk"). Elsewhere the dot takes the
+  narrow operands with a float32 result, as the hardware wants.
+  """
+  dtype = jnp.result_type(lhs, rhs)
+  if not jnp.issubdtype(dtype, jnp.floating) or jnp.dtype(dtype).itemsize >= 4:
+    return lhs, rhs, None
+  if jax.default_backend() == "cpu":
+    return lhs.astype(jnp.float32), rhs.astype(jnp.float32), None
+  return lhs, rhs, jnp.float32
 
 
 def _grad_dtype(dtype) -> Any:

@@ -15,7 +15,14 @@ exactly what it quantizes:
   drhs     float: the gradient of the float grouped matmul at the float
            operands (straight-through), like AQT's `drhs_bits=None`.
 
-Quantization is symmetric absmax: scale = max|x| / 127, q = round(x / scale).
+Quantization is AQT's symmetric absmax int8 (`aqt_quantizer.quantizer_make(8)`,
+the numerics of the einsum path's `AqtEinsum`): scale = max|x| / 127.5,
+q = round_half_even(clip(x * (1 / scale), -127, 127)), so both paths put the
+same weights on the same int8 grid (and serving stores that grid, see
+`linen_moe.serving`).
+
+`int8_grouped_matmul_stored` is the forward from an already quantized rhs
+(int8 values and their [G, 1, N] scales): the serving path.
 """
 
 from __future__ import annotations
@@ -28,24 +35,37 @@ import jax.numpy as jnp
 from linen_moe import grouped_matmul as gmm_lib
 
 INT8_MAX = 127.0
+# AQT's int8 scale maps max|x| to the far edge of the last bucket (127.5);
+# values are clipped to +-127 before rounding (`IntSymmetric`, preserve_zero
+# and not preserve_max_val).
+INT8_BOUND = 127.5
 
 
 def quantize_int8(x: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
-  """Symmetric absmax int8 along `axis`: (q <int8>, scale <float32>).
+  """AQT's symmetric absmax int8 along `axis`: (q <int8>, scale <float32>).
 
-  `scale` has the shape of `x` with `axis` kept as 1; x ~= q * scale.
+  `scale` has the shape of `x` with `axis` kept as 1; x ~= q * scale. Equal,
+  bit for bit, to AQT's quantizer calibrated over `axis` (tested).
   """
   x = x.astype(jnp.float32)
   amax = jnp.max(jnp.abs(x), axis=axis, keepdims=True)
-  scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
-  q = jnp.clip(jnp.round(x / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8)
+  scale = jnp.where(amax == 0, 1.0, amax) / INT8_BOUND
+  scaled = x * jax.lax.reciprocal(scale)
+  q = jnp.round(jnp.clip(scaled, -INT8_MAX, INT8_MAX)).astype(jnp.int8)
   return q, scale
 
 
 def _int8_forward(lhs, rhs, group_sizes, implementation):
   """[M, K] x [G, K, N] -> <float32>[M, N], both operands int8-quantized."""
-  q_lhs, lhs_scale = quantize_int8(lhs, axis=1)  # [M, K], [M, 1]
   q_rhs, rhs_scale = quantize_int8(rhs, axis=1)  # [G, K, N], [G, 1, N]
+  return _int8_forward_stored(
+      lhs, q_rhs, rhs_scale, group_sizes, implementation
+  )
+
+
+def _int8_forward_stored(lhs, q_rhs, rhs_scale, group_sizes, implementation):
+  """[M, K] x <int8>[G, K, N] (scales [G, 1, N]) -> <float32>[M, N]."""
+  q_lhs, lhs_scale = quantize_int8(lhs, axis=1)  # [M, K], [M, 1]
   acc = gmm_lib.grouped_matmul(
       q_lhs,
       q_rhs,
@@ -53,7 +73,7 @@ def _int8_forward(lhs, rhs, group_sizes, implementation):
       implementation=implementation,
       preferred_element_type=jnp.int32,
   )  # <int32>[M, N]
-  num_groups = rhs.shape[0]
+  num_groups = q_rhs.shape[0]
   # Rows past sum(group_sizes) get the last group's scale; their acc is 0.
   row_group = jnp.repeat(
       jnp.arange(num_groups),
@@ -61,6 +81,32 @@ def _int8_forward(lhs, rhs, group_sizes, implementation):
       total_repeat_length=lhs.shape[0],
   )  # [M]
   return acc.astype(jnp.float32) * lhs_scale * rhs_scale[row_group, 0]
+
+
+def int8_grouped_matmul_stored(
+    lhs: jax.Array,
+    q_rhs: jax.Array,
+    rhs_scale: jax.Array,
+    group_sizes: jax.Array,
+    implementation: str = "auto",
+) -> jax.Array:
+  """Forward of `int8_grouped_matmul` from a stored, already quantized rhs.
+
+  lhs [M, K] float (quantized here, one scale per row); q_rhs <int8>[G, K, N]
+  and rhs_scale <float32>[G, 1, N], as `quantize_int8(rhs, axis=1)` returns
+  them. Returns [M, N] in lhs's dtype. The int8 weights go straight into the
+  grouped matmul (int32 accumulation); no float copy of them is made.
+  """
+  if q_rhs.dtype != jnp.int8:
+    raise TypeError(f"q_rhs must be int8; got {q_rhs.dtype}.")
+  g, _, n = q_rhs.shape
+  if rhs_scale.shape != (g, 1, n):
+    raise ValueError(
+        f"rhs_scale must have shape [G, 1, N]={(g, 1, n)}; got "
+        f"{rhs_scale.shape}."
+    )
+  out = _int8_forward_stored(lhs, q_rhs, rhs_scale, group_sizes, implementation)
+  return out.astype(lhs.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

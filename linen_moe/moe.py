@@ -16,9 +16,13 @@ from linen_moe import dense
 from linen_moe import expert_parallel
 from linen_moe import routing
 from linen_moe import sharding
+from linen_moe import stored_weights
+from linen_moe import variables
 from linen_moe.activations import activation
 from linen_moe.config import MoEConfig
 from linen_moe.expert import SharedExpert
+from linen_moe.jit_init import JitInit
+from linen_moe.quantization import Einsum
 from linen_moe.quantization import contraction_modules
 from linen_moe.sparse import sparse_experts
 
@@ -26,6 +30,11 @@ from linen_moe.sparse import sparse_experts
 # goes through `RoutedMoE.einsum` or `RoutedMoE.grouped` under one of these
 # names, and owns the submodule `{site}_dot`.
 CALL_SITES = ("wi_0", "wi_1", "wo", "dispatch", "combine")
+# The call sites that contract an expert weight. A serving layer
+# (`config.serving`) feeds them its stored kernels; the others (the dispatch
+# mask, the combine weights) then stay float, so that every path computes
+# the same expert math.
+WEIGHT_SITES = ("wi_0", "wi_1", "wo")
 
 
 @flax.struct.dataclass
@@ -35,17 +44,21 @@ class MoEAux:
   Attributes:
     load_balance_loss: scalar, already multiplied by its config weight (0 when
       the weight is 0).
-    expert_fraction: <float32>[E] share of routed assignments per expert.
+    expert_fraction: <float32>[E] share of routed assignments per expert (the
+      expert load the routed-bias rule reads; before any dropping).
     dropped_fraction: scalar share of the T*k assignments dropped by capacity
       (always 0 on dropless paths).
+    router_z_loss: scalar, the router z-loss times its config weight (0 when
+      the weight is 0).
   """
 
   load_balance_loss: jax.Array
   expert_fraction: jax.Array
   dropped_fraction: jax.Array
+  router_z_loss: jax.Array
 
 
-class RoutedMoE(nn.Module):
+class RoutedMoE(JitInit, nn.Module):
   """Routed mixture of experts: top-k routing, gated experts, two paths.
 
   Example usage:
@@ -57,6 +70,9 @@ class RoutedMoE(nn.Module):
   Parameters (the public layout):
     gate/kernel [M, E], wi_0 [E, M, H] (activated branch), wi_1 [E, M, H]
     (linear branch), wo [E, H, M], per_expert_scale [E] (when enabled).
+  Other state: routed_bias <float32>[E] in the `updated_by_rule` collection
+    (when `routed_bias`), the selection-only bias; a train step moves it.
+  RNG streams: `router_jitter` (read only when `router_jitter > 0`).
 
   Attributes:
     config: the `MoEConfig`.
@@ -87,6 +103,10 @@ class RoutedMoE(nn.Module):
     """The named einsum hook of the dense paths: `einsum(eqn, lhs, rhs)`,
     computed by the submodule `{site}_dot` in this config's quantization."""
     name = self._submodule_name(site)
+    if self.config.serving:
+      stored = site in WEIGHT_SITES
+      module = stored_weights.StoredEinsum if stored else Einsum
+      return module(name=name)(eqn, lhs, rhs)
     modules = self._contractions()
     return modules.einsum(name=name, **modules.einsum_kwargs)(eqn, lhs, rhs)
 
@@ -97,6 +117,11 @@ class RoutedMoE(nn.Module):
     group, rhs [G, K, N], group_sizes <int32>[G] -> [R, N], computed by the
     submodule `{site}_dot` in this config's quantization."""
     name = self._submodule_name(site)
+    if self.config.serving:
+      module = stored_weights.StoredGroupedMatmul(
+          self.config.grouped_matmul, name=name
+      )
+      return module(lhs, rhs, group_sizes)
     modules = self._contractions()
     module = modules.grouped_matmul(name=name, **modules.grouped_kwargs)
     return module(lhs, rhs, group_sizes)
@@ -119,7 +144,7 @@ class RoutedMoE(nn.Module):
           f"{gate_inputs.shape}."
       )
     b, s, m = inputs.shape
-    e, k, h = cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_mlp_dim
+    e, k = cfg.num_experts, cfg.num_experts_per_tok
     dt, pdt = cfg.compute_dtype, cfg.param_dtype
     init = nn.initializers.lecun_normal()
 
@@ -133,7 +158,13 @@ class RoutedMoE(nn.Module):
         name="gate",
     )
     router_in = inputs if gate_inputs is None else gate_inputs
-    logits = gate(router_in.astype(jnp.float32).reshape(b * s, m))  # [T, E]
+    router_in = router_in.astype(jnp.float32).reshape(b * s, m)
+    stream = variables.ROUTER_JITTER_RNG_STREAM
+    if cfg.router_jitter > 0 and self.has_rng(stream):
+      router_in = routing.jitter(
+          router_in, cfg.router_jitter, self.make_rng(stream)
+      )
+    logits = gate(router_in)  # [T, E]
     scale = None
     if cfg.per_expert_scale:
       scale = self.param(
@@ -142,16 +173,30 @@ class RoutedMoE(nn.Module):
           (e,),
           pdt,
       )
-    router = routing.route(logits, k, cfg.routing, cfg.norm_topk_prob, scale)
+    bias = None
+    if cfg.routed_bias:  # replicated: no logical axis names
+      bias = self.variable(
+          variables.UPDATED_BY_RULE,
+          "routed_bias",
+          jnp.zeros,
+          (e,),
+          jnp.float32,
+      ).value
+    router = routing.route(
+        logits,
+        k,
+        cfg.routing,
+        cfg.norm_topk_prob,
+        scale,
+        selection_bias=bias,
+        n_groups=cfg.n_routing_groups,
+        topk_groups=cfg.topk_routing_group,
+        routed_scaling_factor=cfg.routed_scaling_factor,
+    )
 
-    w_in = nn.with_logical_partitioning(init, ("exp", "embed", "mlp"))
-    w_out = nn.with_logical_partitioning(init, ("exp", "mlp", "embed"))
-    wi_0 = self.param("wi_0", w_in, (e, m, h), pdt).astype(dt)
-    wi_1 = self.param("wi_1", w_in, (e, m, h), pdt).astype(dt)
-    wo = self.param("wo", w_out, (e, h, m), pdt).astype(dt)
+    experts = self._expert_kernels(init)
     x = sharding.constrain(inputs.astype(dt), sharding.BSM)
     act = activation(cfg.mlp_activations[0])
-    experts = (wi_0, wi_1, wo)
 
     dropped = jnp.zeros((), jnp.float32)
     if cfg.sparse_matmul:
@@ -159,19 +204,55 @@ class RoutedMoE(nn.Module):
     elif cfg.dropping:
       capacity = dense.expert_capacity(cfg, s)
       out, dropped = dense.dense_dropping(
-          self.einsum, x, router, experts, act, capacity
+          self.einsum,
+          x,
+          router,
+          experts,
+          act,
+          capacity,
+          by_probability=cfg.drop_policy == "probability",
       )
     else:
       out = dense.dense(self.einsum, x, router, experts, act)
 
     fraction = routing.expert_assignment_fraction(router.indices, e)
+    lb = z = jnp.zeros((), jnp.float32)
     if cfg.load_balance_loss_weight > 0:
       lb = cfg.load_balance_loss_weight * routing.load_balance_loss(router, e)
-    else:
-      lb = jnp.zeros((), jnp.float32)
+    if cfg.router_z_loss_weight > 0:
+      z = cfg.router_z_loss_weight * routing.router_z_loss(logits)
     out = sharding.constrain(out.astype(dt), sharding.BSM)
     return out, MoEAux(
-        load_balance_loss=lb, expert_fraction=fraction, dropped_fraction=dropped
+        load_balance_loss=lb,
+        expert_fraction=fraction,
+        dropped_fraction=dropped,
+        router_z_loss=z,
+    )
+
+  def _expert_kernels(self, init):
+    """(wi_0, wi_1, wo): float params in the compute dtype or, serving, the
+    stored kernels (`stored_weights.StoredKernel`), same names and shapes."""
+    cfg = self.config
+    e, m, h = cfg.num_experts, cfg.emb_dim, cfg.moe_mlp_dim
+    shapes = {"wi_0": (e, m, h), "wi_1": (e, m, h), "wo": (e, h, m)}
+    names = {
+        "wi_0": ("exp", "embed", "mlp"),
+        "wi_1": ("exp", "embed", "mlp"),
+        "wo": ("exp", "mlp", "embed"),
+    }
+    if cfg.serving:
+      return tuple(
+          stored_weights.stored_kernel(self, w, shapes[w], names[w], cfg)
+          for w in WEIGHT_SITES
+      )
+    return tuple(
+        self.param(
+            w,
+            nn.with_logical_partitioning(init, names[w]),
+            shapes[w],
+            cfg.param_dtype,
+        ).astype(cfg.compute_dtype)
+        for w in WEIGHT_SITES
     )
 
   def _sparse(self, x, router, experts, act):
@@ -195,7 +276,7 @@ class RoutedMoE(nn.Module):
     return out.reshape(b, s, m)
 
 
-class RoutedAndSharedMoE(nn.Module):
+class RoutedAndSharedMoE(JitInit, nn.Module):
   """Routed experts plus shared experts, simply added (DeepSeek / Qwen style).
 
   Parameters: the `RoutedMoE` layout under `routed_experts/` and the

@@ -31,6 +31,7 @@ What `apply` needs, per mode:
          `output_grad_amax_history` (amax_history_length,). Differentiate the
          loss with respect to this collection too; its "gradient" is the new
          value, which the train step writes back (never into the optimizer).
+         A non-finite amax is never recorded (`finite_amax_history`).
 
 Quantization state never lives in `params`, so one `params` tree loads into
 every mode.
@@ -71,12 +72,22 @@ class _Contraction(nn.Module):
     return contract(lhs, rhs)
 
 
+def _einsum(eqn: str, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
+  """`jnp.einsum` in the operands' dtype, accumulated in float32 when that is
+  a narrower float (`grouped_matmul.float32_accumulation`): more accurate,
+  and on XLA:CPU 2.5x faster than a bf16 dot (measured forward+backward,
+  [8, 8, 160, 512] x [8, 512, 1024])."""
+  dtype = jnp.result_type(lhs, rhs)
+  a, b, acc = gmm_lib.float32_accumulation(lhs, rhs)
+  return jnp.einsum(eqn, a, b, preferred_element_type=acc).astype(dtype)
+
+
 class Einsum(_Contraction):
   """Unquantized einsum in the dtype of its operands: module(eqn, lhs, rhs)."""
 
   @nn.compact
   def __call__(self, eqn: str, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
-    return self._wrap(functools.partial(jnp.einsum, eqn), lhs, rhs)
+    return self._wrap(functools.partial(_einsum, eqn), lhs, rhs)
 
 
 class GroupedMatmul(_Contraction):
@@ -111,12 +122,37 @@ def _int8_aqt_config() -> aqt_config.DotGeneral:
   )
 
 
+def _forward_only(out: jax.Array, where: str) -> jax.Array:
+  """Identity whose gradient is a `ValueError`: an int8 einsum applied
+  without the RNG its backward needs (raised while the gradient is traced,
+  before AQT's own backward would fail on an assertion)."""
+
+  @jax.custom_vjp
+  def identity(out):
+    return out
+
+  def fwd(out):
+    return out, None
+
+  def bwd(_, g):
+    raise ValueError(
+        f"{where}: rngs has no {AQT_RNG_STREAM!r} key, but the gradient of "
+        "an int8 (AQT) einsum rounds stochastically and needs one: pass "
+        f'rngs={{"{AQT_RNG_STREAM}": key}} to apply (a fresh key per step; '
+        "under NNX, rngs=key to the EagerToNNX call or rng=key to "
+        "nnx_adapter.Decoder); a forward-only apply needs none."
+    )
+
+  identity.defvjp(fwd, bwd)
+  return identity(out)
+
+
 class Int8Einsum(nn.Module):
   """AQT int8 einsum in training mode; keeps no variables.
 
   Reads the `AQT_RNG_STREAM` RNG when one is passed to `apply` (needed for
   gradients: stochastic rounding of the cotangent); without one the forward
-  still runs, and taking a gradient fails inside AQT.
+  still runs, and taking a gradient is a `ValueError` saying to pass it.
   """
 
   @nn.compact
@@ -125,7 +161,11 @@ class Int8Einsum(nn.Module):
     aqt = aqt_flax.AqtEinsum(
         cfg=_int8_aqt_config(), prng_name=stream, name="aqt"
     )
-    return aqt(eqn, lhs, rhs)
+    out = aqt(eqn, lhs, rhs)
+    if stream is None:
+      where = "/".join(self.scope.path) or type(self).__name__
+      out = _forward_only(out, f"int8 einsum {where}")
+    return out
 
 
 class Int8GroupedMatmul(GroupedMatmul):
@@ -133,6 +173,41 @@ class Int8GroupedMatmul(GroupedMatmul):
 
   def _matmul(self, lhs, rhs, group_sizes) -> jax.Array:
     return int8_grouped_matmul(lhs, rhs, group_sizes, self.implementation)
+
+
+@jax.custom_vjp
+def finite_amax_history(history: jax.Array) -> jax.Array:
+  """Identity on an amax history whose "gradient" holds only finite values.
+
+  Flax's `fp8_ops.in_qdq`/`out_qdq` return the new history as the cotangent of
+  the old one: rolled left by one, with the newest amax (max |x| of the input,
+  or of the output gradient) at index 0. An `inf` or `nan` there would stay in
+  the window for `amax_history_length` steps, and Flax keeps the old scale
+  while the window holds a non-finite value: scaling would freeze. The
+  backward here records every non-finite entry as 0 instead, the neutral
+  element of the maximum that both the scale (max over the window) and the
+  combination of microbatches and devices (element-wise max) take: a
+  non-finite amax is ignored, the finite ones stay, and a history restored
+  with a non-finite entry is cleaned on the next step.
+
+  Args:
+    history: <float32>[amax_history_length].
+
+  Returns:
+    `history`, unchanged.
+  """
+  return history
+
+
+def _finite_amax_history_fwd(history):
+  return history, None
+
+
+def _finite_amax_history_bwd(_, new_history):
+  return (jnp.where(jnp.isfinite(new_history), new_history, 0.0),)
+
+
+finite_amax_history.defvjp(_finite_amax_history_fwd, _finite_amax_history_bwd)
 
 
 class _Fp8(_Contraction):
@@ -147,6 +222,9 @@ class _Fp8(_Contraction):
   `input_scale`, `kernel_scale`, `output_grad_scale` <float32>[1], initialised
   to 1; histories `input_amax_history`, `kernel_amax_history`,
   `output_grad_amax_history` <float32>[amax_history_length], initialised to 0.
+  A non-finite amax (an `inf` input, a `nan` gradient) is recorded as 0, so
+  it never enters a history and the scales keep adapting
+  (`finite_amax_history`); finite values are recorded as Flax does.
 
   Attributes:
     amax_history_length: length of each amax history.
@@ -170,7 +248,9 @@ class _Fp8(_Contraction):
         (self.amax_history_length,),
         jnp.float32,
     )
-    return qdq_fn(x.dtype, q_dtype, x, scale.value, history.value)
+    return qdq_fn(
+        x.dtype, q_dtype, x, scale.value, finite_amax_history(history.value)
+    )
 
   def _wrap(self, contract: Callable, lhs: jax.Array, rhs: jax.Array):
     dtype = jnp.result_type(lhs, rhs)

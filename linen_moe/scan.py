@@ -44,6 +44,7 @@ def scan_blocks(
     raise ValueError(f"length={length!r} must be a positive integer.")
   stacked = {variables.PARAMS: 0}
   stacked.update({c: 0 for c in variables.STATE_COLLECTIONS})
+  stacked[variables.CACHE] = 0
   rngs = {variables.PARAMS: True}
   rngs.update({s: True for s in variables.RNG_STREAMS})
   return nn.scan(

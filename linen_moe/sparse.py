@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 
+from linen_moe import permute
 from linen_moe.expert import gated_mlp
 
 Grouped = Callable[[str, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -38,26 +38,11 @@ def sparse_experts(
   [T, M]: each token's weighted sum over its choices among these experts (0
   for the others). With all E experts it is the whole, dropless sparse path.
   """
-  t, m = x.shape
-  k = indices.shape[1]
-  n_local = experts[0].shape[0]
-  rows_per_token = min(k, n_local)
-  flat = indices.reshape(-1) - first_expert  # [T*k] local expert ids
-  is_local = (flat >= 0) & (flat < n_local)
-  key = jnp.where(is_local, flat, n_local)
-  order = jnp.argsort(key, stable=True)[: t * rows_per_token]  # [R]
-  group_sizes = jnp.bincount(key, length=n_local + 1)[:n_local].astype(
-      jnp.int32
-  )
-  valid = jnp.arange(order.shape[0]) < jnp.sum(group_sizes)  # [R]
-  rows = jnp.where(valid[:, None], x[order // k], 0)  # [R, M] sorted by expert
+  plan = permute.sort_plan(indices, experts[0].shape[0], first_expert)
+  rows = permute.dispatch_rows(x, plan)  # [R, M] sorted by expert
 
   def project(site, operand, weight):
-    return grouped(site, operand, weight, group_sizes)
+    return grouped(site, operand, weight, plan.group_sizes)
 
   expert_out = gated_mlp(project, act, rows, *experts)  # [R, M]
-  # Row of each (token, choice) assignment; 0 (weight 0) for other experts'.
-  position = jnp.zeros(t * k, jnp.int32).at[order].set(jnp.arange(order.size))
-  unsorted = expert_out[position]  # [T*k, M], back in (token, choice) order
-  w = jnp.where(is_local, weights.reshape(-1), 0).astype(x.dtype)
-  return jnp.sum((unsorted * w[:, None]).reshape(t, k, m), axis=1)
+  return permute.combine_rows(expert_out, weights.astype(x.dtype), plan)

@@ -92,31 +92,46 @@ def _model_config(case: Case):
   return ModelConfig(moe=moe, num_layers=1, num_heads=heads), (b, s, m)
 
 
-def _time(fn, args, repeats: int) -> float:
+def _time(fn, args, repeats: int) -> tuple[float, float]:
+  """Median wall and CPU seconds (all threads of this process) of one call.
+
+  On a shared machine, wall time grows with the load of other processes; CPU
+  time much less, so it is the steadier measure of the work a step does.
+  """
   import jax  # noqa: PLC0415
 
   jax.block_until_ready(fn(*args))
-  times = []
+  wall, cpu = [], []
   for _ in range(repeats):
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  times.sort()
-  return times[len(times) // 2]
+    wall.append(time.perf_counter() - start)
+    cpu.append(time.process_time() - start_cpu)
+  wall.sort()
+  cpu.sort()
+  return wall[len(wall) // 2], cpu[len(cpu) // 2]
+
+
+ROOFLINE_SHAPE = (8192, 512, 1024)  # [M, K] x [K, N], float32
 
 
 def _roofline(repeats: int) -> dict[str, float]:
-  """GFLOP/s of a plain float32 matmul, forward+backward, of medium shape."""
+  """GFLOP/s of a plain float32 matmul, forward+backward, of medium shape,
+  per wall second and per CPU second."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
-  x = jax.random.normal(jax.random.key(0), (8192, 512))
-  w = jax.random.normal(jax.random.key(1), (512, 1024))
+  m, k, n = ROOFLINE_SHAPE
+  x = jax.random.normal(jax.random.key(0), (m, k))
+  w = jax.random.normal(jax.random.key(1), (k, n))
   step = jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.dot(x, w)), argnums=(0, 1)))
-  seconds = _time(step, (x, w), repeats)
+  seconds, cpu = _time(step, (x, w), repeats)
+  flops = 3 * 2 * m * k * n
   return {
       "step_s": seconds,
-      "gflops": 3 * 2 * 8192 * 512 * 1024 / seconds / 1e9,
+      "cpu_s": cpu,
+      "gflops": flops / seconds / 1e9,
+      "cpu_gflops": flops / cpu / 1e9,
   }
 
 
@@ -145,22 +160,32 @@ def run_case(case: Case, repeats: int = 5) -> dict[str, Any]:
 
   def loss(params, others, *args):
     out, aux = module.apply({"params": params, **others}, *args, rngs=rngs)
-    lb = aux.load_balance_loss if hasattr(aux, "load_balance_loss") else aux[0]
+    lb = (
+        aux["load_balance_loss"]
+        if isinstance(aux, dict)
+        else aux.load_balance_loss
+    )
     return jnp.mean(jnp.square(out.astype(jnp.float32))) + lb
 
   step = jax.jit(jax.grad(loss, argnums=(0, 1)))
   start = time.perf_counter()
   compiled = step.lower(params, variables, *args).compile()
   compile_s = time.perf_counter() - start
-  seconds = _time(compiled, (params, variables, *args), repeats)
+  seconds, cpu = _time(compiled, (params, variables, *args), repeats)
+  # Measured right after the case, in the same process and under the same
+  # machine load, so the ratio between the two is meaningful.
+  roofline = _roofline(repeats)
   return {
       "step_s": seconds,
+      "cpu_s": cpu,
       "compile_s": compile_s,
       "tokens_per_s": b * s / seconds,
       "useful_gflops": case.useful_flops() / seconds / 1e9,
-      # Measured right after the case, in the same process and under the same
-      # machine load, so the ratio between the two is meaningful.
-      "roofline_gflops": _roofline(repeats)["gflops"],
+      "roofline_gflops": roofline["gflops"],
+      # The same ratio in CPU seconds: steadier on a loaded machine.
+      "cpu_roofline_fraction": (
+          case.useful_flops() / cpu / 1e9 / roofline["cpu_gflops"]
+      ),
   }
 
 

@@ -11,19 +11,25 @@ from linen_moe.config import PATHS
 from linen_moe_cli.bench import SIZES
 from linen_moe_cli.bench import Case
 from linen_moe_cli.bench import run_case_subprocess
+from linen_moe_cli.bench_peer import load_peer
+from linen_moe_cli.bench_peer import peer_row
 
 SWEEPS = ("sizes", "implementations", "experts", "capacity")
 
 
 def sweep_cases(
-    sweep: str, quantizations=("none",), targets=("layer",)
+    sweep: str,
+    quantizations=("none",),
+    targets=("layer",),
+    dtypes=("float32",),
 ) -> list[Case]:
-  """The cases of one named sweep."""
+  """The cases of one named sweep (`dtypes` applies to the sizes sweep)."""
   if sweep == "sizes":
     return [
-        Case(size, path, q, t)
+        Case(size, path, q, t, dtype=dtype)
         for size in SIZES
         for path in PATHS
+        for dtype in dtypes
         for q in quantizations
         for t in targets
     ]
@@ -57,33 +63,47 @@ def _row(case: Case, result: dict, roofline_gflops: float) -> dict:
   return row
 
 
-def format_rows(rows: list[dict]) -> str:
+def format_rows(rows: list[dict], peer: dict | None = None) -> str:
+  """The table; with a peer, its step time and ours / peer per row."""
   head = (
-      f"{'case':<16}{'path':<16}{'quant':<10}{'target':<14}{'impl':<11}"
-      f"{'step ms':>9}{'tok/s':>10}{'GFLOP/s':>9}{'roofl.':>8}"
-      f"{'compile s':>10}{'RSS MiB':>9}"
+      f"{'case':<12}{'path':<16}{'dtype':<10}{'quant':<10}{'target':<14}"
+      f"{'impl':<11}{'step ms':>9}{'tok/s':>9}{'GFLOP/s':>9}{'roofl.':>7}"
+      f"{'cpu r.':>7}{'compile s':>10}{'RSS MiB':>9}"
   )
+  if peer is not None:
+    head += f"{'peer ms':>9}{'ours/peer':>10}"
   lines = [head]
   for r in rows:
+    first = (
+        f"{r['size']:<12}{r['path']:<16}{r.get('dtype', 'float32'):<10}"
+        f"{r['quantization']:<10}{r['target']:<14}{r['implementation']:<11}"
+    )
     if "error" in r:
-      lines.append(
-          f"{r['size']:<16}{r['path']:<16}{r['quantization']:<10}"
-          f"{r['target']:<14}{r['implementation']:<11}  ERROR "
-          f"{r['error']}"
-      )
+      lines.append(f"{first}  ERROR {r['error']}")
       continue
-    lines.append(
-        f"{r['size']:<16}{r['path']:<16}{r['quantization']:<10}"
-        f"{r['target']:<14}{r['implementation']:<11}"
-        f"{1e3 * r['step_s']:>9.1f}{r['tokens_per_s']:>10.0f}"
-        f"{r['useful_gflops']:>9.1f}{r['roofline_fraction']:>8.2f}"
+    line = (
+        f"{first}{1e3 * r['step_s']:>9.1f}{r['tokens_per_s']:>9.0f}"
+        f"{r['useful_gflops']:>9.1f}{r['roofline_fraction']:>7.2f}"
+        f"{r.get('cpu_roofline_fraction', float('nan')):>7.2f}"
         f"{r['compile_s']:>10.1f}{r['max_rss_mib']:>9.0f}"
     )
+    theirs = peer_row(peer, r)
+    if theirs is not None and "step_s" in theirs:
+      line += (
+          f"{1e3 * theirs['step_s']:>9.1f}"
+          f"{r['step_s'] / theirs['step_s']:>10.2f}"
+      )
+    elif theirs is not None:
+      line += f"  peer: {theirs['error']}"
+    lines.append(line)
   return "\n".join(lines)
 
 
-def write_chart(rows: list[dict], path: str) -> None:
-  """Throughput (tokens/s) vs size, one line per path, per quantization."""
+def write_chart(rows: list[dict], path: str, peer: dict | None = None) -> None:
+  """Step time (fwd+bwd, log scale) vs size, one line per path, one panel per
+  dtype and quantization; the black line is the matmul roofline (the case's
+  useful FLOPs at the dense matmul's GFLOP/s measured beside it); a peer's
+  times are dashed in the path's colour."""
   import matplotlib  # noqa: PLC0415
 
   matplotlib.use("Agg")
@@ -97,34 +117,77 @@ def write_chart(rows: list[dict], path: str) -> None:
       and r["implementation"] == "auto"
       and r["target"] == "layer"
   ]
-  quants = sorted({r["quantization"] for r in sized}) or ["none"]
-  fig, axes = plt.subplots(
-      1, len(quants), figsize=(5 * len(quants), 4), squeeze=False
+  panels = sorted(
+      {(r.get("dtype", "float32"), r["quantization"]) for r in sized}
   )
-  for ax, q in zip(axes[0], quants, strict=True):
-    for p in PATHS:
-      pts = [
-          (list(SIZES).index(r["size"]), r["tokens_per_s"])
-          for r in sized
-          if r["path"] == p and r["quantization"] == q
-      ]
-      if pts:
-        pts.sort()
-        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=p)
-    ax.set_xticks(range(len(SIZES)), list(SIZES))
+  panels = panels or [("float32", "none")]
+  fig, axes = plt.subplots(
+      1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False
+  )
+  sizes = list(SIZES)
+  for ax, (dtype, q) in zip(axes[0], panels, strict=True):
+    here = [
+        r
+        for r in sized
+        if r.get("dtype", "float32") == dtype and r["quantization"] == q
+    ]
+    for i, p in enumerate(PATHS):
+      color = f"C{i}"
+      ours = sorted(
+          (sizes.index(r["size"]), r["step_s"]) for r in here if r["path"] == p
+      )
+      if ours:
+        ax.plot(*zip(*ours, strict=True), marker="o", color=color, label=p)
+      theirs = sorted(
+          (sizes.index(r["size"]), t["step_s"])
+          for r in here
+          if r["path"] == p
+          and (t := peer_row(peer, r)) is not None
+          and "step_s" in t
+      )
+      if theirs:
+        ax.plot(
+            *zip(*theirs, strict=True),
+            marker="x",
+            linestyle="--",
+            color=color,
+            label=f"{p} ({peer['name']})",
+        )
+    roofline = {}
+    for r in here:  # useful GFLOP / roofline GFLOP/s, per size
+      seconds = r["useful_gflops"] * r["step_s"] / r["roofline_gflops"]
+      roofline.setdefault(sizes.index(r["size"]), []).append(seconds)
+    if roofline:
+      xs = sorted(roofline)
+      ys = [sorted(roofline[x])[len(roofline[x]) // 2] for x in xs]
+      ax.plot(xs, ys, color="black", linestyle=":", label="matmul roofline")
+    ax.set_xticks(range(len(sizes)), sizes)
     ax.set_yscale("log")
-    ax.set_ylabel("tokens/s (fwd+bwd)")
-    ax.set_title(f"RoutedMoE, quantization={q}")
-    ax.legend()
+    ax.set_ylabel("step seconds (fwd+bwd)")
+    ax.set_title(f"RoutedMoE, {dtype}, quantization={q}")
+    ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
 
 
 def run(
-    sweeps, quantizations, targets, repeats: int, out_dir: str, log=print
+    sweeps,
+    quantizations,
+    targets,
+    repeats: int,
+    out_dir: str,
+    log=print,
+    dtypes=("float32",),
+    peer_path: str | None = None,
+    chart: bool = True,
 ) -> list[dict]:
-  """Runs the sweeps; prints and writes `bench.json` and `bench.png`."""
+  """Runs the sweeps; prints and writes `bench.json` and (with `chart`, which
+  needs matplotlib) `bench.png`.
+
+  `peer_path`: a peer results file (see `bench_peer`), shown beside ours.
+  """
+  peer = load_peer(peer_path) if peer_path else None
   start = time.perf_counter()
   roofline = run_case_subprocess(Case("medium", "roofline"), repeats)
   if "error" in roofline:
@@ -133,22 +196,24 @@ def run(
       "dense matmul roofline (fwd+bwd, 8192x512 @ 512x1024 float32): "
       f"{roofline['gflops']:.1f} GFLOP/s"
   )
+  if peer is not None:
+    log(f"peer: {peer['name']} ({len(peer['rows'])} rows from {peer_path})")
   rows = []
   for sweep in sweeps:
-    cases = sweep_cases(sweep, quantizations, targets)
+    cases = sweep_cases(sweep, quantizations, targets, dtypes)
     sweep_rows = [
         _row(c, run_case_subprocess(c, repeats), roofline["gflops"])
         for c in cases
     ]
     log(f"\n== sweep: {sweep}")
-    log(format_rows(sweep_rows))
+    log(format_rows(sweep_rows, peer))
     rows.extend(dict(r, sweep=sweep) for r in sweep_rows)
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, "bench.json"), "w", encoding="utf-8") as f:
-    json.dump({"roofline": roofline, "rows": rows}, f, indent=1)
-  write_chart(rows, os.path.join(out_dir, "bench.png"))
-  log(
-      f"\nwrote {out_dir}/bench.json and {out_dir}/bench.png "
-      f"({time.perf_counter() - start:.0f}s)"
-  )
+    json.dump({"roofline": roofline, "rows": rows, "peer": peer}, f, indent=1)
+  written = [f"{out_dir}/bench.json"]
+  if chart:
+    write_chart(rows, os.path.join(out_dir, "bench.png"), peer)
+    written.append(f"{out_dir}/bench.png")
+  log(f"\nwrote {' and '.join(written)} ({time.perf_counter() - start:.0f}s)")
   return rows

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
+
+import yaml
 
 from linen_moe.config import QUANTIZATIONS
 from linen_moe.config import available_configs
 from linen_moe.distributed import DEFAULT_HEARTBEAT_TIMEOUT_S
 from linen_moe.distributed import DEFAULT_INIT_TIMEOUT_S
+from linen_moe_cli import options
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -46,6 +50,30 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
       default=None,
       help="scan the decoder blocks or unroll them",
   )
+  p.add_argument(
+      "--set",
+      action="append",
+      default=[],
+      metavar="FIELD=VALUE",
+      help=(
+          "override any config field (repeatable; the value is read as YAML), "
+          "e.g. --set routed_bias=false --set router_z_loss_weight=1e-3"
+      ),
+  )
+
+
+def parse_set(items: list[str]) -> dict:
+  """["field=value", ...] -> {field: YAML value}; raises ValueError on an
+  item without '=' (unknown fields are the config's to reject)."""
+  overrides = {}
+  for item in items:
+    field, sep, value = item.partition("=")
+    if not sep or not field.strip():
+      raise ValueError(
+          f"--set {item!r}: expected FIELD=VALUE, e.g. routed_bias=false."
+      )
+    overrides[field.strip()] = yaml.safe_load(value)
+  return overrides
 
 
 def _add_process_args(p: argparse.ArgumentParser) -> None:
@@ -84,7 +112,7 @@ def _add_process_args(p: argparse.ArgumentParser) -> None:
 
 def model_overrides(args: argparse.Namespace) -> dict:
   """Config overrides named on the command line."""
-  overrides = {}
+  overrides = parse_set(args.set)
   if args.quantization is not None:
     overrides["quantization"] = args.quantization
   if args.sparse_matmul is not None:
@@ -97,6 +125,17 @@ def model_overrides(args: argparse.Namespace) -> dict:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+  options.check_train_options(
+      steps=args.steps,
+      batch_size=args.batch_size,
+      seq_len=args.seq_len,
+      learning_rate=args.learning_rate,
+      grad_accum=args.grad_accum,
+      max_consecutive_skips=args.max_consecutive_skips,
+      checkpoint_dir=args.checkpoint_dir,
+      save_every=args.save_every,
+      keep=args.keep,
+  )
   from linen_moe import distributed  # noqa: PLC0415 (jax import is slow)
 
   several = distributed.initialize(
@@ -110,8 +149,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     return _train(args)
   try:
     return _train(args)
-  except ValueError:
-    raise  # every process rejects the same input; they exit together
+  except (ValueError, options.RunStopped):
+    # Every process rejects the same input, and sees the same (replicated)
+    # skipped steps: they exit together.
+    raise
   except BaseException:  # noqa: BLE001
     # Leave now: the normal exit waits at a shutdown barrier for peers that
     # may be blocked in a collective with this process. Once its heartbeats
@@ -146,15 +187,18 @@ def _train(args: argparse.Namespace) -> int:
       save_every=args.save_every,
       keep=args.keep,
       fresh_fp8_state=args.fresh_fp8_state,
+      max_consecutive_skips=args.max_consecutive_skips,
   )
   if not result.losses:  # already at --steps
     return 0
   if distributed.is_main_process():
     print(
         f"steps: {result.start_step + 1}-{args.steps}  first loss:"
-        f" {result.first_loss:.4f}  final loss: {result.final_loss:.4f}  best"
-        f" achievable: {result.best_loss:.4f}  wall:"
-        f" {time.perf_counter() - start:.1f}s"
+        f" {result.first_loss:.4f}  final loss: {result.final_loss:.4f}  "
+        f"best achievable: {result.best_loss:.4f}  "
+        f"skipped steps: {result.skipped_steps}  "
+        f"expert load max/min: {result.load_ratio:.2f}  "
+        f"wall: {time.perf_counter() - start:.1f}s"
     )
   return 0
 
@@ -178,9 +222,27 @@ def use_fast_compile() -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0"
 
 
+# Compiled programs persist here (unless JAX_COMPILATION_CACHE_DIR says
+# otherwise), shared by the test session and `linen-moe matrix` on one
+# machine: the matrix cells the tests already compiled load instead.
+COMPILATION_CACHE_DIR = os.path.join(
+    tempfile.gettempdir(), "linen_moe_jax_cache"
+)
+
+
+def use_compilation_cache() -> None:
+  """Turns on JAX's persistent compilation cache (before jax is imported, so
+  that worker processes inherit it) for programs that took over a second."""
+  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", COMPILATION_CACHE_DIR)
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+
+
 def cmd_matrix(args: argparse.Namespace) -> int:
+  if args.workers < 1:
+    raise ValueError(f"--workers must be at least 1; got {args.workers}.")
   if args.fast_compile:
     use_fast_compile()
+  use_compilation_cache()
   from linen_moe_cli import matrix  # noqa: PLC0415 (jax import is slow)
 
   if args.all:
@@ -191,19 +253,17 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     layers = (args.layers or "scanned",)
   quantizations = (args.quantization,) if args.quantization else QUANTIZATIONS
   start = time.perf_counter()
+  groups = [
+      matrix.cells((config,), quantizations, frontends=(fe,), layers=(layer,))
+      for config in configs
+      for fe in frontends
+      for layer in layers
+  ]
   results = []
-  for config in configs:
-    for fe in frontends:
-      for layer in layers:
-        group = [
-            matrix.run_cell(cell)
-            for cell in matrix.cells(
-                (config,), quantizations, frontends=(fe,), layers=(layer,)
-            )
-        ]
-        results.extend(group)
-        print(matrix.format_table(group), flush=True)
-        print(flush=True)
+  for group in matrix.run_cells(groups, args.workers):
+    results.extend(group)
+    print(matrix.format_table(group), flush=True)
+    print(flush=True)
   failed = [r for r in results if not r.ok]
   slowest = sorted(results, key=lambda r: r.compile_s, reverse=True)[:3]
   print(
@@ -221,7 +281,33 @@ def cmd_matrix(args: argparse.Namespace) -> int:
   return 1 if failed else 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+  from linen_moe_cli import generate_job  # noqa: PLC0415 (jax import is slow)
+
+  overrides = model_overrides(args)
+  overrides.pop("quantization", None)
+  result = generate_job.generate(
+      args.config,
+      overrides,
+      quantization=args.quantization or "int8",
+      train_steps=args.train_steps,
+      batch_size=args.batch_size,
+      prompt_len=args.prompt_len,
+      new_tokens=args.new_tokens,
+      seed=args.seed,
+      repeats=args.repeats,
+  )
+  print(generate_job.format_report(result))
+  return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+  options.check_int("repeats", args.repeats, 1)
+  no_chart = options.missing_optional(
+      "matplotlib", "the chart (bench.png) is skipped; bench.json is written"
+  )
+  if no_chart:
+    print(f"linen-moe bench: {no_chart}", file=sys.stderr)
   from linen_moe_cli import bench_report  # noqa: PLC0415
 
   rows = bench_report.run(
@@ -230,6 +316,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
       tuple(args.target or ("layer",)),
       args.repeats,
       args.out,
+      dtypes=tuple(args.dtype),
+      peer_path=args.peer,
+      chart=not no_chart,
   )
   return 1 if any("error" in r for r in rows) else 0
 
@@ -282,6 +371,15 @@ def build_parser() -> argparse.ArgumentParser:
       choices=("linen", "nnx"),
       default="linen",
       help="the Linen decoder or the NNX one (nnx_adapter)",
+  )
+  train.add_argument(
+      "--max-consecutive-skips",
+      type=int,
+      default=10,
+      help=(
+          "stop after this many steps in a row were skipped for a "
+          "non-finite loss or gradient"
+      ),
   )
   train.add_argument(
       "--no-progress", action="store_true", help="no progress bar"
@@ -357,6 +455,15 @@ def build_parser() -> argparse.ArgumentParser:
           "half the compile time; step times not representative)"
       ),
   )
+  mat.add_argument(
+      "--workers",
+      type=int,
+      default=min(2, os.cpu_count() or 1),
+      help=(
+          "processes that compile and run cells side by side (default: 2, "
+          "or 1 on a single core)"
+      ),
+  )
   mat.set_defaults(func=cmd_matrix)
 
   launch = sub.add_parser(
@@ -409,9 +516,47 @@ def build_parser() -> argparse.ArgumentParser:
       default=None,
       help="default: layer",
   )
+  bench.add_argument(
+      "--dtype",
+      nargs="+",
+      choices=("float32", "bfloat16"),
+      default=["float32", "bfloat16"],
+      help="compute/weight dtypes of the sizes sweep (default: both)",
+  )
+  bench.add_argument(
+      "--peer",
+      default=None,
+      metavar="JSON",
+      help=(
+          "another library's results for the same cases (see "
+          "linen_moe_cli/bench_peer.py), shown beside ours in the table "
+          "and the chart"
+      ),
+  )
   bench.add_argument("--repeats", type=int, default=5)
   bench.add_argument("--out", default="benchmarks/results")
   bench.set_defaults(func=cmd_bench)
+  gen = sub.add_parser(
+      "generate",
+      help=(
+          "convert the decoder's expert weights for serving and decode "
+          "greedily with a KV cache, float vs converted"
+      ),
+  )
+  _add_model_args(gen)
+  gen.set_defaults(quantization="int8")
+  gen.add_argument(
+      "--train-steps",
+      type=int,
+      default=50,
+      help="train this many steps first, in the serving mode (0: fresh init)",
+  )
+  gen.add_argument("--batch-size", type=int, default=8)
+  gen.add_argument("--prompt-len", type=int, default=16)
+  gen.add_argument("--new-tokens", type=int, default=32)
+  gen.add_argument("--repeats", type=int, default=3, help="timed runs")
+  gen.add_argument("--seed", type=int, default=0)
+  gen.set_defaults(func=cmd_generate)
   return parser
 
 
@@ -421,6 +566,13 @@ def main(argv: list[str] | None = None) -> int:
     return args.func(args)
   except ValueError as e:
     print(f"linen-moe: error: {e}", file=sys.stderr)
+    return 2
+  except options.RunStopped as e:
+    print(f"linen-moe: error: {e}", file=sys.stderr)
+    return 1
+  except ModuleNotFoundError as e:  # an optional package no check foresaw
+    needed = options.missing_optional(e.name or str(e), "this command stops")
+    print(f"linen-moe: error: {needed or e}", file=sys.stderr)
     return 2
 
 

@@ -9,8 +9,11 @@ moved and differs from every other site's.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+import concurrent.futures
 import dataclasses
 import itertools
+import multiprocessing
 import time
 from typing import Any
 
@@ -93,6 +96,13 @@ def _site_states(fp8_state) -> dict[str, np.ndarray]:
   return {s: np.concatenate(v) for s, v in sites.items()}
 
 
+def _any_changed(before, after) -> bool:
+  moved = jax.tree.map(
+      lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))), before, after
+  )
+  return any(jax.tree.leaves(moved))
+
+
 def check_trained(cell: Cell, before, after, losses) -> None:
   """Raises AssertionError unless the step trained as it should."""
   fe = frontend(cell.frontend)
@@ -100,13 +110,11 @@ def check_trained(cell: Cell, before, after, losses) -> None:
     raise AssertionError(f"non-finite loss {losses}")
   if not losses[1] < losses[0]:
     raise AssertionError(f"loss did not fall on the same batch: {losses}")
-  moved = jax.tree.map(
-      lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
-      fe.params(before),
-      fe.params(after),
-  )
-  if not any(jax.tree.leaves(moved)):
+  if not _any_changed(fe.params(before), fe.params(after)):
     raise AssertionError("no parameter changed")
+  rate = cell.model_config().moe.routed_bias_update_rate
+  if rate > 0 and not _any_changed(fe.rule_state(before), fe.rule_state(after)):
+    raise AssertionError("no routed_bias moved")
   if cell.quantization not in ("fp8", "nanoo_fp8"):
     return
   old, new = _site_states(fe.fp8_state(before)), _site_states(
@@ -167,6 +175,31 @@ def run_cell(
   except Exception as e:  # noqa: BLE001 (a cell reports any failure)
     result.error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
   return result
+
+
+def _run_group(cells: list[Cell]) -> list[CellResult]:
+  return [run_cell(cell) for cell in cells]
+
+
+def run_cells(
+    groups: list[list[Cell]], workers: int = 1
+) -> Iterator[list[CellResult]]:
+  """Runs groups of cells, yielding each group's results in order.
+
+  With `workers` > 1, cells run in that many fresh processes (spawned, so
+  each starts its own JAX) that compile side by side: a cell's time is mostly
+  single-threaded XLA compilation. Each cell is one task, so a slow group does
+  not hold a worker for long.
+  """
+  if workers <= 1:
+    for group in groups:
+      yield _run_group(group)
+    return
+  context = multiprocessing.get_context("spawn")
+  with concurrent.futures.ProcessPoolExecutor(workers, context) as pool:
+    futures = [[pool.submit(run_cell, cell) for cell in g] for g in groups]
+    for group in futures:
+      yield [f.result() for f in group]
 
 
 def cells(

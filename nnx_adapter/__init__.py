@@ -2,6 +2,7 @@
 
 from nnx_adapter._adapter import EagerToNNX
 from nnx_adapter._adapter import Fp8State
+from nnx_adapter._adapter import RuleState
 from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import init_decoder
 from nnx_adapter._decoder import linen_to_nnx
@@ -21,6 +22,7 @@ __all__ = [
     "EagerToNNX",
     "Fp8State",
     "NNXFrontend",
+    "RuleState",
     "ShardedNNXTraining",
     "TrainState",
     "accumulate_gradients",

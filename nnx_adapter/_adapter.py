@@ -6,9 +6,12 @@ from typing import Any
 
 from flax import nnx
 import flax.linen as nn
+from flax.nnx.bridge import variables as bridge_variables
 import jax
 
+from linen_moe.jit_init import compiled_init
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe.variables import UPDATED_BY_RULE
 
 
 class Fp8State(nnx.Variable):
@@ -18,9 +21,16 @@ class Fp8State(nnx.Variable):
   to an optimizer."""
 
 
+class RuleState(nnx.Variable):
+  """State a rule moves after each optimizer step (the selection-only
+  `routed_bias`): the Linen `updated_by_rule` collection. Neither
+  differentiated nor given to an optimizer."""
+
+
 # The bridge maps Linen collections to NNX variable types through this
 # registry, in both directions (ToNNX on the way in, on the way out).
 nnx.register_variable_name(OVERWRITE_WITH_GRADIENT, Fp8State, overwrite=True)
+nnx.register_variable_name(UPDATED_BY_RULE, RuleState, overwrite=True)
 
 
 class EagerToNNX(nnx.bridge.ToNNX):
@@ -66,5 +76,24 @@ class EagerToNNX(nnx.bridge.ToNNX):
     # sharded training places the state with them (`ShardedNNXTraining`).
     with nnx.use_eager_sharding(False):
       super().__init__(module, rngs=rngs)
-      nnx.bridge.lazy_init(self, *sample_args, **sample_kwargs)
+      # What `nnx.bridge.lazy_init` does, with Linen's init compiled once
+      # (`compiled_init`) instead of run op by op.
+      variables = compiled_init(
+          module, _linen_rngs(self.to_nnx__rngs), *sample_args, **sample_kwargs
+      )
+      for name, value in bridge_variables.linen_vars_to_nnx_attrs(
+          variables
+      ).items():
+        setattr(self, name, nnx.data(value))
     self.to_nnx__rngs = None
+
+
+def _linen_rngs(rngs: nnx.Rngs | None) -> dict[str, jax.Array]:
+  """One key per stream, as `nnx.bridge.ToNNX` gives Linen (the `default`
+  stream feeds `params`)."""
+  if rngs is None:
+    return {}
+  keys = {name: stream() for name, stream in rngs.items()}
+  if "params" not in keys and "default" in keys:
+    keys["params"] = keys.pop("default")
+  return keys

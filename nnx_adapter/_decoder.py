@@ -28,9 +28,8 @@ LAYERS_AXIS = {nnx.PARTITION_NAME: scan.LAYERS_AXIS}
 class Decoder(nnx.Module):
   """The NNX twin of `linen_moe.decoder.Decoder`: same config, same math.
 
-  tokens <int32>[B, S] -> (logits [B, S, V], aux). `aux` is a dict with
-  `load_balance_loss` (summed over layers) and `dropped_fraction` (mean over
-  layers). The embedding, the blocks and the final norm are the Linen modules
+  tokens <int32>[B, S] -> (logits [B, S, V], aux). `aux` is the Linen
+  decoder's (`linen_moe.decoder.layer_aux`). The embedding, the blocks and the final norm are the Linen modules
   of `linen_moe.decoder` (one implementation of the math) behind
   `EagerToNNX`, so the whole state, fp8 included, exists after `__init__`.
   With `config.scan_layers` the blocks are built stacked by `nnx.vmap` under
@@ -38,11 +37,33 @@ class Decoder(nnx.Module):
   `layers_0`, `layers_1`, ... The attribute names are the Linen decoder's, so
   the state paths are its variable paths (see `linen_to_nnx`).
 
+  A serving config (`linen_moe.serving`) builds a serving decoder: its MoE
+  layers hold stored kernels; `Decoder.from_linen(serve_config,
+  serve_variables)` builds it straight from converted Linen variables.
+
   Example usage:
     cfg = load_model_config("tiny_mixtral", quantization="fp8")
     model = Decoder(cfg, rngs=nnx.Rngs(0))
     logits, aux = model(tokens, rng=jax.random.key(1))
   """
+
+  @classmethod
+  def from_linen(
+      cls,
+      config: ModelConfig,
+      variables: PyTree,
+      *,
+      sample_shape: tuple[int, int] = (1, 8),
+  ) -> Decoder:
+    """A decoder holding the Linen `variables` (e.g. from
+    `linen_moe.serving.quantize_weights`, with its serving config), built
+    abstractly (`nnx.eval_shape`: no variable is initialised, then none is
+    allocated twice) and filled by `linen_to_nnx`, which checks every
+    path, shape and dtype."""
+    abstract = nnx.eval_shape(
+        lambda: cls(config, rngs=nnx.Rngs(0), sample_shape=sample_shape)
+    )
+    return linen_to_nnx(variables, abstract)
 
   def __init__(
       self,
@@ -100,20 +121,17 @@ class Decoder(nnx.Module):
       def scan_blocks(block, x, key):
         return apply_block(block, x, key)
 
-      x, (lb, dropped) = scan_blocks(self.layers, x, keys)
+      x, per_layer = scan_blocks(self.layers, x, keys)
     else:
       outs = []
       for i in range(cfg.num_layers):
         key = None if keys is None else keys[i]
         x, out = apply_block(getattr(self, f"layers_{i}"), x, key)
         outs.append(out)
-      lb, dropped = (jnp.stack(o) for o in zip(*outs, strict=True))
+      per_layer = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
     x = self.final_norm(x)
     logits = self.embed.attend(x.astype(jnp.float32))  # [B, S, V], tied
-    return logits, {
-        "load_balance_loss": jnp.sum(lb),
-        "dropped_fraction": jnp.mean(dropped),
-    }
+    return logits, linen_decoder.layer_aux(per_layer)
 
 
 def init_decoder(
@@ -147,7 +165,8 @@ def nnx_to_linen(model: nnx.Module) -> PyTree:
   """Linen variables `{collection: {path...: array}}` of an NNX model built
   from `EagerToNNX` modules, e.g. `Decoder`; its attribute names are the Linen
   names, so each variable keeps its path, and its type names the collection
-  (`nnx.Param` -> `params`, `Fp8State` -> `_overwrite_with_gradient`)."""
+  (`nnx.Param` -> `params`, `Fp8State` -> `_overwrite_with_gradient`,
+  `RuleState` -> `updated_by_rule`)."""
   flat = {k: v.get_value() for k, v in _flat_variables(model).items()}
   return nnx.traversals.unflatten_mapping(flat)
 
@@ -155,7 +174,8 @@ def nnx_to_linen(model: nnx.Module) -> PyTree:
 def linen_to_nnx(variables: PyTree, model: nnx.Module) -> nnx.Module:
   """Loads Linen variables (e.g. from `linen_moe.decoder.Decoder.init`) into
   `model` in place and returns it. Every variable of the model must be given
-  with its shape and dtype, and nothing else."""
+  with its shape and dtype, and nothing else; otherwise a `ValueError` names
+  the paths and both shapes, and nothing is loaded."""
   given = nnx.traversals.flatten_mapping(dict(sharding.unbox(variables)))
   wanted = _flat_variables(model)
   missing = sorted(set(wanted) - set(given))
@@ -165,13 +185,20 @@ def linen_to_nnx(variables: PyTree, model: nnx.Module) -> nnx.Module:
         f"Linen variables do not match the NNX model: missing {missing}, "
         f"unexpected {extra}."
     )
+  wrong = [
+      f"{'/'.join(map(str, key))}: expected "
+      f"{var.get_value().dtype}{list(var.get_value().shape)}, got "
+      f"{given[key].dtype}{list(given[key].shape)}"
+      for key, var in wanted.items()
+      if (given[key].shape, given[key].dtype)
+      != (var.get_value().shape, var.get_value().dtype)
+  ]
+  if wrong:  # checked before anything is loaded: all or nothing
+    more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
+    raise ValueError(
+        "Linen variables do not fit the NNX model (another config?): "
+        f"{'; '.join(wrong[:3])}{more}."
+    )
   for key, var in wanted.items():
-    value = given[key]
-    old = var.get_value()
-    if value.shape != old.shape or value.dtype != old.dtype:
-      raise ValueError(
-          f"{'/'.join(map(str, key))}: expected {old.dtype}{list(old.shape)}, "
-          f"got {value.dtype}{list(value.shape)}."
-      )
-    var.set_value(jnp.asarray(value))  # `nnx.state` holds the live Variables
+    var.set_value(jnp.asarray(given[key]))  # `nnx.state` holds the Variables
   return model

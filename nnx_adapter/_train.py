@@ -1,26 +1,35 @@
-"""The NNX train step: optax on `nnx.Param`, fp8 state overwritten.
+"""The NNX train step: optax on `nnx.Param`, fp8 state overwritten, routed
+biases moved by their rule.
 
 The rule for fp8 state is `linen_moe.training.step`'s, shared with the Linen train
 step: differentiate with respect to `Fp8State` too, write its "gradient" back
 as the new value (`overwrite_with_gradient`), and combine microbatches with
-`combine_overwrite_microbatches` (inside `accumulate_gradients`).
+`combine_overwrite_microbatches` (inside `accumulate_gradients`). `RuleState`
+(the routed biases) follows `linen_moe.decoder.routed_bias_rule` after the
+optimizer update, from the step's expert loads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from typing import Any
 
 from flax import nnx
 import flax.struct
 import jax
+import jax.numpy as jnp
 import optax
 
 from linen_moe.config import ModelConfig
+from linen_moe.decoder import routed_bias_rule
+from linen_moe.training import skip
 from linen_moe.training import step as linen_train
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe.variables import UPDATED_BY_RULE
 from nnx_adapter import _checkpoint
 from nnx_adapter._adapter import Fp8State
+from nnx_adapter._adapter import RuleState
 from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import init_decoder
 from nnx_adapter._decoder import nnx_to_linen
@@ -46,7 +55,9 @@ def accumulate_gradients(
 
   def grad_fn(microbatch, rng):
     def loss(params, fp8_state):
-      merged = nnx.merge(graphdef, params, fp8_state, rest)
+      # Fresh copies of the other variables (routed biases), at this trace's
+      # level: `nnx.scan` refuses variables made outside it.
+      merged = nnx.merge(graphdef, params, fp8_state, rest, copy=True)
       return loss_fn(merged, microbatch, rng)
 
     return jax.grad(loss, argnums=(0, 1), has_aux=True)(params, fp8_state)
@@ -66,6 +77,17 @@ def apply_gradients(
   nnx.update(model, linen_train.overwrite_with_gradient(fp8_state, fp8_grads))
 
 
+def apply_routed_bias_rule(
+    model: nnx.Module, expert_load: jax.Array, rate: float
+) -> None:
+  """Moves every `routed_bias` of `model` (a `Decoder`) in place by the rule,
+  from the step's expert loads <float32>[L, E]."""
+  rule_state = nnx.state(model, RuleState)
+  new = routed_bias_rule(nnx.to_pure_dict(rule_state), expert_load, rate)
+  nnx.replace_by_pure_dict(rule_state, new)
+  nnx.update(model, rule_state)
+
+
 def decoder_loss(model: nnx.Module, tokens: jax.Array, rng: jax.Array):
   """`linen_moe.training.decoder_loss` of the NNX decoder on `tokens`."""
   logits, aux = model(tokens, rng=rng)
@@ -81,14 +103,27 @@ def train_step(
 ) -> dict[str, jax.Array]:
   """One training step of `model` (a `Decoder`) in place; returns metrics.
 
+  A step whose loss or any gradient is non-finite leaves the model and the
+  optimizer as they were, but for `optimizer.step` (advanced);
+  `metrics["skipped"]` is then 1 (see `linen_moe.training.skip`).
   Use under `nnx.jit` with `grad_accum` static, e.g.
   `nnx.jit(train_step, static_argnames="grad_accum")`.
   """
+  # A copy of the values: `nnx.state` holds the live Variables.
+  old = jax.tree.map(lambda x: x, nnx.state((model, optimizer)))
   (param_grads, fp8_grads), metrics = accumulate_gradients(
       model, decoder_loss, tokens, rng, grad_accum
   )
   apply_gradients(model, optimizer, param_grads, fp8_grads)
-  return metrics
+  rate = model.config.moe.routed_bias_update_rate
+  if rate > 0:
+    apply_routed_bias_rule(model, metrics["expert_load"], rate)
+  ok = skip.all_finite((metrics["loss"], param_grads, fp8_grads))
+  steps = optimizer.step.get_value()
+  new = nnx.state((model, optimizer))
+  nnx.update((model, optimizer), skip.keep_if_finite(ok, new, old))
+  optimizer.step.set_value(steps)
+  return {**metrics, "skipped": jnp.logical_not(ok).astype(jnp.int32)}
 
 
 @flax.struct.dataclass
@@ -101,6 +136,10 @@ class TrainState:
 
   graphdef: nnx.GraphDef = flax.struct.field(pytree_node=False)
   state: nnx.State
+  # <int32>[] steps skipped for a non-finite loss or gradient.
+  skipped_steps: jax.Array = dataclasses.field(
+      default_factory=lambda: jnp.zeros((), jnp.int32)
+  )
 
   def merge(self) -> tuple[Decoder, nnx.Optimizer]:
     return nnx.merge(self.graphdef, self.state)
@@ -116,6 +155,10 @@ class TrainState:
   @property
   def fp8_state(self) -> PyTree:
     return nnx_to_linen(self.merge()[0]).get(OVERWRITE_WITH_GRADIENT, {})
+
+  @property
+  def rule_state(self) -> PyTree:
+    return nnx_to_linen(self.merge()[0]).get(UPDATED_BY_RULE, {})
 
 
 def init_train_state(
@@ -137,12 +180,19 @@ def init_train_state(
 
 def make_train_step(grad_accum: int = 1):
   """A jittable `step(state, tokens, rng) -> (state, metrics)` on a
-  `TrainState`: the pure form of `train_step`."""
+  `TrainState`: the pure form of `train_step`, which also counts skipped
+  steps (`TrainState.skipped_steps`, `metrics["skipped_steps"]`)."""
 
   def step(state: TrainState, tokens: jax.Array, rng: jax.Array):
     model, optimizer = state.merge()
     metrics = train_step(model, optimizer, tokens, rng, grad_accum)
-    return state.replace(state=nnx.state((model, optimizer))), metrics
+    skipped_steps = state.skipped_steps + metrics["skipped"]
+    return (
+        state.replace(
+            state=nnx.state((model, optimizer)), skipped_steps=skipped_steps
+        ),
+        {**metrics, "skipped_steps": skipped_steps},
+    )
 
   return step
 
@@ -168,6 +218,10 @@ class NNXFrontend:
   @staticmethod
   def fp8_state(state: TrainState) -> PyTree:
     return state.fp8_state
+
+  @staticmethod
+  def rule_state(state: TrainState) -> PyTree:
+    return state.rule_state
 
   checkpoint_tree = staticmethod(_checkpoint.tree_of)
   from_checkpoint_tree = staticmethod(_checkpoint.state_from)

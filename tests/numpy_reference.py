@@ -27,21 +27,84 @@ def _softmax(v: np.ndarray) -> np.ndarray:
   return e / e.sum()
 
 
-def route_token(logits: np.ndarray, cfg, scale: np.ndarray | None):
-  """(expert ids, weights) for one token's logits [E], by the config's rule."""
+def _sigmoid(v: np.ndarray) -> np.ndarray:
+  return 1.0 / (1.0 + np.exp(-v))
+
+
+def _best_first(values) -> list[int]:
+  """Indices of `values`, highest first; equal values keep index order."""
+  return sorted(range(len(values)), key=lambda i: -values[i])
+
+
+def allowed_experts(select: np.ndarray, cfg) -> set[int]:
+  """Experts of the `topk_routing_group` best groups (a group scores the sum
+  of its two highest selection scores); every expert when ungrouped."""
+  g = cfg.n_routing_groups
+  if g == 1:
+    return set(range(cfg.num_experts))
+  size = cfg.num_experts // g
+  group_scores = [
+      sum(sorted(select[i * size : (i + 1) * size])[-2:]) for i in range(g)
+  ]
+  best = _best_first(group_scores)[: cfg.topk_routing_group]
+  return {i * size + j for i in best for j in range(size)}
+
+
+def route_token(
+    logits: np.ndarray,
+    cfg,
+    scale: np.ndarray | None,
+    bias: np.ndarray | None = None,
+):
+  """(expert ids, weights) for one token's logits [E], by the config's rule:
+  selection scores (+ the selection-only `bias`), the allowed groups, the
+  top-k, then the weights from the unbiased scores."""
   k = cfg.num_experts_per_tok
   if cfg.routing == "topk_then_softmax":
-    ids = np.argsort(-logits, kind="stable")[:k]
+    scores = logits
+  elif cfg.routing == "softmax_then_topk":
+    scores = _softmax(logits)
+  else:
+    scores = _sigmoid(logits)
+  select = scores if bias is None else scores + bias
+  allowed = allowed_experts(select, cfg)
+  ids = [e for e in _best_first(select) if e in allowed][:k]
+  if cfg.routing == "topk_then_softmax":
     weights = _softmax(logits[ids])
   else:
-    probs = _softmax(logits)
-    ids = np.argsort(-probs, kind="stable")[:k]
-    weights = probs[ids]
+    weights = scores[ids]
     if cfg.norm_topk_prob:
       weights = weights / weights.sum()
+  weights = weights * cfg.routed_scaling_factor
   if scale is not None:
     weights = weights * scale[ids]
-  return ids, weights
+  return np.array(ids), weights
+
+
+def z_loss(logits: np.ndarray) -> float:
+  """ST-MoE z-loss of logits [T, E]: mean of log(sum(exp(l)))^2."""
+  return float(np.mean([np.log(np.sum(np.exp(row))) ** 2 for row in logits]))
+
+
+def keep_mask(routes, cfg, capacity: int) -> np.ndarray:
+  """<bool>[S, k] the assignments of one sequence that keep a slot.
+
+  `routes` holds (ids, weights) per token. Assignments claim slots in
+  priority order: "position" = all first choices in token order, then all
+  second choices, ...; "probability" = highest weight first, equal weights in
+  "position" order. An assignment past its expert's capacity is dropped.
+  """
+  s, k = len(routes), cfg.num_experts_per_tok
+  order = [(c, t) for c in range(k) for t in range(s)]
+  if cfg.drop_policy == "probability":
+    order = sorted(order, key=lambda ct: -routes[ct[1]][1][ct[0]])
+  used = np.zeros(cfg.num_experts, int)
+  keep = np.zeros((s, k), bool)
+  for c, t in order:
+    e = routes[t][0][c]
+    used[e] += 1
+    keep[t, c] = used[e] <= capacity
+  return keep
 
 
 def expert(x: np.ndarray, p: dict, e: int, act: str) -> np.ndarray:
@@ -56,17 +119,19 @@ def moe_reference(
     cfg,
     gate_inputs: np.ndarray | None = None,
     capacity: int | None = None,
+    routed_bias: np.ndarray | None = None,
 ):
   """RoutedMoE on x [B, S, M] with a plain loop over tokens.
 
-  With `capacity`, each sequence's assignments claim expert slots in priority
-  order (all first choices in token order, then all second choices, ...), and
-  assignments past an expert's capacity are dropped. Returns
-  (outputs [B, S, M], dropped assignment count).
+  With `capacity`, each sequence's assignments claim expert slots in the
+  config's `drop_policy` order (`keep_mask`), and assignments past an
+  expert's capacity are dropped. `routed_bias` [E] is the selection-only
+  bias. Returns (outputs [B, S, M], dropped assignment count).
   """
   p = {k: np.asarray(v, np.float64) for k, v in params.items() if k != "gate"}
   gate = np.asarray(params["gate"]["kernel"], np.float64)
   scale = p.get("per_expert_scale")
+  bias = None if routed_bias is None else np.asarray(routed_bias, np.float64)
   router_in = x if gate_inputs is None else gate_inputs
   b, s, m = x.shape
   out = np.zeros((b, s, m))
@@ -74,16 +139,12 @@ def moe_reference(
   act = cfg.mlp_activations[0]
   for bi in range(b):
     routes = [
-        route_token(router_in[bi, si] @ gate, cfg, scale) for si in range(s)
+        route_token(router_in[bi, si] @ gate, cfg, scale, bias)
+        for si in range(s)
     ]
     keep = np.ones((s, cfg.num_experts_per_tok), bool)
     if capacity is not None:
-      used = np.zeros(cfg.num_experts, int)
-      for choice in range(cfg.num_experts_per_tok):
-        for si in range(s):
-          e = routes[si][0][choice]
-          used[e] += 1
-          keep[si, choice] = used[e] <= capacity
+      keep = keep_mask(routes, cfg, capacity)
       dropped += int((~keep).sum())
     for si in range(s):
       ids, weights = routes[si]
@@ -91,3 +152,9 @@ def moe_reference(
         if keep[si, c]:
           out[bi, si] += w * expert(x[bi, si], p, e, act)
   return out, dropped
+
+
+def rel_err(got, expected) -> float:
+  """||got - expected|| / ||expected||, in float64."""
+  got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+  return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))

@@ -20,6 +20,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+from flax import nnx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -48,7 +49,8 @@ def _max_abs_diff(a, b) -> float:
 def _expert_weights(params) -> dict[str, jax.Array]:
   """The routed experts' weights of the first MoE layer, by name."""
   layer = params["layers"] if "layers" in params else params["layers_0"]
-  return {name: layer["moe"][name] for name in EXPERT_WEIGHTS}
+  moe = layer["moe"].get("routed_experts", layer["moe"])
+  return {name: moe[name] for name in EXPERT_WEIGHTS}
 
 
 def equivalence(job: dict) -> dict:
@@ -56,7 +58,9 @@ def equivalence(job: dict) -> dict:
 
   The state is initialised sharded on the first mesh; the single-device
   reference and the other meshes start from copies of it (with
-  `check_init`, an independent single-device init must equal it too).
+  `check_init`, an independent single-device init must equal it too). With
+  `grad_accum`, the meshes split the batch into that many microbatches; the
+  reference always takes it whole.
   """
   cfg = load_model_config(
       job.get("config", "tiny_mixtral"),
@@ -67,11 +71,16 @@ def equivalence(job: dict) -> dict:
   frontend = job.get("frontend", "linen")
   fe = get_frontend(frontend)
   optimizer = optax.sgd(0.1)
-  tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(8, 8, 1)))
+  batch = job.get("batch", 8)
+  tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, 8, 1)))
   rng, step_rng = jax.random.key(0), jax.random.key(1)
   runs = {
       spec: train_job.sharded_training(
-          frontend, cfg, optimizer, sharding.make_mesh(spec)
+          frontend,
+          cfg,
+          optimizer,
+          sharding.make_mesh(spec),
+          job.get("grad_accum", 1),
       )
       for spec in job["meshes"]
   }
@@ -89,6 +98,7 @@ def equivalence(job: dict) -> dict:
       loss=float(ref_metrics["loss"]),
       update=_max_abs_diff(ref.params, host.params),
       fp8_moved=_max_abs_diff(ref.fp8_state, host.fp8_state),
+      rule_moved=_max_abs_diff(fe.rule_state(ref), fe.rule_state(host)),
   )
   for spec, run in runs.items():
     start = time.perf_counter()
@@ -116,6 +126,7 @@ def equivalence(job: dict) -> dict:
         loss=float(metrics["loss"]),
         param_err=_max_abs_diff(new.params, ref.params),
         fp8_err=_max_abs_diff(new.fp8_state, ref.fp8_state),
+        rule_err=_max_abs_diff(fe.rule_state(new), fe.rule_state(ref)),
         seconds=time.perf_counter() - start,
     )
     out["meshes"][spec] = result
@@ -184,6 +195,32 @@ def layer(job: dict) -> dict:
   return out
 
 
+def serving(job: dict) -> dict:
+  """Serving forward of a converted `RoutedMoE` (sparse path) on one device
+  and under each mesh: the expert-parallel path reads the stored kernels."""
+  from linen_moe import RoutedMoE  # noqa: PLC0415
+  from linen_moe import serving as serving_lib  # noqa: PLC0415
+  from linen_moe.config import load_config  # noqa: PLC0415
+
+  out = {}
+  for mode in job["modes"]:
+    cfg = load_config(job.get("config", "tiny_mixtral"), quantization=mode)
+    x = jax.random.normal(jax.random.key(3), (8, 8, cfg.emb_dim))
+    float_layer = RoutedMoE(cfg.replace(quantization="none"))
+    variables = sharding.unbox(float_layer.init(jax.random.key(0), x))
+    serve_cfg, served = serving_lib.quantize_weights(cfg, variables)
+    apply = jax.jit(RoutedMoE(serve_cfg).apply)
+    ref = apply(served, x)[0]
+    for spec in job["meshes"]:
+      with sharding.mesh_context(sharding.make_mesh(spec)):
+        y = jax.jit(RoutedMoE(serve_cfg).apply)(served, x)[0]
+      out[f"{mode}/{spec}"] = {
+          "err": _max_abs_diff(y, ref),
+          "scale": float(jnp.max(jnp.abs(ref))),
+      }
+  return out
+
+
 def cli(job: dict) -> dict:
   """`linen-moe train --mesh ...` for a few steps."""
   import contextlib  # noqa: PLC0415
@@ -200,10 +237,60 @@ def cli(job: dict) -> dict:
   return {"exit_code": code, "stdout": out.getvalue()}
 
 
+def skip(job: dict) -> dict:
+  """Three sharded fp8 steps with two microbatches, the second step's last
+  microbatch poisoned (an out-of-range id: NaN loss); see
+  `tests/test_skip_steps.py` for the single-device twin."""
+  cfg = load_model_config(
+      "tiny_mixtral",
+      quantization="fp8",
+      num_layers=1,
+      **PATHS[job.get("path", "sparse")],
+  )
+  frontend = job.get("frontend", "linen")
+  fe = get_frontend(frontend)
+  run = train_job.sharded_training(
+      frontend,
+      cfg,
+      train_lib.default_optimizer(1e-2),
+      sharding.make_mesh(job["mesh"]),
+      grad_accum=2,
+  )
+  # 16 rows: each microbatch of 8 splits over the 8 devices' batch axes.
+  good = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(16, 8, 1)))
+  bad = good.at[15, 5].set(cfg.vocab_size)
+  state = run.init(good, jax.random.key(0))
+  hosts, metrics = [jax.device_get(state)], []
+  for i, tokens in enumerate((good, bad, good)):
+    state, m = run.step(state, tokens, jax.random.key(i + 1))  # donated
+    hosts.append(jax.device_get(state))
+    metrics.append({k: float(v) for k, v in m.items()})
+
+  def leaves(s):
+    """Params, fp8 state and optimizer state: what a skip leaves as is."""
+    if frontend == "linen":
+      return jax.tree.leaves((s.params, s.fp8_state, s.opt_state))
+    model, optimizer = s.merge()
+    return jax.tree.leaves((nnx.state(model), optimizer.opt_state))
+
+  before, after = leaves(hosts[1]), leaves(hosts[2])
+  return {
+      "metrics": metrics,
+      "steps": [int(h.step) for h in hosts],
+      "skipped_steps": int(hosts[-1].skipped_steps),
+      "fp8_leaves": len(jax.tree.leaves(fe.fp8_state(hosts[2]))),
+      "skip_diff": _max_abs_diff(after, before),
+      "finite": all(bool(np.isfinite(x).all()) for x in after),
+      "moved_after": _max_abs_diff(leaves(hosts[3]), after),
+  }
+
+
 CHECKS = {
+    "skip": skip,
     "equivalence": equivalence,
     "shardings": shardings,
     "layer": layer,
+    "serving": serving,
     "cli": cli,
 }
 

@@ -70,6 +70,79 @@ class ConfigValidationTest(parameterized.TestCase):
           r"load_balance_loss_weight",
       ),
       ("bad_gmm", dict(grouped_matmul="cuda"), r"grouped_matmul='cuda'"),
+      (
+          "zero_scaling",
+          dict(routed_scaling_factor=0.0),
+          r"routed_scaling_factor=0.0.*> 0",
+      ),
+      (
+          "inf_scaling",
+          dict(routed_scaling_factor=float("inf")),
+          r"routed_scaling_factor=inf.*finite",
+      ),
+      (
+          "string_scaling",
+          dict(routed_scaling_factor="2.5"),
+          r"routed_scaling_factor='2.5'.*number",
+      ),
+      (
+          "zero_groups",
+          dict(n_routing_groups=0),
+          r"n_routing_groups=0.*positive",
+      ),
+      (
+          "groups_not_dividing",
+          dict(n_routing_groups=3),
+          r"n_routing_groups=3.*divide num_experts=8",
+      ),
+      (
+          "groups_of_one",
+          dict(n_routing_groups=8, topk_routing_group=2),
+          r"n_routing_groups=8.*>= 2 experts",
+      ),
+      (
+          "topk_groups_gt_groups",
+          dict(n_routing_groups=2, topk_routing_group=3),
+          r"topk_routing_group=3.*<= n_routing_groups=2",
+      ),
+      (
+          "zero_topk_groups",
+          dict(topk_routing_group=0),
+          r"topk_routing_group=0.*positive",
+      ),
+      (
+          "k_beyond_chosen_groups",
+          dict(num_experts_per_tok=3, n_routing_groups=4, topk_routing_group=1),
+          r"num_experts_per_tok=3.*= 2",
+      ),
+      ("bias_not_bool", dict(routed_bias=1), r"routed_bias=1.*bool"),
+      (
+          "negative_rate",
+          dict(routed_bias=True, routed_bias_update_rate=-0.1),
+          r"routed_bias_update_rate=-0.1.*>= 0",
+      ),
+      (
+          "rate_without_bias",
+          dict(routed_bias_update_rate=0.01),
+          r"routed_bias_update_rate=0.01.*routed_bias=True",
+      ),
+      (
+          "negative_z_loss",
+          dict(router_z_loss_weight=-1e-3),
+          r"router_z_loss_weight=-0.001.*>= 0",
+      ),
+      ("negative_jitter", dict(router_jitter=-0.1), r"router_jitter=-0.1"),
+      ("jitter_one", dict(router_jitter=1.0), r"router_jitter=1.0.*< 1"),
+      (
+          "bad_drop_policy",
+          dict(drop_policy="random"),
+          r"drop_policy='random'.*'position', 'probability'",
+      ),
+      (
+          "bad_routing_sigmoid",
+          dict(routing="sigmoid"),
+          r"routing='sigmoid'.*sigmoid_then_topk",
+      ),
   )
   def test_invalid(self, change, pattern):
     with self.assertRaisesRegex(ValueError, pattern):
@@ -95,7 +168,16 @@ class LoadConfigTest(parameterized.TestCase):
 
   def test_shipped_configs(self):
     self.assertContainsSubset(
-        {"tiny_mixtral", "tiny_gemma4_26b", "mixtral_8x7b", "gemma4_26b"},
+        {
+            "tiny_mixtral",
+            "tiny_gemma4_26b",
+            "mixtral_8x7b",
+            "gemma4_26b",
+            "tiny_deepseek_v3",
+            "tiny_qwen3_moe",
+            "deepseek_v3_671b",
+            "qwen3_30b_a3b",
+        },
         set(available_configs()),
     )
     for name in available_configs():
@@ -118,6 +200,27 @@ class LoadConfigTest(parameterized.TestCase):
     self.assertEqual(
         (full.num_experts, full.emb_dim, full.moe_mlp_dim), (128, 2816, 704)
     )
+
+  def test_structure_of_deepseek_and_qwen_configs(self):
+    ds = load_config("tiny_deepseek_v3")
+    self.assertEqual((ds.num_experts, ds.num_experts_per_tok), (16, 4))
+    self.assertEqual((ds.n_routing_groups, ds.topk_routing_group), (4, 2))
+    self.assertEqual(ds.routing, "sigmoid_then_topk")
+    self.assertEqual(ds.routed_scaling_factor, 2.5)
+    self.assertTrue(ds.norm_topk_prob and ds.routed_bias)
+    self.assertGreater(ds.routed_bias_update_rate, 0.0)
+    self.assertEqual((ds.shared_experts, ds.load_balance_loss_weight), (1, 0.0))
+    qw = load_config("tiny_qwen3_moe")
+    self.assertEqual(qw.routing, "softmax_then_topk")
+    self.assertTrue(qw.norm_topk_prob)
+    self.assertEqual(qw.shared_experts, 0)
+    self.assertGreater(qw.num_experts, qw.moe_mlp_dim)  # many small experts
+    full = load_config("deepseek_v3_671b")
+    self.assertEqual(
+        (full.num_experts, full.n_routing_groups, full.emb_dim), (256, 8, 7168)
+    )
+    full = load_config("qwen3_30b_a3b")
+    self.assertEqual((full.num_experts, full.moe_mlp_dim), (128, 768))
 
   def test_overrides(self):
     cfg = load_config("tiny_mixtral", quantization="fp8", sparse_matmul=False)

@@ -298,8 +298,14 @@ class ValidationTest(parameterized.TestCase):
           block_rows_override=M + 1,
       )
 
+  # A quarter of the mean group, a power of two in [8, 256], at most M.
   @parameterized.parameters(
-      (8192, 8, 256), (300, 8, 64), (96, 4, 32), (5, 8, 5), (40, 1, 40)
+      (8192, 8, 256),  # mean 1024: capped at 256
+      (32768, 128, 64),  # mean 256: 64
+      (300, 8, 8),  # mean 37: 9 -> 8
+      (96, 4, 8),  # mean 24: 6 -> at least 8
+      (5, 8, 5),  # never above M
+      (40, 1, 8),  # mean 40: 10 -> 8
   )
   def test_block_rows(self, m, g, want):
     self.assertEqual(gmm_lib.block_rows(m, g), want)

@@ -16,10 +16,12 @@ from linen_moe.config import PATHS
 from linen_moe.config import QUANTIZATIONS
 from linen_moe_cli import matrix
 
-# Each (quantization, path) cell once, alternating config and layer mode so
-# that every config and layer mode meets every quantization and every path.
+# Each (quantization, path) cell once, rotating through the configs (each
+# meets every path) and alternating the layer mode every len(CONFIGS) cells
+# (each config meets both modes).
+_N = len(matrix.CONFIGS)
 _DEFAULT = [
-    (matrix.CONFIGS[i % 2], quant, path, matrix.LAYERS[(i // 2) % 2])
+    (matrix.CONFIGS[i % _N], quant, path, matrix.LAYERS[(i // _N) % 2])
     for i, (quant, path) in enumerate(itertools.product(QUANTIZATIONS, PATHS))
 ]
 

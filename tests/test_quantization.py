@@ -11,6 +11,7 @@ import functools
 
 from absl.testing import absltest
 from absl.testing import parameterized
+from aqt.jax.v2 import aqt_quantizer
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -253,7 +254,7 @@ class QuantizedLayerTest(parameterized.TestCase):
 
     rngs = {variables.AQT_RNG_STREAM: jax.random.key(0)}
     jax.eval_shape(jax.grad(loss), w, rngs)
-    with self.assertRaisesRegex(AssertionError, "RNG"):
+    with self.assertRaisesRegex(ValueError, r'rngs=\{"params": key\}'):
       jax.eval_shape(jax.grad(loss), w, {})
 
 
@@ -295,26 +296,50 @@ class Int8GroupedMatmulTest(parameterized.TestCase):
     return lhs, rhs
 
   def test_quantize_int8(self):
-    x = jnp.array([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0]])
+    # AQT's grid: max|x| maps to 127.5, values clip to +-127, ties to even.
+    x = jnp.array([[1.0, -2.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]])
     q, scale = int8_grouped.quantize_int8(x, axis=1)
     self.assertEqual(q.dtype, jnp.int8)
-    np.testing.assert_allclose(scale, [[2.0 / 127], [1.0]])
-    np.testing.assert_array_equal(q, [[64, -127, 32], [0, 0, 0]])
+    np.testing.assert_allclose(scale, [[2.0 / 127.5], [1.0 / 127.5]])
+    np.testing.assert_array_equal(q, [[64, -127, 32, 0], [0, 0, 0, 0]])
+
+  def test_quantize_int8_is_aqts(self):
+    # The sparse path's quantizer puts weights on the einsum path's (AQT's)
+    # grid, bit for bit: one int8 grid for training on both paths and for
+    # the converted serving weights.
+    quantizer = aqt_quantizer.quantizer_make(8)
+    for shape, axis in (((3, 16, 8), 1), ((24, 16), 1), ((2, 3, 5, 7), 2)):
+      x = jax.random.normal(jax.random.key(len(shape)), shape)
+      x = x.at[0].set(0.0)  # an all-zero slice
+      qt, _ = quantizer.quant(x, calibration_axes=[axis])
+      q, scale = int8_grouped.quantize_int8(x, axis)
+      np.testing.assert_array_equal(q, qt.qvalue)
+      np.testing.assert_array_equal(scale, qt.scale[0])
 
   @parameterized.parameters("ragged_dot", "auto")
-  def test_exact_when_representable(self, implementation):
-    # Integers with 127 in every row / group-channel: every scale is a power
-    # of two, and the int8 product must equal the float one exactly.
-    ints = jax.random.randint(jax.random.key(2), (24, 16), -127, 128)
-    lhs = ints.at[:, 0].set(127).astype(jnp.float32) * 0.5
-    w_ints = jax.random.randint(jax.random.key(3), (3, 16, 8), -127, 128)
-    w_ints = w_ints.at[:, 0, :].set(-127).astype(jnp.float32)
-    rhs = w_ints * jnp.array([1.0, 0.25, 4.0])[:, None, None]  # per group
+  def test_matches_numpy_on_the_int8_grid(self, implementation):
+    # Reference: NumPy quantizes both operands from the formula (per row,
+    # per group and output channel) and multiplies the integers exactly.
+    lhs, rhs = self._operands()
     out = jax.jit(int8_grouped.int8_grouped_matmul, static_argnums=3)(
         lhs, rhs, self.GROUP_SIZES, implementation
     )
-    expected = gmm_lib.grouped_matmul(lhs, rhs, self.GROUP_SIZES)
-    np.testing.assert_array_equal(out, expected)
+
+    def q(x, axis):
+      x = np.asarray(x, np.float64)
+      amax = np.max(np.abs(x), axis=axis, keepdims=True)
+      scale = np.where(amax == 0, 1.0, amax) / 127.5
+      return np.round(np.clip(x / scale, -127, 127)), scale
+
+    q_lhs, s_lhs = q(lhs, 1)
+    q_rhs, s_rhs = q(rhs, 1)
+    expected = np.zeros((24, 8))
+    start = 0
+    for g, size in enumerate(np.asarray(self.GROUP_SIZES)):
+      rows = slice(start, start + size)
+      expected[rows] = (q_lhs[rows] @ q_rhs[g]) * s_lhs[rows] * s_rhs[g]
+      start += size
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(out[19:], 0)
 
   def test_gradients(self):

@@ -245,6 +245,55 @@ class EquivalenceTest(EquivalenceMixin):
     self.check_equivalent(path, quantization, meshes, frontend=fe)
 
 
+class RoutedBiasMeshTest(EquivalenceMixin):
+
+  def test_rule_update_equals_one_device_one_batch(self):
+    """tiny_deepseek_v3 (sigmoid, groups, shared expert, routed bias): one
+    step on 8 devices with 2 microbatches moves every routed bias exactly as
+    one step on one device with the whole batch, in both front ends (one
+    worker, shared start-up)."""
+    job = {
+        "check": "equivalence",
+        "config": "tiny_deepseek_v3",
+        "path": "sparse",
+        "quantization": "none",
+        "meshes": ["data=2,expert=4"],
+        "grad_accum": 2,
+        "batch": 16,
+    }
+    results = run_worker(job, {**job, "frontend": "nnx"})
+    for frontend, result in zip(FRONTENDS, results, strict=True):
+      with self.subTest(frontend=frontend):
+        self.assertGreater(result["rule_moved"], 0.0)
+        for r in result["meshes"].values():
+          self.assertEqual(r["rule_err"], 0.0)
+          self.assertLessEqual(r["param_err"], 1e-4 * result["update"])
+          self.assertAlmostEqual(
+              r["loss"], result["loss"], delta=1e-5 * result["loss"]
+          )
+
+
+class SkipStepOnMeshTest(absltest.TestCase):
+
+  def test_poisoned_microbatch_skips_the_sharded_step(self):
+    """fp8, sparse (expert parallel), two microbatches, both front ends."""
+    results = run_worker(*(
+        {"check": "skip", "mesh": "data=2,expert=4", "frontend": fe}
+        for fe in FRONTENDS
+    ))
+    for fe, r in zip(FRONTENDS, results, strict=True):
+      with self.subTest(frontend=fe):
+        self.assertEqual([m["skipped"] for m in r["metrics"]], [0, 1, 0])
+        self.assertEqual(r["skipped_steps"], 1)
+        self.assertEqual(r["steps"], [0, 1, 2, 3])
+        self.assertGreater(r["fp8_leaves"], 0)
+        self.assertEqual(r["skip_diff"], 0.0)  # params, fp8, optimizer
+        self.assertTrue(r["finite"])
+        self.assertGreater(r["moved_after"], 0.0)
+        losses = [m["loss"] for m in r["metrics"]]
+        self.assertLess(losses[2], losses[0])
+
+
 @pytest.mark.slow
 class EquivalenceProductTest(EquivalenceMixin):
 

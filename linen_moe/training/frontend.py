@@ -55,6 +55,11 @@ class TrainingFrontend(Protocol):
     """The `_overwrite_with_gradient` collection, in the Linen layout."""
     ...
 
+  def rule_state(self, state: Any) -> PyTree:
+    """The `updated_by_rule` collection (routed biases), in the Linen
+    layout."""
+    ...
+
   def checkpoint_tree(self, state: Any) -> dict:
     """The state (arrays or abstract) as a `linen_moe.checkpoint` tree."""
     ...
@@ -88,6 +93,10 @@ class LinenFrontend:
   @staticmethod
   def fp8_state(state: step_lib.TrainState) -> PyTree:
     return state.fp8_state
+
+  @staticmethod
+  def rule_state(state: step_lib.TrainState) -> PyTree:
+    return state.rule_state
 
   checkpoint_tree = staticmethod(ckpt_tree.tree_of)
   from_checkpoint_tree = staticmethod(ckpt_tree.state_from)

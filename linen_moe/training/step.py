@@ -11,6 +11,7 @@ by the Linen train step here and by the NNX train step in `nnx_adapter`.
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -20,7 +21,10 @@ import jax.numpy as jnp
 import optax
 
 from linen_moe import sharding
+from linen_moe.decoder import routed_bias_rule
+from linen_moe.training import skip
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe.variables import UPDATED_BY_RULE
 from linen_moe.variables import rng_dict
 
 PyTree = Any
@@ -59,14 +63,18 @@ def cross_entropy(logits: jax.Array, tokens: jax.Array) -> jax.Array:
 def decoder_loss(
     logits: jax.Array, aux: dict[str, jax.Array], tokens: jax.Array
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Training loss = next-token cross-entropy + summed load-balance losses."""
+  """Training loss = next-token cross-entropy + the summed load-balance and
+  router z-losses. The metrics carry `expert_load` [L, E] for the routed-bias
+  rule (averaged over microbatches like every metric)."""
   ce = cross_entropy(logits, tokens)
-  loss = ce + aux["load_balance_loss"]
+  loss = ce + aux["load_balance_loss"] + aux["router_z_loss"]
   return loss, {
       "loss": loss,
       "cross_entropy": ce,
       "load_balance_loss": aux["load_balance_loss"],
+      "router_z_loss": aux["router_z_loss"],
       "dropped_fraction": aux["dropped_fraction"],
+      "expert_load": aux["expert_load"],
   }
 
 
@@ -106,14 +114,32 @@ def accumulate_gradients(
   return (scale(p), o), scale(m)
 
 
+def _zero_count() -> jax.Array:
+  return jnp.zeros((), jnp.int32)
+
+
 @flax.struct.dataclass
 class TrainState:
-  """Linen training state: params via optax, fp8 state by overwriting."""
+  """Linen training state: params via optax, fp8 state by overwriting, routed
+  biases by their rule after the step.
+
+  Attributes:
+    step: <int32>[] steps taken, skipped ones included.
+    params: the decoder's `params` collection.
+    fp8_state: its `_overwrite_with_gradient` collection (may be empty).
+    opt_state: the optimizer's state.
+    skipped_steps: <int32>[] steps skipped for a non-finite loss or gradient
+      (`linen_moe.training.skip`).
+    rule_state: its `updated_by_rule` collection, the routed biases (may be
+      empty).
+  """
 
   step: jax.Array
   params: PyTree
   fp8_state: PyTree
   opt_state: PyTree
+  skipped_steps: jax.Array = dataclasses.field(default_factory=_zero_count)
+  rule_state: PyTree = dataclasses.field(default_factory=dict)
 
 
 def boxed_train_state(
@@ -131,6 +157,7 @@ def boxed_train_state(
       params=params,
       fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
       opt_state=optimizer.init(params),
+      rule_state=variables.get(UPDATED_BY_RULE, {}),
   )
 
 
@@ -149,13 +176,24 @@ def make_train_step(
     grad_accum: int = 1,
 ):
   """A jittable `step(state, tokens, rng) -> (state, metrics)` for `model`
-  (a `Decoder`): AdamW-style update of params, fp8 state overwritten."""
+  (a `Decoder`): optimizer update of params, fp8 state overwritten, routed
+  biases moved by their rule from the step's expert loads
+  (`decoder.routed_bias_rule`).
 
-  def grad_fn(tokens, rng, params, fp8_state):
+  A step whose loss or any gradient is non-finite leaves the state as it was
+  but for `step` (advanced) and `skipped_steps` (counted); see
+  `linen_moe.training.skip`. `metrics` holds the loss terms, `expert_load`,
+  `skipped` (0 or 1) and `skipped_steps`.
+  """
+  rate = model.config.moe.routed_bias_update_rate
+
+  def grad_fn(tokens, rng, params, fp8_state, rule_state):
     def loss_fn(params, fp8_state):
       variables = {"params": params}
       if fp8_state:
         variables[OVERWRITE_WITH_GRADIENT] = fp8_state
+      if rule_state:
+        variables[UPDATED_BY_RULE] = rule_state
       logits, aux = model.apply(variables, tokens, rngs=rng_dict(rng))
       return decoder_loss(logits, aux, tokens)
 
@@ -165,22 +203,30 @@ def make_train_step(
     return grads, metrics
 
   def step(state: TrainState, tokens: jax.Array, rng: jax.Array):
-    fn = lambda t, r: grad_fn(t, r, state.params, state.fp8_state)  # noqa: E731
+    fn = lambda t, r: grad_fn(  # noqa: E731
+        t, r, state.params, state.fp8_state, state.rule_state
+    )
     (param_grads, fp8_grads), metrics = accumulate_gradients(
         fn, tokens, grad_accum, rng
     )
     updates, opt_state = optimizer.update(
         param_grads, state.opt_state, state.params
     )
-    return (
-        state.replace(
-            step=state.step + 1,
-            params=optax.apply_updates(state.params, updates),
-            fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
-            opt_state=opt_state,
-        ),
-        metrics,
+    rule_state = state.rule_state
+    if rate > 0:
+      rule_state = routed_bias_rule(rule_state, metrics["expert_load"], rate)
+    new = state.replace(
+        params=optax.apply_updates(state.params, updates),
+        fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
+        opt_state=opt_state,
+        rule_state=rule_state,
     )
+    ok = skip.all_finite((metrics["loss"], param_grads, fp8_grads))
+    skipped_steps, skip_metrics = skip.skip_metrics(ok, state.skipped_steps)
+    new = skip.keep_if_finite(ok, new, state).replace(
+        step=state.step + 1, skipped_steps=skipped_steps
+    )
+    return new, {**metrics, **skip_metrics}
 
   return step
 

@@ -1,0 +1,239 @@
+"""The ratios of issue 14, measured side by side in one run.
+
+Each case runs in a fresh subprocess (`linen_moe_cli/bench.py --case`), once
+per library tree: this checkout, and with `--base DIR` an older checkout of
+the library (e.g. `git worktree add /tmp/base main`), alternating the two
+for `--rounds` rounds, so that both see the same machine load. Medians of
+wall seconds and of CPU seconds (all threads; steadier on a shared machine)
+are printed, with every ratio:
+
+  1. sparse, gemma-like (128 experts top-8, emb 512, mlp 128, batch 8 x seq
+     512): fraction of the float32 dense-matmul roofline timed in the same
+     process;
+  2. sparse at fixed tokens (batch 4, seq 128, emb 256, mlp 512, top-2):
+     step(64 experts) / step(8 experts); beside it the "weight floor", a
+     step that only reads the 3 expert weights and writes their gradients
+     (8x more bytes at 64 experts), measured the same way;
+  3. dense dropping (capacity 1.0), gemma-like: this tree against the base;
+  4. bf16 / f32 step time for every path at the small and medium sizes;
+  5. first construction (Linen `init`, `EagerToNNX`, `nnx_adapter.Decoder`)
+     of the tiny configs, seconds, this tree against the base.
+
+  PYTHONPATH=. python benchmarks/bench_ratios.py --base /tmp/base
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HARNESS = os.path.join(HERE, "linen_moe_cli", "bench.py")
+GEMMA = "gemma_like"
+FIXED_TOKENS = (4, 128, 256, 512)  # batch, seq, emb, mlp
+
+
+def _case(size, path, dims=(), dtype="float32", capacity_factor=0.0):
+  return {
+      "size": size,
+      "path": path,
+      "dims": list(dims),
+      "dtype": dtype,
+      "capacity_factor": capacity_factor,
+  }
+
+
+def _run(tree: str, args: list[str], timeout: float = 1800) -> dict:
+  env = dict(os.environ, PYTHONPATH=tree, TF_CPP_MIN_LOG_LEVEL="3")
+  proc = subprocess.run(
+      [sys.executable, *args],
+      capture_output=True,
+      text=True,
+      env=env,
+      cwd=tree,
+      timeout=timeout,
+      check=False,
+  )
+  if proc.returncode:
+    return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]}
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _median(results: list[dict], key: str) -> float:
+  values = [r[key] for r in results if key in r]
+  return statistics.median(values) if values else float("nan")
+
+
+def weight_floor_main(e: int) -> None:
+  """A step that reads the 3 expert weights and writes their gradients."""
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  _, _, m, h = FIXED_TOKENS
+  shapes = ((e, m, h), (e, m, h), (e, h, m))
+  ws = [jax.random.normal(jax.random.key(i), s) for i, s in enumerate(shapes)]
+  step = jax.jit(jax.grad(lambda ws: sum(jnp.sum(w * w) for w in ws)))
+  jax.block_until_ready(step(ws))
+  wall, cpu = [], []
+  for _ in range(5):
+    start, start_cpu = time.perf_counter(), time.process_time()
+    jax.block_until_ready(step(ws))
+    wall.append(time.perf_counter() - start)
+    cpu.append(time.process_time() - start_cpu)
+  print(json.dumps({"step_s": statistics.median(wall), "cpu_s": min(cpu)}))
+
+
+def init_main(config: str, layers: str, what: str) -> None:
+  """Seconds of one first construction, in a fresh process."""
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  from linen_moe import RoutedMoE  # noqa: PLC0415
+  from linen_moe import load_model_config  # noqa: PLC0415
+  from linen_moe.decoder import Decoder  # noqa: PLC0415
+
+  cfg = load_model_config(
+      config, quantization="fp8", scan_layers=layers == "scanned"
+  )
+  jnp.zeros(1).block_until_ready()  # backend start-up is not init
+  start = time.perf_counter()
+  if what == "linen_decoder":
+    out = Decoder(cfg).init(jax.random.key(0), jnp.zeros((2, 8), jnp.int32))
+  else:
+    from flax import nnx  # noqa: PLC0415
+
+    import nnx_adapter  # noqa: PLC0415
+
+    if what == "nnx_decoder":
+      out = nnx.state(nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0)))
+    else:  # "eager_to_nnx" of one layer
+      x = jnp.zeros((2, 8, cfg.moe.emb_dim))
+      out = nnx.state(
+          nnx_adapter.EagerToNNX(RoutedMoE(cfg.moe), x, rngs=nnx.Rngs(0))
+      )
+  jax.block_until_ready(out)
+  print(json.dumps({"seconds": time.perf_counter() - start}))
+
+
+def _bench(trees, cases, rounds, repeats):
+  """{(case index, tree name): [result, ...]}, trees alternating."""
+  results = {}
+  for _ in range(rounds):
+    for i, case in enumerate(cases):
+      for name, tree in trees.items():
+        args = [HARNESS, "--case", json.dumps(case), "--repeats", str(repeats)]
+        results.setdefault((i, name), []).append(_run(tree, args))
+  return results
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--base", default=None, help="an older library tree")
+  parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument(
+      "--parts",
+      nargs="+",
+      default=["roofline", "experts", "dropping", "bf16", "init"],
+  )
+  a = parser.parse_args()
+  trees = {"new": HERE} | ({"base": a.base} if a.base else {})
+  me = os.path.abspath(__file__)
+  line = print
+
+  if "roofline" in a.parts:
+    line("\n== 1. sparse, gemma-like: fraction of the f32 matmul roofline")
+    res = _bench(trees, [_case(GEMMA, "sparse")], a.rounds, a.repeats)
+    for name in trees:
+      r = res[(0, name)]
+      wall = _median(r, "useful_gflops") / _median(r, "roofline_gflops")
+      line(
+          f"{name:5s} step {_median(r, 'step_s'):.3f}s  roofline fraction "
+          f"wall {wall:.2f}  cpu {_median(r, 'cpu_roofline_fraction'):.2f}"
+      )
+
+  if "experts" in a.parts:
+    line("\n== 2. sparse at fixed tokens: step(E=64) / step(E=8)")
+    cases = [
+        _case(f"E={e}", "sparse", (*FIXED_TOKENS[:2], *FIXED_TOKENS[2:], e, 2))
+        for e in (8, 64)
+    ]
+    res = _bench(trees, cases, a.rounds, a.repeats)
+    floor = {
+        e: [_run(HERE, [me, "--weight-floor", str(e)]) for _ in range(a.rounds)]
+        for e in (8, 64)
+    }
+    for key in ("step_s", "cpu_s"):
+      f8, f64 = _median(floor[8], key), _median(floor[64], key)
+      for name in trees:
+        s8, s64 = _median(res[(0, name)], key), _median(res[(1, name)], key)
+        line(
+            f"{name:5s} {key:6s} E=8 {s8 * 1e3:7.1f}ms  E=64 {s64 * 1e3:7.1f}ms"
+            f"  ratio {s64 / s8:.2f}  | weight floor E=8 {f8 * 1e3:.1f}ms "
+            f"E=64 {f64 * 1e3:.1f}ms; ratio less the floor's growth "
+            f"{(s64 - (f64 - f8)) / s8:.2f}"
+        )
+
+  if "dropping" in a.parts:
+    line("\n== 3. dense dropping (capacity 1.0), gemma-like")
+    res = _bench(
+        trees,
+        [_case(GEMMA, "dense_dropping", capacity_factor=1.0)],
+        a.rounds,
+        a.repeats,
+    )
+    for key in ("step_s", "cpu_s"):
+      times = {n: _median(res[(0, n)], key) for n in trees}
+      text = "  ".join(f"{n} {t:.3f}s" for n, t in times.items())
+      if "base" in times:
+        text += f"  base/new {times['base'] / times['new']:.2f}x"
+      line(f"{key:6s} {text}")
+
+  if "bf16" in a.parts:
+    line("\n== 4. bf16 / f32 step time (this tree)")
+    cases = [
+        _case(size, path, dtype=dtype)
+        for size in ("small", "medium")
+        for path in ("sparse", "dense", "dense_dropping")
+        for dtype in ("float32", "bfloat16")
+    ]
+    res = _bench({"new": HERE}, cases, a.rounds, a.repeats)
+    for i in range(0, len(cases), 2):
+      f32, bf16 = res[(i, "new")], res[(i + 1, "new")]
+      line(
+          f"{cases[i]['size']:7s}{cases[i]['path']:15s} f32 "
+          f"{_median(f32, 'step_s'):.3f}s bf16 {_median(bf16, 'step_s'):.3f}s"
+          f"  wall {_median(bf16, 'step_s') / _median(f32, 'step_s'):.2f}  "
+          f"cpu {_median(bf16, 'cpu_s') / _median(f32, 'cpu_s'):.2f}"
+      )
+
+  if "init" in a.parts:
+    line("\n== 5. first construction, seconds (fp8, the tiny configs)")
+    for config, layers in (
+        ("tiny_mixtral", "scanned"),
+        ("tiny_gemma4_26b", "unrolled"),
+    ):
+      for what in ("linen_decoder", "eager_to_nnx", "nnx_decoder"):
+        times = {}
+        for _ in range(a.rounds):
+          for name, tree in trees.items():
+            r = _run(tree, [me, "--init", config, layers, what])
+            times.setdefault(name, []).append(r.get("seconds", float("nan")))
+        text = "  ".join(
+            f"{n} {statistics.median(t):.1f}s" for n, t in times.items()
+        )
+        line(f"{config:16s}{layers:9s}{what:14s} {text}")
+
+
+if __name__ == "__main__":
+  if sys.argv[1:2] == ["--weight-floor"]:
+    weight_floor_main(int(sys.argv[2]))
+  elif sys.argv[1:2] == ["--init"]:
+    init_main(*sys.argv[2:5])
+  else:
+    main()

@@ -1,0 +1,82 @@
+"""Variable initialisation as one compiled program.
+
+Linen's `init` runs eagerly: every op of the initialisers and of the forward
+pass it traces through is compiled and dispatched one by one, which for a
+whole decoder is thousands of tiny compilations (seconds to tens of seconds
+on a CPU). `compiled_init` runs the same `init` under `jax.jit`, keyed on the
+module (a frozen, hashable dataclass, so equal configs share one program) and
+on the shapes of the sample inputs. The initialisers draw the same random
+numbers under `jit` as eagerly, so the variables are the same.
+
+`JitInit` gives a Linen module an `init` that does this; the library's
+top-level modules (`RoutedMoE`, `RoutedAndSharedMoE`, `Decoder`) use it, and
+`nnx_adapter.EagerToNNX` builds its state through `compiled_init`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+# The program runs once: compile it fast, not for speed. XLA's CPU backend at
+# optimisation level 0 compiles a tiny decoder's init ~5x faster (measured
+# 21 s -> 4 s for tiny_mixtral with fp8, scanned) and draws the same numbers.
+_INIT_COMPILER_OPTIONS = {
+    "xla_backend_optimization_level": 0,
+    "xla_llvm_disable_expensive_passes": True,
+}
+
+
+@functools.partial(
+    jax.jit, static_argnums=0, compiler_options=_INIT_COMPILER_OPTIONS
+)
+def _jitted_init(module: nn.Module, rngs: Any, args: tuple, kwargs: dict):
+  return nn.Module.init(module, rngs, *args, **kwargs)
+
+
+def _all_arrays(tree: Any) -> bool:
+  return all(
+      isinstance(leaf, (jax.Array, np.ndarray, np.generic))
+      for leaf in jax.tree.leaves(tree)
+  )
+
+
+def compiled_init(module: nn.Module, rngs: Any, *args: Any, **kwargs: Any):
+  """`module.init(rngs, *args, **kwargs)`, compiled once per module and shapes.
+
+  Falls back to Linen's eager `init` when the module is not hashable or an
+  argument is not an array (a Python flag would have to be static).
+  """
+  try:
+    hash(module)
+  except TypeError:
+    return nn.Module.init(module, rngs, *args, **kwargs)
+  if not _all_arrays((rngs, args, kwargs)):
+    return nn.Module.init(module, rngs, *args, **kwargs)
+  try:
+    return _jitted_init(module, rngs, args, kwargs)
+  except ValueError as e:
+    # Under an outer `jit` or `scan` (compiler options are for top-level
+    # programs only), init becomes part of that program, compiled with it.
+    if "compiler_options" not in str(e):
+      raise
+    return nn.Module.init(module, rngs, *args, **kwargs)
+
+
+class JitInit:
+  """Mixin for a Linen module: `init` compiles once (see `compiled_init`).
+
+  Only the plain form `init(rngs, *arrays, **arrays)` is compiled; with
+  `method=`, `mutable=` or `capture_intermediates=` it is Linen's `init`.
+  """
+
+  @nn.nowrap
+  def init(self, rngs, *args, **kwargs):
+    linen_only = ("method", "mutable", "capture_intermediates")
+    if any(name in kwargs for name in linen_only):
+      return nn.Module.init(self, rngs, *args, **kwargs)
+    return compiled_init(self, rngs, *args, **kwargs)

@@ -1,0 +1,199 @@
+"""Token rows into expert order and back, with gather-only gradients.
+
+Shapes: T tokens, k choices per token, A = T * k assignments (token-major:
+assignment a = t * k + j is choice j of token t), M the row width, E_l the
+experts held here, R sorted rows.
+
+The sparse path sorts assignments by expert, runs grouped matmuls on the
+sorted rows, then weights and sums each token's results. Written with plain
+indexing, autodiff turns both gathers into scatter-adds into zero buffers of
+the gathered size ([R, M] for the combine), and the weighted sum materialises
+an [A, M] product. Here both directions are gathers: sorting is a
+permutation (each assignment has at most one sorted row), so the transpose of
+"gather by `order`" is "gather by its inverse `position`", and the k choices
+of a token are summed inside the gather's own fusion. Nothing of size [R, M]
+is zero-initialised or scattered.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+
+@flax.struct.dataclass
+class SortPlan:
+  """Where each assignment goes in expert order.
+
+  Attributes:
+    order: <int32>[R] the assignment in each sorted row; rows at and past
+      `sum(group_sizes)` hold other experts' assignments (or repeats), and are
+      masked.
+    position: <int32>[A] the sorted row of each assignment; meaningful where
+      `is_local`.
+    is_local: <bool>[A] the assignment's expert is one held here.
+    group_sizes: <int32>[E_l] rows per local expert, in expert order.
+    choices: k (static).
+  """
+
+  order: jax.Array
+  position: jax.Array
+  is_local: jax.Array
+  group_sizes: jax.Array
+  choices: int = flax.struct.field(pytree_node=False, default=1)
+
+  @property
+  def num_tokens(self) -> int:
+    """T."""
+    return self.position.shape[0] // self.choices
+
+  def valid_rows(self) -> jax.Array:
+    """<bool>[R]: sorted rows that hold a local assignment."""
+    return jnp.arange(self.order.shape[0]) < jnp.sum(self.group_sizes)
+
+
+def sort_plan(
+    indices: jax.Array,
+    num_local: int,
+    first_expert: jax.Array | int = 0,
+    rows: int | None = None,
+) -> SortPlan:
+  """Sorts the assignments `indices` <int>[T, k] by local expert.
+
+  Experts [first_expert, first_expert + num_local) are local. `rows` (R,
+  default T * min(k, num_local)) must hold every local assignment; it does
+  when each token's k experts are distinct, as top-k guarantees.
+  """
+  t, k = indices.shape
+  if rows is None:
+    rows = t * min(k, num_local)
+  flat = indices.reshape(-1) - first_expert  # [A] local expert ids
+  is_local = (flat >= 0) & (flat < num_local)
+  key = jnp.where(is_local, flat, num_local)
+  order = jnp.argsort(key, stable=True)[:rows].astype(jnp.int32)  # [R]
+  counts = jnp.bincount(key, length=num_local + 1)
+  position = (
+      jnp.zeros(t * k, jnp.int32)
+      .at[order]
+      .set(jnp.arange(rows, dtype=jnp.int32), unique_indices=True)
+  )
+  return SortPlan(
+      order=order,
+      position=position,
+      is_local=is_local,
+      group_sizes=counts[:num_local].astype(jnp.int32),
+      choices=k,
+  )
+
+
+def _gather_sum(
+    rows: jax.Array, plan: SortPlan, weights: jax.Array | None
+) -> jax.Array:
+  """[R, M] -> [T, M]: out[t] = sum_j w[t, j] * rows[position[t * k + j]]
+  over local choices (w = 1 when `weights` is None)."""
+  t, k = plan.num_tokens, plan.choices
+  position = plan.position.reshape(t, k)
+  is_local = plan.is_local.reshape(t, k)
+  out = None
+  for j in range(k):  # k gathers of [T, M], summed in one fusion
+    w = is_local[:, j].astype(rows.dtype)
+    if weights is not None:
+      w = w * weights[:, j].astype(rows.dtype)
+    term = rows[position[:, j]] * w[:, None]
+    out = term if out is None else out + term
+  return out
+
+
+def _gather_rows(x: jax.Array, plan: SortPlan) -> jax.Array:
+  """[T, M] -> [R, M]: row r is x[token of order[r]], 0 where not valid."""
+  rows = x[plan.order // plan.choices]
+  return jnp.where(plan.valid_rows()[:, None], rows, 0)
+
+
+@jax.custom_vjp
+def dispatch_rows(x: jax.Array, plan: SortPlan) -> jax.Array:
+  """[T, M] tokens -> [R, M] rows in expert order (0 past the local rows)."""
+  return _gather_rows(x, plan)
+
+
+def _dispatch_fwd(x, plan):
+  return _gather_rows(x, plan), plan
+
+
+def _dispatch_bwd(plan, g):
+  # Each token's gradient sums the rows its local choices went to.
+  return _gather_sum(g, plan, None), None
+
+
+dispatch_rows.defvjp(_dispatch_fwd, _dispatch_bwd)
+
+
+@jax.custom_vjp
+def combine_rows(
+    rows: jax.Array, weights: jax.Array, plan: SortPlan
+) -> jax.Array:
+  """[R, M] expert outputs, <float>[T, k] weights -> [T, M].
+
+  out[t] = sum over local choices j of weights[t, j] * rows[sorted row of
+  (t, j)]; other experts' choices contribute 0.
+  """
+  return _gather_sum(rows, plan, weights)
+
+
+def _combine_fwd(rows, weights, plan):
+  return _gather_sum(rows, plan, weights), (rows, weights, plan)
+
+
+def _combine_bwd(residuals, g):
+  rows, weights, plan = residuals
+  a = plan.order  # [R]
+  g_sorted = g[a // plan.choices]  # [R, M]: each row's token cotangent
+  # drows[r] = w(a) * g[token(a)] for a = order[r]; rows holding no local
+  # assignment get w = 0.
+  w = jnp.where(plan.is_local, weights.reshape(-1), 0)[a]  # [R]
+  w = jnp.where(plan.valid_rows(), w, 0).astype(g.dtype)
+  drows = g_sorted * w[:, None]
+  # dweights(a) = <g[token(a)], rows[position(a)]>, summed in sorted order.
+  per_row = jnp.sum(
+      g_sorted.astype(jnp.float32) * rows.astype(jnp.float32), axis=1
+  )  # [R]
+  dweights = jnp.where(plan.is_local, per_row[plan.position], 0)
+  return (
+      drows.astype(rows.dtype),
+      dweights.reshape(weights.shape).astype(weights.dtype),
+      None,
+  )
+
+
+combine_rows.defvjp(_combine_fwd, _combine_bwd)
+
+
+def _take_or_zero(src: jax.Array, index: jax.Array) -> jax.Array:
+  rows = src[jnp.clip(index, 0, src.shape[0] - 1)]
+  return jnp.where((index >= 0)[:, None], rows, 0)
+
+
+@jax.custom_vjp
+def take_injective(
+    src: jax.Array, index: jax.Array, inverse: jax.Array
+) -> jax.Array:
+  """Rows of `src` [N, M] picked by `index` <int>[R] -> [R, M], 0 where -1.
+
+  `index` picks each source row at most once, and `inverse` <int>[N] says
+  which output row took source row a (-1 for none): the two index arrays of
+  one partial permutation. The gradient is then a gather by `inverse`, not a
+  scatter-add.
+  """
+  return _take_or_zero(src, index)
+
+
+def _take_fwd(src, index, inverse):
+  return _take_or_zero(src, index), inverse
+
+
+def _take_bwd(inverse, g):
+  return _take_or_zero(g, inverse), None, None
+
+
+take_injective.defvjp(_take_fwd, _take_bwd)

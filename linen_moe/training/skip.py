@@ -1,0 +1,53 @@
+"""Skipping non-finite steps: a step applies entirely, or changes nothing.
+
+One corrupt example or one overflow makes a step's loss or gradients
+non-finite; applied, it writes NaN into every parameter through the
+optimizer, and every later step is NaN. Every train step this library ships
+(Linen, NNX, and the sharded ones built on them) therefore computes its new
+state as usual, then keeps it only where the loss and every gradient (fp8
+"gradients" included) are finite: one select over the whole state, new
+against old (params, optimizer moments and count, fp8 scales and histories,
+and any state a later field adds). The step counter still advances, and the
+skip is counted (`skipped` in the step's metrics, `skipped_steps` in the
+state), so a run shows how often it happened and can stop when it keeps
+happening (`linen-moe train --max-consecutive-skips`).
+
+This is `optax.apply_if_finite`'s rule, extended from the optimizer's state to
+the whole train state: fp8 state is not the optimizer's, and a wrapped
+optimizer would still let the step overwrite it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+PyTree = Any
+
+
+def all_finite(tree: PyTree) -> jax.Array:
+  """<bool>[] True when every floating-point leaf of `tree` is finite."""
+  checks = [
+      jnp.all(jnp.isfinite(x))
+      for x in jax.tree.leaves(tree)
+      if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+  ]
+  return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
+
+
+def keep_if_finite(ok: jax.Array, new: PyTree, old: PyTree) -> PyTree:
+  """`new` where `ok`, else `old`, leaf by leaf: all or nothing.
+
+  `new` and `old` have one structure (a train state before and after a
+  step); `ok` is a scalar bool, typically `all_finite(loss and gradients)`.
+  """
+  return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def skip_metrics(ok: jax.Array, skipped_steps: jax.Array):
+  """(new `skipped_steps` count, metrics entries) after a step with `ok`."""
+  skipped = jnp.logical_not(ok).astype(jnp.int32)
+  count = skipped_steps + skipped
+  return count, {"skipped": skipped, "skipped_steps": count}

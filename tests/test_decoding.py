@@ -1,0 +1,145 @@
+"""Greedy decoding with the KV cache against the full forward.
+
+Per case: one compiled prefill, one compiled decode step, one compiled full
+forward over the final sequence length (the causality check reuses it).
+"""
+
+import contextlib
+import functools
+import io
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linen_moe import PATHS
+from linen_moe import Decoder
+from linen_moe import decoding
+from linen_moe import load_model_config
+from linen_moe import serving
+from linen_moe.sharding import unbox
+from linen_moe_cli.main import main
+
+PROMPT, NEW = 5, 4
+# (config, layers, path, mode): a float model and converted ones, both
+# dropless paths, scanned and unrolled; gemma adds the shared expert.
+CASES = {
+    "mixtral_float_sparse": ("tiny_mixtral", True, "sparse", "none"),
+    "mixtral_int8_dense": ("tiny_mixtral", True, "dense", "int8"),
+    "gemma_fp8_sparse_unrolled": ("tiny_gemma4_26b", False, "sparse", "fp8"),
+}
+# Logits of a cached step against the full forward: the same math, but the
+# attention sums over the whole cache (zeros past the written positions,
+# masked) instead of the S tokens, in another order.
+ATOL = 1e-4
+
+
+@functools.cache
+def _model(case: str):
+  """(config, variables, prompt) of a case, converted when quantized."""
+  name, scan, path, mode = CASES[case]
+  config = load_model_config(name, scan_layers=scan, **PATHS[path])
+  prompt = jax.random.randint(
+      jax.random.key(3), (2, PROMPT), 0, config.vocab_size
+  )
+  init = jax.jit(Decoder(config).init)
+  variables = unbox(init(jax.random.key(0), prompt))
+  if mode != "none":
+    config, variables = serving.quantize_weights(
+        config.replace(quantization=mode), variables
+    )
+  return config, variables, prompt
+
+
+@functools.cache
+def _full_forward(case: str):
+  config, variables, _ = _model(case)
+  return jax.jit(lambda t: Decoder(config).apply(variables, t)[0])
+
+
+class DecodingTest(parameterized.TestCase):
+
+  @parameterized.named_parameters((case, case) for case in CASES)
+  def test_cache_equals_full_forward(self, case):
+    config, variables, prompt = _model(case)
+    tokens = decoding.greedy_generate(config, variables, prompt, NEW)
+    self.assertEqual(tokens.shape, (2, PROMPT + NEW))
+    np.testing.assert_array_equal(tokens[:, :PROMPT], prompt)
+    # The logits of each cached step, replaying the generated tokens.
+    cache = decoding.init_cache(config, 2, PROMPT + NEW)
+    _, logits, cache = decoding.prefill(config, variables, cache, prompt)
+    cached = [logits]
+    for i in range(PROMPT, PROMPT + NEW - 1):
+      _, logits, cache = decoding.decode_step(
+          config, variables, cache, tokens[:, i]
+      )
+      cached.append(logits)
+    cached = np.stack(cached, axis=1)  # [B, NEW, V]
+    self.assertEqual(int(cache["index"]), PROMPT + NEW - 1)
+    # The full forward on the final sequence: by causality (checked below),
+    # position t sees exactly the growing sequence up to t.
+    full = np.asarray(_full_forward(case)(tokens))[:, PROMPT - 1 : -1]
+    np.testing.assert_allclose(cached, full, atol=ATOL, rtol=0)
+    np.testing.assert_array_equal(tokens[:, PROMPT:], np.argmax(full, axis=-1))
+
+  @parameterized.named_parameters((case, case) for case in CASES)
+  def test_full_forward_is_causal(self, case):
+    config, _, prompt = _model(case)
+    forward = _full_forward(case)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, config.vocab_size, (2, PROMPT + NEW))
+    changed = tokens.copy()
+    changed[:, PROMPT:] = (changed[:, PROMPT:] + 1) % config.vocab_size
+    a, b = forward(jnp.asarray(tokens)), forward(jnp.asarray(changed))
+    np.testing.assert_allclose(a[:, :PROMPT], b[:, :PROMPT], atol=1e-6)
+    self.assertGreater(
+        float(jnp.max(jnp.abs(a[:, PROMPT:] - b[:, PROMPT:]))), 0
+    )
+
+  def test_bad_arguments(self):
+    config, variables, prompt = _model("mixtral_float_sparse")
+    generate = functools.partial(decoding.greedy_generate, config, variables)
+    with self.assertRaisesRegex(ValueError, "max_len=6 cannot hold"):
+      generate(prompt, 2, max_len=6)
+    with self.assertRaisesRegex(ValueError, "num_tokens=0"):
+      generate(prompt, 0)
+    with self.assertRaisesRegex(ValueError, r"prompt must be \[batch"):
+      generate(prompt[0], 2)
+    with self.assertRaisesRegex(ValueError, "batch=0"):
+      decoding.init_cache(config, 0, 8)
+
+
+class GenerateCommandTest(absltest.TestCase):
+
+  def test_generate_prints_bytes_and_speed(self):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      code = main([
+          "generate",
+          "--train-steps=0",
+          "--batch-size=2",
+          "--prompt-len=4",
+          "--new-tokens=3",
+          "--repeats=1",
+      ])
+    self.assertEqual(code, 0)
+    text = out.getvalue()
+    self.assertIn("decode tok/s", text)
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[2:4]}
+    self.assertEqual(set(rows), {"float", "int8"})
+    # [E, M, H] x 3 kernels x 2 layers: 4 bytes float, 1 byte + scales int8.
+    self.assertEqual(rows["float"][1], f"{8 * 64 * 128 * 3 * 2 * 4:,}")
+    self.assertLess(float(rows["int8"][2]), 0.3)
+
+  def test_generate_needs_a_quantized_mode(self):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+      code = main(["generate", "--quantization=none", "--train-steps=0"])
+    self.assertEqual(code, 2)
+    self.assertIn("quantization", err.getvalue())
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,186 @@
+"""The aux-loss-free balancing rule in both front ends' train steps.
+
+An overloaded expert's `routed_bias` falls and the loads even out with no
+load-balance loss; with a frozen rule they do not. One step with gradient
+accumulation moves the biases exactly as the rule on the whole batch's
+loads (the 8-device case is `test_sharding.RoutedBiasMeshTest`).
+"""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linen_moe import load_model_config
+from linen_moe import routing
+from linen_moe.decoder import Decoder
+from linen_moe.training import MarkovData
+from linen_moe.training import step as step_lib
+from linen_moe_cli import main as cli
+from linen_moe_cli import train_job
+from linen_moe_cli.frontends import frontend as get_frontend
+import nnx_adapter
+
+OPTIMIZER = step_lib.default_optimizer(1e-3)
+
+
+def _config(rate, **overrides):
+  cfg = load_model_config(
+      "tiny_deepseek_v3", routed_bias_update_rate=rate, **overrides
+  )
+  assert cfg.moe.load_balance_loss_weight == 0.0  # no aux loss helps
+  return cfg
+
+
+def _set_bias(frontend, state, bias):
+  """`state` with every layer's routed_bias set to `bias` [E]."""
+  fill = lambda tree: jax.tree.map(  # noqa: E731
+      lambda b: jnp.broadcast_to(bias, b.shape).astype(b.dtype), tree
+  )
+  if frontend == "linen":
+    return state.replace(rule_state=fill(state.rule_state))
+  model, optimizer = state.merge()
+  rule_state = nnx.state(model, nnx_adapter.RuleState)
+  nnx.replace_by_pure_dict(rule_state, fill(nnx.to_pure_dict(rule_state)))
+  nnx.update(model, rule_state)
+  return nnx_adapter.TrainState(*nnx.split((model, optimizer)))
+
+
+def _bias_leaves(frontend, state):
+  return jax.tree.leaves(get_frontend(frontend).rule_state(state))
+
+
+class OverloadedExpertTest(parameterized.TestCase):
+
+  def _train(self, frontend, rate, steps=60):
+    """Trains from a state whose expert 0 is overloaded (its bias starts at
+    +0.5, above the spread of the sigmoid scores); returns expert 0's bias
+    after each step and the loads per step in units of the mean load."""
+    cfg = _config(rate, num_layers=1)
+    fe = get_frontend(frontend)
+    batches = MarkovData(cfg.vocab_size).batches(4, 16, seed=1)
+    state = fe.init(
+        cfg, OPTIMIZER, jnp.asarray(next(batches)), jax.random.key(0)
+    )
+    state = _set_bias(frontend, state, jnp.zeros(16).at[0].set(0.5))
+    step = jax.jit(fe.make_step(cfg, OPTIMIZER))
+    biases, loads = [], []
+    for i in range(steps):
+      state, metrics = step(
+          state, jnp.asarray(next(batches)), jax.random.key(i)
+      )
+      biases.append(float(_bias_leaves(frontend, state)[0].reshape(-1)[0]))
+      loads.append(np.asarray(metrics["expert_load"][0]) * cfg.moe.num_experts)
+    return np.array(biases), np.array(loads)
+
+  @parameterized.parameters("linen", "nnx")
+  def test_bias_falls_and_loads_even_out(self, frontend):
+    rate = 0.02
+    biases, loads = self._train(frontend, rate)
+    self.assertGreater(loads[0, 0], 2.5)  # overloaded: > 2.5x the mean load
+    self.assertEqual(biases[0], np.float32(0.5) - np.float32(rate))
+    self.assertTrue(np.all(np.diff(biases[:10]) < 0))  # falls while overloaded
+    tail = loads[-10:].mean(axis=0)  # measured: expert 0 1.03, max 1.11
+    self.assertLess(tail[0], 1.3)
+    self.assertLess(tail.max(), 1.5)
+
+  def test_frozen_bias_keeps_the_overload(self):
+    biases, loads = self._train("linen", 0.0)
+    np.testing.assert_array_equal(biases, 0.5)
+    self.assertGreater(loads[-10:, 0].mean(), 2.5)  # measured: 3.2
+
+
+class GradAccumulationTest(parameterized.TestCase):
+
+  @parameterized.parameters(("linen", True), ("nnx", False))
+  def test_update_equals_the_rule_on_the_whole_batch(self, frontend, scan):
+    """One step with 2 microbatches; the expected biases come from the rule
+    applied to the loads of a forward pass over the whole batch."""
+    rate = 0.01
+    cfg = _config(rate, scan_layers=scan)
+    fe = get_frontend(frontend)
+    tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(4, 8, 2)))
+    state = fe.init(cfg, OPTIMIZER, tokens, jax.random.key(0))
+    bias0 = 0.05 * jax.random.normal(jax.random.key(1), (16,))
+    state = _set_bias(frontend, state, bias0)
+    if frontend == "linen":
+      variables = {"params": state.params, "updated_by_rule": state.rule_state}
+      _, aux = Decoder(cfg).apply(variables, tokens)
+    else:
+      _, aux = state.merge()[0](tokens)
+    load = aux["expert_load"]  # [L, E], the whole batch
+    self.assertEqual(load.shape, (2, 16))
+    new, _ = jax.jit(fe.make_step(cfg, OPTIMIZER, grad_accum=2))(
+        state, tokens, jax.random.key(3)
+    )
+    got = np.stack([b.reshape(-1, 16) for b in _bias_leaves(frontend, new)])
+    expected = routing.routed_bias_update(bias0, load, rate)  # [L, E]
+    np.testing.assert_array_equal(got.reshape(2, 16), expected)
+    # Most experts move (an expert exactly at the mean load keeps its bias).
+    self.assertGreater(float(jnp.mean(expected != bias0)), 0.5)
+
+
+class SkippedStepTest(parameterized.TestCase):
+
+  @parameterized.parameters("linen", "nnx")
+  def test_skipped_step_keeps_the_biases(self, frontend):
+    """A step with a NaN loss (an out-of-range token id) changes no bias; the
+    next, finite step moves them."""
+    cfg = _config(0.01, num_layers=1)
+    fe = get_frontend(frontend)
+    good = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(2, 8, 4)))
+    bad = good.at[1, 3].set(cfg.vocab_size)
+    state = fe.init(cfg, OPTIMIZER, good, jax.random.key(0))
+    step = jax.jit(fe.make_step(cfg, OPTIMIZER))
+    skipped, m_bad = step(state, bad, jax.random.key(1))
+    moved, m_good = step(skipped, good, jax.random.key(2))
+    self.assertEqual((int(m_bad["skipped"]), int(m_good["skipped"])), (1, 0))
+    before, after = _bias_leaves(frontend, state), _bias_leaves(
+        frontend, skipped
+    )
+    jax.tree.map(np.testing.assert_array_equal, after, before)
+    self.assertGreater(
+        float(jnp.abs(_bias_leaves(frontend, moved)[0] - after[0]).max()), 0.0
+    )
+
+
+class CommandLineTest(absltest.TestCase):
+
+  def test_set_overrides(self):
+    args = cli.build_parser().parse_args([
+        "train",
+        "--set",
+        "routed_bias=false",
+        "--set",
+        "routed_bias_update_rate=0",
+        "--set",
+        "drop_policy=probability",
+        "--quantization",
+        "int8",
+    ])
+    self.assertEqual(
+        cli.model_overrides(args),
+        dict(
+            routed_bias=False,
+            routed_bias_update_rate=0,
+            drop_policy="probability",
+            quantization="int8",
+        ),
+    )
+    with self.assertRaisesRegex(ValueError, "'routed_bias': expected FIELD"):
+      cli.parse_set(["routed_bias"])
+    self.assertEqual(cli.main(["train", "--set", "n_routing_groups=3"]), 2)
+
+  def test_load_ratio_of_the_worst_layer(self):
+    result = train_job.TrainResult(
+        losses=[1.0],
+        best_loss=1.0,
+        expert_load=np.array([[0.25, 0.25, 0.25, 0.25], [0.4, 0.2, 0.2, 0.2]]),
+    )
+    self.assertAlmostEqual(result.load_ratio, 2.0)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,153 @@
+"""A non-finite step is skipped, in both front ends, with gradient accumulation.
+
+fp8 training of a one-layer decoder on one batch, repeated; the second step
+gets a poisoned copy of it: one token id out of range, which the embedding
+maps to NaN inside `jit` (`linen_moe.tokens`), so the loss and every gradient
+are NaN, as after a corrupt example or an overflow. That step must leave the
+whole state as it was (but for the step counter and the skip count), and
+training must go on. With two microbatches, only the second is poisoned, and
+the whole step is skipped. The mesh case is in `tests/test_sharding.py`.
+"""
+
+import contextlib
+import functools
+import io
+import math
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linen_moe import load_model_config
+from linen_moe.training import LinenFrontend
+from linen_moe.training import MarkovData
+from linen_moe.training import default_optimizer
+from linen_moe.training import skip
+from linen_moe_cli import main as cli
+from linen_moe_cli import train_job
+import nnx_adapter
+
+FRONTENDS = {"linen": LinenFrontend, "nnx": nnx_adapter.NNXFrontend}
+
+
+def _comparable(frontend: str, state):
+  """Everything a skipped step must leave unchanged, as one pytree."""
+  if frontend == "linen":
+    return (state.params, state.fp8_state, state.opt_state)
+  model, optimizer = state.merge()
+  return (nnx.state(model), optimizer.opt_state)
+
+
+@functools.cache
+def _run(frontend: str, grad_accum: int):
+  cfg = load_model_config("tiny_mixtral", quantization="fp8", num_layers=1)
+  fe = FRONTENDS[frontend]
+  optimizer = default_optimizer(1e-2)
+  good = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(4, 8, seed=1)))
+  bad = good.at[3, 5].set(cfg.vocab_size)  # in the last microbatch
+  state = fe.init(cfg, optimizer, good, jax.random.key(0))
+  step = jax.jit(fe.make_step(cfg, optimizer, grad_accum))
+  states, metrics = [state], []
+  for i, tokens in enumerate((good, bad, good, good)):
+    state, m = step(state, tokens, jax.random.key(i + 1))
+    states.append(state)
+    metrics.append(jax.device_get(m))
+  return states, metrics
+
+
+class SkipStepTest(parameterized.TestCase):
+
+  @parameterized.product(frontend=tuple(FRONTENDS), grad_accum=(1, 2))
+  def test_poisoned_step_is_skipped_and_training_goes_on(
+      self, frontend, grad_accum
+  ):
+    states, metrics = _run(frontend, grad_accum)
+    self.assertEqual([int(m["skipped"]) for m in metrics], [0, 1, 0, 0])
+    self.assertEqual([int(m["skipped_steps"]) for m in metrics], [0, 1, 1, 1])
+    self.assertEqual(int(states[-1].skipped_steps), 1)
+    self.assertFalse(np.isfinite(metrics[1]["loss"]))
+    self.assertEqual([int(s.step) for s in states], [0, 1, 2, 3, 4])
+
+    before, after = (_comparable(frontend, s) for s in states[1:3])
+    self.assertTrue(bool(skip.all_finite(after)))
+    jax.tree.map(np.testing.assert_array_equal, after, before)
+    fp8 = FRONTENDS[frontend].fp8_state(states[2])
+    self.assertNotEmpty(jax.tree.leaves(fp8))
+
+    # The steps after the skip apply: the state moves, and the loss on the
+    # batch keeps falling (each loss is computed before its step's update).
+    moved = jax.tree.map(
+        lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
+        _comparable(frontend, states[3]),
+        after,
+    )
+    self.assertGreater(max(jax.tree.leaves(moved)), 0)
+    losses = [float(m["loss"]) for m in metrics]
+    self.assertLess(losses[2], losses[0])
+    self.assertLess(losses[3], losses[2])
+    self.assertTrue(bool(skip.all_finite(_comparable(frontend, states[-1]))))
+
+
+class SkipRuleTest(absltest.TestCase):
+
+  def test_all_finite_and_keep(self):
+    new = {"a": jnp.array([1.0, jnp.nan]), "n": jnp.array(3)}
+    old = {"a": jnp.array([0.0, 0.0]), "n": jnp.array(2)}
+    self.assertFalse(bool(skip.all_finite(new)))
+    self.assertTrue(bool(skip.all_finite(old)))
+    self.assertTrue(bool(skip.all_finite({"n": jnp.array(1)})))  # ints: no
+    kept = skip.keep_if_finite(skip.all_finite(new), new, old)
+    jax.tree.map(np.testing.assert_array_equal, kept, old)
+    kept = skip.keep_if_finite(jnp.array(True), new, old)
+    jax.tree.map(np.testing.assert_array_equal, kept, new)
+
+
+def _cli(*argv) -> tuple[int, str, str]:
+  """(exit status, stdout, stderr) of `linen-moe argv`."""
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    status = cli.main(list(argv))
+  return status, out.getvalue(), err.getvalue()
+
+
+class CommandLineTest(absltest.TestCase):
+
+  def test_stops_after_consecutive_skips(self):
+    # The first step (learning rate 1e30) applies and sends every parameter
+    # to ~1e30; every later step overflows and is skipped.
+    status, _, err = _cli(
+        "train",
+        "--steps=6",
+        "--batch-size=2",
+        "--seq-len=8",
+        "--learning-rate=1e30",
+        "--max-consecutive-skips=3",
+        "--no-progress",
+    )
+    self.assertEqual(status, 1)
+    self.assertEqual(
+        err,
+        "linen-moe: error: stopped at step 4 of 6: the last 3 steps (2 to 4) "
+        "were all skipped for a non-finite loss or gradient "
+        "(--max-consecutive-skips 3; 3 skipped in all). The run is not "
+        "recovering: lower --learning-rate, or check the data.\n",
+    )
+
+  def test_result_line_reports_skipped_steps(self):
+    result = train_job.TrainResult([math.nan, 2.0, 1.0], 1.5, skipped_steps=1)
+    with mock.patch.object(train_job, "train", return_value=result):
+      status, out, _ = _cli("train", "--steps=3")
+    self.assertEqual(status, 0)
+    self.assertRegex(
+        out,
+        r"^steps: 3  first loss: 2.0000  final loss: 1.5000  best achievable: "
+        r"1.5000  skipped steps: 1  wall: ",
+    )
+
+
+if __name__ == "__main__":
+  absltest.main()
