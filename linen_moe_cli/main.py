@@ -166,6 +166,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     os._exit(1)
 
 
+def _steps_run(start: int, steps: int) -> str:
+  """ "12" for a whole run, "7-12" for one resumed after step 6."""
+  return f"{start + 1}-{steps}" if start else str(steps)
+
+
 def _train(args: argparse.Namespace) -> int:
   from linen_moe import distributed  # noqa: PLC0415
   from linen_moe_cli import train_job  # noqa: PLC0415 (jax import is slow)
@@ -193,7 +198,7 @@ def _train(args: argparse.Namespace) -> int:
     return 0
   if distributed.is_main_process():
     print(
-        f"steps: {result.start_step + 1}-{args.steps}  first loss:"
+        f"steps: {_steps_run(result.start_step, args.steps)}  first loss:"
         f" {result.first_loss:.4f}  final loss: {result.final_loss:.4f}  "
         f"best achievable: {result.best_loss:.4f}  "
         f"skipped steps: {result.skipped_steps}  "

@@ -123,11 +123,6 @@ def train(
   cfg = load_model_config(config, **overrides)
   data = MarkovData(cfg.vocab_size)
   data_seed = seed + 1
-
-  def batch(i: int) -> np.ndarray:
-    tokens = data.batch(i, batch_size, seq_len, data_seed)
-    return validate_tokens(tokens, cfg.vocab_size, name="batch")
-
   fe = get_frontend(frontend)
   optimizer = default_optimizer(learning_rate)
   rng = jax.random.key(seed)
@@ -138,14 +133,12 @@ def train(
     feed = lambda batch: distributed.global_array(  # noqa: E731
         batch.shape, tokens_sharding, batch
     )
-  first = feed(batch(0))
   ckpts = None
   if checkpoint_dir is not None:
     ckpts = RunCheckpoints(
         checkpoint_dir, steps=steps, save_every=save_every, keep=keep, log=log
     )
   try:
-    start, state = 0, None
     latest = None if ckpts is None else ckpts.latest_step()
     if latest is not None and latest >= steps:
       log(
@@ -153,6 +146,12 @@ def train(
           "nothing to train."
       )
       return TrainResult([], data.best_loss, start_step=latest)
+    start, state = latest or 0, None
+    batches = (  # batch i is a function of (data_seed, i): resumable
+        validate_tokens(b, cfg.vocab_size, name="batch")
+        for b in data.batches(batch_size, seq_len, data_seed, start=start)
+    )
+    first = feed(next(batches))
     if latest is not None:
       start, state, rng = ckpts.resume(
           fe, run, cfg, optimizer, first, seed, fresh_fp8_state
@@ -185,7 +184,8 @@ def train(
     show = progress and distributed.is_main_process()
     bar = tqdm.trange(start, steps, disable=not show, desc="train")
     for i in bar:
-      state, metrics = step(state, feed(batch(i)), jax.random.fold_in(rng, i))
+      tokens = first if i == start else feed(next(batches))
+      state, metrics = step(state, tokens, jax.random.fold_in(rng, i))
       loss = float(metrics["cross_entropy"])
       losses.append(loss)
       loads.append(metrics["expert_load"])

@@ -103,8 +103,8 @@ class TokensTest(absltest.TestCase):
       jax.jit(lambda t: tokens_lib.validate_tokens(t, V))(good)
 
   def test_train_data_path_rejects_bad_batch_before_its_step(self):
-    def batches(self, batch_size, seq_len, seed=1):
-      del self, seed
+    def batches(self, batch_size, seq_len, seed=1, start=0):
+      del self, seed, start
       yield np.full((batch_size, seq_len), V, np.int32)
 
     with (

@@ -81,7 +81,11 @@ class OverloadedExpertTest(parameterized.TestCase):
     biases, loads = self._train(frontend, rate)
     self.assertGreater(loads[0, 0], 2.5)  # overloaded: > 2.5x the mean load
     self.assertEqual(biases[0], np.float32(0.5) - np.float32(rate))
-    self.assertTrue(np.all(np.diff(biases[:10]) < 0))  # falls while overloaded
+    # The bias falls in exactly the steps whose expert 0 is overloaded (the
+    # rule moves it by -rate * sign(load - mean)); which early steps those
+    # are depends on the batches.
+    falls = np.diff(np.concatenate([[0.5], biases[:10]])) < 0
+    np.testing.assert_array_equal(falls, loads[:10, 0] > 1)
     tail = loads[-10:].mean(axis=0)  # measured: expert 0 1.03, max 1.11
     self.assertLess(tail[0], 1.3)
     self.assertLess(tail.max(), 1.5)
