@@ -183,13 +183,15 @@ def _train(args: argparse.Namespace) -> int:
       max_consecutive_skips=args.max_consecutive_skips,
   )
   if distributed.is_main_process():
+    load = ""
+    if result.expert_load is not None:
+      load = f"expert load max/min: {result.load_ratio:.2f}  "
     print(
         f"steps: {args.steps}  first loss: {result.first_loss:.4f}  "
         f"final loss: {result.final_loss:.4f}  "
         f"best achievable: {result.best_loss:.4f}  "
         f"skipped steps: {result.skipped_steps}  "
-        f"expert load max/min: {result.load_ratio:.2f}  "
-        f"wall: {time.perf_counter() - start:.1f}s"
+        f"{load}wall: {time.perf_counter() - start:.1f}s"
     )
   return 0
 
