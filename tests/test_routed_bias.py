@@ -6,6 +6,10 @@ accumulation moves the biases exactly as the rule on the whole batch's
 loads (the 8-device case is `test_sharding.RoutedBiasMeshTest`).
 """
 
+import contextlib
+import io
+from unittest import mock
+
 from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
@@ -180,6 +184,13 @@ class CommandLineTest(absltest.TestCase):
         expert_load=np.array([[0.25, 0.25, 0.25, 0.25], [0.4, 0.2, 0.2, 0.2]]),
     )
     self.assertAlmostEqual(result.load_ratio, 2.0)
+    out = io.StringIO()
+    with (
+        mock.patch.object(train_job, "train", return_value=result),
+        contextlib.redirect_stdout(out),
+    ):
+      self.assertEqual(cli.main(["train", "--steps=1"]), 0)
+    self.assertIn("expert load max/min: 2.00  wall: ", out.getvalue())
 
 
 if __name__ == "__main__":
