@@ -3,7 +3,8 @@
 The public API is what `__all__` lists; everything else is reached through
 the documented submodules (`linen_moe.sharding`, `linen_moe.training`,
 `linen_moe.hlo`, `linen_moe.distributed`, `linen_moe.serving`,
-`linen_moe.decoding`, `linen_moe.routing`) or is private.
+`linen_moe.decoding`, `linen_moe.routing`, `linen_moe.checkpoint`, imported
+on its own so that orbax loads only when asked for) or is private.
 """
 
 from linen_moe import decoding

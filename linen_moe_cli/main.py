@@ -132,6 +132,9 @@ def cmd_train(args: argparse.Namespace) -> int:
       learning_rate=args.learning_rate,
       grad_accum=args.grad_accum,
       max_consecutive_skips=args.max_consecutive_skips,
+      checkpoint_dir=args.checkpoint_dir,
+      save_every=args.save_every,
+      keep=args.keep,
   )
   from linen_moe import distributed  # noqa: PLC0415 (jax import is slow)
 
@@ -180,19 +183,35 @@ def _train(args: argparse.Namespace) -> int:
       progress=not args.no_progress,
       mesh=args.mesh,
       frontend=args.frontend,
+      checkpoint_dir=args.checkpoint_dir,
+      save_every=args.save_every,
+      keep=args.keep,
+      fresh_fp8_state=args.fresh_fp8_state,
       max_consecutive_skips=args.max_consecutive_skips,
   )
+  if not result.losses:  # already at --steps
+    return 0
   if distributed.is_main_process():
     load = ""
     if result.expert_load is not None:
       load = f"expert load max/min: {result.load_ratio:.2f}  "
     print(
-        f"steps: {args.steps}  first loss: {result.first_loss:.4f}  "
-        f"final loss: {result.final_loss:.4f}  "
+        f"steps: {result.start_step + 1}-{args.steps}  first loss:"
+        f" {result.first_loss:.4f}  final loss: {result.final_loss:.4f}  "
         f"best achievable: {result.best_loss:.4f}  "
         f"skipped steps: {result.skipped_steps}  "
         f"{load}wall: {time.perf_counter() - start:.1f}s"
     )
+  return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+  from linen_moe import checkpoint  # noqa: PLC0415 (jax import is slow)
+
+  step = checkpoint.export(
+      args.checkpoint_dir, args.out, dtype=args.dtype, step=args.step
+  )
+  print(f"exported step {step} of {args.checkpoint_dir} to {args.out}")
   return 0
 
 
@@ -367,8 +386,50 @@ def build_parser() -> argparse.ArgumentParser:
   train.add_argument(
       "--no-progress", action="store_true", help="no progress bar"
   )
+  train.add_argument(
+      "--checkpoint-dir",
+      default=None,
+      help=(
+          "save checkpoints here and resume from the latest one (any front "
+          "end, layer mode or mesh); per-step metrics in DIR/metrics.jsonl"
+      ),
+  )
+  train.add_argument(
+      "--save-every",
+      type=int,
+      default=None,
+      help="save every N steps (default: only the last step)",
+  )
+  train.add_argument(
+      "--keep", type=int, default=3, help="keep the latest K checkpoints"
+  )
+  train.add_argument(
+      "--fresh-fp8-state",
+      action="store_true",
+      help=(
+          "resume a checkpoint whose fp8 state does not fit the model "
+          "(e.g. trained unquantized) with fresh fp8 state"
+      ),
+  )
   _add_process_args(train)
   train.set_defaults(func=cmd_train)
+
+  export = sub.add_parser(
+      "export",
+      help="write a checkpoint's serving variables (no optimizer state)",
+  )
+  export.add_argument("--checkpoint-dir", required=True)
+  export.add_argument("--out", required=True, help="a new directory")
+  export.add_argument(
+      "--dtype",
+      choices=("float32", "bfloat16", "float16"),
+      default=None,
+      help="cast the parameters (fp8 state stays float32)",
+  )
+  export.add_argument(
+      "--step", type=int, default=None, help="default: the latest"
+  )
+  export.set_defaults(func=cmd_export)
 
   mat = sub.add_parser(
       "matrix", help="train one step in every quantization x path cell"

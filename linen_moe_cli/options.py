@@ -38,11 +38,15 @@ def check_train_options(
     learning_rate: float,
     grad_accum: int = 1,
     max_consecutive_skips: int = 1,
+    checkpoint_dir: str | None = None,
+    save_every: int | None = None,
+    keep: int = 3,
 ) -> None:
   """Raises `ValueError` naming the first bad option of a training run.
 
   A next-token loss needs two positions, so `seq_len >= 2`; the batch splits
-  into `grad_accum` equal microbatches, so `grad_accum` divides `batch_size`.
+  into `grad_accum` equal microbatches, so `grad_accum` divides `batch_size`;
+  `save_every` needs a `checkpoint_dir` to save to.
   """
   check_int("steps", steps, 1)
   check_int("batch_size", batch_size, 1)
@@ -62,6 +66,11 @@ def check_train_options(
         "so that microbatches are equal",
     )
   check_int("max_consecutive_skips", max_consecutive_skips, 1)
+  if save_every is not None:
+    check_int("save_every", save_every, 1)
+    if checkpoint_dir is None:
+      _fail("save_every", save_every, "it needs a --checkpoint-dir to save to")
+  check_int("keep", keep, 1)
 
 
 def missing_optional(module: str, needed_for: str) -> str | None:

@@ -4,6 +4,7 @@ from nnx_adapter._adapter import EagerToNNX
 from nnx_adapter._adapter import Fp8State
 from nnx_adapter._adapter import RuleState
 from nnx_adapter._decoder import Decoder
+from nnx_adapter._decoder import init_decoder
 from nnx_adapter._decoder import linen_to_nnx
 from nnx_adapter._decoder import nnx_to_linen
 from nnx_adapter._sharding import ShardedNNXTraining
@@ -27,6 +28,7 @@ __all__ = [
     "accumulate_gradients",
     "apply_gradients",
     "decoder_loss",
+    "init_decoder",
     "init_train_state",
     "linen_to_nnx",
     "make_train_step",

@@ -134,6 +134,25 @@ class Decoder(nnx.Module):
     return logits, linen_decoder.layer_aux(per_layer)
 
 
+def init_decoder(
+    config: ModelConfig, rng: jax.Array, sample_shape: tuple[int, int] = (1, 8)
+) -> Decoder:
+  """The NNX `Decoder(config)` holding exactly the initial variables of the
+  Linen `linen_moe.decoder.Decoder(config).init(rng, tokens)`, so one seed
+  starts both front ends at the same weights (`Decoder(config, rngs=...)`
+  draws from NNX's own streams). The NNX module is built abstractly
+  (`nnx.eval_shape`) and filled by `linen_to_nnx`: nothing is initialised
+  twice. `sample_shape` [B, S] as in `Decoder`."""
+  model = nnx.eval_shape(
+      lambda: Decoder(config, rngs=nnx.Rngs(0), sample_shape=sample_shape)
+  )
+  tokens = jnp.zeros(sample_shape, jnp.int32)  # [B, S]
+  # Jitted like the Linen front end's init: an eager init rounds some
+  # initialisers differently (by an ulp) than a compiled one.
+  variables = jax.jit(linen_decoder.Decoder(config).init)(rng, tokens)
+  return linen_to_nnx(variables, model)
+
+
 def _flat_variables(model: nnx.Module):
   """(Linen collection, *path) -> Variable, for every variable of `model`."""
   return {

@@ -27,9 +27,11 @@ from linen_moe.training import skip
 from linen_moe.training import step as linen_train
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.variables import UPDATED_BY_RULE
+from nnx_adapter import _checkpoint
 from nnx_adapter._adapter import Fp8State
 from nnx_adapter._adapter import RuleState
 from nnx_adapter._decoder import Decoder
+from nnx_adapter._decoder import init_decoder
 from nnx_adapter._decoder import nnx_to_linen
 
 PyTree = Any
@@ -165,8 +167,12 @@ def init_train_state(
     tokens: jax.Array,
     rng: jax.Array,
 ) -> TrainState:
-  """A new NNX `Decoder(config)` (sampled on `tokens`' shape) and optimizer."""
-  model = Decoder(config, rngs=nnx.Rngs(rng), sample_shape=tokens.shape)
+  """A new NNX `Decoder(config)` (sampled on `tokens`' shape) and optimizer.
+
+  The decoder starts at the Linen decoder's initial weights for `rng`
+  (`init_decoder`), so both front ends train from the same point.
+  """
+  model = init_decoder(config, rng, sample_shape=tokens.shape)
   return TrainState(
       *nnx.split((model, nnx.Optimizer(model, optimizer, wrt=nnx.Param)))
   )
@@ -216,3 +222,6 @@ class NNXFrontend:
   @staticmethod
   def rule_state(state: TrainState) -> PyTree:
     return state.rule_state
+
+  checkpoint_tree = staticmethod(_checkpoint.tree_of)
+  from_checkpoint_tree = staticmethod(_checkpoint.state_from)

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -39,6 +37,7 @@ import pytest
 from linen_moe import load_model_config
 from linen_moe import sharding
 from linen_moe.decoder import Decoder
+from tests import workers
 
 MESHES = ("data=8", "expert=8", "data=2,expert=4")
 QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
@@ -51,19 +50,7 @@ QUANTIZED = ("int8", "fp8", "nanoo_fp8")
 
 def run_worker(*jobs: dict) -> list:
   """Runs jobs in `tests.sharding_worker` on 8 simulated devices."""
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  proc = subprocess.run(
-      [sys.executable, "-m", "tests.sharding_worker", json.dumps(jobs)],
-      cwd=ROOT,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=900,
-      check=False,
-  )
-  if proc.returncode:
-    raise AssertionError(f"worker failed:\n{proc.stderr[-4000:]}")
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return workers.run_json("tests.sharding_worker", json.dumps(jobs))
 
 
 class EquivalenceMixin(parameterized.TestCase):

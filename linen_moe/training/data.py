@@ -4,11 +4,16 @@ Tokens follow a fixed first-order Markov chain: each token has `branching`
 equally likely successors, drawn once from a seeded table. A model that learns
 the table reaches a next-token cross-entropy of exactly `log(branching)` nats,
 the best achievable loss, while an untrained one sits near `log(vocab_size)`.
+
+Batch `step` of a stream is a pure function of (seed, step), so the position
+in the data is just the step: a run resumed at step N sees the batches the
+uninterrupted run would have seen.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -35,7 +40,7 @@ class MarkovData:
           f"[1, vocab_size={self.vocab_size}]."
       )
 
-  @property
+  @functools.cached_property
   def successors(self) -> np.ndarray:
     """<int32>[V, branching]: the allowed next tokens of each token."""
     rng = np.random.default_rng(self.seed)
@@ -50,14 +55,29 @@ class MarkovData:
     """The entropy of one transition, in nats: the lowest reachable loss."""
     return math.log(self.branching)
 
-  def batches(self, batch_size: int, seq_len: int, seed: int = 1):
-    """Yields an endless stream of <int32>[batch_size, seq_len] batches."""
+  def batch(
+      self, step: int, batch_size: int, seq_len: int, seed: int = 1
+  ) -> np.ndarray:
+    """<int32>[batch_size, seq_len]: batch `step` of the stream `seed`, drawn
+    from a generator seeded with (seed, step) alone."""
+    for name, value in (("step", step), ("seed", seed)):
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"MarkovData.batch: {name}={value!r} is not an int.")
+      if value < 0:
+        raise ValueError(f"MarkovData.batch: {name}={value} must be >= 0.")
     table = self.successors
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng((seed, step))
+    tokens = np.empty((batch_size, seq_len), np.int32)
+    tokens[:, 0] = rng.integers(0, self.vocab_size, batch_size)
+    choices = rng.integers(0, self.branching, (batch_size, seq_len))
+    for t in range(1, seq_len):
+      tokens[:, t] = table[tokens[:, t - 1], choices[:, t]]
+    return tokens
+
+  def batches(self, batch_size: int, seq_len: int, seed: int = 1, start=0):
+    """Yields batches `start`, `start + 1`, ... of the stream `seed` (see
+    `batch`), each <int32>[batch_size, seq_len], without end."""
+    step = start
     while True:
-      tokens = np.empty((batch_size, seq_len), np.int32)
-      tokens[:, 0] = rng.integers(0, self.vocab_size, batch_size)
-      choices = rng.integers(0, self.branching, (batch_size, seq_len))
-      for t in range(1, seq_len):
-        tokens[:, t] = table[tokens[:, t - 1], choices[:, t]]
-      yield tokens
+      yield self.batch(step, batch_size, seq_len, seed)
+      step += 1

@@ -15,6 +15,7 @@ from typing import Protocol
 import jax
 import optax
 
+from linen_moe import checkpoint_tree as ckpt_tree
 from linen_moe.config import ModelConfig
 from linen_moe.decoder import Decoder
 from linen_moe.training import step as step_lib
@@ -59,6 +60,14 @@ class TrainingFrontend(Protocol):
     layout."""
     ...
 
+  def checkpoint_tree(self, state: Any) -> dict:
+    """The state (arrays or abstract) as a `linen_moe.checkpoint` tree."""
+    ...
+
+  def from_checkpoint_tree(self, tree: dict, template: Any) -> Any:
+    """`template` (a state) with its leaves from a checkpoint tree."""
+    ...
+
 
 class LinenFrontend:
   """The Linen `Decoder` and `make_train_step` as a `TrainingFrontend`."""
@@ -88,3 +97,6 @@ class LinenFrontend:
   @staticmethod
   def rule_state(state: step_lib.TrainState) -> PyTree:
     return state.rule_state
+
+  checkpoint_tree = staticmethod(ckpt_tree.tree_of)
+  from_checkpoint_tree = staticmethod(ckpt_tree.state_from)

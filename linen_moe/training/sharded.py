@@ -74,6 +74,19 @@ class ShardedRun:
     with self.context():
       return self._shardings_of(abstract)
 
+  def abstract_state(self, tokens: Any, rng: jax.Array) -> Any:
+    """The state as `jax.ShapeDtypeStruct`s carrying their shardings, with
+    nothing allocated: the target a checkpoint restores into."""
+    abstract = self._abstract(tokens, rng)
+    with self.context():
+      shardings = jax.tree.leaves(self._shardings_of(abstract))
+    plain = self._plain(abstract)
+    leaves = [
+        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+        for x, s in zip(jax.tree.leaves(plain), shardings, strict=True)
+    ]
+    return jax.tree.unflatten(jax.tree.structure(plain), leaves)
+
   def init(self, tokens: Any, rng: jax.Array):
     """The initial state, created directly in its shardings.
 

@@ -1,0 +1,202 @@
+"""The checkpoint tree: a train state's arrays in the Linen variable layout.
+
+`variables/<collection>/<path>` holds the Linen variables (what
+`Decoder.apply` takes); every other field of a train state (`step`,
+`opt_state`, ...) sits beside it under its own name. `tree_of`/`state_from`
+map a state to the tree and back leaf by leaf, through a function from each
+leaf's jax key path to its tree path (`linen_path` for the Linen
+`TrainState`; `nnx_adapter` has the NNX one). `relayout` converts the layer
+stacks of a tree between the scanned and the unrolled decoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
+
+from linen_moe import decoder as decoder_lib
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe.variables import PARAMS
+from linen_moe.variables import STATE_COLLECTIONS
+from linen_moe.variables import UPDATED_BY_RULE
+
+PyTree = Any
+Path = tuple[str, ...]
+
+VARIABLES = "variables"
+FP8_PREFIX = (VARIABLES, OVERWRITE_WITH_GRADIENT)
+# Linen TrainState fields holding a collection under another name. A field
+# named after a collection (`params`, `variables.STATE_COLLECTIONS`) holds it.
+LINEN_FIELD_ALIASES = {
+    "fp8_state": OVERWRITE_WITH_GRADIENT,
+    "rule_state": UPDATED_BY_RULE,
+}
+
+
+def key_name(key: Any) -> str:
+  for attr in ("name", "key", "idx"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def linen_path(key_path: tuple) -> Path:
+  """Checkpoint-tree path of a leaf of a Linen `TrainState` (its jax key
+  path): fields holding a collection go under `variables/<collection>`,
+  every other field keeps its name."""
+  path = tuple(key_name(k) for k in key_path)
+  collection = LINEN_FIELD_ALIASES.get(path[0], path[0])
+  if collection == PARAMS or collection in STATE_COLLECTIONS:
+    return (VARIABLES, collection, *path[1:])
+  return path
+
+
+def _counter_dtype(leaf: Any) -> Any:
+  """Scalar integer counters (a step) are int32 in the tree whatever each
+  front end counts in (NNX's optimizer step is uint32)."""
+  if len(leaf.shape) == 0 and jnp.issubdtype(leaf.dtype, jnp.integer):
+    return jnp.dtype(jnp.int32)
+  return leaf.dtype
+
+
+def _as_dtype(leaf: Any, dtype: Any) -> Any:
+  if leaf.dtype == dtype:
+    return leaf
+  if isinstance(leaf, jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct(leaf.shape, dtype, sharding=leaf.sharding)
+  return leaf.astype(dtype)
+
+
+def tree_of(
+    state: PyTree, path_of: Callable[[tuple], Path] = linen_path
+) -> dict:
+  """The checkpoint tree of a train state (arrays or `ShapeDtypeStruct`s):
+  every leaf at `path_of(its key path)`. Default: a Linen `TrainState`."""
+  flat: dict[Path, Any] = {}
+  for key_path, leaf in jax.tree_util.tree_leaves_with_path(state):
+    path = path_of(key_path)
+    if path in flat:
+      raise ValueError(f"Two leaves of the state map to {'/'.join(path)}.")
+    flat[path] = _as_dtype(leaf, _counter_dtype(leaf))
+  return traverse_util.unflatten_dict(flat)
+
+
+def state_from(
+    tree: Mapping,
+    template: PyTree,
+    path_of: Callable[[tuple], Path] = linen_path,
+) -> PyTree:
+  """`template` (a train state) with every leaf taken from the checkpoint
+  tree `tree`, in the template's dtype; the inverse of `tree_of`."""
+  flat = traverse_util.flatten_dict(dict(tree))
+  missing = []
+
+  def leaf(key_path, old):
+    path = path_of(key_path)
+    if path not in flat:
+      missing.append("/".join(path))
+      return old
+    return _as_dtype(flat.pop(path), old.dtype)
+
+  state = jax.tree_util.tree_map_with_path(leaf, template)
+  if missing or flat:
+    raise ValueError(
+        f"Checkpoint tree does not fit the state: missing {missing[:5]}, "
+        f"unused {['/'.join(p) for p in sorted(flat)][:5]}."
+    )
+  return state
+
+
+def abstract(tree: PyTree) -> PyTree:
+  """`jax.ShapeDtypeStruct`s (shape, dtype, sharding) of arrays or abstract
+  values; a leaf without a sharding gets the default device's."""
+  default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+  def one(x):
+    sharding = getattr(x, "sharding", None) or default
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+  return jax.tree.map(one, tree)
+
+
+def _layer_slot(path: Path) -> tuple[int, int | None] | None:
+  """(position, layer) of the layer component of `path`: layer None for a
+  stacked `layers`, i for `layers_i`; None when the path has none."""
+  for j, part in enumerate(path):
+    if part == "layers":
+      return j, None
+    if part.startswith("layers_") and part[7:].isdigit():
+      return j, int(part[7:])
+  return None
+
+
+def layer_layout(paths) -> tuple[bool | None, int]:
+  """(scanned, unrolled layer count) of a set of tree paths; scanned is None
+  when no path holds a layer."""
+  slots = [s for s in map(_layer_slot, paths) if s is not None]
+  if not slots:
+    return None, 0
+  layers = {i for _, i in slots}
+  return layers == {None}, len(layers - {None})
+
+
+def relayout(tree: Mapping, scanned: bool, num_layers: int) -> dict:
+  """`tree` with every decoder layer stack converted: `scanned` stacks
+  `layers_0..` into `layers` (`decoder.unrolled_to_scanned`), otherwise
+  splits it (`decoder.scanned_to_unrolled`), wherever it sits (variables,
+  optimizer moments)."""
+  convert = (
+      decoder_lib.unrolled_to_scanned
+      if scanned
+      else decoder_lib.scanned_to_unrolled
+  )
+
+  def walk(node):
+    if not isinstance(node, Mapping):
+      return node
+    if "layers" in node or "layers_0" in node:
+      return convert({"tree": dict(node)}, num_layers)["tree"]
+    return {k: walk(v) for k, v in node.items()}
+
+  return walk(tree)
+
+
+def _restacked_sharding(sharding: Any, stacked: bool) -> Any:
+  """The sharding of a layer stack from a layer's (`stacked`), or back: the
+  layer axis is never split."""
+  if not isinstance(sharding, NamedSharding):
+    return sharding
+  spec = tuple(sharding.spec)
+  spec = (None, *spec) if stacked else spec[1:]
+  return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+
+
+def relayout_abstract(flat: dict, scanned: bool, num_layers: int) -> dict:
+  """`relayout` of flat `ShapeDtypeStruct`s, with shardings."""
+  shapes = jax.eval_shape(
+      lambda t: relayout(t, scanned, num_layers),
+      traverse_util.unflatten_dict(flat),
+  )
+  out = {}
+  for path, shape in traverse_util.flatten_dict(shapes).items():
+    slot = _layer_slot(path)
+    if slot is None:
+      source = flat[path]
+    else:
+      j = slot[0]
+      twin = "layers_0" if scanned else "layers"
+      source = flat[(*path[:j], twin, *path[j + 1 :])]
+    sharding = source.sharding
+    if slot is not None:
+      sharding = _restacked_sharding(sharding, stacked=scanned)
+    out[path] = jax.ShapeDtypeStruct(
+        shape.shape, shape.dtype, sharding=sharding
+    )
+  return out
