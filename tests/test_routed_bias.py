@@ -8,6 +8,7 @@ loads (the 8-device case is `test_sharding.RoutedBiasMeshTest`).
 
 import contextlib
 import io
+import tempfile
 from unittest import mock
 
 from absl.testing import absltest
@@ -17,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import checkpoint
 from linen_moe import load_model_config
 from linen_moe import routing
 from linen_moe.decoder import Decoder
@@ -148,6 +150,39 @@ class SkippedStepTest(parameterized.TestCase):
     self.assertGreater(
         float(jnp.abs(_bias_leaves(frontend, moved)[0] - after[0]).max()), 0.0
     )
+
+
+class CheckpointTest(absltest.TestCase):
+
+  def test_saved_by_linen_restored_by_nnx(self):
+    """The routed biases are in the checkpoint tree (`variables/
+    updated_by_rule/...`), the same in both front ends, and come back."""
+    cfg = _config(0.01, num_layers=1)
+    tokens = jnp.zeros((2, 8), jnp.int32)
+    bias = jnp.linspace(-0.1, 0.1, 16)
+    linen = _set_bias(
+        "linen",
+        get_frontend("linen").init(cfg, OPTIMIZER, tokens, jax.random.key(3)),
+        bias,
+    )
+    tree = checkpoint.tree_of(linen)
+    path = ("layers", "moe", "routed_experts", "routed_bias")
+    saved = tree[checkpoint.VARIABLES]["updated_by_rule"]
+    np.testing.assert_array_equal(
+        saved["layers"]["moe"]["routed_experts"]["routed_bias"][0], bias
+    )
+    fe = nnx_adapter.NNXFrontend
+    template = fe.init(cfg, OPTIMIZER, tokens, jax.random.key(3))
+    with tempfile.TemporaryDirectory() as directory:
+      with checkpoint.Checkpoints(directory) as ckpts:
+        ckpts.save(1, tree, {"model_config": checkpoint.config_dict(cfg)})
+      with checkpoint.Checkpoints(directory) as ckpts:
+        restored = ckpts.restore(fe.checkpoint_tree(template), config=cfg)
+    state = fe.from_checkpoint_tree(restored.tree, template)
+    rule = fe.rule_state(state)
+    for key in path:
+      rule = rule[key]
+    np.testing.assert_array_equal(rule[0], bias)
 
 
 class CommandLineTest(absltest.TestCase):
