@@ -87,15 +87,20 @@ class OverloadedExpertTest(parameterized.TestCase):
     biases, loads = self._train(frontend, rate)
     self.assertGreater(loads[0, 0], 2.5)  # overloaded: > 2.5x the mean load
     self.assertEqual(biases[0], np.float32(0.5) - np.float32(rate))
-    self.assertTrue(np.all(np.diff(biases[:10]) < 0))  # falls while overloaded
-    tail = loads[-10:].mean(axis=0)  # measured: expert 0 1.03, max 1.11
+    # Every step moves expert 0's bias by the rule, from that step's load
+    # (in units of the mean load: sign(1 - load)).
+    np.testing.assert_allclose(
+        np.diff(biases), rate * np.sign(1.0 - loads[1:, 0]), atol=1e-6
+    )
+    self.assertLess(biases[19], biases[0] - 0.1)  # mostly overloaded: falls
+    tail = loads[-10:].mean(axis=0)  # measured: expert 0 1.12, max 1.20
     self.assertLess(tail[0], 1.3)
     self.assertLess(tail.max(), 1.5)
 
   def test_frozen_bias_keeps_the_overload(self):
     biases, loads = self._train("linen", 0.0)
     np.testing.assert_array_equal(biases, 0.5)
-    self.assertGreater(loads[-10:, 0].mean(), 2.5)  # measured: 3.2
+    self.assertGreater(loads[-10:, 0].mean(), 2.5)  # measured: 3.4
 
 
 class GradAccumulationTest(parameterized.TestCase):
