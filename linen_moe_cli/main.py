@@ -166,11 +166,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     os._exit(1)
 
 
-def _steps_run(start: int, steps: int) -> str:
-  """ "12" for a whole run, "7-12" for one resumed after step 6."""
-  return f"{start + 1}-{steps}" if start else str(steps)
-
-
 def _train(args: argparse.Namespace) -> int:
   from linen_moe import distributed  # noqa: PLC0415
   from linen_moe_cli import train_job  # noqa: PLC0415 (jax import is slow)
@@ -197,13 +192,15 @@ def _train(args: argparse.Namespace) -> int:
   if not result.losses:  # already at --steps
     return 0
   if distributed.is_main_process():
+    load = ""
+    if result.expert_load is not None:
+      load = f"expert load max/min: {result.load_ratio:.2f}  "
     print(
-        f"steps: {_steps_run(result.start_step, args.steps)}  first loss:"
+        f"steps: {result.start_step + 1}-{args.steps}  first loss:"
         f" {result.first_loss:.4f}  final loss: {result.final_loss:.4f}  "
         f"best achievable: {result.best_loss:.4f}  "
         f"skipped steps: {result.skipped_steps}  "
-        f"expert load max/min: {result.load_ratio:.2f}  "
-        f"wall: {time.perf_counter() - start:.1f}s"
+        f"{load}wall: {time.perf_counter() - start:.1f}s"
     )
   return 0
 

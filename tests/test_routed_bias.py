@@ -6,6 +6,11 @@ accumulation moves the biases exactly as the rule on the whole batch's
 loads (the 8-device case is `test_sharding.RoutedBiasMeshTest`).
 """
 
+import contextlib
+import io
+import tempfile
+from unittest import mock
+
 from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
@@ -13,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import checkpoint
 from linen_moe import load_model_config
 from linen_moe import routing
 from linen_moe.decoder import Decoder
@@ -81,19 +87,20 @@ class OverloadedExpertTest(parameterized.TestCase):
     biases, loads = self._train(frontend, rate)
     self.assertGreater(loads[0, 0], 2.5)  # overloaded: > 2.5x the mean load
     self.assertEqual(biases[0], np.float32(0.5) - np.float32(rate))
-    # The bias falls in exactly the steps whose expert 0 is overloaded (the
-    # rule moves it by -rate * sign(load - mean)); which early steps those
-    # are depends on the batches.
-    falls = np.diff(np.concatenate([[0.5], biases[:10]])) < 0
-    np.testing.assert_array_equal(falls, loads[:10, 0] > 1)
-    tail = loads[-10:].mean(axis=0)  # measured: expert 0 1.03, max 1.11
+    # Every step moves expert 0's bias by the rule, from that step's load
+    # (in units of the mean load: sign(1 - load)).
+    np.testing.assert_allclose(
+        np.diff(biases), rate * np.sign(1.0 - loads[1:, 0]), atol=1e-6
+    )
+    self.assertLess(biases[19], biases[0] - 0.1)  # mostly overloaded: falls
+    tail = loads[-10:].mean(axis=0)  # measured: expert 0 1.12, max 1.20
     self.assertLess(tail[0], 1.3)
     self.assertLess(tail.max(), 1.5)
 
   def test_frozen_bias_keeps_the_overload(self):
     biases, loads = self._train("linen", 0.0)
     np.testing.assert_array_equal(biases, 0.5)
-    self.assertGreater(loads[-10:, 0].mean(), 2.5)  # measured: 3.2
+    self.assertGreater(loads[-10:, 0].mean(), 2.5)  # measured: 3.4
 
 
 class GradAccumulationTest(parameterized.TestCase):
@@ -150,6 +157,39 @@ class SkippedStepTest(parameterized.TestCase):
     )
 
 
+class CheckpointTest(absltest.TestCase):
+
+  def test_saved_by_linen_restored_by_nnx(self):
+    """The routed biases are in the checkpoint tree (`variables/
+    updated_by_rule/...`), the same in both front ends, and come back."""
+    cfg = _config(0.01, num_layers=1)
+    tokens = jnp.zeros((2, 8), jnp.int32)
+    bias = jnp.linspace(-0.1, 0.1, 16)
+    linen = _set_bias(
+        "linen",
+        get_frontend("linen").init(cfg, OPTIMIZER, tokens, jax.random.key(3)),
+        bias,
+    )
+    tree = checkpoint.tree_of(linen)
+    path = ("layers", "moe", "routed_experts", "routed_bias")
+    saved = tree[checkpoint.VARIABLES]["updated_by_rule"]
+    np.testing.assert_array_equal(
+        saved["layers"]["moe"]["routed_experts"]["routed_bias"][0], bias
+    )
+    fe = nnx_adapter.NNXFrontend
+    template = fe.init(cfg, OPTIMIZER, tokens, jax.random.key(3))
+    with tempfile.TemporaryDirectory() as directory:
+      with checkpoint.Checkpoints(directory) as ckpts:
+        ckpts.save(1, tree, {"model_config": checkpoint.config_dict(cfg)})
+      with checkpoint.Checkpoints(directory) as ckpts:
+        restored = ckpts.restore(fe.checkpoint_tree(template), config=cfg)
+    state = fe.from_checkpoint_tree(restored.tree, template)
+    rule = fe.rule_state(state)
+    for key in path:
+      rule = rule[key]
+    np.testing.assert_array_equal(rule[0], bias)
+
+
 class CommandLineTest(absltest.TestCase):
 
   def test_set_overrides(self):
@@ -184,6 +224,13 @@ class CommandLineTest(absltest.TestCase):
         expert_load=np.array([[0.25, 0.25, 0.25, 0.25], [0.4, 0.2, 0.2, 0.2]]),
     )
     self.assertAlmostEqual(result.load_ratio, 2.0)
+    out = io.StringIO()
+    with (
+        mock.patch.object(train_job, "train", return_value=result),
+        contextlib.redirect_stdout(out),
+    ):
+      self.assertEqual(cli.main(["train", "--steps=1"]), 0)
+    self.assertIn("expert load max/min: 2.00  wall: ", out.getvalue())
 
 
 if __name__ == "__main__":

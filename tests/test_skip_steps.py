@@ -144,7 +144,8 @@ class CommandLineTest(absltest.TestCase):
     self.assertEqual(status, 0)
     self.assertRegex(
         out,
-        r"^steps: 3  first loss: 2.0000  final loss: 1.5000  best achievable: "
+        r"^steps: 1-3  first loss: 2.0000  final loss: 1.5000  best"
+        r" achievable: "
         r"1.5000  skipped steps: 1  wall: ",
     )
 
