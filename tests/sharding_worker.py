@@ -264,7 +264,8 @@ def skip(job: dict) -> dict:
   for i, tokens in enumerate((good, bad, good)):
     state, m = run.step(state, tokens, jax.random.key(i + 1))  # donated
     hosts.append(jax.device_get(state))
-    metrics.append({k: float(v) for k, v in m.items()})
+    # Scalars only: `expert_load` is [L, E].
+    metrics.append({k: float(v) for k, v in m.items() if jnp.ndim(v) == 0})
 
   def leaves(s):
     """Params, fp8 state and optimizer state: what a skip leaves as is."""
