@@ -10,10 +10,11 @@ initialises differently or a missing cross-process reduction moves them in
 the first or second decimal.
 
 The default run holds the in-process checks, one two-process `train` (Linen,
-sparse path) beside its one-process reference, and one two-process group in
-which a process kills itself. The front end x path product, expert
-parallelism across the process boundary and the compiled collectives are
-marked slow.
+sparse path) beside its one-process reference, one checkpoint handed from 2
+processes to 1 and back, and one two-process group in which a process kills
+itself. The front end x path product, expert parallelism across the process
+boundary (also through a checkpoint) and the compiled collectives are marked
+slow.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import io
 import json
 import os
 import re
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from unittest import mock
 
@@ -293,6 +296,71 @@ class TwoProcessTrainTest(absltest.TestCase):
     self.assertIn("3/3", err)  # process 0's progress bar
     # Process 1 stays quiet: no progress bar, no result line.
     self.assertFalse([t for t in two.tails[1] if "loss" in t or "train" in t])
+
+
+def _losses(directory: str) -> list[tuple[int, float]]:
+  with open(os.path.join(directory, "metrics.jsonl"), encoding="utf-8") as f:
+    return [(r["step"], r["cross_entropy"]) for r in map(json.loads, f)]
+
+
+class _CheckpointAcrossProcesses(absltest.TestCase):
+  """A run saved by one process group resumes in another: 2 x 4 devices and
+  1 x 8 devices hand one checkpoint directory back and forth (every process
+  writes its own shards through orbax; a restore reads them onto any
+  layout), and the chain's per-step losses equal one uninterrupted run's."""
+
+  def _tempdir(self) -> str:
+    directory = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+    return directory
+
+  def check_chain(self, argv: list[str], groups: list[tuple[int, int]]):
+    argv = [*argv, "--batch-size", "8", "--seq-len", "8", "--no-progress"]
+    chained = self._tempdir()
+    written_by = set()
+    for stop, (processes, devices) in enumerate(groups, start=1):
+      steps = ["--steps", str(2 * stop), "--checkpoint-dir", chained]
+      result, out, err = run_train([*argv, *steps], processes, devices)
+      self.assertEqual(result.code, 0, err)
+      if stop > 1:
+        self.assertIn(f"resumed from step {2 * stop - 2}", out)
+      state = os.path.join(chained, str(2 * stop), "state")
+      written_by.update(n for n in os.listdir(state) if "process_" in n)
+    # Both processes of a two-process group wrote their part.
+    self.assertContainsSubset(
+        {"ocdbt.process_0", "ocdbt.process_1"}, written_by
+    )
+    whole = self._tempdir()
+    steps = ["--steps", str(2 * len(groups)), "--checkpoint-dir", whole]
+    result, _, err = run_train([*argv, *steps], 1, 8)
+    self.assertEqual(result.code, 0, err)
+    expected = _losses(whole)
+    self.assertEqual([s for s, _ in expected], list(range(1, 7)))
+    got = _losses(chained)
+    self.assertEqual([s for s, _ in got], [s for s, _ in expected])
+    # Cross-process sums may add in another order: float32 rounding only.
+    np.testing.assert_allclose(
+        [x for _, x in got], [x for _, x in expected], rtol=1e-6
+    )
+
+
+class CheckpointAcrossProcessesTest(_CheckpointAcrossProcesses):
+
+  def test_two_one_two(self):
+    self.check_chain(
+        ["--mesh", "data=2,expert=4", "--frontend", "linen"],
+        [(2, 4), (1, 8), (2, 4)],
+    )
+
+
+@pytest.mark.slow
+class CheckpointAcrossProcessesSlowTest(_CheckpointAcrossProcesses):
+
+  def test_one_two_one_nnx_experts_across(self):
+    self.check_chain(
+        ["--mesh", "expert=8", "--frontend", "nnx", "--no-sparse-matmul"],
+        [(1, 8), (2, 4), (1, 8)],
+    )
 
 
 class _ProcessDeath(absltest.TestCase):
