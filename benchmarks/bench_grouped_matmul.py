@@ -99,7 +99,8 @@ def bench_pattern(args, pattern: str) -> None:
   flops_fwd = 2 * useful_rows * k * n
   print(
       f"\n{pattern}: M={m} K={k} N={n} G={g} {dtype.name}, "
-      f"block rows {gmm_lib.block_rows(m, g)}, group sizes {sizes.tolist()}"
+      f"slot rows {gmm_lib.slot_rows(m, g)}, overflow block rows "
+      f"{gmm_lib.block_rows(m, g)}, group sizes {sizes.tolist()}"
   )
   print(f"{'':22s}{'ms':>9s}{'GFLOP/s':>10s}")
   for name, t in times.items():

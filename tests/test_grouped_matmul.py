@@ -36,10 +36,11 @@ def _fwd_bwd(matmul, group_sizes):
   return jax.jit(fwd_bwd)
 
 
-def _blocked(block_rows=None, **kwargs):
+def _blocked(block_rows=None, slot_rows=None, **kwargs):
   return functools.partial(
       gmm_lib.blocked_grouped_matmul,
       block_rows_override=block_rows,
+      slot_rows_override=slot_rows,
       **kwargs,
   )
 
@@ -99,11 +100,18 @@ class BlockedMatchesRaggedDotTest(parameterized.TestCase):
       ("block_of_one_row", [30, 3, 0, 41], 1),
       ("block_of_all_rows", [30, 3, 0, 41], M),
       ("default_block_rows", [13, 0, 37, 20, 0, 5, 21, 0], None),
+      # Slots: default C = 16 for 8 groups of M = 96, 32 for 4 groups.
+      ("only_tiles", [13, 0, 37, 20, 0, 5, 21, 0], 16, 0),
+      ("only_slots", [13, 0, 37, 20, 0, 5, 21, 0], 16, M),
+      ("one_group_overflows", [0, 0, 96, 0], 8, 8),
+      ("slots_of_one_row", [7, 33, 1, 55], 8, 1),
+      ("overflow_past_m", [50, 60, 40], 16, 24),
   )
-  def test_forward_and_gradients(self, sizes, block_rows):
+  def test_forward_and_gradients(self, sizes, block_rows, slot_rows=None):
     group_sizes = jnp.array(sizes, jnp.int32)
     lhs, rhs, dout = _operands(len(sizes))
-    got = _fwd_bwd(_blocked(block_rows), group_sizes)(lhs, rhs, dout)
+    blocked = _blocked(block_rows, slot_rows)
+    got = _fwd_bwd(blocked, group_sizes)(lhs, rhs, dout)
     want = _fwd_bwd(gmm_lib.ragged_dot, group_sizes)(lhs, rhs, dout)
     _assert_all_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -195,7 +203,10 @@ class NoDenseFallbackTest(absltest.TestCase):
     jaxpr_size, hlo_size = self._sizes(_blocked(16))
     self.assertLess(jaxpr_size, self.limit)
     self.assertLess(hlo_size, self.limit)
-    # The walk does reach the backward: drhs [G, K, N] is the largest value.
+    # The largest values are the slots [G, C, K or N] (C = 32 here) and, in
+    # the backward, drhs [G, K, N]; the walk reaches both.
+    self.assertEqual(jaxpr_size, max(4 * 32 * max(K, N), 4 * K * N))
+    jaxpr_size, _ = self._sizes(_blocked(16, slot_rows=0))
     self.assertEqual(jaxpr_size, 4 * K * N)
 
   def test_check_catches_a_dense_fallback(self):
@@ -309,6 +320,26 @@ class ValidationTest(parameterized.TestCase):
   )
   def test_block_rows(self, m, g, want):
     self.assertEqual(gmm_lib.block_rows(m, g), want)
+
+  # 1.25 x the mean group, rounded up to a multiple of 8, in [8, M].
+  @parameterized.parameters(
+      (32768, 128, 320),  # mean 256
+      (1024, 64, 24),  # mean 16: 20 -> 24
+      (96, 8, 16),  # mean 12: 15 -> 16
+      (16, 64, 8),  # mean 0.25: at least 8
+      (5, 8, 5),  # never above M
+  )
+  def test_slot_rows(self, m, g, want):
+    self.assertEqual(gmm_lib.slot_rows(m, g), want)
+
+  def test_slot_rows_out_of_range(self):
+    with self.assertRaisesRegex(ValueError, "slot rows must be in"):
+      gmm_lib.blocked_grouped_matmul(
+          jnp.zeros((M, K)),
+          jnp.zeros((3, K, N)),
+          jnp.zeros((3,), jnp.int32),
+          slot_rows_override=M + 1,
+      )
 
 
 if __name__ == "__main__":
