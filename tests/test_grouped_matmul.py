@@ -300,13 +300,17 @@ class ValidationTest(parameterized.TestCase):
           jnp.zeros((M, K)), jnp.zeros((3, K, N)), jnp.zeros((3,))
       )
 
-  def test_block_rows_out_of_range(self):
-    with self.assertRaisesRegex(ValueError, "block rows"):
+  @parameterized.parameters(
+      ("block_rows_override", 0, r"block rows must be in \[1, M=96\]; got 0"),
+      ("slot_rows_override", M + 1, r"slot rows must be in \[0, M=96\]"),
+  )
+  def test_tile_sizes_out_of_range(self, name, value, message):
+    with self.assertRaisesRegex(ValueError, message):
       gmm_lib.blocked_grouped_matmul(
           jnp.zeros((M, K)),
           jnp.zeros((3, K, N)),
           jnp.zeros((3,), jnp.int32),
-          block_rows_override=M + 1,
+          **{name: value},
       )
 
   # A quarter of the mean group, a power of two in [8, 256], at most M.
@@ -331,15 +335,6 @@ class ValidationTest(parameterized.TestCase):
   )
   def test_slot_rows(self, m, g, want):
     self.assertEqual(gmm_lib.slot_rows(m, g), want)
-
-  def test_slot_rows_out_of_range(self):
-    with self.assertRaisesRegex(ValueError, "slot rows must be in"):
-      gmm_lib.blocked_grouped_matmul(
-          jnp.zeros((M, K)),
-          jnp.zeros((3, K, N)),
-          jnp.zeros((3,), jnp.int32),
-          slot_rows_override=M + 1,
-      )
 
 
 if __name__ == "__main__":
