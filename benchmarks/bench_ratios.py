@@ -9,7 +9,8 @@ are printed, with every ratio:
 
   1. sparse, gemma-like (128 experts top-8, emb 512, mlp 128, batch 8 x seq
      512): fraction of the float32 dense-matmul roofline timed in the same
-     process;
+     process, beside the fraction plain dense matmuls of the experts' own
+     shapes reach (the ceiling at these shapes);
   2. sparse at fixed tokens (batch 4, seq 128, emb 256, mlp 512, top-2):
      step(64 experts) / step(8 experts); beside it the "weight floor", a
      step that only reads the 3 expert weights and writes their gradients
@@ -88,6 +89,52 @@ def weight_floor_main(e: int) -> None:
   print(json.dumps({"step_s": statistics.median(wall), "cpu_s": min(cpu)}))
 
 
+def shape_ceiling_main() -> None:
+  """Roofline fraction of plain dense matmuls of the gemma-like experts'
+  shapes (forward+backward of [T*k, emb] x [emb, mlp] twice and [T*k, mlp] x
+  [mlp, emb] once; no routing, no padding): what the sparse path could reach
+  at these shapes on this machine."""
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  from linen_moe_cli import bench  # noqa: PLC0415
+
+  b, s, m, h, _, k = bench.SIZES[GEMMA]
+  rows = b * s * k
+  keys = jax.random.split(jax.random.key(0), 4)
+  x, a = (
+      jax.random.normal(keys[0], (rows, m)),
+      jax.random.normal(keys[1], (rows, h)),
+  )
+  ws = [
+      jax.random.normal(keys[2], (m, h)),
+      jax.random.normal(keys[3], (m, h)),
+      jax.random.normal(keys[3], (h, m)),
+  ]
+
+  def loss(x, a, ws):
+    return sum(jnp.sum(y) for y in (x @ ws[0], x @ ws[1], a @ ws[2]))
+
+  step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+  jax.block_until_ready(step(x, a, ws))
+  wall, cpu = [], []
+  for _ in range(5):
+    start, start_cpu = time.perf_counter(), time.process_time()
+    jax.block_until_ready(step(x, a, ws))
+    wall.append(time.perf_counter() - start)
+    cpu.append(time.process_time() - start_cpu)
+  flops = 3 * 2 * rows * 3 * m * h
+  roofline = bench._roofline(5)  # noqa: SLF001
+  print(
+      json.dumps({
+          "fraction": (
+              flops / statistics.median(wall) / 1e9 / roofline["gflops"]
+          ),
+          "cpu_fraction": flops / min(cpu) / 1e9 / roofline["cpu_gflops"],
+      })
+  )
+
+
 def init_main(config: str, layers: str, what: str) -> None:
   """Seconds of one first construction, in a fresh process."""
   import jax  # noqa: PLC0415
@@ -156,6 +203,12 @@ def main() -> None:
           f"{name:5s} step {_median(r, 'step_s'):.3f}s  roofline fraction "
           f"wall {wall:.2f}  cpu {_median(r, 'cpu_roofline_fraction'):.2f}"
       )
+    ceiling = [_run(HERE, [me, "--shape-ceiling"]) for _ in range(a.rounds)]
+    line(
+        "ceiling: dense matmuls of the experts' shapes (no routing): "
+        f"roofline fraction wall {_median(ceiling, 'fraction'):.2f}  "
+        f"cpu {_median(ceiling, 'cpu_fraction'):.2f}"
+    )
 
   if "experts" in a.parts:
     line("\n== 2. sparse at fixed tokens: step(E=64) / step(E=8)")
@@ -233,6 +286,8 @@ def main() -> None:
 if __name__ == "__main__":
   if sys.argv[1:2] == ["--weight-floor"]:
     weight_floor_main(int(sys.argv[2]))
+  elif sys.argv[1:2] == ["--shape-ceiling"]:
+    shape_ceiling_main()
   elif sys.argv[1:2] == ["--init"]:
     init_main(*sys.argv[2:5])
   else:

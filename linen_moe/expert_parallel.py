@@ -263,6 +263,7 @@ def sparse_moe(
         (wi_0, wi_1, wo),
         act,
         first,
+        all_experts=not ep.expert_axes,
     ).reshape(x.shape)
     if ep.gather_axes:
       out = jax.lax.psum_scatter(

@@ -272,6 +272,7 @@ class RoutedMoE(JitInit, nn.Module):
         router.weights,
         experts,
         act,
+        all_experts=True,
     )
     return out.reshape(b, s, m)
 

@@ -35,6 +35,8 @@ class SortPlan:
     is_local: <bool>[A] the assignment's expert is one held here.
     group_sizes: <int32>[E_l] rows per local expert, in expert order.
     choices: k (static).
+    all_local: (static) every assignment is local, so every sorted row is
+      valid and no row needs masking.
   """
 
   order: jax.Array
@@ -42,6 +44,7 @@ class SortPlan:
   is_local: jax.Array
   group_sizes: jax.Array
   choices: int = flax.struct.field(pytree_node=False, default=1)
+  all_local: bool = flax.struct.field(pytree_node=False, default=False)
 
   @property
   def num_tokens(self) -> int:
@@ -58,12 +61,15 @@ def sort_plan(
     num_local: int,
     first_expert: jax.Array | int = 0,
     rows: int | None = None,
+    all_local: bool = False,
 ) -> SortPlan:
   """Sorts the assignments `indices` <int>[T, k] by local expert.
 
   Experts [first_expert, first_expert + num_local) are local. `rows` (R,
   default T * min(k, num_local)) must hold every local assignment; it does
   when each token's k experts are distinct, as top-k guarantees.
+  `all_local` says that the local experts are all the experts the indices
+  pick from (then every one of the T * k sorted rows is valid).
   """
   t, k = indices.shape
   if rows is None:
@@ -84,6 +90,7 @@ def sort_plan(
       is_local=is_local,
       group_sizes=counts[:num_local].astype(jnp.int32),
       choices=k,
+      all_local=all_local and rows == t * k,
   )
 
 
@@ -108,6 +115,8 @@ def _gather_sum(
 def _gather_rows(x: jax.Array, plan: SortPlan) -> jax.Array:
   """[T, M] -> [R, M]: row r is x[token of order[r]], 0 where not valid."""
   rows = x[plan.order // plan.choices]
+  if plan.all_local:  # a pass over [R, M] saved
+    return rows
   return jnp.where(plan.valid_rows()[:, None], rows, 0)
 
 
@@ -152,7 +161,9 @@ def _combine_bwd(residuals, g):
   # drows[r] = w(a) * g[token(a)] for a = order[r]; rows holding no local
   # assignment get w = 0.
   w = jnp.where(plan.is_local, weights.reshape(-1), 0)[a]  # [R]
-  w = jnp.where(plan.valid_rows(), w, 0).astype(g.dtype)
+  if not plan.all_local:
+    w = jnp.where(plan.valid_rows(), w, 0)
+  w = w.astype(g.dtype)
   drows = g_sorted * w[:, None]
   # dweights(a) = <g[token(a)], rows[position(a)]>, summed in sorted order.
   per_row = jnp.sum(

@@ -30,15 +30,19 @@ def sparse_experts(
     experts: Experts,
     act: Callable[[jax.Array], jax.Array],
     first_expert: jax.Array | int = 0,
+    all_experts: bool = False,
 ) -> jax.Array:
   """The experts [first, first + E_l) that `experts` hold, on their tokens.
 
   x [T, M]; indices <int32>[T, k] and weights [T, k], the routing; experts =
   (wi_0, wi_1, wo) with wi_0/wi_1 [E_l, M, H], wo [E_l, H, M]. Returns
   [T, M]: each token's weighted sum over its choices among these experts (0
-  for the others). With all E experts it is the whole, dropless sparse path.
+  for the others). With all E experts it is the whole, dropless sparse path;
+  `all_experts` says so (then no sorted row needs masking).
   """
-  plan = permute.sort_plan(indices, experts[0].shape[0], first_expert)
+  plan = permute.sort_plan(
+      indices, experts[0].shape[0], first_expert, all_local=all_experts
+  )
   rows = permute.dispatch_rows(x, plan)  # [R, M] sorted by expert
 
   def project(site, operand, weight):
