@@ -147,9 +147,10 @@ def init_decoder(
       lambda: Decoder(config, rngs=nnx.Rngs(0), sample_shape=sample_shape)
   )
   tokens = jnp.zeros(sample_shape, jnp.int32)  # [B, S]
-  # Jitted like the Linen front end's init: an eager init rounds some
-  # initialisers differently (by an ulp) than a compiled one.
-  variables = jax.jit(linen_decoder.Decoder(config).init)(rng, tokens)
+  # Compiled like the Linen front end's init (`JitInit`, or inside the
+  # caller's `jit_once`): an eager init, or one compiled with other options,
+  # rounds some initialisers differently (by an ulp).
+  variables = linen_decoder.Decoder(config).init(rng, tokens)
   return linen_to_nnx(variables, model)
 
 

@@ -18,6 +18,7 @@ import optax
 from linen_moe import checkpoint_tree as ckpt_tree
 from linen_moe.config import ModelConfig
 from linen_moe.decoder import Decoder
+from linen_moe.jit_init import jit_once
 from linen_moe.training import step as step_lib
 
 PyTree = Any
@@ -75,7 +76,7 @@ class LinenFrontend:
   @staticmethod
   def init(model_config, optimizer, tokens, rng) -> step_lib.TrainState:
     model = Decoder(model_config)
-    init = jax.jit(
+    init = jit_once(
         lambda t, r: step_lib.init_train_state(model, optimizer, t, r)
     )
     return init(tokens, rng)

@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 import optax
 
 from linen_moe import sharding
+from linen_moe.jit_init import jit_once
 from linen_moe.training import step as train_lib
 
 
@@ -97,7 +98,7 @@ class ShardedRun:
     abstract = self._abstract(tokens, rng)
     with self.context():
       shardings = jax.tree.leaves(self._shardings_of(abstract))
-    init = jax.jit(
+    init = jit_once(
         lambda t, r: jax.tree.leaves(self._plain(self._initial_state(t, r))),
         in_shardings=(self.token_sharding(), sharding.replicated(self.mesh)),
         out_shardings=shardings,
