@@ -23,6 +23,7 @@ import optax
 
 from linen_moe.config import ModelConfig
 from linen_moe.decoder import routed_bias_rule
+from linen_moe.jit_init import jit_once
 from linen_moe.training import skip
 from linen_moe.training import step as linen_train
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
@@ -172,10 +173,15 @@ def init_train_state(
   The decoder starts at the Linen decoder's initial weights for `rng`
   (`init_decoder`), so both front ends train from the same point.
   """
-  model = init_decoder(config, rng, sample_shape=tokens.shape)
-  return TrainState(
-      *nnx.split((model, nnx.Optimizer(model, optimizer, wrt=nnx.Param)))
-  )
+
+  def build(rng):
+    model = init_decoder(config, rng, sample_shape=tokens.shape)
+    return model, nnx.Optimizer(model, optimizer, wrt=nnx.Param)
+
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: build(rng)))
+  # One compiled program, not an eager op per optimizer leaf.
+  state = jit_once(lambda r: nnx.split(build(r))[1])(rng)
+  return TrainState(graphdef, state)
 
 
 def make_train_step(grad_accum: int = 1):
