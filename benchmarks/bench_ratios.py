@@ -14,7 +14,9 @@ are printed, with every ratio:
   2. sparse at fixed tokens (batch 4, seq 128, emb 256, mlp 512, top-2):
      step(64 experts) / step(8 experts); beside it the "weight floor", a
      step that only reads the 3 expert weights and writes their gradients
-     (8x more bytes at 64 experts), measured the same way;
+     (8x more bytes at 64 experts), measured the same way: a lower bound, as
+     a real step reads each weight twice (forward, and backward for the
+     input gradient);
   3. dense dropping (capacity 1.0), gemma-like: this tree against the base;
   4. bf16 / f32 step time for every path at the small and medium sizes;
   5. first construction (Linen `init`, `EagerToNNX`, `nnx_adapter.Decoder`)
