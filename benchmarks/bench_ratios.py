@@ -18,7 +18,8 @@ are printed, with every ratio:
      a real step reads each weight twice (forward, and backward for the
      input gradient);
   3. dense dropping (capacity 1.0), gemma-like: this tree against the base;
-  4. bf16 / f32 step time for every path at the small and medium sizes;
+  4. bf16 / f32 step time for every path at the small and medium sizes, the
+     two dtypes compiled in one process and timed alternately;
   5. first construction (Linen `init`, `EagerToNNX`, `nnx_adapter.Decoder`)
      of the tiny configs, seconds, this tree against the base.
 
@@ -137,6 +138,31 @@ def shape_ceiling_main() -> None:
   )
 
 
+def bf16_pair_main(size: str, path: str, repeats: int) -> None:
+  """float32 and bfloat16 steps of one case, compiled in this process and
+  timed alternately (one call each, `repeats` times), so both see the same
+  machine: medians of wall and CPU seconds."""
+  from linen_moe_cli import bench  # noqa: PLC0415
+
+  steps = {
+      dtype: bench.compiled_step(bench.Case(size=size, path=path, dtype=dtype))
+      for dtype in ("float32", "bfloat16")
+  }
+  times = {dtype: ([], []) for dtype in steps}
+  for _ in range(repeats):
+    for dtype, (compiled, args, _) in steps.items():
+      wall, cpu = bench._time(compiled, args, 1)  # noqa: SLF001
+      times[dtype][0].append(wall)
+      times[dtype][1].append(cpu)
+  print(
+      json.dumps({
+          f"{dtype}_{key}": statistics.median(values)
+          for dtype, (wall, cpu) in times.items()
+          for key, values in (("step_s", wall), ("cpu_s", cpu))
+      })
+  )
+
+
 def init_main(config: str, layers: str, what: str) -> None:
   """Seconds of one first construction, in a fresh process."""
   import jax  # noqa: PLC0415
@@ -250,22 +276,24 @@ def main() -> None:
       line(f"{key:6s} {text}")
 
   if "bf16" in a.parts:
-    line("\n== 4. bf16 / f32 step time (this tree)")
-    cases = [
-        _case(size, path, dtype=dtype)
-        for size in ("small", "medium")
-        for path in ("sparse", "dense", "dense_dropping")
-        for dtype in ("float32", "bfloat16")
-    ]
-    res = _bench({"new": HERE}, cases, a.rounds, a.repeats)
-    for i in range(0, len(cases), 2):
-      f32, bf16 = res[(i, "new")], res[(i + 1, "new")]
-      line(
-          f"{cases[i]['size']:7s}{cases[i]['path']:15s} f32 "
-          f"{_median(f32, 'step_s'):.3f}s bf16 {_median(bf16, 'step_s'):.3f}s"
-          f"  wall {_median(bf16, 'step_s') / _median(f32, 'step_s'):.2f}  "
-          f"cpu {_median(bf16, 'cpu_s') / _median(f32, 'cpu_s'):.2f}"
-      )
+    line(
+        "\n== 4. bf16 / f32 step time (this tree; the two alternate in one"
+        " process)"
+    )
+    for size in ("small", "medium"):
+      for path in ("sparse", "dense", "dense_dropping"):
+        pair = [
+            _run(HERE, [me, "--bf16-pair", size, path, str(4 * a.repeats)])
+            for _ in range(a.rounds)
+        ]
+        f32, bf16 = (
+            _median(pair, f"{d}_step_s") for d in ("float32", "bfloat16")
+        )
+        cpu = _median(pair, "bfloat16_cpu_s") / _median(pair, "float32_cpu_s")
+        line(
+            f"{size:7s}{path:15s} f32 {f32:.3f}s bf16 {bf16:.3f}s  "
+            f"wall {bf16 / f32:.2f}  cpu {cpu:.2f}"
+        )
 
   if "init" in a.parts:
     line("\n== 5. first construction, seconds (fp8, the tiny configs)")
@@ -290,6 +318,8 @@ if __name__ == "__main__":
     weight_floor_main(int(sys.argv[2]))
   elif sys.argv[1:2] == ["--shape-ceiling"]:
     shape_ceiling_main()
+  elif sys.argv[1:2] == ["--bf16-pair"]:
+    bf16_pair_main(sys.argv[2], sys.argv[3], int(sys.argv[4]))
   elif sys.argv[1:2] == ["--init"]:
     init_main(*sys.argv[2:5])
   else:

@@ -135,10 +135,8 @@ def _roofline(repeats: int) -> dict[str, float]:
   }
 
 
-def run_case(case: Case, repeats: int = 5) -> dict[str, Any]:
-  """Compiles and times one forward+backward of the case, in this process."""
-  if case.path == "roofline":
-    return _roofline(repeats)
+def compiled_step(case: Case) -> tuple[Any, tuple[Any, ...], float]:
+  """(compiled forward+backward, its arguments, compile seconds) of a case."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
@@ -170,8 +168,16 @@ def run_case(case: Case, repeats: int = 5) -> dict[str, Any]:
   step = jax.jit(jax.grad(loss, argnums=(0, 1)))
   start = time.perf_counter()
   compiled = step.lower(params, variables, *args).compile()
-  compile_s = time.perf_counter() - start
-  seconds, cpu = _time(compiled, (params, variables, *args), repeats)
+  return compiled, (params, variables, *args), time.perf_counter() - start
+
+
+def run_case(case: Case, repeats: int = 5) -> dict[str, Any]:
+  """Compiles and times one forward+backward of the case, in this process."""
+  if case.path == "roofline":
+    return _roofline(repeats)
+  compiled, args, compile_s = compiled_step(case)
+  b, s = case.resolved_dims()[:2]
+  seconds, cpu = _time(compiled, args, repeats)
   # Measured right after the case, in the same process and under the same
   # machine load, so the ratio between the two is meaningful.
   roofline = _roofline(repeats)
