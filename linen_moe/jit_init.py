@@ -10,9 +10,9 @@ numbers under `jit` as eagerly, so the variables are the same.
 
 `JitInit` gives a Linen module an `init` that does this; the library's
 top-level modules (`RoutedMoE`, `RoutedAndSharedMoE`, `Decoder`) use it, and
-`nnx_adapter.EagerToNNX` builds its state through `compiled_init`. The train
-states' initialisers (both front ends, sharded or not) compile through
-`jit_once`, with the same options.
+`nnx_adapter.EagerToNNX` builds its state through `compiled_init`. Both
+compile through `jit_once`, as do the train states' initialisers (both front
+ends, sharded or not).
 """
 
 from __future__ import annotations
@@ -33,24 +33,12 @@ _INIT_COMPILER_OPTIONS = {
 }
 
 
-@functools.partial(
-    jax.jit, static_argnums=0, compiler_options=_INIT_COMPILER_OPTIONS
-)
-def _jitted_init(module: nn.Module, rngs: Any, args: tuple, kwargs: dict):
-  return nn.Module.init(module, rngs, *args, **kwargs)
-
-
-def _nested(e: ValueError) -> bool:
-  """The error of compiler options given to a `jit` inside another trace."""
-  return "compiler_options" in str(e)
-
-
 def jit_once(fun: Any, **jit_kwargs: Any):
-  """`jax.jit(fun, **jit_kwargs)` for a program that runs once, such as a
-  train state's initialisation: compiled with the fast options above (the
-  same numbers as `compiled_init`, seconds less per program). Inside another
-  trace (`eval_shape`, an outer `jit`) it is a plain `jax.jit`, part of that
-  program."""
+  """`jax.jit(fun, **jit_kwargs)` for a program that runs once, such as an
+  initialisation: compiled with the fast options above (seconds less per
+  program, the same numbers). Inside another trace (`eval_shape`, an outer
+  `jit` or `scan`: compiler options are for top-level programs only) it is a
+  plain `jax.jit`, part of that program and compiled with it."""
   fast = jax.jit(fun, compiler_options=_INIT_COMPILER_OPTIONS, **jit_kwargs)
   plain = jax.jit(fun, **jit_kwargs)
 
@@ -59,11 +47,19 @@ def jit_once(fun: Any, **jit_kwargs: Any):
     try:
       return fast(*args, **kwargs)
     except ValueError as e:
-      if not _nested(e):
+      if "compiler_options" not in str(e):
         raise
       return plain(*args, **kwargs)
 
+  call.top_level = fast  # the jitted function that compiles (and caches)
   return call
+
+
+def _init(module: nn.Module, rngs: Any, args: tuple, kwargs: dict):
+  return nn.Module.init(module, rngs, *args, **kwargs)
+
+
+_jitted_init = jit_once(_init, static_argnums=0)
 
 
 def _all_arrays(tree: Any) -> bool:
@@ -85,14 +81,7 @@ def compiled_init(module: nn.Module, rngs: Any, *args: Any, **kwargs: Any):
     return nn.Module.init(module, rngs, *args, **kwargs)
   if not _all_arrays((rngs, args, kwargs)):
     return nn.Module.init(module, rngs, *args, **kwargs)
-  try:
-    return _jitted_init(module, rngs, args, kwargs)
-  except ValueError as e:
-    # Under an outer `jit` or `scan` (compiler options are for top-level
-    # programs only), init becomes part of that program, compiled with it.
-    if not _nested(e):
-      raise
-    return nn.Module.init(module, rngs, *args, **kwargs)
+  return _jitted_init(module, rngs, args, kwargs)
 
 
 class JitInit:

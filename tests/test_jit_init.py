@@ -34,11 +34,11 @@ class CompiledInitTest(absltest.TestCase):
   def test_equal_modules_share_one_program(self):
     cfg = load_config("tiny_mixtral", num_experts=3)
     x = jnp.ones((1, 4, cfg.emb_dim))
-    before = jit_init._jitted_init._cache_size()
+    before = jit_init._jitted_init.top_level._cache_size()
     a = RoutedMoE(cfg).init(jax.random.key(0), x)
-    self.assertEqual(jit_init._jitted_init._cache_size(), before + 1)
+    self.assertEqual(jit_init._jitted_init.top_level._cache_size(), before + 1)
     b = RoutedMoE(cfg).init(jax.random.key(1), x)  # an equal, new module
-    self.assertEqual(jit_init._jitted_init._cache_size(), before + 1)
+    self.assertEqual(jit_init._jitted_init.top_level._cache_size(), before + 1)
     # Different keys, different draws: the key is an argument, not baked in.
     self.assertFalse(
         np.array_equal(a["params"]["wi_0"].value, b["params"]["wi_0"].value)
