@@ -78,18 +78,14 @@ def weight_floor_main(e: int) -> None:
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
+  from linen_moe_cli import bench  # noqa: PLC0415
+
   _, _, m, h = FIXED_TOKENS
   shapes = ((e, m, h), (e, m, h), (e, h, m))
   ws = [jax.random.normal(jax.random.key(i), s) for i, s in enumerate(shapes)]
   step = jax.jit(jax.grad(lambda ws: sum(jnp.sum(w * w) for w in ws)))
-  jax.block_until_ready(step(ws))
-  wall, cpu = [], []
-  for _ in range(5):
-    start, start_cpu = time.perf_counter(), time.process_time()
-    jax.block_until_ready(step(ws))
-    wall.append(time.perf_counter() - start)
-    cpu.append(time.process_time() - start_cpu)
-  print(json.dumps({"step_s": statistics.median(wall), "cpu_s": min(cpu)}))
+  wall, cpu = bench._time(step, (ws,), 5)  # noqa: SLF001
+  print(json.dumps({"step_s": wall, "cpu_s": cpu}))
 
 
 def shape_ceiling_main() -> None:
@@ -104,36 +100,23 @@ def shape_ceiling_main() -> None:
 
   b, s, m, h, _, k = bench.SIZES[GEMMA]
   rows = b * s * k
-  keys = jax.random.split(jax.random.key(0), 4)
-  x, a = (
-      jax.random.normal(keys[0], (rows, m)),
-      jax.random.normal(keys[1], (rows, h)),
+  keys = jax.random.split(jax.random.key(0), 5)
+  shapes = ((rows, m), (rows, h), (m, h), (m, h), (h, m))
+  x, a, *ws = (
+      jax.random.normal(key, s) for key, s in zip(keys, shapes, strict=True)
   )
-  ws = [
-      jax.random.normal(keys[2], (m, h)),
-      jax.random.normal(keys[3], (m, h)),
-      jax.random.normal(keys[3], (h, m)),
-  ]
 
   def loss(x, a, ws):
     return sum(jnp.sum(y) for y in (x @ ws[0], x @ ws[1], a @ ws[2]))
 
   step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-  jax.block_until_ready(step(x, a, ws))
-  wall, cpu = [], []
-  for _ in range(5):
-    start, start_cpu = time.perf_counter(), time.process_time()
-    jax.block_until_ready(step(x, a, ws))
-    wall.append(time.perf_counter() - start)
-    cpu.append(time.process_time() - start_cpu)
+  wall, cpu = bench._time(step, (x, a, ws), 5)  # noqa: SLF001
   flops = 3 * 2 * rows * 3 * m * h
   roofline = bench._roofline(5)  # noqa: SLF001
   print(
       json.dumps({
-          "fraction": (
-              flops / statistics.median(wall) / 1e9 / roofline["gflops"]
-          ),
-          "cpu_fraction": flops / min(cpu) / 1e9 / roofline["cpu_gflops"],
+          "fraction": flops / wall / 1e9 / roofline["gflops"],
+          "cpu_fraction": flops / cpu / 1e9 / roofline["cpu_gflops"],
       })
   )
 
@@ -148,10 +131,12 @@ def bf16_pair_main(size: str, path: str, repeats: int) -> None:
       dtype: bench.compiled_step(bench.Case(size=size, path=path, dtype=dtype))
       for dtype in ("float32", "bfloat16")
   }
+  for compiled, args, _ in steps.values():
+    bench.time_call(compiled, args)  # warm-up
   times = {dtype: ([], []) for dtype in steps}
   for _ in range(repeats):
     for dtype, (compiled, args, _) in steps.items():
-      wall, cpu = bench._time(compiled, args, 1)  # noqa: SLF001
+      wall, cpu = bench.time_call(compiled, args)
       times[dtype][0].append(wall)
       times[dtype][1].append(cpu)
   print(

@@ -101,15 +101,18 @@ def _time(fn, args, repeats: int) -> tuple[float, float]:
   import jax  # noqa: PLC0415
 
   jax.block_until_ready(fn(*args))
-  wall, cpu = [], []
-  for _ in range(repeats):
-    start, start_cpu = time.perf_counter(), time.process_time()
-    jax.block_until_ready(fn(*args))
-    wall.append(time.perf_counter() - start)
-    cpu.append(time.process_time() - start_cpu)
-  wall.sort()
-  cpu.sort()
-  return wall[len(wall) // 2], cpu[len(cpu) // 2]
+  wall, cpu = zip(*(time_call(fn, args) for _ in range(repeats)), strict=True)
+  return sorted(wall)[len(wall) // 2], sorted(cpu)[len(cpu) // 2]
+
+
+def time_call(fn, args) -> tuple[float, float]:
+  """Wall and CPU seconds (all threads of this process) of one call, run to
+  completion."""
+  import jax  # noqa: PLC0415
+
+  start, start_cpu = time.perf_counter(), time.process_time()
+  jax.block_until_ready(fn(*args))
+  return time.perf_counter() - start, time.process_time() - start_cpu
 
 
 ROOFLINE_SHAPE = (8192, 512, 1024)  # [M, K] x [K, N], float32
