@@ -159,11 +159,9 @@ def _combine_bwd(residuals, g):
   a = plan.order  # [R]
   g_sorted = g[a // plan.choices]  # [R, M]: each row's token cotangent
   # drows[r] = w(a) * g[token(a)] for a = order[r]; rows holding no local
-  # assignment get w = 0.
-  w = jnp.where(plan.is_local, weights.reshape(-1), 0)[a]  # [R]
-  if not plan.all_local:
-    w = jnp.where(plan.valid_rows(), w, 0)
-  w = w.astype(g.dtype)
+  # assignment (every row past sum(group_sizes): the sort puts the other
+  # experts' assignments last) get w = 0.
+  w = jnp.where(plan.is_local, weights.reshape(-1), 0)[a].astype(g.dtype)
   drows = g_sorted * w[:, None]
   # dweights(a) = <g[token(a)], rows[position(a)]>, summed in sorted order.
   per_row = jnp.sum(
