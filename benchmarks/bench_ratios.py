@@ -107,7 +107,10 @@ def shape_ceiling_main() -> None:
   )
 
   def loss(x, a, ws):
-    return sum(jnp.sum(y) for y in (x @ ws[0], x @ ws[1], a @ ws[2]))
+    # Squares, so that every product's cotangent is itself: all nine
+    # matmuls run (see bench.roofline_step).
+    ys = (x @ ws[0], x @ ws[1], a @ ws[2])
+    return sum(0.5 * jnp.sum(jnp.square(y)) for y in ys)
 
   step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
   wall, cpu = bench._time(step, (x, a, ws), 5)  # noqa: SLF001

@@ -118,17 +118,33 @@ def time_call(fn, args) -> tuple[float, float]:
 ROOFLINE_SHAPE = (8192, 512, 1024)  # [M, K] x [K, N], float32
 
 
-def _roofline(repeats: int) -> dict[str, float]:
-  """GFLOP/s of a plain float32 matmul, forward+backward, of medium shape,
-  per wall second and per CPU second."""
+def roofline_step(shape: tuple[int, int, int] = ROOFLINE_SHAPE):
+  """(jitted forward+backward of a plain float32 matmul, its arguments).
+
+  The loss is half the sum of squares of `x @ w`, so its cotangent is the
+  product itself: all three matmuls (forward, input and weight gradients)
+  run. (A plain sum would let XLA drop the forward product and count flops
+  it never ran.)
+  """
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
-  m, k, n = ROOFLINE_SHAPE
+  m, k, n = shape
   x = jax.random.normal(jax.random.key(0), (m, k))
   w = jax.random.normal(jax.random.key(1), (k, n))
-  step = jax.jit(jax.grad(lambda x, w: jnp.sum(jnp.dot(x, w)), argnums=(0, 1)))
-  seconds, cpu = _time(step, (x, w), repeats)
+
+  def loss(x, w):
+    return 0.5 * jnp.sum(jnp.square(jnp.dot(x, w)))
+
+  return jax.jit(jax.grad(loss, argnums=(0, 1))), (x, w)
+
+
+def _roofline(repeats: int) -> dict[str, float]:
+  """GFLOP/s of a plain float32 matmul, forward+backward, of medium shape,
+  per wall second and per CPU second."""
+  step, args = roofline_step()
+  seconds, cpu = _time(step, args, repeats)
+  m, k, n = ROOFLINE_SHAPE
   flops = 3 * 2 * m * k * n
   return {
       "step_s": seconds,
@@ -139,7 +155,11 @@ def _roofline(repeats: int) -> dict[str, float]:
 
 
 def compiled_step(case: Case) -> tuple[Any, tuple[Any, ...], float]:
-  """(compiled forward+backward, its arguments, compile seconds) of a case."""
+  """(compiled forward+backward, its arguments, compile seconds) of a case.
+
+  The step returns the gradients of the parameters, the other variables and
+  the input `x`.
+  """
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
@@ -168,7 +188,9 @@ def compiled_step(case: Case) -> tuple[Any, tuple[Any, ...], float]:
     )
     return jnp.mean(jnp.square(out.astype(jnp.float32))) + lb
 
-  step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  # The input's gradient too, as a layer inside a model needs it: without
+  # it XLA drops the input-gradient matmuls of the first expert projections.
+  step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
   start = time.perf_counter()
   compiled = step.lower(params, variables, *args).compile()
   return compiled, (params, variables, *args), time.perf_counter() - start
