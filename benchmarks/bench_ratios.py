@@ -9,8 +9,9 @@ are printed, with every ratio:
 
   1. sparse, gemma-like (128 experts top-8, emb 512, mlp 128, batch 8 x seq
      512): fraction of the float32 dense-matmul roofline timed in the same
-     process, beside the fraction plain dense matmuls of the experts' own
-     shapes reach (the ceiling at these shapes);
+     process, beside the fractions three idealised forms reach (dense
+     matmuls of the experts' shapes; per-expert matmuls of equal groups; a
+     whole layer on perfectly balanced routing: see `ceilings_main`);
   2. sparse at fixed tokens (batch 4, seq 128, emb 256, mlp 512, top-2):
      step(64 experts) / step(8 experts); beside it the "weight floor", a
      step that only reads the 3 expert weights and writes their gradients
@@ -88,40 +89,82 @@ def weight_floor_main(e: int) -> None:
   print(json.dumps({"step_s": wall, "cpu_s": cpu}))
 
 
-def shape_ceiling_main() -> None:
-  """Roofline fraction of plain dense matmuls of the gemma-like experts'
-  shapes (forward+backward of [T*k, emb] x [emb, mlp] twice and [T*k, mlp] x
-  [mlp, emb] once; no routing, no padding): what the sparse path could reach
-  at these shapes on this machine."""
+def ceilings_main() -> None:
+  """Roofline fractions three idealised forms of the gemma-like layer reach
+  here, forward+backward, float32, flops counted as for the layer (nine
+  [T*k, .] matmuls):
+
+  dense: plain dense matmuls of the experts' shapes (no experts at all);
+  grouped: the same as batched per-expert matmuls of exactly the mean group
+    (perfect balance, no routing, no padding): the matmuls alone of any
+    implementation that multiplies each expert's rows by its weights;
+  balanced_layer: a whole dropless layer on perfectly balanced routing, no
+    router: `permute`'s sort and gathers, the three batched matmuls, SiLU,
+    the weighted combine. No implementation can beat it on real routing,
+    which adds a router and unequal groups (padding or overflow).
+  """
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
+  from linen_moe import permute  # noqa: PLC0415
   from linen_moe_cli import bench  # noqa: PLC0415
 
-  b, s, m, h, _, k = bench.SIZES[GEMMA]
-  rows = b * s * k
-  keys = jax.random.split(jax.random.key(0), 5)
-  shapes = ((rows, m), (rows, h), (m, h), (m, h), (h, m))
-  x, a, *ws = (
-      jax.random.normal(key, s) for key, s in zip(keys, shapes, strict=True)
-  )
+  b, s, m, h, e, k = bench.SIZES[GEMMA]
+  t = b * s
+  rows, per_expert = t * k, t * k // e
+  keys = jax.random.split(jax.random.key(0), 6)
+  x, a = (jax.random.normal(keys[i], (rows, d)) for i, d in ((0, m), (1, h)))
+  ws = [
+      0.05 * jax.random.normal(key, shape)
+      for key, shape in zip(
+          keys[2:5], ((e, m, h), (e, m, h), (e, h, m)), strict=True
+      )
+  ]
 
-  def loss(x, a, ws):
-    # Squares, so that every product's cotangent is itself: all nine
-    # matmuls run (see bench.roofline_step).
-    ys = (x @ ws[0], x @ ws[1], a @ ws[2])
+  def squares(*ys):  # every product's cotangent is itself: all matmuls run
     return sum(0.5 * jnp.sum(jnp.square(y)) for y in ys)
 
-  step = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-  wall, cpu = bench._time(step, (x, a, ws), 5)  # noqa: SLF001
+  def experts(xg, ag, ws):  # [E, n, M], [E, n, H] -> the three products
+    return (
+        jnp.einsum("gcm,gmh->gch", xg, ws[0]),
+        jnp.einsum("gcm,gmh->gch", xg, ws[1]),
+        jnp.einsum("gch,ghm->gcm", ag, ws[2]),
+    )
+
+  def dense(x, a, ws):
+    return squares(x @ ws[0][0], x @ ws[1][0], a @ ws[2][0])
+
+  def grouped(x, a, ws):
+    return squares(
+        *experts(x.reshape(e, per_expert, m), a.reshape(e, per_expert, h), ws)
+    )
+
+  # Token t's k choices are experts (t * k + j) mod E: distinct, and every
+  # expert gets exactly T * k / E rows.
+  indices = (jnp.arange(t)[:, None] * k + jnp.arange(k)) % e
+  weights = jax.random.uniform(keys[5], (t, k))
+
+  def balanced_layer(x, weights, ws):
+    plan = permute.sort_plan(indices.astype(jnp.int32), e, all_local=True)
+    xg = permute.dispatch_rows(x, plan).reshape(e, per_expert, m)
+    h0 = jnp.einsum("gcm,gmh->gch", xg, ws[0])
+    h1 = jnp.einsum("gcm,gmh->gch", xg, ws[1])
+    y = jnp.einsum("gch,ghm->gcm", jax.nn.silu(h0) * h1, ws[2])
+    return squares(permute.combine_rows(y.reshape(rows, m), weights, plan))
+
   flops = 3 * 2 * rows * 3 * m * h
   roofline = bench._roofline(5)  # noqa: SLF001
-  print(
-      json.dumps({
-          "fraction": flops / wall / 1e9 / roofline["gflops"],
-          "cpu_fraction": flops / cpu / 1e9 / roofline["cpu_gflops"],
-      })
-  )
+  out = {}
+  for name, fn, args in (
+      ("dense", dense, (x, a, ws)),
+      ("grouped", grouped, (x, a, ws)),
+      ("balanced_layer", balanced_layer, (x[:t], weights, ws)),
+  ):
+    step = jax.jit(jax.grad(fn, argnums=(0, 1, 2)))
+    wall, cpu = bench._time(step, args, 5)  # noqa: SLF001
+    out[name] = flops / wall / 1e9 / roofline["gflops"]
+    out[f"{name}_cpu"] = flops / cpu / 1e9 / roofline["cpu_gflops"]
+  print(json.dumps(out))
 
 
 def bf16_pair_main(size: str, path: str, repeats: int) -> None:
@@ -219,12 +262,17 @@ def main() -> None:
           f"{name:5s} step {_median(r, 'step_s'):.3f}s  roofline fraction "
           f"wall {wall:.2f}  cpu {_median(r, 'cpu_roofline_fraction'):.2f}"
       )
-    ceiling = [_run(HERE, [me, "--shape-ceiling"]) for _ in range(a.rounds)]
-    line(
-        "ceiling: dense matmuls of the experts' shapes (no routing): "
-        f"roofline fraction wall {_median(ceiling, 'fraction'):.2f}  "
-        f"cpu {_median(ceiling, 'cpu_fraction'):.2f}"
-    )
+    ceilings = [_run(HERE, [me, "--ceilings"]) for _ in range(a.rounds)]
+    for name, what in (
+        ("dense", "dense matmuls of the experts' shapes, no experts"),
+        ("grouped", "per-expert batched matmuls, equal groups, no routing"),
+        ("balanced_layer", "a whole layer on perfectly balanced routing"),
+    ):
+      line(
+          f"ceiling {name:15s} roofline fraction wall "
+          f"{_median(ceilings, name):.2f}  cpu "
+          f"{_median(ceilings, name + '_cpu'):.2f}  ({what})"
+      )
 
   if "experts" in a.parts:
     line("\n== 2. sparse at fixed tokens: step(E=64) / step(E=8)")
@@ -304,8 +352,8 @@ def main() -> None:
 if __name__ == "__main__":
   if sys.argv[1:2] == ["--weight-floor"]:
     weight_floor_main(int(sys.argv[2]))
-  elif sys.argv[1:2] == ["--shape-ceiling"]:
-    shape_ceiling_main()
+  elif sys.argv[1:2] == ["--ceilings"]:
+    ceilings_main()
   elif sys.argv[1:2] == ["--bf16-pair"]:
     bf16_pair_main(sys.argv[2], sys.argv[3], int(sys.argv[4]))
   elif sys.argv[1:2] == ["--init"]:
