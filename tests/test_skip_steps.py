@@ -21,6 +21,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from linen_moe import load_model_config
 from linen_moe.training import LinenFrontend
@@ -57,6 +58,32 @@ def _run(frontend: str, grad_accum: int):
     states.append(state)
     metrics.append(jax.device_get(m))
   return states, metrics
+
+
+class KeepIfFiniteTest(absltest.TestCase):
+
+  def test_the_finite_check_is_compiled_once(self):
+    # One is-finite per gradient leaf and the loss. XLA would otherwise copy
+    # the chain of checks into the fused update of every leaf: leaves x
+    # leaves ops, and a compile time that grows with them.
+    leaves = 40
+    params = {f"w{i}": jnp.full((i + 1, 3), 0.1 * i) for i in range(leaves)}
+    optimizer = default_optimizer(1e-3)
+
+    def step(params, opt_state, x):
+      loss, grads = jax.value_and_grad(
+          lambda p: sum(jnp.sum(jnp.sin(w * x)) for w in p.values())
+      )(params)
+      updates, new_opt_state = optimizer.update(grads, opt_state, params)
+      new = (optax.apply_updates(params, updates), new_opt_state)
+      ok = skip.all_finite((loss, grads))
+      return skip.keep_if_finite(ok, new, (params, opt_state))
+
+    args = (params, optimizer.init(params), 1.0)
+    hlo = jax.jit(step).lower(*args).compile().as_text()
+    self.assertLessEqual(hlo.count(" is-finite("), leaves + 1)
+    new_params, _ = jax.jit(step)(*args)
+    self.assertFalse(np.array_equal(new_params["w5"], params["w5"]))
 
 
 class SkipStepTest(parameterized.TestCase):

@@ -43,6 +43,11 @@ def keep_if_finite(ok: jax.Array, new: PyTree, old: PyTree) -> PyTree:
   `new` and `old` have one structure (a train state before and after a
   step); `ok` is a scalar bool, typically `all_finite(loss and gradients)`.
   """
+  # Computed once: without the barrier XLA fuses the cheap chain behind `ok`
+  # (an is-finite and an `and` per gradient leaf) into every leaf's select,
+  # leaves x leaves ops: tiny_gemma4_26b unrolled with fp8 compiled 47k
+  # lines of HLO in 5.1 s, 21k in 2.4 s with it.
+  ok = jax.lax.optimization_barrier(ok)
   return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
