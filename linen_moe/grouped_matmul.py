@@ -17,7 +17,8 @@ Implementations:
                 above the mean group size) in one batched matmul, the rows of
                 overloaded groups past C in row tiles, the weight indexed
                 from `rhs`, never gathered per row; a custom VJP keeps the
-                backward grouped too.
+                backward grouped too. A small problem gives every group M
+                slots (`default_slot_rows`): one batched matmul, no loop.
   "kernel"      An accelerator kernel when one is importable: Pallas megablox
                 `gmm` on TPU, Tokamax `ragged_dot` on GPU.
   "auto"        "blocked" on CPU; on GPU/TPU the kernel when importable for the
@@ -56,6 +57,14 @@ _TILES_PER_MEAN_GROUP = 4
 # 1.7-2.1x for the best row-tile loop; with random routing few groups
 # overflow 1.25x their mean.
 _SLOT_HEADROOM = 1.25
+# A problem this small gives every group M slots (C = M): no group can
+# overflow, so no loop is built. Bounded so that the padding stays cheap: the
+# slots hold at most 2^20 elements (4 MiB of float32) and their matmul at most
+# 2^24 multiply-adds (~0.1 ms here), where the loops' per-iteration overhead
+# and their compile time (18 while loops in a sparse layer's forward and
+# backward) would dominate.
+_ALL_SLOTS_MAX_ELEMENTS = 1 << 20
+_ALL_SLOTS_MAX_WORK = 1 << 24
 
 # [M, K] x [K, N] -> [M, N], and the same with rhs given as [N, K].
 _DIMS_NN = (((1,), (0,)), ((), ()))
@@ -115,6 +124,20 @@ def slot_rows(m: int, num_groups: int) -> int:
   mean_group = m / max(num_groups, 1)
   c = -(-math.ceil(_SLOT_HEADROOM * mean_group) // 8) * 8
   return min(m, max(8, c))
+
+
+def default_slot_rows(m: int, num_groups: int, k: int, n: int) -> int:
+  """C for [M, K] x [G, K, N]: M for a small problem (slots [G, M, max(K,
+  N)] of at most `_ALL_SLOTS_MAX_ELEMENTS`, at most `_ALL_SLOTS_MAX_WORK`
+  multiply-adds; then no row overflows and no loop is built), else
+  `slot_rows(M, G)`."""
+  slots = num_groups * m
+  if (
+      slots * max(k, n) <= _ALL_SLOTS_MAX_ELEMENTS
+      and slots * k * n <= _ALL_SLOTS_MAX_WORK
+  ):
+    return m
+  return slot_rows(m, num_groups)
 
 
 @flax.struct.dataclass
@@ -262,6 +285,8 @@ def _blocked_rows(
   else:
     n = rhs.shape[2 - contract]
     out = _zeros_varying_like((m, n), out_dtype, lhs, rhs, plan.starts)
+  if plan.slot_row.shape[1] >= m:  # every row has a slot: nothing overflows
+    return out
 
   def group_body(g, out):  # out: [M, N]
     w = lax.dynamic_index_in_dim(rhs, g, keepdims=False)  # [K, N] or [N, K]
@@ -309,6 +334,8 @@ def _blocked_weight_grad(
     drhs = _zeros_varying_like(
         (num_groups, k, n), acc_dtype, lhs, dout, plan.starts
     )
+  if plan.slot_row.shape[1] >= m:  # every row has a slot: nothing overflows
+    return drhs
   mask_lhs = k <= n  # zero the smaller operand's foreign rows
 
   def group_body(g, drhs):  # drhs: [G, K, N]
@@ -410,7 +437,7 @@ def blocked_grouped_matmul(
     block_rows_override: the overflow row-tile size; default
       `block_rows(M, G)`.
     slot_rows_override: C, the rows per group of the batched part; default
-      `slot_rows(M, G)`; 0 runs every row in tiles.
+      `default_slot_rows(M, G, K, N)`; 0 runs every row in tiles.
   """
   (m, k), (num_groups, _, n) = lhs.shape, rhs.shape
   out_dtype = jax.eval_shape(
@@ -431,7 +458,7 @@ def blocked_grouped_matmul(
     raise ValueError(f"block rows must be in [1, M={m}]; got {bm}.")
   c = slot_rows_override
   if c is None:
-    c = slot_rows(m, num_groups)
+    c = default_slot_rows(m, num_groups, k, n)
   if not 0 <= c <= m:
     raise ValueError(f"slot rows must be in [0, M={m}]; got {c}.")
   if jnp.issubdtype(out_dtype, jnp.inexact):

@@ -37,12 +37,24 @@ def _fwd_bwd(matmul, group_sizes):
 
 
 def _blocked(block_rows=None, slot_rows=None, **kwargs):
-  return functools.partial(
-      gmm_lib.blocked_grouped_matmul,
-      block_rows_override=block_rows,
-      slot_rows_override=slot_rows,
-      **kwargs,
-  )
+  """ "blocked" with C = `slot_rows(M, G)` unless given: these problems are
+  small enough that the default C would be M (`default_slot_rows`), and no
+  row would reach the overflow tiles these tests are about."""
+
+  def matmul(lhs, rhs, group_sizes):
+    c = slot_rows
+    if c is None:
+      c = gmm_lib.slot_rows(lhs.shape[0], rhs.shape[0])
+    return gmm_lib.blocked_grouped_matmul(
+        lhs,
+        rhs,
+        group_sizes,
+        block_rows_override=block_rows,
+        slot_rows_override=c,
+        **kwargs,
+    )
+
+  return matmul
 
 
 def _numpy_reference(lhs, rhs, group_sizes, dout):
@@ -324,6 +336,34 @@ class ValidationTest(parameterized.TestCase):
   )
   def test_block_rows(self, m, g, want):
     self.assertEqual(gmm_lib.block_rows(m, g), want)
+
+  # M (every row a slot) while the slots [G, M, max(K, N)] hold at most 2^20
+  # elements and their matmul takes at most 2^24 multiply-adds.
+  @parameterized.parameters(
+      (32, 8, 64, 128, 32),  # tiny_mixtral's layer on 2 x 8 tokens
+      (128, 16, 64, 32, 128),  # tiny_gemma4_26b's (top-8 of 16)
+      (96, 8, 24, 40, 96),  # these tests' operands
+      (32768, 128, 512, 128, 320),  # gemma-like: slot_rows
+      (1024, 8, 256, 512, 160),  # 2^30 multiply-adds: slot_rows
+      (4096, 16, 32, 2, 320),  # 2^22 multiply-adds, but 2^21 elements
+  )
+  def test_default_slot_rows(self, m, g, k, n, want):
+    self.assertEqual(gmm_lib.default_slot_rows(m, g, k, n), want)
+
+  def test_small_problem_runs_without_loops(self):
+    group_sizes = jnp.array([13, 0, 57, 20, 0, 5, 1, 0], jnp.int32)
+    lhs, rhs, dout = _operands(8)
+    default = gmm_lib.blocked_grouped_matmul  # C = M here
+    got = _fwd_bwd(default, group_sizes)(lhs, rhs, dout)
+    want = _fwd_bwd(gmm_lib.ragged_dot, group_sizes)(lhs, rhs, dout)
+    _assert_all_close(got, want, rtol=1e-5, atol=1e-5)
+
+    def loops(matmul):
+      fwd_bwd = _fwd_bwd(matmul, group_sizes)
+      return str(jax.make_jaxpr(fwd_bwd)(lhs, rhs, dout)).count("while[")
+
+    self.assertEqual(loops(default), 0)
+    self.assertGreater(loops(_blocked(16)), 0)  # C = 16: the overflow loops
 
   # 1.25 x the mean group, rounded up to a multiple of 8, in [8, M].
   @parameterized.parameters(
