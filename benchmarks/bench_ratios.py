@@ -11,7 +11,8 @@ are printed, with every ratio:
      512): fraction of the float32 dense-matmul roofline timed in the same
      process, beside the fractions three idealised forms reach (dense
      matmuls of the experts' shapes; per-expert matmuls of equal groups; a
-     whole layer on perfectly balanced routing: see `ceilings_main`);
+     whole layer on perfectly balanced routing) and this library's sparse
+     experts on that routing: see `ceilings_main`;
   2. sparse at fixed tokens (batch 4, seq 128, emb 256, mlp 512, top-2):
      step(64 experts) / step(8 experts); beside it the "weight floor", a
      step that only reads the 3 expert weights and writes their gradients
