@@ -229,7 +229,10 @@ def _tile(plan: _Plan, g: jax.Array, t: jax.Array, m: int, bm: int):
 
 
 def _over_overflow(plan: _Plan, group_body, init):
-  """fori_loop of `group_body(g, carry)` over the overflowing groups."""
+  """fori_loop of `group_body(g, carry)` over the overflowing groups; `init`
+  itself, and no loop built, when every row has a slot (C >= M)."""
+  if plan.slot_row.shape[1] >= plan.row_slot.shape[0]:
+    return init
   return lax.fori_loop(
       0,
       plan.num_overflowing,
@@ -285,8 +288,6 @@ def _blocked_rows(
   else:
     n = rhs.shape[2 - contract]
     out = _zeros_varying_like((m, n), out_dtype, lhs, rhs, plan.starts)
-  if plan.slot_row.shape[1] >= m:  # every row has a slot: nothing overflows
-    return out
 
   def group_body(g, out):  # out: [M, N]
     w = lax.dynamic_index_in_dim(rhs, g, keepdims=False)  # [K, N] or [N, K]
@@ -334,8 +335,6 @@ def _blocked_weight_grad(
     drhs = _zeros_varying_like(
         (num_groups, k, n), acc_dtype, lhs, dout, plan.starts
     )
-  if plan.slot_row.shape[1] >= m:  # every row has a slot: nothing overflows
-    return drhs
   mask_lhs = k <= n  # zero the smaller operand's foreign rows
 
   def group_body(g, drhs):  # drhs: [G, K, N]
