@@ -12,7 +12,8 @@ are printed, with every ratio:
      process, beside the fractions three idealised forms reach (dense
      matmuls of the experts' shapes; per-expert matmuls of equal groups; a
      whole layer on perfectly balanced routing) and this library's sparse
-     experts on that routing: see `ceilings_main`;
+     experts on that routing, with its default slots and with slots of the
+     mean group: see `ceilings_main`;
   2. sparse at fixed tokens (batch 4, seq 128, emb 256, mlp 512, top-2):
      step(64 experts) / step(8 experts); beside it the "weight floor", a
      step that only reads the 3 expert weights and writes their gradients
@@ -31,6 +32,7 @@ are printed, with every ratio:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -91,9 +93,10 @@ def weight_floor_main(e: int) -> None:
 
 
 def ceilings_main() -> None:
-  """Roofline fractions three idealised forms of the gemma-like layer reach
-  here, forward+backward, float32, flops counted as for the layer (nine
-  [T*k, .] matmuls):
+  """Roofline fractions of three idealised forms of the gemma-like layer,
+  and of this library's sparse experts on the idealised routing, here:
+  forward+backward, float32, flops counted as for the layer (nine [T*k, .]
+  matmuls):
 
   dense: plain dense matmuls of the experts' shapes (no experts at all);
   grouped: the same as batched per-expert matmuls of exactly the mean group
@@ -104,8 +107,11 @@ def ceilings_main() -> None:
     the weighted combine. No implementation can beat it on real routing,
     which adds a router and unequal groups (padding or overflow);
   library_balanced: this library's sparse experts (`sparse_experts`, the
-    default grouped matmul) on the same routing, no router: the ceiling
-    less what the library adds (its slots, C = 1.25x the mean group).
+    "blocked" grouped matmul, the CPU default) on the same routing, no
+    router: the ceiling less what the library adds (its slots, C = 1.25x
+    the mean group);
+  library_mean_slots: the same with C = the mean group, which balanced
+    routing fills exactly: what the library adds beyond padding.
   """
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
@@ -130,20 +136,18 @@ def ceilings_main() -> None:
   def squares(*ys):  # every product's cotangent is itself: all matmuls run
     return sum(0.5 * jnp.sum(jnp.square(y)) for y in ys)
 
-  def experts(xg, ag, ws):  # [E, n, M], [E, n, H] -> the three products
-    return (
-        jnp.einsum("gcm,gmh->gch", xg, ws[0]),
-        jnp.einsum("gcm,gmh->gch", xg, ws[1]),
-        jnp.einsum("gch,ghm->gcm", ag, ws[2]),
-    )
+  def up(xg, w):  # [E, n, M] x [E, M, H] -> [E, n, H]
+    return jnp.einsum("gcm,gmh->gch", xg, w)
+
+  def down(ag, w):  # [E, n, H] x [E, H, M] -> [E, n, M]
+    return jnp.einsum("gch,ghm->gcm", ag, w)
 
   def dense(x, a, ws):
     return squares(x @ ws[0][0], x @ ws[1][0], a @ ws[2][0])
 
   def grouped(x, a, ws):
-    return squares(
-        *experts(x.reshape(e, per_expert, m), a.reshape(e, per_expert, h), ws)
-    )
+    xg, ag = x.reshape(e, per_expert, m), a.reshape(e, per_expert, h)
+    return squares(up(xg, ws[0]), up(xg, ws[1]), down(ag, ws[2]))
 
   # Token t's k choices are experts (t * k + j) mod E: distinct, and every
   # expert gets exactly T * k / E rows.
@@ -153,18 +157,18 @@ def ceilings_main() -> None:
   def balanced_layer(x, weights, ws):
     plan = permute.sort_plan(indices.astype(jnp.int32), e, all_local=True)
     xg = permute.dispatch_rows(x, plan).reshape(e, per_expert, m)
-    h0 = jnp.einsum("gcm,gmh->gch", xg, ws[0])
-    h1 = jnp.einsum("gcm,gmh->gch", xg, ws[1])
-    y = jnp.einsum("gch,ghm->gcm", jax.nn.silu(h0) * h1, ws[2])
+    y = down(jax.nn.silu(up(xg, ws[0])) * up(xg, ws[1]), ws[2])
     return squares(permute.combine_rows(y.reshape(rows, m), weights, plan))
 
-  def library_balanced(x, weights, ws):
-    def grouped(site, lhs, rhs, group_sizes):
+  def library_balanced(x, weights, ws, slot_rows=None):
+    def hook(site, lhs, rhs, group_sizes):
       del site
-      return grouped_matmul.grouped_matmul(lhs, rhs, group_sizes)
+      return grouped_matmul.blocked_grouped_matmul(
+          lhs, rhs, group_sizes, slot_rows_override=slot_rows
+      )
 
     y = sparse.sparse_experts(
-        grouped, x, indices, weights, tuple(ws), jax.nn.silu, all_experts=True
+        hook, x, indices, weights, tuple(ws), jax.nn.silu, all_experts=True
     )
     return squares(y)
 
@@ -176,6 +180,11 @@ def ceilings_main() -> None:
       ("grouped", grouped, (x, a, ws)),
       ("balanced_layer", balanced_layer, (x[:t], weights, ws)),
       ("library_balanced", library_balanced, (x[:t], weights, ws)),
+      (
+          "library_mean_slots",
+          functools.partial(library_balanced, slot_rows=per_expert),
+          (x[:t], weights, ws),
+      ),
   ):
     step = jax.jit(jax.grad(fn, argnums=(0, 1, 2)))
     wall, cpu = bench._time(step, args, 5)  # noqa: SLF001
@@ -285,9 +294,10 @@ def main() -> None:
         ("grouped", "per-expert batched matmuls, equal groups, no routing"),
         ("balanced_layer", "a whole layer on perfectly balanced routing"),
         ("library_balanced", "this library's sparse experts, same routing"),
+        ("library_mean_slots", "the same, slots = the mean group"),
     ):
       line(
-          f"ceiling {name:16s} roofline fraction wall "
+          f"ceiling {name:18s} roofline fraction wall "
           f"{_median(ceilings, name):.2f}  cpu "
           f"{_median(ceilings, name + '_cpu'):.2f}  ({what})"
       )
