@@ -2,7 +2,8 @@
 
 For each cell (config/quantization/path/layers/frontend), in this process:
 the train state's init, tracing and lowering the train step, and XLA's
-compile, in seconds, as `linen_moe_cli.matrix.run_cell` does them. Point
+compile, in seconds, as `linen_moe_cli.matrix.run_cell` does them, and the
+size of the compiled step (lines of optimised HLO). Point
 `JAX_COMPILATION_CACHE_DIR` at an empty directory for cold-cache figures;
 `--fast-compile` compiles as `linen-moe matrix` does by default.
 
@@ -45,11 +46,13 @@ def main() -> None:
     inited = time.perf_counter()
     lowered = jax.jit(fe.make_step(cfg, optimizer)).lower(state, tokens, rng)
     traced = time.perf_counter()
-    lowered.compile()
+    compiled = lowered.compile()
     done = time.perf_counter()
+    hlo_lines = len(compiled.as_text().splitlines())
     print(
         f"{spec}: init {inited - start:.2f}s  trace+lower "
-        f"{traced - inited:.2f}s  compile {done - traced:.2f}s"
+        f"{traced - inited:.2f}s  compile {done - traced:.2f}s  "
+        f"({hlo_lines} lines of optimised HLO)"
     )
 
 
