@@ -30,10 +30,10 @@ import time
 import jax
 
 from linen_moe import distributed
-from linen_moe import hlo
 from linen_moe import sharding
-from linen_moe.config import PATHS
-from linen_moe.config import load_model_config
+from linen_moe import testing
+from linen_moe._src.config import PATHS
+from linen_moe._src.config import load_model_config
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import launch
@@ -70,7 +70,7 @@ def child(args: argparse.Namespace) -> None:
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - start)
   process_of = [d.process_index for d in mesh.devices.flat]
-  summary = hlo.collective_summary(text, process_of)
+  summary = testing.collective_summary(text, process_of)
   if distributed.is_main_process():
     print(
         json.dumps({

@@ -116,9 +116,9 @@ def ceilings_main() -> None:
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
-  from linen_moe import grouped_matmul  # noqa: PLC0415
-  from linen_moe import permute  # noqa: PLC0415
-  from linen_moe import sparse  # noqa: PLC0415
+  from linen_moe._src import grouped_matmul  # noqa: PLC0415
+  from linen_moe._src import permute  # noqa: PLC0415
+  from linen_moe._src import sparse  # noqa: PLC0415
   from linen_moe_cli import bench  # noqa: PLC0415
 
   b, s, m, h, e, k = bench.SIZES[GEMMA]
@@ -227,7 +227,7 @@ def init_main(config: str, layers: str, what: str) -> None:
 
   from linen_moe import RoutedMoE  # noqa: PLC0415
   from linen_moe import load_model_config  # noqa: PLC0415
-  from linen_moe.decoder import Decoder  # noqa: PLC0415
+  from linen_moe._src.models.decoder import Decoder  # noqa: PLC0415
 
   cfg = load_model_config(
       config, quantization="fp8", scan_layers=layers == "scanned"

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from linen_moe import load_model_config
 from linen_moe import serving
-from linen_moe.decoder import Decoder
+from linen_moe._src.models.decoder import Decoder
 from linen_moe.sharding import unbox
 from linen_moe_cli import generate_job
 

@@ -36,13 +36,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from linen_moe import hlo  # noqa: E402
 from linen_moe import load_model_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
-from linen_moe.decoder import Decoder  # noqa: E402
+from linen_moe import testing  # noqa: E402
+from linen_moe._src.models.decoder import Decoder  # noqa: E402
+from linen_moe._src.training import step as train_lib  # noqa: E402
 from linen_moe.training import MarkovData  # noqa: E402
 from linen_moe.training import ShardedTraining  # noqa: E402
-from linen_moe.training import step as train_lib  # noqa: E402
 
 MIB = 2**20
 SHORT = {
@@ -92,7 +92,7 @@ def measure(cfg, mesh_spec: str, batch: int, seq: int, steps: int) -> dict:
       "experts_mib": (
           device0_bytes([moe[n] for n in ("wi_0", "wi_1", "wo")]) / MIB
       ),
-      "collectives": hlo.collective_counts(compiled.as_text()),
+      "collectives": testing.collective_counts(compiled.as_text()),
   }
   times = []
   for i in range(steps + 1):

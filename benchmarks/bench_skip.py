@@ -14,11 +14,11 @@ import jax.numpy as jnp
 
 from linen_moe import Decoder
 from linen_moe import load_model_config
+from linen_moe._src.training import skip
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe.training import init_train_state
 from linen_moe.training import make_train_step
-from linen_moe.training import skip
 
 
 def _compile(cfg, optimizer, state, tokens, with_skip: bool):

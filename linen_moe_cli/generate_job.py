@@ -14,15 +14,15 @@ import numpy as np
 from linen_moe import decoding
 from linen_moe import serving
 from linen_moe import sharding
-from linen_moe.config import SERVING_QUANTIZATIONS
-from linen_moe.config import ModelConfig
-from linen_moe.config import load_model_config
-from linen_moe.decoder import Decoder
+from linen_moe._src.config import SERVING_QUANTIZATIONS
+from linen_moe._src.config import ModelConfig
+from linen_moe._src.config import load_model_config
+from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe.training import init_train_state
 from linen_moe.training import make_train_step
-from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 
 
 @dataclasses.dataclass(frozen=True)

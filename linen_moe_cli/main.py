@@ -10,8 +10,8 @@ import time
 
 import yaml
 
-from linen_moe.config import QUANTIZATIONS
-from linen_moe.config import available_configs
+from linen_moe._src.config import QUANTIZATIONS
+from linen_moe._src.config import available_configs
 from linen_moe.distributed import DEFAULT_HEARTBEAT_TIMEOUT_S
 from linen_moe.distributed import DEFAULT_INIT_TIMEOUT_S
 from linen_moe_cli import options

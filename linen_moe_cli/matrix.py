@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe import hlo
-from linen_moe.config import PATHS
-from linen_moe.config import QUANTIZATIONS
-from linen_moe.config import TINY_CONFIGS
-from linen_moe.config import load_model_config
+from linen_moe import testing
+from linen_moe._src.config import PATHS
+from linen_moe._src.config import QUANTIZATIONS
+from linen_moe._src.config import TINY_CONFIGS
+from linen_moe._src.config import load_model_config
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli.frontends import FRONTENDS
@@ -151,7 +151,7 @@ def run_cell(
     )
     result.compile_s = time.perf_counter() - start
     result.quantized_types = frozenset(
-        hlo.quantized_types_at_contractions(compiled.as_text())
+        testing.quantized_types_at_contractions(compiled.as_text())
     )
     expected = EXPECTED_TYPES[cell.quantization]
     missing = expected - result.quantized_types

@@ -15,8 +15,8 @@ import tqdm
 from linen_moe import checkpoint
 from linen_moe import distributed
 from linen_moe import sharding
-from linen_moe.config import load_model_config
-from linen_moe.decoder import Decoder
+from linen_moe._src.config import load_model_config
+from linen_moe._src.models.decoder import Decoder
 from linen_moe.tokens import validate_tokens
 from linen_moe.training import MarkovData
 from linen_moe.training import ShardedTraining

@@ -9,9 +9,9 @@ import flax.linen as nn
 from flax.nnx.bridge import variables as bridge_variables
 import jax
 
-from linen_moe.jit_init import compiled_init
-from linen_moe.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe.variables import UPDATED_BY_RULE
+from linen_moe._src.jit_init import compiled_init
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.variables import UPDATED_BY_RULE
 
 
 class Fp8State(nnx.Variable):

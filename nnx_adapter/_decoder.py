@@ -11,11 +11,11 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from linen_moe import decoder as linen_decoder
-from linen_moe import scan
-from linen_moe import sharding
-from linen_moe.config import ModelConfig
-from linen_moe.variables import rng_dict
+from linen_moe._src import scan
+from linen_moe._src import sharding
+from linen_moe._src.config import ModelConfig
+from linen_moe._src.models import decoder as linen_decoder
+from linen_moe._src.variables import rng_dict
 from nnx_adapter._adapter import EagerToNNX
 
 PyTree = dict[str, Any]

@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# Creates .venv with Python 3.12 (jax 0.12 needs it) and installs this project.
-# Usage: scripts/setup_venv.sh [EXTRAS]   e.g. scripts/setup_venv.sh test,bench
+# Creates a venv with Python 3.12 (jax 0.12 needs it) and installs this
+# project into it: editable from this checkout, or a built wheel.
+# Usage: scripts/setup_venv.sh [--wheel WHEEL] [EXTRAS]
+#   scripts/setup_venv.sh test,bench            .venv, editable, with extras
+#   VENV=/tmp/v scripts/setup_venv.sh --wheel dist/linen_moe-*.whl test
 set -euo pipefail
+
+target=-e.
+if [ "${1:-}" = "--wheel" ]; then
+  target=$(realpath "$2"); shift 2
+fi
+extras=${1:+[$1]}
+VENV=$(realpath -m "${VENV:-$(dirname "$0")/../.venv}")
 cd "$(dirname "$0")/.."
 
 find_python312() {
@@ -16,11 +26,10 @@ find_python312() {
   exit 1
 }
 
-VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || "$(find_python312)" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -qq --upgrade pip
-if [ -n "${1:-}" ]; then
-  "$VENV/bin/python" -m pip install -qq -e ".[$1]"
+if [ "$target" = -e. ]; then
+  "$VENV/bin/python" -m pip install -qq -e ".$extras"
 else
-  "$VENV/bin/python" -m pip install -qq -e .
+  "$VENV/bin/python" -m pip install -qq "$target$extras"
 fi

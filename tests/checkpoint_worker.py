@@ -31,8 +31,8 @@ import numpy as np  # noqa: E402
 
 from linen_moe import checkpoint  # noqa: E402
 from linen_moe import sharding  # noqa: E402
-from linen_moe.config import PATHS  # noqa: E402
-from linen_moe.config import load_model_config  # noqa: E402
+from linen_moe._src.config import PATHS  # noqa: E402
+from linen_moe._src.config import load_model_config  # noqa: E402
 from linen_moe.training import default_optimizer  # noqa: E402
 from linen_moe_cli.frontends import frontend as get_frontend  # noqa: E402
 from linen_moe_cli.train_job import sharded_training  # noqa: E402

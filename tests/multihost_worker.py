@@ -33,10 +33,10 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from linen_moe import distributed
-from linen_moe import hlo
 from linen_moe import sharding
-from linen_moe.config import PATHS
-from linen_moe.config import load_model_config
+from linen_moe import testing
+from linen_moe._src.config import PATHS
+from linen_moe._src.config import load_model_config
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import main as cli_main
@@ -74,7 +74,7 @@ def collectives(job: dict) -> dict:
   state = run.init(tokens, jax.random.key(0))
   text = run.lower(state, tokens, jax.random.key(1)).compile().as_text()
   process_of = [d.process_index for d in mesh.devices.flat]
-  summary = hlo.collective_summary(text, process_of)
+  summary = testing.collective_summary(text, process_of)
   return {
       "process_of": process_of,
       "counts": summary,

@@ -26,12 +26,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from linen_moe import hlo  # noqa: E402
 from linen_moe import load_model_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
-from linen_moe.config import PATHS  # noqa: E402
+from linen_moe import testing  # noqa: E402
+from linen_moe._src.config import PATHS  # noqa: E402
+from linen_moe._src.training import step as train_lib  # noqa: E402
 from linen_moe.training import MarkovData  # noqa: E402
-from linen_moe.training import step as train_lib  # noqa: E402
 from linen_moe_cli import train_job  # noqa: E402
 from linen_moe_cli.frontends import frontend as get_frontend  # noqa: E402
 
@@ -117,9 +117,9 @@ def equivalence(job: dict) -> dict:
     if job.get("hlo"):
       text = compiled.as_text()
       full = {s for w in weights.values() for s in (w.shape, w.shape[1:])}
-      result["collectives"] = hlo.collective_counts(text)
+      result["collectives"] = testing.collective_counts(text)
       result["full_weight_gathers"] = [
-          s for s in hlo.all_gather_shapes(text) if s in full
+          s for s in testing.all_gather_shapes(text) if s in full
       ]
     new, metrics = compiled(state, tokens, step_rng)
     result.update(
@@ -157,8 +157,8 @@ def layer(job: dict) -> dict:
   batch to `data` only, so tokens are replicated over `expert` (outputs are
   summed there instead of reduce-scattered)."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
-  from linen_moe.config import load_config  # noqa: PLC0415
-  from linen_moe.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
+  from linen_moe._src.config import load_config  # noqa: PLC0415
+  from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
 
   cfg = load_config(
       job.get("config", "tiny_mixtral"),
@@ -200,7 +200,7 @@ def serving(job: dict) -> dict:
   and under each mesh: the expert-parallel path reads the stored kernels."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
   from linen_moe import serving as serving_lib  # noqa: PLC0415
-  from linen_moe.config import load_config  # noqa: PLC0415
+  from linen_moe._src.config import load_config  # noqa: PLC0415
 
   out = {}
   for mode in job["modes"]:

@@ -27,12 +27,12 @@ import pytest
 
 from linen_moe import checkpoint
 from linen_moe import load_model_config
-from linen_moe.config import PATHS
-from linen_moe.decoder import Decoder
+from linen_moe._src.config import PATHS
+from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.training import LinenFrontend
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
-from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 import nnx_adapter
 from tests import checkpoint_worker
 from tests import workers

@@ -8,12 +8,12 @@ import numpy as np
 import optax
 
 from linen_moe import load_model_config
-from linen_moe.decoder import Decoder
-from linen_moe.decoder import scanned_to_unrolled
-from linen_moe.decoder import unrolled_to_scanned
+from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.models.decoder import scanned_to_unrolled
+from linen_moe._src.models.decoder import unrolled_to_scanned
+from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData
-from linen_moe.training import step as train_lib
 
 CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
 

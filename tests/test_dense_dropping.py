@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe import dense as dense_lib
 from linen_moe import routing
+from linen_moe._src import dense as dense_lib
 
 B, S, M, H, E, K = 2, 12, 6, 5, 4, 2
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from linen_moe import load_model_config
 from linen_moe import tokens as tokens_lib
-from linen_moe.decoder import Decoder
+from linen_moe._src.models.decoder import Decoder
 from linen_moe.training import MarkovData
 from linen_moe_cli import bench_report
 from linen_moe_cli import main as cli

@@ -17,8 +17,8 @@ import numpy as np
 
 from linen_moe import RoutedMoE
 from linen_moe import load_config
-from linen_moe import quantization
-from linen_moe.variables import OVERWRITE_WITH_GRADIENT as OWG
+from linen_moe._src import quantization
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT as OWG
 
 ROLES = ("input", "kernel", "output_grad")
 HISTORY = 4

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe import grouped_matmul as gmm_lib
+from linen_moe._src import grouped_matmul as gmm_lib
 
 M, K, N = 96, 24, 40  # M > K, N: only a dense fallback reaches G * M * N
 

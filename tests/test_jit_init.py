@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import RoutedMoE
-from linen_moe import jit_init
 from linen_moe import load_config
-from linen_moe.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src import jit_init
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 
 
 def _assert_same_variables(test, got, want):

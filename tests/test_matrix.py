@@ -12,8 +12,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import pytest
 
-from linen_moe.config import PATHS
-from linen_moe.config import QUANTIZATIONS
+from linen_moe._src.config import PATHS
+from linen_moe._src.config import QUANTIZATIONS
 from linen_moe_cli import matrix
 
 # Each (quantization, path) cell once, rotating through the configs (each

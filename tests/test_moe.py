@@ -11,10 +11,10 @@ import numpy as np
 from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
 from linen_moe import SharedExpert
-from linen_moe import dense as dense_lib
 from linen_moe import load_config
 from linen_moe import routing
-from linen_moe.config import PATHS as ALL_PATHS
+from linen_moe._src import dense as dense_lib
+from linen_moe._src.config import PATHS as ALL_PATHS
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 

@@ -40,7 +40,7 @@ import numpy as np
 import pytest
 
 from linen_moe import distributed
-from linen_moe import hlo
+from linen_moe import testing
 from linen_moe_cli import launch
 from linen_moe_cli import main as cli_main
 
@@ -241,10 +241,10 @@ class LaunchTest(absltest.TestCase):
 
 
 class CollectivesTest(absltest.TestCase):
-  """`hlo.collectives` reads each way HLO writes device groups."""
+  """`testing.collectives` reads each way HLO writes device groups."""
 
   def _one(self, text):
-    (op,) = hlo.collectives(text)
+    (op,) = testing.collectives(text)
     return op
 
   def test_mesh_axes(self):
@@ -260,8 +260,8 @@ class CollectivesTest(absltest.TestCase):
     )
     self.assertEqual(op.groups, ((0, 4), (1, 5), (2, 6), (3, 7)))
     two_processes = [0] * 4 + [1] * 4
-    self.assertTrue(hlo.crosses_processes(op, two_processes))
-    self.assertFalse(hlo.crosses_processes(op, [0, 1, 2, 3] * 2))
+    self.assertTrue(testing.crosses_processes(op, two_processes))
+    self.assertFalse(testing.crosses_processes(op, [0, 1, 2, 3] * 2))
 
   def test_iota_and_lists(self):
     op = self._one("  %r = f32[2] all-reduce(%x), replica_groups=[2,4]<=[8]")
@@ -277,7 +277,7 @@ class CollectivesTest(absltest.TestCase):
     self.assertEqual(op.groups, ((0, 1), (1, 0)))
     op = self._one("  %r = f32[2] all-reduce(%x), replica_groups={}")
     self.assertIsNone(op.groups)
-    self.assertTrue(hlo.crosses_processes(op, [0, 1]))
+    self.assertTrue(testing.crosses_processes(op, [0, 1]))
 
 
 class TwoProcessTrainTest(absltest.TestCase):

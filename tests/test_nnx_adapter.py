@@ -14,14 +14,14 @@ import pytest
 
 from linen_moe import RoutedMoE
 from linen_moe import load_model_config
-from linen_moe.config import PATHS
-from linen_moe.config import QUANTIZATIONS
-from linen_moe.config import TINY_CONFIGS
-from linen_moe.decoder import Decoder as LinenDecoder
+from linen_moe._src.config import PATHS
+from linen_moe._src.config import QUANTIZATIONS
+from linen_moe._src.config import TINY_CONFIGS
+from linen_moe._src.models.decoder import Decoder as LinenDecoder
+from linen_moe._src.training import step as train_lib
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData
-from linen_moe.training import step as train_lib
-from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe_cli import frontends
 from linen_moe_cli import main as cli
 from linen_moe_cli import matrix

@@ -29,8 +29,8 @@ import numpy as np
 
 from linen_moe import RoutedMoE
 from linen_moe import routing
-from linen_moe.config import ROUTINGS
-from linen_moe.config import MoEConfig
+from linen_moe._src.config import ROUTINGS
+from linen_moe._src.config import MoEConfig
 from linen_moe.sharding import unbox
 
 EMB, MLP = 8, 16

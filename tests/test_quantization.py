@@ -17,15 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import RoutedMoE
-from linen_moe import grouped_matmul as gmm_lib
-from linen_moe import hlo
-from linen_moe import int8_grouped
 from linen_moe import load_config
-from linen_moe import quantization
-from linen_moe import variables
-from linen_moe.config import MoEConfig
+from linen_moe import testing
+from linen_moe._src import grouped_matmul as gmm_lib
+from linen_moe._src import int8_grouped
+from linen_moe._src import quantization
+from linen_moe._src import variables
+from linen_moe._src.config import MoEConfig
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe.sharding import unbox
-from linen_moe.variables import OVERWRITE_WITH_GRADIENT as OWG
 
 CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
 PATHS = {
@@ -168,14 +168,14 @@ class QuantizedLayerTest(parameterized.TestCase):
   def _check_compiled_types(self, text, mode):
     """The quantized types reach the expert contractions of the step."""
     if mode == "none":
-      self.assertEmpty(hlo.quantized_types_in_hlo(text))
+      self.assertEmpty(testing.quantized_types_in_hlo(text))
       return
     expected = {FWD_TYPE[mode], GRAD_TYPE[mode]}
-    self.assertEqual(hlo.quantized_types_at_contractions(text), expected)
+    self.assertEqual(testing.quantized_types_at_contractions(text), expected)
     by_site = {
         site: [
             c.quantized_inputs
-            for c in hlo.contractions(text)
+            for c in testing.contractions(text)
             if f"/{site}_dot/" in c.op_name
         ]
         for site in ("wi_0", "wi_1", "wo")  # the expert weights
@@ -372,10 +372,12 @@ class HloTest(absltest.TestCase):
 
     args = (jnp.ones((4, 8)), jnp.ones((8, 2)))
     text = jax.jit(qdq_matmul).lower(*args).compile().as_text()
-    self.assertEqual(hlo.quantized_types_at_contractions(text), {"f8e4m3fn"})
+    self.assertEqual(
+        testing.quantized_types_at_contractions(text), {"f8e4m3fn"}
+    )
     text = jax.jit(jnp.matmul).lower(*args).compile().as_text()
-    self.assertEqual(hlo.quantized_types_at_contractions(text), set())
-    self.assertLen(hlo.contractions(text), 1)
+    self.assertEqual(testing.quantized_types_at_contractions(text), set())
+    self.assertLen(testing.contractions(text), 1)
 
 
 if __name__ == "__main__":

@@ -31,10 +31,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from linen_moe import OVERWRITE_WITH_GRADIENT
 from linen_moe import checkpoint
 from linen_moe import load_model_config
-from linen_moe.config import PATHS
-from linen_moe.config import QUANTIZATIONS
+from linen_moe._src.config import PATHS
+from linen_moe._src.config import QUANTIZATIONS
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import main as cli
@@ -99,7 +100,7 @@ class ExactResumeMixin(parameterized.TestCase):
     for prefix in (
         ("variables", "params"),
         ("opt_state",),
-        checkpoint.FP8_PREFIX,
+        (checkpoint.VARIABLES, OVERWRITE_WITH_GRADIENT),
     ):
       moved = [
           not np.array_equal(final[p], initial[p])
@@ -107,7 +108,10 @@ class ExactResumeMixin(parameterized.TestCase):
           if p[: len(prefix)] == prefix
           and np.issubdtype(final[p].dtype, np.floating)
       ]
-      if prefix == checkpoint.FP8_PREFIX and "fp8" not in quantization:
+      if (
+          prefix == (checkpoint.VARIABLES, OVERWRITE_WITH_GRADIENT)
+          and "fp8" not in quantization
+      ):
         self.assertEmpty(moved)
       else:
         self.assertTrue(moved and all(moved), prefix)

@@ -21,9 +21,9 @@ import numpy as np
 from linen_moe import checkpoint
 from linen_moe import load_model_config
 from linen_moe import routing
-from linen_moe.decoder import Decoder
+from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.training import step as step_lib
 from linen_moe.training import MarkovData
-from linen_moe.training import step as step_lib
 from linen_moe_cli import main as cli
 from linen_moe_cli import train_job
 from linen_moe_cli.frontends import frontend as get_frontend

@@ -16,13 +16,13 @@ import pytest
 from linen_moe import Decoder
 from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
-from linen_moe import dense as dense_lib
 from linen_moe import load_config
 from linen_moe import load_model_config
 from linen_moe import serving
-from linen_moe import variables as variables_lib
-from linen_moe.config import PATHS
-from linen_moe.config import QUANTIZATIONS
+from linen_moe._src import dense as dense_lib
+from linen_moe._src import variables as variables_lib
+from linen_moe._src.config import PATHS
+from linen_moe._src.config import QUANTIZATIONS
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 

@@ -20,15 +20,15 @@ from linen_moe import PATHS
 from linen_moe import Decoder
 from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
-from linen_moe import hlo
 from linen_moe import load_config
 from linen_moe import load_model_config
 from linen_moe import scanned_to_unrolled
 from linen_moe import serving
-from linen_moe import stored_weights
-from linen_moe.config import TINY_CONFIGS
+from linen_moe import testing
+from linen_moe._src import stored_weights
+from linen_moe._src.config import TINY_CONFIGS
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe.sharding import unbox
-from linen_moe.variables import OVERWRITE_WITH_GRADIENT as OWG
 import nnx_adapter
 from tests.test_sharding import run_worker
 
@@ -164,7 +164,7 @@ class ServingLayerTest(parameterized.TestCase):
     for site in SITES:
       fed = [
           c.quantized_inputs
-          for c in hlo.contractions(text)
+          for c in testing.contractions(text)
           if f"/{site}_dot/" in c.op_name
       ]
       self.assertTrue(any(kind in t for t in fed), (site, fed))

@@ -36,7 +36,7 @@ import pytest
 
 from linen_moe import load_model_config
 from linen_moe import sharding
-from linen_moe.decoder import Decoder
+from linen_moe._src.models.decoder import Decoder
 from tests import workers
 
 MESHES = ("data=8", "expert=8", "data=2,expert=4")

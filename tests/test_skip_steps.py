@@ -24,10 +24,10 @@ import numpy as np
 import optax
 
 from linen_moe import load_model_config
+from linen_moe._src.training import skip
 from linen_moe.training import LinenFrontend
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
-from linen_moe.training import skip
 from linen_moe_cli import main as cli
 from linen_moe_cli import train_job
 import nnx_adapter

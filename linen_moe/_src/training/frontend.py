@@ -15,11 +15,11 @@ from typing import Protocol
 import jax
 import optax
 
-from linen_moe import checkpoint_tree as ckpt_tree
-from linen_moe.config import ModelConfig
-from linen_moe.decoder import Decoder
-from linen_moe.jit_init import jit_once
-from linen_moe.training import step as step_lib
+from linen_moe._src import checkpoint_tree as ckpt_tree
+from linen_moe._src.config import ModelConfig
+from linen_moe._src.jit_init import jit_once
+from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.training import step as step_lib
 
 PyTree = Any
 # step(state, tokens <int32>[B, S], rng) -> (state, metrics)

@@ -16,8 +16,8 @@ from typing import Any
 import jax.numpy as jnp
 import yaml
 
-from linen_moe import activations
-from linen_moe import grouped_matmul
+from linen_moe._src import activations
+from linen_moe._src import grouped_matmul
 
 ACTIVATIONS = tuple(activations.ACTIVATIONS)
 ROUTINGS = ("topk_then_softmax", "softmax_then_topk", "sigmoid_then_topk")

@@ -58,10 +58,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from linen_moe import sharding
-from linen_moe.routing import RouterResult
-from linen_moe.sparse import Experts
-from linen_moe.sparse import sparse_experts
+from linen_moe._src import sharding
+from linen_moe._src.routing import RouterResult
+from linen_moe._src.sparse import Experts
+from linen_moe._src.sparse import sparse_experts
 
 # Variable collections lifted into the shard_map body: every one except the
 # parameters (the expert weights enter as explicit, expert-sharded operands).

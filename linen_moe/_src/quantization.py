@@ -51,11 +51,11 @@ from flax.linen import fp8_ops
 import jax
 import jax.numpy as jnp
 
-from linen_moe import grouped_matmul as gmm_lib
-from linen_moe.config import QUANTIZATIONS
-from linen_moe.int8_grouped import int8_grouped_matmul
-from linen_moe.variables import AQT_RNG_STREAM
-from linen_moe.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src import grouped_matmul as gmm_lib
+from linen_moe._src.config import QUANTIZATIONS
+from linen_moe._src.int8_grouped import int8_grouped_matmul
+from linen_moe._src.variables import AQT_RNG_STREAM
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 
 FP8_DTYPES = {
     "fp8": (jnp.float8_e4m3fn, jnp.float8_e5m2),

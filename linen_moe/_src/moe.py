@@ -12,19 +12,19 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from linen_moe import dense
-from linen_moe import expert_parallel
-from linen_moe import routing
-from linen_moe import sharding
-from linen_moe import stored_weights
-from linen_moe import variables
-from linen_moe.activations import activation
-from linen_moe.config import MoEConfig
-from linen_moe.expert import SharedExpert
-from linen_moe.jit_init import JitInit
-from linen_moe.quantization import Einsum
-from linen_moe.quantization import contraction_modules
-from linen_moe.sparse import sparse_experts
+from linen_moe._src import dense
+from linen_moe._src import expert_parallel
+from linen_moe._src import routing
+from linen_moe._src import sharding
+from linen_moe._src import stored_weights
+from linen_moe._src import variables
+from linen_moe._src.activations import activation
+from linen_moe._src.config import MoEConfig
+from linen_moe._src.expert import SharedExpert
+from linen_moe._src.jit_init import JitInit
+from linen_moe._src.quantization import Einsum
+from linen_moe._src.quantization import contraction_modules
+from linen_moe._src.sparse import sparse_experts
 
 # Every contraction that touches an expert weight or a dispatch/combine mask
 # goes through `RoutedMoE.einsum` or `RoutedMoE.grouped` under one of these

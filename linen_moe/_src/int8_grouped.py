@@ -32,7 +32,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linen_moe import grouped_matmul as gmm_lib
+from linen_moe._src import grouped_matmul as gmm_lib
 
 INT8_MAX = 127.0
 # AQT's int8 scale maps max|x| to the far edge of the last bucket (127.5);

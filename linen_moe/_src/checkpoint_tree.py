@@ -21,11 +21,11 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
-from linen_moe import decoder as decoder_lib
-from linen_moe.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe.variables import PARAMS
-from linen_moe.variables import STATE_COLLECTIONS
-from linen_moe.variables import UPDATED_BY_RULE
+from linen_moe._src.models import decoder as decoder_lib
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.variables import PARAMS
+from linen_moe._src.variables import STATE_COLLECTIONS
+from linen_moe._src.variables import UPDATED_BY_RULE
 
 PyTree = Any
 Path = tuple[str, ...]

@@ -20,12 +20,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from linen_moe import sharding
-from linen_moe.decoder import routed_bias_rule
-from linen_moe.training import skip
-from linen_moe.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe.variables import UPDATED_BY_RULE
-from linen_moe.variables import rng_dict
+from linen_moe._src import sharding
+from linen_moe._src.models.decoder import routed_bias_rule
+from linen_moe._src.training import skip
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.variables import UPDATED_BY_RULE
+from linen_moe._src.variables import rng_dict
 
 PyTree = Any
 

@@ -16,11 +16,11 @@ import math
 import jax
 import jax.numpy as jnp
 
-from linen_moe import permute
-from linen_moe import sharding
-from linen_moe.config import MoEConfig
-from linen_moe.expert import gated_mlp
-from linen_moe.routing import RouterResult
+from linen_moe._src import permute
+from linen_moe._src import sharding
+from linen_moe._src.config import MoEConfig
+from linen_moe._src.expert import gated_mlp
+from linen_moe._src.routing import RouterResult
 
 Einsum = Callable[[str, str, jax.Array, jax.Array], jax.Array]
 Experts = tuple[jax.Array, jax.Array, jax.Array]  # (wi_0, wi_1, wo)

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import jax
 
-from linen_moe import permute
-from linen_moe.expert import gated_mlp
+from linen_moe._src import permute
+from linen_moe._src.expert import gated_mlp
 
 Grouped = Callable[[str, jax.Array, jax.Array, jax.Array], jax.Array]
 Experts = tuple[jax.Array, jax.Array, jax.Array]  # (wi_0, wi_1, wo)

@@ -19,9 +19,9 @@ import jax
 from jax.sharding import Mesh
 import optax
 
-from linen_moe import sharding
-from linen_moe.jit_init import jit_once
-from linen_moe.training import step as train_lib
+from linen_moe._src import sharding
+from linen_moe._src.jit_init import jit_once
+from linen_moe._src.training import step as train_lib
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

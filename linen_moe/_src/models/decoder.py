@@ -11,16 +11,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from linen_moe import routing
-from linen_moe import sharding
-from linen_moe.config import ModelConfig
-from linen_moe.expert import SharedExpert
-from linen_moe.jit_init import JitInit
-from linen_moe.moe import RoutedAndSharedMoE
-from linen_moe.moe import RoutedMoE
-from linen_moe.scan import scan_blocks
-from linen_moe.tokens import TokenEmbed
-from linen_moe.variables import CACHE
+from linen_moe._src import routing
+from linen_moe._src import sharding
+from linen_moe._src.config import ModelConfig
+from linen_moe._src.expert import SharedExpert
+from linen_moe._src.jit_init import JitInit
+from linen_moe._src.moe import RoutedAndSharedMoE
+from linen_moe._src.moe import RoutedMoE
+from linen_moe._src.scan import scan_blocks
+from linen_moe._src.tokens import TokenEmbed
+from linen_moe._src.variables import CACHE
 
 
 def rms_normalize(x: jax.Array, eps: float) -> jax.Array:

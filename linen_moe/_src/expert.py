@@ -16,9 +16,9 @@ from collections.abc import Callable
 import flax.linen as nn
 import jax
 
-from linen_moe import stored_weights
-from linen_moe.activations import activation
-from linen_moe.config import MoEConfig
+from linen_moe._src import stored_weights
+from linen_moe._src.activations import activation
+from linen_moe._src.config import MoEConfig
 
 # project(site, operand, weight) -> the operand contracted with the weight.
 Project = Callable[[str, jax.Array, jax.Array], jax.Array]

@@ -43,11 +43,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from linen_moe import grouped_matmul as gmm_lib
-from linen_moe import int8_grouped
-from linen_moe.config import SERVING_QUANTIZATIONS
-from linen_moe.config import MoEConfig
-from linen_moe.quantization import Int8Einsum
+from linen_moe._src import grouped_matmul as gmm_lib
+from linen_moe._src import int8_grouped
+from linen_moe._src.config import SERVING_QUANTIZATIONS
+from linen_moe._src.config import MoEConfig
+from linen_moe._src.quantization import Int8Einsum
 
 STORAGE_DTYPES = {
     "int8": jnp.dtype(jnp.int8),

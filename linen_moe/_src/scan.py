@@ -15,7 +15,7 @@ from typing import Any
 
 import flax.linen as nn
 
-from linen_moe import variables
+from linen_moe._src import variables
 
 LAYERS_AXIS = "layers"
 

@@ -1,0 +1,485 @@
+"""Checkpoints of a training run through orbax: save, resume anywhere, export.
+
+Step N of a run is the orbax `CheckpointManager` step directory `DIR/N/`,
+with two items:
+
+- `state`: every array of the training state in one tree, the *checkpoint
+  tree*: `variables` holds the Linen variables, `{collection: {path...}}`
+  (`params`, `_overwrite_with_gradient` with the fp8 scales and amax
+  histories, any other collection the layer keeps), exactly what
+  `Decoder.apply` takes; beside it every other field of the train state:
+  `step`, `opt_state` (optax's state, its parameter-shaped moments in the
+  layout of `params`) and whatever else a front end's TrainState holds. The
+  NNX state paths equal the Linen variable paths, so a tree written by one
+  front end restores in the other. `tree_of` and `state_from` map a Linen
+  `TrainState` to the tree and back, leaf by leaf, over whatever fields it
+  has; `nnx_adapter` has the NNX pair.
+- `meta`: JSON: the model config, the run's RNG key, the data position, and
+  whatever else the caller records.
+
+Saving is asynchronous (arrays are copied to host memory, then written by a
+background thread while training goes on) and atomic (orbax writes into a
+temporary directory and renames it when complete, so a killed save leaves
+the previous checkpoint the latest; a step is never written twice). A
+restore first reads the saved tree's metadata and checks it, and the model
+config, against the target, so a checkpoint of another model, a damaged one
+or one without the fp8 state the model needs fails, naming the path and the
+first mismatched leaf, before any array is read. Each array is read straight
+into the sharding of its target (`jax.ShapeDtypeStruct.sharding`), so a
+checkpoint saved on one mesh restores onto any other; a scanned checkpoint
+restores into unrolled layers and back (converted by the decoder's
+converters, compiled with the target shardings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import dataclasses
+import logging
+import os
+from typing import Any
+
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from linen_moe._src.checkpoint_tree import FP8_PREFIX
+from linen_moe._src.checkpoint_tree import VARIABLES
+from linen_moe._src.checkpoint_tree import Path
+from linen_moe._src.checkpoint_tree import abstract
+from linen_moe._src.checkpoint_tree import layer_layout
+from linen_moe._src.checkpoint_tree import relayout
+from linen_moe._src.checkpoint_tree import relayout_abstract
+from linen_moe._src.config import ModelConfig
+
+STATE, META = "state", "meta"
+FORMAT_VERSION = 1
+# ModelConfig fields a restore may change: how the same weights are computed
+# (matmul path and its token dropping, quantization, layer mode, compute
+# dtype) or trained (loss weights, router noise, the routed-bias rate).
+# Every other field is the model itself (its shapes, routing and state) and
+# must equal the checkpoint's; a field added later counts as the model.
+RUN_FIELDS = frozenset({
+    "sparse_matmul",
+    "capacity_factor",
+    "drop_policy",
+    "grouped_matmul",
+    "quantization",
+    "fp8_amax_history_length",
+    "dtype",
+    "load_balance_loss_weight",
+    "router_z_loss_weight",
+    "router_jitter",
+    "routed_bias_update_rate",
+    "scan_layers",
+})
+
+
+# Named after the public module, so users configure it by that name.
+_log = logging.getLogger("linen_moe.checkpoint")
+
+
+# ---------------------------------------------------------------- config ---
+
+
+def config_dict(config: ModelConfig) -> dict[str, Any]:
+  """The config as flat JSON values (`moe` fields beside the decoder's, the
+  flat names `ModelConfig.replace` takes)."""
+  fields = dataclasses.asdict(config)
+  flat = {**fields.pop("moe"), **fields}
+  return {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
+
+
+def check_model_config(saved: Mapping[str, Any], config: ModelConfig, where):
+  """Raises ValueError unless `config` is the model `saved` describes (a
+  `config_dict`); the `RUN_FIELDS` may differ."""
+  current = config_dict(config)
+  diffs = [
+      f"{k}={saved.get(k, '<absent>')!r} there, {current.get(k, '<absent>')!r}"
+      " here"
+      for k in sorted(set(saved) | set(current))
+      if k not in RUN_FIELDS and saved.get(k) != current.get(k)
+  ]
+  if diffs:
+    raise ValueError(
+        f"Checkpoint {where} was trained with another model config: "
+        f"{'; '.join(diffs)}. Only {sorted(RUN_FIELDS)} may change when a "
+        "run resumes."
+    )
+
+
+def rng_to_json(rng: jax.Array) -> dict[str, Any]:
+  """A typed PRNG key as JSON (its implementation and raw key data)."""
+  return {
+      "impl": str(jax.random.key_impl(rng)),
+      "data": np.asarray(jax.random.key_data(rng)).tolist(),
+  }
+
+
+def rng_from_json(data: Mapping[str, Any]) -> jax.Array:
+  """The inverse of `rng_to_json`."""
+  raw = np.asarray(data["data"], np.uint32)
+  return jax.random.wrap_key_data(raw, impl=data["impl"])
+
+
+# ------------------------------------------------------------ checkpoints ---
+
+
+def _spec(leaf: Any) -> str:
+  return f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}"
+
+
+def _first_mismatch(saved: Mapping[Path, Any], wanted: Mapping[Path, Any]):
+  """The first leaf (in path order) that `saved` and `wanted` disagree on,
+  described, or None."""
+  for path in sorted(set(saved) | set(wanted)):
+    s, w, name = saved.get(path), wanted.get(path), "/".join(path)
+    if s is None:
+      return f"leaf {name} ({_spec(w)} in the model) is not in the checkpoint"
+    if w is None:
+      return f"leaf {name} ({_spec(s)} in the checkpoint) is not in the model"
+    if tuple(s.shape) != tuple(w.shape) or np.dtype(s.dtype) != w.dtype:
+      return (
+          f"first mismatched leaf {name}: {_spec(s)} in the checkpoint, "
+          f"{_spec(w)} in the model"
+      )
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+  """A restored checkpoint tree.
+
+  Attributes:
+    tree: the checkpoint tree, each array in its target's sharding.
+    step: the step it was saved at.
+    meta: its JSON metadata.
+    fresh_fp8_state: True when the checkpoint's fp8 state did not fit the
+      model (absent, or of another path or quantization) and the target's
+      initial fp8 state was used instead, as asked.
+  """
+
+  tree: dict
+  step: int
+  meta: dict
+  fresh_fp8_state: bool = False
+
+
+class Checkpoints:
+  """The checkpoints of one run in `directory`, an orbax `CheckpointManager`.
+
+  Example usage:
+    with Checkpoints(path, save_every=100, keep=3) as ckpts:
+      ckpts.save(step, tree_of(state), {"model_config": config_dict(cfg)})
+    restored = Checkpoints(path).restore(tree_of(target_state), config=cfg)
+    state = state_from(restored.tree, target_state)
+
+  Attributes:
+    directory: the absolute path of the run's checkpoint directory.
+  """
+
+  def __init__(
+      self,
+      directory: str | os.PathLike,
+      *,
+      save_every: int = 1,
+      keep: int | None = 3,
+      async_save: bool = True,
+      create: bool = True,
+  ):
+    """`save_every` N: `save` writes steps that are multiples of N (and any
+    step it is forced to); `keep` K: the latest K checkpoints stay (None:
+    all); `create`: make `directory` if it does not exist, else refuse."""
+    for name, value in (("save_every", save_every), ("keep", keep)):
+      if value is None and name == "keep":
+        continue
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"Checkpoints: {name}={value!r} is invalid: expected an int >= 1."
+        )
+    self.directory = os.path.abspath(os.fspath(directory))
+    if not create and not os.path.isdir(self.directory):
+      raise ValueError(f"Checkpoint directory {self.directory} does not exist.")
+    options = ocp.CheckpointManagerOptions(
+        save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(
+            save_every
+        ),
+        preservation_policy=ocp.checkpoint_managers.LatestN(keep),
+        enable_async_checkpointing=async_save,
+        cleanup_tmp_directories=True,  # what a killed save left behind
+        create=create,
+    )
+    handlers = {
+        STATE: ocp.PyTreeCheckpointHandler(),
+        META: ocp.JsonCheckpointHandler(),
+    }
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=options, item_handlers=handlers
+    )
+
+  def __enter__(self) -> Checkpoints:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def close(self) -> None:
+    """Waits for a save in flight, then releases the manager."""
+    self._manager.close()
+
+  def wait_until_finished(self) -> None:
+    """Blocks until a save in flight is on disk and committed."""
+    self._manager.wait_until_finished()
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
+
+  def _step(self, step: int | None) -> int:
+    steps = self.all_steps()
+    if step is None and steps:
+      return steps[-1]
+    if step is None:
+      raise ValueError(f"No checkpoint in {self.directory}.")
+    if step not in steps:
+      raise ValueError(
+          f"No checkpoint of step {step} in {self.directory}; it holds "
+          f"steps {steps or 'none'}."
+      )
+    return step
+
+  def _damaged(self, step: int, error: Exception) -> ValueError:
+    detail = str(error).strip().splitlines()[0][:300] if str(error) else ""
+    return ValueError(
+        f"Checkpoint {self.step_dir(step)} cannot be read; it is truncated or "
+        f"damaged ({type(error).__name__}: {detail})."
+    )
+
+  def save(self, step: int, tree: Mapping, meta: Mapping, *, force=False):
+    """Starts saving the checkpoint tree `tree` and the JSON `meta` as step
+    `step` if it is due (`save_every`) or `force`d; returns whether it does.
+    Returns as soon as the arrays are copied to host memory. A step is never
+    written twice: `step` must be after the latest checkpoint."""
+    latest = self.latest_step()
+    if latest is not None and step <= latest:
+      raise ValueError(
+          f"Checkpoint step {step} is not after the latest one ({latest}) in "
+          f"{self.directory}; a checkpoint is never overwritten."
+      )
+    meta = {**meta, "format": FORMAT_VERSION, "step": step}
+    args = {
+        STATE: ocp.args.PyTreeSave(dict(tree)),
+        META: ocp.args.JsonSave(meta),
+    }
+    return self._manager.save(
+        step, args=ocp.args.Composite(**args), force=force
+    )
+
+  def meta(self, step: int | None = None) -> dict:
+    """The JSON metadata of `step` (default: the latest)."""
+    step = self._step(step)
+    args = ocp.args.Composite(**{META: ocp.args.JsonRestore()})
+    try:
+      meta = self._manager.restore(step, args=args)[META]
+    except Exception as e:  # noqa: BLE001 (any failure to read is damage)
+      raise self._damaged(step, e) from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+      raise ValueError(
+          f"Checkpoint {self.step_dir(step)} has no linen_moe metadata of "
+          f"format {FORMAT_VERSION}."
+      )
+    return meta
+
+  def saved_leaves(self, step: int | None = None) -> dict[Path, Any]:
+    """{path: ShapeDtypeStruct} of the saved tree, from its metadata."""
+    step = self._step(step)
+    try:
+      metadata = self._manager.item_metadata(step)[STATE]
+      tree = getattr(metadata, "tree", metadata)
+      flat = traverse_util.flatten_dict(dict(tree))
+      return {
+          p: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype)
+          for p, m in flat.items()
+      }
+    except Exception as e:  # noqa: BLE001
+      raise self._damaged(step, e) from e
+
+  def read(self, step: int, flat_target: Mapping[Path, Any]) -> dict:
+    """Reads the leaves of `flat_target` ({path: ShapeDtypeStruct with a
+    sharding}, each cast to its dtype) of `step`, each straight into its
+    sharding; no check (see `restore`)."""
+    item = traverse_util.unflatten_dict(dict(flat_target))
+    restore = ocp.args.PyTreeRestore(
+        item=item,
+        restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+        partial_restore=True,
+    )
+    try:
+      args = ocp.args.Composite(**{STATE: restore})
+      return self._manager.restore(step, args=args)[STATE]
+    except Exception as e:  # noqa: BLE001
+      raise self._damaged(step, e) from e
+
+  def restore(
+      self,
+      target: Mapping,
+      step: int | None = None,
+      *,
+      config: ModelConfig | None = None,
+      fresh_fp8_state: bool = False,
+  ) -> Restored:
+    """Restores `step` (default: the latest) into `target`, a checkpoint
+    tree of arrays or `ShapeDtypeStruct`s (`tree_of` a state) whose leaves
+    give each array's shape, dtype and sharding.
+
+    Checked before any array is read: the model config (if `config` is
+    given) and every leaf's path, shape and dtype. The layer layout (scanned
+    or unrolled) and the shardings may differ from the saved ones. With
+    `fresh_fp8_state`, an fp8 state that does not fit the model (absent,
+    or of another path or quantization) is replaced by the target's, which
+    must then be arrays (an initial state); `Restored.fresh_fp8_state` says
+    so. Raises ValueError naming the checkpoint and the first mismatched
+    leaf, or for a damaged checkpoint.
+    """
+    step = self._step(step)
+    where = self.step_dir(step)
+    meta = self.meta(step)
+    if config is not None:
+      check_model_config(meta.get("model_config", {}), config, where)
+    saved = self.saved_leaves(step)
+    want = traverse_util.flatten_dict(abstract(dict(target)))
+    read, convert = want, None
+    (scanned, layers), (saved_scanned, saved_layers) = (
+        layer_layout(want),
+        layer_layout(saved),
+    )
+    if None not in (scanned, saved_scanned) and scanned != saved_scanned:
+      convert = (scanned, layers or saved_layers)
+      read = relayout_abstract(want, saved_scanned, convert[1])
+    fp8 = lambda p: p[:2] == FP8_PREFIX  # noqa: E731
+    fresh = False
+    if fresh_fp8_state:
+      problem = _first_mismatch(
+          {p: v for p, v in saved.items() if fp8(p)},
+          {p: v for p, v in read.items() if fp8(p)},
+      )
+      if problem:
+        fresh = True
+        saved = {p: v for p, v in saved.items() if not fp8(p)}
+        read = {p: v for p, v in read.items() if not fp8(p)}
+        _log.warning("%s: fresh fp8 state (%s).", where, problem)
+    problem = _first_mismatch(saved, read)
+    if problem:
+      hint = ""
+      if "/".join(FP8_PREFIX) in problem:
+        hint = (
+            " The fp8 state differs: restore with fresh_fp8_state=True "
+            "(--fresh-fp8-state) to start it fresh."
+        )
+      raise ValueError(
+          f"Checkpoint {where} does not fit the model: {problem}.{hint}"
+      )
+    tree = self.read(step, read)
+    if convert is not None:
+      shardings = {
+          p: v.sharding for p, v in want.items() if not (fresh and fp8(p))
+      }
+      tree = jax.jit(
+          lambda t: relayout(t, *convert),
+          out_shardings=traverse_util.unflatten_dict(shardings),
+      )(tree)
+    flat = traverse_util.flatten_dict(tree)
+    if fresh:
+      for path, value in traverse_util.flatten_dict(dict(target)).items():
+        if fp8(path):
+          if isinstance(value, jax.ShapeDtypeStruct):
+            raise ValueError(
+                "fresh_fp8_state needs the initial fp8 state: give a target "
+                "of arrays (an initialised state), not ShapeDtypeStructs."
+            )
+          flat[path] = value
+    return Restored(traverse_util.unflatten_dict(flat), step, meta, fresh)
+
+
+# ----------------------------------------------------------------- export ---
+
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def export(
+    checkpoint_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    step: int | None = None,
+) -> int:
+  """Writes the serving variables of a training checkpoint to `out`.
+
+  They are the checkpoint's `variables` (`params`, the fp8 scales and amax
+  histories, every other collection), what `Decoder.apply` takes: no
+  optimizer state, no step. With `dtype` (one of `EXPORT_DTYPES`) the
+  floating `params` are cast to it as they are read; fp8 state stays as
+  saved. `out` becomes an orbax checkpoint directory (`load_export` reads
+  it) whose metadata holds the model config and the step. Returns the step
+  exported (default: the latest).
+  """
+  if dtype is not None and dtype not in EXPORT_DTYPES:
+    raise ValueError(
+        f"export: dtype={dtype!r} is invalid: allowed {EXPORT_DTYPES}."
+    )
+  out = os.path.abspath(os.fspath(out))
+  if os.path.exists(out):
+    raise ValueError(f"export: out={out} exists; an export never overwrites.")
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  with Checkpoints(checkpoint_dir, create=False) as ckpts:
+    step = ckpts._step(step)  # noqa: SLF001
+    meta = ckpts.meta(step)
+    target = {}
+    for path, leaf in ckpts.saved_leaves(step).items():
+      if path[0] != VARIABLES:
+        continue
+      cast = dtype and path[1] == "params"
+      cast = cast and jnp.issubdtype(leaf.dtype, jnp.floating)
+      target[path] = jax.ShapeDtypeStruct(
+          leaf.shape, dtype if cast else leaf.dtype, sharding=device
+      )
+    variables = ckpts.read(step, target)[VARIABLES]
+  checkpointer = ocp.StandardCheckpointer()
+  info = {
+      "model_config": meta.get("model_config"),
+      "step": step,
+      "source": ckpts.step_dir(step),
+      "params_dtype": dtype,
+  }
+  checkpointer.save(out, variables, custom_metadata=info)
+  checkpointer.wait_until_finished()
+  checkpointer.close()
+  return step
+
+
+def load_export(path: str | os.PathLike) -> tuple[dict, dict]:
+  """(variables, metadata) of an `export`ed checkpoint, on the default
+  device."""
+  path = os.path.abspath(os.fspath(path))
+  checkpointer = ocp.StandardCheckpointer()
+  try:
+    metadata = checkpointer.metadata(path)
+    shapes = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
+        metadata.item_metadata.tree,
+    )
+    variables = checkpointer.restore(path, abstract(shapes))
+  except Exception as e:  # noqa: BLE001
+    raise ValueError(
+        f"Export {path} cannot be read ({type(e).__name__})."
+    ) from e
+  finally:
+    checkpointer.close()
+  return variables, dict(metadata.custom_metadata or {})

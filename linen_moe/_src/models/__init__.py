@@ -1,0 +1,1 @@
+"""The reference decoders: an application of the layer, not part of it."""

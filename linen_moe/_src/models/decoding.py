@@ -1,0 +1,112 @@
+"""Batched greedy decoding of the reference decoder with a KV cache.
+
+    tokens = greedy_generate(config, variables, prompt, num_tokens)
+
+`prefill` runs the prompt [B, P] through `Decoder(config, decode=True)`,
+filling every layer's KV cache, and returns the first greedy token; each
+`decode_step` feeds one token per row [B, 1] and returns the next. Both are
+jitted (one program each, for a given batch, prompt length and cache size)
+and work on every path, float or serving (`linen_moe.serving`) configs
+alike. The rows of a batch share their positions (prompts of one length).
+
+Greedy decoding with the cache produces the tokens that running the full
+forward on the growing sequence produces (tested) on the dropless paths. On
+the dense path with token dropping it need not: the capacity of an expert
+depends on the length of the sequence it is computed over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from linen_moe._src import sharding
+from linen_moe._src.config import ModelConfig
+from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.variables import CACHE
+
+PyTree = dict
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int) -> PyTree:
+  """An empty `cache` collection for `batch` rows of up to `max_len` tokens
+  (zeros; shapes from `jax.eval_shape`, so no parameter is initialised)."""
+  if batch < 1 or max_len < 1:
+    raise ValueError(
+        f"batch={batch} and max_len={max_len} must both be positive."
+    )
+  sample = jax.ShapeDtypeStruct((batch, max_len), jnp.int32)
+  shapes = jax.eval_shape(
+      lambda t: Decoder(config, decode=True).init(jax.random.key(0), t),
+      sample,
+  )[CACHE]
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _extend(config: ModelConfig, variables, cache, tokens):
+  """Appends tokens [B, S] to the cache: (greedy next token [B], logits of the
+  last position [B, V], new cache)."""
+  (logits, _), mutated = Decoder(config, decode=True).apply(
+      {**variables, CACHE: cache}, tokens, mutable=[CACHE]
+  )
+  last = logits[:, -1]
+  return jnp.argmax(last, axis=-1).astype(jnp.int32), last, mutated[CACHE]
+
+
+def prefill(config: ModelConfig, variables: Mapping, cache, prompt):
+  """prompt <int32>[B, P] into an empty cache: (next token [B], logits [B, V],
+  cache). The cache passed in is donated."""
+  return _extend(config, variables, cache, prompt)
+
+
+def decode_step(config: ModelConfig, variables: Mapping, cache, token):
+  """One token per row, <int32>[B]: (next token [B], logits [B, V], cache).
+  The cache passed in is donated."""
+  return _extend(config, variables, cache, token[:, None])
+
+
+def greedy_generate(
+    config: ModelConfig,
+    variables: Mapping,
+    prompt: jax.Array,
+    num_tokens: int,
+    max_len: int | None = None,
+) -> jax.Array:
+  """The prompt [B, P] followed by `num_tokens` greedy tokens: [B, P + n].
+
+  Args:
+    config: the decoder's config (a serving config for converted variables).
+    variables: the decoder's variables (params, and the fp8 state of a
+      training-mode fp8 config); no `cache`.
+    prompt: <int>[B, P], P >= 1.
+    num_tokens: tokens to generate, >= 1.
+    max_len: cache length, at least P + num_tokens (the default).
+  """
+  if prompt.ndim != 2 or prompt.shape[1] < 1:
+    raise ValueError(
+        f"prompt must be [batch, length >= 1]; got {prompt.shape}."
+    )
+  if num_tokens < 1:
+    raise ValueError(f"num_tokens={num_tokens} must be >= 1.")
+  b, p = prompt.shape
+  needed = p + num_tokens
+  max_len = needed if max_len is None else max_len
+  if max_len < needed:
+    raise ValueError(
+        f"max_len={max_len} cannot hold the prompt ({p}) and {num_tokens} new "
+        "tokens."
+    )
+  variables = sharding.unbox(dict(variables))
+  if CACHE in variables:
+    raise ValueError("variables must not hold a cache; it is made here.")
+  cache = init_cache(config, b, max_len)
+  token, _, cache = prefill(config, variables, cache, prompt.astype(jnp.int32))
+  out = [token]
+  for _ in range(num_tokens - 1):
+    token, _, cache = decode_step(config, variables, cache, token)
+    out.append(token)
+  return jnp.concatenate([prompt, jnp.stack(out, axis=1)], axis=1)

@@ -1,0 +1,269 @@
+"""Quantized serving: convert the trained expert weights once, serve from them.
+
+    serve_config, serve_variables = quantize_weights(config, variables)
+    y, aux = RoutedMoE(serve_config).apply(serve_variables, x)
+
+`quantize_weights` takes a `MoEConfig` with `RoutedMoE` or
+`RoutedAndSharedMoE` variables, or a `ModelConfig` with the reference
+decoder's variables (scanned or unrolled), and returns the serving config
+(`serving=True`) and new variables in which every routed and shared expert
+kernel (`wi_0`, `wi_1`, `wo`) is stored in the mode's storage type beside its
+scales (layout: `linen_moe.stored_weights`). The router, the per-expert
+scale, attention, norms and embeddings stay float and untouched. The fp8
+training state (`_overwrite_with_gradient`) is folded into the stored scales
+and dropped; every other collection is kept. Nothing is modified in place.
+
+Scales, per mode:
+
+  int8       per expert and output channel, AQT's int8 grid
+             (`int8_grouped.quantize_int8`), which the training mode uses on
+             both paths: the stored int8 values are the ones the training
+             forward multiplies.
+  fp8,       one scale per kernel (per layer when stacked), Flax's delayed
+  nanoo_fp8  scaling. Where the training state holds the kernel's fp8 state,
+             the scale is the one its next training-mode forward would use:
+             `compute_scale(max(kernel_amax_history), kernel_scale)` (the
+             stored `kernel_scale` while the history is all zeros), and the
+             input is quantized with the scale derived the same way from the
+             input's state. Where there is no fp8 state (weights trained in
+             another mode, and always for the shared expert, which training
+             never quantizes): the kernel scale is max|kernel| / fp8_max (the
+             scale delayed scaling settles on for these weights) and the input
+             scale is 1, the value of a fresh fp8 state.
+
+`expert_weight_bytes(variables)` counts the bytes of the expert kernels and
+their scales (arrays or `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flax.linen import fp8_ops
+import jax
+import jax.numpy as jnp
+
+from linen_moe._src import sharding
+from linen_moe._src import stored_weights
+from linen_moe._src.config import SERVING_QUANTIZATIONS
+from linen_moe._src.config import ModelConfig
+from linen_moe._src.config import MoEConfig
+from linen_moe._src.int8_grouped import quantize_int8
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
+
+PyTree = Any
+KERNELS = ("wi_0", "wi_1", "wo")
+ROUTED, SHARED = "routed", "shared"
+
+
+def _expert_nodes(config: MoEConfig | ModelConfig, params: Mapping):
+  """[(path, kind, leading_axes)] of every expert module in `params`."""
+  if isinstance(config, ModelConfig):
+    if config.scan_layers:
+      blocks = [(("layers",), (config.num_layers,))]
+    else:
+      blocks = [((f"layers_{i}",), ()) for i in range(config.num_layers)]
+    nodes = []
+    for block, lead in blocks:
+      if config.shared_in_moe:
+        nodes.append(((*block, "moe", "routed_experts"), ROUTED, lead))
+        nodes.append(((*block, "moe", "shared_experts"), SHARED, lead))
+        continue
+      nodes.append(((*block, "moe"), ROUTED, lead))
+      if config.moe.shared_experts > 0:
+        nodes.append(((*block, "shared_experts"), SHARED, lead))
+    return nodes
+  if "routed_experts" in params:  # RoutedAndSharedMoE
+    nodes = [(("routed_experts",), ROUTED, ())]
+    if config.shared_experts > 0:
+      nodes.append((("shared_experts",), SHARED, ()))
+    return nodes
+  return [((), ROUTED, ())]
+
+
+def _kernel_shapes(moe: MoEConfig, kind: str) -> dict[str, tuple[int, ...]]:
+  e, m, h = moe.num_experts, moe.emb_dim, moe.moe_mlp_dim
+  if kind == ROUTED:
+    return {"wi_0": (e, m, h), "wi_1": (e, m, h), "wo": (e, h, m)}
+  f = moe.shared_experts * moe.shared_mlp_dim
+  return {"wi_0": (m, f), "wi_1": (m, f), "wo": (f, m)}
+
+
+def _get(tree: Mapping, path: tuple[str, ...], what: str) -> Mapping:
+  node = tree
+  for i, key in enumerate(path):
+    if not isinstance(node, Mapping) or key not in node:
+      raise ValueError(
+          f"{what} has no {'/'.join(path[: i + 1])}; the config describes "
+          "variables that are not these (another model, or scanned vs "
+          "unrolled layers?)."
+      )
+    node = node[key]
+  return node
+
+
+def _check_kernel(path: str, kernel, shape: tuple[int, ...]) -> None:
+  dtype = jnp.dtype(kernel.dtype)
+  if dtype in stored_weights.STORAGE_DTYPES.values():
+    raise ValueError(
+        f"params/{path} is already converted ({dtype}): quantize_weights "
+        "takes float variables and converts them once."
+    )
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise ValueError(f"params/{path} must be a float kernel; got {dtype}.")
+  if tuple(kernel.shape) != shape:
+    raise ValueError(
+        f"params/{path} has shape {tuple(kernel.shape)}; the config expects "
+        f"{shape}."
+    )
+
+
+def _implied_scale(state: Mapping | None, role: str, fallback, fp8_max):
+  """The scale a training-mode fp8 forward would quantize `role` with, [..., 1].
+
+  `state` is a call site's fp8 state (or None); `fallback` is used without
+  one.
+  """
+  if state is None:
+    return fallback
+  history = jnp.asarray(state[f"{role}_amax_history"], jnp.float32)
+  scale = jnp.asarray(state[f"{role}_scale"], jnp.float32)
+  amax = jnp.max(history, axis=-1, keepdims=True)
+  return fp8_ops.compute_scale(amax, scale, fp8_max)
+
+
+def _convert_kernel(mode: str, kernel, rank: int, state: Mapping | None):
+  """{name: array} of one stored kernel (values and scales)."""
+  kernel = jnp.asarray(kernel, jnp.float32)
+  if mode == "int8":
+    values, scale = quantize_int8(kernel, axis=kernel.ndim - 2)
+    return {"": values, stored_weights.SCALE_SUFFIX: scale}
+  dtype = stored_weights.STORAGE_DTYPES[mode]
+  fp8_max = fp8_ops.get_fp8_max(dtype, jnp.float32)
+  kernel_axes = tuple(range(kernel.ndim - rank, kernel.ndim))
+  amax = jnp.max(jnp.abs(kernel), axis=kernel_axes)[..., None]  # [..., 1]
+  own_scale = jnp.where(amax > 0, amax / fp8_max, 1.0)
+  scale = _implied_scale(state, "kernel", own_scale, fp8_max)
+  input_scale = _implied_scale(
+      state, "input", jnp.ones_like(own_scale), fp8_max
+  )
+  per_element = scale.reshape(scale.shape[:-1] + (1,) * rank)
+  values = fp8_ops.quantize(kernel, dtype, per_element, jnp.float32)
+  return {
+      "": values,
+      stored_weights.SCALE_SUFFIX: scale,
+      stored_weights.INPUT_SCALE_SUFFIX: input_scale,
+  }
+
+
+_convert = jax.jit(_convert_kernel, static_argnums=(0, 2))
+
+
+def _copy(tree: Mapping) -> dict:
+  return {k: _copy(v) if isinstance(v, Mapping) else v for k, v in tree.items()}
+
+
+def quantize_weights(
+    config: MoEConfig | ModelConfig, variables: Mapping
+) -> tuple[MoEConfig | ModelConfig, dict]:
+  """Converts the expert kernels of `variables` for serving in
+  `config.quantization` (see the module docstring).
+
+  Args:
+    config: a `MoEConfig` (variables of `RoutedMoE` or `RoutedAndSharedMoE`)
+      or a `ModelConfig` (variables of `linen_moe.decoder.Decoder`, laid out
+      as `config.scan_layers` says), in a quantized mode and not serving.
+    variables: `{"params": ..., ...}` as `init` returns them (boxed or not)
+      or a train state's params and fp8 state; float expert kernels.
+
+  Returns:
+    `(serve_config, serve_variables)`: `config` with `serving=True`, and new
+    variables with the stored kernels and their scales in `params`, without
+    the fp8 training state, every other collection as given (unboxed).
+
+  Raises:
+    TypeError: `config` is neither config type, or `variables` no mapping.
+    ValueError: the mode is "none" (nothing to convert to), the config is
+      already a serving config, or the kernels are missing, already converted,
+      not float, or of another shape than the config says.
+  """
+  if not isinstance(config, (MoEConfig, ModelConfig)):
+    raise TypeError(
+        f"config must be a MoEConfig or a ModelConfig; got {type(config)}."
+    )
+  moe = config.moe if isinstance(config, ModelConfig) else config
+  if moe.serving:
+    raise ValueError(
+        "config is already a serving config (serving=True): its weights are "
+        "converted; quantize_weights converts float weights once."
+    )
+  if moe.quantization not in SERVING_QUANTIZATIONS:
+    raise ValueError(
+        "quantize_weights needs config.quantization in "
+        f"{SERVING_QUANTIZATIONS} (the storage type to convert to); got "
+        f"{moe.quantization!r}."
+    )
+  if not isinstance(variables, Mapping) or "params" not in variables:
+    raise TypeError(
+        "variables must be a mapping with a 'params' collection, as init "
+        f"returns; got {type(variables).__name__}."
+    )
+  variables = sharding.unbox(variables)
+  params = _copy(variables["params"])
+  fp8_state = variables.get(OVERWRITE_WITH_GRADIENT, {})
+  mode = moe.quantization
+  for path, kind, lead in _expert_nodes(config, params):
+    node = _get(params, path, "params")
+    shapes = _kernel_shapes(moe, kind)
+    for name in KERNELS:
+      _check_kernel(
+          "/".join((*path, name)),
+          _get(node, (name,), "/".join(("params", *path))),
+          (*lead, *shapes[name]),
+      )
+    for name in KERNELS:
+      state = None
+      if kind == ROUTED and mode != "int8":
+        site = (*path, f"{name}_dot")
+        state = _find(fp8_state, site)
+      stored = _convert(mode, node.pop(name), len(shapes[name]), state)
+      for suffix, value in stored.items():
+        node[name + suffix] = value
+  serve_variables = {
+      collection: tree
+      for collection, tree in variables.items()
+      if collection not in ("params", OVERWRITE_WITH_GRADIENT)
+  }
+  serve_variables["params"] = params
+  return config.replace(serving=True), serve_variables
+
+
+def _find(tree: Mapping, path: tuple[str, ...]) -> Mapping | None:
+  for key in path:
+    if not isinstance(tree, Mapping) or key not in tree:
+      return None
+    tree = tree[key]
+  return tree
+
+
+def expert_weight_bytes(variables: Mapping) -> int:
+  """Bytes of the expert kernels (`wi_0`, `wi_1`, `wo`, float or stored) and
+  their scales in `variables["params"]`: every leaf whose name starts with a
+  kernel name, under any module (routed and shared experts alike)."""
+  total = 0
+  flat = jax.tree_util.tree_flatten_with_path(
+      sharding.unbox(variables)["params"]
+  )[0]
+  for path, leaf in flat:
+    name = str(getattr(path[-1], "key", path[-1]))
+    if name in KERNELS or any(
+        name == k + suffix
+        for k in KERNELS
+        for suffix in (
+            stored_weights.SCALE_SUFFIX,
+            stored_weights.INPUT_SCALE_SUFFIX,
+        )
+    ):
+      total += leaf.size * jnp.dtype(leaf.dtype).itemsize
+  return total

@@ -1,0 +1,16 @@
+"""Finds the packages, so that a new subpackage can never be left out of the
+wheel; everything else is in pyproject.toml.
+
+`configs/` stays at the top of the repository (tools and users read it
+there) and ships as the package `linen_moe.configs`.
+"""
+
+import setuptools
+
+setuptools.setup(
+    packages=[
+        *setuptools.find_packages(include=["linen_moe*", "nnx_adapter*"]),
+        "linen_moe.configs",
+    ],
+    package_dir={"linen_moe.configs": "configs"},
+)
