@@ -881,17 +881,26 @@ REAL_MODELS = {
 
 NOTES = {
     'mixtral_8x7b': (
-        'mistralai/Mixtral-8x7B-v0.1 config.json (values as released, '
-        'transformers 4.36 style: rope_theta, torch_dtype).'
+        'mistralai/Mixtral-8x7B-v0.1 config.json as released (transformers '
+        '4.36 style: rope_theta, torch_dtype), written from memory and '
+        'checked against public copies; MixtralConfig defaults (its '
+        'docstring checkpoint) agree except max_position_embeddings (131072 '
+        'default, 32768 released) and router_aux_loss_coef (0.001, 0.02).'
     ),
     'qwen3_30b_a3b': (
-        'Qwen/Qwen3-30B-A3B config.json (as released, transformers 4.51 '
-        'style; the -Base variant differs only in max_position_embeddings '
-        '32768 and eos_token_id 151643).'
+        'Qwen/Qwen3-30B-A3B config.json as released (transformers 4.51 '
+        'style), written from memory and checked against public copies; the '
+        '-Base variant differs only in max_position_embeddings 32768 and '
+        'eos_token_id 151643. Qwen3MoeConfig defaults are a smaller model '
+        '(24 layers, norm_topk_prob False, no head_dim).'
     ),
     'deepseek_v3': (
-        'deepseek-ai/DeepSeek-V3 config.json (as released, transformers 4.33 '
-        'style with rope_scaling type yarn). The released weights are fp8 '
+        'deepseek-ai/DeepSeek-V3 config.json as released (transformers 4.33 '
+        'style, rope_scaling type yarn), written from memory and checked '
+        'against public copies; DeepseekV3Config defaults agree on every '
+        'size (they differ in max_position_embeddings 4096 and no rope '
+        'scaling). Unsure: whether the release also lists aux_loss_alpha '
+        '(training only, omitted). The released weights are fp8 '
         '(quantization_config, dropped before building here): every fp8 '
         'linear also has a float32 <name>.weight_scale_inv [ceil(out/128), '
         'ceil(in/128)] on disk, not counted. transformers does not build '
@@ -900,11 +909,15 @@ NOTES = {
     ),
     'gemma4_26b_a4b': (
         'google/gemma-4-26B-A4B config.json (multimodal '
-        'Gemma4ForConditionalGeneration, transformers 5.5 style). '
-        'text_only lists Gemma4ForCausalLM built from text_config alone '
-        '(names model.*); the released checkpoint names the text tensors '
-        'model.language_model.* and adds model.vision_tower.* and '
-        'model.embed_vision.*.'
+        'Gemma4ForConditionalGeneration, transformers 5.5 style), as '
+        'transcribed in MaxText (src/maxtext/checkpoint_conversion/utils/'
+        'hf_model_configs.py, gemma4_26b_dict); the text sizes also agree '
+        "with MaxText's gemma4-26b.yml and this repo's configs/"
+        'gemma4_26b.yml. Least sure: the vision_config details (they do not '
+        'touch the text model). text_only lists Gemma4ForCausalLM built '
+        'from text_config alone (names model.*); the released checkpoint '
+        'names the text tensors model.language_model.* and adds '
+        'model.vision_tower.* and model.embed_vision.*.'
     ),
 }
 
