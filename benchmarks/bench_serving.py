@@ -40,7 +40,7 @@ def expert_bytes(config_name: str) -> dict[str, int]:
   out = {}
   for storage in STORAGE:
     if storage in ("float32", "bfloat16"):
-      c = cfg.replace(quantization="none", weight_dtype=storage)
+      c = cfg.replace(quantization="none", param_dtype=storage)
       shapes = jax.eval_shape(
           lambda t, c=c: Decoder(c).init(jax.random.key(0), t), tokens
       )

@@ -23,8 +23,10 @@ from linen_moe._src.config import QUANTIZATIONS
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.config import MoEConfig
 from linen_moe._src.config import available_configs
-from linen_moe._src.config import load_config
+# Deprecated (until 0.3), so not in __all__.
+from linen_moe._src.config import load_config as load_config
 from linen_moe._src.config import load_model_config
+from linen_moe._src.config import load_moe_config
 from linen_moe._src.expert import SharedExpert
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.decoder import scanned_to_unrolled
@@ -77,7 +79,7 @@ __all__ = [
     "default_optimizer",
     "distributed",
     "init_train_state",
-    "load_config",
+    "load_moe_config",
     "load_model_config",
     "make_train_step",
     "rng_dict",

@@ -84,7 +84,7 @@ def _model_config(case: Case):
       quantization=case.quantization,
       grouped_matmul=case.implementation,
       dtype=case.dtype,
-      weight_dtype=case.dtype,
+      param_dtype=case.dtype,
       load_balance_loss_weight=0.01,
       **path,
   )

@@ -57,7 +57,7 @@ class EagerToNNX(nnx.bridge.ToNNX):
   used for initialisation only and not kept.
 
   Example usage:
-    cfg = load_config("tiny_mixtral", quantization="fp8")
+    cfg = load_moe_config("tiny_mixtral", quantization="fp8")
     x = jnp.zeros((1, 8, cfg.emb_dim))                   # [B, S, M] sample
     moe = EagerToNNX(RoutedMoE(cfg), x, rngs=nnx.Rngs(0))
     y, aux = moe(inputs, rngs=key)

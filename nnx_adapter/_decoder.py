@@ -77,7 +77,7 @@ class Decoder(nnx.Module):
     self.config = config
     moe = config.moe
     tokens = jnp.zeros(sample_shape, jnp.int32)  # [B, S]
-    x = jnp.zeros((*sample_shape, moe.emb_dim), moe.compute_dtype)  # [B, S, M]
+    x = jnp.zeros((*sample_shape, moe.emb_dim), moe.dtype)  # [B, S, M]
     positions = jnp.broadcast_to(jnp.arange(sample_shape[1]), sample_shape)
     # The Linen decoder's embedding (initialiser, axis names); input scale
     # in `__call__`.

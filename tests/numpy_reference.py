@@ -39,7 +39,7 @@ def _best_first(values) -> list[int]:
 def allowed_experts(select: np.ndarray, cfg) -> set[int]:
   """Experts of the `topk_routing_group` best groups (a group scores the sum
   of its two highest selection scores); every expert when ungrouped."""
-  g = cfg.n_routing_groups
+  g = cfg.num_routing_groups
   if g == 1:
     return set(range(cfg.num_experts))
   size = cfg.num_experts // g

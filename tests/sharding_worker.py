@@ -157,10 +157,10 @@ def layer(job: dict) -> dict:
   batch to `data` only, so tokens are replicated over `expert` (outputs are
   summed there instead of reduce-scattered)."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
-  from linen_moe._src.config import load_config  # noqa: PLC0415
+  from linen_moe._src.config import load_moe_config  # noqa: PLC0415
   from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
 
-  cfg = load_config(
+  cfg = load_moe_config(
       job.get("config", "tiny_mixtral"),
       quantization=job.get("quantization", "fp8"),
       **PATHS[job.get("path", "sparse")],
@@ -200,11 +200,11 @@ def serving(job: dict) -> dict:
   and under each mesh: the expert-parallel path reads the stored kernels."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
   from linen_moe import serving as serving_lib  # noqa: PLC0415
-  from linen_moe._src.config import load_config  # noqa: PLC0415
+  from linen_moe._src.config import load_moe_config  # noqa: PLC0415
 
   out = {}
   for mode in job["modes"]:
-    cfg = load_config(job.get("config", "tiny_mixtral"), quantization=mode)
+    cfg = load_moe_config(job.get("config", "tiny_mixtral"), quantization=mode)
     x = jax.random.normal(jax.random.key(3), (8, 8, cfg.emb_dim))
     float_layer = RoutedMoE(cfg.replace(quantization="none"))
     variables = sharding.unbox(float_layer.init(jax.random.key(0), x))

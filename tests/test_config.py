@@ -9,8 +9,8 @@ from absl.testing import parameterized
 
 from linen_moe import MoEConfig
 from linen_moe import available_configs
-from linen_moe import load_config
 from linen_moe import load_model_config
+from linen_moe import load_moe_config
 
 GOOD = dict(num_experts=8, num_experts_per_tok=2, emb_dim=16, moe_mlp_dim=32)
 
@@ -87,23 +87,23 @@ class ConfigValidationTest(parameterized.TestCase):
       ),
       (
           "zero_groups",
-          dict(n_routing_groups=0),
-          r"n_routing_groups=0.*positive",
+          dict(num_routing_groups=0),
+          r"num_routing_groups=0.*positive",
       ),
       (
           "groups_not_dividing",
-          dict(n_routing_groups=3),
-          r"n_routing_groups=3.*divide num_experts=8",
+          dict(num_routing_groups=3),
+          r"num_routing_groups=3.*divide num_experts=8",
       ),
       (
           "groups_of_one",
-          dict(n_routing_groups=8, topk_routing_group=2),
-          r"n_routing_groups=8.*>= 2 experts",
+          dict(num_routing_groups=8, topk_routing_group=2),
+          r"num_routing_groups=8.*>= 2 experts",
       ),
       (
           "topk_groups_gt_groups",
-          dict(n_routing_groups=2, topk_routing_group=3),
-          r"topk_routing_group=3.*<= n_routing_groups=2",
+          dict(num_routing_groups=2, topk_routing_group=3),
+          r"topk_routing_group=3.*<= num_routing_groups=2",
       ),
       (
           "zero_topk_groups",
@@ -112,7 +112,9 @@ class ConfigValidationTest(parameterized.TestCase):
       ),
       (
           "k_beyond_chosen_groups",
-          dict(num_experts_per_tok=3, n_routing_groups=4, topk_routing_group=1),
+          dict(
+              num_experts_per_tok=3, num_routing_groups=4, topk_routing_group=1
+          ),
           r"num_experts_per_tok=3.*= 2",
       ),
       ("bias_not_bool", dict(routed_bias=1), r"routed_bias=1.*bool"),
@@ -184,7 +186,7 @@ class LoadConfigTest(parameterized.TestCase):
       load_model_config(name)
 
   def test_structure_of_tiny_configs(self):
-    mix = load_config("tiny_mixtral")
+    mix = load_moe_config("tiny_mixtral")
     self.assertEqual((mix.num_experts, mix.num_experts_per_tok), (8, 2))
     self.assertEqual(mix.mlp_activations, ("silu", "linear"))
     self.assertEqual(
@@ -196,47 +198,50 @@ class LoadConfigTest(parameterized.TestCase):
     self.assertTrue(gem.moe.norm_topk_prob and gem.moe.per_expert_scale)
     self.assertEqual(gem.moe.shared_experts, 1)
     self.assertTrue(gem.router_input_norm and gem.post_moe_norms)
-    full = load_config("gemma4_26b")
+    full = load_moe_config("gemma4_26b")
     self.assertEqual(
         (full.num_experts, full.emb_dim, full.moe_mlp_dim), (128, 2816, 704)
     )
 
   def test_structure_of_deepseek_and_qwen_configs(self):
-    ds = load_config("tiny_deepseek_v3")
+    ds = load_moe_config("tiny_deepseek_v3")
     self.assertEqual((ds.num_experts, ds.num_experts_per_tok), (16, 4))
-    self.assertEqual((ds.n_routing_groups, ds.topk_routing_group), (4, 2))
+    self.assertEqual((ds.num_routing_groups, ds.topk_routing_group), (4, 2))
     self.assertEqual(ds.routing, "sigmoid_then_topk")
     self.assertEqual(ds.routed_scaling_factor, 2.5)
     self.assertTrue(ds.norm_topk_prob and ds.routed_bias)
     self.assertGreater(ds.routed_bias_update_rate, 0.0)
     self.assertEqual((ds.shared_experts, ds.load_balance_loss_weight), (1, 0.0))
-    qw = load_config("tiny_qwen3_moe")
+    qw = load_moe_config("tiny_qwen3_moe")
     self.assertEqual(qw.routing, "softmax_then_topk")
     self.assertTrue(qw.norm_topk_prob)
     self.assertEqual(qw.shared_experts, 0)
     self.assertGreater(qw.num_experts, qw.moe_mlp_dim)  # many small experts
-    full = load_config("deepseek_v3_671b")
+    full = load_moe_config("deepseek_v3_671b")
     self.assertEqual(
-        (full.num_experts, full.n_routing_groups, full.emb_dim), (256, 8, 7168)
+        (full.num_experts, full.num_routing_groups, full.emb_dim),
+        (256, 8, 7168),
     )
-    full = load_config("qwen3_30b_a3b")
+    full = load_moe_config("qwen3_30b_a3b")
     self.assertEqual((full.num_experts, full.moe_mlp_dim), (128, 768))
 
   def test_overrides(self):
-    cfg = load_config("tiny_mixtral", quantization="fp8", sparse_matmul=False)
+    cfg = load_moe_config(
+        "tiny_mixtral", quantization="fp8", sparse_matmul=False
+    )
     self.assertEqual((cfg.quantization, cfg.sparse_matmul), ("fp8", False))
     model = load_model_config("tiny_mixtral", num_layers=3, quantization="int8")
     self.assertEqual((model.num_layers, model.moe.quantization), (3, "int8"))
 
   def test_unknown_override(self):
     with self.assertRaisesRegex(ValueError, r"\['num_exprts'\]"):
-      load_config("tiny_mixtral", num_exprts=3)
+      load_moe_config("tiny_mixtral", num_exprts=3)
     with self.assertRaisesRegex(ValueError, r"\['depth'\]"):
       load_model_config("tiny_mixtral", depth=3)
 
   def test_unknown_name(self):
     with self.assertRaisesRegex(ValueError, r"'tiny_llama'.*tiny_mixtral"):
-      load_config("tiny_llama")
+      load_moe_config("tiny_llama")
 
   def test_unknown_yaml_key_in_file(self):
     with tempfile.TemporaryDirectory() as d:
@@ -247,7 +252,7 @@ class LoadConfigTest(parameterized.TestCase):
             "  emb_dim: 8\n  moe_mlp_dim: 8\n  expert_count: 3\n"
         )
       with self.assertRaisesRegex(ValueError, r"\['expert_count'\]"):
-        load_config(path)
+        load_moe_config(path)
       with open(path, "w") as f:
         f.write(
             "moe:\n  num_experts: 4\n  num_experts_per_tok: 1\n"
@@ -255,7 +260,7 @@ class LoadConfigTest(parameterized.TestCase):
         )
       self.assertEqual(load_model_config(path).num_layers, 1)
     with self.assertRaisesRegex(ValueError, "does not exist"):
-      load_config("/nonexistent/cfg.yml")
+      load_moe_config("/nonexistent/cfg.yml")
 
 
 if __name__ == "__main__":

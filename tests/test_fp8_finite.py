@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import RoutedMoE
-from linen_moe import load_config
+from linen_moe import load_moe_config
 from linen_moe._src import quantization
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT as OWG
 
@@ -124,7 +124,7 @@ class Fp8EinsumTest(parameterized.TestCase):
 @functools.cache
 def _layer_step(mode: str, path: str):
   sparse = path == "sparse"
-  cfg = load_config(
+  cfg = load_moe_config(
       "tiny_mixtral",
       quantization=mode,
       sparse_matmul=sparse,

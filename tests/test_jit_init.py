@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import RoutedMoE
-from linen_moe import load_config
+from linen_moe import load_moe_config
 from linen_moe._src import jit_init
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 
@@ -23,7 +23,7 @@ def _assert_same_variables(test, got, want):
 class CompiledInitTest(absltest.TestCase):
 
   def test_equals_eager_linen_init_with_fp8_state(self):
-    cfg = load_config("tiny_mixtral", quantization="fp8")
+    cfg = load_moe_config("tiny_mixtral", quantization="fp8")
     x = jnp.ones((1, 4, cfg.emb_dim))
     moe = RoutedMoE(cfg)
     got = moe.init(jax.random.key(3), x)  # the mixin's compiled init
@@ -32,7 +32,7 @@ class CompiledInitTest(absltest.TestCase):
     _assert_same_variables(self, got, want)
 
   def test_equal_modules_share_one_program(self):
-    cfg = load_config("tiny_mixtral", num_experts=3)
+    cfg = load_moe_config("tiny_mixtral", num_experts=3)
     x = jnp.ones((1, 4, cfg.emb_dim))
     before = jit_init._jitted_init.top_level._cache_size()
     a = RoutedMoE(cfg).init(jax.random.key(0), x)
@@ -45,7 +45,7 @@ class CompiledInitTest(absltest.TestCase):
     )
 
   def test_under_jit_and_with_linen_options(self):
-    cfg = load_config("tiny_mixtral")
+    cfg = load_moe_config("tiny_mixtral")
     x = jnp.ones((1, 4, cfg.emb_dim))
     moe = RoutedMoE(cfg)
     want = nn.Module.init(moe, jax.random.key(0), x)

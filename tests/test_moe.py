@@ -11,7 +11,7 @@ import numpy as np
 from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
 from linen_moe import SharedExpert
-from linen_moe import load_config
+from linen_moe import load_moe_config
 from linen_moe import routing
 from linen_moe._src import dense as dense_lib
 from linen_moe._src.config import PATHS as ALL_PATHS
@@ -48,7 +48,7 @@ class MoEReferenceTest(parameterized.TestCase):
 
   @parameterized.product(config=CONFIGS, path=tuple(PATHS))
   def test_matches_numpy_reference(self, config, path):
-    cfg = load_config(config, **PATHS[path])
+    cfg = load_moe_config(config, **PATHS[path])
     params = _random_params(cfg)
     x = _inputs(cfg)
     gate_inputs = _inputs(cfg, seed=7) if config == "tiny_gemma4_26b" else None
@@ -64,11 +64,13 @@ class MoEReferenceTest(parameterized.TestCase):
 
   @parameterized.parameters(*CONFIGS)
   def test_dense_dropless_equals_sparse(self, config):
-    params = _random_params(load_config(config))
-    x = _inputs(load_config(config), b=3, s=16)
+    params = _random_params(load_moe_config(config))
+    x = _inputs(load_moe_config(config), b=3, s=16)
     ys = {
         path: (
-            RoutedMoE(load_config(config, **kw)).apply({"params": params}, x)[0]
+            RoutedMoE(load_moe_config(config, **kw)).apply(
+                {"params": params}, x
+            )[0]
         )
         for path, kw in PATHS.items()
     }
@@ -76,7 +78,7 @@ class MoEReferenceTest(parameterized.TestCase):
 
   @parameterized.parameters(0.5, 1.0, 2.0)
   def test_dropping_matches_numpy_reference(self, capacity_factor):
-    cfg = load_config(
+    cfg = load_moe_config(
         "tiny_mixtral", sparse_matmul=False, capacity_factor=capacity_factor
     )
     params = _random_params(cfg)
@@ -93,7 +95,9 @@ class MoEReferenceTest(parameterized.TestCase):
     )
 
   def test_large_capacity_drops_nothing(self):
-    cfg = load_config("tiny_mixtral", sparse_matmul=False, capacity_factor=4.0)
+    cfg = load_moe_config(
+        "tiny_mixtral", sparse_matmul=False, capacity_factor=4.0
+    )
     params = _random_params(cfg)
     x = _inputs(cfg, b=2, s=16)
     y, aux = RoutedMoE(cfg).apply({"params": params}, x)
@@ -181,7 +185,7 @@ class RoutingTest(parameterized.TestCase):
     )
 
   def test_layer_aux(self):
-    cfg = load_config("tiny_mixtral", load_balance_loss_weight=0.5)
+    cfg = load_moe_config("tiny_mixtral", load_balance_loss_weight=0.5)
     params = _random_params(cfg)
     x = _inputs(cfg)
     _, aux = RoutedMoE(cfg).apply({"params": params}, x)
@@ -196,7 +200,7 @@ class RoutingTest(parameterized.TestCase):
     self.assertEqual(float(aux0.load_balance_loss), 0.0)
 
   def test_load_balance_gradient_pushes_towards_balance(self):
-    cfg = load_config("tiny_mixtral", load_balance_loss_weight=1.0)
+    cfg = load_moe_config("tiny_mixtral", load_balance_loss_weight=1.0)
     params = _random_params(cfg)
     x = _inputs(cfg, b=4, s=16)
     moe = RoutedMoE(cfg)
@@ -213,7 +217,7 @@ class RoutingTest(parameterized.TestCase):
 class LayerTest(parameterized.TestCase):
 
   def test_parameter_layout(self):
-    cfg = load_config("tiny_gemma4_26b")
+    cfg = load_moe_config("tiny_gemma4_26b")
     shapes = jax.tree.map(jnp.shape, _random_params(cfg))
     e, m, h = cfg.num_experts, cfg.emb_dim, cfg.moe_mlp_dim
     self.assertEqual(
@@ -228,7 +232,7 @@ class LayerTest(parameterized.TestCase):
     )
 
   def test_routed_and_shared(self):
-    cfg = load_config("tiny_gemma4_26b")
+    cfg = load_moe_config("tiny_gemma4_26b")
     x = _inputs(cfg)
     both = RoutedAndSharedMoE(cfg)
     variables = unbox(both.init(jax.random.key(0), x))
@@ -253,7 +257,7 @@ class LayerTest(parameterized.TestCase):
   @parameterized.product(config=CONFIGS, path=("sparse", "dense", "drop"))
   def test_gradients_finite_and_nonzero(self, config, path):
     kw = dict(PATHS.get(path, dict(sparse_matmul=False, capacity_factor=1.0)))
-    cfg = load_config(config, **kw)
+    cfg = load_moe_config(config, **kw)
     params = _random_params(cfg)
     x = _inputs(cfg)
     moe = RoutedMoE(cfg)
@@ -270,7 +274,7 @@ class LayerTest(parameterized.TestCase):
 
   @parameterized.parameters("sparse", "dense")
   def test_bfloat16(self, path):
-    cfg = load_config("tiny_mixtral", dtype="bfloat16", **PATHS[path])
+    cfg = load_moe_config("tiny_mixtral", dtype="bfloat16", **PATHS[path])
     params = _random_params(cfg.replace(dtype="float32"))
     x = _inputs(cfg).astype(jnp.bfloat16)
     y, _ = RoutedMoE(cfg).apply({"params": params}, x)
@@ -281,7 +285,7 @@ class LayerTest(parameterized.TestCase):
     self.assertLess(_rel_err(y.astype(jnp.float32), ref), 0.05)
 
   def test_bad_input_shapes(self):
-    cfg = load_config("tiny_mixtral")
+    cfg = load_moe_config("tiny_mixtral")
     params = _random_params(cfg)
     with self.assertRaisesRegex(ValueError, "emb_dim=64"):
       RoutedMoE(cfg).apply({"params": params}, jnp.zeros((2, 4, 32)))
@@ -291,7 +295,7 @@ class LayerTest(parameterized.TestCase):
       )
 
   def test_unregistered_call_site(self):
-    cfg = load_config("tiny_mixtral")
+    cfg = load_moe_config("tiny_mixtral")
 
     def call(module):
       return module.einsum(

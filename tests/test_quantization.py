@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import RoutedMoE
-from linen_moe import load_config
+from linen_moe import load_moe_config
 from linen_moe import testing
 from linen_moe._src import grouped_matmul as gmm_lib
 from linen_moe._src import int8_grouped
@@ -86,7 +86,7 @@ def _inputs(config: MoEConfig):
 
 @functools.cache
 def _params(config_name: str):
-  config = load_config(config_name)
+  config = load_moe_config(config_name)
   init = jax.jit(RoutedMoE(config).init)
   return unbox(init(jax.random.key(0), _inputs(config)[0]))["params"]
 
@@ -103,7 +103,7 @@ class Cell:
 
 @functools.cache
 def _cell(config_name: str, path: str, mode: str) -> Cell:
-  config = load_config(config_name, quantization=mode, **PATHS[path])
+  config = load_moe_config(config_name, quantization=mode, **PATHS[path])
   model = RoutedMoE(config)
   x, target = _inputs(config)
   params = _params(config_name)
@@ -133,7 +133,7 @@ def _cell(config_name: str, path: str, mode: str) -> Cell:
 @functools.cache
 def _reference(config_name: str, path: str):
   """The unquantized layer's output, same params and inputs as the cells."""
-  config = load_config(config_name, **PATHS[path])
+  config = load_moe_config(config_name, **PATHS[path])
   apply = jax.jit(RoutedMoE(config).apply)
   return apply({"params": _params(config_name)}, _inputs(config)[0])[0]
 
@@ -229,7 +229,7 @@ class QuantizedLayerTest(parameterized.TestCase):
   def test_params_layout_same_for_every_mode(self, config, path):
     layouts, collections = {}, {}
     for mode in MODES:
-      cfg = load_config(config, quantization=mode, **PATHS[path])
+      cfg = load_moe_config(config, quantization=mode, **PATHS[path])
       x = _inputs(cfg)[0]
       variables = jax.eval_shape(RoutedMoE(cfg).init, jax.random.key(0), x)
       layouts[mode] = jax.tree_util.tree_map_with_path(
@@ -265,7 +265,7 @@ class ErrorsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "'int4'.*" + allowed):
       quantization.contraction_modules("int4")
     with self.assertRaisesRegex(ValueError, "int4.*" + allowed):
-      load_config("tiny_mixtral", quantization="int4")
+      load_moe_config("tiny_mixtral", quantization="int4")
     with self.assertRaisesRegex(ValueError, "int4.*" + allowed):
       MoEConfig(4, 2, 8, 16, quantization="int4")
 
@@ -274,7 +274,7 @@ class ErrorsTest(parameterized.TestCase):
       quantization.contraction_modules("fp8", history=16)
 
   def test_unknown_call_site_lists_registered(self):
-    model = RoutedMoE(load_config("tiny_mixtral"))
+    model = RoutedMoE(load_moe_config("tiny_mixtral"))
     a = jnp.ones((2, 3))
     with self.assertRaisesRegex(
         ValueError, "'wi_2'.*'wi_0', 'wi_1', 'wo', 'dispatch', 'combine'"

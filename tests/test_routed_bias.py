@@ -215,7 +215,7 @@ class CommandLineTest(absltest.TestCase):
     )
     with self.assertRaisesRegex(ValueError, "'routed_bias': expected FIELD"):
       cli.parse_set(["routed_bias"])
-    self.assertEqual(cli.main(["train", "--set", "n_routing_groups=3"]), 2)
+    self.assertEqual(cli.main(["train", "--set", "num_routing_groups=3"]), 2)
 
   def test_load_ratio_of_the_worst_layer(self):
     result = train_job.TrainResult(

@@ -20,10 +20,10 @@ ROUTINGS = ("topk_then_softmax", "softmax_then_topk", "sigmoid_then_topk")
 # Router options beyond the routing: none, groups, a bias, all with scaling.
 OPTIONS = {
     "plain": {},
-    "grouped": dict(n_routing_groups=4, topk_routing_group=2),
+    "grouped": dict(num_routing_groups=4, topk_routing_group=2),
     "biased": dict(routed_bias=True),
     "all": dict(
-        n_routing_groups=4,
+        num_routing_groups=4,
         topk_routing_group=2,
         routed_bias=True,
         routed_scaling_factor=2.5,
@@ -45,7 +45,7 @@ def _route(cfg, logits, bias=None, scale=None):
       cfg.norm_topk_prob,
       scale,
       selection_bias=None if bias is None else jnp.asarray(bias, jnp.float32),
-      n_groups=cfg.n_routing_groups,
+      n_groups=cfg.num_routing_groups,
       topk_groups=cfg.topk_routing_group,
       routed_scaling_factor=cfg.routed_scaling_factor,
   )
@@ -156,7 +156,7 @@ class GroupLimitedRoutingTest(absltest.TestCase):
         num_experts=4,
         num_experts_per_tok=1,
         routing="sigmoid_then_topk",
-        n_routing_groups=2,
+        num_routing_groups=2,
         topk_routing_group=1,
     )
     self.assertEqual(int(_route(cfg, logits).indices[0, 0]), 0)

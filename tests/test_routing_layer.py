@@ -16,8 +16,8 @@ import pytest
 from linen_moe import Decoder
 from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
-from linen_moe import load_config
 from linen_moe import load_model_config
+from linen_moe import load_moe_config
 from linen_moe import serving
 from linen_moe._src import dense as dense_lib
 from linen_moe._src import variables as variables_lib
@@ -73,7 +73,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
   @parameterized.product(config=tuple(CASES), path=("sparse", "dense"))
   def test_matches_numpy_reference(self, config, path):
     overrides, bias_scale = CASES[config]
-    cfg = load_config(config, **overrides, **PATHS[path])
+    cfg = load_moe_config(config, **overrides, **PATHS[path])
     variables = _variables(cfg, bias_scale)
     x = _inputs(cfg)
     y, aux = jax.jit(RoutedMoE(cfg).apply)(variables, x)
@@ -82,7 +82,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
     self.assertEqual(float(aux.router_z_loss), 0.0)  # weight 0
 
   def test_probability_drop_policy_matches_numpy_reference(self):
-    cfg = load_config(
+    cfg = load_moe_config(
         "tiny_deepseek_v3",
         **PATHS["dense_dropping"],
         drop_policy="probability",
@@ -146,7 +146,7 @@ class ProbabilityDispatchMaskTest(absltest.TestCase):
 class ZLossJitterBiasLayerTest(absltest.TestCase):
 
   def test_z_loss_in_aux_matches_numpy(self):
-    cfg = load_config("tiny_qwen3_moe", router_z_loss_weight=0.01)
+    cfg = load_moe_config("tiny_qwen3_moe", router_z_loss_weight=0.01)
     variables = _variables(cfg)
     x = _inputs(cfg)
     _, aux = RoutedMoE(cfg).apply(variables, x)
@@ -166,7 +166,7 @@ class ZLossJitterBiasLayerTest(absltest.TestCase):
     self.assertEqual(float(jnp.abs(grads["wi_0"]).max()), 0.0)
 
   def test_jitter_only_with_its_rng_stream(self):
-    cfg = load_config("tiny_deepseek_v3", router_jitter=0.5)
+    cfg = load_moe_config("tiny_deepseek_v3", router_jitter=0.5)
     variables = _variables(cfg)
     x = _inputs(cfg)
     moe, plain = RoutedMoE(cfg), RoutedMoE(cfg.replace(router_jitter=0.0))
@@ -187,7 +187,7 @@ class ZLossJitterBiasLayerTest(absltest.TestCase):
     np.testing.assert_array_equal(zero, y0)  # eps 0 never draws
 
   def test_routed_bias_variable_layout(self):
-    cfg = load_config("tiny_deepseek_v3")
+    cfg = load_moe_config("tiny_deepseek_v3")
     x = _inputs(cfg)
     variables = unbox(RoutedAndSharedMoE(cfg).init(jax.random.key(0), x))
     self.assertEqual(set(variables), {"params", RULE})
@@ -225,7 +225,7 @@ class DeepSeekDecoderServingTest(absltest.TestCase):
 
 
 def _check_trains(test, quantization, path):
-  cfg = load_config(
+  cfg = load_moe_config(
       "tiny_deepseek_v3",
       quantization=quantization,
       **PATHS[path],

@@ -20,8 +20,8 @@ from linen_moe import PATHS
 from linen_moe import Decoder
 from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
-from linen_moe import load_config
 from linen_moe import load_model_config
+from linen_moe import load_moe_config
 from linen_moe import scanned_to_unrolled
 from linen_moe import serving
 from linen_moe import testing
@@ -63,7 +63,7 @@ def _x(config):
 
 @functools.cache
 def _float_variables(name: str):
-  config = load_config(name)
+  config = load_moe_config(name)
   return unbox(jax.jit(RoutedMoE(config).init)(jax.random.key(0), _x(config)))
 
 
@@ -87,7 +87,7 @@ def _learned_fp8_state(config, params, x):
 @functools.cache
 def _training_case(name: str, mode: str):
   """(training config, variables incl. fp8 state, training sparse output)."""
-  config = load_config(name, quantization=mode, **PATHS["sparse"])
+  config = load_moe_config(name, quantization=mode, **PATHS["sparse"])
   variables = dict(_float_variables(name))
   x = _x(config)
   if mode != "int8":
@@ -114,7 +114,7 @@ def _serve(name: str, mode: str, path: str):
 
 @functools.cache
 def _float_output(name: str, path: str):
-  config = load_config(name, **PATHS[path])
+  config = load_moe_config(name, **PATHS[path])
   return jax.jit(RoutedMoE(config).apply)(_float_variables(name), _x(config))[0]
 
 
@@ -224,7 +224,7 @@ class ConversionTest(parameterized.TestCase):
   def test_int8_scales_per_expert_and_channel(self):
     # NumPy from the formula: scale = max|w| over the contracted axis / 127.5,
     # and every weight within half a step of its stored value.
-    config = load_config("tiny_mixtral", quantization="int8")
+    config = load_moe_config("tiny_mixtral", quantization="int8")
     params = _float_variables("tiny_mixtral")["params"]
     _, served = serving.quantize_weights(config, {"params": params})
     for site in SITES:
@@ -240,7 +240,7 @@ class ConversionTest(parameterized.TestCase):
   def test_fp8_scales(self, mode):
     fp8_max = FP8_MAX[mode]
     dtype = stored_weights.STORAGE_DTYPES[mode]
-    config = load_config("tiny_mixtral", quantization=mode)
+    config = load_moe_config("tiny_mixtral", quantization=mode)
     params = _float_variables("tiny_mixtral")["params"]
     state = _learned_fp8_state(config, params, _x(config))
     # A stale stored scale and a history with two entries: the training
@@ -286,7 +286,7 @@ class ConversionTest(parameterized.TestCase):
       )
 
   def test_expert_weight_bytes(self):
-    config = load_config("tiny_mixtral", quantization="int8")
+    config = load_moe_config("tiny_mixtral", quantization="int8")
     variables = _float_variables("tiny_mixtral")
     e, m, h = config.num_experts, config.emb_dim, config.moe_mlp_dim
     self.assertEqual(serving.expert_weight_bytes(variables), 3 * e * m * h * 4)
@@ -297,7 +297,7 @@ class ConversionTest(parameterized.TestCase):
     )
 
   def test_routed_and_shared_layer(self):
-    config = load_config("tiny_gemma4_26b", quantization="int8")
+    config = load_moe_config("tiny_gemma4_26b", quantization="int8")
     x = _x(config)
     float_layer = RoutedAndSharedMoE(config.replace(quantization="none"))
     variables = unbox(jax.jit(float_layer.init)(jax.random.key(0), x))
@@ -315,18 +315,18 @@ class BadInputTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.config = load_config("tiny_mixtral", quantization="int8")
+    self.config = load_moe_config("tiny_mixtral", quantization="int8")
     self.variables = _float_variables("tiny_mixtral")
 
   def test_config_field(self):
     with self.assertRaisesRegex(
         ValueError, "serving=True.*quantization='none'"
     ):
-      load_config("tiny_mixtral", serving=True)
+      load_moe_config("tiny_mixtral", serving=True)
     with self.assertRaisesRegex(ValueError, "serving='yes'.*bool"):
-      load_config("tiny_mixtral", quantization="int8", serving="yes")
+      load_moe_config("tiny_mixtral", quantization="int8", serving="yes")
     with self.assertRaisesRegex(ValueError, "quantization='int4'.*allowed"):
-      load_config("tiny_mixtral", quantization="int4")
+      load_moe_config("tiny_mixtral", quantization="int4")
 
   def test_quantize_weights_rejects(self):
     q = serving.quantize_weights
@@ -339,7 +339,7 @@ class BadInputTest(parameterized.TestCase):
       q(self.config, served)
     with self.assertRaisesRegex(ValueError, "already a serving config"):
       q(serve_config, served)
-    gemma = load_config("tiny_gemma4_26b", quantization="int8")
+    gemma = load_moe_config("tiny_gemma4_26b", quantization="int8")
     with self.assertRaisesRegex(ValueError, r"params/wi_0 has shape \(8, 64"):
       q(gemma, self.variables)
     with self.assertRaisesRegex(TypeError, "MoEConfig or a ModelConfig"):

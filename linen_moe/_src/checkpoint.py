@@ -53,28 +53,12 @@ from linen_moe._src.checkpoint_tree import layer_layout
 from linen_moe._src.checkpoint_tree import relayout
 from linen_moe._src.checkpoint_tree import relayout_abstract
 from linen_moe._src.config import ModelConfig
+from linen_moe._src.config import run_fields
 
 STATE, META = "state", "meta"
 FORMAT_VERSION = 1
-# ModelConfig fields a restore may change: how the same weights are computed
-# (matmul path and its token dropping, quantization, layer mode, compute
-# dtype) or trained (loss weights, router noise, the routed-bias rate).
-# Every other field is the model itself (its shapes, routing and state) and
-# must equal the checkpoint's; a field added later counts as the model.
-RUN_FIELDS = frozenset({
-    "sparse_matmul",
-    "capacity_factor",
-    "drop_policy",
-    "grouped_matmul",
-    "quantization",
-    "fp8_amax_history_length",
-    "dtype",
-    "load_balance_loss_weight",
-    "router_z_loss_weight",
-    "router_jitter",
-    "routed_bias_update_rate",
-    "scan_layers",
-})
+# The config fields a restore may change: said on the fields themselves.
+RUN_FIELDS = run_fields()
 
 
 # Named after the public module, so users configure it by that name.

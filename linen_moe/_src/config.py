@@ -12,6 +12,7 @@ import importlib.resources
 import math
 import os
 from typing import Any
+import warnings
 
 import jax.numpy as jnp
 import yaml
@@ -62,6 +63,40 @@ _NON_NEGATIVE_FIELDS = (
 )
 
 
+# Old spellings of renamed fields: accepted (with a DeprecationWarning) by the
+# constructors, `replace` and YAML files until linen_moe 0.3.
+_RENAMED_FIELDS = {
+    "weight_dtype": "param_dtype",
+    "n_routing_groups": "num_routing_groups",
+}
+
+
+def _renamed(cls: str, old: str) -> str:
+  new = _RENAMED_FIELDS[old]
+  warnings.warn(
+      f"{cls}.{old} is deprecated and goes in linen_moe 0.3; use {new}.",
+      DeprecationWarning,
+      stacklevel=4,
+  )
+  return new
+
+
+def _new_names(cls: str, changes: dict[str, Any]) -> dict[str, Any]:
+  return {
+      (_renamed(cls, k) if k in _RENAMED_FIELDS else k): v
+      for k, v in changes.items()
+  }
+
+
+# A field made with `_run(default)` says how the model is computed or trained,
+# not what it is: a resumed run may change it (`run_fields()`). Every other
+# field is the model itself (its shapes, routing and state) and must equal
+# the checkpoint's, so a field added later counts as the model unless it says
+# otherwise here.
+def _run(default: Any) -> Any:
+  return dataclasses.field(default=default, metadata={"run": True})
+
+
 def _fail(cls: str, field: str, value: Any, allowed: str) -> None:
   raise ValueError(f"{cls}.{field}={value!r} is invalid: {allowed}.")
 
@@ -82,6 +117,10 @@ def _check_choice(obj: Any, name: str, allowed: tuple[str, ...]) -> None:
 @dataclasses.dataclass(frozen=True)
 class MoEConfig:
   """Every knob `RoutedMoE` reads.
+
+  The fields that say how the layer is computed or trained rather than what
+  it is (the path, quantization, dtype, loss weights, ...) are the ones a
+  resumed run may change: `run_fields()` lists them.
 
   Attributes:
     num_experts: E, the number of routed experts.
@@ -104,11 +143,12 @@ class MoEConfig:
       always sums to 1).
     routed_scaling_factor: multiplies every routing weight (after
       renormalisation), for every routing; DeepSeek-V3 uses 2.5.
-    n_routing_groups: G; the experts form G contiguous groups of E / G and
+    num_routing_groups: G (was `n_routing_groups`, which still works until
+      0.3, with a DeprecationWarning); the experts form G contiguous groups of E / G and
       a token may only choose experts in its `topk_routing_group` best groups,
       a group scoring the sum of its two highest selection scores (1 = off).
     topk_routing_group: the number of groups a token may choose from
-      (1 <= topk_routing_group <= n_routing_groups).
+      (1 <= topk_routing_group <= num_routing_groups).
     routed_bias: keep a `[E]` selection-only bias `routed_bias` (collection
       `updated_by_rule`, initialised to 0): added to the selection score
       (logits, softmax or sigmoid of the routing) to choose experts, never
@@ -131,7 +171,8 @@ class MoEConfig:
       the dense einsum path.
     grouped_matmul: implementation of the sparse path's grouped matmul.
     dtype: activation / compute dtype name.
-    weight_dtype: parameter storage dtype name.
+    param_dtype: parameter storage dtype name (was `weight_dtype`, which
+      still works until 0.3, with a DeprecationWarning).
     load_balance_loss_weight: weight of the Switch load-balance loss (0 = off).
     quantization: "none", "int8" (AQT), "fp8" or "nanoo_fp8".
     fp8_amax_history_length: length of each fp8 amax history.
@@ -152,26 +193,35 @@ class MoEConfig:
   routing: str = "topk_then_softmax"
   norm_topk_prob: bool = False
   routed_scaling_factor: float = 1.0
-  n_routing_groups: int = 1
+  num_routing_groups: int = 1
   topk_routing_group: int = 1
   routed_bias: bool = False
-  routed_bias_update_rate: float = 0.0
-  router_z_loss_weight: float = 0.0
-  router_jitter: float = 0.0
+  routed_bias_update_rate: float = _run(0.0)
+  router_z_loss_weight: float = _run(0.0)
+  router_jitter: float = _run(0.0)
   per_expert_scale: bool = False
-  capacity_factor: float = 0.0
-  drop_policy: str = "position"
-  sparse_matmul: bool = True
-  grouped_matmul: str = "auto"
-  dtype: str = "float32"
-  weight_dtype: str = "float32"
-  load_balance_loss_weight: float = 0.01
-  quantization: str = "none"
-  fp8_amax_history_length: int = 1024
+  capacity_factor: float = _run(0.0)
+  drop_policy: str = _run("position")
+  sparse_matmul: bool = _run(True)
+  grouped_matmul: str = _run("auto")
+  dtype: str = _run("float32")
+  param_dtype: str = "float32"
+  load_balance_loss_weight: float = _run(0.01)
+  quantization: str = _run("none")
+  fp8_amax_history_length: int = _run(1024)
   serving: bool = False
+  # Deprecated spellings, accepted until 0.3 (see _RENAMED_FIELDS).
+  weight_dtype: dataclasses.InitVar[str | None] = None
+  n_routing_groups: dataclasses.InitVar[int | None] = None
 
-  def __post_init__(self):
+  def __post_init__(self, weight_dtype=None, n_routing_groups=None):
     cls = type(self).__name__
+    for old, value in (
+        ("weight_dtype", weight_dtype),
+        ("n_routing_groups", n_routing_groups),
+    ):
+      if value is not None:
+        object.__setattr__(self, _renamed(cls, old), value)
     _check_positive_ints(
         self,
         (
@@ -213,7 +263,7 @@ class MoEConfig:
     _check_choice(self, "quantization", QUANTIZATIONS)
     _check_choice(self, "grouped_matmul", GROUPED_MATMUL_IMPLEMENTATIONS)
     _check_choice(self, "dtype", FLOAT_DTYPES)
-    _check_choice(self, "weight_dtype", FLOAT_DTYPES)
+    _check_choice(self, "param_dtype", FLOAT_DTYPES)
     for name in _FLOAT_FIELDS:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -272,36 +322,39 @@ class MoEConfig:
           self.routed_bias_update_rate,
           "a non-zero rate needs routed_bias=True",
       )
-    _check_positive_ints(self, ("n_routing_groups", "topk_routing_group"))
-    e, g, t = self.num_experts, self.n_routing_groups, self.topk_routing_group
+    _check_positive_ints(self, ("num_routing_groups", "topk_routing_group"))
+    e, g, t = self.num_experts, self.num_routing_groups, self.topk_routing_group
     if e % g:
-      _fail(cls, "n_routing_groups", g, f"must divide num_experts={e}")
+      _fail(cls, "num_routing_groups", g, f"must divide num_experts={e}")
     if g > 1 and e // g < 2:
       _fail(
           cls,
-          "n_routing_groups",
+          "num_routing_groups",
           g,
           "groups need >= 2 experts each (a group scores its two highest); "
           f"num_experts={e}",
       )
     if t > g:
-      _fail(cls, "topk_routing_group", t, f"must be <= n_routing_groups={g}")
+      _fail(cls, "topk_routing_group", t, f"must be <= num_routing_groups={g}")
     if self.num_experts_per_tok > t * e // g:
       _fail(
           cls,
           "num_experts_per_tok",
           self.num_experts_per_tok,
-          "must be <= topk_routing_group * num_experts / n_routing_groups "
+          "must be <= topk_routing_group * num_experts / num_routing_groups "
           f"= {t * e // g} (the experts of the chosen groups)",
       )
 
   @property
   def compute_dtype(self) -> jnp.dtype:
+    """Deprecated (until 0.3): `jnp.dtype(config.dtype)`."""
+    warnings.warn(
+        "MoEConfig.compute_dtype is deprecated and goes in linen_moe 0.3; use"
+        " jnp.dtype(config.dtype).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return jnp.dtype(self.dtype)
-
-  @property
-  def param_dtype(self) -> jnp.dtype:
-    return jnp.dtype(self.weight_dtype)
 
   @property
   def dropping(self) -> bool:
@@ -315,6 +368,7 @@ class MoEConfig:
     return "dense_dropping" if self.dropping else "dense"
 
   def replace(self, **changes: Any) -> MoEConfig:
+    changes = _new_names("MoEConfig", changes)
     _check_keys(type(self), changes)
     return dataclasses.replace(self, **changes)
 
@@ -347,7 +401,7 @@ class ModelConfig:
   rope_max_wavelength: float = 10_000.0
   router_input_norm: bool = False
   post_moe_norms: bool = False
-  scan_layers: bool = True
+  scan_layers: bool = _run(True)
   norm_eps: float = 1e-6
 
   def __post_init__(self):
@@ -390,12 +444,23 @@ class ModelConfig:
 
   def replace(self, **changes: Any) -> ModelConfig:
     """Overrides fields of this config or of its `moe` (flat keyword names)."""
+    changes = _new_names("ModelConfig", changes)
     moe_fields = {f.name for f in dataclasses.fields(MoEConfig)}
     moe_changes = {k: v for k, v in changes.items() if k in moe_fields}
     own = {k: v for k, v in changes.items() if k not in moe_fields}
     _check_keys(ModelConfig, own, extra=moe_fields)
     moe = self.moe.replace(**moe_changes) if moe_changes else self.moe
     return dataclasses.replace(self, moe=moe, **own)
+
+
+def run_fields() -> frozenset[str]:
+  """The `MoEConfig` and `ModelConfig` fields a resumed run may change."""
+  return frozenset(
+      f.name
+      for cls in (MoEConfig, ModelConfig)
+      for f in dataclasses.fields(cls)
+      if f.metadata.get("run")
+  )
 
 
 def _check_keys(cls: type, changes: dict[str, Any], extra=frozenset()) -> None:
@@ -441,6 +506,7 @@ def _read_yaml(name_or_path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _moe_from_dict(data: dict[str, Any]) -> MoEConfig:
+  data = _new_names("MoEConfig", data)
   _check_keys(MoEConfig, data)
   return MoEConfig(**data)
 
@@ -461,14 +527,30 @@ def load_model_config(
   return ModelConfig(moe=moe, **decoder).replace(**overrides)
 
 
-def load_config(name_or_path: str | os.PathLike, **overrides: Any) -> MoEConfig:
+def load_moe_config(
+    name_or_path: str | os.PathLike, **overrides: Any
+) -> MoEConfig:
   """Reads the `moe:` section of a YAML config into a validated `MoEConfig`.
 
   Example:
-    cfg = load_config("tiny_mixtral", quantization="int8")
+    cfg = load_moe_config("tiny_mixtral", quantization="int8")
   """
   data = _read_yaml(name_or_path)
-  merged = dict(data["moe"] or {})
+  merged = _new_names("MoEConfig", dict(data["moe"] or {}))
+  overrides = _new_names("MoEConfig", overrides)
   _check_keys(MoEConfig, overrides)
   merged.update(overrides)
   return _moe_from_dict(merged)
+
+
+def load_config(name_or_path: str | os.PathLike, **overrides: Any) -> MoEConfig:
+  """Deprecated (until 0.3): `load_moe_config`, under a name too close to
+  `load_model_config`'s."""
+  warnings.warn(
+      "linen_moe.load_config is deprecated and goes in linen_moe 0.3; use"
+      " load_moe_config (the MoE layer's config) or load_model_config (the"
+      " whole decoder's).",
+      DeprecationWarning,
+      stacklevel=2,
+  )
+  return load_moe_config(name_or_path, **overrides)

@@ -68,7 +68,7 @@ class SharedExpert(nn.Module):
         "wi_1": ("embed", "mlp"),
         "wo": ("mlp", "embed"),
     }
-    x = inputs.astype(cfg.compute_dtype)
+    x = inputs.astype(cfg.dtype)
     act = activation(cfg.mlp_activations[0])
     if cfg.serving:
       kernels = [

@@ -62,7 +62,7 @@ class RoutedMoE(JitInit, nn.Module):
   """Routed mixture of experts: top-k routing, gated experts, two paths.
 
   Example usage:
-    cfg = load_config("tiny_mixtral")
+    cfg = load_moe_config("tiny_mixtral")
     moe = RoutedMoE(cfg)
     variables = moe.init(jax.random.key(0), x)     # x: [B, S, emb_dim]
     y, aux = moe.apply(variables, x)
@@ -145,7 +145,7 @@ class RoutedMoE(JitInit, nn.Module):
       )
     b, s, m = inputs.shape
     e, k = cfg.num_experts, cfg.num_experts_per_tok
-    dt, pdt = cfg.compute_dtype, cfg.param_dtype
+    dt, pdt = cfg.dtype, cfg.param_dtype
     init = nn.initializers.lecun_normal()
 
     # The router stays unquantized and in float32.
@@ -189,7 +189,7 @@ class RoutedMoE(JitInit, nn.Module):
         cfg.norm_topk_prob,
         scale,
         selection_bias=bias,
-        n_groups=cfg.n_routing_groups,
+        n_groups=cfg.num_routing_groups,
         topk_groups=cfg.topk_routing_group,
         routed_scaling_factor=cfg.routed_scaling_factor,
     )
@@ -251,7 +251,7 @@ class RoutedMoE(JitInit, nn.Module):
             nn.with_logical_partitioning(init, names[w]),
             shapes[w],
             cfg.param_dtype,
-        ).astype(cfg.compute_dtype)
+        ).astype(cfg.dtype)
         for w in WEIGHT_SITES
     )
 

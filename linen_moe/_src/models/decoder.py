@@ -132,7 +132,7 @@ class CausalSelfAttention(nn.Module):
   def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     cfg = self.config
     n, d, m = cfg.num_heads, cfg.resolved_head_dim, cfg.moe.emb_dim
-    dt, pdt = cfg.moe.compute_dtype, cfg.moe.param_dtype
+    dt, pdt = cfg.moe.dtype, cfg.moe.param_dtype
     bsnd = sharding.BSM[:2] + ("activation_heads", "activation_kv")
 
     def project(name):  # [B, S, M] -> [B, S, N, D]
@@ -285,7 +285,7 @@ def check_tokens(tokens: jax.Array) -> None:
 def scale_embeddings(x: jax.Array, cfg: ModelConfig) -> jax.Array:
   """Embedded tokens [B, S, M] scaled by sqrt(emb_dim), in the compute dtype:
   the unit-norm embedding rows then give the residual stream unit RMS."""
-  return (x * cfg.moe.emb_dim**0.5).astype(cfg.moe.compute_dtype)
+  return (x * cfg.moe.emb_dim**0.5).astype(cfg.moe.dtype)
 
 
 class Decoder(JitInit, nn.Module):
