@@ -23,8 +23,7 @@ from linen_moe._src.config import QUANTIZATIONS
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.config import MoEConfig
 from linen_moe._src.config import available_configs
-# Deprecated (until 0.3), so not in __all__.
-from linen_moe._src.config import load_config as load_config
+from linen_moe._src.config import load_config as load_config  # deprecated
 from linen_moe._src.config import load_model_config
 from linen_moe._src.config import load_moe_config
 from linen_moe._src.expert import SharedExpert
