@@ -72,10 +72,10 @@ def run_train(argv: list[str], processes: int, devices: int):
 
 
 def run_worker(jobs: list[dict], processes: int, devices: int, **kwargs):
-  """`tests.multihost_worker` jobs on a group: (result, {job: output})."""
+  """`tests.cli_multihost_worker` jobs on a group: (result, {job: output})."""
   extra = ["--heartbeat-timeout", str(HEARTBEAT_S)]
   commands = [
-      [sys.executable, "-m", "tests.multihost_worker", json.dumps(jobs)]
+      [sys.executable, "-m", "tests.cli_multihost_worker", json.dumps(jobs)]
       + extra
       + flags
       for flags in launch.process_flags(processes)
