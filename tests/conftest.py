@@ -40,6 +40,11 @@ def pytest_collection_modifyitems(config, items):
     test = getattr(item, "obj", None)
     if testing.is_slow(test) or testing.is_slow(getattr(item, "cls", None)):
       item.add_marker(pytest.mark.slow)
+    elif item.get_closest_marker("slow") is not None:
+      raise pytest.UsageError(
+          f"{item.nodeid}: mark slow tests with linen_moe.testing.slow, not"
+          " pytest.mark.slow (lost above @parameterized); see tests/README.md"
+      )
 
 
 def pytest_report_header(config):

@@ -448,31 +448,6 @@ class ExportTest(CheckpointTestBase):
     with self.assertRaisesRegex(ValueError, r"dtype='int8' is invalid"):
       checkpoint.export(self.saved_dir, out + "x", dtype="int8")
 
-  def test_export_command(self):
-    from linen_moe_cli import main as cli  # noqa: PLC0415
-
-    out = os.path.join(self.tmp, "cli_export")
-    code = cli.main([
-        "export",
-        "--checkpoint-dir",
-        self.saved_dir,
-        "--out",
-        out,
-        "--dtype",
-        "bfloat16",
-    ])
-    self.assertEqual(code, 0)
-    exported, _ = checkpoint.load_export(out)
-    self.assertEqual(
-        exported["params"]["embed"]["embedding"].dtype, jnp.bfloat16
-    )
-    self.assertEqual(
-        exported[OVERWRITE_WITH_GRADIENT]["layers"]["moe"]["wo_dot"][
-            "kernel_scale"
-        ].dtype,
-        jnp.float32,
-    )
-
 
 class CheckpointMeshTest(absltest.TestCase):
   """Saved sharded on data=8; restored onto other meshes, one device, the

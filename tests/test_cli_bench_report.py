@@ -1,12 +1,17 @@
-"""`linen-moe bench` reporting: peer files, the table, the chart (no timing)."""
+"""`linen-moe bench` reporting: peer files, the table, the chart (no timing),
+bad options, matplotlib missing."""
 
 import json
 import os
+import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 
+from linen_moe import testing
 from linen_moe_cli import bench_report
+from linen_moe_cli import main as cli
 from linen_moe_cli.bench import Case
 from linen_moe_cli.bench_peer import load_peer
 
@@ -82,6 +87,46 @@ class PeerTest(absltest.TestCase):
     path = os.path.join(tempfile.mkdtemp(), "bench.png")
     bench_report.write_chart(rows, path, peer)
     self.assertGreater(os.path.getsize(path), 1000)
+
+
+class CommandTest(absltest.TestCase):
+
+  def test_without_matplotlib_writes_json_and_says_how(self):
+    fake = {
+        "step_s": 1e-3,
+        "compile_s": 1.0,
+        "tokens_per_s": 1.0,
+        "useful_gflops": 1.0,
+        "gflops": 2.0,
+        "max_rss_mib": 1.0,
+    }
+    with (
+        tempfile.TemporaryDirectory() as out,
+        mock.patch.dict(sys.modules, {"matplotlib": None}),
+        mock.patch.object(
+            bench_report, "run_case_subprocess", return_value=fake
+        ) as run_case,
+    ):
+      status, _, err = testing.run_capturing(
+          cli.main, ["bench", "--sweep", "capacity", "--out", out]
+      )
+      self.assertEqual(status, 0)
+      self.assertGreater(run_case.call_count, 1)
+      self.assertEqual(sorted(os.listdir(out)), ["bench.json"])
+      with open(os.path.join(out, "bench.json"), encoding="utf-8") as f:
+        self.assertLen(json.load(f)["rows"], run_case.call_count - 1)
+    self.assertRegex(
+        err,
+        r"^linen-moe bench: matplotlib is not installed, so the chart "
+        r"\(bench.png\) is skipped; .* pip install 'linen_moe\[bench\]'",
+    )
+
+  def test_bad_repeats(self):
+    status, _, err = testing.run_capturing(
+        cli.main, ["bench", "--repeats", "0"]
+    )
+    self.assertEqual((status, err.count("\n")), (2, 1))
+    self.assertIn("repeats=0 (--repeats) is invalid", err)
 
 
 if __name__ == "__main__":

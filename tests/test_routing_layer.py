@@ -11,7 +11,6 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from linen_moe import Decoder
 from linen_moe import RoutedAndSharedMoE
@@ -19,6 +18,7 @@ from linen_moe import RoutedMoE
 from linen_moe import load_model_config
 from linen_moe import load_moe_config
 from linen_moe import serving
+from linen_moe import testing
 from linen_moe._src import dense as dense_lib
 from linen_moe._src import variables as variables_lib
 from linen_moe._src.config import PATHS
@@ -250,7 +250,7 @@ def _check_trains(test, quantization, path):
 
 class AllOptionsEveryModeTest(parameterized.TestCase):
   """Each path once, each in another quantization mode; the full product is
-  `AllOptionsFullProductTest`."""
+  slow."""
 
   @parameterized.parameters(
       ("int8", "sparse"), ("fp8", "dense"), ("nanoo_fp8", "dense_dropping")
@@ -258,12 +258,9 @@ class AllOptionsEveryModeTest(parameterized.TestCase):
   def test_gradients_finite_and_nonzero(self, quantization, path):
     _check_trains(self, quantization, path)
 
-
-@pytest.mark.slow  # on the class: absl's parameterized drops method marks
-class AllOptionsFullProductTest(parameterized.TestCase):
-
+  @testing.slow
   @parameterized.product(quantization=QUANTIZATIONS, path=tuple(PATHS))
-  def test_gradients_finite_and_nonzero(self, quantization, path):
+  def test_full_product(self, quantization, path):
     _check_trains(self, quantization, path)
 
 

@@ -26,16 +26,15 @@ difference.
 from __future__ import annotations
 
 import json
-import os
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
-import pytest
 
 from linen_moe import load_model_config
 from linen_moe import sharding
+from linen_moe import testing
 from linen_moe._src.models.decoder import Decoder
 from tests import workers
 
@@ -43,7 +42,6 @@ MESHES = ("data=8", "expert=8", "data=2,expert=4")
 QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
 PATHS = ("sparse", "dense", "dense_dropping")
 FRONTENDS = ("linen", "nnx")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 QUANTIZED = ("int8", "fp8", "nanoo_fp8")
 
@@ -104,11 +102,6 @@ class MeshSpecTest(absltest.TestCase):
   def test_product_must_match_devices(self):
     with self.assertRaisesRegex(ValueError, "multiply to the device count"):
       sharding.make_mesh(f"data={jax.device_count() + 1}")
-
-  def test_cli_reports_bad_mesh(self):
-    from linen_moe_cli import main  # noqa: PLC0415
-
-    self.assertEqual(main.main(["train", "--mesh", "data=3,expert=7"]), 2)
 
   def test_rules_cover_every_parameter_name(self):
     cfg = load_model_config("tiny_gemma4_26b", quantization="fp8")
@@ -230,7 +223,7 @@ class RulesTest(absltest.TestCase):
 
 
 class EquivalenceTest(EquivalenceMixin):
-  """A representative subset; the full product is `EquivalenceProductTest`."""
+  """A representative subset; the full product is `test_full_product`."""
 
   @parameterized.parameters(
       ("dense", "none", ("expert=8", "data=2,expert=4")),
@@ -243,6 +236,13 @@ class EquivalenceTest(EquivalenceMixin):
   )
   def test_matches_one_device(self, path, quantization, meshes, fe="linen"):
     self.check_equivalent(path, quantization, meshes, frontend=fe)
+
+  @testing.slow
+  @parameterized.product(
+      path=PATHS, quantization=QUANTIZATIONS, frontend=FRONTENDS
+  )
+  def test_full_product(self, path, quantization, frontend):
+    self.check_equivalent(path, quantization, MESHES, frontend=frontend)
 
 
 class RoutedBiasMeshTest(EquivalenceMixin):
@@ -292,28 +292,6 @@ class SkipStepOnMeshTest(absltest.TestCase):
         self.assertGreater(r["moved_after"], 0.0)
         losses = [m["loss"] for m in r["metrics"]]
         self.assertLess(losses[2], losses[0])
-
-
-@pytest.mark.slow
-class EquivalenceProductTest(EquivalenceMixin):
-
-  @parameterized.product(
-      path=PATHS, quantization=QUANTIZATIONS, frontend=FRONTENDS
-  )
-  def test_matches_one_device(self, path, quantization, frontend):
-    self.check_equivalent(path, quantization, MESHES, frontend=frontend)
-
-
-@pytest.mark.slow
-class TrainCommandTest(parameterized.TestCase):
-
-  @parameterized.parameters(*FRONTENDS)
-  def test_train_on_a_mesh(self, frontend):
-    (result,) = run_worker(
-        {"check": "cli", "mesh": "data=2,expert=4", "frontend": frontend}
-    )
-    self.assertEqual(result["exit_code"], 0)
-    self.assertIn("final loss", result["stdout"])
 
 
 if __name__ == "__main__":
