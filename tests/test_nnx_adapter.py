@@ -68,7 +68,7 @@ class AdapterTest(parameterized.TestCase):
 
   @parameterized.product(mode=QUANTIZATIONS, path=tuple(PATHS))
   def test_all_state_exists_at_construction(self, mode, path):
-    cfg = _config(mode=mode, path=path)
+    cfg = _config(quantization=mode, path=path)
     moe = _adapted_moe(cfg)
     before = _signature(moe)
     x = jax.random.normal(jax.random.key(1), (2, 8, cfg.moe.emb_dim))
@@ -101,7 +101,7 @@ class AdapterTest(parameterized.TestCase):
     )
 
   def test_int8_rounding_randomness_comes_from_call_rngs(self):
-    moe = _adapted_moe(_config(mode="int8", path="dense"))
+    moe = _adapted_moe(_config(quantization="int8", path="dense"))
     x = jax.random.normal(jax.random.key(1), (2, 8, 64))
 
     @nnx.jit
@@ -120,7 +120,7 @@ class ConstructionUnderTraceTest(absltest.TestCase):
   loudly; calls never change the graph."""
 
   def test_inside_jit_builds_the_eager_state(self):
-    cfg = _config(mode="fp8", path="dense")
+    cfg = _config(quantization="fp8", path="dense")
     eager = _adapted_moe(cfg)
     traced = nnx.jit(lambda: _adapted_moe(cfg))()
     self.assertEqual(_signature(traced), _signature(eager))
@@ -129,7 +129,7 @@ class ConstructionUnderTraceTest(absltest.TestCase):
     )
 
   def test_inside_vmap_builds_a_stacked_layer(self):
-    cfg = _config(mode="fp8", path="sparse")
+    cfg = _config(quantization="fp8", path="sparse")
     layers = 3
 
     @nnx.split_rngs(splits=layers)
@@ -239,7 +239,7 @@ class InterchangeTest(parameterized.TestCase):
     )
 
   def test_mismatch_is_an_error(self):
-    cfg = _config(mode="fp8")
+    cfg = _config(quantization="fp8")
     model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0))
     variables = nnx_adapter.nnx_to_linen(model)
     no_fp8 = {"params": variables["params"]}
@@ -260,7 +260,7 @@ class TrainingTest(absltest.TestCase):
   def _train(self, mode, steps=50, grad_accum=2):
     """Trains tiny_mixtral (scanned, `grad_accum` microbatches a step) in both
     front ends from the same initial weights; returns their losses."""
-    cfg = _config(mode=mode)
+    cfg = _config(quantization=mode)
     batches = MarkovData(cfg.vocab_size).batches(8, 16, seed=3)
     model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0))
     variables = nnx_adapter.nnx_to_linen(model)
@@ -332,7 +332,7 @@ class GradAccumTest(parameterized.TestCase):
   def test_microbatch_amax_is_the_maximum(self, frontend):
     """fp8 amax over microbatches of magnitude 1 and 100: the combined
     newest amax is their maximum, whichever microbatch comes first."""
-    cfg = _config(mode="fp8", path="dense")
+    cfg = _config(quantization="fp8", path="dense")
     x = jax.random.normal(jax.random.key(0), (1, 8, cfg.moe.emb_dim))
     fp8_grads = jax.jit(self._fp8_grads(frontend, cfg), static_argnums=1)
     small = fp8_grads(x, 1)
