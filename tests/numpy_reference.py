@@ -154,7 +154,27 @@ def moe_reference(
   return out, dropped
 
 
-def rel_err(got, expected) -> float:
-  """||got - expected|| / ||expected||, in float64."""
-  got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
-  return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+def router_probs(logits: np.ndarray, cfg) -> np.ndarray:
+  """[E] one token's distribution over the experts, the load-balance loss
+  input: the softmax of its logits, or its sigmoids normalised to sum to 1
+  ("sigmoid_then_topk", DeepSeek-V3's balance-loss affinities)."""
+  if cfg.routing == "sigmoid_then_topk":
+    s = _sigmoid(logits)
+    return s / s.sum()
+  return _softmax(logits)
+
+
+def aux_reference(params: dict, router_in: np.ndarray, cfg):
+  """(expert fraction [E], unweighted load-balance loss) of the router on
+  router_in [B, S, M]: f_e = (assignments to expert e) / (T * k), counted
+  from the chosen experts; P_e = mean over tokens of `router_probs`; the
+  Switch loss E * sum_e f_e * P_e."""
+  gate = np.asarray(params["gate"]["kernel"], np.float64)
+  logits = np.asarray(router_in, np.float64).reshape(-1, gate.shape[0]) @ gate
+  scale = params.get("per_expert_scale")
+  scale = None if scale is None else np.asarray(scale, np.float64)
+  ids = np.concatenate([route_token(row, cfg, scale)[0] for row in logits])
+  e = cfg.num_experts
+  fraction = np.bincount(ids, minlength=e) / ids.size
+  mean_prob = np.mean([router_probs(row, cfg) for row in logits], axis=0)
+  return fraction, e * float(np.sum(fraction * mean_prob))

@@ -13,6 +13,7 @@ from linen_moe import RoutedMoE
 from linen_moe import SharedExpert
 from linen_moe import load_moe_config
 from linen_moe import routing
+from linen_moe import testing
 from linen_moe._src import dense as dense_lib
 from linen_moe._src.config import PATHS as ALL_PATHS
 from linen_moe.sharding import unbox
@@ -22,29 +23,26 @@ CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
 PATHS = {p: ALL_PATHS[p] for p in ("sparse", "dense")}  # the dropless ones
 
 
-def _random_params(cfg, seed=0):
-  """Random params with non-trivial per-expert scales (not all ones)."""
-  moe = RoutedMoE(cfg)
-  x = jnp.zeros((1, 2, cfg.emb_dim))
-  params = unbox(moe.init(jax.random.key(seed), x))["params"]
-  if cfg.per_expert_scale:
-    params = dict(params)
-    params["per_expert_scale"] = jax.random.uniform(
-        jax.random.key(seed + 1), (cfg.num_experts,), minval=0.5, maxval=1.5
-    )
-  return params
+_random_params = testing.moe_params
+_rel_err = testing.rel_err
 
 
 def _inputs(cfg, b=2, s=8, seed=3):
-  return jax.random.normal(jax.random.key(seed), (b, s, cfg.emb_dim))
-
-
-def _rel_err(a, b):
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return np.linalg.norm(a - b) / np.linalg.norm(b)
+  return testing.random_inputs(cfg.emb_dim, b, s, seed)
 
 
 class MoEReferenceTest(parameterized.TestCase):
+
+  def check_aux(self, aux, params, router_in, cfg):
+    """`expert_fraction` is the count of each expert's assignments (before
+    any dropping) over T * k, and the load-balance loss E * sum_e f_e * P_e
+    of it, both from the oracle's choices and probabilities."""
+    fraction, lb = numpy_reference.aux_reference(params, router_in, cfg)
+    np.testing.assert_allclose(aux.expert_fraction, fraction, rtol=1e-7)
+    self.assertGreater(cfg.load_balance_loss_weight, 0)
+    np.testing.assert_allclose(
+        aux.load_balance_loss, cfg.load_balance_loss_weight * lb, rtol=1e-5
+    )
 
   @parameterized.product(config=CONFIGS, path=tuple(PATHS))
   def test_matches_numpy_reference(self, config, path):
@@ -61,6 +59,7 @@ class MoEReferenceTest(parameterized.TestCase):
     )
     self.assertLess(_rel_err(y, expected), 1e-5)
     self.assertEqual(float(aux.dropped_fraction), 0.0)
+    self.check_aux(aux, params, x if gate_inputs is None else gate_inputs, cfg)
 
   @parameterized.parameters(*CONFIGS)
   def test_dense_dropless_equals_sparse(self, config):
@@ -93,6 +92,7 @@ class MoEReferenceTest(parameterized.TestCase):
     self.assertAlmostEqual(
         float(aux.dropped_fraction), dropped / (2 * 16 * 2), places=6
     )
+    self.check_aux(aux, params, x, cfg)  # counted before dropping
 
   def test_large_capacity_drops_nothing(self):
     cfg = load_moe_config(
@@ -165,6 +165,40 @@ class RoutingTest(parameterized.TestCase):
     r = routing.route(logits, 2, "softmax_then_topk", True, scale)
     np.testing.assert_allclose(r.weights, [[0.625 * 2, 0.375 * 3]], rtol=1e-6)
 
+  def test_load_balance_loss_hand_checked(self):
+    # E = 4 experts, T = 4 tokens, k = 2. Chosen: t0 (0, 1), t1 (0, 2),
+    # t2 (1, 0), t3 (2, 1): counts 3, 3, 2, 0 of T * k = 8 assignments, so
+    # f = (0.375, 0.375, 0.25, 0). P, the mean of the rows of `probs`:
+    # ((.7 + .4 + .1 + .2) / 4, (.1 + .3 + .6 + .2) / 4, (.1 + .2 + .2 + .5)
+    # / 4, .1) = (0.35, 0.30, 0.25, 0.10). E * sum f * P = 4 * (0.13125 +
+    # 0.1125 + 0.0625) = 1.225, where E * sum P * P = 1.14, E * sum f * f =
+    # 1.375, and f counted over T instead of T * k gives 2.45.
+    probs = jnp.array([
+        [0.7, 0.1, 0.1, 0.1],
+        [0.4, 0.3, 0.2, 0.1],
+        [0.1, 0.6, 0.2, 0.1],
+        [0.2, 0.2, 0.5, 0.1],
+    ])
+    router = routing.RouterResult(
+        weights=jnp.full((4, 2), 0.5),
+        indices=jnp.array([[0, 1], [0, 2], [1, 0], [2, 1]], jnp.int32),
+        probs=probs,
+    )
+    np.testing.assert_allclose(
+        routing.expert_assignment_fraction(router.indices, 4),
+        [0.375, 0.375, 0.25, 0.0],
+    )
+    self.assertAlmostEqual(
+        float(routing.load_balance_loss(router, 4)), 1.225, places=6
+    )
+    # The gradient flows through P only: d/dprobs[t, e] = E * f_e / T = f_e.
+    grad = jax.grad(
+        lambda p: routing.load_balance_loss(router.replace(probs=p), 4)
+    )(probs)
+    np.testing.assert_allclose(
+        grad, np.tile([0.375, 0.375, 0.25, 0.0], (4, 1)), rtol=1e-6
+    )
+
   def test_load_balance_loss_bounds(self):
     e = 4
     uniform = routing.RouterResult(
@@ -184,18 +218,11 @@ class RoutingTest(parameterized.TestCase):
         float(routing.load_balance_loss(collapsed, e)), float(e), places=6
     )
 
-  def test_layer_aux(self):
-    cfg = load_moe_config("tiny_mixtral", load_balance_loss_weight=0.5)
-    params = _random_params(cfg)
-    x = _inputs(cfg)
-    _, aux = RoutedMoE(cfg).apply({"params": params}, x)
-    np.testing.assert_allclose(
-        float(jnp.sum(aux.expert_fraction)), 1.0, rtol=1e-6
-    )
-    # Switch loss lies in [1, E] before weighting.
-    self.assertBetween(float(aux.load_balance_loss) / 0.5, 1.0, 8.0)
-    _, aux0 = RoutedMoE(cfg.replace(load_balance_loss_weight=0.0)).apply(
-        {"params": params}, x
+  def test_layer_aux_without_weight(self):
+    # With the weight (every path): MoEReferenceTest.check_aux.
+    cfg = load_moe_config("tiny_mixtral", load_balance_loss_weight=0.0)
+    _, aux0 = RoutedMoE(cfg).apply(
+        {"params": _random_params(cfg)}, _inputs(cfg)
     )
     self.assertEqual(float(aux0.load_balance_loss), 0.0)
 
