@@ -163,12 +163,13 @@ def layer(job: dict) -> dict:
   variables = sharding.unbox(moe.init(jax.random.key(0), x))
 
   def loss(params, fp8, x):
-    y, _ = moe.apply({"params": params, OVERWRITE_WITH_GRADIENT: fp8}, x)
-    return jnp.sum(y**2)
+    y, aux = moe.apply({"params": params, OVERWRITE_WITH_GRADIENT: fp8}, x)
+    return jnp.sum(y**2), aux.expert_fraction
 
   fp8 = variables.get(OVERWRITE_WITH_GRADIENT, {})
   args = (variables["params"], fp8, x)
-  ref_loss, ref_grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(*args)
+  grad_fn = jax.value_and_grad(loss, (0, 1), has_aux=True)
+  (ref_loss, ref_fraction), ref_grads = jax.jit(grad_fn)(*args)
   batch_on_data = tuple(
       (name, ("data",) if name == "activation_batch" else axes)
       for name, axes in sharding.DEFAULT_RULES
@@ -179,9 +180,10 @@ def layer(job: dict) -> dict:
     with sharding.mesh_context(
         sharding.make_mesh(spec), rules or sharding.DEFAULT_RULES
     ):
-      value, grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(*args)
+      (value, fraction), grads = jax.jit(grad_fn)(*args)
     out[f"{spec}/{rules_name}"] = {
         "loss_err": abs(float(value) - float(ref_loss)),
+        "fraction_err": _max_abs_diff(fraction, ref_fraction),
         "param_grad_err": _max_abs_diff(grads[0], ref_grads[0]),
         "fp8_err": _max_abs_diff(grads[1], ref_grads[1]),
     }

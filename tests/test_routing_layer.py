@@ -42,19 +42,12 @@ ALL_OPTIONS = dict(
 
 def _variables(cfg, bias_scale=0.0, seed=0):
   """Initialised variables with a random routed bias (when kept)."""
-  x = jnp.zeros((1, 2, cfg.emb_dim))
-  variables = unbox(RoutedMoE(cfg).init(jax.random.key(seed), x))
-  if cfg.routed_bias:
-    bias = bias_scale * jax.random.normal(
-        jax.random.key(seed + 1), (cfg.num_experts,)
-    )
-    variables[RULE] = {"routed_bias": bias}
-  return variables
+  return testing.moe_variables(cfg, seed, bias_scale)
 
 
 def _inputs(cfg, b=2, s=8):
   """x [B, S, M], standard normal."""
-  return jax.random.normal(jax.random.key(3), (b, s, cfg.emb_dim))
+  return testing.random_inputs(cfg.emb_dim, b, s)
 
 
 def _reference(variables, x, cfg, capacity=None):
@@ -78,7 +71,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
     x = _inputs(cfg)
     y, aux = jax.jit(RoutedMoE(cfg).apply)(variables, x)
     expected, _ = _reference(variables, x, cfg)
-    self.assertLess(numpy_reference.rel_err(y, expected), 1e-5)
+    self.assertLess(testing.rel_err(y, expected), 1e-5)
     self.assertEqual(float(aux.router_z_loss), 0.0)  # weight 0
 
   def test_probability_drop_policy_matches_numpy_reference(self):
@@ -92,7 +85,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
     y, aux = RoutedMoE(cfg).apply(variables, x)
     capacity = dense_lib.expert_capacity(cfg, 16)
     expected, dropped = _reference(variables, x, cfg, capacity)
-    self.assertLess(numpy_reference.rel_err(y, expected), 1e-5)
+    self.assertLess(testing.rel_err(y, expected), 1e-5)
     self.assertGreater(dropped, 0)
     self.assertAlmostEqual(
         float(aux.dropped_fraction), dropped / (2 * 16 * 4), places=6
@@ -102,7 +95,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
     by_position, _ = _reference(
         variables, x, cfg.replace(drop_policy="position"), capacity
     )
-    self.assertGreater(numpy_reference.rel_err(by_position, expected), 1e-3)
+    self.assertGreater(testing.rel_err(by_position, expected), 1e-3)
 
 
 class ProbabilityDispatchMaskTest(absltest.TestCase):
@@ -181,8 +174,8 @@ class ZLossJitterBiasLayerTest(absltest.TestCase):
     y1_again, _ = moe.apply(variables, x, rngs={JITTER: jax.random.key(1)})
     y2, _ = moe.apply(variables, x, rngs={JITTER: jax.random.key(2)})
     np.testing.assert_array_equal(y1, y1_again)
-    self.assertGreater(numpy_reference.rel_err(y1, y0), 1e-3)
-    self.assertGreater(numpy_reference.rel_err(y2, y1), 1e-3)
+    self.assertGreater(testing.rel_err(y1, y0), 1e-3)
+    self.assertGreater(testing.rel_err(y2, y1), 1e-3)
     zero, _ = plain.apply(variables, x, rngs={JITTER: jax.random.key(1)})
     np.testing.assert_array_equal(zero, y0)  # eps 0 never draws
 
@@ -221,7 +214,7 @@ class DeepSeekDecoderServingTest(absltest.TestCase):
     logits, _ = Decoder(cfg).apply(variables, tokens)
     served_logits, _ = Decoder(serve_cfg).apply(served, tokens)
     # Measured 0.010; the int8 layer bound of tests/test_serving.py.
-    self.assertLess(numpy_reference.rel_err(served_logits, logits), 0.04)
+    self.assertLess(testing.rel_err(served_logits, logits), 0.04)
 
 
 def _check_trains(test, quantization, path):
