@@ -2,11 +2,13 @@
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from linen_moe import RoutedMoE
 from linen_moe import load_model_config
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.decoder import scanned_to_unrolled
@@ -66,14 +68,38 @@ class DecoderTest(parameterized.TestCase):
     self.assertIn("post_routed_norm", block)
     self.assertIn("post_shared_norm", block)
     self.assertIn("shared_experts", block)
-    # The router reads its own input: scaling the router input scale changes
-    # routing (and so the output), while the experts' input is unchanged.
+    # The router reads its own input: scaling layer 0's router input scale
+    # scales exactly the router's input and changes its routing (so the
+    # output), while the experts' input is unchanged.
+    unrolled = Decoder(cfg.replace(scan_layers=False))
+    variables = scanned_to_unrolled(variables, cfg.num_layers)
     changed = jax.tree.map(lambda x: x, variables)
-    changed["params"]["layers"]["router_input_scale"] = (
-        block["router_input_scale"] * -3.0
-    )
-    l1, _ = model.apply(variables, tokens)
-    l2, _ = model.apply(changed, tokens)
+    layer_0 = changed["params"]["layers_0"]
+    layer_0["router_input_scale"] = layer_0["router_input_scale"] * -3.0
+
+    def moe_calls(variables):
+      """(logits, [(experts' input, router input, output)] per layer)."""
+      calls = []
+
+      def record(call, args, kwargs, context):
+        out = call(*args, **kwargs)
+        if (
+            isinstance(context.module, RoutedMoE)
+            and context.method_name == "__call__"
+        ):
+          calls.append((*args, out[0]))
+        return out
+
+      with nn.intercept_methods(record):
+        logits, _ = unrolled.apply(variables, tokens)
+      return logits, calls
+
+    (l1, calls), (l2, changed_calls) = moe_calls(variables), moe_calls(changed)
+    self.assertLen(calls, cfg.num_layers)
+    (x1, gate1, y1), (x2, gate2, y2) = calls[0], changed_calls[0]
+    np.testing.assert_array_equal(x2, x1)  # the experts' input
+    np.testing.assert_allclose(gate2, -3.0 * gate1, rtol=1e-6)
+    self.assertGreater(float(jnp.abs(y2 - y1).max()), 1e-4)  # routed anew
     self.assertGreater(float(jnp.abs(l1 - l2).max()), 1e-4)
 
   def test_bad_tokens(self):
