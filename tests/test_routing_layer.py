@@ -6,6 +6,8 @@ drop policy by hand and against the oracle, the z-loss in `aux`, jitter, the
 `routed_bias` variable, and every quantization mode with all options on.
 """
 
+from unittest import mock
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -20,6 +22,7 @@ from linen_moe import load_moe_config
 from linen_moe import serving
 from linen_moe import testing
 from linen_moe._src import dense as dense_lib
+from linen_moe._src import routing as routing_lib
 from linen_moe._src import variables as variables_lib
 from linen_moe._src.config import PATHS
 from linen_moe._src.config import QUANTIZATIONS
@@ -178,6 +181,35 @@ class ZLossJitterBiasLayerTest(absltest.TestCase):
     self.assertGreater(testing.rel_err(y2, y1), 1e-3)
     zero, _ = plain.apply(variables, x, rngs={JITTER: jax.random.key(1)})
     np.testing.assert_array_equal(zero, y0)  # eps 0 never draws
+
+  def test_jitter_multiplies_exactly_the_router_input(self):
+    """The router reads x times the noise drawn from its stream, element by
+    element; the experts read x: the output is the unjittered layer's with
+    the jittered input as its router input."""
+    cfg = load_moe_config("tiny_deepseek_v3", router_jitter=0.5)
+    variables = _variables(cfg)
+    x = _inputs(cfg)
+    drawn = []
+    jitter = routing_lib.jitter
+
+    def recording_jitter(router_in, eps, rng):
+      out = jitter(router_in, eps, rng)
+      drawn.append((router_in, eps, rng, out))
+      return out
+
+    with mock.patch.object(routing_lib, "jitter", recording_jitter):
+      y, _ = RoutedMoE(cfg).apply(
+          variables, x, rngs={JITTER: jax.random.key(1)}
+      )
+    ((router_in, eps, rng, jittered),) = drawn
+    self.assertEqual(eps, 0.5)
+    np.testing.assert_array_equal(router_in, x.reshape(-1, cfg.emb_dim))
+    noise = jax.random.uniform(rng, router_in.shape, jnp.float32, 0.5, 1.5)
+    np.testing.assert_array_equal(jittered, router_in * noise)
+    self.assertGreater(float(jnp.std(noise)), 0.2)  # per element: 1/sqrt(12)
+    plain = RoutedMoE(cfg.replace(router_jitter=0.0))
+    y_plain, _ = plain.apply(variables, x, jittered.reshape(x.shape))
+    np.testing.assert_allclose(y, y_plain, rtol=1e-6, atol=1e-7)
 
   def test_routed_bias_variable_layout(self):
     cfg = load_moe_config("tiny_deepseek_v3")
