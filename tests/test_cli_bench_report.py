@@ -3,15 +3,20 @@ bad options, matplotlib missing."""
 
 import json
 import os
+import struct
 import sys
 import tempfile
 from unittest import mock
 
 from absl.testing import absltest
+import matplotlib
+import matplotlib.figure
+import numpy as np
 
 from linen_moe import testing
 from linen_moe_cli import bench_report
 from linen_moe_cli import main as cli
+from linen_moe_cli.bench import SIZES
 from linen_moe_cli.bench import Case
 from linen_moe_cli.bench_peer import load_peer
 
@@ -85,8 +90,43 @@ class PeerTest(absltest.TestCase):
     }
     rows = [_row("tiny", "sparse", 0.1), _row("small", "sparse", 0.2)]
     path = os.path.join(tempfile.mkdtemp(), "bench.png")
-    bench_report.write_chart(rows, path, peer)
-    self.assertGreater(os.path.getsize(path), 1000)
+    figures = []
+    save = matplotlib.figure.Figure.savefig
+
+    def recording_save(fig, *args, **kwargs):
+      figures.append(fig)
+      return save(fig, *args, **kwargs)
+
+    with mock.patch.object(matplotlib.figure.Figure, "savefig", recording_save):
+      bench_report.write_chart(rows, path, peer)
+    (fig,) = figures
+    (ax,) = fig.axes  # one panel: float32, no quantization
+    self.assertEqual(ax.get_title(), "RoutedMoE, float32, quantization=none")
+    self.assertEqual(ax.get_yscale(), "log")
+    self.assertEqual([t.get_text() for t in ax.get_xticklabels()], list(SIZES))
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    self.assertEqual(
+        set(lines), {"sparse", "sparse (MaxText)", "matmul roofline"}
+    )
+    # x: the index of the size in SIZES; y: step seconds.
+    ours, theirs = lines["sparse"], lines["sparse (MaxText)"]
+    np.testing.assert_array_equal(ours.get_xdata(), [0, 1])  # tiny, small
+    np.testing.assert_allclose(ours.get_ydata(), [0.1, 0.2])
+    np.testing.assert_array_equal(theirs.get_xdata(), [1])  # small only
+    np.testing.assert_allclose(theirs.get_ydata(), [0.3])
+    self.assertEqual(theirs.get_linestyle(), "--")
+    self.assertEqual(theirs.get_color(), ours.get_color())
+    # The roofline: useful GFLOP / roofline GFLOP/s = 10 * step / 100.
+    roofline = lines["matmul roofline"]
+    np.testing.assert_allclose(roofline.get_ydata(), [0.01, 0.02])
+    self.assertEqual(
+        (roofline.get_color(), roofline.get_linestyle()), ("black", ":")
+    )
+    # The file holds that figure: a PNG of 5.5 x 4.5 inches at 100 dpi.
+    with open(path, "rb") as f:
+      header = f.read(24)
+    self.assertEqual(header[:8], b"\x89PNG\r\n\x1a\n")
+    self.assertEqual(struct.unpack(">II", header[16:24]), (550, 450))
 
 
 class CommandTest(absltest.TestCase):
