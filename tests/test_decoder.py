@@ -108,10 +108,24 @@ class DecoderTest(parameterized.TestCase):
       Decoder(cfg).init(jax.random.key(0), jnp.zeros((2, 4), jnp.float32))
 
 
+# Steps of `test_training_approaches_the_optimum`, and how far above the
+# optimum log(branching) = log(4) = 1.386 nats the mean of the last 5 steps'
+# losses may still be (measured after 30 steps: tiny_mixtral 2.66, i.e. 1.27
+# above; tiny_gemma4_26b 2.12, 0.73 above; both start at 6-7 nats).
+TRAIN_STEPS = 30
+MARGIN = 1.6
+
+
 class TrainStepTest(parameterized.TestCase):
 
-  @parameterized.product(config=CONFIGS, scan=(True, False))
-  def test_training_reduces_loss(self, config, scan):
+  # Each config once, each layer mode once (scanned == unrolled is
+  # DecoderTest.test_scanned_equals_unrolled).
+  @parameterized.parameters(("tiny_mixtral", True), ("tiny_gemma4_26b", False))
+  def test_training_approaches_the_optimum(self, config, scan):
+    """The Markov data's best loss is known: every next token is one of 4
+    equally likely successors, so a model that learned the table scores
+    exactly log(4) on every batch; one below it (beyond noise) sees the
+    future."""
     cfg = load_model_config(config, scan_layers=scan)
     data = MarkovData(cfg.vocab_size)
     batches = data.batches(16, 32, seed=2)
@@ -121,14 +135,17 @@ class TrainStepTest(parameterized.TestCase):
     state = train_lib.init_train_state(model, opt, tokens, jax.random.key(0))
     step = jax.jit(train_lib.make_train_step(model, opt))
     losses = []
-    for i in range(40):
+    for i in range(TRAIN_STEPS):
       state, metrics = step(
           state, jnp.asarray(next(batches)), jax.random.key(i)
       )
       losses.append(float(metrics["cross_entropy"]))
     self.assertTrue(np.all(np.isfinite(losses)))
-    self.assertLess(np.mean(losses[-5:]), losses[0] - 1.5)
-    self.assertGreater(np.mean(losses[-5:]), data.best_loss - 0.05)
+    self.assertEqual(data.best_loss, np.log(4))
+    self.assertGreater(losses[0], data.best_loss + 4)  # starts untrained
+    self.assertBetween(
+        np.mean(losses[-5:]), data.best_loss - 0.05, data.best_loss + MARGIN
+    )
 
   def test_grad_accum_equals_full_batch(self):
     cfg = load_model_config("tiny_mixtral")

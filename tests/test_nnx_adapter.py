@@ -256,52 +256,63 @@ class InterchangeTest(parameterized.TestCase):
 
 
 class TrainingTest(absltest.TestCase):
+  """tiny_mixtral (scanned, 2 microbatches a step) trained with fp8 in both
+  front ends from the same weights on the same batches: the same loss at
+  every step, the fp8 state moved everywhere, and a float32 Linen run as the
+  reference for how fp8 trains."""
 
-  def _train(self, mode, steps=50, grad_accum=2):
-    """Trains tiny_mixtral (scanned, `grad_accum` microbatches a step) in both
-    front ends from the same initial weights; returns their losses."""
-    cfg = _config(quantization=mode)
-    batches = MarkovData(cfg.vocab_size).batches(8, 16, seed=3)
-    model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0))
-    variables = nnx_adapter.nnx_to_linen(model)
-    optimizer = nnx.Optimizer(model, TX, wrt=nnx.Param)
-    traces = []
+  STEPS = 20
 
-    @nnx.jit(static_argnames="grad_accum")
-    def nnx_step(model, optimizer, tokens, rng, grad_accum):
-      traces.append(None)
-      return nnx_adapter.train_step(model, optimizer, tokens, rng, grad_accum)
-
-    linen_state = train_lib.TrainState(
+  def _train_linen(self, cfg, variables, batches, grad_accum=2):
+    """(losses, fp8 state after) of the Linen train step from `variables`."""
+    state = train_lib.TrainState(
         step=jnp.zeros((), jnp.int32),
         params=variables["params"],
         fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
         opt_state=TX.init(variables["params"]),
     )
-    linen_step = jax.jit(
-        train_lib.make_train_step(LinenDecoder(cfg), TX, grad_accum)
-    )
-    losses = {"linen": [], "nnx": []}
-    for i in range(steps):
-      tokens, rng = jnp.asarray(next(batches)), jax.random.key(i)
-      metrics = nnx_step(model, optimizer, tokens, rng, grad_accum=grad_accum)
-      losses["nnx"].append(float(metrics["cross_entropy"]))
-      linen_state, metrics = linen_step(linen_state, tokens, rng)
-      losses["linen"].append(float(metrics["cross_entropy"]))
+    step = jax.jit(train_lib.make_train_step(LinenDecoder(cfg), TX, grad_accum))
+    losses = []
+    for i, tokens in enumerate(batches):
+      state, metrics = step(state, tokens, jax.random.key(i))
+      losses.append(float(metrics["cross_entropy"]))
+    self.assertEqual(step._cache_size(), 1)
+    return losses, state.fp8_state
+
+  def _train_nnx(self, model, batches, grad_accum=2):
+    """(losses, fp8 state after, Linen layout) of the NNX train step."""
+    optimizer = nnx.Optimizer(model, TX, wrt=nnx.Param)
+    traces = []
+
+    @nnx.jit(static_argnames="grad_accum")
+    def step(model, optimizer, tokens, rng, grad_accum):
+      traces.append(None)
+      return nnx_adapter.train_step(model, optimizer, tokens, rng, grad_accum)
+
+    losses = []
+    for i, tokens in enumerate(batches):
+      metrics = step(model, optimizer, tokens, jax.random.key(i), grad_accum)
+      losses.append(float(metrics["cross_entropy"]))
     self.assertLen(traces, 1)  # one trace for all steps under nnx.jit
-    self.assertEqual(linen_step._cache_size(), 1)
-    fp8_after = {
-        "linen": linen_state.fp8_state,
-        "nnx": nnx_adapter.nnx_to_linen(model).get(OVERWRITE_WITH_GRADIENT, {}),
-    }
-    return losses, variables.get(OVERWRITE_WITH_GRADIENT, {}), fp8_after
+    fp8 = nnx_adapter.nnx_to_linen(model).get(OVERWRITE_WITH_GRADIENT, {})
+    return losses, fp8
 
   def test_fp8_trains_and_linen_matches_nnx(self):
-    losses = {}
-    for mode in ("none", "fp8"):
-      losses[mode], fp8_before, fp8_after = self._train(mode)
+    cfg = _config(quantization="fp8")
+    data = MarkovData(cfg.vocab_size).batches(8, 16, seed=3)
+    batches = [jnp.asarray(next(data)) for _ in range(self.STEPS)]
+    model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0))
+    variables = nnx_adapter.nnx_to_linen(model)
+    losses, fp8_after = {}, {}
+    losses["linen"], fp8_after["linen"] = self._train_linen(
+        cfg, variables, batches
+    )
+    losses["nnx"], fp8_after["nnx"] = self._train_nnx(model, batches)
+    # Same math, weights and batches: the same loss at every step (measured:
+    # equal to the last bit over 50 steps).
+    np.testing.assert_allclose(losses["nnx"], losses["linen"], rtol=1e-6)
     # Every variable of every call site moved, in every layer of the stack.
-    before = _fp8_sites(fp8_before)
+    before = _fp8_sites(variables[OVERWRITE_WITH_GRADIENT])
     self.assertLen(before, 2 * len(SITES["sparse"]))
     for frontend, fp8 in fp8_after.items():
       for site, values in _fp8_sites(fp8).items():
@@ -311,19 +322,18 @@ class TrainingTest(absltest.TestCase):
               np.array_equal(value, before[site][var]),
               f"{frontend} {site} {var}",
           )
-    for mode, curves in losses.items():
-      # Same math, weights and batches: the first two steps agree.
-      np.testing.assert_allclose(
-          curves["nnx"][:2], curves["linen"][:2], rtol=1e-5, err_msg=mode
-      )
-    for frontend in ("linen", "nnx"):
-      fp8, none = losses["fp8"][frontend], losses["none"][frontend]
-      final_fp8, final_none = np.mean(fp8[-5:]), np.mean(none[-5:])
-      # From log(256) = 5.5: fp8 must fall at least 1.2 nats and end within
-      # 0.15 nats of the float run (old scales written back over new ones
-      # left fp8 barely moving).
-      self.assertLess(final_fp8, fp8[0] - 1.2, frontend)
-      self.assertLess(abs(final_fp8 - final_none), 0.15, frontend)
+    # fp8 trains like float32: from 6.7 nats it falls by more than 1.2 over
+    # 20 steps and stays within 0.1 nats of the float run at every step
+    # (measured: at most 0.04; old scales written back over new ones left
+    # fp8 barely moving).
+    float_losses, _ = self._train_linen(
+        cfg.replace(quantization="none"),
+        {"params": variables["params"]},
+        batches,
+    )
+    fp8 = np.array(losses["linen"])
+    self.assertLess(np.mean(fp8[-5:]), fp8[0] - 1.2)
+    np.testing.assert_allclose(fp8, float_losses, atol=0.1, rtol=0)
 
 
 class GradAccumTest(parameterized.TestCase):
