@@ -47,36 +47,25 @@ def _check(test, cell):
   )
 
 
-_PRODUCT = dict(
-    config=matrix.CONFIGS,
-    quant=QUANTIZATIONS,
-    path=tuple(PATHS),
-    layers=matrix.LAYERS,
-)
+class MatrixTest(parameterized.TestCase):
 
-
-class LinenMatrixTest(parameterized.TestCase):
-
-  @parameterized.parameters(*_DEFAULT)
-  def test_cell_trains(self, config, quant, path, layers):
-    _check(self, matrix.Cell(config, quant, path, layers, "linen"))
+  @parameterized.parameters(
+      *((*cell, "linen") for cell in _DEFAULT),
+      *((*cell, "nnx") for cell in _NNX_DEFAULT),
+  )
+  def test_cell_trains(self, config, quant, path, layers, frontend):
+    _check(self, matrix.Cell(config, quant, path, layers, frontend))
 
   @testing.slow
-  @parameterized.product(**_PRODUCT)
-  def test_full_product(self, config, quant, path, layers):
-    _check(self, matrix.Cell(config, quant, path, layers, "linen"))
-
-
-class NNXMatrixTest(parameterized.TestCase):
-
-  @parameterized.parameters(*_NNX_DEFAULT)
-  def test_cell_trains(self, config, quant, path, layers):
-    _check(self, matrix.Cell(config, quant, path, layers, "nnx"))
-
-  @testing.slow
-  @parameterized.product(**_PRODUCT)
-  def test_full_product(self, config, quant, path, layers):
-    _check(self, matrix.Cell(config, quant, path, layers, "nnx"))
+  @parameterized.product(
+      config=matrix.CONFIGS,
+      quant=QUANTIZATIONS,
+      path=tuple(PATHS),
+      layers=matrix.LAYERS,
+      frontend=matrix.FRONTENDS,
+  )
+  def test_full_product(self, config, quant, path, layers, frontend):
+    _check(self, matrix.Cell(config, quant, path, layers, frontend))
 
 
 class MatrixChecksCanFailTest(absltest.TestCase):

@@ -10,6 +10,7 @@ import optax
 
 from linen_moe import RoutedMoE
 from linen_moe import load_model_config
+from linen_moe import testing
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.decoder import scanned_to_unrolled
 from linen_moe._src.models.decoder import unrolled_to_scanned
@@ -21,7 +22,7 @@ CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
 
 
 def _tokens(cfg, batch=4, seq=16, seed=1):
-  return jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, seq, seed)))
+  return testing.markov_tokens(cfg.vocab_size, batch, seq, seed)
 
 
 class DecoderTest(parameterized.TestCase):

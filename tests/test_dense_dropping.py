@@ -75,7 +75,7 @@ class IndexFormTest(parameterized.TestCase):
     router = routing.route(logits, K, "softmax_then_topk", True)
     slots = _reference_slots(router, B, S, capacity, policy)
 
-    def ours(x, router, experts):
+    def ours_with_dropped(x, router, experts):
       return dense_lib.dense_dropping(
           _plain_einsum,
           x,
@@ -84,7 +84,10 @@ class IndexFormTest(parameterized.TestCase):
           jax.nn.silu,
           capacity,
           by_probability=by_probability,
-      )[0]
+      )
+
+    def ours(x, router, experts):
+      return ours_with_dropped(x, router, experts)[0]
 
     def reference(x, router, experts):
       return _one_hot_dropping(x, router, experts, jax.nn.silu, slots)
@@ -100,17 +103,7 @@ class IndexFormTest(parameterized.TestCase):
     ):
       for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=name)
-    _, dropped = jax.jit(
-        lambda: dense_lib.dense_dropping(
-            _plain_einsum,
-            x,
-            router,
-            experts,
-            jax.nn.silu,
-            capacity,
-            by_probability=by_probability,
-        )
-    )()
+    _, dropped = jax.jit(ours_with_dropped)(x, router, experts)
     self.assertAlmostEqual(
         float(dropped), 1 - slots.sum() / (B * S * K), places=6
     )

@@ -25,8 +25,6 @@ difference.
 
 from __future__ import annotations
 
-import json
-
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -46,9 +44,7 @@ FRONTENDS = ("linen", "nnx")
 QUANTIZED = ("int8", "fp8", "nanoo_fp8")
 
 
-def run_worker(*jobs: dict) -> list:
-  """Runs jobs in `tests.sharding_worker` on 8 simulated devices."""
-  return workers.run_json("tests.sharding_worker", json.dumps(jobs))
+run_worker = workers.sharding_jobs
 
 
 class EquivalenceMixin(parameterized.TestCase):

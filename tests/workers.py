@@ -64,6 +64,11 @@ def run(
   )
 
 
+def sharding_jobs(*jobs: dict) -> list:
+  """Runs jobs in `tests.sharding_worker` on 8 simulated devices."""
+  return run_json("tests.sharding_worker", json.dumps(jobs))
+
+
 def run_json(module: str, *argv: str, timeout: int = 900) -> Any:
   """Runs `python -m module *argv` from the repository root on CPU devices
   and returns the JSON of its last line of output."""
