@@ -8,19 +8,19 @@ dominates. The default run holds a representative subset of
 {Linen, NNX}; the full product is marked slow.
 
 Tolerances. One SGD step (lr 0.1) from the same init, tokens and RNG, on one
-device and on a mesh. Float: the sharded program multiplies and reduces in
-other blocks and orders (per-device batch shapes, reduce-scatters), so the
-results agree to float rounding: losses to rtol 1e-5, updated parameters to
-1e-4 of the step's largest update. Quantized modes round to a coarse grid
-(int8: 1/127 of a row's or channel's absmax; e4m3: 3 mantissa bits), and
-inputs that differ in their last bits, as above, can flip a few codes by one
-step; so int8, fp8 and nanoo_fp8 get loss rtol 1e-4, parameters within 1e-2
-of the largest update, and fp8 scales and amax histories within 1e-2 of how
-far the step moved them. (Measured: 1e-4 to 3e-4 of the update.) A wrong
-routing, a lost expert or a missing gradient reduction moves them by O(1) of
-it. AQT's stochastic rounding on the dense path draws from the same RNG with
-sharding-invariant (`threefry_partitionable`) bits, so it is no source of
-difference.
+device and on a mesh. The sharded program multiplies and reduces in other
+blocks and orders (per-device batch shapes, reduce-scatters), so the results
+agree to float rounding. Measured over every path x mode x front end on the
+three meshes: losses within 2e-7 (relative), updated parameters within
+7.5e-6 of the step's largest update, fp8 scales and amax histories equal;
+but for nanoo_fp8 on the dense path, 2.65e-4 of the update: an input that
+differs in its last bit there flips an e4m3fnuz code. So losses to rtol
+1e-5, parameters to 1e-4 of the update (nanoo_fp8: 1e-3), fp8 state to 1e-5
+of how far the step moved it. A wrong routing, a lost expert or a missing
+gradient reduction moves them by O(1) of it; AQT's stochastic rounding on
+another key than the single device's (int8, dense path) by 5e-4. AQT draws
+from the same RNG with sharding-invariant (`threefry_partitionable`) bits,
+so that is no source of difference.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
 PATHS = ("sparse", "dense", "dense_dropping")
 FRONTENDS = ("linen", "nnx")
 
-QUANTIZED = ("int8", "fp8", "nanoo_fp8")
+# Of the step's largest update; see the module docstring.
+PARAM_TOL = {"none": 1e-4, "int8": 1e-4, "fp8": 1e-4, "nanoo_fp8": 1e-3}
 
 
 run_worker = workers.sharding_jobs
@@ -60,9 +61,8 @@ class EquivalenceMixin(parameterized.TestCase):
         "meshes": list(meshes),
         **options,
     })
-    quantized = quantization in QUANTIZED
-    rtol = 1e-4 if quantized else 1e-5
-    tol = (1e-2 if quantized else 1e-4) * result["update"]
+    rtol = 1e-5
+    tol = PARAM_TOL[quantization] * result["update"]
     self.assertGreater(result["update"], 0.0)
     if quantization in ("fp8", "nanoo_fp8"):
       self.assertGreater(result["fp8_moved"], 0.0)
@@ -72,7 +72,7 @@ class EquivalenceMixin(parameterized.TestCase):
             r["loss"], result["loss"], delta=rtol * abs(result["loss"])
         )
         self.assertLessEqual(r["param_err"], tol)
-        self.assertLessEqual(r["fp8_err"], 1e-2 * result["fp8_moved"])
+        self.assertLessEqual(r["fp8_err"], 1e-5 * result["fp8_moved"])
     return result
 
 
