@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 import yaml
 
+from linen_moe._src import compile_options
 from linen_moe._src.config import QUANTIZATIONS
 from linen_moe._src.config import available_configs
 from linen_moe.distributed import DEFAULT_HEARTBEAT_TIMEOUT_S
@@ -215,36 +215,12 @@ def cmd_export(args: argparse.Namespace) -> int:
   return 0
 
 
-def use_fast_compile() -> None:
-  """Compiles at XLA's backend optimisation level 0 (must run before the first
-  computation): about half the compile time of the many small programs the
-  matrix builds, the same numerics, slower steps."""
-  flags = os.environ.get("XLA_FLAGS", "")
-  if "xla_backend_optimization_level" not in flags:
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_backend_optimization_level=0"
-
-
-# Compiled programs persist here (unless JAX_COMPILATION_CACHE_DIR says
-# otherwise), shared by the test session and `linen-moe matrix` on one
-# machine: the matrix cells the tests already compiled load instead.
-COMPILATION_CACHE_DIR = os.path.join(
-    tempfile.gettempdir(), "linen_moe_jax_cache"
-)
-
-
-def use_compilation_cache() -> None:
-  """Turns on JAX's persistent compilation cache (before jax is imported, so
-  that worker processes inherit it) for programs that took over a second."""
-  os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", COMPILATION_CACHE_DIR)
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
-
-
 def cmd_matrix(args: argparse.Namespace) -> int:
   if args.workers < 1:
     raise ValueError(f"--workers must be at least 1; got {args.workers}.")
   if args.fast_compile:
-    use_fast_compile()
-  use_compilation_cache()
+    compile_options.use_fast_compile()
+  compile_options.use_compilation_cache()
   from linen_moe_cli import matrix  # noqa: PLC0415 (jax import is slow)
 
   if args.all:
