@@ -65,6 +65,8 @@ class TrainOptions:
     keep: keep the latest K checkpoints.
     fresh_fp8_state: resume a checkpoint whose fp8 state does not fit the
       model with fresh fp8 state.
+    resume_step: resume from this checkpoint rather than the newest that
+      reads; needs `checkpoint_dir`, at most `steps`.
   """
 
   config: str = "tiny_mixtral"
@@ -83,6 +85,7 @@ class TrainOptions:
   save_every: int | None = None
   keep: int = 3
   fresh_fp8_state: bool = False
+  resume_step: int | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "overrides", dict(self.overrides))
@@ -117,6 +120,20 @@ class TrainOptions:
             "it needs a --checkpoint-dir to save to",
         )
     check_int("keep", self.keep, 1)
+    if self.resume_step is not None:
+      check_int("resume_step", self.resume_step, 1)
+      if self.checkpoint_dir is None:
+        _fail(
+            "resume_step",
+            self.resume_step,
+            "it needs a --checkpoint-dir to resume from",
+        )
+      if self.resume_step > self.steps:
+        _fail(
+            "resume_step",
+            self.resume_step,
+            f"expected at most --steps {self.steps}",
+        )
 
   @classmethod
   def from_args(cls, args: argparse.Namespace) -> TrainOptions:

@@ -6,6 +6,7 @@ import collections
 from collections.abc import Callable
 import dataclasses
 import math
+import os
 from typing import Any
 
 import jax
@@ -25,6 +26,7 @@ from linen_moe_cli.checkpointing import RunCheckpoints
 from linen_moe_cli.frontends import frontend as get_frontend
 from linen_moe_cli.frontends import sharded_training
 from linen_moe_cli.options import TrainOptions
+from linen_moe_cli.run_directory import RunLock
 
 # Steps over which the final loss and expert loads are averaged.
 TAIL_STEPS = 10
@@ -58,7 +60,8 @@ class TrainResult:
   def load_ratio(self) -> float:
     """Max / min expert load of the most unbalanced layer (1 = balanced; inf
     when an expert got nothing), from `expert_load`."""
-    ratios = self.expert_load.max(axis=-1) / self.expert_load.min(axis=-1)
+    with np.errstate(divide="ignore"):
+      ratios = self.expert_load.max(axis=-1) / self.expert_load.min(axis=-1)
     return float(np.max(ratios))
 
 
@@ -117,20 +120,25 @@ def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
   on batch i of the data stream `seed + 1` with the key
   `fold_in(key(seed), i)`, so a run is a function of its step.
 
-  With `opts.checkpoint_dir` the run resumes from the latest checkpoint
-  there (in any front end, layer mode or mesh), saves every `save_every`
-  steps and always its last, keeps the latest `keep`, and appends one JSON
-  line per step to `checkpoint_dir/metrics.jsonl`
-  (`checkpointing.RunCheckpoints`).
+  With `opts.checkpoint_dir` the run first locks the directory
+  (`run_directory.RunLock`; process 0 of a group, for all), then resumes
+  from the newest checkpoint there that reads, or `opts.resume_step` (in
+  any front end, layer mode or mesh), saves every `save_every` steps and
+  always its last, keeps the latest `keep`, and appends one JSON line per
+  step to `checkpoint_dir/metrics.jsonl` (`checkpointing.RunCheckpoints`).
 
   A step with a non-finite loss or gradient is skipped (the state stays as
   it was; `linen_moe.training.skip`) and counted; after
   `max_consecutive_skips` skipped steps in a row the run stops with
   `options.RunStopped`.
   """
-  job = _set_up(opts)
-  ckpts = None
+  lock = None
   if opts.checkpoint_dir is not None:
+    lock = _lock(opts.checkpoint_dir, log)
+  try:
+    job = _set_up(opts)
+    if opts.checkpoint_dir is None:
+      return _train_from(opts, job, None, resume=False)
     ckpts = RunCheckpoints(
         opts.checkpoint_dir,
         steps=opts.steps,
@@ -138,42 +146,85 @@ def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
         keep=opts.keep,
         log=log,
     )
-  try:
-    latest = None if ckpts is None else ckpts.latest_step()
-    if latest is not None and latest >= opts.steps:
-      log(
-          f"{opts.checkpoint_dir} is already at step {latest} (--steps "
-          f"{opts.steps}); nothing to train."
-      )
-      return TrainResult([], job.data.best_loss, start_step=latest)
-    return _train_from(opts, job, ckpts, latest)
+    try:
+      latest = opts.resume_step
+      if latest is None:
+        latest = ckpts.latest_step()
+      if latest is not None and latest >= opts.steps:
+        log(
+            f"{opts.checkpoint_dir} is already at step {latest} (--steps "
+            f"{opts.steps}); nothing to train."
+        )
+        result = TrainResult([], job.data.best_loss, start_step=latest)
+      else:
+        resume = bool(ckpts.checkpoints.all_steps())
+        result = _train_from(opts, job, ckpts, resume=resume)
+    except BaseException:
+      ckpts.close(report=False)
+      raise
+    ckpts.close()  # waits for the last save; a failed one stops the run
+    return result
   finally:
-    if ckpts is not None:
-      ckpts.close()  # waits for the last save
+    if lock is not None:
+      lock.release()
 
 
-def _train_from(opts: TrainOptions, job: _Setup, ckpts, latest: int | None):
-  """Restores checkpoint `latest` (None: initialises) and trains to the
+def _lock(directory: str, log: Callable[[str], None]) -> RunLock | None:
+  """Locks `directory` for this run: process 0 alone takes the lock and
+  the others follow its decision (they stop too when it fails), before any
+  process writes there. Returns process 0's lock (None elsewhere)."""
+  if jax.process_count() == 1:
+    return RunLock.acquire(directory, log=log)
+  lock, error = None, None
+  if jax.process_index() == 0:
+    try:
+      lock = RunLock.acquire(directory, log=log)
+    except ValueError as e:
+      error = e
+  from jax.experimental import multihost_utils  # noqa: PLC0415
+
+  locked = multihost_utils.broadcast_one_to_all(np.int32(error is None))
+  if error is not None:
+    raise error
+  if not int(locked):
+    raise ValueError(
+        f"process 0 could not lock {os.path.abspath(directory)} (its error "
+        "says why); every process stops."
+    )
+  return lock
+
+
+def _train_from(opts: TrainOptions, job: _Setup, ckpts, *, resume: bool):
+  """Restores a checkpoint (`resume`) or initialises, and trains to the
   end."""
   fe, run, cfg = job.fe, job.run, job.cfg
-  start = latest or 0
   data_seed = opts.seed + 1
-  rng = jax.random.key(opts.seed)
-  batches = (  # batch i is a function of (data_seed, i): resumable
-      validate_tokens(b, cfg.vocab_size, name="batch")
-      for b in job.data.batches(
-          opts.batch_size, opts.seq_len, data_seed, start=start
-      )
-  )
-  first = job.feed(next(batches))
-  state = None
-  if latest is not None:
+
+  def batches(start: int):  # batch i is a function of (data_seed, i)
+    for b in job.data.batches(
+        opts.batch_size, opts.seq_len, data_seed, start=start
+    ):
+      yield job.feed(validate_tokens(b, cfg.vocab_size, name="batch"))
+
+  # The state's shapes (and a fresh one's values) come from any batch.
+  sample = next(batches(0))
+  start, state, rng = 0, None, jax.random.key(opts.seed)
+  if resume:
     start, state, rng = ckpts.resume(
-        fe, run, cfg, job.optimizer, first, opts.seed, opts.fresh_fp8_state
+        fe,
+        run,
+        cfg,
+        job.optimizer,
+        sample,
+        opts.seed,
+        opts.fresh_fp8_state,
+        opts.resume_step,
     )
   if state is None:
     state = (
-        run.init(first, rng) if run else fe.init(cfg, job.optimizer, first, rng)
+        run.init(sample, rng)
+        if run
+        else fe.init(cfg, job.optimizer, sample, rng)
     )
   if run is None:
     step = jax.jit(
@@ -196,12 +247,13 @@ def _train_from(opts: TrainOptions, job: _Setup, ckpts, latest: int | None):
             },
         },
     )
+  stream = batches(start)
   losses, skipped, in_a_row = [], 0, 0
   loads = collections.deque(maxlen=TAIL_STEPS)
   show = opts.progress and distributed.is_main_process()
   bar = tqdm.trange(start, opts.steps, disable=not show, desc="train")
   for i in bar:
-    tokens = first if i == start else job.feed(next(batches))
+    tokens = next(stream)
     state, metrics = step(state, tokens, jax.random.fold_in(rng, i))
     loss = float(metrics["cross_entropy"])
     losses.append(loss)

@@ -9,6 +9,7 @@ import sys
 from linen_moe._src.config import QUANTIZATIONS
 from linen_moe_cli import bench_report  # imports jax only to run a case
 from linen_moe_cli import options
+from linen_moe_cli import run_directory
 
 
 def register(subparsers) -> None:
@@ -59,6 +60,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
   options.check_int("repeats", args.repeats, 1)
+  run_directory.writable_directory(args.out, "--out")
   no_chart = options.missing_optional(
       "matplotlib", "the chart (bench.png) is skipped; bench.json is written"
   )

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from linen_moe_cli import run_directory
+
 
 def register(subparsers) -> None:
   p = subparsers.add_parser(
@@ -27,6 +29,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+  run_directory.creatable(args.out, "--out")
   from linen_moe import checkpoint  # noqa: PLC0415 (imports jax)
 
   step = checkpoint.export(

@@ -69,7 +69,8 @@ def register(subparsers) -> None:
       default=None,
       help=(
           "save checkpoints here and resume from the latest one (any front "
-          "end, layer mode or mesh); per-step metrics in DIR/metrics.jsonl"
+          "end, layer mode or mesh); per-step metrics in DIR/metrics.jsonl; "
+          "one run at a time (DIR/run.lock)"
       ),
   )
   p.add_argument(
@@ -83,6 +84,16 @@ def register(subparsers) -> None:
       type=int,
       default=train_default("keep"),
       help="keep the latest K checkpoints",
+  )
+  p.add_argument(
+      "--resume-step",
+      type=int,
+      default=None,
+      metavar="N",
+      help=(
+          "resume from checkpoint N (default: the newest that reads; a "
+          "damaged one is skipped, with a message); newer ones are set aside"
+      ),
   )
   p.add_argument(
       "--fresh-fp8-state",
