@@ -1,11 +1,19 @@
 """What tests and benchmarks need and the product does not: reading compiled
 programs (the element types that feed each contraction, the collectives and
-which processes they cross), the `slow` mark, and small shared helpers
-(random layers, inputs and tokens, error measures, captured output).
+which processes they cross), the compile policy a test session shares with
+`linen-moe matrix` (`use_compilation_cache`, `use_fast_compile`; call them
+before jax is imported), the `slow` mark, and small shared helpers (random
+layers, inputs and tokens, error measures, captured output).
 
 Stable like the rest of the public API, but not needed to train or serve.
+Importing it imports no jax; the helpers load it on first use.
 """
 
+import importlib as _importlib
+from typing import Any as _Any
+
+from linen_moe._src.compile_options import use_compilation_cache
+from linen_moe._src.compile_options import use_fast_compile
 from linen_moe._src.hlo import COLLECTIVES
 from linen_moe._src.hlo import CONTRACTIONS
 from linen_moe._src.hlo import QUANTIZED_TYPES
@@ -21,28 +29,32 @@ from linen_moe._src.hlo import crosses_processes
 from linen_moe._src.hlo import parse_hlo
 from linen_moe._src.hlo import quantized_types_at_contractions
 from linen_moe._src.hlo import quantized_types_in_hlo
-from linen_moe._src.testing_helpers import SLOW_ATTRIBUTE
-from linen_moe._src.testing_helpers import flat_numpy
-from linen_moe._src.testing_helpers import is_slow
-from linen_moe._src.testing_helpers import markov_tokens
-from linen_moe._src.testing_helpers import max_abs_diff
-from linen_moe._src.testing_helpers import model_config
-from linen_moe._src.testing_helpers import moe_params
-from linen_moe._src.testing_helpers import moe_variables
-from linen_moe._src.testing_helpers import random_inputs
-from linen_moe._src.testing_helpers import read_jsonl
-from linen_moe._src.testing_helpers import rel_err
-from linen_moe._src.testing_helpers import run_capturing
-from linen_moe._src.testing_helpers import slow
+from linen_moe._src.testing_marks import SLOW_ATTRIBUTE
+from linen_moe._src.testing_marks import is_slow
+from linen_moe._src.testing_marks import slow
+
+# The helpers that need jax, loaded on first use (PEP 562).
+_HELPERS = (
+    "flat_numpy",
+    "markov_tokens",
+    "max_abs_diff",
+    "model_config",
+    "moe_params",
+    "moe_variables",
+    "random_inputs",
+    "read_jsonl",
+    "rel_err",
+    "run_capturing",
+)
 
 __all__ = [
     "COLLECTIVES",
     "CONTRACTIONS",
-    "QUANTIZED_TYPES",
-    "SLOW_ATTRIBUTE",
     "Collective",
     "Contraction",
     "Instruction",
+    "QUANTIZED_TYPES",
+    "SLOW_ATTRIBUTE",
     "all_gather_shapes",
     "collective_counts",
     "collective_summary",
@@ -64,4 +76,19 @@ __all__ = [
     "rel_err",
     "run_capturing",
     "slow",
+    "use_compilation_cache",
+    "use_fast_compile",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+  if name in _HELPERS:
+    module = _importlib.import_module("linen_moe._src.testing_helpers")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+  raise AttributeError(f"module 'linen_moe.testing' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(__all__))

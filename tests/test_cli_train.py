@@ -17,8 +17,10 @@ from linen_moe import testing
 from linen_moe.training import MarkovData
 from linen_moe_cli import frontends
 from linen_moe_cli import main as cli
+from linen_moe_cli import model_args
 from linen_moe_cli import options
 from linen_moe_cli import train_job
+from linen_moe_cli.commands import train as train_command
 import nnx_adapter
 from tests import workers
 
@@ -59,11 +61,9 @@ class TrainOptionsTest(parameterized.TestCase):
 
   def test_python_entry_point_checks_the_same(self):
     with self.assertRaisesRegex(ValueError, r"seq_len=1 \(--seq-len\)"):
-      train_job.train("tiny_mixtral", {}, steps=1, seq_len=1)
+      options.TrainOptions("tiny_mixtral", {}, steps=1, seq_len=1)
     with self.assertRaisesRegex(ValueError, r"steps=True"):
-      options.check_train_options(
-          steps=True, batch_size=1, seq_len=2, learning_rate=1.0
-      )
+      options.TrainOptions(steps=True, batch_size=1, seq_len=2)
 
   def test_bad_batch_is_rejected_before_its_step(self):
     def batches(self, batch_size, seq_len, seed=1, start=0):
@@ -77,12 +77,12 @@ class TrainOptionsTest(parameterized.TestCase):
       with self.assertRaisesRegex(
           ValueError, rf"batch\[0, 0\]={V} is invalid: .*vocab_size={V}"
       ):
-        train_job.train("tiny_mixtral", {}, steps=1, batch_size=2, seq_len=4)
+        train_job.train(options.TrainOptions(steps=1, batch_size=2, seq_len=4))
     frontend.return_value.init.assert_not_called()  # no model was built
 
   def test_missing_module_anywhere_is_one_line(self):
     missing = ModuleNotFoundError("No module named 'tokamax'", name="tokamax")
-    with mock.patch.object(cli, "cmd_train", side_effect=missing):
+    with mock.patch.object(train_command, "run", side_effect=missing):
       status, _, err = _cli("train")
     self.assertEqual(status, 2)
     self.assertEqual(
@@ -118,7 +118,7 @@ class TrainOptionsTest(parameterized.TestCase):
         "int8",
     ])
     self.assertEqual(
-        cli.model_overrides(args),
+        model_args.model_overrides(args),
         dict(
             routed_bias=False,
             routed_bias_update_rate=0,
@@ -127,7 +127,7 @@ class TrainOptionsTest(parameterized.TestCase):
         ),
     )
     with self.assertRaisesRegex(ValueError, "'routed_bias': expected FIELD"):
-      cli.parse_set(["routed_bias"])
+      model_args.parse_set(["routed_bias"])
     self.assertEqual(cli.main(["train", "--set", "num_routing_groups=3"]), 2)
 
 

@@ -1,5 +1,6 @@
-"""What the tests and benchmarks share: the `slow` mark, small random layers,
-inputs and tokens, error measures, a function run with its output captured.
+"""What the tests and benchmarks share: small random layers, inputs and
+tokens, error measures, a function run with its output captured (the `slow`
+mark: `testing_marks`).
 
 Never imported by the library itself (the public face is `linen_moe.testing`).
 Shapes: B batch, S sequence, M emb_dim, E num_experts.
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import contextlib
-import inspect
 import io
 import json
 from typing import Any
@@ -23,44 +23,6 @@ from linen_moe._src import sharding
 from linen_moe._src import variables as variables_lib
 from linen_moe._src.moe import RoutedMoE
 from linen_moe._src.training.data import MarkovData
-
-# The attribute `slow` sets; the test suite's conftest.py turns it into the
-# pytest marker "slow" (excluded from the default run).
-SLOW_ATTRIBUTE = "__linen_moe_slow__"
-
-
-def slow(test: Any) -> Any:
-  """Marks a test class or method as slow: out of the default run, in
-  `pytest -m slow`.
-
-  Works where a pytest mark does not: on absltest `parameterized` methods,
-  on either side of the `@parameterized...` decorator (each generated case
-  is marked), and on `hypothesis` tests.
-
-  Args:
-    test: a test class, a test function, or what `parameterized.parameters`
-      / `product` / `named_parameters` returned.
-
-  Returns:
-    `test`, marked.
-
-  Raises:
-    TypeError: `test` is none of those.
-  """
-  # absl's parameterized wrapper: mark the method it will generate cases
-  # from (each case is a functools.wraps copy of it, attributes included).
-  target = getattr(test, "_test_method", test)
-  if not (inspect.isclass(target) or inspect.isfunction(target)):
-    raise TypeError(
-        f"slow marks a test class or method; got {type(test).__name__}."
-    )
-  setattr(target, SLOW_ATTRIBUTE, True)
-  return test
-
-
-def is_slow(test: Any) -> bool:
-  """Whether `slow` marked `test` (a class, function or bound method)."""
-  return bool(getattr(test, SLOW_ATTRIBUTE, False))
 
 
 def rel_err(got: Any, expected: Any) -> float:
