@@ -69,41 +69,43 @@ def random_inputs(
   return jax.random.normal(jax.random.key(seed), (batch, seq, emb_dim))
 
 
-def moe_params(
+def moe_variables(
     cfg: config_lib.MoEConfig,
     seed: int = 0,
+    bias_scale: float = 0.0,
     scale_range: tuple[float, float] = (0.5, 1.5),
 ) -> dict:
-  """`RoutedMoE(cfg)`'s initialised params, with a per-expert scale (when the
-  config has one) drawn uniformly from `scale_range` instead of the initial
-  ones, so that a lost scale shows."""
+  """`RoutedMoE(cfg)`'s initialised variables (every collection: params,
+  fp8 state, ...), with a per-expert scale (when the config has one) drawn
+  uniformly from `scale_range` instead of the initial ones, so that a lost
+  scale shows, and, when the config has a routed bias,
+  `updated_by_rule/routed_bias` [E] drawn as `bias_scale` times a standard
+  normal (0: the initial zeros)."""
   x = jnp.zeros((1, 2, cfg.emb_dim))
-  params = dict(sharding.unbox(RoutedMoE(cfg).init(jax.random.key(seed), x)))
-  params = params["params"]
+  variables = dict(sharding.unbox(RoutedMoE(cfg).init(jax.random.key(seed), x)))
   if cfg.per_expert_scale:
-    params = dict(params)
-    params["per_expert_scale"] = jax.random.uniform(
+    variables["params"] = dict(variables["params"])
+    variables["params"]["per_expert_scale"] = jax.random.uniform(
         jax.random.key(seed + 1),
         (cfg.num_experts,),
         minval=scale_range[0],
         maxval=scale_range[1],
     )
-  return params
-
-
-def moe_variables(
-    cfg: config_lib.MoEConfig, seed: int = 0, bias_scale: float = 0.0
-) -> dict:
-  """{"params": `moe_params(cfg, seed)`} plus, when the config has a routed
-  bias, `updated_by_rule/routed_bias` [E] drawn as `bias_scale` times a
-  standard normal (0: the initial zeros)."""
-  variables = {"params": moe_params(cfg, seed)}
   if cfg.routed_bias:
     bias = bias_scale * jax.random.normal(
         jax.random.key(seed + 2), (cfg.num_experts,)
     )
     variables[variables_lib.UPDATED_BY_RULE] = {"routed_bias": bias}
   return variables
+
+
+def moe_params(
+    cfg: config_lib.MoEConfig,
+    seed: int = 0,
+    scale_range: tuple[float, float] = (0.5, 1.5),
+) -> dict:
+  """The "params" collection of `moe_variables(cfg, seed, scale_range=...)`."""
+  return moe_variables(cfg, seed, scale_range=scale_range)["params"]
 
 
 def markov_tokens(
