@@ -19,13 +19,12 @@ import yaml
 
 from linen_moe._src import activations
 from linen_moe._src import grouped_matmul
+from linen_moe._src.quantization_modes import QUANTIZATIONS
+from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS
 
 ACTIVATIONS = tuple(activations.ACTIVATIONS)
 ROUTINGS = ("topk_then_softmax", "softmax_then_topk", "sigmoid_then_topk")
 DROP_POLICIES = ("position", "probability")
-QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
-# Modes that store their expert weights converted when `MoEConfig.serving`.
-SERVING_QUANTIZATIONS = ("int8", "fp8", "nanoo_fp8")
 GROUPED_MATMUL_IMPLEMENTATIONS = grouped_matmul.IMPLEMENTATIONS
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -174,11 +173,12 @@ class MoEConfig:
     param_dtype: parameter storage dtype name (was `weight_dtype`, which
       still works until 0.3, with a DeprecationWarning).
     load_balance_loss_weight: weight of the Switch load-balance loss (0 = off).
-    quantization: "none", "int8" (AQT), "fp8" or "nanoo_fp8".
+    quantization: "none", "int8" (AQT), "fp8" or "nanoo_fp8"; what each
+      quantizes, stores and needs is `linen_moe._src.quantization_modes`.
     fp8_amax_history_length: length of each fp8 amax history.
     serving: True for a serving layer: the expert kernels are stored converted
-      to the storage type of `quantization` (int8, float8_e4m3fn or
-      float8_e4m3fnuz) with their scales, as `linen_moe.serving.
+      to the storage type of `quantization` (its `storage_dtype`: int8,
+      float8_e4m3fn or float8_e4m3fnuz) with their scales, as `linen_moe.serving.
       quantize_weights` returns them (and the config it returns sets this),
       and the layer runs inference from them. Needs a quantized mode.
   """

@@ -26,19 +26,14 @@ import collections
 import dataclasses
 import re
 
-QUANTIZED_TYPES = frozenset({
-    "s8",
-    "u8",
-    "s4",
-    "u4",
-    "f8e4m3fn",
-    "f8e5m2",
-    "f8e4m3fnuz",
-    "f8e5m2fnuz",
-    "f8e4m3b11fnuz",
-    "f8e4m3",
-    "f8e3m4",
-})
+from linen_moe._src.quantization_modes import MODES
+
+# Every mode's forward, gradient and storage types, and the other narrow
+# types a backend may use (u8, 4-bit, other fp8 flavours).
+QUANTIZED_TYPES = frozenset().union(
+    *(m.hlo_types | ({m.hlo_storage_type} - {None}) for m in MODES.values()),
+    {"u8", "s4", "u4", "f8e4m3b11fnuz", "f8e4m3", "f8e3m4"},
+)
 CONTRACTIONS = frozenset({"dot", "convolution", "ragged-dot"})
 # The walk stops at these: they do not pass an operand's type through.
 _OPAQUE = CONTRACTIONS | {
