@@ -1,10 +1,13 @@
 """What tests and benchmarks need and the product does not: reading compiled
 programs (the quantized element types that feed each contraction, the
-collectives and which processes they cross).
+collectives and which processes they cross), and running the accelerator
+grouped-matmul kernels on a CPU (`kernels_on_cpu`).
 
 Stable like the rest of the public API, but not needed to train or serve.
 """
 
+from linen_moe._src.grouped_kernels import KernelFallbackWarning
+from linen_moe._src.grouped_kernels import kernels_on_cpu
 from linen_moe._src.hlo import COLLECTIVES
 from linen_moe._src.hlo import CONTRACTIONS
 from linen_moe._src.hlo import QUANTIZED_TYPES
@@ -28,12 +31,14 @@ __all__ = [
     "Collective",
     "Contraction",
     "Instruction",
+    "KernelFallbackWarning",
     "all_gather_shapes",
     "collective_counts",
     "collective_summary",
     "collectives",
     "contractions",
     "crosses_processes",
+    "kernels_on_cpu",
     "parse_hlo",
     "quantized_types_at_contractions",
     "quantized_types_in_hlo",
