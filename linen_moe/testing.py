@@ -1,6 +1,6 @@
 """What tests and benchmarks need and the product does not: reading compiled
 programs (the quantized element types that feed each contraction, the
-collectives and which processes they cross), and running the accelerator
+collectives, the bytes they send and which processes they cross), and running the accelerator
 grouped-matmul kernels on a CPU (`kernels_on_cpu`).
 
 Stable like the rest of the public API, but not needed to train or serve.
@@ -23,16 +23,21 @@ from linen_moe._src.hlo import crosses_processes
 from linen_moe._src.hlo import parse_hlo
 from linen_moe._src.hlo import quantized_types_at_contractions
 from linen_moe._src.hlo import quantized_types_in_hlo
+from linen_moe._src.hlo_traffic import CollectiveBytes
+from linen_moe._src.hlo_traffic import collective_bytes
+from linen_moe._src.hlo_traffic import sent_bytes
 
 __all__ = [
     "COLLECTIVES",
     "CONTRACTIONS",
     "QUANTIZED_TYPES",
     "Collective",
+    "CollectiveBytes",
     "Contraction",
     "Instruction",
     "KernelFallbackWarning",
     "all_gather_shapes",
+    "collective_bytes",
     "collective_counts",
     "collective_summary",
     "collectives",
@@ -42,4 +47,5 @@ __all__ = [
     "parse_hlo",
     "quantized_types_at_contractions",
     "quantized_types_in_hlo",
+    "sent_bytes",
 ]

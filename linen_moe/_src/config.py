@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import yaml
 
 from linen_moe._src import activations
+from linen_moe._src import ep_traffic
 from linen_moe._src import grouped_matmul
 from linen_moe._src.quantization_modes import QUANTIZATIONS
 from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS
@@ -26,6 +27,7 @@ ACTIVATIONS = tuple(activations.ACTIVATIONS)
 ROUTINGS = ("topk_then_softmax", "softmax_then_topk", "sigmoid_then_topk")
 DROP_POLICIES = ("position", "probability")
 GROUPED_MATMUL_IMPLEMENTATIONS = grouped_matmul.IMPLEMENTATIONS
+EXPERT_PARALLEL_STRATEGIES = ep_traffic.STRATEGIES
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 # The three matmul paths, as the config overrides that select each one. The
@@ -169,6 +171,13 @@ class MoEConfig:
     sparse_matmul: True for the sparse (sort + grouped matmul) path, False for
       the dense einsum path.
     grouped_matmul: implementation of the sparse path's grouped matmul.
+    expert_parallel: how the sparse path moves tokens to experts under a
+      mesh whose expert axes split the batch: "all_gather" (every token to
+      every expert shard, outputs reduce-scattered), "ragged_all_to_all"
+      (each assignment only to the device holding its expert, and back) or
+      "auto" (the one `linen_moe._src.ep_traffic` models as cheaper; always
+      "all_gather" on a CPU, where the ragged exchange is emulated). Both
+      compute the same outputs and gradients.
     dtype: activation / compute dtype name.
     param_dtype: parameter storage dtype name (was `weight_dtype`, which
       still works until 0.3, with a DeprecationWarning).
@@ -204,6 +213,7 @@ class MoEConfig:
   drop_policy: str = _run("position")
   sparse_matmul: bool = _run(True)
   grouped_matmul: str = _run("auto")
+  expert_parallel: str = _run("auto")
   dtype: str = _run("float32")
   param_dtype: str = "float32"
   load_balance_loss_weight: float = _run(0.01)
@@ -262,6 +272,7 @@ class MoEConfig:
     _check_choice(self, "routing", ROUTINGS)
     _check_choice(self, "quantization", QUANTIZATIONS)
     _check_choice(self, "grouped_matmul", GROUPED_MATMUL_IMPLEMENTATIONS)
+    _check_choice(self, "expert_parallel", EXPERT_PARALLEL_STRATEGIES)
     _check_choice(self, "dtype", FLOAT_DTYPES)
     _check_choice(self, "param_dtype", FLOAT_DTYPES)
     for name in _FLOAT_FIELDS:

@@ -342,21 +342,23 @@ def collectives(text: str) -> list[Collective]:
   (`replica_groups=[2,4]<=[8]`) and explicit lists (`replica_groups=
   {{0,1},{2,3}}`, a collective-permute's `source_target_pairs`).
   """
-  found = []
-  for line in text.splitlines():
-    op = _COLLECTIVE.search(line)
-    if not op:
-      continue
-    name = line.split("=", 1)[0].strip().lstrip("%").removeprefix("ROOT ")
-    groups, axes = None, None
-    if mesh := _MESH_GROUPS.search(line):
-      groups, axes = _mesh_groups(mesh.group(1), mesh.group(2))
-    elif iota := _IOTA_GROUPS.search(line):
-      groups = _iota_groups(*iota.groups())
-    elif listed := _LIST_GROUPS.search(line):
-      groups = _list_groups(line, listed.end() - 1)
-    found.append(Collective(name, op.group(1), groups, axes))
-  return found
+  return [c for c in map(collective_of_line, text.splitlines()) if c]
+
+
+def collective_of_line(line: str) -> Collective | None:
+  """The collective one line of HLO text holds, or None."""
+  op = _COLLECTIVE.search(line)
+  if not op:
+    return None
+  name = line.split("=", 1)[0].strip().lstrip("%").removeprefix("ROOT ")
+  groups, axes = None, None
+  if mesh := _MESH_GROUPS.search(line):
+    groups, axes = _mesh_groups(mesh.group(1), mesh.group(2))
+  elif iota := _IOTA_GROUPS.search(line):
+    groups = _iota_groups(*iota.groups())
+  elif listed := _LIST_GROUPS.search(line):
+    groups = _list_groups(line, listed.end() - 1)
+  return Collective(name, op.group(1), groups, axes)
 
 
 def crosses_processes(op: Collective, process_of: list[int]) -> bool:
