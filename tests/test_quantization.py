@@ -382,6 +382,25 @@ class HloTest(absltest.TestCase):
     self.assertEqual(testing.quantized_types_at_contractions(text), set())
     self.assertLen(testing.contractions(text), 1)
 
+  def test_gemm_custom_calls_are_contractions(self):
+    # What XLA:GPU writes for an fp8 matmul (cuBLASLt), by hand: the GEMM is
+    # a custom call fed fp8 operands directly; the other custom call is not
+    # a contraction.
+    text = """HloModule m
+
+ENTRY %main (p0: f8e4m3fn[16,64], p1: f8e4m3fn[32,64]) -> f32[16,32] {
+  %p0 = f8e4m3fn[16,64]{1,0} parameter(0)
+  %p1 = f8e4m3fn[32,64]{1,0} parameter(1)
+  %one = f32[] constant(1)
+  %gemm = (f32[16,32]{1,0}, s8[33554432]{0}) custom-call(%p0, %p1, %one, %one), custom_call_target="__cublas$lt$matmul$f8"
+  %out = f32[16,32]{1,0} get-tuple-element(%gemm), index=0
+  ROOT %sort = f32[16,32]{1,0} custom-call(%out), custom_call_target="TopK"
+}
+"""
+    (gemm,) = testing.contractions(text)
+    self.assertEqual((gemm.name, gemm.opcode), ("gemm", "custom-call"))
+    self.assertEqual(gemm.quantized_inputs, {"f8e4m3fn"})
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -35,6 +35,9 @@ QUANTIZED_TYPES = frozenset().union(
     {"u8", "s4", "u4", "f8e4m3b11fnuz", "f8e4m3", "f8e3m4"},
 )
 CONTRACTIONS = frozenset({"dot", "convolution", "ragged-dot"})
+# Custom calls that are GEMMs: what XLA:GPU rewrites dots into (cuBLAS,
+# cuBLASLt, its fp8 matmul, cuDNN's); they count as contractions.
+_GEMM_TARGET = re.compile(r"gemm|matmul", re.IGNORECASE)
 # The walk stops at these: they do not pass an operand's type through.
 _OPAQUE = CONTRACTIONS | {
     "reduce",
@@ -68,6 +71,7 @@ class Instruction:
   parameter: int | None  # the parameter number, for `parameter` ops
   index: int | None  # the element a `get-tuple-element` takes
   op_name: str  # the JAX op path from the metadata, "" when absent
+  target: str = ""  # a custom call's custom_call_target
 
 
 def _matching_paren(text: str, open_index: int, pair: str = "()") -> int:
@@ -95,6 +99,7 @@ def _parse_instruction(line: str, computation: str) -> Instruction | None:
   close = _matching_paren(rest, len(opcode))
   args, attributes = rest[len(opcode) + 1 : close], rest[close:]
   op_name = re.search(r'op_name="([^"]*)"', attributes)
+  target = re.search(r'custom_call_target="([^"]*)"', attributes)
   index = re.search(r"\bindex=(\d+)", attributes)
   is_tuple = type_text.startswith("(")
   return Instruction(
@@ -114,7 +119,15 @@ def _parse_instruction(line: str, computation: str) -> Instruction | None:
       if index and opcode == "get-tuple-element"
       else None,
       op_name=op_name.group(1) if op_name else "",
+      target=target.group(1) if target else "",
   )
+
+
+def is_contraction(inst: Instruction) -> bool:
+  """A dot, convolution or ragged-dot, or a custom call that is a GEMM."""
+  if inst.opcode == "custom-call":
+    return bool(_GEMM_TARGET.search(inst.target))
+  return inst.opcode in CONTRACTIONS
 
 
 def parse_hlo(text: str) -> dict[str, Instruction]:
@@ -133,11 +146,12 @@ def parse_hlo(text: str) -> dict[str, Instruction]:
 
 @dataclasses.dataclass(frozen=True)
 class Contraction:
-  """A dot, convolution or ragged-dot, and what feeds it.
+  """A dot, convolution, ragged-dot or GEMM custom call, and what feeds it.
 
   Attributes:
     name: the HLO instruction name.
-    opcode: "dot", "convolution" or "ragged-dot".
+    opcode: "dot", "convolution", "ragged-dot" or "custom-call" (a GEMM
+      target: cuBLAS, cuBLASLt, cuDNN).
     op_name: the JAX op path from the metadata ("" when XLA dropped it), e.g.
       ".../RoutedMoE.contract/wo_dot/..."; "transpose(" in it marks a backward
       contraction.
@@ -204,7 +218,7 @@ def contractions(text: str) -> list[Contraction]:
           ),
       )
       for inst in instructions.values()
-      if inst.opcode in CONTRACTIONS
+      if is_contraction(inst)
   ]
 
 
