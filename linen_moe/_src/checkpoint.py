@@ -449,8 +449,8 @@ def export(
 
 
 def load_export(path: str | os.PathLike) -> tuple[dict, dict]:
-  """(variables, metadata) of an `export`ed checkpoint, on the default
-  device."""
+  """(variables, metadata) of a checkpoint written by `export`, on the
+  default device."""
   path = os.path.abspath(os.fspath(path))
   checkpointer = ocp.StandardCheckpointer()
   try:
