@@ -27,6 +27,7 @@ from linen_moe._src.config import load_config as load_config  # deprecated
 from linen_moe._src.config import load_model_config
 from linen_moe._src.config import load_moe_config
 from linen_moe._src.expert import SharedExpert
+from linen_moe._src.grouped_kernels import KernelFallbackWarning
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.decoder import scanned_to_unrolled
 from linen_moe._src.models.decoder import unrolled_to_scanned
@@ -61,6 +62,7 @@ __all__ = [
     "STATE_COLLECTIONS",
     "UPDATED_BY_RULE",
     "Decoder",
+    "KernelFallbackWarning",
     "MarkovData",
     "MoEAux",
     "MoEConfig",

@@ -6,7 +6,6 @@ grouped-matmul kernels on a CPU (`kernels_on_cpu`).
 Stable like the rest of the public API, but not needed to train or serve.
 """
 
-from linen_moe._src.grouped_kernels import KernelFallbackWarning
 from linen_moe._src.grouped_kernels import kernels_on_cpu
 from linen_moe._src.hlo import COLLECTIVES
 from linen_moe._src.hlo import CONTRACTIONS
@@ -35,7 +34,6 @@ __all__ = [
     "CollectiveBytes",
     "Contraction",
     "Instruction",
-    "KernelFallbackWarning",
     "all_gather_shapes",
     "collective_bytes",
     "collective_counts",

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 # Optional packages -> the extra of this project that installs them.
-EXTRAS = {"matplotlib": "bench", "hypothesis": "test"}
+EXTRAS = {"matplotlib": "bench", "hypothesis": "test", "tokamax": "kernels"}
 
 
 class RunStopped(Exception):

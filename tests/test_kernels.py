@@ -107,7 +107,7 @@ class KernelChecks(parameterized.TestCase):
           g64 = np.asarray(g, np.float64)
           tol = TOLERANCE[dtype]
           np.testing.assert_allclose(
-              g64, np.asarray(w, np.float64), what, **tol
+              g64, np.asarray(w, np.float64), err_msg=what, **tol
           )
           np.testing.assert_allclose(g64, o, err_msg=what, **tol)
         out, dlhs, drhs = got[name]
