@@ -11,22 +11,25 @@ import dataclasses
 import importlib.resources
 import math
 import os
+from typing import TYPE_CHECKING
 from typing import Any
 import warnings
 
-import jax.numpy as jnp
 import yaml
 
-from linen_moe._src import activations
+# No jax at import: the command line's --help reads QUANTIZATIONS and
+# available_configs(). The activations and grouped matmuls (which import
+# jax) are read when a config is validated; the quantization modes' table
+# and the traffic model import none.
 from linen_moe._src import ep_traffic
-from linen_moe._src import grouped_matmul
 from linen_moe._src.quantization_modes import QUANTIZATIONS
 from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS
 
-ACTIVATIONS = tuple(activations.ACTIVATIONS)
+if TYPE_CHECKING:
+  import jax.numpy as jnp
+
 ROUTINGS = ("topk_then_softmax", "softmax_then_topk", "sigmoid_then_topk")
 DROP_POLICIES = ("position", "probability")
-GROUPED_MATMUL_IMPLEMENTATIONS = grouped_matmul.IMPLEMENTATIONS
 EXPERT_PARALLEL_STRATEGIES = ep_traffic.STRATEGIES
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -249,14 +252,18 @@ class MoEConfig:
           self.num_experts_per_tok,
           f"must be <= num_experts={self.num_experts}",
       )
+    from linen_moe._src import activations  # noqa: PLC0415 (imports jax)
+    from linen_moe._src import grouped_matmul  # noqa: PLC0415 (imports jax)
+
     acts = tuple(self.mlp_activations)
     object.__setattr__(self, "mlp_activations", acts)
-    if len(acts) != 2 or acts[0] not in ACTIVATIONS or acts[1] != "linear":
+    names = tuple(activations.ACTIVATIONS)
+    if len(acts) != 2 or acts[0] not in names or acts[1] != "linear":
       _fail(
           cls,
           "mlp_activations",
           acts,
-          f"expected (activation, 'linear') with activation in {ACTIVATIONS}",
+          f"expected (activation, 'linear') with activation in {names}",
       )
     for name in ("shared_experts", "shared_mlp_dim"):
       value = getattr(self, name)
@@ -271,7 +278,7 @@ class MoEConfig:
       )
     _check_choice(self, "routing", ROUTINGS)
     _check_choice(self, "quantization", QUANTIZATIONS)
-    _check_choice(self, "grouped_matmul", GROUPED_MATMUL_IMPLEMENTATIONS)
+    _check_choice(self, "grouped_matmul", grouped_matmul.IMPLEMENTATIONS)
     _check_choice(self, "expert_parallel", EXPERT_PARALLEL_STRATEGIES)
     _check_choice(self, "dtype", FLOAT_DTYPES)
     _check_choice(self, "param_dtype", FLOAT_DTYPES)
@@ -365,6 +372,8 @@ class MoEConfig:
         DeprecationWarning,
         stacklevel=2,
     )
+    import jax.numpy as jnp  # noqa: PLC0415
+
     return jnp.dtype(self.dtype)
 
   @property

@@ -1,4 +1,6 @@
-"""The quantization modes' facts, in one table. Imports only jax.numpy.
+"""The quantization modes' facts, in one table. Imports no jax (the command
+line's --help reads it): element types are held by name, as numpy spells
+them, and made dtypes when asked for.
 
 Every module that needs to know what a mode is reads it here: the config
 (which names exist, which can serve), the contraction factory, the stored
@@ -36,18 +38,24 @@ import dataclasses
 import re
 from typing import Any
 
-import jax.numpy as jnp
-
 # Per-output-channel scales (int8) or one scale per tensor plus the scale the
 # input is quantized with (fp8): `QuantizationMode.storage_scales`.
 PER_CHANNEL = "per_channel"
 PER_TENSOR = "per_tensor"
 
 
+def _dtype(name: str | None):
+  if name is None:
+    return None
+  import jax.numpy as jnp  # noqa: PLC0415 (no jax at import)
+
+  return jnp.dtype(name)
+
+
 def hlo_type_name(dtype: Any) -> str:
-  """The HLO element-type name of a numpy/jax dtype: int8 -> "s8",
+  """The HLO element-type name of a dtype or dtype name: int8 -> "s8",
   float8_e4m3fn -> "f8e4m3fn", bfloat16 -> "bf16", float32 -> "f32"."""
-  name = jnp.dtype(dtype).name
+  name = dtype if isinstance(dtype, str) else _dtype_name(dtype)
   if name == "bool":
     return "pred"
   if name == "bfloat16":
@@ -61,58 +69,83 @@ def hlo_type_name(dtype: Any) -> str:
   return prefix[match.group(1)] + match.group(2)
 
 
+def _dtype_name(dtype: Any) -> str:
+  import jax.numpy as jnp  # noqa: PLC0415 (no jax at import)
+
+  return jnp.dtype(dtype).name
+
+
 @dataclasses.dataclass(frozen=True)
 class QuantizationMode:
   """What one value of `MoEConfig.quantization` does (see the module table).
 
+  Element types are numpy names ("int8", "float8_e4m3fn"); the `*_dtype`
+  properties give them as dtypes.
+
   Attributes:
     name: the config value.
-    forward_dtype: element type both operands of an expert contraction are
+    forward: element type both operands of an expert contraction are
       quantized to in the forward; None when unquantized.
-    gradient_dtype: element type of the quantized cotangent in the input
+    gradient: element type of the quantized cotangent in the input
       gradient; None when the backward is float.
-    storage_dtype: element type a serving layer stores expert kernels in;
-      None when the mode cannot serve converted weights.
+    storage: element type a serving layer stores expert kernels in; None
+      when the mode cannot serve converted weights.
     storage_scales: `PER_CHANNEL` or `PER_TENSOR` (with an input scale);
       None without storage.
     needs_rng: taking a gradient (of its einsums) needs an RNG in
       `AQT_RNG_STREAM`.
     keeps_state: contractions keep fp8 delayed-scaling state in
       `OVERWRITE_WITH_GRADIENT`.
-    grouped_operand_dtype: element type the training mode's grouped matmul
-      is given; None for the float compute dtype.
+    grouped_operand: element type the training mode's grouped matmul is
+      given; None for the float compute dtype.
   """
 
   name: str
-  forward_dtype: Any = None
-  gradient_dtype: Any = None
-  storage_dtype: Any = None
+  forward: str | None = None
+  gradient: str | None = None
+  storage: str | None = None
   storage_scales: str | None = None
   needs_rng: bool = False
   keeps_state: bool = False
-  grouped_operand_dtype: Any = None
+  grouped_operand: str | None = None
+
+  @property
+  def forward_dtype(self):
+    return _dtype(self.forward)
+
+  @property
+  def gradient_dtype(self):
+    return _dtype(self.gradient)
+
+  @property
+  def storage_dtype(self):
+    return _dtype(self.storage)
+
+  @property
+  def grouped_operand_dtype(self):
+    return _dtype(self.grouped_operand)
 
   @property
   def quantized(self) -> bool:
-    return self.forward_dtype is not None
+    return self.forward is not None
 
   @property
   def serves(self) -> bool:
     """A serving layer can store its kernels converted in this mode."""
-    return self.storage_dtype is not None
+    return self.storage is not None
 
   @property
   def hlo_forward_type(self) -> str | None:
-    """HLO name of `forward_dtype` ("s8", "f8e4m3fn", ...)."""
-    return _hlo_or_none(self.forward_dtype)
+    """HLO name of `forward` ("s8", "f8e4m3fn", ...)."""
+    return _hlo_or_none(self.forward)
 
   @property
   def hlo_gradient_type(self) -> str | None:
-    return _hlo_or_none(self.gradient_dtype)
+    return _hlo_or_none(self.gradient)
 
   @property
   def hlo_storage_type(self) -> str | None:
-    return _hlo_or_none(self.storage_dtype)
+    return _hlo_or_none(self.storage)
 
   @property
   def hlo_types(self) -> frozenset[str]:
@@ -126,13 +159,13 @@ def _hlo_or_none(dtype) -> str | None:
   return None if dtype is None else hlo_type_name(dtype)
 
 
-def _fp8(name: str, e4m3, e5m2) -> QuantizationMode:
+def _fp8(name: str, e4m3: str, e5m2: str) -> QuantizationMode:
   """A delayed-scaling fp8 mode: e4m3 forward and storage, e5m2 gradient."""
   return QuantizationMode(
       name,
-      forward_dtype=jnp.dtype(e4m3),
-      gradient_dtype=jnp.dtype(e5m2),
-      storage_dtype=jnp.dtype(e4m3),
+      forward=e4m3,
+      gradient=e5m2,
+      storage=e4m3,
       storage_scales=PER_TENSOR,
       keeps_state=True,
   )
@@ -144,15 +177,15 @@ MODES: dict[str, QuantizationMode] = {
         QuantizationMode("none"),
         QuantizationMode(
             "int8",
-            forward_dtype=jnp.dtype(jnp.int8),
-            gradient_dtype=jnp.dtype(jnp.int8),
-            storage_dtype=jnp.dtype(jnp.int8),
+            forward="int8",
+            gradient="int8",
+            storage="int8",
             storage_scales=PER_CHANNEL,
             needs_rng=True,
-            grouped_operand_dtype=jnp.dtype(jnp.int8),
+            grouped_operand="int8",
         ),
-        _fp8("fp8", jnp.float8_e4m3fn, jnp.float8_e5m2),
-        _fp8("nanoo_fp8", jnp.float8_e4m3fnuz, jnp.float8_e5m2fnuz),
+        _fp8("fp8", "float8_e4m3fn", "float8_e5m2"),
+        _fp8("nanoo_fp8", "float8_e4m3fnuz", "float8_e5m2fnuz"),
     )
 }
 
@@ -162,7 +195,11 @@ QUANTIZED = tuple(n for n, m in MODES.items() if m.quantized)
 SERVING_QUANTIZATIONS = tuple(n for n, m in MODES.items() if m.serves)
 # Modes with fp8 delayed-scaling state.
 FP8_QUANTIZATIONS = tuple(n for n, m in MODES.items() if m.keeps_state)
-STORAGE_DTYPES = {n: m.storage_dtype for n, m in MODES.items() if m.serves}
+
+
+def storage_dtypes() -> dict[str, Any]:
+  """{mode: the dtype a serving layer stores its expert kernels in}."""
+  return {n: m.storage_dtype for n, m in MODES.items() if m.serves}
 
 
 def get_mode(name: str) -> QuantizationMode:

@@ -50,8 +50,9 @@ from linen_moe._src.quantization import Int8Einsum
 from linen_moe._src.quantization_modes import MODES
 from linen_moe._src.quantization_modes import PER_CHANNEL
 from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS
-from linen_moe._src.quantization_modes import STORAGE_DTYPES
+from linen_moe._src.quantization_modes import storage_dtypes
 
+STORAGE_DTYPES = storage_dtypes()
 SCALE_SUFFIX = "_scale"
 INPUT_SCALE_SUFFIX = "_input_scale"
 
