@@ -45,14 +45,15 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from linen_moe._src import layer_stack
 from linen_moe._src.checkpoint_tree import FP8_PREFIX
 from linen_moe._src.checkpoint_tree import VARIABLES
 from linen_moe._src.checkpoint_tree import Path
 from linen_moe._src.checkpoint_tree import abstract
-from linen_moe._src.checkpoint_tree import layer_layout
-from linen_moe._src.checkpoint_tree import relayout
+from linen_moe._src.checkpoint_tree import layer_plan
 from linen_moe._src.checkpoint_tree import relayout_abstract
 from linen_moe._src.config import ModelConfig
+from linen_moe._src.config import MoEConfig
 from linen_moe._src.config import run_fields
 
 STATE, META = "state", "meta"
@@ -76,10 +77,23 @@ def config_dict(config: ModelConfig) -> dict[str, Any]:
   return {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
 
 
+def _field_defaults() -> dict[str, Any]:
+  """The JSON defaults of the config fields that have one."""
+  out = {}
+  for cls in (MoEConfig, ModelConfig):
+    for f in dataclasses.fields(cls):
+      if f.default is not dataclasses.MISSING:
+        value = f.default
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+  return out
+
+
 def check_model_config(saved: Mapping[str, Any], config: ModelConfig, where):
   """Raises ValueError unless `config` is the model `saved` describes (a
   `config_dict`); the `RUN_FIELDS` may differ."""
   current = config_dict(config)
+  # A field added after the checkpoint was written has its default there.
+  saved = {**_field_defaults(), **saved}
   diffs = [
       f"{k}={saved.get(k, '<absent>')!r} there, {current.get(k, '<absent>')!r}"
       " here"
@@ -340,13 +354,15 @@ class Checkpoints:
     saved = self.saved_leaves(step)
     want = traverse_util.flatten_dict(abstract(dict(target)))
     read, convert = want, None
-    (scanned, layers), (saved_scanned, saved_layers) = (
-        layer_layout(want),
-        layer_layout(saved),
-    )
-    if None not in (scanned, saved_scanned) and scanned != saved_scanned:
-      convert = (scanned, layers or saved_layers)
-      read = relayout_abstract(want, saved_scanned, convert[1])
+    plans = layer_plan(want), layer_plan(saved)
+    if None not in plans and plans[0] != plans[1]:
+      if plans[0].num_layers != plans[1].num_layers:
+        raise ValueError(
+            f"Checkpoint {where} does not fit the model: it holds "
+            f"{plans[1].num_layers} layers, the model {plans[0].num_layers}."
+        )
+      convert = (plans[1], plans[0])  # saved layout -> wanted layout
+      read = relayout_abstract(want, plans[0], plans[1])
     fp8 = lambda p: p[:2] == FP8_PREFIX  # noqa: E731
     fresh = False
     if fresh_fp8_state:
@@ -376,7 +392,7 @@ class Checkpoints:
           p: v.sharding for p, v in want.items() if not (fresh and fp8(p))
       }
       tree = jax.jit(
-          lambda t: relayout(t, *convert),
+          lambda t: layer_stack.convert(t, *convert),
           out_shardings=traverse_util.unflatten_dict(shardings),
       )(tree)
     flat = traverse_util.flatten_dict(tree)

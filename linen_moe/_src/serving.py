@@ -44,6 +44,8 @@ from flax.linen import fp8_ops
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src import expert
+from linen_moe._src import layer_stack
 from linen_moe._src import sharding
 from linen_moe._src import stored_weights
 from linen_moe._src.config import SERVING_QUANTIZATIONS
@@ -53,41 +55,45 @@ from linen_moe._src.int8_grouped import quantize_int8
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 
 PyTree = Any
-KERNELS = ("wi_0", "wi_1", "wo")
+KERNELS = expert.KERNELS
 ROUTED, SHARED = "routed", "shared"
 
 
-def _expert_nodes(config: MoEConfig | ModelConfig, params: Mapping):
-  """[(path, kind, leading_axes)] of every expert module in `params`."""
-  if isinstance(config, ModelConfig):
-    if config.scan_layers:
-      blocks = [(("layers",), (config.num_layers,))]
-    else:
-      blocks = [((f"layers_{i}",), ()) for i in range(config.num_layers)]
-    nodes = []
-    for block, lead in blocks:
-      if config.shared_in_moe:
-        nodes.append(((*block, "moe", "routed_experts"), ROUTED, lead))
-        nodes.append(((*block, "moe", "shared_experts"), SHARED, lead))
-        continue
-      nodes.append(((*block, "moe"), ROUTED, lead))
-      if config.moe.shared_experts > 0:
-        nodes.append(((*block, "shared_experts"), SHARED, lead))
-    return nodes
-  if "routed_experts" in params:  # RoutedAndSharedMoE
-    nodes = [(("routed_experts",), ROUTED, ())]
-    if config.shared_experts > 0:
-      nodes.append((("shared_experts",), SHARED, ()))
-    return nodes
-  return [((), ROUTED, ())]
+def _expert_nodes(params: Mapping, path: tuple[str, ...] = ()):
+  """[(path, kind)] of every module in `params` that holds expert kernels,
+  found by the layer's own naming wherever it sits: all of `KERNELS` with
+  the router beside them is a routed layer [..., E, ...], without it one
+  gated MLP (a shared expert, a dense layer's MLP)."""
+  if not isinstance(params, Mapping):
+    return []
+  if all(k in params for k in KERNELS):
+    return [(path, ROUTED if expert.ROUTER in params else SHARED)]
+  return [
+      node
+      for key in sorted(params)
+      for node in _expert_nodes(params[key], (*path, key))
+  ]
 
 
-def _kernel_shapes(moe: MoEConfig, kind: str) -> dict[str, tuple[int, ...]]:
-  e, m, h = moe.num_experts, moe.emb_dim, moe.moe_mlp_dim
+def _check_layers(config: ModelConfig, params: Mapping) -> None:
+  """The layer subtrees `config.stack_plan` puts in a decoder's params."""
+  plan = config.stack_plan
+  names = [layer_stack.layer_name(i) for i in plan.before + plan.after]
+  if plan.scanned:
+    names.append(layer_stack.STACK)
+  for name in names:
+    _get(params, (name,), "params")
+
+
+def _kernel_shapes(moe: MoEConfig, kind: str, node: Mapping) -> dict:
+  """{name: (rank, expected trailing shape)} of the kernels of a node."""
+  m = moe.emb_dim
   if kind == ROUTED:
-    return {"wi_0": (e, m, h), "wi_1": (e, m, h), "wo": (e, h, m)}
-  f = moe.shared_experts * moe.shared_mlp_dim
-  return {"wi_0": (m, f), "wi_1": (m, f), "wo": (f, m)}
+    shapes = expert.kernel_shapes(m, moe.moe_mlp_dim, moe.num_experts)
+    return {k: (expert.ROUTED_RANK, v) for k, v in shapes.items()}
+  width = node["wo"].shape[-2]  # a shared expert's or a dense layer's F
+  shapes = expert.kernel_shapes(m, width)
+  return {k: (expert.MLP_RANK, v) for k, v in shapes.items()}
 
 
 def _get(tree: Mapping, path: tuple[str, ...], what: str) -> Mapping:
@@ -103,7 +109,7 @@ def _get(tree: Mapping, path: tuple[str, ...], what: str) -> Mapping:
   return node
 
 
-def _check_kernel(path: str, kernel, shape: tuple[int, ...]) -> None:
+def _check_kernel(path: str, kernel, rank: int, shape) -> None:
   dtype = jnp.dtype(kernel.dtype)
   if dtype in stored_weights.STORAGE_DTYPES.values():
     raise ValueError(
@@ -112,10 +118,10 @@ def _check_kernel(path: str, kernel, shape: tuple[int, ...]) -> None:
     )
   if not jnp.issubdtype(dtype, jnp.floating):
     raise ValueError(f"params/{path} must be a float kernel; got {dtype}.")
-  if tuple(kernel.shape) != shape:
+  if tuple(kernel.shape[kernel.ndim - rank :]) != shape:
     raise ValueError(
         f"params/{path} has shape {tuple(kernel.shape)}; the config expects "
-        f"{shape}."
+        f"{shape} (after any stacked layer axes)."
     )
 
 
@@ -134,7 +140,9 @@ def _implied_scale(state: Mapping | None, role: str, fallback, fp8_max):
 
 
 def _convert_kernel(mode: str, kernel, rank: int, state: Mapping | None):
-  """{name: array} of one stored kernel (values and scales)."""
+  """{suffix: array} of one stored kernel (values under "", scales) of a
+  float `kernel` whose last `rank` axes are one kernel (the axes before:
+  stacked layers); `state` the call site's fp8 state, or None."""
   kernel = jnp.asarray(kernel, jnp.float32)
   if mode == "int8":
     values, scale = quantize_int8(kernel, axis=kernel.ndim - 2)
@@ -157,7 +165,8 @@ def _convert_kernel(mode: str, kernel, rank: int, state: Mapping | None):
   }
 
 
-_convert = jax.jit(_convert_kernel, static_argnums=(0, 2))
+# Jitted, and shared with the checkpoint loaders that quantize as they read.
+convert_kernel = jax.jit(_convert_kernel, static_argnums=(0, 2))
 
 
 def _copy(tree: Mapping) -> dict:
@@ -213,21 +222,29 @@ def quantize_weights(
   params = _copy(variables["params"])
   fp8_state = variables.get(OVERWRITE_WITH_GRADIENT, {})
   mode = moe.quantization
-  for path, kind, lead in _expert_nodes(config, params):
+  if isinstance(config, ModelConfig):
+    _check_layers(config, params)
+  nodes = _expert_nodes(params)
+  if not any(kind == ROUTED for _, kind in nodes):
+    raise ValueError(
+        "params holds no routed experts (a module with "
+        f"{(expert.ROUTER, *KERNELS)}); nothing to convert."
+    )
+  checked = []
+  for path, kind in nodes:
     node = _get(params, path, "params")
-    shapes = _kernel_shapes(moe, kind)
+    shapes = _kernel_shapes(moe, kind, node)
     for name in KERNELS:
-      _check_kernel(
-          "/".join((*path, name)),
-          _get(node, (name,), "/".join(("params", *path))),
-          (*lead, *shapes[name]),
-      )
+      rank, shape = shapes[name]
+      _check_kernel("/".join((*path, name)), node[name], rank, shape)
+    checked.append((node, path, kind, shapes))
+  for node, path, kind, shapes in checked:
     for name in KERNELS:
       state = None
       if kind == ROUTED and mode != "int8":
         site = (*path, f"{name}_dot")
         state = _find(fp8_state, site)
-      stored = _convert(mode, node.pop(name), len(shapes[name]), state)
+      stored = convert_kernel(mode, node.pop(name), shapes[name][0], state)
       for suffix, value in stored.items():
         node[name + suffix] = value
   serve_variables = {

@@ -214,7 +214,9 @@ def make_train_step(
     )
     rule_state = state.rule_state
     if rate > 0:
-      rule_state = routed_bias_rule(rule_state, metrics["expert_load"], rate)
+      rule_state = routed_bias_rule(
+          rule_state, metrics["expert_load"], rate, model.config.stack_plan
+      )
     new = state.replace(
         params=optax.apply_updates(state.params, updates),
         fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
