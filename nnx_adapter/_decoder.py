@@ -20,7 +20,9 @@ from linen_moe._src.models.blocks import DecoderBlock
 from linen_moe._src.models.blocks import per_layer_aux
 from linen_moe._src.models.blocks import stack_body
 from linen_moe._src.models.norms import RMSNorm
+from linen_moe._src.variables import CACHE
 from linen_moe._src.variables import rng_dict
+from nnx_adapter._adapter import Cache
 from nnx_adapter._adapter import EagerToNNX
 
 PyTree = dict[str, Any]
@@ -78,10 +80,17 @@ class Decoder(nnx.Module):
       *,
       rngs: nnx.Rngs,
       sample_shape: tuple[int, int] = (1, 8),
+      decode: bool = False,
   ):
-    """`sample_shape` [B, S] only sizes the sample inputs of the eager init;
-    no variable of this decoder depends on it."""
+    """`sample_shape` [B, S] sizes the sample inputs of the eager init; no
+    parameter depends on it. With `decode` the blocks keep a KV cache
+    (`Cache` variables, the Linen decoder's `cache` collection) of
+    `sample_shape` [B, max_len], and `index`, the tokens in it: each call
+    appends its tokens at the next positions (see `greedy_generate`)."""
     self.config = config
+    self.decode = decode
+    if decode:
+      self.index = Cache(jnp.zeros((), jnp.int32))
     moe = config.moe
     tokens = jnp.zeros(sample_shape, jnp.int32)  # [B, S]
     x = jnp.zeros((*sample_shape, moe.emb_dim), moe.dtype)  # [B, S, M]
@@ -91,14 +100,14 @@ class Decoder(nnx.Module):
     self.embed = EagerToNNX(linen_decoder.embedding(config), tokens, rngs=rngs)
     plan, kinds = config.stack_plan, config.layer_kinds
     for i in plan.before + plan.after:
-      block = DecoderBlock(config, kind=kinds[i])
+      block = DecoderBlock(config, decode, kinds[i])
       setattr(
           self,
           layer_stack.layer_name(i),
           EagerToNNX(block, x, positions, rngs=rngs),
       )
     if plan.scanned:
-      body, fields = stack_body(config)
+      body, fields = stack_body(config, decode)
 
       @nnx.split_rngs(splits=plan.repeats)
       @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=LAYERS_AXIS)
@@ -114,15 +123,23 @@ class Decoder(nnx.Module):
     """`rng` feeds every RNG stream the blocks draw from at apply time (AQT
     int8 needs it whenever gradients are taken); one key per layer."""
     cfg = self.config
+    tokens = jnp.asarray(tokens)
     linen_decoder.check_tokens(tokens)
     x = linen_decoder.scale_embeddings(self.embed(tokens), cfg)  # [B, S, M]
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    start = 0
+    if self.decode:
+      start = self.index.get_value()
+      self.index.set_value(start + tokens.shape[1])
+    positions = jnp.broadcast_to(
+        start + jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape
+    )
     plan = cfg.stack_plan
     keys = None if rng is None else jax.random.split(rng, cfg.num_layers)
+    mutable = [CACHE] if self.decode else False
 
     def apply_block(block, x, key):
       rngs = None if key is None else nnx.Rngs(**rng_dict(key))
-      return block(x, positions, rngs=rngs)
+      return block(x, positions, rngs=rngs, mutable=mutable)
 
     def unrolled(x, layers):
       outs = []

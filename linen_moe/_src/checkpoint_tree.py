@@ -140,16 +140,22 @@ def relayout(
     num_layers: int | layer_stack.StackPlan,
 ) -> dict:
   """`tree` with every decoder layer stack converted, wherever it sits
-  (variables, optimizer moments): `scanned` stacks the unrolled `layers_0..`
-  as the plan says, otherwise splits the plan's stack. `num_layers` is the
+  (variables, optimizer moments): `scanned` stacks the layers as the plan
+  says, otherwise unrolls them (the tree's own layout, read off it, may be
+  either). `num_layers` is the
   plan (`ModelConfig.stack_plan` of the scanned decoder) or a layer count,
   for one stack of every layer."""
   plan = num_layers
   if not isinstance(plan, layer_stack.StackPlan):
     plan = layer_stack.StackPlan.uniform(num_layers)
+  source = layer_plan(traverse_util.flatten_dict(dict(tree)))
+  if source is None:
+    return dict(tree)
   if scanned:
-    return layer_stack.to_scanned(dict(tree), plan)
-  return layer_stack.to_unrolled(dict(tree), plan)
+    return layer_stack.convert(dict(tree), source, plan)
+  return layer_stack.convert(
+      dict(tree), source, layer_stack.StackPlan(plan.num_layers)
+  )
 
 
 def _restacked_sharding(sharding: Any, stacked: bool) -> Any:

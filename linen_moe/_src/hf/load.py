@@ -159,7 +159,7 @@ def _stored_kernel(path: Path, node: Mapping) -> tuple[str, str] | None:
     for suffix in suffixes:
       if path[-1] == name + suffix:
         values = node.get(name)
-        if values is not None and values.dtype in (
+        if getattr(values, "dtype", None) in (
             stored_weights.STORAGE_DTYPES.values()
         ):
           return name, suffix
@@ -236,9 +236,11 @@ class _Loader:
 
   def params(self, abstract_params: Mapping) -> dict:
     flat = traverse_util.flatten_dict(sharding_lib.unbox(dict(abstract_params)))
-    nodes: dict[Path, dict] = {}
+    nodes: dict[Path, dict] = {}  # module path -> {child name: leaf}
     for path, leaf in flat.items():
       nodes.setdefault(path[:-1], {})[path[-1]] = leaf
+      for k in range(len(path) - 1):
+        nodes.setdefault(path[:k], {}).setdefault(path[k], None)
     out = {}
     for path, leaf in flat.items():
       stored = _stored_kernel(path, nodes[path[:-1]])
