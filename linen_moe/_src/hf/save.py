@@ -65,7 +65,7 @@ class _Layers:
     self.flat = traverse_util.flatten_dict(sharding_lib.unbox(dict(params)))
     self.plan = layer_stack.plan_of_tree(self.flat)
     self.where: dict[Path, tuple[Path, int | None]] = {}
-    for path, leaf in self.flat.items():
+    for path in self.flat:
       rows = (
           None if self.plan is None else layer_stack.layer_rows(path, self.plan)
       )
