@@ -225,38 +225,44 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
   balance = 0.0
   if hf.get("output_router_logits", False):
     balance = float(hf.get("router_aux_loss_coef", 0.001))
-  moe = MoEConfig(
-      num_experts=_int(hf, experts_field),
-      num_experts_per_tok=_int(hf, "num_experts_per_tok"),
-      emb_dim=emb,
-      moe_mlp_dim=_int(hf, family.expert_width_field),
-      mlp_activations=(ACTIVATIONS[act], "linear"),
-      # softmax over every expert in float32, top-k, renormalised or not.
-      routing="softmax_then_topk",
-      norm_topk_prob=bool(hf.get("norm_topk_prob", family.norm_topk_prob)),
-      load_balance_loss_weight=balance,
-      dtype=dtype,
-      param_dtype=dtype,
-  )
   dense_width = 0
   if dense:
     dense_width = _int(hf, family.dense_width_field)
-  return ModelConfig(
-      moe=moe,
-      vocab_size=_int(hf, "vocab_size"),
-      num_layers=layers,
-      num_heads=heads,
-      head_dim=head_dim,
-      rope_max_wavelength=_rope_theta(hf, family),
-      norm_eps=float(eps),
-      num_kv_heads=kv_heads,
-      qk_norm=family.qk_norm,
-      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      scale_embeddings=False,
-      sliding_window=_sliding_window(hf, family),
-      dense_layers=dense,
-      dense_mlp_dim=dense_width,
-  )
+  experts, top_k = _int(hf, experts_field), _int(hf, "num_experts_per_tok")
+  width, vocab = _int(hf, family.expert_width_field), _int(hf, "vocab_size")
+  theta, window = _rope_theta(hf, family), _sliding_window(hf, family)
+  try:
+    moe = MoEConfig(
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        emb_dim=emb,
+        moe_mlp_dim=width,
+        mlp_activations=(ACTIVATIONS[act], "linear"),
+        # softmax over every expert in float32, top-k, renormalised or not.
+        routing="softmax_then_topk",
+        norm_topk_prob=bool(hf.get("norm_topk_prob", family.norm_topk_prob)),
+        load_balance_loss_weight=balance,
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+    return ModelConfig(
+        moe=moe,
+        vocab_size=vocab,
+        num_layers=layers,
+        num_heads=heads,
+        head_dim=head_dim,
+        rope_max_wavelength=theta,
+        norm_eps=float(eps),
+        num_kv_heads=kv_heads,
+        qk_norm=family.qk_norm,
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        scale_embeddings=False,
+        sliding_window=window,
+        dense_layers=dense,
+        dense_mlp_dim=dense_width,
+    )
+  except ValueError as e:
+    raise ValueError(f"config.json describes no valid model: {e}") from e
 
 
 def _unsupported(config: ModelConfig, family: Family) -> list[str]:
