@@ -11,6 +11,7 @@ by the Linen train step here and by the NNX train step in `nnx_adapter`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Mapping
 import dataclasses
 from typing import Any
 
@@ -151,6 +152,23 @@ def boxed_train_state(
   """The initial state with parameters (and their optimizer moments) still in
   their `nn.LogicallyPartitioned` boxes, for computing shardings."""
   variables = model.init(rng, tokens)
+  params = variables["params"]
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
+      opt_state=optimizer.init(params),
+      rule_state=variables.get(UPDATED_BY_RULE, {}),
+  )
+
+
+def train_state_from_variables(
+    variables: Mapping, optimizer: optax.GradientTransformation
+) -> TrainState:
+  """The initial state of a run that starts from given variables (e.g.
+  `linen_moe.hf.load_checkpoint`'s): their params, fp8 state and routed
+  biases, fresh optimizer moments, step 0."""
+  variables = sharding.unbox(dict(variables))
   params = variables["params"]
   return TrainState(
       step=jnp.zeros((), jnp.int32),
