@@ -24,6 +24,7 @@ from linen_moe import load_model_config
 from linen_moe import serving
 from linen_moe._src.hf.safetensors_io import Checkpoint
 import nnx_adapter
+from tests import workers
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 CONFIGS = pathlib.Path(__file__).parent.parent / "configs" / "hf"
@@ -148,6 +149,26 @@ class ServingOnLoadTest(parameterized.TestCase):
     logits, _ = jax.jit(Decoder(config).apply)(variables, ids)
     rel = np.linalg.norm(logits - expected) / np.linalg.norm(expected)
     self.assertLess(rel, SERVING_REL[mode])
+
+
+class MeshTest(absltest.TestCase):
+
+  def test_each_device_reads_its_rows_into_its_sharding(self):
+    # 8 simulated devices: embed over fsdp=2, experts over expert=2, heads
+    # and the expert width over tensor=2.
+    got = workers.run_json(
+        "tests.hf_mesh_worker",
+        "qwen3_moe_dense0_norm",
+        "fsdp=2,expert=2,tensor=2",
+    )
+    self.assertTrue(got["placed"])  # every leaf in its logical sharding
+    self.assertTrue(got["equal"])  # and equal to the one-device load
+    self.assertGreater(got["sharded_leaves"], 10)
+    # A device reads the rows of W [out, in] it owns, whole: at most the
+    # in-axis split (fsdp=2) times its shard; nothing like every device
+    # reading every tensor.
+    self.assertLessEqual(got["read_bytes"], 2 * got["shard_bytes"])
+    self.assertLess(got["read_bytes"], got["devices"] * got["model_bytes"] / 2)
 
 
 def _copy(name: str, tmp: str) -> pathlib.Path:
