@@ -38,8 +38,8 @@ def main(name: str, spec: str) -> None:
   read = {"bytes": 0}
   original = Checkpoint.read_rows
 
-  def counting(self, tensor, lead, lo, hi):
-    out = original(self, tensor, lead, lo, hi)
+  def counting(self, tensor, lead, lo, hi, out=None):
+    out = original(self, tensor, lead, lo, hi, out)
     read["bytes"] += out.nbytes
     return out
 

@@ -25,7 +25,6 @@ from linen_moe import PATHS
 from linen_moe import Decoder
 from linen_moe import decoding
 from linen_moe import hf
-from linen_moe import serving
 import nnx_adapter
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"

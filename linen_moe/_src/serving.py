@@ -43,6 +43,7 @@ from typing import Any
 from flax.linen import fp8_ops
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linen_moe._src import expert
 from linen_moe._src import layer_stack
@@ -51,6 +52,7 @@ from linen_moe._src import stored_weights
 from linen_moe._src.config import SERVING_QUANTIZATIONS
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.config import MoEConfig
+from linen_moe._src.int8_grouped import as_float32
 from linen_moe._src.int8_grouped import quantize_int8
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 
@@ -139,34 +141,72 @@ def _implied_scale(state: Mapping | None, role: str, fallback, fp8_max):
   return fp8_ops.compute_scale(amax, scale, fp8_max)
 
 
-def _convert_kernel(mode: str, kernel, rank: int, state: Mapping | None):
+def _fp8_scale(mode: str, amax):
+  """The scale of a kernel without fp8 state: max|kernel| / fp8_max (1 for
+  an all-zero kernel); `amax` [..., 1]."""
+  fp8_max = fp8_ops.get_fp8_max(
+      stored_weights.STORAGE_DTYPES[mode], jnp.float32
+  )
+  return jnp.where(amax > 0, amax / fp8_max, 1.0)
+
+
+def _fp8_values(mode: str, kernel, scale):
+  """The stored fp8 values of a float kernel with its (broadcast) scale."""
+  dtype = stored_weights.STORAGE_DTYPES[mode]
+  return fp8_ops.quantize(kernel, dtype, scale, jnp.float32)
+
+
+def fp8_values_host(mode: str, kernel: np.ndarray, scale) -> np.ndarray:
+  """`_fp8_values` in NumPy (ml_dtypes' round to nearest even, as XLA's
+  conversion), bit for bit (tested through the checkpoint loaders)."""
+  dtype = stored_weights.STORAGE_DTYPES[mode]
+  fp8_max = np.float32(fp8_ops.get_fp8_max(dtype, jnp.float32))
+  scaled = as_float32(kernel) / np.asarray(scale, np.float32)
+  return np.clip(scaled, -fp8_max, fp8_max).astype(dtype)
+
+
+def _amax(kernel, rank: int):
+  axes = tuple(range(kernel.ndim - rank, kernel.ndim))
+  return jnp.max(jnp.abs(kernel), axis=axes)[..., None]  # [..., 1]
+
+
+def _state_scales(mode: str, state: Mapping | None, own_scale):
+  fp8_max = fp8_ops.get_fp8_max(
+      stored_weights.STORAGE_DTYPES[mode], jnp.float32
+  )
+  scale = _implied_scale(state, "kernel", own_scale, fp8_max)
+  ones = jnp.ones_like(own_scale)
+  return scale, _implied_scale(state, "input", ones, fp8_max)
+
+
+# The conversion's steps, each jitted on its own: the checkpoint loaders
+# that quantize as they read call the same programs one expert at a time,
+# so their stored values are these, bit for bit (`int8_parts`: values and
+# per-channel scales; `fp8_scale` of a kernel's max |x|; `fp8_values` for
+# a scale).
+int8_parts = jax.jit(lambda kernel: quantize_int8(kernel, axis=kernel.ndim - 2))
+fp8_scale = jax.jit(_fp8_scale, static_argnums=0)
+fp8_values = jax.jit(_fp8_values, static_argnums=0)
+_amax_jit = jax.jit(_amax, static_argnums=1)
+_state_scales_jit = jax.jit(_state_scales, static_argnums=0)
+
+
+def convert_kernel(mode: str, kernel, rank: int, state: Mapping | None):
   """{suffix: array} of one stored kernel (values under "", scales) of a
   float `kernel` whose last `rank` axes are one kernel (the axes before:
   stacked layers); `state` the call site's fp8 state, or None."""
   kernel = jnp.asarray(kernel, jnp.float32)
   if mode == "int8":
-    values, scale = quantize_int8(kernel, axis=kernel.ndim - 2)
+    values, scale = int8_parts(kernel)
     return {"": values, stored_weights.SCALE_SUFFIX: scale}
-  dtype = stored_weights.STORAGE_DTYPES[mode]
-  fp8_max = fp8_ops.get_fp8_max(dtype, jnp.float32)
-  kernel_axes = tuple(range(kernel.ndim - rank, kernel.ndim))
-  amax = jnp.max(jnp.abs(kernel), axis=kernel_axes)[..., None]  # [..., 1]
-  own_scale = jnp.where(amax > 0, amax / fp8_max, 1.0)
-  scale = _implied_scale(state, "kernel", own_scale, fp8_max)
-  input_scale = _implied_scale(
-      state, "input", jnp.ones_like(own_scale), fp8_max
-  )
+  own_scale = fp8_scale(mode, _amax_jit(kernel, rank))
+  scale, input_scale = _state_scales_jit(mode, state, own_scale)
   per_element = scale.reshape(scale.shape[:-1] + (1,) * rank)
-  values = fp8_ops.quantize(kernel, dtype, per_element, jnp.float32)
   return {
-      "": values,
+      "": fp8_values(mode, kernel, per_element),
       stored_weights.SCALE_SUFFIX: scale,
       stored_weights.INPUT_SCALE_SUFFIX: input_scale,
   }
-
-
-# Jitted, and shared with the checkpoint loaders that quantize as they read.
-convert_kernel = jax.jit(_convert_kernel, static_argnums=(0, 2))
 
 
 def _copy(tree: Mapping) -> dict:

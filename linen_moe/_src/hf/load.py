@@ -37,14 +37,14 @@ from linen_moe._src.config import QUANTIZATIONS
 from linen_moe._src.config import SERVING_QUANTIZATIONS
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.expert import KERNELS
-from linen_moe._src.expert import MLP_RANK
 from linen_moe._src.expert import ROUTED_RANK
-from linen_moe._src.expert import ROUTER
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import reading
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.safetensors_io import FLOAT_CODES
 from linen_moe._src.hf.safetensors_io import Checkpoint
+from linen_moe._src.int8_grouped import as_float32
+from linen_moe._src.int8_grouped import quantize_int8_host
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.variables import CACHE
 from linen_moe._src.variables import PARAMS
@@ -82,6 +82,32 @@ def _flat_params(config: ModelConfig) -> dict[Path, jax.ShapeDtypeStruct]:
   unrolled = config.replace(scan_layers=False, serving=False)
   params = sharding_lib.unbox(abstract_variables(unrolled)[PARAMS])
   return traverse_util.flatten_dict(params)
+
+
+def _unrolled_shapes(abstract_params: Mapping, plan) -> dict[Path, Any]:
+  """{unrolled params path: leaf with the float parameter's shape} from the
+  (scanned, maybe serving) abstract params: a stacked leaf gives each of
+  its layers a row; stored kernels' scales are no parameters."""
+  scales = {
+      k + suffix
+      for k in KERNELS
+      for suffix in (
+          stored_weights.SCALE_SUFFIX,
+          stored_weights.INPUT_SCALE_SUFFIX,
+      )
+  }
+  flat = traverse_util.flatten_dict(sharding_lib.unbox(dict(abstract_params)))
+  out = {}
+  for path, leaf in flat.items():
+    if path[-1] in scales:
+      continue
+    rows = layer_stack.layer_rows(path, plan)
+    if rows is None or layer_stack.STACK not in path:
+      out[path] = leaf
+      continue
+    for i in rows:
+      out[_unrolled(path, i)] = jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype)
+  return out
 
 
 def check_tensors(
@@ -186,13 +212,14 @@ class _Loader:
 
     def callback(index):
       index = reading.full_index(index, leaf.shape)
+      out = reading.host_buffer(reading.sizes(index), dtype)
       if rows is None:
-        src = self.srcs[path]
-        return reading.read(self.ckpt, src, leaf.shape, index, dtype)
-      out = np.empty(tuple(s.stop - s.start for s in index), dtype)
+        return reading.read_into(
+            self.ckpt, self.srcs[path], leaf.shape, index, out
+        )
       for k, r in enumerate(range(index[0].start, index[0].stop)):
         src = self.srcs[_unrolled(path, rows[r])]
-        out[k] = reading.read(self.ckpt, src, leaf.shape[1:], index[1:], dtype)
+        reading.read_into(self.ckpt, src, leaf.shape[1:], index[1:], out[k])
       return out
 
     sharding = self.shardings[(PARAMS, *path)]
@@ -200,39 +227,73 @@ class _Loader:
 
   def stored_param(self, path: Path, leaf, name: str, suffix: str, node):
     """A stored kernel's values or scales: the whole kernel (every stacked
-    layer) converted on the host once, one layer's float kernel at a time;
-    each device then takes its slice. The host copy goes once every leaf
-    of the kernel is made."""
+    layer) converted into host buffers once, one expert's float kernel at
+    a time; each device then takes its slice. The host buffers go once
+    every leaf of the kernel is made."""
     key = (path[:-1], name)
     if key not in self.stored:
-      self.stored[key] = self._convert((*path[:-1], name), ROUTER in node)
+      shapes = {
+          n[len(name) :]: (node[n].shape, node[n].dtype)
+          for n in stored_weights.stored_names(
+              name, self.config.moe.quantization
+          )
+      }
+      self.stored[key] = self._convert((*path[:-1], name), shapes)
     host = self.stored[key].pop(suffix)
     if not self.stored[key]:
       del self.stored[key]
-    if host.shape != leaf.shape or host.dtype != leaf.dtype:
-      raise AssertionError(f"{path}: made {host.dtype}{host.shape}, not {leaf}")
     sharding = self.shardings[(PARAMS, *path)]
     return jax.make_array_from_callback(
         leaf.shape, sharding, lambda index: host[index]
     )
 
-  def _convert(self, kernel_path: Path, routed: bool) -> dict[str, np.ndarray]:
-    """{suffix: host array} of a stored kernel (values, scales)."""
+  def _matrix(self, src_path: Path, e: int | None) -> np.ndarray:
+    """One float [M, F] matrix of a kernel: expert `e`'s, or the whole MLP
+    kernel (e None), in the parameters' dtype (what quantize_weights is
+    given after a float load)."""
+    shape = tuple(self.float_shapes[src_path].shape)
+    index = () if e is None else (slice(e, e + 1),)
+    dtype = self.config.moe.param_dtype
+    m = reading.read(self.ckpt, self.srcs[src_path], shape, index, dtype)
+    return m if e is None else m[0]
+
+  def _convert(self, kernel_path: Path, shapes) -> dict[str, np.ndarray]:
+    """{suffix: host array} of a stored kernel (values, scales), made by
+    the programs `serving.quantize_weights` runs, one float [M, F] matrix
+    (an expert's, a layer's MLP) read at a time; fp8 first reads each
+    matrix of a layer for its max |x| (the per-layer scale)."""
     rows, _ = self._layers(kernel_path)
-    rank = ROUTED_RANK if routed else MLP_RANK
     mode = self.config.moe.quantization
-    layers = []
-    for i in rows if rows is not None else (None,):
+    out = {k: reading.host_buffer(*v) for k, v in shapes.items()}
+    values, scales = out[""], out[stored_weights.SCALE_SUFFIX]
+    for r, i in enumerate(rows if rows is not None else (None,)):
       src_path = kernel_path if i is None else _unrolled(kernel_path, i)
-      shape = tuple(self.float_shapes[src_path].shape)
-      src = self.srcs[src_path]
-      kernel = reading.read(self.ckpt, src, shape, (), np.float32)
-      stored = serving_lib.convert_kernel(mode, kernel, rank, None)
-      layers.append({k: np.asarray(v) for k, v in stored.items()})
-      del kernel
-    if rows is None:
-      return layers[0]
-    return {k: np.stack([layer[k] for layer in layers]) for k in layers[0]}
+      routed = len(self.float_shapes[src_path].shape) == ROUTED_RANK
+      slot = () if i is None else (r,)
+      experts = (
+          range(self.float_shapes[src_path].shape[0]) if routed else [None]
+      )
+      at = lambda e, slot=slot: slot if e is None else (*slot, e)  # noqa: E731
+      if mode == "int8":
+        for e in experts:
+          values[at(e)], scales[at(e)] = quantize_int8_host(
+              self._matrix(src_path, e), axis=0
+          )
+        continue
+      amax = 0.0
+      for e in experts:
+        m = as_float32(self._matrix(src_path, e))
+        amax = max(amax, float(m.max()), -float(m.min()))
+      scale = np.asarray(
+          serving_lib.fp8_scale(mode, jnp.full((1,), amax, jnp.float32))
+      )
+      scales[slot] = scale
+      out[stored_weights.INPUT_SCALE_SUFFIX][slot] = 1.0
+      for e in experts:
+        values[at(e)] = serving_lib.fp8_values_host(
+            mode, self._matrix(src_path, e), scale
+        )
+    return out
 
   def params(self, abstract_params: Mapping) -> dict:
     flat = traverse_util.flatten_dict(sharding_lib.unbox(dict(abstract_params)))
@@ -361,11 +422,11 @@ def load_checkpoint(
   config = config.replace(**changes)
   ckpt = Checkpoint(directory)
   srcs = tn.sources(family, config, ckpt.tensors)
-  float_shapes = _flat_params(config)
-  check_tensors(ckpt, srcs, float_shapes)
   if serving:
     config = config.replace(serving=True)
   abstract = abstract_variables(config)
+  float_shapes = _unrolled_shapes(abstract[PARAMS], config.stack_plan)
+  check_tensors(ckpt, srcs, float_shapes)
   shardings = _shardings(abstract, mesh, rules)
   loader = _Loader(ckpt, srcs, float_shapes, config, shardings)
   variables = {PARAMS: loader.params(abstract[PARAMS])}

@@ -175,15 +175,20 @@ class Checkpoint:
           )
 
   def read_rows(
-      self, name: str, lead: tuple[int, ...], lo: int, hi: int
+      self,
+      name: str,
+      lead: tuple[int, ...],
+      lo: int,
+      hi: int,
+      out: np.ndarray | None = None,
   ) -> np.ndarray:
     """Rows [lo, hi) of `tensor[lead]`: [hi - lo, *rest] for a tensor
     [*lead_dims, rows, *rest]; a 0-d `tensor[lead]` (lo, hi ignored) is
-    returned as it is. Reads only those bytes."""
+    returned as it is. Reads only those bytes, into `out` when given (a
+    C-contiguous array of that shape and the tensor's dtype)."""
     info = self.tensors[name]
     shape = info.shape
     sub = shape[len(lead) :]
-    itemsize = info.np_dtype.itemsize
     if not sub:
       lo, hi, row = 0, 1, 1
     else:
@@ -192,13 +197,18 @@ class Checkpoint:
         int(np.ravel_multi_index(lead, shape[: len(lead)])) if lead else 0
     )
     first = flat_lead * math.prod(sub) + lo * row
-    out = np.empty((hi - lo, *sub[1:]) if sub else (), info.np_dtype)
+    if out is None:
+      shape = (hi - lo, *sub[1:]) if sub else ()
+      # Ordinary pages (see `reading.host_buffer`), recycled by malloc.
+      out = np.frombuffer(
+          bytearray(math.prod(shape) * info.np_dtype.itemsize), info.np_dtype
+      ).reshape(shape)
     buffer = memoryview(out.reshape(-1).view(np.uint8))
     with open(info.file, "rb", buffering=0) as f:
-      f.seek(info.offset + first * itemsize)
-      view, done = buffer, 0
+      f.seek(info.offset + first * info.np_dtype.itemsize)
+      done = 0
       while done < len(buffer):
-        n = f.readinto(view[done:])
+        n = f.readinto(buffer[done:])
         if not n:
           raise ValueError(f"{info.file}: unexpected end of file in {name!r}.")
         done += n
