@@ -1,10 +1,14 @@
 """What tests and benchmarks need and the product does not: reading compiled
 programs (the quantized element types that feed each contraction, the
-collectives and which processes they cross).
+collectives and which processes they cross), and the compile policy a test
+session shares with `linen-moe matrix` (`use_compilation_cache`,
+`use_fast_compile`; call them before jax is imported).
 
 Stable like the rest of the public API, but not needed to train or serve.
 """
 
+from linen_moe._src.compile_options import use_compilation_cache
+from linen_moe._src.compile_options import use_fast_compile
 from linen_moe._src.hlo import COLLECTIVES
 from linen_moe._src.hlo import CONTRACTIONS
 from linen_moe._src.hlo import QUANTIZED_TYPES
@@ -37,4 +41,6 @@ __all__ = [
     "parse_hlo",
     "quantized_types_at_contractions",
     "quantized_types_in_hlo",
+    "use_compilation_cache",
+    "use_fast_compile",
 ]

@@ -30,13 +30,13 @@ from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli.frontends import FRONTENDS
 from linen_moe_cli.frontends import frontend
+from linen_moe_cli.model_args import LAYERS
 
 PATH_TITLES = {
     "sparse": "sparse (gmm)",
     "dense": "dense",
     "dense_dropping": "dense + dropping",
 }
-LAYERS = ("scanned", "unrolled")
 CONFIGS = TINY_CONFIGS
 MATRIX_LEARNING_RATE = 1e-3
 # The element types a compiled training step must feed its contractions.

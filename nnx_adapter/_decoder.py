@@ -20,6 +20,7 @@ from linen_moe._src.models.blocks import DecoderBlock
 from linen_moe._src.models.blocks import per_layer_aux
 from linen_moe._src.models.blocks import stack_body
 from linen_moe._src.models.norms import RMSNorm
+from linen_moe._src.tokens import validate_tokens_if_concrete
 from linen_moe._src.variables import CACHE
 from linen_moe._src.variables import rng_dict
 from nnx_adapter._adapter import Cache
@@ -123,8 +124,7 @@ class Decoder(nnx.Module):
     """`rng` feeds every RNG stream the blocks draw from at apply time (AQT
     int8 needs it whenever gradients are taken); one key per layer."""
     cfg = self.config
-    tokens = jnp.asarray(tokens)
-    linen_decoder.check_tokens(tokens)
+    tokens = jnp.asarray(validate_tokens_if_concrete(tokens, cfg.vocab_size))
     x = linen_decoder.scale_embeddings(self.embed(tokens), cfg)  # [B, S, M]
     start = 0
     if self.decode:

@@ -41,13 +41,15 @@ from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import main as cli_main
 from linen_moe_cli import train_job
+from linen_moe_cli.commands import train as train_command
+from linen_moe_cli.options import TrainOptions
 
 
 def train(job: dict) -> dict:
   args = cli_main.build_parser().parse_args(["train", *job["argv"]])
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
-    code = cli_main._train(args)  # noqa: SLF001 (the command, minus joining)
+    code = train_command.train_and_report(TrainOptions.from_args(args))
   return {"exit_code": code, "stdout": out.getvalue()}
 
 

@@ -11,23 +11,25 @@ import dataclasses
 import importlib.resources
 import math
 import os
+from typing import TYPE_CHECKING
 from typing import Any
 import warnings
 
-import jax.numpy as jnp
 import yaml
 
-from linen_moe._src import activations
-from linen_moe._src import grouped_matmul
-from linen_moe._src import layer_stack
+# No jax at import: the command line's --help reads QUANTIZATIONS and
+# available_configs(). The activations and grouped matmuls (which import
+# jax) are read when a config is validated, the layer stack when asked for.
+if TYPE_CHECKING:
+  import jax.numpy as jnp
 
-ACTIVATIONS = tuple(activations.ACTIVATIONS)
+  from linen_moe._src import layer_stack
+
 ROUTINGS = ("topk_then_softmax", "softmax_then_topk", "sigmoid_then_topk")
 DROP_POLICIES = ("position", "probability")
 QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
 # Modes that store their expert weights converted when `MoEConfig.serving`.
 SERVING_QUANTIZATIONS = ("int8", "fp8", "nanoo_fp8")
-GROUPED_MATMUL_IMPLEMENTATIONS = grouped_matmul.IMPLEMENTATIONS
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 # The three matmul paths, as the config overrides that select each one. The
@@ -240,14 +242,18 @@ class MoEConfig:
           self.num_experts_per_tok,
           f"must be <= num_experts={self.num_experts}",
       )
+    from linen_moe._src import activations  # noqa: PLC0415 (imports jax)
+    from linen_moe._src import grouped_matmul  # noqa: PLC0415 (imports jax)
+
     acts = tuple(self.mlp_activations)
     object.__setattr__(self, "mlp_activations", acts)
-    if len(acts) != 2 or acts[0] not in ACTIVATIONS or acts[1] != "linear":
+    names = tuple(activations.ACTIVATIONS)
+    if len(acts) != 2 or acts[0] not in names or acts[1] != "linear":
       _fail(
           cls,
           "mlp_activations",
           acts,
-          f"expected (activation, 'linear') with activation in {ACTIVATIONS}",
+          f"expected (activation, 'linear') with activation in {names}",
       )
     for name in ("shared_experts", "shared_mlp_dim"):
       value = getattr(self, name)
@@ -262,7 +268,7 @@ class MoEConfig:
       )
     _check_choice(self, "routing", ROUTINGS)
     _check_choice(self, "quantization", QUANTIZATIONS)
-    _check_choice(self, "grouped_matmul", GROUPED_MATMUL_IMPLEMENTATIONS)
+    _check_choice(self, "grouped_matmul", grouped_matmul.IMPLEMENTATIONS)
     _check_choice(self, "dtype", FLOAT_DTYPES)
     _check_choice(self, "param_dtype", FLOAT_DTYPES)
     for name in _FLOAT_FIELDS:
@@ -355,6 +361,8 @@ class MoEConfig:
         DeprecationWarning,
         stacklevel=2,
     )
+    import jax.numpy as jnp  # noqa: PLC0415
+
     return jnp.dtype(self.dtype)
 
   @property
@@ -529,6 +537,8 @@ class ModelConfig:
     """Where each layer's variables sit (`linen_moe._src.layer_stack`):
     scanned (runs of identical blocks stacked) or unrolled, per
     `scan_layers`."""
+    from linen_moe._src import layer_stack  # noqa: PLC0415
+
     return layer_stack.StackPlan.for_kinds(self.layer_kinds, self.scan_layers)
 
   @property

@@ -33,6 +33,7 @@ from linen_moe._src.models.norms import rms_normalize  # noqa: F401
 from linen_moe._src.models.rotary import apply_rope  # noqa: F401
 from linen_moe._src.scan import scan_blocks
 from linen_moe._src.tokens import TokenEmbed
+from linen_moe._src.tokens import validate_tokens_if_concrete
 from linen_moe._src.variables import CACHE
 
 
@@ -98,15 +99,6 @@ def embedding(cfg: ModelConfig, **kwargs) -> TokenEmbed:
       param_dtype=cfg.moe.param_dtype,
       **kwargs,
   )
-
-
-def check_tokens(tokens: jax.Array) -> None:
-  """Raises `ValueError` unless `tokens` is an integer [batch, seq] array."""
-  if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-    raise ValueError(
-        f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
-        f"{tokens.shape}."
-    )
 
 
 def scale_embeddings(x: jax.Array, cfg: ModelConfig) -> jax.Array:
@@ -179,8 +171,7 @@ class Decoder(JitInit, nn.Module):
   @nn.compact
   def __call__(self, tokens: jax.Array):
     cfg = self.config
-    tokens = jnp.asarray(tokens)
-    check_tokens(tokens)
+    tokens = jnp.asarray(validate_tokens_if_concrete(tokens, cfg.vocab_size))
     embed = embedding(cfg, name="embed")
     x = scale_embeddings(embed(tokens), cfg)
     x = sharding.constrain(x, sharding.BSM)
