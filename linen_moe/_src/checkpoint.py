@@ -77,6 +77,21 @@ def config_dict(config: ModelConfig) -> dict[str, Any]:
   return {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
 
 
+def config_from_dict(saved: Mapping[str, Any]) -> ModelConfig:
+  """The `ModelConfig` a `config_dict` describes (a field it lacks, added
+  to the config since, has its default)."""
+  moe_names = {f.name for f in dataclasses.fields(MoEConfig)}
+  values = {**_field_defaults(), **saved}
+  moe = {k: v for k, v in values.items() if k in moe_names}
+  own = {k: v for k, v in values.items() if k not in moe_names}
+  tuples = {
+      k: tuple(v) for k, v in {**moe, **own}.items() if isinstance(v, list)
+  }
+  moe |= {k: v for k, v in tuples.items() if k in moe}
+  own |= {k: v for k, v in tuples.items() if k in own}
+  return ModelConfig(moe=MoEConfig(**moe), **own)
+
+
 def _field_defaults() -> dict[str, Any]:
   """The JSON defaults of the config fields that have one."""
   out = {}
@@ -456,10 +471,27 @@ def export(
   out = os.path.abspath(os.fspath(out))
   if os.path.exists(out):
     raise ValueError(f"export: out={out} exists; an export never overwrites.")
+  variables, meta, step = _read_variables(checkpoint_dir, dtype, step)
+  checkpointer = ocp.StandardCheckpointer()
+  info = {
+      "model_config": meta.get("model_config"),
+      "step": step,
+      "source": meta["source"],
+      "params_dtype": dtype,
+  }
+  checkpointer.save(out, variables, custom_metadata=info)
+  checkpointer.wait_until_finished()
+  checkpointer.close()
+  return step
+
+
+def _read_variables(checkpoint_dir, dtype: str | None, step: int | None):
+  """(variables on the default device, meta + "source", step) of a
+  training checkpoint; floating params cast to `dtype` as they are read."""
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   with Checkpoints(checkpoint_dir, create=False) as ckpts:
     step = ckpts._step(step)  # noqa: SLF001
-    meta = ckpts.meta(step)
+    meta = {**ckpts.meta(step), "source": ckpts.step_dir(step)}
     target = {}
     for path, leaf in ckpts.saved_leaves(step).items():
       if path[0] != VARIABLES:
@@ -470,17 +502,38 @@ def export(
           leaf.shape, dtype if cast else leaf.dtype, sharding=device
       )
     variables = ckpts.read(step, target)[VARIABLES]
-  checkpointer = ocp.StandardCheckpointer()
-  info = {
-      "model_config": meta.get("model_config"),
-      "step": step,
-      "source": ckpts.step_dir(step),
-      "params_dtype": dtype,
-  }
-  checkpointer.save(out, variables, custom_metadata=info)
-  checkpointer.wait_until_finished()
-  checkpointer.close()
-  return step
+  return variables, meta, step
+
+
+def read_variables(
+    checkpoint_dir: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    step: int | None = None,
+) -> tuple[ModelConfig, dict, int]:
+  """The model of a training checkpoint: `(config, variables, step)`.
+
+  `variables` are the checkpoint's (`params`, fp8 state, every other
+  collection: what `Decoder.apply` takes), on the default device, in the
+  saved layer layout (the config's `scan_layers` says which); with `dtype`
+  (one of `EXPORT_DTYPES`) the floating `params` are cast to it as they
+  are read. Default step: the latest. Raises ValueError for a directory
+  without checkpoints, a missing step or a damaged checkpoint.
+  """
+  if dtype is not None and dtype not in EXPORT_DTYPES:
+    raise ValueError(
+        f"read_variables: dtype={dtype!r} is invalid: allowed {EXPORT_DTYPES}."
+    )
+  variables, meta, step = _read_variables(checkpoint_dir, dtype, step)
+  config = config_from_dict(meta.get("model_config", {}))
+  plan = layer_plan(
+      traverse_util.flatten_dict(abstract(variables.get("params", {})))
+  )
+  if plan is not None:
+    config = config.replace(scan_layers=plan.scanned)
+  if dtype is not None:
+    config = config.replace(param_dtype=dtype)
+  return config, variables, step
 
 
 def load_export(path: str | os.PathLike) -> tuple[dict, dict]:
