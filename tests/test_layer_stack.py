@@ -9,6 +9,7 @@ from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from linen_moe import Decoder
 from linen_moe import checkpoint
@@ -101,6 +102,24 @@ class StackPlanTest(parameterized.TestCase):
     self.assertGreater(bias[0, 2], 0)
 
 
+class MixedStackCheckpointTest(absltest.TestCase):
+
+  def test_unrolled_checkpoint_restores_into_a_scanned_group(self):
+    kinds = (D, M, D, M, M)
+    plan = StackPlan.for_kinds(kinds, scan=True)
+    self.assertEqual(plan, StackPlan(5, 0, 2, 2))  # and layer 4 unrolled
+    scanned = {"params": _tree(plan, kinds)}
+    unrolled = checkpoint.relayout(scanned, False, plan)
+    tmp = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+    with checkpoint.Checkpoints(tmp) as ckpts:
+      ckpts.save(1, {checkpoint.VARIABLES: unrolled}, {})
+      target = {checkpoint.VARIABLES: checkpoint.abstract(scanned)}
+      restored = ckpts.restore(target).tree[checkpoint.VARIABLES]
+    jax.tree.map(np.testing.assert_array_equal, restored, scanned)
+
+
+@pytest.mark.slow
 class MixedStackDecoderTest(absltest.TestCase):
 
   def test_scanned_group_equals_unrolled_and_restores_across_layouts(self):
