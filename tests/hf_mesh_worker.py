@@ -68,6 +68,27 @@ def main(name: str, spec: str) -> None:
       for shard in leaf.addressable_shards
   )
   split = {path: str(leaf.sharding.spec) for path, leaf in flat.items()}
+  # int8 serving weights, quantized as read, onto the same mesh.
+  serve_config, served = hf.load_checkpoint(
+      FIXTURES / name, mesh=mesh, quantization="int8", serving=True
+  )
+  _, served_single = hf.load_checkpoint(
+      FIXTURES / name, quantization="int8", serving=True
+  )
+  serve_want = load_lib._shardings(  # noqa: SLF001
+      load_lib.abstract_variables(serve_config), mesh, None
+  )
+  serve_flat = traverse_util.flatten_dict(served)
+  served_placed = all(
+      leaf.sharding.is_equivalent_to(serve_want[path], leaf.ndim)
+      for path, leaf in serve_flat.items()
+  )
+  served_equal = all(
+      np.array_equal(np.asarray(a), np.asarray(b))
+      for a, b in zip(
+          jax.tree.leaves(served), jax.tree.leaves(served_single), strict=True
+      )
+  )
   print(
       json.dumps({
           "placed": placed,
@@ -77,6 +98,8 @@ def main(name: str, spec: str) -> None:
           "model_bytes": sum(x.nbytes for x in jax.tree.leaves(single)),
           "devices": len(mesh.devices.flat),
           "sharded_leaves": sum("'" in s for s in split.values()),
+          "served_placed": served_placed,
+          "served_equal": served_equal,
       })
   )
 

@@ -169,6 +169,9 @@ class MeshTest(absltest.TestCase):
     # reading every tensor.
     self.assertLessEqual(got["read_bytes"], 2 * got["shard_bytes"])
     self.assertLess(got["read_bytes"], got["devices"] * got["model_bytes"] / 2)
+    # int8 serving weights quantized as read, placed and equal likewise.
+    self.assertTrue(got["served_placed"])
+    self.assertTrue(got["served_equal"])
 
 
 def _copy(name: str, tmp: str) -> pathlib.Path:
