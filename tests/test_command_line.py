@@ -29,6 +29,15 @@ def _run(*argv: str) -> subprocess.CompletedProcess:
   )
 
 
+def _imported(importtime_stderr: str) -> list[str]:
+  """The modules `python -X importtime` reported importing."""
+  return [
+      line.rsplit("|", 1)[1].strip()
+      for line in importtime_stderr.splitlines()
+      if line.startswith("import time:") and "|" in line
+  ]
+
+
 def _heavy(module_names) -> list[str]:
   return sorted({m for m in module_names if m.split(".")[0] in HEAVY})
 
@@ -41,13 +50,17 @@ class HelpImportsNoJaxTest(absltest.TestCase):
     self.assertEqual(done.returncode, 0, done.stderr[-2000:])
     for name in (c.__name__.rsplit(".", 1)[1] for c in commands.COMMANDS):
       self.assertIn(name, done.stdout)
-    imported = [
-        line.rsplit("|", 1)[1].strip()
-        for line in done.stderr.splitlines()
-        if line.startswith("import time:") and "|" in line
-    ]
+    imported = _imported(done.stderr)
     self.assertIn("linen_moe_cli.commands.train", imported)
     self.assertEqual(_heavy(imported), [])
+
+  def test_bad_train_flag_is_reported_before_jax(self):
+    done = _run(
+        "-X", "importtime", "-m", "linen_moe_cli.main", "train", "--steps=0"
+    )
+    self.assertEqual(done.returncode, 2)
+    self.assertIn("linen-moe: error: steps=0 (--steps) is invalid", done.stderr)
+    self.assertEqual(_heavy(_imported(done.stderr)), [])
 
   def test_every_subcommand_help(self):
     script = (

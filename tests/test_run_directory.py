@@ -184,19 +184,38 @@ class RunLockTest(absltest.TestCase):
     self.assertTrue(os.path.exists(lock.path))
 
 
-def _mount_tmpfs(test: absltest.TestCase, size: str, *options: str) -> str:
-  """A fresh tmpfs of `size` (skips the test where mounting is refused)."""
+def _mount_tmpfs(test: absltest.TestCase, size: str, *options: str):
+  """A fresh tmpfs of `size`, or None where mounting is refused (not root,
+  no CAP_SYS_ADMIN): the test then injects the fault at the file layer."""
   where = _tempdir(test)
   opts = ",".join((f"size={size}", *options))
-  done = subprocess.run(
-      ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", where],
-      capture_output=True,
-      check=False,
-  )
+  try:
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", where],
+        capture_output=True,
+        check=False,
+    )
+  except OSError:
+    return None
   if done.returncode:
-    test.skipTest(f"cannot mount a tmpfs here: {done.stderr.decode()[:200]}")
+    return None
   test.addCleanup(subprocess.run, ["umount", "-l", where], check=False)
   return where
+
+
+def _failing_commit(step: int, code: int):
+  """orbax's commit of checkpoint `step` (the rename of its finished
+  temporary directory) failing with OSError `code`."""
+  from orbax.checkpoint._src.path import atomicity  # noqa: PLC0415
+
+  rename = atomicity.async_path.rename
+
+  async def failing(src, dst, *args, **kwargs):
+    if os.path.basename(os.fspath(dst)) == str(step):
+      raise OSError(code, os.strerror(code), os.fspath(dst))
+    return await rename(src, dst, *args, **kwargs)
+
+  return mock.patch.object(atomicity.async_path, "rename", failing)
 
 
 class DirectoryCheckTest(absltest.TestCase):
@@ -227,12 +246,36 @@ class DirectoryCheckTest(absltest.TestCase):
 
   def test_read_only_file_system(self):
     ro = _mount_tmpfs(self, "1m", "ro")
+    faults = contextlib.ExitStack()
+    if ro is None:  # a read-only file system, injected below `ro`
+      ro = _tempdir(self)
+      makedirs, access = os.makedirs, os.access
+
+      def refused_makedirs(path, *args, **kwargs):
+        if os.fspath(path).startswith(ro):
+          raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        return makedirs(path, *args, **kwargs)
+
+      def refused_access(path, mode, *args, **kwargs):
+        if os.fspath(path).startswith(ro) and mode & os.W_OK:
+          return False
+        return access(path, mode, *args, **kwargs)
+
+      for name, fake in (
+          ("makedirs", refused_makedirs),
+          ("access", refused_access),
+      ):
+        faults.enter_context(mock.patch.object(os, name, fake))
+      faults.enter_context(
+          mock.patch.object(run_directory, "_read_only", return_value=True)
+      )
     run = os.path.join(ro, "run")
-    self._check(
-        [*TRAIN, "--checkpoint-dir", run],
-        rf"--checkpoint-dir {run} cannot be created: Read-only file system",
-    )
-    code, _, err = _cli("export", "--checkpoint-dir", ro, "--out", run)
+    with faults:
+      self._check(
+          [*TRAIN, "--checkpoint-dir", run],
+          rf"--checkpoint-dir {run} cannot be created: Read-only file system",
+      )
+      code, _, err = _cli("export", "--checkpoint-dir", ro, "--out", run)
     self.assertEqual((code, err.count("\n")), (2, 1), err)
     self.assertIn("Read-only file system", err)
 
@@ -351,24 +394,15 @@ class FaultsTest(absltest.TestCase):
     _, err = self._train(run, 9, "--resume-step", "5", code=2)
     self.assertRegex(err, rf"--resume-step 5: {run} holds no checkpoint of")
 
-    # A save that fails mid-run (the commit of checkpoint 12 refused for
-    # lack of space): the run stops; checkpoint 9 stays the latest, whole.
-    from orbax.checkpoint._src.path import atomicity  # noqa: PLC0415
-
-    rename = atomicity.async_path.rename
-
-    async def full_disk(src, dst, *args, **kwargs):
-      if os.path.basename(os.fspath(dst)) == "12":
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(dst))
-      return await rename(src, dst, *args, **kwargs)
-
-    with mock.patch.object(atomicity.async_path, "rename", full_disk):
+    # A save that fails mid-run (the commit of checkpoint 12 refused, at
+    # the file layer): the run stops; checkpoint 9 stays the latest, whole.
+    with _failing_commit(12, errno.EACCES):
       _, err = self._train(run, 18, code=1)
     self.assertEqual(err.count("\n"), 1, err)
     self.assertRegex(
         err,
-        rf"^linen-moe: error: saving checkpoint 12 in {run} failed \(No "
-        r"space left on device\); the run stopped after step 1[2-5]\. The "
+        rf"^linen-moe: error: saving checkpoint 12 in {run} failed "
+        r"\(Permission denied\); the run stopped after step 1[2-5]\. The "
         r"last complete checkpoint is step 9",
     )
     self.assertEqual(_checkpoints(run)[-1], 9)
@@ -392,6 +426,9 @@ class FaultsTest(absltest.TestCase):
     self.assertRegex(
         err, rf"no checkpoint in {run} can be read: 12 \(.*\), 9 \(.*\), 6 \("
     )
+    # What was set aside is kept.
+    for kept in ("7.damaged", "6.superseded", "9.superseded"):
+      self.assertTrue(os.path.isdir(os.path.join(run, kept)), kept)
 
 
 def _steps_torn(path: str) -> list[int]:
@@ -452,16 +489,23 @@ class TwoTrainCommandsTest(absltest.TestCase):
 
 
 class DiskFullTest(absltest.TestCase):
-  """A real full disk: a 4 MB tmpfs holds checkpoint 3 (2.6 MB at one
-  layer) but not 3 and 6; the save of 6 fails with ENOSPC and the run stops
-  at once, with checkpoint 3 restorable."""
+  """A full disk: a 4 MB tmpfs holds checkpoint 3 (2.6 MB at one layer) but
+  not 3 and 6; the save of 6 fails with ENOSPC and the run stops at once,
+  with checkpoint 3 restorable. Where no tmpfs can be mounted, the commit
+  of checkpoint 6 fails with ENOSPC at the file layer instead."""
 
   # After a failed read or save, a tensorstore callback reaches orbax's
   # closed event loop ("Event loop is closed", ignored by Python).
   @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
   def test_disk_full_mid_run(self):
-    run = os.path.join(_mount_tmpfs(self, "4m"), "run")
-    got, _, err = _cli(*TRAIN, "--steps", "12", "--checkpoint-dir", run)
+    disk = _mount_tmpfs(self, "4m")
+    faults = contextlib.ExitStack()
+    if disk is None:
+      disk = _tempdir(self)
+      faults.enter_context(_failing_commit(6, errno.ENOSPC))
+    run = os.path.join(disk, "run")
+    with faults:
+      got, _, err = _cli(*TRAIN, "--steps", "12", "--checkpoint-dir", run)
     self.assertEqual((got, err.count("\n")), (1, 1), err)
     self.assertRegex(
         err,
