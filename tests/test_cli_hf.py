@@ -94,6 +94,12 @@ class TrainAndExportTest(absltest.TestCase):
         strict=True,
     ):
       np.testing.assert_array_equal(a, b)
+    # And decode from the run's checkpoint.
+    out = _cli(
+        "generate", "--checkpoint-dir", str(tmp / "run"), "--prompt-ids",
+        "1,2,3", "--new-tokens", "2",
+    )  # fmt: skip
+    self.assertRegex(out, r"prompt ids: \[1, 2, 3\]\nnew ids: \[\d+, \d+\]")
 
   def test_bad_flags(self):
     with self.assertRaisesRegex(
