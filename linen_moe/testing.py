@@ -1,9 +1,11 @@
 """What tests and benchmarks need and the product does not: reading compiled
-programs (the element types that feed each contraction, the collectives and
-which processes they cross), the compile policy a test session shares with
-`linen-moe matrix` (`use_compilation_cache`, `use_fast_compile`; call them
-before jax is imported), the `slow` mark, and small shared helpers (random
-layers, inputs and tokens, error measures, captured output).
+programs (the element types that feed each contraction, the collectives, the
+bytes they send and which processes they cross), running the accelerator
+grouped-matmul kernels on a CPU (`kernels_on_cpu`), the compile policy a
+test session shares with `linen-moe matrix` (`use_compilation_cache`,
+`use_fast_compile`; call them before jax is imported), the `slow` mark, and
+small shared helpers (random layers, inputs and tokens, error measures,
+captured output).
 
 Stable like the rest of the public API, but not needed to train or serve.
 Importing it imports no jax; the helpers load it on first use.
@@ -29,6 +31,9 @@ from linen_moe._src.hlo import crosses_processes
 from linen_moe._src.hlo import parse_hlo
 from linen_moe._src.hlo import quantized_types_at_contractions
 from linen_moe._src.hlo import quantized_types_in_hlo
+from linen_moe._src.hlo_traffic import CollectiveBytes
+from linen_moe._src.hlo_traffic import collective_bytes
+from linen_moe._src.hlo_traffic import sent_bytes
 from linen_moe._src.testing_marks import SLOW_ATTRIBUTE
 from linen_moe._src.testing_marks import is_slow
 from linen_moe._src.testing_marks import slow
@@ -47,15 +52,35 @@ _HELPERS = (
     "run_capturing",
 )
 
+
+def kernels_on_cpu(kind: str):
+  """A context inside which `grouped_matmul="kernel"` on the CPU backend
+  runs an accelerator kernel: "megablox" (Pallas interpret mode), "tokamax"
+  (its XLA implementation) or "tokamax_pallas" (its Pallas TPU kernel,
+  interpreted); "auto" still resolves to "blocked". Trace inside it.
+
+  Imports jax when called, not when this module is imported (the compile
+  policy above must run before jax loads).
+
+  Raises:
+    ValueError: `kind` is none of those.
+  """
+  from linen_moe._src import grouped_kernels  # noqa: PLC0415
+
+  return grouped_kernels.kernels_on_cpu(kind)
+
+
 __all__ = [
     "COLLECTIVES",
     "CONTRACTIONS",
-    "Collective",
-    "Contraction",
-    "Instruction",
     "QUANTIZED_TYPES",
     "SLOW_ATTRIBUTE",
+    "Collective",
+    "CollectiveBytes",
+    "Contraction",
+    "Instruction",
     "all_gather_shapes",
+    "collective_bytes",
     "collective_counts",
     "collective_summary",
     "collectives",
@@ -63,6 +88,7 @@ __all__ = [
     "crosses_processes",
     "flat_numpy",
     "is_slow",
+    "kernels_on_cpu",
     "markov_tokens",
     "max_abs_diff",
     "model_config",
@@ -75,6 +101,7 @@ __all__ = [
     "read_jsonl",
     "rel_err",
     "run_capturing",
+    "sent_bytes",
     "slow",
     "use_compilation_cache",
     "use_fast_compile",

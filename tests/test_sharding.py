@@ -34,10 +34,11 @@ from linen_moe import load_model_config
 from linen_moe import sharding
 from linen_moe import testing
 from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.quantization_modes import FP8_QUANTIZATIONS
+from linen_moe._src.quantization_modes import QUANTIZATIONS
 from tests import workers
 
 MESHES = ("data=8", "expert=8", "data=2,expert=4")
-QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
 PATHS = ("sparse", "dense", "dense_dropping")
 FRONTENDS = ("linen", "nnx")
 
@@ -64,7 +65,7 @@ class EquivalenceMixin(parameterized.TestCase):
     rtol = 1e-5
     tol = PARAM_TOL[quantization] * result["update"]
     self.assertGreater(result["update"], 0.0)
-    if quantization in ("fp8", "nanoo_fp8"):
+    if quantization in FP8_QUANTIZATIONS:
       self.assertGreater(result["fp8_moved"], 0.0)
     for spec, r in result["meshes"].items():
       with self.subTest(mesh=spec):
