@@ -32,8 +32,20 @@ def gated_mlp(
     wi_1: jax.Array,
     wo: jax.Array,
 ) -> jax.Array:
-  """act(x wi_0) * (x wi_1) wo, each contraction `project(site, ...)` with
-  `site` in ("wi_0", "wi_1", "wo")."""
+  """act(x wi_0) * (x wi_1) wo, each contraction made by `project`.
+
+  Args:
+    project: `project(site, operand, weight)` with `site` in ("wi_0", "wi_1",
+      "wo"): the operand contracted with that weight.
+    act: the activation of the gate.
+    x: the input, [..., M] (or whatever `project` contracts).
+    wi_0: the gate weight, e.g. [M, F].
+    wi_1: the up-projection weight, e.g. [M, F].
+    wo: the down-projection weight, e.g. [F, M].
+
+  Returns:
+    `project("wo", hidden, wo)`, e.g. [..., M].
+  """
   hidden = act(project("wi_0", x, wi_0)) * project("wi_1", x, wi_1)
   return project("wo", hidden, wo)
 
@@ -59,7 +71,14 @@ class SharedExpert(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
-    """[B, S, M] -> [B, S, M]."""
+    """Applies the shared expert.
+
+    Args:
+      inputs: [B, S, M], cast to `config.dtype`.
+
+    Returns:
+      [B, S, M] in `config.dtype`.
+    """
     cfg = self.config
     m, width = cfg.emb_dim, cfg.shared_experts * cfg.shared_mlp_dim
     shapes = {"wi_0": (m, width), "wi_1": (m, width), "wo": (width, m)}

@@ -28,7 +28,14 @@ PyTree = Any
 
 
 def all_finite(tree: PyTree) -> jax.Array:
-  """<bool>[] True when every floating-point leaf of `tree` is finite."""
+  """<bool>[] True when every floating-point leaf of `tree` is finite.
+
+  Args:
+    tree: any pytree; integer and bool leaves are ignored.
+
+  Returns:
+    <bool>[], True for a tree without floating-point leaves.
+  """
   checks = [
       jnp.all(jnp.isfinite(x))
       for x in jax.tree.leaves(tree)
@@ -40,8 +47,13 @@ def all_finite(tree: PyTree) -> jax.Array:
 def keep_if_finite(ok: jax.Array, new: PyTree, old: PyTree) -> PyTree:
   """`new` where `ok`, else `old`, leaf by leaf: all or nothing.
 
-  `new` and `old` have one structure (a train state before and after a
-  step); `ok` is a scalar bool, typically `all_finite(loss and gradients)`.
+  Args:
+    ok: <bool>[], typically `all_finite((loss, gradients))`.
+    new: the state after a step.
+    old: the state before it, of the same structure.
+
+  Returns:
+    `new` if `ok`, else `old` (one select per leaf).
   """
   # Computed once: without the barrier XLA fuses the cheap chain behind `ok`
   # (an is-finite and an `and` per gradient leaf) into every leaf's select,
@@ -52,7 +64,15 @@ def keep_if_finite(ok: jax.Array, new: PyTree, old: PyTree) -> PyTree:
 
 
 def skip_metrics(ok: jax.Array, skipped_steps: jax.Array):
-  """(new `skipped_steps` count, metrics entries) after a step with `ok`."""
+  """The skip count and metrics after a step with `ok`.
+
+  Args:
+    ok: <bool>[] whether the step applied.
+    skipped_steps: <int32>[] steps skipped before it.
+
+  Returns:
+    (new count, {"skipped": <int32>[] 0 or 1, "skipped_steps": new count}).
+  """
   skipped = jnp.logical_not(ok).astype(jnp.int32)
   count = skipped_steps + skipped
   return count, {"skipped": skipped, "skipped_steps": count}
