@@ -68,7 +68,7 @@ class EagerToNNX(nnx.bridge.ToNNX):
     *sample_args: sample inputs it is initialised with, e.g. [B, S, M];
       only their shapes and dtypes matter.
     rngs: the initialisation keys: an `nnx.Rngs` (its `default` stream feeds
-      `params`) or a key.
+      `params`) or a key (which feeds `params`).
     **sample_kwargs: sample keyword inputs.
   """
 

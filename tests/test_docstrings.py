@@ -15,7 +15,8 @@ define. A callable needs, in its Google-style docstring (read by
   its own body; errors of the validators it calls are checked by reading,
   not here).
 
-A class needs a docstring; a dataclass (configs, Linen modules, results)
+An `Example usage:` block (rendered as code by docs/conf.py) must be valid
+Python. A class needs a docstring; a dataclass (configs, Linen modules, results)
 names each of its public fields under `Attributes:`, and a class with its own
 `__init__` documents the constructor's `Args:` in the class docstring (what
 the API reference renders).
@@ -255,6 +256,14 @@ def _class_problems(public: _Public) -> list[str]:
   return problems
 
 
+def _examples(doc: str) -> list[str]:
+  """The code of each `Example usage:` block of a docstring."""
+  blocks = re.findall(
+      r"^( *)Example usage:\n((?:\1 .*\n|\n)*)", doc + "\n", re.M
+  )
+  return [textwrap.dedent(code) for _, code in blocks]
+
+
 def _problems(public: _Public) -> list[str]:
   if inspect.isclass(public.obj):
     return _class_problems(public)
@@ -300,6 +309,16 @@ class DocstringTest(absltest.TestCase):
         documented, [], "fully documented: remove them from _ALLOWLIST"
     )
 
+  def test_examples_are_python(self):
+    blocks = {
+        p.name: _examples(inspect.getdoc(p.obj) or "") for p in self.public
+    }
+    self.assertGreaterEqual(sum(map(len, blocks.values())), 8)
+    for name, examples in blocks.items():
+      for code in examples:
+        with self.subTest(name=name):
+          ast.parse(code)
+
 
 class CheckerTest(absltest.TestCase):
   """The checks themselves find what they look for."""
@@ -336,6 +355,10 @@ class CheckerTest(absltest.TestCase):
     doc = "Sum.\n\nArgs:\n  x: a.\n\nReturns:\n  b.\n"
     self.assertEqual(_section(doc, "Args"), "  x: a.\n\n")
     self.assertIsNone(_section(doc, "Raises"))
+
+  def test_finds_examples(self):
+    doc = "A.\n\nExample usage:\n  x = 1\n\n  y = x\n\nAttributes:\n  x: a.\n"
+    self.assertEqual(_examples(doc), ["x = 1\n\ny = x\n\n"])
 
 
 if __name__ == "__main__":

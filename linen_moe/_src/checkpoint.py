@@ -423,8 +423,8 @@ class Checkpoints:
       The nested tree of the arrays read.
 
     Raises:
-      DamagedCheckpointError: if orbax fails to read them (for any reason,
-        including a `step` that was never saved).
+      DamagedCheckpointError: if orbax fails to read them (any exception it
+        raises is reported as damage).
     """
     item = traverse_util.unflatten_dict(dict(flat_target))
     restore = ocp.args.PyTreeRestore(

@@ -617,7 +617,7 @@ def load_moe_config(
 ) -> MoEConfig:
   """Reads the `moe:` section of a YAML config into a validated `MoEConfig`.
 
-  Example:
+  Example usage:
     cfg = load_moe_config("tiny_mixtral", quantization="int8")
 
   Args:

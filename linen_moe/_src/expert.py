@@ -63,6 +63,12 @@ class SharedExpert(nn.Module):
   stored kernels (`linen_moe.stored_weights`) under the same names, each
   contracted by its own `{name}_dot` submodule.
 
+  Example usage:
+    cfg = load_moe_config("tiny_deepseek_v3")      # shared_experts: 1
+    shared = SharedExpert(cfg)
+    variables = shared.init(jax.random.key(0), x)  # x: [B, S, emb_dim]
+    y = shared.apply(variables, x)                 # [B, S, emb_dim]
+
   Attributes:
     config: the `MoEConfig` (`shared_experts`, `shared_mlp_dim`, activations).
   """
