@@ -2,7 +2,7 @@
 
 The public API is what `__all__` lists, plus the public modules
 `linen_moe.routing`, `serving`, `sharding`, `decoding`, `distributed`,
-`tokens`, `training`, `testing` and `checkpoint`. Each name and module loads
+`tokens`, `training`, `testing`, `checkpoint` and `hf`. Each name and module loads
 on first use: `import linen_moe` alone imports no jax. Everything under
 `linen_moe._src` is private and may move between releases.
 """
@@ -65,6 +65,7 @@ _PUBLIC_MODULES = (
     "checkpoint",
     "decoding",
     "distributed",
+    "hf",
     "routing",
     "serving",
     "sharding",
@@ -102,6 +103,7 @@ __all__ = [
     "decoding",
     "default_optimizer",
     "distributed",
+    "hf",
     "init_train_state",
     "load_moe_config",
     "load_model_config",

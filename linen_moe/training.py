@@ -22,6 +22,7 @@ from linen_moe._src.training.step import default_optimizer
 from linen_moe._src.training.step import init_train_state
 from linen_moe._src.training.step import make_train_step
 from linen_moe._src.training.step import overwrite_with_gradient
+from linen_moe._src.training.step import train_state_from_variables
 
 __all__ = [
     "LinenFrontend",
@@ -38,6 +39,7 @@ __all__ = [
     "init_train_state",
     "make_train_step",
     "overwrite_with_gradient",
+    "train_state_from_variables",
 ]
 
 # The submodules of 0.1's `linen_moe.training` package, private since 0.2.

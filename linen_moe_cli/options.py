@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import dataclasses
 import importlib
 import math
+import os
 from typing import Any
 
 from linen_moe_cli import frontends
@@ -67,6 +68,10 @@ class TrainOptions:
       model with fresh fp8 state.
     resume_step: resume from this checkpoint rather than the newest that
       reads; needs `checkpoint_dir`, at most `steps`.
+    init_from_hf: a Hugging Face checkpoint directory to fine-tune from
+      (`linen_moe.hf.load_checkpoint`): its config.json is the model
+      (`config` is not read), `overrides` may change only the run fields
+      and `param_dtype`; a checkpoint in `checkpoint_dir` resumes instead.
   """
 
   config: str = "tiny_mixtral"
@@ -86,6 +91,7 @@ class TrainOptions:
   keep: int = 3
   fresh_fp8_state: bool = False
   resume_step: int | None = None
+  init_from_hf: str | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "overrides", dict(self.overrides))
@@ -134,6 +140,28 @@ class TrainOptions:
             self.resume_step,
             f"expected at most --steps {self.steps}",
         )
+
+    if self.init_from_hf is not None:
+      self._check_init_from_hf()
+
+  def _check_init_from_hf(self) -> None:
+    from linen_moe._src.config import run_fields  # noqa: PLC0415 (no jax)
+
+    where = self.init_from_hf
+    if not os.path.isfile(os.path.join(where, "config.json")):
+      _fail(
+          "init_from_hf",
+          where,
+          "expected a Hugging Face checkpoint directory (with config.json)",
+      )
+    fixed = sorted(set(self.overrides) - run_fields() - {"param_dtype"})
+    if fixed:
+      _fail(
+          "init_from_hf",
+          where,
+          f"the checkpoint fixes the model, so {fixed} cannot be overridden "
+          f"(only the run fields {sorted(run_fields())} and param_dtype)",
+      )
 
   @classmethod
   def from_args(cls, args: argparse.Namespace) -> TrainOptions:

@@ -27,6 +27,7 @@ _FACES = (
     "tokens",
     "training",
     "testing",
+    "hf",
 )
 
 

@@ -1,4 +1,5 @@
-"""`linen-moe train`: train the reference decoder on synthetic Markov data.
+"""`linen-moe train`: train the reference decoder on synthetic Markov data,
+from scratch or from a Hugging Face checkpoint (`--init-from-hf`).
 
 The flags become a `TrainOptions` (checked before jax is imported); with
 `--coordinator`, `--num-processes` and `--process-id` this process first
@@ -101,6 +102,17 @@ def register(subparsers) -> None:
       help=(
           "resume a checkpoint whose fp8 state does not fit the model "
           "(e.g. trained unquantized) with fresh fp8 state"
+      ),
+  )
+  p.add_argument(
+      "--init-from-hf",
+      default=None,
+      metavar="DIR",
+      help=(
+          "fine-tune a Hugging Face checkpoint (Mixtral, Qwen3-MoE): its "
+          "config.json is the model (--config is not read; --quantization, "
+          "--layers, the path flags and --set of run fields apply), on "
+          "synthetic data over its vocabulary"
       ),
   )
   _add_process_args(p)
