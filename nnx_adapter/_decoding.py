@@ -22,8 +22,20 @@ from nnx_adapter._decoder import nnx_to_linen
 
 
 def decoding_model(model: Decoder, batch: int, max_len: int) -> Decoder:
-  """A decoding `Decoder` holding `model`'s variables and an empty cache
-  for `batch` rows of up to `max_len` tokens."""
+  """A decoding twin of `model`, with an empty cache.
+
+  Args:
+    model: an NNX `Decoder`, not itself decoding.
+    batch: B, >= 1.
+    max_len: the cache length, >= 1.
+
+  Returns:
+    A `Decoder(config, decode=True)` holding `model`'s variables and a zero
+    cache for B rows of up to `max_len` tokens.
+
+  Raises:
+    ValueError: if `batch` or `max_len` is < 1.
+  """
   if batch < 1 or max_len < 1:
     raise ValueError(
         f"batch={batch} and max_len={max_len} must both be positive."
@@ -64,6 +76,13 @@ def greedy_generate(
     prompt: <int>[B, P], P >= 1.
     num_tokens: tokens to generate, >= 1.
     max_len: cache length, at least P + num_tokens (the default).
+
+  Returns:
+    [B, P + num_tokens], the prompt then the generated tokens.
+
+  Raises:
+    ValueError: a prompt that is not [B, P >= 1], `num_tokens` < 1, a
+      decoding `model`, or a `max_len` too short.
   """
   prompt = jnp.asarray(prompt)
   if prompt.ndim != 2 or prompt.shape[1] < 1:

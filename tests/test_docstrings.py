@@ -44,6 +44,7 @@ _FACES = (
     "linen_moe.checkpoint",
     "linen_moe.decoding",
     "linen_moe.distributed",
+    "linen_moe.hf",
     "linen_moe.tokens",
     "linen_moe.training",
     "linen_moe.testing",
@@ -57,20 +58,12 @@ _PACKAGES = ("linen_moe", "nnx_adapter")
 # Modules being rewritten on other branches; document them when the rewrite
 # lands, and remove them from here (`test_allowlist_is_needed` says when).
 _ALLOWLIST = {
-    # Being rewritten on branch hf (the decoder); document when it lands.
-    "linen_moe/_src/models/decoder.py": "hf",
-    "linen_moe/_src/models/decoding.py": "hf",
-    "nnx_adapter/_decoder.py": "hf",
-    # Being rewritten on branch hf; document when it lands.
-    "linen_moe/_src/serving.py": "hf",
-    "linen_moe/_src/checkpoint_tree.py": "hf",
     # Being rewritten on branches data and speed; document when they land.
     "linen_moe/_src/training/step.py": "data, speed",
     "linen_moe/_src/training/data.py": "data, speed",
     "linen_moe/_src/training/frontend.py": "data, speed",
     "nnx_adapter/_train.py": "data, speed",
-    # Being rewritten on branch speed; document when it lands. (Its
-    # sparse.py defines no public name.)
+    # Being rewritten on branch speed; document when it lands.
     "linen_moe/_src/moe.py": "speed",
 }
 

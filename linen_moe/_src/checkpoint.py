@@ -85,8 +85,20 @@ def config_dict(config: ModelConfig) -> dict[str, Any]:
 
 
 def config_from_dict(saved: Mapping[str, Any]) -> ModelConfig:
-  """The `ModelConfig` a `config_dict` describes (a field it lacks, added
-  to the config since, has its default)."""
+  """The `ModelConfig` a `config_dict` describes.
+
+  Args:
+    saved: a `config_dict` (as a checkpoint's metadata holds it); a field
+      it lacks (added to the config since) has its default.
+
+  Returns:
+    The validated `ModelConfig`.
+
+  Raises:
+    ValueError: if a value is invalid (as the config constructors).
+    TypeError: if `saved` holds a key that is no config field, or lacks a
+      field without a default (`num_experts`, ...).
+  """
   moe_names = {f.name for f in dataclasses.fields(MoEConfig)}
   values = {**_field_defaults(), **saved}
   moe = {k: v for k, v in values.items() if k in moe_names}
@@ -476,7 +488,7 @@ class Checkpoints:
       fresh_fp8_state: bool = False,
   ) -> Restored:
     """Restores `step` (default: the latest) into `target`, a checkpoint
-    tree of arrays or `ShapeDtypeStruct`s (`tree_of` a state) whose leaves
+    tree of arrays or ShapeDtypeStructs (`tree_of` a state) whose leaves
     give each array's shape, dtype and sharding.
 
     Checked before any array is read: the model config (if `config` is
@@ -501,8 +513,9 @@ class Checkpoints:
 
     Raises:
       ValueError: if there is no checkpoint (or none of `step`), the model
-        config differs, a leaf's path, shape or dtype differs (naming the
-        checkpoint and the first mismatched leaf), or `fresh_fp8_state`
+        config differs, the checkpoint holds another number of layers, a
+        leaf's path, shape or dtype differs (naming the checkpoint and the
+        first mismatched leaf), or `fresh_fp8_state`
         needs the initial fp8 state but `target` holds ShapeDtypeStructs.
       DamagedCheckpointError: (a ValueError) for a damaged checkpoint.
     """
@@ -653,12 +666,22 @@ def read_variables(
 ) -> tuple[ModelConfig, dict, int]:
   """The model of a training checkpoint: `(config, variables, step)`.
 
-  `variables` are the checkpoint's (`params`, fp8 state, every other
-  collection: what `Decoder.apply` takes), on the default device, in the
-  saved layer layout (the config's `scan_layers` says which); with `dtype`
-  (one of `EXPORT_DTYPES`) the floating `params` are cast to it as they
-  are read. Default step: the latest. Raises ValueError for a directory
-  without checkpoints, a missing step or a damaged checkpoint.
+  Args:
+    checkpoint_dir: a `Checkpoints` directory.
+    dtype: cast the floating `params` to it as they are read (one of
+      `EXPORT_DTYPES`; the config's `param_dtype` follows); None keeps them.
+    step: the step to read; default the latest.
+
+  Returns:
+    A triple (config, variables, step), the saved `ModelConfig` with
+    `scan_layers` set to the saved layer layout, the checkpoint's variables
+    (`params`, fp8 state, every other collection: what `Decoder.apply`
+    takes) on the default device, and the step read.
+
+  Raises:
+    ValueError: if `dtype` is not in `EXPORT_DTYPES`, the directory does not
+      exist or holds no checkpoint (of `step`), or the checkpoint is
+      damaged (`DamagedCheckpointError`).
   """
   if dtype is not None and dtype not in EXPORT_DTYPES:
     raise ValueError(
