@@ -16,10 +16,10 @@ define. A callable needs, in its Google-style docstring (read by
   not here).
 
 An `Example usage:` block (rendered as code by docs/conf.py) must be valid
-Python. A class needs a docstring; a dataclass (configs, Linen modules, results)
-names each of its public fields under `Attributes:`, and a class with its own
-`__init__` documents the constructor's `Args:` in the class docstring (what
-the API reference renders).
+Python. A class needs a docstring; a dataclass (configs, Linen modules,
+results) names each of its public fields under `Attributes:`, and a class
+with its own `__init__` documents the constructor's `Args:` in the class
+docstring (what the API reference renders).
 """
 
 import ast
