@@ -70,7 +70,7 @@ _log = logging.getLogger("linen_moe.checkpoint")
 
 
 def config_dict(config: ModelConfig) -> dict[str, Any]:
-  """The config as flat JSON values, under the names `ModelConfig.replace` takes.
+  """The config as flat JSON values, named as `ModelConfig.replace` takes them.
 
   Args:
     config: the model config.
@@ -123,7 +123,7 @@ def _field_defaults() -> dict[str, Any]:
 
 
 def check_model_config(saved: Mapping[str, Any], config: ModelConfig, where):
-  """Checks that `config` is the model `saved` describes; `RUN_FIELDS` may differ.
+  """Checks that `config` is the model `saved` describes, but for `RUN_FIELDS`.
 
   Args:
     saved: a `config_dict`, as a checkpoint's metadata holds it.

@@ -116,7 +116,7 @@ def state_from(
     template: PyTree,
     path_of: Callable[[tuple], Path] = linen_path,
 ) -> PyTree:
-  """`template` with every leaf taken from the checkpoint tree; `tree_of`'s inverse.
+  """`template` with every leaf from the checkpoint tree (`tree_of`'s inverse).
 
   Args:
     tree: a checkpoint tree, e.g. `Restored.tree`.

@@ -390,7 +390,7 @@ class MoEConfig:
 
   @property
   def dropping(self) -> bool:
-    """Whether tokens may be dropped: the dense path with capacity_factor > 0."""
+    """Whether tokens may be dropped: the dense path, capacity_factor > 0."""
     return not self.sparse_matmul and self.capacity_factor > 0
 
   @property

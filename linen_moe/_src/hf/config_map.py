@@ -177,7 +177,7 @@ def _sliding_window(hf, family: Family) -> int:
 
 
 def model_config(hf: Mapping[str, Any]) -> ModelConfig:
-  """The `ModelConfig` that computes what transformers computes for a config.json.
+  """The `ModelConfig` computing what transformers computes for a config.json.
 
   Args:
     hf: the parsed config.json, either style (transformers 5's
