@@ -15,6 +15,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src.tokens import validate_tokens_if_concrete
 from linen_moe._src.variables import CACHE
 from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import linen_to_nnx
@@ -81,14 +82,17 @@ def greedy_generate(
     [B, P + num_tokens], the prompt then the generated tokens.
 
   Raises:
-    ValueError: a prompt that is not [B, P >= 1], `num_tokens` < 1, a
-      decoding `model`, or a `max_len` too short.
+    TypeError: the prompt's ids are not integers.
+    ValueError: a prompt that is not [B, P >= 1], an id of a concrete prompt
+      outside [0, vocab_size) (named), `num_tokens` < 1, a decoding `model`,
+      or a `max_len` too short.
   """
-  prompt = jnp.asarray(prompt)
-  if prompt.ndim != 2 or prompt.shape[1] < 1:
+  if jnp.ndim(prompt) != 2 or jnp.shape(prompt)[1] < 1:
     raise ValueError(
-        f"prompt must be [batch, length >= 1]; got {prompt.shape}."
+        f"prompt must be [batch, length >= 1]; got {jnp.shape(prompt)}."
     )
+  validate_tokens_if_concrete(prompt, model.config.vocab_size, name="prompt")
+  prompt = jnp.asarray(prompt)
   if num_tokens < 1:
     raise ValueError(f"num_tokens={num_tokens} must be >= 1.")
   if getattr(model, "decode", False):

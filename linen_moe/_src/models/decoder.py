@@ -230,15 +230,15 @@ def scanned_to_unrolled(
   Args:
     variables: the variables (or any tree holding the layer stack).
     num_layers: a count L (one stack of every layer, [L, ...]) or the
-      decoder's `config.stack_plan`; it must be the plan the stack was built
-      with (the stack's leading axis is not checked against it).
+      decoder's `config.stack_plan`: the plan the stack was built with.
 
   Returns:
     A new tree with every layer unrolled; other subtrees as they were.
 
   Raises:
-    ValueError: if `num_layers` is not a count >= 0, or the tree holds a
-      stack the plan has none of.
+    ValueError: if `num_layers` is not a count >= 0, the tree holds a
+      stack the plan has none of, or a stack whose leading axis is not the
+      plan's number of scanned layers.
   """
   return layer_stack.to_unrolled(variables, _plan(num_layers))
 

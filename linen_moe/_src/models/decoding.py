@@ -74,6 +74,38 @@ def _extend(config: ModelConfig, variables, cache, tokens):
   return jnp.argmax(last, axis=-1).astype(jnp.int32), last, mutated[CACHE]
 
 
+def check_room(cache: PyTree, new_tokens: int) -> None:
+  """Raises when a concrete `cache` has no room for `new_tokens` more.
+
+  A traced cache is not checked (inside jit a write past the end is
+  clamped, the documented contract).
+
+  Args:
+    cache: a `cache` collection (`init_cache`, or one a step returned).
+    new_tokens: how many tokens the next call appends.
+
+  Raises:
+    ValueError: if the tokens held plus `new_tokens` exceed the cache length.
+  """
+  index = cache.get("index") if isinstance(cache, Mapping) else None
+  if index is None or isinstance(index, jax.core.Tracer):
+    return
+  lengths = {
+      leaf.shape[-3]
+      for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+      if getattr(path[-1], "key", None) == "cached_key"
+  }
+  if not lengths:
+    return
+  held, max_len = int(index), min(lengths)
+  if held + new_tokens > max_len:
+    raise ValueError(
+        f"The cache holds {held} of its max_len={max_len} tokens: "
+        f"{new_tokens} more do not fit (make it with init_cache(..., "
+        f"max_len >= {held + new_tokens}))."
+    )
+
+
 def prefill(config: ModelConfig, variables: Mapping, cache, prompt):
   """Runs the prompt into an empty cache; the cache passed in is donated.
 
@@ -81,12 +113,17 @@ def prefill(config: ModelConfig, variables: Mapping, cache, prompt):
     config: the decoder's config.
     variables: the decoder's variables, without `cache`.
     cache: an empty cache (`init_cache`) with room for P tokens and those
-      to come (not checked: a write past `max_len` is clamped).
+      to come.
     prompt: <int32>[B, P].
 
   Returns:
     (next token <int32>[B], its logits <float32>[B, V], the new cache).
+
+  Raises:
+    ValueError: if a concrete cache has no room for the P tokens (traced,
+      a write past `max_len` is clamped).
   """
+  check_room(cache, prompt.shape[1])
   return _extend(config, variables, cache, prompt)
 
 
@@ -97,12 +134,17 @@ def decode_step(config: ModelConfig, variables: Mapping, cache, token):
     config: the decoder's config.
     variables: the decoder's variables, without `cache`.
     cache: the cache from `prefill` or the last `decode_step`, with a free
-      slot (not checked: a write past `max_len` is clamped).
+      slot.
     token: <int32>[B], one token per row.
 
   Returns:
     (next token <int32>[B], its logits <float32>[B, V], the new cache).
+
+  Raises:
+    ValueError: if a concrete cache is full (traced, a write past
+      `max_len` is clamped).
   """
+  check_room(cache, 1)
   return _extend(config, variables, cache, token[:, None])
 
 
