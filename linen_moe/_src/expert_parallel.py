@@ -255,9 +255,10 @@ def sparse_moe(
     first = 0
     if ep.expert_axes:
       first = jax.lax.axis_index(ep.expert_axes) * ep.experts_per_device
+    tokens = x.reshape(-1, m)
     out = sparse_experts(
-        mdl.grouped,
-        x.reshape(-1, m),
+        functools.partial(mdl.grouped, max_group_size=tokens.shape[0]),
+        tokens,
         indices.reshape(-1, k),
         weights.reshape(-1, k),
         (wi_0, wi_1, wo),
