@@ -173,7 +173,15 @@ def _seconds(fn, *args) -> float:
 class Ours:
   """The reference decoder, its train step and its decoding."""
 
-  def __init__(self, cfg, checkpoint: str | None, seed: int = 0):
+  def __init__(
+      self,
+      cfg,
+      checkpoint: str | None,
+      seed: int = 0,
+      scan_layers: bool | None = None,
+  ):
+    """`scan_layers` (None: the config's) picks the layer layout; the weights
+    are the same either way (drawn scanned, then unrolled)."""
     if checkpoint:
       try:
         from linen_moe import hf  # noqa: PLC0415
@@ -186,8 +194,17 @@ class Ours:
     else:
       sample = jnp.zeros((1, 8), jnp.int32)
       variables = linen_moe.Decoder(cfg).init(jax.random.key(seed), sample)
+    variables = linen_moe.sharding.unbox(dict(variables))
+    if scan_layers is not None and scan_layers != cfg.scan_layers:
+      convert = (
+          linen_moe.unrolled_to_scanned
+          if scan_layers
+          else linen_moe.scanned_to_unrolled
+      )
+      variables = convert(variables, cfg.num_layers)
+      cfg = cfg.replace(scan_layers=scan_layers)
     self.cfg = cfg
-    self.variables = linen_moe.sharding.unbox(dict(variables))
+    self.variables = variables
     self.rng = np.random.default_rng(seed)
 
   @property
@@ -376,6 +393,7 @@ class Options:
   checkpoint: str | None = None
   peer_attn: str | None = None
   peer_experts: str | None = None
+  layers: str = "config"
 
 
 def _roofline_gflops():
@@ -390,8 +408,14 @@ def run_model(name: str, opts: Options) -> dict[str, Any]:
   """Every measurement of one model: a dict of figures (seconds, tokens/s,
   ratios) and the medians' raw samples."""
   cfg = model_config(name)
-  ours = Ours(cfg, opts.checkpoint)
-  out: dict[str, Any] = {"model": name, "params": ours.params}
+  layers = {"scanned": True, "unrolled": False}.get(opts.layers)
+  ours = Ours(cfg, opts.checkpoint, scan_layers=layers)
+  cfg = ours.cfg
+  out: dict[str, Any] = {
+      "model": name,
+      "params": ours.params,
+      "layers": "scanned" if cfg.scan_layers else "unrolled",
+  }
   samples: dict[str, list[float]] = {}
 
   def sample(key, value):
@@ -558,7 +582,7 @@ def report(results: dict[str, Any]) -> str:
   ]
   for r in results["models"]:
     lines.append("")
-    head = f"== {r['model']}: {r['params']:,} parameters"
+    head = f"== {r['model']} ({r['layers']} layers): {r['params']:,} parameters"
     peer = r.get("peer")
     if peer:
       v = peer["versions"]
@@ -713,6 +737,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   parser.add_argument(
       "--steps", type=int, default=8, help="decode steps timed per round"
   )
+  parser.add_argument(
+      "--layers",
+      choices=("config", "scanned", "unrolled"),
+      default="config",
+      help="our decoder's layer layout (default: the config's scan_layers)",
+  )
   parser.add_argument("--no-train", action="store_true")
   parser.add_argument("--no-decode", action="store_true")
   parser.add_argument(
@@ -773,6 +803,7 @@ def main(argv: list[str] | None = None) -> int:
       checkpoint=args.checkpoint,
       peer_attn=args.peer_attn,
       peer_experts=args.peer_experts,
+      layers=args.layers,
   )
   results = {"machine": machine(), "options": dataclasses.asdict(opts)}
   results["models"] = [run_model(name, opts) for name in args.model]
