@@ -805,7 +805,12 @@ def main(argv: list[str] | None = None) -> int:
       peer_experts=args.peer_experts,
       layers=args.layers,
   )
-  results = {"machine": machine(), "options": dataclasses.asdict(opts)}
+  options = dataclasses.asdict(opts)
+  # What was run, not where: no interpreter or checkpoint paths recorded.
+  options["peer"] = "transformers" if opts.peer else None
+  if opts.checkpoint:
+    options["checkpoint"] = os.path.basename(os.path.normpath(opts.checkpoint))
+  results = {"machine": machine(), "options": options}
   results["models"] = [run_model(name, opts) for name in args.model]
   results["end_load_average"] = list(os.getloadavg())
   text = report(results)
