@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from linen_moe_cli.main import use_fast_compile
+from linen_moe.testing import use_fast_compile
 
 
 def main() -> None:

@@ -2,52 +2,76 @@
 
 The public API is what `__all__` lists, plus the public modules
 `linen_moe.routing`, `serving`, `sharding`, `decoding`, `distributed`,
-`tokens`, `training`, `testing` and `checkpoint` (imported on its own, so that
-orbax loads only when asked for). Everything under `linen_moe._src` is private
-and may move between releases.
+`tokens`, `training`, `testing` and `checkpoint`. Each name and module loads
+on first use: `import linen_moe` alone imports no jax. Everything under
+`linen_moe._src` is private and may move between releases.
 """
 
 import importlib as _importlib
 from typing import Any as _Any
 import warnings as _warnings
 
-from linen_moe import decoding
-from linen_moe import distributed
-from linen_moe import routing
-from linen_moe import serving
-from linen_moe import sharding
-from linen_moe import tokens
-from linen_moe import training
-from linen_moe._src.config import PATHS
-from linen_moe._src.config import QUANTIZATIONS
-from linen_moe._src.config import ModelConfig
-from linen_moe._src.config import MoEConfig
-from linen_moe._src.config import available_configs
-from linen_moe._src.config import load_config as load_config  # deprecated
-from linen_moe._src.config import load_model_config
-from linen_moe._src.config import load_moe_config
-from linen_moe._src.expert import SharedExpert
-from linen_moe._src.models.decoder import Decoder
-from linen_moe._src.models.decoder import scanned_to_unrolled
-from linen_moe._src.models.decoder import unrolled_to_scanned
-from linen_moe._src.moe import CALL_SITES
-from linen_moe._src.moe import MoEAux
-from linen_moe._src.moe import RoutedAndSharedMoE
-from linen_moe._src.moe import RoutedMoE
-from linen_moe._src.routing import RouterResult
-from linen_moe._src.scan import scan_blocks
-from linen_moe._src.training.data import MarkovData
-from linen_moe._src.training.sharded import ShardedTraining
-from linen_moe._src.training.step import TrainState
-from linen_moe._src.training.step import default_optimizer
-from linen_moe._src.training.step import init_train_state
-from linen_moe._src.training.step import make_train_step
-from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.variables import RNG_STREAMS
-from linen_moe._src.variables import ROUTER_JITTER_RNG_STREAM
-from linen_moe._src.variables import STATE_COLLECTIONS
-from linen_moe._src.variables import UPDATED_BY_RULE
-from linen_moe._src.variables import rng_dict
+# Where each public name is defined. Names load on first use (PEP 562), so
+# that `import linen_moe` alone imports no jax: the command line's --help
+# and a test session's setup (which sets jax's flags) run before jax loads.
+_EXPORTS = {
+    "linen_moe._src.config": (
+        "PATHS",
+        "QUANTIZATIONS",
+        "ModelConfig",
+        "MoEConfig",
+        "available_configs",
+        "load_config",  # deprecated: load_moe_config
+        "load_model_config",
+        "load_moe_config",
+    ),
+    "linen_moe._src.expert": ("SharedExpert",),
+    # grouped_kernels imports jax, so it loads only when the name is asked for.
+    "linen_moe._src.grouped_kernels": ("KernelFallbackWarning",),
+    "linen_moe._src.models.decoder": (
+        "Decoder",
+        "scanned_to_unrolled",
+        "unrolled_to_scanned",
+    ),
+    "linen_moe._src.moe": (
+        "CALL_SITES",
+        "MoEAux",
+        "RoutedAndSharedMoE",
+        "RoutedMoE",
+    ),
+    "linen_moe._src.routing": ("RouterResult",),
+    "linen_moe._src.scan": ("scan_blocks",),
+    "linen_moe._src.training.data": ("MarkovData",),
+    "linen_moe._src.training.sharded": ("ShardedTraining",),
+    "linen_moe._src.training.step": (
+        "TrainState",
+        "default_optimizer",
+        "init_train_state",
+        "make_train_step",
+    ),
+    "linen_moe._src.variables": (
+        "OVERWRITE_WITH_GRADIENT",
+        "RNG_STREAMS",
+        "ROUTER_JITTER_RNG_STREAM",
+        "STATE_COLLECTIONS",
+        "UPDATED_BY_RULE",
+        "rng_dict",
+    ),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+
+# The public modules, loaded on first use like the names above.
+_PUBLIC_MODULES = (
+    "checkpoint",
+    "decoding",
+    "distributed",
+    "routing",
+    "serving",
+    "sharding",
+    "testing",
+    "tokens",
+    "training",
+)
 
 __version__ = "0.2.0"
 
@@ -61,6 +85,7 @@ __all__ = [
     "STATE_COLLECTIONS",
     "UPDATED_BY_RULE",
     "Decoder",
+    "KernelFallbackWarning",
     "MarkovData",
     "MoEAux",
     "MoEConfig",
@@ -93,12 +118,6 @@ __all__ = [
     "unrolled_to_scanned",
 ]
 
-# Public modules loaded on first use rather than by `import linen_moe`.
-_LAZY_MODULES = {
-    "checkpoint": "linen_moe.checkpoint",
-    "testing": "linen_moe.testing",
-}
-
 # Modules that were public in 0.1 and are private since 0.2: the old name
 # still works for one release, with a DeprecationWarning naming the new home.
 _MOVED_MODULES = {
@@ -130,8 +149,12 @@ _MOVED_MODULES = {
 
 
 def __getattr__(name: str) -> _Any:
-  if name in _LAZY_MODULES:
-    return _importlib.import_module(_LAZY_MODULES[name])
+  if name in _HOME:
+    value = getattr(_importlib.import_module(_HOME[name]), name)
+    globals()[name] = value  # found directly from now on
+    return value
+  if name in _PUBLIC_MODULES:
+    return _importlib.import_module(f"linen_moe.{name}")
   if name in _MOVED_MODULES:
     module, instead = _MOVED_MODULES[name]
     advice = (
@@ -147,3 +170,7 @@ def __getattr__(name: str) -> _Any:
     )
     return _importlib.import_module(module)
   raise AttributeError(f"module 'linen_moe' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(__all__))

@@ -5,6 +5,7 @@ when asked for."""
 
 from linen_moe._src.checkpoint import RUN_FIELDS
 from linen_moe._src.checkpoint import Checkpoints
+from linen_moe._src.checkpoint import DamagedCheckpointError
 from linen_moe._src.checkpoint import Restored
 from linen_moe._src.checkpoint import check_model_config
 from linen_moe._src.checkpoint import config_dict
@@ -21,6 +22,7 @@ from linen_moe._src.checkpoint_tree import tree_of
 
 __all__ = [
     "Checkpoints",
+    "DamagedCheckpointError",
     "RUN_FIELDS",
     "Restored",
     "VARIABLES",

@@ -6,12 +6,18 @@ before any computation, not after minutes of compiling and running.
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Mapping
+import dataclasses
 import importlib
 import math
 from typing import Any
 
+from linen_moe_cli import frontends
+from linen_moe_cli import model_args
+
 # Optional packages -> the extra of this project that installs them.
-EXTRAS = {"matplotlib": "bench", "hypothesis": "test"}
+EXTRAS = {"matplotlib": "bench", "hypothesis": "test", "tokamax": "kernels"}
 
 
 class RunStopped(Exception):
@@ -30,47 +36,122 @@ def check_int(name: str, value: Any, minimum: int) -> None:
     _fail(name, value, f"expected an integer >= {minimum}")
 
 
-def check_train_options(
-    *,
-    steps: int,
-    batch_size: int,
-    seq_len: int,
-    learning_rate: float,
-    grad_accum: int = 1,
-    max_consecutive_skips: int = 1,
-    checkpoint_dir: str | None = None,
-    save_every: int | None = None,
-    keep: int = 3,
-) -> None:
-  """Raises `ValueError` naming the first bad option of a training run.
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+  """What one `linen-moe train` run does, checked at construction.
 
-  A next-token loss needs two positions, so `seq_len >= 2`; the batch splits
-  into `grad_accum` equal microbatches, so `grad_accum` divides `batch_size`;
-  `save_every` needs a `checkpoint_dir` to save to.
+  Each field is the flag of the same name (`batch_size` is `--batch-size`);
+  `TrainOptions.from_args` builds it from the parsed command line, and a bad
+  value is a `ValueError` naming the flag, before jax is imported.
+
+  Attributes:
+    config: a config name (`linen_moe.available_configs()`) or a YAML path.
+    overrides: config fields to override (`--set`, `--quantization`, ...).
+    steps: train up to this step (a resumed run continues to it).
+    batch_size: sequences per step, B; split into `grad_accum` equal
+      microbatches.
+    seq_len: tokens per sequence, S >= 2 (a next-token loss needs two).
+    learning_rate: AdamW's, > 0.
+    grad_accum: microbatches per step; divides `batch_size`.
+    seed: the initialisation and dropout key, and (`seed + 1`) the data.
+    mesh: e.g. "data=2,expert=4" (`linen_moe.sharding.make_mesh`); None for
+      one device (or "data=<device count>" over several processes).
+    frontend: a name in `frontends.FRONTENDS`.
+    max_consecutive_skips: stop after this many skipped steps in a row.
+    progress: show a progress bar (process 0 only).
+    checkpoint_dir: save here and resume from the latest checkpoint.
+    save_every: save every N steps (default: only the last); needs
+      `checkpoint_dir`.
+    keep: keep the latest K checkpoints.
+    fresh_fp8_state: resume a checkpoint whose fp8 state does not fit the
+      model with fresh fp8 state.
+    resume_step: resume from this checkpoint rather than the newest that
+      reads; needs `checkpoint_dir`, at most `steps`.
   """
-  check_int("steps", steps, 1)
-  check_int("batch_size", batch_size, 1)
-  check_int("seq_len", seq_len, 2)
-  lr = learning_rate
-  if isinstance(lr, bool) or not isinstance(lr, (int, float)):
-    _fail("learning_rate", lr, "expected a number > 0")
-  if not (math.isfinite(lr) and lr > 0):
-    _fail("learning_rate", lr, "expected a finite number > 0")
-  check_int("grad_accum", grad_accum, 1)
-  if batch_size % grad_accum:
-    divisors = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
-    _fail(
-        "grad_accum",
-        grad_accum,
-        f"expected a divisor of batch_size={batch_size} ({divisors}), "
-        "so that microbatches are equal",
+
+  config: str = "tiny_mixtral"
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  steps: int = 200
+  batch_size: int = 16
+  seq_len: int = 32
+  learning_rate: float = 1e-2
+  grad_accum: int = 1
+  seed: int = 0
+  mesh: str | None = None
+  frontend: str = "linen"
+  max_consecutive_skips: int = 10
+  progress: bool = True
+  checkpoint_dir: str | None = None
+  save_every: int | None = None
+  keep: int = 3
+  fresh_fp8_state: bool = False
+  resume_step: int | None = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "overrides", dict(self.overrides))
+    check_int("steps", self.steps, 1)
+    check_int("batch_size", self.batch_size, 1)
+    check_int("seq_len", self.seq_len, 2)
+    lr = self.learning_rate
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)):
+      _fail("learning_rate", lr, "expected a number > 0")
+    if not (math.isfinite(lr) and lr > 0):
+      _fail("learning_rate", lr, "expected a finite number > 0")
+    check_int("grad_accum", self.grad_accum, 1)
+    if self.batch_size % self.grad_accum:
+      b = self.batch_size
+      divisors = [d for d in range(1, b + 1) if b % d == 0]
+      _fail(
+          "grad_accum",
+          self.grad_accum,
+          f"expected a divisor of batch_size={b} ({divisors}), so that "
+          "microbatches are equal",
+      )
+    check_int("seed", self.seed, 0)
+    if self.frontend not in frontends.FRONTENDS:
+      _fail("frontend", self.frontend, f"expected one of {frontends.FRONTENDS}")
+    check_int("max_consecutive_skips", self.max_consecutive_skips, 1)
+    if self.save_every is not None:
+      check_int("save_every", self.save_every, 1)
+      if self.checkpoint_dir is None:
+        _fail(
+            "save_every",
+            self.save_every,
+            "it needs a --checkpoint-dir to save to",
+        )
+    check_int("keep", self.keep, 1)
+    if self.resume_step is not None:
+      check_int("resume_step", self.resume_step, 1)
+      if self.checkpoint_dir is None:
+        _fail(
+            "resume_step",
+            self.resume_step,
+            "it needs a --checkpoint-dir to resume from",
+        )
+      if self.resume_step > self.steps:
+        _fail(
+            "resume_step",
+            self.resume_step,
+            f"expected at most --steps {self.steps}",
+        )
+
+  @classmethod
+  def from_args(cls, args: argparse.Namespace) -> TrainOptions:
+    """The options of a parsed `linen-moe train` command line."""
+    fields = {f.name for f in dataclasses.fields(cls)} - {
+        "overrides",
+        "progress",
+    }
+    return cls(
+        overrides=model_args.model_overrides(args),
+        progress=not args.no_progress,
+        **{name: getattr(args, name) for name in fields},
     )
-  check_int("max_consecutive_skips", max_consecutive_skips, 1)
-  if save_every is not None:
-    check_int("save_every", save_every, 1)
-    if checkpoint_dir is None:
-      _fail("save_every", save_every, "it needs a --checkpoint-dir to save to")
-  check_int("keep", keep, 1)
+
+
+def train_default(name: str) -> Any:
+  """The default of `TrainOptions` field `name` (the flag's default)."""
+  return TrainOptions.__dataclass_fields__[name].default
 
 
 def missing_optional(module: str, needed_for: str) -> str | None:

@@ -6,6 +6,8 @@ import collections
 from collections.abc import Callable
 import dataclasses
 import math
+import os
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,14 +18,15 @@ from linen_moe import checkpoint
 from linen_moe import distributed
 from linen_moe import sharding
 from linen_moe._src.config import load_model_config
-from linen_moe._src.models.decoder import Decoder
 from linen_moe.tokens import validate_tokens
 from linen_moe.training import MarkovData
-from linen_moe.training import ShardedTraining
 from linen_moe.training import default_optimizer
 from linen_moe_cli import options
 from linen_moe_cli.checkpointing import RunCheckpoints
 from linen_moe_cli.frontends import frontend as get_frontend
+from linen_moe_cli.frontends import sharded_training
+from linen_moe_cli.options import TrainOptions
+from linen_moe_cli.run_directory import RunLock
 
 # Steps over which the final loss and expert loads are averaged.
 TAIL_STEPS = 10
@@ -57,171 +60,223 @@ class TrainResult:
   def load_ratio(self) -> float:
     """Max / min expert load of the most unbalanced layer (1 = balanced; inf
     when an expert got nothing), from `expert_load`."""
-    ratios = self.expert_load.max(axis=-1) / self.expert_load.min(axis=-1)
+    with np.errstate(divide="ignore"):
+      ratios = self.expert_load.max(axis=-1) / self.expert_load.min(axis=-1)
     return float(np.max(ratios))
 
 
-def train(
-    config: str,
-    overrides: dict,
-    *,
-    steps: int,
-    batch_size: int = 16,
-    seq_len: int = 32,
-    learning_rate: float = 1e-2,
-    grad_accum: int = 1,
-    seed: int = 0,
-    progress: bool = True,
-    frontend: str = "linen",
-    mesh: str | None = None,
-    max_consecutive_skips: int = 10,
-    checkpoint_dir: str | None = None,
-    save_every: int | None = None,
-    keep: int = 3,
-    fresh_fp8_state: bool = False,
-    log: Callable[[str], None] = print,
-) -> TrainResult:
-  """Trains the reference decoder in `frontend` ("linen" or "nnx"); returns
-  the per-step losses. Bad options are a `ValueError` before any work
-  (`options.check_train_options`), and so is a batch holding an id outside
-  [0, vocab_size) (`linen_moe.tokens.validate_tokens`), before its step.
+@dataclasses.dataclass
+class _Setup:
+  """What a run builds before its first step (no compile yet)."""
 
-  With `mesh` (e.g. "data=2,expert=4", see `sharding.make_mesh`) the state is
-  sharded at initialisation and every step runs on that mesh. One of several
-  processes (`jax.distributed`) trains on a mesh over every process's
-  devices (default: "data=<global device count>"); each process generates
-  the same global batches from `seed` and places only its own shards, and
-  only process 0 shows the progress bar. Step i (from 0) trains on batch i
-  of the data stream `seed + 1` with the key `fold_in(key(seed), i)`, so a
-  run is a function of its step.
+  cfg: Any  # ModelConfig
+  data: MarkovData
+  fe: Any  # TrainingFrontend
+  optimizer: Any
+  mesh: str | None
+  run: Any  # sharded training, or None on one device
+  feed: Callable[[np.ndarray], jax.Array]
 
-  With `checkpoint_dir` the run resumes from the latest checkpoint there (in
-  any front end, layer mode or mesh), saves every `save_every` steps and
-  always its last, keeps the latest `keep`, and appends one JSON line per
-  step to `checkpoint_dir/metrics.jsonl` (`checkpointing.RunCheckpoints`).
-  `fresh_fp8_state` allows resuming a checkpoint whose fp8 state does not
-  fit the model (see `linen_moe.checkpoint.Checkpoints.restore`).
 
-  A step with a non-finite loss or gradient is skipped (the state stays as it
-  was; `linen_moe.training.skip`) and counted; after `max_consecutive_skips`
-  skipped steps in a row the run stops with `options.RunStopped`.
-  """
-  options.check_train_options(
-      steps=steps,
-      batch_size=batch_size,
-      seq_len=seq_len,
-      learning_rate=learning_rate,
-      grad_accum=grad_accum,
-      max_consecutive_skips=max_consecutive_skips,
-      checkpoint_dir=checkpoint_dir,
-      save_every=save_every,
-      keep=keep,
-  )
+def _set_up(opts: TrainOptions) -> _Setup:
+  mesh = opts.mesh
   if mesh is None and jax.process_count() > 1:
     mesh = f"data={jax.device_count()}"
   device_mesh = None if mesh is None else sharding.make_mesh(mesh)
-  cfg = load_model_config(config, **overrides)
-  data = MarkovData(cfg.vocab_size)
-  data_seed = seed + 1
-  fe = get_frontend(frontend)
-  optimizer = default_optimizer(learning_rate)
-  rng = jax.random.key(seed)
+  cfg = load_model_config(opts.config, **opts.overrides)
+  optimizer = default_optimizer(opts.learning_rate)
   run, feed = None, jnp.asarray
   if device_mesh is not None:
-    run = sharded_training(frontend, cfg, optimizer, device_mesh, grad_accum)
+    run = sharded_training(
+        opts.frontend, cfg, optimizer, device_mesh, opts.grad_accum
+    )
     tokens_sharding = run.token_sharding()
     feed = lambda batch: distributed.global_array(  # noqa: E731
         batch.shape, tokens_sharding, batch
     )
-  ckpts = None
-  if checkpoint_dir is not None:
-    ckpts = RunCheckpoints(
-        checkpoint_dir, steps=steps, save_every=save_every, keep=keep, log=log
-    )
+  return _Setup(
+      cfg=cfg,
+      data=MarkovData(cfg.vocab_size),
+      fe=get_frontend(opts.frontend),
+      optimizer=optimizer,
+      mesh=mesh,
+      run=run,
+      feed=feed,
+  )
+
+
+def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
+  """Trains the reference decoder as `opts` says; returns a `TrainResult`.
+
+  A batch holding an id outside [0, vocab_size) is a `ValueError`
+  (`linen_moe.tokens.validate_tokens`) before its step.
+
+  With `opts.mesh` (e.g. "data=2,expert=4", see `sharding.make_mesh`) the
+  state is sharded at initialisation and every step runs on that mesh. One
+  of several processes (`jax.distributed`) trains on a mesh over every
+  process's devices (default: "data=<global device count>"); each process
+  generates the same global batches from the seed and places only its own
+  shards, and only process 0 shows the progress bar. Step i (from 0) trains
+  on batch i of the data stream `seed + 1` with the key
+  `fold_in(key(seed), i)`, so a run is a function of its step.
+
+  With `opts.checkpoint_dir` the run first locks the directory
+  (`run_directory.RunLock`; process 0 of a group, for all), then resumes
+  from the newest checkpoint there that reads, or `opts.resume_step` (in
+  any front end, layer mode or mesh), saves every `save_every` steps and
+  always its last, keeps the latest `keep`, and appends one JSON line per
+  step to `checkpoint_dir/metrics.jsonl` (`checkpointing.RunCheckpoints`).
+
+  A step with a non-finite loss or gradient is skipped (the state stays as
+  it was; `linen_moe.training.skip`) and counted; after
+  `max_consecutive_skips` skipped steps in a row the run stops with
+  `options.RunStopped`.
+  """
+  lock = None
+  if opts.checkpoint_dir is not None:
+    lock = _lock(opts.checkpoint_dir, log)
   try:
-    latest = None if ckpts is None else ckpts.latest_step()
-    if latest is not None and latest >= steps:
-      log(
-          f"{checkpoint_dir} is already at step {latest} (--steps {steps}); "
-          "nothing to train."
-      )
-      return TrainResult([], data.best_loss, start_step=latest)
-    start, state = latest or 0, None
-    batches = (  # batch i is a function of (data_seed, i): resumable
-        validate_tokens(b, cfg.vocab_size, name="batch")
-        for b in data.batches(batch_size, seq_len, data_seed, start=start)
+    job = _set_up(opts)
+    if opts.checkpoint_dir is None:
+      return _train_from(opts, job, None, resume=False)
+    ckpts = RunCheckpoints(
+        opts.checkpoint_dir,
+        steps=opts.steps,
+        save_every=opts.save_every,
+        keep=opts.keep,
+        log=log,
     )
-    first = feed(next(batches))
-    if latest is not None:
-      start, state, rng = ckpts.resume(
-          fe, run, cfg, optimizer, first, seed, fresh_fp8_state
-      )
-    if state is None:
-      state = (
-          run.init(first, rng) if run else fe.init(cfg, optimizer, first, rng)
-      )
-    if run is None:
-      step = jax.jit(fe.make_step(cfg, optimizer, grad_accum), donate_argnums=0)
-    else:
-      step = run.step
-    if ckpts is not None:
-      ckpts.begin(
-          start,
-          {
-              "model_config": checkpoint.config_dict(cfg),
-              "rng": checkpoint.rng_to_json(rng),
-              "data": {"kind": "markov", "seed": data_seed},
-              "run": {
-                  "config": config,
-                  "frontend": frontend,
-                  "mesh": mesh,
-                  "seed": seed,
-              },
-          },
-      )
-    losses, skipped, in_a_row = [], 0, 0
-    loads = collections.deque(maxlen=TAIL_STEPS)
-    show = progress and distributed.is_main_process()
-    bar = tqdm.trange(start, steps, disable=not show, desc="train")
-    for i in bar:
-      tokens = first if i == start else feed(next(batches))
-      state, metrics = step(state, tokens, jax.random.fold_in(rng, i))
-      loss = float(metrics["cross_entropy"])
-      losses.append(loss)
-      loads.append(metrics["expert_load"])
-      if ckpts is not None:
-        ckpts.after_step(i + 1, metrics, fe.checkpoint_tree, state)
-      in_a_row = in_a_row + 1 if int(metrics["skipped"]) else 0
-      skipped += in_a_row > 0
-      if in_a_row >= max_consecutive_skips:
-        raise options.RunStopped(
-            f"stopped at step {i + 1} of {steps}: the last {in_a_row} steps "
-            f"({i + 2 - in_a_row} to {i + 1}) were all skipped for a "
-            "non-finite loss or gradient (--max-consecutive-skips "
-            f"{max_consecutive_skips}; {skipped} skipped in all). The run is "
-            "not recovering: lower --learning-rate, or check the data."
+    try:
+      latest = opts.resume_step
+      if latest is None:
+        latest = ckpts.latest_step()
+      if latest is not None and latest >= opts.steps:
+        log(
+            f"{opts.checkpoint_dir} is already at step {latest} (--steps "
+            f"{opts.steps}); nothing to train."
         )
-      bar.set_postfix(
-          loss=f"{loss:.3f}", best=f"{data.best_loss:.3f}", skipped=skipped
-      )
+        result = TrainResult([], job.data.best_loss, start_step=latest)
+      else:
+        resume = bool(ckpts.checkpoints.all_steps())
+        result = _train_from(opts, job, ckpts, resume=resume)
+    except BaseException:
+      ckpts.close(report=False)
+      raise
+    ckpts.close()  # waits for the last save; a failed one stops the run
+    return result
   finally:
+    if lock is not None:
+      lock.release()
+
+
+def _lock(directory: str, log: Callable[[str], None]) -> RunLock | None:
+  """Locks `directory` for this run: process 0 alone takes the lock and
+  the others follow its decision (they stop too when it fails), before any
+  process writes there. Returns process 0's lock (None elsewhere)."""
+  if jax.process_count() == 1:
+    return RunLock.acquire(directory, log=log)
+  lock, error = None, None
+  if jax.process_index() == 0:
+    try:
+      lock = RunLock.acquire(directory, log=log)
+    except ValueError as e:
+      error = e
+  from jax.experimental import multihost_utils  # noqa: PLC0415
+
+  locked = multihost_utils.broadcast_one_to_all(np.int32(error is None))
+  if error is not None:
+    raise error
+  if not int(locked):
+    raise ValueError(
+        f"process 0 could not lock {os.path.abspath(directory)} (its error "
+        "says why); every process stops."
+    )
+  return lock
+
+
+def _train_from(opts: TrainOptions, job: _Setup, ckpts, *, resume: bool):
+  """Restores a checkpoint (`resume`) or initialises, and trains to the
+  end."""
+  fe, run, cfg = job.fe, job.run, job.cfg
+  data_seed = opts.seed + 1
+
+  def batches(start: int):  # batch i is a function of (data_seed, i)
+    for b in job.data.batches(
+        opts.batch_size, opts.seq_len, data_seed, start=start
+    ):
+      yield job.feed(validate_tokens(b, cfg.vocab_size, name="batch"))
+
+  # The state's shapes (and a fresh one's values) come from any batch.
+  sample = next(batches(0))
+  start, state, rng = 0, None, jax.random.key(opts.seed)
+  if resume:
+    start, state, rng = ckpts.resume(
+        fe,
+        run,
+        cfg,
+        job.optimizer,
+        sample,
+        opts.seed,
+        opts.fresh_fp8_state,
+        opts.resume_step,
+    )
+  if state is None:
+    state = (
+        run.init(sample, rng)
+        if run
+        else fe.init(cfg, job.optimizer, sample, rng)
+    )
+  if run is None:
+    step = jax.jit(
+        fe.make_step(cfg, job.optimizer, opts.grad_accum), donate_argnums=0
+    )
+  else:
+    step = run.step
+  if ckpts is not None:
+    ckpts.begin(
+        start,
+        {
+            "model_config": checkpoint.config_dict(cfg),
+            "rng": checkpoint.rng_to_json(rng),
+            "data": {"kind": "markov", "seed": data_seed},
+            "run": {
+                "config": opts.config,
+                "frontend": opts.frontend,
+                "mesh": job.mesh,
+                "seed": opts.seed,
+            },
+        },
+    )
+  stream = batches(start)
+  losses, skipped, in_a_row = [], 0, 0
+  loads = collections.deque(maxlen=TAIL_STEPS)
+  show = opts.progress and distributed.is_main_process()
+  bar = tqdm.trange(start, opts.steps, disable=not show, desc="train")
+  for i in bar:
+    tokens = next(stream)
+    state, metrics = step(state, tokens, jax.random.fold_in(rng, i))
+    loss = float(metrics["cross_entropy"])
+    losses.append(loss)
+    loads.append(metrics["expert_load"])
     if ckpts is not None:
-      ckpts.close()  # waits for the last save
+      ckpts.after_step(i + 1, metrics, fe.checkpoint_tree, state)
+    in_a_row = in_a_row + 1 if int(metrics["skipped"]) else 0
+    skipped += in_a_row > 0
+    if in_a_row >= opts.max_consecutive_skips:
+      raise options.RunStopped(
+          f"stopped at step {i + 1} of {opts.steps}: the last {in_a_row} "
+          f"steps ({i + 2 - in_a_row} to {i + 1}) were all skipped for a "
+          "non-finite loss or gradient (--max-consecutive-skips "
+          f"{opts.max_consecutive_skips}; {skipped} skipped in all). The run "
+          "is not recovering: lower --learning-rate, or check the data."
+      )
+    bar.set_postfix(
+        loss=f"{loss:.3f}", best=f"{job.data.best_loss:.3f}", skipped=skipped
+    )
   return TrainResult(
       losses,
-      data.best_loss,
+      job.data.best_loss,
       skipped,
       expert_load=np.mean(jax.device_get(list(loads)), axis=0),
       start_step=start,
   )
-
-
-def sharded_training(frontend: str, cfg, optimizer, mesh, grad_accum: int = 1):
-  """The sharded init and step of `frontend`'s decoder on `mesh`."""
-  if frontend == "nnx":
-    import nnx_adapter  # noqa: PLC0415 (optional front end)
-
-    return nnx_adapter.ShardedNNXTraining(
-        cfg, optimizer, mesh, grad_accum=grad_accum
-    )
-  return ShardedTraining(Decoder(cfg), optimizer, mesh, grad_accum=grad_accum)

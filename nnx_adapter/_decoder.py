@@ -15,6 +15,7 @@ from linen_moe._src import scan
 from linen_moe._src import sharding
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.models import decoder as linen_decoder
+from linen_moe._src.tokens import validate_tokens_if_concrete
 from linen_moe._src.variables import rng_dict
 from nnx_adapter._adapter import EagerToNNX
 
@@ -102,7 +103,7 @@ class Decoder(nnx.Module):
     """`rng` feeds every RNG stream the blocks draw from at apply time (AQT
     int8 needs it whenever gradients are taken); one key per layer."""
     cfg = self.config
-    linen_decoder.check_tokens(tokens)
+    validate_tokens_if_concrete(tokens, cfg.vocab_size)
     x = linen_decoder.scale_embeddings(self.embed(tokens), cfg)  # [B, S, M]
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     keys = None if rng is None else jax.random.split(rng, cfg.num_layers)

@@ -6,8 +6,8 @@ from hypothesis import Phase
 from hypothesis import settings
 
 import linen_moe
-from linen_moe_cli.main import use_compilation_cache
-from linen_moe_cli.main import use_fast_compile
+from linen_moe.testing import use_compilation_cache
+from linen_moe.testing import use_fast_compile
 
 _SOURCE_TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -78,7 +78,7 @@ class DecoderTest(parameterized.TestCase):
 
   def test_bad_tokens(self):
     cfg = load_model_config("tiny_mixtral")
-    with self.assertRaisesRegex(ValueError, "integer tokens"):
+    with self.assertRaisesRegex(TypeError, "integer token ids"):
       Decoder(cfg).init(jax.random.key(0), jnp.zeros((2, 4), jnp.float32))
 
 

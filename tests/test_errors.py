@@ -27,6 +27,7 @@ from linen_moe_cli import bench_report
 from linen_moe_cli import main as cli
 from linen_moe_cli import options
 from linen_moe_cli import train_job
+from linen_moe_cli.commands import train as train_command
 import nnx_adapter
 
 V = 256  # tiny_mixtral's vocabulary
@@ -72,11 +73,9 @@ class TrainOptionsTest(parameterized.TestCase):
 
   def test_python_entry_point_checks_the_same(self):
     with self.assertRaisesRegex(ValueError, r"seq_len=1 \(--seq-len\)"):
-      train_job.train("tiny_mixtral", {}, steps=1, seq_len=1)
+      options.TrainOptions("tiny_mixtral", {}, steps=1, seq_len=1)
     with self.assertRaisesRegex(ValueError, r"steps=True"):
-      options.check_train_options(
-          steps=True, batch_size=1, seq_len=2, learning_rate=1.0
-      )
+      options.TrainOptions(steps=True, batch_size=1, seq_len=2)
 
 
 class TokensTest(absltest.TestCase):
@@ -114,7 +113,7 @@ class TokensTest(absltest.TestCase):
       with self.assertRaisesRegex(
           ValueError, rf"batch\[0, 0\]={V} is invalid: .*vocab_size={V}"
       ):
-        train_job.train("tiny_mixtral", {}, steps=1, batch_size=2, seq_len=4)
+        train_job.train(options.TrainOptions(steps=1, batch_size=2, seq_len=4))
     frontend.return_value.init.assert_not_called()  # no model was built
 
   def test_inside_jit_bad_ids_embed_as_nan_and_checked_mode_raises(self):
@@ -199,14 +198,17 @@ class OptionalDependencyTest(absltest.TestCase):
     self.assertIn("repeats=0 (--repeats) is invalid", err)
 
   def test_missing_module_anywhere_is_one_line(self):
-    missing = ModuleNotFoundError("No module named 'tokamax'", name="tokamax")
-    with mock.patch.object(cli, "cmd_train", side_effect=missing):
+    # A module that is installed nowhere (tokamax, the example this used,
+    # is now in the test extra).
+    name = "linen_moe_optional_example"
+    missing = ModuleNotFoundError(f"No module named {name!r}", name=name)
+    with mock.patch.object(train_command, "run", side_effect=missing):
       status, err = _cli("train")
     self.assertEqual(status, 2)
     self.assertEqual(
         err,
-        "linen-moe: error: tokamax is not installed, so this command stops; "
-        "install it with pip install tokamax.\n",
+        f"linen-moe: error: {name} is not installed, so this command stops; "
+        f"install it with pip install {name}.\n",
     )
 
 

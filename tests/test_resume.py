@@ -42,6 +42,7 @@ from linen_moe_cli import main as cli
 from linen_moe_cli import train_job
 from linen_moe_cli.frontends import FRONTENDS
 from linen_moe_cli.frontends import frontend as get_frontend
+from linen_moe_cli.options import TrainOptions
 from tests import workers
 
 STOP, STEPS = 6, 12
@@ -241,7 +242,7 @@ class TrainResumeProductTest(parameterized.TestCase):
     for name, stops in (("whole", (STEPS,)), ("split", (STOP, STEPS))):
       dirs[name] = os.path.join(tmp, name)
       for steps in stops:
-        train_job.train(
+        opts = TrainOptions(
             "tiny_mixtral",
             overrides,
             steps=steps,
@@ -252,8 +253,8 @@ class TrainResumeProductTest(parameterized.TestCase):
             progress=False,
             checkpoint_dir=dirs[name],
             save_every=3,
-            log=lambda _: None,
         )
+        train_job.train(opts, log=lambda _: None)
     self.assertEqual(_metrics(dirs["split"]), _metrics(dirs["whole"]))
     whole, split = _final_tree(dirs["whole"]), _final_tree(dirs["split"])
     self.assertEqual(sorted(split), sorted(whole))

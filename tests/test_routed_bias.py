@@ -25,6 +25,7 @@ from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.training import step as step_lib
 from linen_moe.training import MarkovData
 from linen_moe_cli import main as cli
+from linen_moe_cli import model_args
 from linen_moe_cli import train_job
 from linen_moe_cli.frontends import frontend as get_frontend
 import nnx_adapter
@@ -205,7 +206,7 @@ class CommandLineTest(absltest.TestCase):
         "int8",
     ])
     self.assertEqual(
-        cli.model_overrides(args),
+        model_args.model_overrides(args),
         dict(
             routed_bias=False,
             routed_bias_update_rate=0,
@@ -214,7 +215,7 @@ class CommandLineTest(absltest.TestCase):
         ),
     )
     with self.assertRaisesRegex(ValueError, "'routed_bias': expected FIELD"):
-      cli.parse_set(["routed_bias"])
+      model_args.parse_set(["routed_bias"])
     self.assertEqual(cli.main(["train", "--set", "num_routing_groups=3"]), 2)
 
   def test_load_ratio_of_the_worst_layer(self):

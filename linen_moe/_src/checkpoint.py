@@ -132,6 +132,11 @@ def _first_mismatch(saved: Mapping[Path, Any], wanted: Mapping[Path, Any]):
   return None
 
 
+class DamagedCheckpointError(ValueError):
+  """A checkpoint whose files cannot be read (truncated, damaged, or not a
+  linen_moe checkpoint); its message names the step directory."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Restored:
   """A restored checkpoint tree.
@@ -217,6 +222,19 @@ class Checkpoints:
     """Blocks until a save in flight is on disk and committed."""
     self._manager.wait_until_finished()
 
+  def check_for_errors(self) -> None:
+    """Raises the error of a background save that ended in failure (orbax's
+    exception: the disk full, a write refused, ...); returns at once while
+    a save is still running, or when none failed."""
+    if not self._manager.is_saving_in_progress():
+      self._manager.wait_until_finished()  # joins it; raises its failure
+    self._manager.check_for_errors()
+
+  def reload(self) -> None:
+    """Reads the list of checkpoints again, after step directories were
+    moved or removed by another hand."""
+    self._manager.reload()
+
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
@@ -239,9 +257,9 @@ class Checkpoints:
       )
     return step
 
-  def _damaged(self, step: int, error: Exception) -> ValueError:
+  def _damaged(self, step: int, error: Exception) -> DamagedCheckpointError:
     detail = str(error).strip().splitlines()[0][:300] if str(error) else ""
-    return ValueError(
+    return DamagedCheckpointError(
         f"Checkpoint {self.step_dir(step)} cannot be read; it is truncated or "
         f"damaged ({type(error).__name__}: {detail})."
     )
@@ -275,7 +293,7 @@ class Checkpoints:
     except Exception as e:  # noqa: BLE001 (any failure to read is damage)
       raise self._damaged(step, e) from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
-      raise ValueError(
+      raise DamagedCheckpointError(
           f"Checkpoint {self.step_dir(step)} has no linen_moe metadata of "
           f"format {FORMAT_VERSION}."
       )
@@ -330,7 +348,8 @@ class Checkpoints:
     or of another path or quantization) is replaced by the target's, which
     must then be arrays (an initial state); `Restored.fresh_fp8_state` says
     so. Raises ValueError naming the checkpoint and the first mismatched
-    leaf, or for a damaged checkpoint.
+    leaf, or `DamagedCheckpointError` (a ValueError) for a damaged
+    checkpoint.
     """
     step = self._step(step)
     where = self.step_dir(step)
@@ -449,8 +468,8 @@ def export(
 
 
 def load_export(path: str | os.PathLike) -> tuple[dict, dict]:
-  """(variables, metadata) of an `export`ed checkpoint, on the default
-  device."""
+  """(variables, metadata) of a checkpoint written by `export`, on the
+  default device."""
   path = os.path.abspath(os.fspath(path))
   checkpointer = ocp.StandardCheckpointer()
   try:

@@ -115,8 +115,8 @@ def state_from(
 
 
 def abstract(tree: PyTree) -> PyTree:
-  """`jax.ShapeDtypeStruct`s (shape, dtype, sharding) of arrays or abstract
-  values; a leaf without a sharding gets the default device's."""
+  """The `jax.ShapeDtypeStruct` (shape, dtype, sharding) of each array or
+  abstract value; a leaf without a sharding gets the default device's."""
   default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
   def one(x):

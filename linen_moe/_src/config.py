@@ -11,22 +11,26 @@ import dataclasses
 import importlib.resources
 import math
 import os
+from typing import TYPE_CHECKING
 from typing import Any
 import warnings
 
-import jax.numpy as jnp
 import yaml
 
-from linen_moe._src import activations
-from linen_moe._src import grouped_matmul
+# No jax at import: the command line's --help reads QUANTIZATIONS and
+# available_configs(). The activations and grouped matmuls (which import
+# jax) are read when a config is validated; the quantization modes' table
+# and the traffic model import none.
+from linen_moe._src import ep_traffic
+from linen_moe._src.quantization_modes import QUANTIZATIONS
+from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS
 
-ACTIVATIONS = tuple(activations.ACTIVATIONS)
+if TYPE_CHECKING:
+  import jax.numpy as jnp
+
 ROUTINGS = ("topk_then_softmax", "softmax_then_topk", "sigmoid_then_topk")
 DROP_POLICIES = ("position", "probability")
-QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
-# Modes that store their expert weights converted when `MoEConfig.serving`.
-SERVING_QUANTIZATIONS = ("int8", "fp8", "nanoo_fp8")
-GROUPED_MATMUL_IMPLEMENTATIONS = grouped_matmul.IMPLEMENTATIONS
+EXPERT_PARALLEL_STRATEGIES = ep_traffic.STRATEGIES
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 # The three matmul paths, as the config overrides that select each one. The
@@ -170,15 +174,23 @@ class MoEConfig:
     sparse_matmul: True for the sparse (sort + grouped matmul) path, False for
       the dense einsum path.
     grouped_matmul: implementation of the sparse path's grouped matmul.
+    expert_parallel: how the sparse path moves tokens to experts under a
+      mesh whose expert axes split the batch: "all_gather" (every token to
+      every expert shard, outputs reduce-scattered), "ragged_all_to_all"
+      (each assignment only to the device holding its expert, and back) or
+      "auto" (the one `linen_moe._src.ep_traffic` models as cheaper; always
+      "all_gather" on a CPU, where the ragged exchange is emulated). Both
+      compute the same outputs and gradients.
     dtype: activation / compute dtype name.
     param_dtype: parameter storage dtype name (was `weight_dtype`, which
       still works until 0.3, with a DeprecationWarning).
     load_balance_loss_weight: weight of the Switch load-balance loss (0 = off).
-    quantization: "none", "int8" (AQT), "fp8" or "nanoo_fp8".
+    quantization: "none", "int8" (AQT), "fp8" or "nanoo_fp8"; what each
+      quantizes, stores and needs is `linen_moe._src.quantization_modes`.
     fp8_amax_history_length: length of each fp8 amax history.
     serving: True for a serving layer: the expert kernels are stored converted
-      to the storage type of `quantization` (int8, float8_e4m3fn or
-      float8_e4m3fnuz) with their scales, as `linen_moe.serving.
+      to the storage type of `quantization` (its `storage_dtype`: int8,
+      float8_e4m3fn or float8_e4m3fnuz) with their scales, as `linen_moe.serving.
       quantize_weights` returns them (and the config it returns sets this),
       and the layer runs inference from them. Needs a quantized mode.
   """
@@ -204,6 +216,7 @@ class MoEConfig:
   drop_policy: str = _run("position")
   sparse_matmul: bool = _run(True)
   grouped_matmul: str = _run("auto")
+  expert_parallel: str = _run("auto")
   dtype: str = _run("float32")
   param_dtype: str = "float32"
   load_balance_loss_weight: float = _run(0.01)
@@ -239,14 +252,18 @@ class MoEConfig:
           self.num_experts_per_tok,
           f"must be <= num_experts={self.num_experts}",
       )
+    from linen_moe._src import activations  # noqa: PLC0415 (imports jax)
+    from linen_moe._src import grouped_matmul  # noqa: PLC0415 (imports jax)
+
     acts = tuple(self.mlp_activations)
     object.__setattr__(self, "mlp_activations", acts)
-    if len(acts) != 2 or acts[0] not in ACTIVATIONS or acts[1] != "linear":
+    names = tuple(activations.ACTIVATIONS)
+    if len(acts) != 2 or acts[0] not in names or acts[1] != "linear":
       _fail(
           cls,
           "mlp_activations",
           acts,
-          f"expected (activation, 'linear') with activation in {ACTIVATIONS}",
+          f"expected (activation, 'linear') with activation in {names}",
       )
     for name in ("shared_experts", "shared_mlp_dim"):
       value = getattr(self, name)
@@ -261,7 +278,8 @@ class MoEConfig:
       )
     _check_choice(self, "routing", ROUTINGS)
     _check_choice(self, "quantization", QUANTIZATIONS)
-    _check_choice(self, "grouped_matmul", GROUPED_MATMUL_IMPLEMENTATIONS)
+    _check_choice(self, "grouped_matmul", grouped_matmul.IMPLEMENTATIONS)
+    _check_choice(self, "expert_parallel", EXPERT_PARALLEL_STRATEGIES)
     _check_choice(self, "dtype", FLOAT_DTYPES)
     _check_choice(self, "param_dtype", FLOAT_DTYPES)
     for name in _FLOAT_FIELDS:
@@ -354,6 +372,8 @@ class MoEConfig:
         DeprecationWarning,
         stacklevel=2,
     )
+    import jax.numpy as jnp  # noqa: PLC0415
+
     return jnp.dtype(self.dtype)
 
   @property

@@ -69,12 +69,12 @@ class RoutedMoE(JitInit, nn.Module):
     variables = moe.init(jax.random.key(0), x)     # x: [B, S, emb_dim]
     y, aux = moe.apply(variables, x)
 
-  Parameters (the public layout):
-    gate/kernel [M, E], wi_0 [E, M, H] (activated branch), wi_1 [E, M, H]
-    (linear branch), wo [E, H, M], per_expert_scale [E] (when enabled).
-  Other state: routed_bias <float32>[E] in the `updated_by_rule` collection
-    (when `routed_bias`), the selection-only bias; a train step moves it.
-  RNG streams: `router_jitter` (read only when `router_jitter > 0`).
+  Parameters (the public layout): `gate/kernel` [M, E], `wi_0` [E, M, H]
+  (activated branch), `wi_1` [E, M, H] (linear branch), `wo` [E, H, M],
+  `per_expert_scale` [E] (when enabled). Other state: `routed_bias`
+  <float32>[E] in the `updated_by_rule` collection (when `routed_bias`), the
+  selection-only bias; a train step moves it. RNG streams: `router_jitter`
+  (read only when `router_jitter > 0`).
 
   Attributes:
     config: the `MoEConfig`.

@@ -46,10 +46,11 @@ import jax.numpy as jnp
 
 from linen_moe._src import sharding
 from linen_moe._src import stored_weights
-from linen_moe._src.config import SERVING_QUANTIZATIONS
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.config import MoEConfig
 from linen_moe._src.int8_grouped import quantize_int8
+from linen_moe._src.quantization_modes import MODES
+from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 
 PyTree = Any
@@ -136,7 +137,7 @@ def _implied_scale(state: Mapping | None, role: str, fallback, fp8_max):
 def _convert_kernel(mode: str, kernel, rank: int, state: Mapping | None):
   """{name: array} of one stored kernel (values and scales)."""
   kernel = jnp.asarray(kernel, jnp.float32)
-  if mode == "int8":
+  if stored_weights.per_channel(mode):  # int8
     values, scale = quantize_int8(kernel, axis=kernel.ndim - 2)
     return {"": values, stored_weights.SCALE_SUFFIX: scale}
   dtype = stored_weights.STORAGE_DTYPES[mode]
@@ -224,7 +225,7 @@ def quantize_weights(
       )
     for name in KERNELS:
       state = None
-      if kind == ROUTED and mode != "int8":
+      if kind == ROUTED and MODES[mode].keeps_state:
         site = (*path, f"{name}_dot")
         state = _find(fp8_state, site)
       stored = _convert(mode, node.pop(name), len(shapes[name]), state)

@@ -20,6 +20,7 @@ from linen_moe._src.moe import RoutedAndSharedMoE
 from linen_moe._src.moe import RoutedMoE
 from linen_moe._src.scan import scan_blocks
 from linen_moe._src.tokens import TokenEmbed
+from linen_moe._src.tokens import validate_tokens_if_concrete
 from linen_moe._src.variables import CACHE
 
 
@@ -273,15 +274,6 @@ def embedding(cfg: ModelConfig, **kwargs) -> TokenEmbed:
   )
 
 
-def check_tokens(tokens: jax.Array) -> None:
-  """Raises `ValueError` unless `tokens` is an integer [batch, seq] array."""
-  if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-    raise ValueError(
-        f"Decoder expects integer tokens [batch, seq]; got {tokens.dtype} "
-        f"{tokens.shape}."
-    )
-
-
 def scale_embeddings(x: jax.Array, cfg: ModelConfig) -> jax.Array:
   """Embedded tokens [B, S, M] scaled by sqrt(emb_dim), in the compute dtype:
   the unit-norm embedding rows then give the residual stream unit RMS."""
@@ -327,7 +319,7 @@ class Decoder(JitInit, nn.Module):
   @nn.compact
   def __call__(self, tokens: jax.Array):
     cfg = self.config
-    check_tokens(tokens)
+    validate_tokens_if_concrete(tokens, cfg.vocab_size)
     embed = embedding(cfg, name="embed")
     x = scale_embeddings(embed(tokens), cfg)
     x = sharding.constrain(x, sharding.BSM)

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from linen_moe._src import sharding
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.tokens import validate_tokens_if_concrete
 from linen_moe._src.variables import CACHE
 
 PyTree = dict
@@ -85,11 +86,18 @@ def greedy_generate(
     prompt: <int>[B, P], P >= 1.
     num_tokens: tokens to generate, >= 1.
     max_len: cache length, at least P + num_tokens (the default).
+
+  Raises:
+    TypeError: the prompt's ids are not integers.
+    ValueError: a prompt that is not [B, P >= 1], an id of a concrete
+      prompt outside [0, vocab_size) (named), or `num_tokens` / `max_len`
+      out of range.
   """
   if prompt.ndim != 2 or prompt.shape[1] < 1:
     raise ValueError(
         f"prompt must be [batch, length >= 1]; got {prompt.shape}."
     )
+  validate_tokens_if_concrete(prompt, config.vocab_size, name="prompt")
   if num_tokens < 1:
     raise ValueError(f"num_tokens={num_tokens} must be >= 1.")
   b, p = prompt.shape

@@ -76,7 +76,7 @@ class ShardedRun:
       return self._shardings_of(abstract)
 
   def abstract_state(self, tokens: Any, rng: jax.Array) -> Any:
-    """The state as `jax.ShapeDtypeStruct`s carrying their shardings, with
+    """The state as `jax.ShapeDtypeStruct` leaves carrying their shardings, with
     nothing allocated: the target a checkpoint restores into."""
     abstract = self._abstract(tokens, rng)
     with self.context():

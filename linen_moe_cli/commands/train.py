@@ -1,0 +1,207 @@
+"""`linen-moe train`: train the reference decoder on synthetic Markov data.
+
+The flags become a `TrainOptions` (checked before jax is imported); with
+`--coordinator`, `--num-processes` and `--process-id` this process first
+joins the others (`linen_moe.distributed.initialize`), then every process
+runs the same job (`train_job.train`) and process 0 prints the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from linen_moe_cli import frontends
+from linen_moe_cli import model_args
+from linen_moe_cli import options
+from linen_moe_cli.options import TrainOptions
+from linen_moe_cli.options import train_default
+
+
+def register(subparsers) -> None:
+  p = subparsers.add_parser(
+      "train", help="train the reference decoder on synthetic Markov data"
+  )
+  model_args.add_model_args(p)
+  for name in ("steps", "batch_size", "seq_len"):
+    p.add_argument(
+        "--" + name.replace("_", "-"), type=int, default=train_default(name)
+    )
+  p.add_argument(
+      "--learning-rate", type=float, default=train_default("learning_rate")
+  )
+  p.add_argument(
+      "--grad-accum",
+      type=int,
+      default=train_default("grad_accum"),
+      help="microbatches per step",
+  )
+  p.add_argument("--seed", type=int, default=train_default("seed"))
+  p.add_argument(
+      "--mesh",
+      default=None,
+      help=(
+          "train sharded on a device mesh, e.g. data=2,expert=4 (axes data, "
+          "fsdp, expert, tensor; missing axes have size 1; the sizes must "
+          "multiply to the device count)"
+      ),
+  )
+  p.add_argument(
+      "--frontend",
+      choices=frontends.FRONTENDS,
+      default=train_default("frontend"),
+      help=frontends.help_text(),
+  )
+  p.add_argument(
+      "--max-consecutive-skips",
+      type=int,
+      default=train_default("max_consecutive_skips"),
+      help=(
+          "stop after this many steps in a row were skipped for a "
+          "non-finite loss or gradient"
+      ),
+  )
+  p.add_argument("--no-progress", action="store_true", help="no progress bar")
+  p.add_argument(
+      "--checkpoint-dir",
+      default=None,
+      help=(
+          "save checkpoints here and resume from the latest one (any front "
+          "end, layer mode or mesh); per-step metrics in DIR/metrics.jsonl; "
+          "one run at a time (DIR/run.lock)"
+      ),
+  )
+  p.add_argument(
+      "--save-every",
+      type=int,
+      default=None,
+      help="save every N steps (default: only the last step)",
+  )
+  p.add_argument(
+      "--keep",
+      type=int,
+      default=train_default("keep"),
+      help="keep the latest K checkpoints",
+  )
+  p.add_argument(
+      "--resume-step",
+      type=int,
+      default=None,
+      metavar="N",
+      help=(
+          "resume from checkpoint N (default: the newest that reads; a "
+          "damaged one is skipped, with a message); newer ones are set aside"
+      ),
+  )
+  p.add_argument(
+      "--fresh-fp8-state",
+      action="store_true",
+      help=(
+          "resume a checkpoint whose fp8 state does not fit the model "
+          "(e.g. trained unquantized) with fresh fp8 state"
+      ),
+  )
+  _add_process_args(p)
+  p.set_defaults(run=run)
+
+
+def _add_process_args(p: argparse.ArgumentParser) -> None:
+  group = p.add_argument_group(
+      "multiple processes",
+      "one process per host joined by jax.distributed (none of these under "
+      "Slurm srun, Open MPI mpirun or a Cloud TPU pod, which JAX detects)",
+  )
+  group.add_argument(
+      "--coordinator",
+      default=None,
+      metavar="HOST:PORT",
+      help="address of process 0, which serves the coordination service",
+  )
+  group.add_argument(
+      "--num-processes", type=int, default=None, help="N, all processes"
+  )
+  group.add_argument(
+      "--process-id", type=int, default=None, help="this process, in [0, N)"
+  )
+  group.add_argument(
+      "--init-timeout",
+      type=int,
+      default=None,
+      metavar="SECONDS",
+      help=(
+          "give up when the processes have not all joined by then (default: "
+          "linen_moe.distributed.DEFAULT_INIT_TIMEOUT_S)"
+      ),
+  )
+  group.add_argument(
+      "--heartbeat-timeout",
+      type=int,
+      default=None,
+      metavar="SECONDS",
+      help=(
+          "a silent process counts as dead after this; the others then stop "
+          "(default: linen_moe.distributed.DEFAULT_HEARTBEAT_TIMEOUT_S)"
+      ),
+  )
+
+
+def run(args: argparse.Namespace) -> int:
+  """Checks the flags, joins the processes (if asked) and trains."""
+  opts = TrainOptions.from_args(args)
+  from linen_moe import distributed  # noqa: PLC0415 (imports jax)
+
+  timeouts = {
+      "init_timeout_s": args.init_timeout,
+      "heartbeat_timeout_s": args.heartbeat_timeout,
+  }
+  several = distributed.initialize(
+      args.coordinator,
+      args.num_processes,
+      args.process_id,
+      **{k: v for k, v in timeouts.items() if v is not None},
+  )
+  if not several:
+    return train_and_report(opts)
+  try:
+    return train_and_report(opts)
+  except (ValueError, options.RunStopped):
+    # Every process rejects the same input, and sees the same (replicated)
+    # skipped steps: they exit together.
+    raise
+  except BaseException:  # noqa: BLE001
+    # Leave now: the normal exit waits at a shutdown barrier for peers that
+    # may be blocked in a collective with this process. Once its heartbeats
+    # stop, JAX terminates the others with an error.
+    import traceback  # noqa: PLC0415
+
+    print(f"[process {args.process_id}]", file=sys.stderr)
+    traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def train_and_report(opts: TrainOptions) -> int:
+  """Runs the job (this process already joined any others) and prints its
+  one-line summary on process 0; the exit status."""
+  from linen_moe import distributed  # noqa: PLC0415 (imports jax)
+  from linen_moe_cli import train_job  # noqa: PLC0415
+
+  start = time.perf_counter()
+  result = train_job.train(opts)
+  if not result.losses:  # already at --steps
+    return 0
+  if distributed.is_main_process():
+    load = ""
+    if result.expert_load is not None:
+      load = f"expert load max/min: {result.load_ratio:.2f}  "
+    print(
+        f"steps: {result.start_step + 1}-{opts.steps}  first loss:"
+        f" {result.first_loss:.4f}  final loss: {result.final_loss:.4f}  "
+        f"best achievable: {result.best_loss:.4f}  "
+        f"skipped steps: {result.skipped_steps}  "
+        f"{load}wall: {time.perf_counter() - start:.1f}s"
+    )
+  return 0

@@ -1,0 +1,90 @@
+"""The flags that choose and override a model config, shared by commands.
+
+Imports no jax: `linen_moe._src.config` reads its names without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import yaml
+
+from linen_moe._src.config import QUANTIZATIONS
+from linen_moe._src.config import available_configs
+
+LAYERS = ("scanned", "unrolled")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+  """--config, --quantization, --sparse-matmul, --capacity-factor,
+  --layers and --set (read back with `model_overrides`)."""
+  p.add_argument(
+      "--config",
+      default="tiny_mixtral",
+      help=(
+          f"config name ({', '.join(available_configs())}) or a "
+          "path to a .yml file"
+      ),
+  )
+  p.add_argument(
+      "--quantization",
+      choices=QUANTIZATIONS,
+      default=None,
+      help="override the config's quantization",
+  )
+  p.add_argument(
+      "--sparse-matmul",
+      action=argparse.BooleanOptionalAction,
+      default=None,
+      help="override the config's matmul path",
+  )
+  p.add_argument(
+      "--capacity-factor",
+      type=float,
+      default=None,
+      help="override the capacity factor (<= 0: dropless)",
+  )
+  p.add_argument(
+      "--layers",
+      choices=LAYERS,
+      default=None,
+      help="scan the decoder blocks or unroll them",
+  )
+  p.add_argument(
+      "--set",
+      action="append",
+      default=[],
+      metavar="FIELD=VALUE",
+      help=(
+          "override any config field (repeatable; the value is read as YAML), "
+          "e.g. --set routed_bias=false --set router_z_loss_weight=1e-3"
+      ),
+  )
+
+
+def parse_set(items: list[str]) -> dict:
+  """["field=value", ...] -> {field: YAML value}; raises ValueError on an
+  item without '=' (unknown fields are the config's to reject)."""
+  overrides = {}
+  for item in items:
+    field, sep, value = item.partition("=")
+    if not sep or not field.strip():
+      raise ValueError(
+          f"--set {item!r}: expected FIELD=VALUE, e.g. routed_bias=false."
+      )
+    overrides[field.strip()] = yaml.safe_load(value)
+  return overrides
+
+
+def model_overrides(args: argparse.Namespace) -> dict:
+  """Config overrides named on the command line (`add_model_args`)."""
+  overrides = parse_set(args.set)
+  if args.quantization is not None:
+    overrides["quantization"] = args.quantization
+  if args.sparse_matmul is not None:
+    overrides["sparse_matmul"] = args.sparse_matmul
+  if args.capacity_factor is not None:
+    overrides["capacity_factor"] = args.capacity_factor
+  if args.layers is not None:
+    overrides["scan_layers"] = args.layers == "scanned"
+  return overrides

@@ -1,0 +1,141 @@
+"""The shape of the `linen-moe` command line: one module per subcommand,
+help that answers without jax, a validated options object for `train`, one
+registry of front ends."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+from absl.testing import absltest
+
+from linen_moe_cli import commands
+from linen_moe_cli import frontends
+from linen_moe_cli import main as cli
+from linen_moe_cli.options import TrainOptions
+
+HEAVY = ("jax", "flax", "optax", "aqt", "orbax", "nnx_adapter")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+  return subprocess.run(
+      [sys.executable, *argv],
+      capture_output=True,
+      text=True,
+      cwd=ROOT,
+      timeout=120,
+      check=False,
+  )
+
+
+def _imported(importtime_stderr: str) -> list[str]:
+  """The modules `python -X importtime` reported importing."""
+  return [
+      line.rsplit("|", 1)[1].strip()
+      for line in importtime_stderr.splitlines()
+      if line.startswith("import time:") and "|" in line
+  ]
+
+
+def _heavy(module_names) -> list[str]:
+  return sorted({m for m in module_names if m.split(".")[0] in HEAVY})
+
+
+class HelpImportsNoJaxTest(absltest.TestCase):
+
+  def test_top_level_help(self):
+    # `-X importtime` lists every module the process imported, on stderr.
+    done = _run("-X", "importtime", "-m", "linen_moe_cli.main", "--help")
+    self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+    for name in (c.__name__.rsplit(".", 1)[1] for c in commands.COMMANDS):
+      self.assertIn(name, done.stdout)
+    imported = _imported(done.stderr)
+    self.assertIn("linen_moe_cli.commands.train", imported)
+    self.assertEqual(_heavy(imported), [])
+
+  def test_bad_train_flag_is_reported_before_jax(self):
+    done = _run(
+        "-X", "importtime", "-m", "linen_moe_cli.main", "train", "--steps=0"
+    )
+    self.assertEqual(done.returncode, 2)
+    self.assertIn("linen-moe: error: steps=0 (--steps) is invalid", done.stderr)
+    self.assertEqual(_heavy(_imported(done.stderr)), [])
+
+  def test_every_subcommand_help(self):
+    script = (
+        "import contextlib, io, sys\n"
+        "from linen_moe_cli import commands, main\n"
+        "for c in commands.COMMANDS:\n"
+        "  name = c.__name__.rsplit('.', 1)[1]\n"
+        "  with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        "    try:\n"
+        "      main.main([name, '--help'])\n"
+        "    except SystemExit as e:\n"
+        "      assert e.code == 0, (name, e.code)\n"
+        "  assert 'usage: linen-moe ' + name in out.getvalue(), name\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    done = _run("-c", script)
+    self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+    self.assertEqual(_heavy(done.stdout.split()), [])
+
+
+class StructureTest(absltest.TestCase):
+
+  def test_each_command_registers_and_runs(self):
+    parser = cli.build_parser()
+    for command in commands.COMMANDS:
+      name = command.__name__.rsplit(".", 1)[1]
+      self.assertTrue(callable(command.register), name)
+      argv = [name] if name != "launch" else [name, "--local-processes=1"]
+      if name == "export":
+        argv += ["--checkpoint-dir=a", "--out=b"]
+      self.assertIs(parser.parse_args(argv).run, command.run, name)
+
+  def test_train_options_from_default_flags(self):
+    args = cli.build_parser().parse_args(["train"])
+    self.assertEqual(TrainOptions.from_args(args), TrainOptions())
+    opts = TrainOptions.from_args(
+        cli.build_parser().parse_args(
+            ["train", "--steps=7", "--set", "num_layers=1", "--no-progress"]
+        )
+    )
+    self.assertEqual(
+        (opts.steps, opts.overrides, opts.progress),
+        (7, {"num_layers": 1}, False),
+    )
+    with self.assertRaises(dataclasses.FrozenInstanceError):
+      opts.steps = 8  # pytype: disable=not-writable
+
+  def test_train_options_name_the_flag(self):
+    for fields, message in (
+        (dict(seed=-1), r"seed=-1 \(--seed\) is invalid"),
+        (dict(keep=0), r"keep=0 \(--keep\) is invalid"),
+        (dict(save_every=2), r"save_every=2 \(--save-every\) .*checkpoint-dir"),
+        (dict(frontend="haiku"), r"frontend='haiku' \(--frontend\)"),
+    ):
+      with self.subTest(**fields), self.assertRaisesRegex(ValueError, message):
+        TrainOptions(**fields)
+
+  def test_one_frontend_registry(self):
+    self.assertEqual(frontends.FRONTENDS, ("linen", "nnx"))
+    for name in frontends.FRONTENDS:
+      self.assertIn(f"{name}: ", frontends.help_text())
+    with self.assertRaisesRegex(ValueError, r"'haiku'; allowed: \('linen'"):
+      frontends.sharded_training("haiku", None, None, None)
+    from linen_moe import load_model_config  # noqa: PLC0415 (imports jax)
+    from linen_moe import sharding  # noqa: PLC0415
+    from linen_moe.training import default_optimizer  # noqa: PLC0415
+
+    cfg = load_model_config("tiny_mixtral", num_layers=1)
+    mesh = sharding.make_mesh("data=1")
+    for name in frontends.FRONTENDS:
+      run = frontends.sharded_training(
+          name, cfg, default_optimizer(), mesh, grad_accum=2
+      )
+      self.assertEqual(run.grad_accum, 2, name)
+
+
+if __name__ == "__main__":
+  absltest.main()
