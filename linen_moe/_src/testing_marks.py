@@ -41,5 +41,13 @@ def slow(test: Any) -> Any:
 
 
 def is_slow(test: Any) -> bool:
-  """Whether `slow` marked `test` (a class, function or bound method)."""
+  """Whether `slow` marked a test.
+
+  Args:
+    test: a class, function or bound method (anything: False without the
+      mark).
+
+  Returns:
+    True when `slow` marked it (or the method it was generated from).
+  """
   return bool(getattr(test, SLOW_ATTRIBUTE, False))
