@@ -22,8 +22,9 @@ from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.training import step as step_lib
 
 PyTree = Any
-# step(state, tokens <int32>[B, S], rng) -> (state, metrics)
-TrainStep = Callable[[Any, jax.Array, jax.Array], tuple[Any, dict]]
+# step(state, tokens <int32>[B, S], rng, mask <bool>[B, S] | None = None)
+#   -> (state, metrics); the mask (True at real ids) weights the loss.
+TrainStep = Callable[..., tuple[Any, dict]]
 
 
 class TrainingFrontend(Protocol):
@@ -45,7 +46,9 @@ class TrainingFrontend(Protocol):
       optimizer: optax.GradientTransformation,
       grad_accum: int = 1,
   ) -> TrainStep:
-    """A pure, jittable train step over the state `init` returns."""
+    """A pure, jittable train step over the state `init` returns:
+    `step(state, tokens, rng, mask=None)`; a mask <bool>[B, S] makes the
+    loss count only the targets it marks real (`step.loss_weights`)."""
     ...
 
   def params(self, state: Any) -> PyTree:

@@ -32,7 +32,7 @@ class ShardedRun:
   them, and the hooks `_initial_state` (the init, with partitioning
   metadata), `_shardings_of` (its NamedShardings, from an abstract state),
   `_plain` (metadata stripped) and `_train_step` (a pure
-  `step(state, tokens, rng)`).
+  `step(state, tokens, rng, mask=None)`).
 
   Attributes:
     rules: logical-name -> mesh-axes rule table (keyword-only).
@@ -126,21 +126,24 @@ class ShardedRun:
               shardings,
               self.token_sharding(),
               sharding.replicated(self.mesh),
+              self.token_sharding(),  # the loss mask (or None)
           ),
           out_shardings=(shardings, sharding.replicated(self.mesh)),
           donate_argnums=0,
       )
     return self._cache["step"]
 
-  def step(self, state, tokens, rng):
-    """One jitted step; the state keeps its shardings (and is donated)."""
+  def step(self, state, tokens, rng, mask=None):
+    """One jitted step; the state keeps its shardings (and is donated).
+    `mask`: <bool>[B, S] True at real ids, in `token_sharding()` (None:
+    every position counts)."""
     with self.context():
-      return self._jitted_step(state)(state, tokens, rng)
+      return self._jitted_step(state)(state, tokens, rng, mask)
 
-  def lower(self, state, tokens, rng) -> jax.stages.Lowered:
+  def lower(self, state, tokens, rng, mask=None) -> jax.stages.Lowered:
     """The lowered step (`.compile().as_text()` for its HLO)."""
     with self.context():
-      return self._jitted_step(state).lower(state, tokens, rng)
+      return self._jitted_step(state).lower(state, tokens, rng, mask)
 
 
 @dataclasses.dataclass(frozen=True)
