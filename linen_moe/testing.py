@@ -1,14 +1,16 @@
 """What tests and benchmarks need and the product does not: reading compiled
 programs (the quantized element types that feed each contraction, the
-collectives and which processes they cross), and the compile policy a test
+collectives and which processes they cross), the compile policy a test
 session shares with `linen-moe matrix` (`use_compilation_cache`,
-`use_fast_compile`; call them before jax is imported).
+`use_fast_compile`; call them before jax is imported), and a tiny real
+text corpus that needs no download (`license_texts`).
 
 Stable like the rest of the public API, but not needed to train or serve.
 """
 
 from linen_moe._src.compile_options import use_compilation_cache
 from linen_moe._src.compile_options import use_fast_compile
+from linen_moe._src.data.license_texts import license_texts
 from linen_moe._src.hlo import COLLECTIVES
 from linen_moe._src.hlo import CONTRACTIONS
 from linen_moe._src.hlo import QUANTIZED_TYPES
@@ -38,6 +40,7 @@ __all__ = [
     "collectives",
     "contractions",
     "crosses_processes",
+    "license_texts",
     "parse_hlo",
     "quantized_types_at_contractions",
     "quantized_types_in_hlo",

@@ -78,8 +78,9 @@ class TrainOptions:
       window, padding masked out of the loss).
     eod_id: the end-of-document id (default: the tokenizer's; none for
       pre-tokenized ids).
-    eval_every: every N steps (and at the last), the held-out loss and
-      perplexity; needs `data`.
+    eval_every: at every N-th step, the held-out loss and perplexity
+      (only there: a run stopped and resumed evaluates where an
+      uninterrupted one does); needs `data`.
     eval_batches: held-out batches per evaluation.
     eval_fraction: the share of the data's sequences held out.
   """

@@ -278,9 +278,7 @@ def _train_from(
     losses.append(loss)
     loads.append(metrics["expert_load"])
     done = i + 1
-    if evaluate is not None and (
-        done % opts.eval_every == 0 or done == opts.steps
-    ):
+    if evaluate is not None and done % opts.eval_every == 0:
       eval_loss = evaluate(state)
       held_out.append((done, eval_loss))
       perplexity = math.exp(min(eval_loss, 700.0))

@@ -179,7 +179,7 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
       default=None,
       metavar="N",
       help=(
-          "every N steps and at the last, the held-out loss and perplexity "
+          "at every N-th step, the held-out loss and perplexity "
           "(printed; eval_loss in metrics.jsonl; a chart losses.png beside it)"
       ),
   )
