@@ -212,6 +212,26 @@ class MaskedLossTest(absltest.TestCase):
     np.testing.assert_allclose(losses[0], expected, rtol=1e-5)
     self.assertEqual(losses[1], losses[0])
 
+  def test_nnx_step_ignores_padding(self):
+    """The NNX step counts the same targets (the tokens and weights of
+    `test_train_step_ignores_padding`)."""
+    import nnx_adapter  # noqa: PLC0415
+
+    cfg = load_model_config("tiny_mixtral", num_layers=1)
+    tx = training.default_optimizer(3e-3)
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, cfg.vocab_size, (4, 16)).astype(np.int32)
+    mask = np.arange(16)[None, :] < np.array([8, 5, 3, 3])[:, None]
+    state = nnx_adapter.NNXFrontend.init(cfg, tx, tokens, jax.random.key(0))
+    model, _ = state.merge()
+    logits, _ = model(tokens)
+    expected = _numpy_masked_loss(np.asarray(logits), tokens, mask)
+    step = jax.jit(nnx_adapter.NNXFrontend.make_step(cfg, tx, grad_accum=2))
+    _, metrics = step(state, tokens, jax.random.key(1), mask)
+    np.testing.assert_allclose(
+        float(metrics["cross_entropy"]), expected, rtol=1e-5
+    )
+
 
 # 400 random ids in [1, 16), with EOD = 0 every 13th: no two windows alike.
 LONG_STREAM = np.random.default_rng(0).integers(1, 16, 400)
