@@ -2,8 +2,8 @@
 
 The public API is what `__all__` lists, plus the public modules
 `linen_moe.routing`, `serving`, `sharding`, `decoding`, `distributed`,
-`tokens`, `training`, `data`, `testing` and `checkpoint`. Each name and
-module loads on first use: `import linen_moe` alone imports no jax.
+`tokens`, `training`, `data`, `testing`, `checkpoint` and `hf`. Each name
+and module loads on first use: `import linen_moe` alone imports no jax.
 Everything under `linen_moe._src` is private and may move between releases.
 """
 
@@ -26,6 +26,8 @@ _EXPORTS = {
         "load_moe_config",
     ),
     "linen_moe._src.expert": ("SharedExpert",),
+    # grouped_kernels imports jax, so it loads only when the name is asked for.
+    "linen_moe._src.grouped_kernels": ("KernelFallbackWarning",),
     "linen_moe._src.models.decoder": (
         "Decoder",
         "scanned_to_unrolled",
@@ -64,6 +66,7 @@ _PUBLIC_MODULES = (
     "data",
     "decoding",
     "distributed",
+    "hf",
     "routing",
     "serving",
     "sharding",
@@ -84,6 +87,7 @@ __all__ = [
     "STATE_COLLECTIONS",
     "UPDATED_BY_RULE",
     "Decoder",
+    "KernelFallbackWarning",
     "MarkovData",
     "MoEAux",
     "MoEConfig",
@@ -101,6 +105,7 @@ __all__ = [
     "decoding",
     "default_optimizer",
     "distributed",
+    "hf",
     "init_train_state",
     "load_moe_config",
     "load_model_config",

@@ -9,8 +9,10 @@ from linen_moe._src.checkpoint import DamagedCheckpointError
 from linen_moe._src.checkpoint import Restored
 from linen_moe._src.checkpoint import check_model_config
 from linen_moe._src.checkpoint import config_dict
+from linen_moe._src.checkpoint import config_from_dict
 from linen_moe._src.checkpoint import export
 from linen_moe._src.checkpoint import load_export
+from linen_moe._src.checkpoint import read_variables
 from linen_moe._src.checkpoint import rng_from_json
 from linen_moe._src.checkpoint import rng_to_json
 from linen_moe._src.checkpoint_tree import VARIABLES
@@ -29,9 +31,11 @@ __all__ = [
     "abstract",
     "check_model_config",
     "config_dict",
+    "config_from_dict",
     "export",
     "linen_path",
     "load_export",
+    "read_variables",
     "relayout",
     "rng_from_json",
     "rng_to_json",

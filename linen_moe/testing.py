@@ -1,9 +1,11 @@
 """What tests and benchmarks need and the product does not: reading compiled
 programs (the quantized element types that feed each contraction, the
-collectives and which processes they cross), the compile policy a test
-session shares with `linen-moe matrix` (`use_compilation_cache`,
-`use_fast_compile`; call them before jax is imported), and a tiny real
-text corpus that needs no download (`license_texts`).
+collectives, the bytes they send and which processes they cross), running
+the accelerator grouped-matmul kernels on a CPU (`kernels_on_cpu`), the
+compile policy a test session shares with `linen-moe matrix`
+(`use_compilation_cache`, `use_fast_compile`; call them before jax is
+imported), and a tiny real text corpus that needs no download
+(`license_texts`).
 
 Stable like the rest of the public API, but not needed to train or serve.
 """
@@ -26,24 +28,49 @@ from linen_moe._src.hlo import crosses_processes
 from linen_moe._src.hlo import parse_hlo
 from linen_moe._src.hlo import quantized_types_at_contractions
 from linen_moe._src.hlo import quantized_types_in_hlo
+from linen_moe._src.hlo_traffic import CollectiveBytes
+from linen_moe._src.hlo_traffic import collective_bytes
+from linen_moe._src.hlo_traffic import sent_bytes
+
+
+def kernels_on_cpu(kind: str):
+  """A context inside which `grouped_matmul="kernel"` on the CPU backend
+  runs an accelerator kernel: "megablox" (Pallas interpret mode), "tokamax"
+  (its XLA implementation) or "tokamax_pallas" (its Pallas TPU kernel,
+  interpreted); "auto" still resolves to "blocked". Trace inside it.
+
+  Imports jax when called, not when this module is imported (the compile
+  policy above must run before jax loads).
+
+  Raises:
+    ValueError: `kind` is none of those.
+  """
+  from linen_moe._src import grouped_kernels  # noqa: PLC0415
+
+  return grouped_kernels.kernels_on_cpu(kind)
+
 
 __all__ = [
     "COLLECTIVES",
     "CONTRACTIONS",
     "QUANTIZED_TYPES",
     "Collective",
+    "CollectiveBytes",
     "Contraction",
     "Instruction",
     "all_gather_shapes",
+    "collective_bytes",
     "collective_counts",
     "collective_summary",
     "collectives",
     "contractions",
     "crosses_processes",
+    "kernels_on_cpu",
     "license_texts",
     "parse_hlo",
     "quantized_types_at_contractions",
     "quantized_types_in_hlo",
+    "sent_bytes",
     "use_compilation_cache",
     "use_fast_compile",
 ]

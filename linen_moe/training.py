@@ -26,6 +26,7 @@ from linen_moe._src.training.step import init_train_state
 from linen_moe._src.training.step import loss_weights
 from linen_moe._src.training.step import make_train_step
 from linen_moe._src.training.step import overwrite_with_gradient
+from linen_moe._src.training.step import train_state_from_variables
 
 __all__ = [
     "LinenFrontend",
@@ -44,6 +45,7 @@ __all__ = [
     "make_eval_step",
     "make_train_step",
     "overwrite_with_gradient",
+    "train_state_from_variables",
     "variables_of",
 ]
 

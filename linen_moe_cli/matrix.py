@@ -23,9 +23,10 @@ import numpy as np
 
 from linen_moe import testing
 from linen_moe._src.config import PATHS
-from linen_moe._src.config import QUANTIZATIONS
 from linen_moe._src.config import TINY_CONFIGS
 from linen_moe._src.config import load_model_config
+from linen_moe._src.quantization_modes import MODES
+from linen_moe._src.quantization_modes import QUANTIZATIONS
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli.frontends import FRONTENDS
@@ -40,12 +41,7 @@ PATH_TITLES = {
 CONFIGS = TINY_CONFIGS
 MATRIX_LEARNING_RATE = 1e-3
 # The element types a compiled training step must feed its contractions.
-EXPECTED_TYPES = {
-    "none": frozenset(),
-    "int8": frozenset({"s8"}),
-    "fp8": frozenset({"f8e4m3fn", "f8e5m2"}),
-    "nanoo_fp8": frozenset({"f8e4m3fnuz", "f8e5m2fnuz"}),
-}
+EXPECTED_TYPES = {name: mode.hlo_types for name, mode in MODES.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +111,7 @@ def check_trained(cell: Cell, before, after, losses) -> None:
   rate = cell.model_config().moe.routed_bias_update_rate
   if rate > 0 and not _any_changed(fe.rule_state(before), fe.rule_state(after)):
     raise AssertionError("no routed_bias moved")
-  if cell.quantization not in ("fp8", "nanoo_fp8"):
+  if not MODES[cell.quantization].keeps_state:
     return
   old, new = _site_states(fe.fp8_state(before)), _site_states(
       fe.fp8_state(after)
@@ -160,7 +156,7 @@ def run_cell(
           f"compiled step lacks quantized types {sorted(missing)} (found "
           f"{sorted(result.quantized_types) or 'none'})"
       )
-    if cell.quantization == "none" and result.quantized_types:
+    if not MODES[cell.quantization].quantized and result.quantized_types:
       raise AssertionError(
           f"unquantized step holds {sorted(result.quantized_types)}"
       )

@@ -18,7 +18,7 @@ from linen_moe_cli import frontends
 from linen_moe_cli import model_args
 
 # Optional packages -> the extra of this project that installs them.
-EXTRAS = {"matplotlib": "bench", "hypothesis": "test"}
+EXTRAS = {"matplotlib": "bench", "hypothesis": "test", "tokamax": "kernels"}
 
 
 class RunStopped(Exception):
@@ -70,8 +70,8 @@ class TrainOptions:
       reads; needs `checkpoint_dir`, at most `steps`.
     data: train on these files (a path, a directory or a glob;
       `linen_moe.data.find_files`) instead of synthetic Markov tokens.
-    tokenizer: the `tokenizer.json` of text data (default: the one of
-      `--init-from-hf`'s checkpoint, when the run starts from one).
+    tokenizer: the `tokenizer.json` of text data (default: the one in
+      `init_from_hf`'s directory, when the run starts from one).
     data_format: "text", "npy" or "bin" (default: from the extension).
     data_dtype: the ids' dtype of "bin" files ("uint16" or "uint32").
     packing: "pack" (windows across documents) or "pad" (a document per
@@ -83,6 +83,10 @@ class TrainOptions:
       uninterrupted one does); needs `data`.
     eval_batches: held-out batches per evaluation.
     eval_fraction: the share of the data's sequences held out.
+    init_from_hf: a Hugging Face checkpoint directory to fine-tune from
+      (`linen_moe.hf.load_checkpoint`): its config.json is the model
+      (`config` is not read), `overrides` may change only the run fields
+      and `param_dtype`; a checkpoint in `checkpoint_dir` resumes instead.
   """
 
   config: str = "tiny_mixtral"
@@ -111,6 +115,7 @@ class TrainOptions:
   eval_every: int | None = None
   eval_batches: int = 4
   eval_fraction: float = 0.1
+  init_from_hf: str | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "overrides", dict(self.overrides))
@@ -160,6 +165,8 @@ class TrainOptions:
             f"expected at most --steps {self.steps}",
         )
     self._check_data()
+    if self.init_from_hf is not None:
+      self._check_init_from_hf()
 
   def _check_data(self) -> None:
     """The real-data flags; the files exist (read later, after jax)."""
@@ -210,6 +217,25 @@ class TrainOptions:
       sources.find_files(self.data)  # a one-line error naming it
     if self.tokenizer is not None and not os.path.isfile(self.tokenizer):
       raise ValueError(f"tokenizer {self.tokenizer}: no such file.")
+
+  def _check_init_from_hf(self) -> None:
+    from linen_moe._src.config import run_fields  # noqa: PLC0415 (no jax)
+
+    where = self.init_from_hf
+    if not os.path.isfile(os.path.join(where, "config.json")):
+      _fail(
+          "init_from_hf",
+          where,
+          "expected a Hugging Face checkpoint directory (with config.json)",
+      )
+    fixed = sorted(set(self.overrides) - run_fields() - {"param_dtype"})
+    if fixed:
+      _fail(
+          "init_from_hf",
+          where,
+          f"the checkpoint fixes the model, so {fixed} cannot be overridden "
+          f"(only the run fields {sorted(run_fields())} and param_dtype)",
+      )
 
   @classmethod
   def from_args(cls, args: argparse.Namespace) -> TrainOptions:

@@ -63,8 +63,9 @@ class TrainResult:
   def load_ratio(self) -> float:
     """Max / min expert load of the most unbalanced layer (1 = balanced; inf
     when an expert got nothing), from `expert_load`."""
+    load = self.expert_load[self.expert_load.sum(axis=-1) > 0]  # MoE layers
     with np.errstate(divide="ignore"):
-      ratios = self.expert_load.max(axis=-1) / self.expert_load.min(axis=-1)
+      ratios = load.max(axis=-1) / load.min(axis=-1)
     return float(np.max(ratios))
 
 
@@ -79,6 +80,7 @@ class _Setup:
   mesh: str | None
   run: Any  # sharded training, or None on one device
   feed: Callable[[np.ndarray], jax.Array]
+  device_mesh: Any = None  # jax.sharding.Mesh, or None on one device
 
 
 def _set_up(opts: TrainOptions) -> _Setup:
@@ -86,7 +88,13 @@ def _set_up(opts: TrainOptions) -> _Setup:
   if mesh is None and jax.process_count() > 1:
     mesh = f"data={jax.device_count()}"
   device_mesh = None if mesh is None else sharding.make_mesh(mesh)
-  cfg = load_model_config(opts.config, **opts.overrides)
+  if opts.init_from_hf is None:
+    cfg = load_model_config(opts.config, **opts.overrides)
+  else:
+    from linen_moe import hf  # noqa: PLC0415
+
+    base = hf.model_config(_read_json(opts.init_from_hf))
+    cfg = base.replace(**opts.overrides)
   optimizer = default_optimizer(opts.learning_rate)
   run, feed = None, jnp.asarray
   if device_mesh is not None:
@@ -109,7 +117,46 @@ def _set_up(opts: TrainOptions) -> _Setup:
       mesh=mesh,
       run=run,
       feed=feed,
+      device_mesh=device_mesh,
   )
+
+
+def _load_hf(directory: str, cfg, device_mesh):
+  """The variables of the Hugging Face checkpoint in `directory` for the
+  run's model `cfg`, loaded straight into the mesh's shardings."""
+  from linen_moe import hf  # noqa: PLC0415
+
+  loaded, variables = hf.load_checkpoint(
+      directory,
+      scan_layers=cfg.scan_layers,
+      dtype=cfg.moe.param_dtype,
+      mesh=device_mesh,
+      quantization=cfg.moe.quantization,
+  )
+  checkpoint.check_model_config(checkpoint.config_dict(loaded), cfg, directory)
+  return variables
+
+
+def _read_json(directory: str) -> dict:
+  import json  # noqa: PLC0415
+
+  with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _with_variables(fe, state, variables):
+  """`state` (a fresh one) with its params from `variables`; the fp8 and
+  routing state and the optimizer moments stay fresh."""
+  from flax import traverse_util  # noqa: PLC0415
+
+  flat = traverse_util.flatten_dict(fe.checkpoint_tree(state))
+  for path, value in traverse_util.flatten_dict(
+      {checkpoint.VARIABLES: {"params": variables["params"]}}
+  ).items():
+    if path not in flat:
+      raise ValueError(f"The loaded checkpoint has no {'/'.join(path)}.")
+    flat[path] = value
+  return fe.from_checkpoint_tree(traverse_util.unflatten_dict(flat), state)
 
 
 def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
@@ -238,6 +285,12 @@ def _train_from(
         if run
         else fe.init(cfg, job.optimizer, sample, rng)
     )
+    if opts.init_from_hf is not None:
+      variables = _load_hf(opts.init_from_hf, cfg, job.device_mesh)
+      state = _with_variables(fe, state, variables)
+      del variables
+      if run is not None:
+        state = run.place(state, sample, rng)
   if run is None:
     step = jax.jit(
         fe.make_step(cfg, job.optimizer, opts.grad_accum), donate_argnums=0
@@ -253,6 +306,7 @@ def _train_from(
             "data": source.meta,
             "run": {
                 "config": opts.config,
+                "init_from_hf": opts.init_from_hf,
                 "frontend": opts.frontend,
                 "mesh": job.mesh,
                 "seed": opts.seed,

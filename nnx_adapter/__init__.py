@@ -1,5 +1,6 @@
 """The NNX adapter: the one place Linen meets NNX."""
 
+from nnx_adapter._adapter import Cache
 from nnx_adapter._adapter import EagerToNNX
 from nnx_adapter._adapter import Fp8State
 from nnx_adapter._adapter import RuleState
@@ -7,6 +8,8 @@ from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import init_decoder
 from nnx_adapter._decoder import linen_to_nnx
 from nnx_adapter._decoder import nnx_to_linen
+from nnx_adapter._decoding import decoding_model
+from nnx_adapter._decoding import greedy_generate
 from nnx_adapter._sharding import ShardedNNXTraining
 from nnx_adapter._train import NNXFrontend
 from nnx_adapter._train import TrainState
@@ -18,6 +21,7 @@ from nnx_adapter._train import make_train_step
 from nnx_adapter._train import train_step
 
 __all__ = [
+    "Cache",
     "Decoder",
     "EagerToNNX",
     "Fp8State",
@@ -28,7 +32,9 @@ __all__ = [
     "accumulate_gradients",
     "apply_gradients",
     "decoder_loss",
+    "decoding_model",
     "init_decoder",
+    "greedy_generate",
     "init_train_state",
     "linen_to_nnx",
     "make_train_step",

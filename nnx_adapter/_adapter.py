@@ -10,6 +10,7 @@ from flax.nnx.bridge import variables as bridge_variables
 import jax
 
 from linen_moe._src.jit_init import compiled_init
+from linen_moe._src.variables import CACHE
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.variables import UPDATED_BY_RULE
 
@@ -27,10 +28,16 @@ class RuleState(nnx.Variable):
   differentiated nor given to an optimizer."""
 
 
+class Cache(nnx.Variable):
+  """A decoding decoder's KV cache and its token count: the Linen `cache`
+  collection. Written by every decoding call; never trained or saved."""
+
+
 # The bridge maps Linen collections to NNX variable types through this
 # registry, in both directions (ToNNX on the way in, on the way out).
 nnx.register_variable_name(OVERWRITE_WITH_GRADIENT, Fp8State, overwrite=True)
 nnx.register_variable_name(UPDATED_BY_RULE, RuleState, overwrite=True)
+nnx.register_variable_name(CACHE, Cache, overwrite=True)
 
 
 class EagerToNNX(nnx.bridge.ToNNX):

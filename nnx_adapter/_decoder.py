@@ -11,12 +11,19 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src import layer_stack
 from linen_moe._src import scan
 from linen_moe._src import sharding
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.models import decoder as linen_decoder
+from linen_moe._src.models.blocks import DecoderBlock
+from linen_moe._src.models.blocks import per_layer_aux
+from linen_moe._src.models.blocks import stack_body
+from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.tokens import validate_tokens_if_concrete
+from linen_moe._src.variables import CACHE
 from linen_moe._src.variables import rng_dict
+from nnx_adapter._adapter import Cache
 from nnx_adapter._adapter import EagerToNNX
 
 PyTree = dict[str, Any]
@@ -30,13 +37,15 @@ class Decoder(nnx.Module):
   """The NNX twin of `linen_moe.decoder.Decoder`: same config, same math.
 
   tokens <int32>[B, S] -> (logits [B, S, V], aux). `aux` is the Linen
-  decoder's (`linen_moe.decoder.layer_aux`). The embedding, the blocks and the final norm are the Linen modules
-  of `linen_moe.decoder` (one implementation of the math) behind
-  `EagerToNNX`, so the whole state, fp8 included, exists after `__init__`.
-  With `config.scan_layers` the blocks are built stacked by `nnx.vmap` under
-  `layers` (leading axis L) and applied with `nnx.scan`; unrolled, they are
-  `layers_0`, `layers_1`, ... The attribute names are the Linen decoder's, so
-  the state paths are its variable paths (see `linen_to_nnx`).
+  decoder's (`linen_moe.decoder.layer_aux`). The embedding, the blocks, the
+  final norm and the head are the Linen modules of `linen_moe.decoder` (one
+  implementation of the math) behind `EagerToNNX`, so the whole state, fp8
+  included, exists after `__init__`.
+  The layers are laid out as `config.stack_plan` says: the stack built by
+  `nnx.vmap` under `layers` (leading axis: the stack's rows) and applied
+  with `nnx.scan`, every other layer `layers_{i}`. The attribute names are
+  the Linen decoder's, so the state paths are its variable paths (see
+  `linen_to_nnx`).
 
   A serving config (`linen_moe.serving`) builds a serving decoder: its MoE
   layers hold stored kernels; `Decoder.from_linen(serve_config,
@@ -72,10 +81,17 @@ class Decoder(nnx.Module):
       *,
       rngs: nnx.Rngs,
       sample_shape: tuple[int, int] = (1, 8),
+      decode: bool = False,
   ):
-    """`sample_shape` [B, S] only sizes the sample inputs of the eager init;
-    no variable of this decoder depends on it."""
+    """`sample_shape` [B, S] sizes the sample inputs of the eager init; no
+    parameter depends on it. With `decode` the blocks keep a KV cache
+    (`Cache` variables, the Linen decoder's `cache` collection) of
+    `sample_shape` [B, max_len], and `index`, the tokens in it: each call
+    appends its tokens at the next positions (see `greedy_generate`)."""
     self.config = config
+    self.decode = decode
+    if decode:
+      self.index = Cache(jnp.zeros((), jnp.int32))
     moe = config.moe
     tokens = jnp.zeros(sample_shape, jnp.int32)  # [B, S]
     x = jnp.zeros((*sample_shape, moe.emb_dim), moe.dtype)  # [B, S, M]
@@ -83,36 +99,64 @@ class Decoder(nnx.Module):
     # The Linen decoder's embedding (initialiser, axis names); input scale
     # in `__call__`.
     self.embed = EagerToNNX(linen_decoder.embedding(config), tokens, rngs=rngs)
-    block = linen_decoder.DecoderBlock(config)
-    if config.scan_layers:
+    plan, kinds = config.stack_plan, config.layer_kinds
+    for i in plan.before + plan.after:
+      block = DecoderBlock(config, decode, kinds[i])
+      setattr(
+          self,
+          layer_stack.layer_name(i),
+          EagerToNNX(block, x, positions, rngs=rngs),
+      )
+    if plan.scanned:
+      body, fields = stack_body(config, decode)
 
-      @nnx.split_rngs(splits=config.num_layers)
+      @nnx.split_rngs(splits=plan.repeats)
       @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=LAYERS_AXIS)
       def stacked(rngs: nnx.Rngs) -> EagerToNNX:
-        return EagerToNNX(block, x, positions, rngs=rngs)
+        return EagerToNNX(body(**fields), x, positions, rngs=rngs)
 
-      self.layers = stacked(rngs)
-    else:
-      for i in range(config.num_layers):
-        setattr(self, f"layers_{i}", EagerToNNX(block, x, positions, rngs=rngs))
-    self.final_norm = EagerToNNX(
-        linen_decoder.RMSNorm(config.norm_eps), x, rngs=rngs
-    )
+      setattr(self, layer_stack.STACK, stacked(rngs))
+    self.final_norm = EagerToNNX(RMSNorm(config.norm_eps), x, rngs=rngs)
+    if not config.tie_embeddings:
+      self.logits = EagerToNNX(linen_decoder.output_head(config), x, rngs=rngs)
 
   def __call__(self, tokens: jax.Array, rng: jax.Array | None = None):
     """`rng` feeds every RNG stream the blocks draw from at apply time (AQT
     int8 needs it whenever gradients are taken); one key per layer."""
     cfg = self.config
-    validate_tokens_if_concrete(tokens, cfg.vocab_size)
+    tokens = jnp.asarray(validate_tokens_if_concrete(tokens, cfg.vocab_size))
     x = linen_decoder.scale_embeddings(self.embed(tokens), cfg)  # [B, S, M]
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    start = 0
+    if self.decode:
+      start = self.index.get_value()
+      self.index.set_value(start + tokens.shape[1])
+    positions = jnp.broadcast_to(
+        start + jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape
+    )
+    plan = cfg.stack_plan
     keys = None if rng is None else jax.random.split(rng, cfg.num_layers)
+    mutable = [CACHE] if self.decode else False
 
     def apply_block(block, x, key):
       rngs = None if key is None else nnx.Rngs(**rng_dict(key))
-      return block(x, positions, rngs=rngs)
+      return block(x, positions, rngs=rngs, mutable=mutable)
 
-    if cfg.scan_layers:
+    def unrolled(x, layers):
+      outs = []
+      for i in layers:
+        key = None if keys is None else keys[i]
+        x, out = apply_block(getattr(self, layer_stack.layer_name(i)), x, key)
+        outs.append(out)
+      return x, outs
+
+    x, before = unrolled(x, plan.before)
+    stacked = None
+    if plan.scanned:
+      # One key per stack row (a group's members draw from theirs).
+      rows = None
+      if keys is not None:
+        rows = keys[plan.start : plan.start + plan.repeats * plan.period]
+        rows = rows[:: plan.period]
 
       @nnx.scan(
           in_axes=(0, nnx.Carry, 0),
@@ -122,17 +166,13 @@ class Decoder(nnx.Module):
       def scan_blocks(block, x, key):
         return apply_block(block, x, key)
 
-      x, per_layer = scan_blocks(self.layers, x, keys)
-    else:
-      outs = []
-      for i in range(cfg.num_layers):
-        key = None if keys is None else keys[i]
-        x, out = apply_block(getattr(self, f"layers_{i}"), x, key)
-        outs.append(out)
-      per_layer = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+      x, stacked = scan_blocks(getattr(self, layer_stack.STACK), x, rows)
+    x, after = unrolled(x, plan.after)
+    per_layer = per_layer_aux(cfg, before, stacked, after)
     x = self.final_norm(x)
-    logits = self.embed.attend(x.astype(jnp.float32))  # [B, S, V], tied
-    return logits, linen_decoder.layer_aux(per_layer)
+    head = None if cfg.tie_embeddings else self.logits
+    logits = linen_decoder.logits_of(cfg, self.embed, head, x)  # [B, S, V]
+    return logits, linen_decoder.layer_aux(per_layer, cfg)
 
 
 def init_decoder(

@@ -84,7 +84,9 @@ def apply_routed_bias_rule(
   """Moves every `routed_bias` of `model` (a `Decoder`) in place by the rule,
   from the step's expert loads <float32>[L, E]."""
   rule_state = nnx.state(model, RuleState)
-  new = routed_bias_rule(nnx.to_pure_dict(rule_state), expert_load, rate)
+  new = routed_bias_rule(
+      nnx.to_pure_dict(rule_state), expert_load, rate, model.config.stack_plan
+  )
   nnx.replace_by_pure_dict(rule_state, new)
   nnx.update(model, rule_state)
 

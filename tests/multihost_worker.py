@@ -14,6 +14,11 @@ Jobs:
                (op, mesh axes), how many, and whether they cross processes.
   spin         an all-reduce every 0.2 s, forever; process `victim` kills
                itself with SIGKILL after step `die_at`.
+  layer        one sparse `RoutedMoE` layer's loss and gradients (params,
+               fp8 state, input) on the global `mesh` with `expert_parallel`,
+               in each of `quantizations`, against the one-device layer
+               computed in this process; and which collectives of the
+               compiled program cross processes.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
@@ -37,6 +43,7 @@ from linen_moe import sharding
 from linen_moe import testing
 from linen_moe._src.config import PATHS
 from linen_moe._src.config import load_model_config
+from linen_moe._src.config import load_moe_config
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import main as cli_main
@@ -99,7 +106,82 @@ def spin(job: dict) -> dict:
   return {}
 
 
+def _max_abs(tree) -> float:
+  return max(
+      (float(np.max(np.abs(x))) for x in jax.tree.leaves(tree)), default=0.0
+  )
+
+
+def layer(job: dict) -> dict:
+  from linen_moe import RoutedMoE  # noqa: PLC0415
+  from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
+
+  mesh = sharding.make_mesh(job["mesh"])
+  replicated = NamedSharding(mesh, P())
+  out = {"process_of": [d.process_index for d in mesh.devices.flat]}
+  for mode in job["quantizations"]:
+    cfg = load_moe_config(
+        "tiny_mixtral",
+        quantization=mode,
+        expert_parallel=job["expert_parallel"],
+        **PATHS["sparse"],
+    )
+    moe = RoutedMoE(cfg)
+    x = jax.random.normal(jax.random.key(3), (8, 8, cfg.emb_dim))
+    host = jax.device_get(sharding.unbox(moe.init(jax.random.key(0), x)))
+    host = {
+        "params": host["params"],
+        "fp8": host.get(OVERWRITE_WITH_GRADIENT, {}),
+    }
+    host["x"] = np.asarray(x)
+
+    def loss(params, fp8, x, moe=moe):
+      variables = {"params": params, OVERWRITE_WITH_GRADIENT: fp8}
+      y, _ = moe.apply(variables, x, rngs={"params": jax.random.key(4)})
+      return jnp.sum(y**2)
+
+    step = jax.value_and_grad(loss, (0, 1, 2))
+    args = (host["params"], host["fp8"], host["x"])
+    ref_loss, ref_grads = jax.jit(step)(*args)  # this process's device
+    ref_grads = jax.device_get(ref_grads)
+    global_args = jax.tree.map(
+        lambda a: distributed.global_array(a.shape, replicated, np.asarray(a)),
+        args,
+    )
+    with sharding.mesh_context(mesh):
+      compiled = (
+          jax.jit(step, out_shardings=replicated).lower(*global_args).compile()
+      )
+      value, grads = compiled(*global_args)
+    local = jax.tree.map(lambda a: np.asarray(a.addressable_data(0)), grads)
+    errs = [
+        max(
+            (
+                float(np.max(np.abs(np.asarray(g, np.float64) - r)))
+                for g, r in zip(
+                    jax.tree.leaves(a), jax.tree.leaves(b), strict=True
+                )
+            ),
+            default=0.0,
+        )
+        for a, b in zip(local, ref_grads, strict=True)
+    ]
+    out[mode] = {
+        "loss_err": abs(
+            float(np.asarray(value.addressable_data(0))) - float(ref_loss)
+        ),
+        "loss_scale": abs(float(ref_loss)),
+        "grad_errs": errs,
+        "grad_scales": [_max_abs(g) for g in ref_grads],
+        "collectives": testing.collective_summary(
+            compiled.as_text(), out["process_of"]
+        ),
+    }
+  return out
+
+
 CHECKS = {
+    "layer": layer,
     "train": train,
     "bad_mesh": bad_mesh,
     "collectives": collectives,

@@ -1,4 +1,5 @@
-"""An independent per-token NumPy oracle for routing and expert math."""
+"""Independent NumPy oracles: per token for routing and expert math, per row
+for grouped matmuls."""
 
 from __future__ import annotations
 
@@ -158,3 +159,22 @@ def rel_err(got, expected) -> float:
   """||got - expected|| / ||expected||, in float64."""
   got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
   return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+
+
+def grouped_matmul(lhs, rhs, group_sizes, dout):
+  """Row-by-row loop in float64: (out, dlhs, drhs) of the grouped matmul
+  [M, K] x [G, K, N] -> [M, N] whose cotangent is `dout` [M, N]; rows past
+  sum(group_sizes) (and past M) are zero, and so are their gradients."""
+  lhs, rhs, dout = (np.asarray(a, np.float64) for a in (lhs, rhs, dout))
+  out = np.zeros((lhs.shape[0], rhs.shape[2]))
+  dlhs = np.zeros_like(lhs)
+  drhs = np.zeros_like(rhs)
+  row = 0
+  for g, size in enumerate(np.asarray(group_sizes)):
+    for _ in range(size):
+      if row < lhs.shape[0]:
+        out[row] = lhs[row] @ rhs[g]
+        dlhs[row] = rhs[g] @ dout[row]
+        drhs[g] += np.outer(lhs[row], dout[row])
+      row += 1
+  return out, dlhs, drhs

@@ -46,6 +46,12 @@ def _max_abs_diff(a, b) -> float:
   return max(diffs, default=0.0)
 
 
+def _max_abs(tree) -> float:
+  return max(
+      (float(np.max(np.abs(x))) for x in jax.tree.leaves(tree)), default=0.0
+  )
+
+
 def _expert_weights(params) -> dict[str, jax.Array]:
   """The routed experts' weights of the first MoE layer, by name."""
   layer = params["layers"] if "layers" in params else params["layers_0"]
@@ -66,6 +72,7 @@ def equivalence(job: dict) -> dict:
       job.get("config", "tiny_mixtral"),
       quantization=job.get("quantization", "none"),
       num_layers=job.get("num_layers", 1),
+      expert_parallel=job.get("expert_parallel", "auto"),
       **PATHS[job.get("path", "sparse")],
   )
   frontend = job.get("frontend", "linen")
@@ -151,47 +158,93 @@ def shardings(job: dict) -> dict:
   return {jax.tree_util.keystr(path): str(s.spec) for path, s in flat}
 
 
+# Rule tables of `layer` beside the default one, by name. "batch_on_data":
+# tokens replicated over `expert` (outputs summed there, nothing exchanged);
+# "two_exchange_axes": experts over fsdp and expert, which both split the
+# batch; "exchange_and_sum" / "sum_then_exchange": experts over data and
+# expert, the batch over only one of them (exchanged over it, summed over
+# the other).
+def _rules(**overrides):
+  return tuple(
+      (name, overrides.get(name, axes)) for name, axes in sharding.DEFAULT_RULES
+  )
+
+
+RULES = {
+    "default": sharding.DEFAULT_RULES,
+    "batch_on_data": _rules(activation_batch=("data",)),
+    "two_exchange_axes": _rules(exp=("fsdp", "expert")),
+    "exchange_and_sum": _rules(
+        exp=("data", "expert"), activation_batch=("expert",)
+    ),
+    "sum_then_exchange": _rules(
+        exp=("data", "expert"), activation_batch=("data",)
+    ),
+}
+
+
 def layer(job: dict) -> dict:
-  """Loss and gradients (params and fp8 state) of one `RoutedMoE` layer on
-  one device and under each (mesh, rules): `rules` "batch_on_data" maps the
-  batch to `data` only, so tokens are replicated over `expert` (outputs are
-  summed there instead of reduce-scattered)."""
+  """Loss and gradients (params, fp8 state, input) of one `RoutedMoE` layer
+  on one device and under each (mesh, rules name of `RULES`), for each of
+  `quantizations` (default: `quantization`, "fp8") with `expert_parallel`
+  (default "auto"), on each of `inputs` ("random", "skewed"; default
+  "random"). Errors are absolute; `*_scale` the reference's max."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
   from linen_moe._src.config import load_moe_config  # noqa: PLC0415
   from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
 
-  cfg = load_moe_config(
-      job.get("config", "tiny_mixtral"),
-      quantization=job.get("quantization", "fp8"),
-      **PATHS[job.get("path", "sparse")],
-  )
-  moe = RoutedMoE(cfg)
-  x = jax.random.normal(jax.random.key(3), (8, 8, cfg.emb_dim))
-  variables = sharding.unbox(moe.init(jax.random.key(0), x))
-
-  def loss(params, fp8, x):
-    y, _ = moe.apply({"params": params, OVERWRITE_WITH_GRADIENT: fp8}, x)
-    return jnp.sum(y**2)
-
-  fp8 = variables.get(OVERWRITE_WITH_GRADIENT, {})
-  args = (variables["params"], fp8, x)
-  ref_loss, ref_grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(*args)
-  batch_on_data = tuple(
-      (name, ("data",) if name == "activation_batch" else axes)
-      for name, axes in sharding.DEFAULT_RULES
-  )
   out = {}
-  for spec, rules_name in job["meshes"]:
-    rules = batch_on_data if rules_name == "batch_on_data" else None
-    with sharding.mesh_context(
-        sharding.make_mesh(spec), rules or sharding.DEFAULT_RULES
-    ):
-      value, grads = jax.jit(jax.value_and_grad(loss, (0, 1)))(*args)
-    out[f"{spec}/{rules_name}"] = {
-        "loss_err": abs(float(value) - float(ref_loss)),
-        "param_grad_err": _max_abs_diff(grads[0], ref_grads[0]),
-        "fp8_err": _max_abs_diff(grads[1], ref_grads[1]),
+  modes = job.get("quantizations", [job.get("quantization", "fp8")])
+  for mode in modes:
+    cfg = load_moe_config(
+        job.get("config", "tiny_mixtral"),
+        quantization=mode,
+        expert_parallel=job.get("expert_parallel", "auto"),
+        **PATHS[job.get("path", "sparse")],
+    )
+    moe = RoutedMoE(cfg)
+    x = jax.random.normal(jax.random.key(3), (8, 8, cfg.emb_dim))
+    # "skewed": every token near the same point, so all route to the same k
+    # experts: most experts (and devices) get nothing, one gets every row.
+    inputs = {
+        "random": x,
+        "skewed": x[:1, :1] + 1e-3 * x,
     }
+    variables = sharding.unbox(moe.init(jax.random.key(0), x))
+
+    def loss(params, fp8, x, moe=moe):
+      variables = {"params": params, OVERWRITE_WITH_GRADIENT: fp8}
+      y, _ = moe.apply(variables, x, rngs={"params": jax.random.key(4)})
+      return jnp.sum(y**2)
+
+    fp8 = variables.get(OVERWRITE_WITH_GRADIENT, {})
+    step = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))
+    refs = {
+        name: step(variables["params"], fp8, inputs[name])
+        for name in job.get("inputs", ["random"])
+    }
+    for spec, rules_name in job["meshes"]:
+      with sharding.mesh_context(sharding.make_mesh(spec), RULES[rules_name]):
+        mesh_step = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))
+        got = {
+            name: mesh_step(variables["params"], fp8, inputs[name])
+            for name in refs
+        }
+      for name, (value, grads) in got.items():
+        ref_loss, ref_grads = refs[name]
+        key = f"{spec}/{rules_name}"
+        key = key if len(modes) == 1 else f"{mode}/{key}"
+        key = key if name == "random" else f"{key}/{name}"
+        out[key] = {
+            "loss_err": abs(float(value) - float(ref_loss)),
+            "loss_scale": abs(float(ref_loss)),
+            "param_grad_err": _max_abs_diff(grads[0], ref_grads[0]),
+            "param_grad_scale": _max_abs(ref_grads[0]),
+            "fp8_err": _max_abs_diff(grads[1], ref_grads[1]),
+            "fp8_scale": _max_abs(ref_grads[1]),
+            "input_grad_err": _max_abs_diff(grads[2], ref_grads[2]),
+            "input_grad_scale": _max_abs(ref_grads[2]),
+        }
   return out
 
 

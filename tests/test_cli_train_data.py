@@ -27,9 +27,12 @@ from linen_moe import data
 from linen_moe import testing
 from linen_moe_cli import launch
 from linen_moe_cli import main as cli
+from linen_moe_cli import train_data
+from linen_moe_cli.options import TrainOptions
 
 STOP, STEPS = 6, 12
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIXTRAL = os.path.join(ROOT, "tests", "fixtures", "hf", "mixtral_gqa_swa")
 
 
 def _run_cli(*argv) -> tuple[int, str, str]:
@@ -219,6 +222,76 @@ class BadInputTest(_Corpus):
       code, _, err = _run_cli("train", *extra)
       self.assertEqual(code, 2)
       self.assertRegex(err, message)
+
+
+class _HfCheckpoint(_Corpus):
+  """A copy of the Mixtral fixture (vocab 64) with a tokenizer.json of 64
+  tokens trained on the corpus."""
+
+  def hf_dir(self, with_tokenizer: bool = True) -> str:
+    directory = os.path.join(self.tempdir(), "mixtral")
+    shutil.copytree(MIXTRAL, directory)
+    if with_tokenizer:
+      path = os.path.join(directory, "tokenizer.json")
+      data.train_bpe_tokenizer(testing.license_texts(), 64, path)
+    return directory
+
+
+class InitFromHfTokenizerTest(_HfCheckpoint):
+  """`--init-from-hf DIR` tokenizes with DIR/tokenizer.json unless
+  `--tokenizer` names another."""
+
+  def test_the_checkpoints_tokenizer(self):
+    directory = self.hf_dir()
+    opts = TrainOptions(init_from_hf=directory, data=self.corpus)
+    self.assertEqual(
+        train_data.tokenizer_path(opts),
+        os.path.join(directory, "tokenizer.json"),
+    )
+    opts = TrainOptions(
+        init_from_hf=directory, data=self.corpus, tokenizer=self.tokenizer
+    )
+    self.assertEqual(train_data.tokenizer_path(opts), self.tokenizer)
+    bare = TrainOptions(init_from_hf=self.hf_dir(False), data=self.corpus)
+    self.assertIsNone(train_data.tokenizer_path(bare))
+    # The run's own 256-token tokenizer does not fit the fixture's 64.
+    code, _, err = _run_cli(
+        "train", "--init-from-hf", directory, "--data", self.corpus,
+        "--tokenizer", self.tokenizer, "--steps", "1",
+    )  # fmt: skip
+    self.assertEqual(code, 2)
+    self.assertIn("larger than the model's vocab_size=64", err)
+    code, _, err = _run_cli(
+        "train", "--init-from-hf", self.hf_dir(False), "--data", self.corpus,
+        "--steps", "1",
+    )  # fmt: skip
+    self.assertEqual(code, 2)
+    self.assertIn("text needs a tokenizer", err)
+
+
+@pytest.mark.slow
+class FineTuneHfTest(_HfCheckpoint):
+
+  def test_held_out_loss_falls(self):
+    """The Mixtral fixture fine-tuned on the corpus with its own tokenizer:
+    the held-out loss falls."""
+    directory = self.hf_dir()
+    run = os.path.join(self.tempdir(), "run")
+    code, out, err = _run_cli(
+        "train", "--init-from-hf", directory, "--data", self.corpus,
+        "--steps", "40", "--batch-size", "8", "--seq-len", "32",
+        "--learning-rate", "3e-3", "--eval-every", "5", "--eval-batches", "2",
+        "--checkpoint-dir", run, "--no-progress",
+    )  # fmt: skip
+    self.assertEqual(code, 0, err)
+    held_out = [r["eval_loss"] for r in _metrics(run) if "eval_loss" in r]
+    self.assertLen(held_out, 8)
+    self.assertLess(held_out[-1], held_out[0] - 0.5, held_out)
+    with checkpoint.Checkpoints(run) as ckpts:
+      corpus = ckpts.meta()["data"]["pipeline"]["corpus"]
+    self.assertEqual(
+        corpus["tokenizer"], os.path.join(directory, "tokenizer.json")
+    )
 
 
 def _group(argv: list[str], processes: int, devices: int) -> str:

@@ -28,6 +28,7 @@ _FACES = (
     "training",
     "data",
     "testing",
+    "hf",
 )
 
 

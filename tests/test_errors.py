@@ -198,14 +198,17 @@ class OptionalDependencyTest(absltest.TestCase):
     self.assertIn("repeats=0 (--repeats) is invalid", err)
 
   def test_missing_module_anywhere_is_one_line(self):
-    missing = ModuleNotFoundError("No module named 'tokamax'", name="tokamax")
+    # A module that is installed nowhere (tokamax, the example this used,
+    # is now in the test extra).
+    name = "linen_moe_optional_example"
+    missing = ModuleNotFoundError(f"No module named {name!r}", name=name)
     with mock.patch.object(train_command, "run", side_effect=missing):
       status, err = _cli("train")
     self.assertEqual(status, 2)
     self.assertEqual(
         err,
-        "linen-moe: error: tokamax is not installed, so this command stops; "
-        "install it with pip install tokamax.\n",
+        f"linen-moe: error: {name} is not installed, so this command stops; "
+        f"install it with pip install {name}.\n",
     )
 
 

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe._src import grouped_matmul as gmm_lib
+from linen_moe._src.grouped_kernels import KernelFallbackWarning
+from tests import numpy_reference
 
 M, K, N = 96, 24, 40  # M > K, N: only a dense fallback reaches G * M * N
 
@@ -55,23 +57,6 @@ def _blocked(block_rows=None, slot_rows=None, **kwargs):
     )
 
   return matmul
-
-
-def _numpy_reference(lhs, rhs, group_sizes, dout):
-  """Row-by-row loop in float64: (out, dlhs, drhs)."""
-  lhs, rhs, dout = (np.asarray(a, np.float64) for a in (lhs, rhs, dout))
-  out = np.zeros((lhs.shape[0], rhs.shape[2]))
-  dlhs = np.zeros_like(lhs)
-  drhs = np.zeros_like(rhs)
-  row = 0
-  for g, size in enumerate(np.asarray(group_sizes)):
-    for _ in range(size):
-      if row < lhs.shape[0]:
-        out[row] = lhs[row] @ rhs[g]
-        dlhs[row] = rhs[g] @ dout[row]
-        drhs[g] += np.outer(lhs[row], dout[row])
-      row += 1
-  return out, dlhs, drhs
 
 
 def _assert_all_close(got, want, **tolerance):
@@ -131,7 +116,7 @@ class BlockedMatchesRaggedDotTest(parameterized.TestCase):
     group_sizes = jnp.array([9, 0, 40, 1, 30], jnp.int32)  # 80 of 96 rows
     lhs, rhs, dout = _operands(5, seed=1)
     got = _fwd_bwd(_blocked(16), group_sizes)(lhs, rhs, dout)
-    want = _numpy_reference(lhs, rhs, group_sizes, dout)
+    want = numpy_reference.grouped_matmul(lhs, rhs, group_sizes, dout)
     _assert_all_close(got, want, rtol=1e-5, atol=1e-4)
 
   def test_rows_past_total_are_zero_with_zero_gradient(self):
@@ -236,16 +221,8 @@ class NoDenseFallbackTest(absltest.TestCase):
 
 
 class KernelSeamTest(parameterized.TestCase):
-
-  def test_megablox_wrapper_in_interpret_mode(self):
-    # Runs the TPU kernel's Pallas interpreter on CPU: checks the padding and
-    # row masks around megablox, not its speed or its Mosaic lowering.
-    group_sizes = jnp.array([10, 0, 57, 20], jnp.int32)  # 9 trailing rows
-    lhs, rhs, dout = _operands(4)
-    megablox = functools.partial(gmm_lib._megablox_gmm, interpret=True)
-    got = _fwd_bwd(megablox, group_sizes)(lhs, rhs, dout)
-    want = _fwd_bwd(gmm_lib.ragged_dot, group_sizes)(lhs, rhs, dout)
-    _assert_all_close(got, want, rtol=1e-5, atol=1e-4)
+  """How implementations resolve; the kernels themselves are run in
+  tests/test_kernels.py."""
 
   @parameterized.named_parameters(
       ("cpu_auto", "auto", "cpu", (), "blocked"),
@@ -258,13 +235,24 @@ class KernelSeamTest(parameterized.TestCase):
     got = gmm_lib.resolve_implementation(implementation, backend, dtypes)
     self.assertEqual(got, want)
 
-  @parameterized.named_parameters(
-      ("cpu", "cpu", (), "no grouped-matmul kernel"),
-      ("tpu_int8", "tpu", (jnp.int8,), "float32/bfloat16 only"),
+  def test_no_kernel_on_cpu_is_a_clear_error(self):
+    with self.assertRaisesRegex(
+        ValueError, "no grouped-matmul kernel.*Available here"
+    ):
+      gmm_lib.resolve_implementation("kernel", "cpu", ())
+
+  @parameterized.parameters(
+      ((jnp.int8, jnp.int8), "'int8', 'int8'"),
+      ((jnp.bfloat16, jnp.float8_e4m3fn), "'bfloat16', 'float8_e4m3fn'"),
   )
-  def test_missing_kernel_is_a_clear_error(self, backend, dtypes, why):
-    with self.assertRaisesRegex(ValueError, f"{why}.*Available here"):
-      gmm_lib.resolve_implementation("kernel", backend, dtypes)
+  def test_kernel_falls_back_visibly_for_other_operands(self, dtypes, named):
+    with self.assertWarnsRegex(
+        KernelFallbackWarning,
+        f"megablox gmm takes float32/bfloat16 operands, not \\({named}\\);"
+        ".*ragged_dot",
+    ):
+      got = gmm_lib.resolve_implementation("kernel", "tpu", dtypes)
+    self.assertEqual(got, "ragged_dot")
 
   def test_gpu_without_tokamax(self):
     try:

@@ -11,8 +11,9 @@ the first or second decimal.
 
 The default run holds the in-process checks, one two-process `train` (Linen,
 sparse path) beside its one-process reference, one checkpoint handed from 2
-processes to 1 and back, and one two-process group in which a process kills
-itself. The front end x path product, expert parallelism across the process
+processes to 1 and back, one two-process group in which a process kills
+itself, and the ragged all-to-all layer across the process boundary (none
+and fp8; int8 and nanoo_fp8 are slow). The front end x path product, expert parallelism across the process
 boundary (also through a checkpoint) and the compiled collectives are marked
 slow.
 """
@@ -412,6 +413,52 @@ class ProcessDeathSlowTest(_ProcessDeath):
 
   def test_coordinator_dies(self):
     self.check_death(victim=0)
+
+
+class _RaggedAcrossProcesses(absltest.TestCase):
+  """The sparse layer with `expert_parallel="ragged_all_to_all"` on
+  `expert=8` over 2 processes x 4 devices, so the (emulated) exchange
+  crosses the process boundary: loss and gradients equal the one-device
+  layer's, computed in each process."""
+
+  def check(self, modes):
+    job = {
+        "check": "layer",
+        "mesh": "expert=8",
+        "expert_parallel": "ragged_all_to_all",
+        "quantizations": modes,
+    }
+    two, outputs, err = run_worker([job], 2, 4)
+    self.assertEqual(two.code, 0, err)
+    result = outputs[0]
+    self.assertEqual(result["process_of"], [0] * 4 + [1] * 4)
+    for mode in modes:
+      with self.subTest(mode=mode):
+        r = result[mode]
+        self.assertLessEqual(r["loss_err"], 1e-6 * r["loss_scale"])
+        for what, e, scale in zip(
+            ("params", "fp8", "input"),
+            r["grad_errs"],
+            r["grad_scales"],
+            strict=True,
+        ):
+          self.assertLessEqual(e, 1e-5 * scale, what)
+        crossing = {(op, axes): c for op, axes, c, _ in r["collectives"]}
+        self.assertTrue(crossing[("all-to-all", "expert")])
+        self.assertNotIn(("reduce-scatter", "expert"), crossing)
+
+
+class RaggedAcrossProcessesTest(_RaggedAcrossProcesses):
+
+  def test_none_and_fp8(self):
+    self.check(["none", "fp8"])
+
+
+@pytest.mark.slow
+class RaggedAcrossProcessesSlowTest(_RaggedAcrossProcesses):
+
+  def test_int8_and_nanoo_fp8(self):
+    self.check(["int8", "nanoo_fp8"])
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from linen_moe._src.config import PATHS
 from linen_moe._src.config import QUANTIZATIONS
 from linen_moe._src.config import TINY_CONFIGS
 from linen_moe._src.models.decoder import Decoder as LinenDecoder
+from linen_moe._src.quantization_modes import FP8_QUANTIZATIONS as FP8_MODES
 from linen_moe._src.training import step as train_lib
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.sharding import unbox
@@ -35,7 +36,6 @@ SITES = {
     "dense": ("wi_0", "wi_1", "wo", "combine"),
     "dense_dropping": ("wi_0", "wi_1", "wo", "dispatch", "combine"),
 }
-FP8_MODES = ("fp8", "nanoo_fp8")
 FP8_VARIABLES = ("input", "kernel", "output_grad")
 HISTORY = 1024
 F32 = np.dtype("float32")

@@ -24,6 +24,10 @@ from linen_moe._src import int8_grouped
 from linen_moe._src import quantization
 from linen_moe._src import variables
 from linen_moe._src.config import MoEConfig
+from linen_moe._src.quantization_modes import FP8_QUANTIZATIONS as FP8
+from linen_moe._src.quantization_modes import MODES as FACTS
+from linen_moe._src.quantization_modes import QUANTIZATIONS as MODES
+from linen_moe._src.quantization_modes import QUANTIZED
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe.sharding import unbox
 
@@ -38,9 +42,6 @@ SITES = {
     "dense": ("wi_0", "wi_1", "wo", "combine"),
     "dense_dropping": ("dispatch", "wi_0", "wi_1", "wo", "combine"),
 }
-QUANTIZED = ("int8", "fp8", "nanoo_fp8")
-FP8 = ("fp8", "nanoo_fp8")
-MODES = ("none", *QUANTIZED)
 STEPS = 3
 
 # ||y_q - y|| / ||y|| of the RoutedMoE output against the unquantized layer,
@@ -69,8 +70,8 @@ STEPS = 3
 BOUND = {"none": 1e-5, "int8": 0.04, "fp8": 0.12, "nanoo_fp8": 0.12}
 # Quantized element types feeding the compiled contractions: forward (lhs and
 # rhs of every expert contraction) and backward (the input-gradient dot).
-FWD_TYPE = {"int8": "s8", "fp8": "f8e4m3fn", "nanoo_fp8": "f8e4m3fnuz"}
-GRAD_TYPE = {"int8": "s8", "fp8": "f8e5m2", "nanoo_fp8": "f8e5m2fnuz"}
+FWD_TYPE = {m: FACTS[m].hlo_forward_type for m in QUANTIZED}
+GRAD_TYPE = {m: FACTS[m].hlo_gradient_type for m in QUANTIZED}
 
 
 def _rel_err(a, b) -> float:
@@ -167,7 +168,7 @@ class QuantizedLayerTest(parameterized.TestCase):
 
   def _check_compiled_types(self, text, mode):
     """The quantized types reach the expert contractions of the step."""
-    if mode == "none":
+    if not FACTS[mode].quantized:
       self.assertEmpty(testing.quantized_types_in_hlo(text))
       return
     expected = {FWD_TYPE[mode], GRAD_TYPE[mode]}
@@ -186,7 +187,9 @@ class QuantizedLayerTest(parameterized.TestCase):
     # int8, a second contraction of wo fed by s8 (the forward is the first).
     with_grad_type = [t for t in by_site["wo"] if GRAD_TYPE[mode] in t]
     self.assertGreaterEqual(
-        len(with_grad_type), 2 if mode == "int8" else 1, by_site["wo"]
+        len(with_grad_type),
+        2 if FWD_TYPE[mode] == GRAD_TYPE[mode] else 1,
+        by_site["wo"],
     )
 
   def _check_fp8_state(self, states, config, path, mode):
@@ -378,6 +381,25 @@ class HloTest(absltest.TestCase):
     text = jax.jit(jnp.matmul).lower(*args).compile().as_text()
     self.assertEqual(testing.quantized_types_at_contractions(text), set())
     self.assertLen(testing.contractions(text), 1)
+
+  def test_gemm_custom_calls_are_contractions(self):
+    # What XLA:GPU writes for an fp8 matmul (cuBLASLt), by hand: the GEMM is
+    # a custom call fed fp8 operands directly; the other custom call is not
+    # a contraction.
+    text = """HloModule m
+
+ENTRY %main (p0: f8e4m3fn[16,64], p1: f8e4m3fn[32,64]) -> f32[16,32] {
+  %p0 = f8e4m3fn[16,64]{1,0} parameter(0)
+  %p1 = f8e4m3fn[32,64]{1,0} parameter(1)
+  %one = f32[] constant(1)
+  %gemm = (f32[16,32]{1,0}, s8[33554432]{0}) custom-call(%p0, %p1, %one, %one), custom_call_target="__cublas$lt$matmul$f8"
+  %out = f32[16,32]{1,0} get-tuple-element(%gemm), index=0
+  ROOT %sort = f32[16,32]{1,0} custom-call(%out), custom_call_target="TopK"
+}
+"""
+    (gemm,) = testing.contractions(text)
+    self.assertEqual((gemm.name, gemm.opcode), ("gemm", "custom-call"))
+    self.assertEqual(gemm.quantized_inputs, {"f8e4m3fn"})
 
 
 if __name__ == "__main__":

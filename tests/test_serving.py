@@ -27,14 +27,15 @@ from linen_moe import serving
 from linen_moe import testing
 from linen_moe._src import stored_weights
 from linen_moe._src.config import TINY_CONFIGS
+from linen_moe._src.quantization_modes import MODES as FACTS
+from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS as MODES
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe.sharding import unbox
 import nnx_adapter
 from tests.test_sharding import run_worker
 
-MODES = ("int8", "fp8", "nanoo_fp8")
 SITES = ("wi_0", "wi_1", "wo")
-HLO_TYPE = {"int8": "s8", "fp8": "f8e4m3fn", "nanoo_fp8": "f8e4m3fnuz"}
+HLO_TYPE = {m: FACTS[m].hlo_storage_type for m in MODES}
 FP8_MAX = {"fp8": 448.0, "nanoo_fp8": 240.0}
 # ||y_serve - y_float|| / ||y_float||: the training-mode bounds of
 # tests/test_quantization.py (serving quantizes the same expert contractions,
@@ -90,7 +91,7 @@ def _training_case(name: str, mode: str):
   config = load_moe_config(name, quantization=mode, **PATHS["sparse"])
   variables = dict(_float_variables(name))
   x = _x(config)
-  if mode != "int8":
+  if FACTS[mode].keeps_state:
     variables[OWG] = _learned_fp8_state(config, variables["params"], x)
   y = jax.jit(RoutedMoE(config).apply)(variables, x)[0]
   return config, variables, y

@@ -37,15 +37,15 @@ import pytest
 from linen_moe import load_model_config
 from linen_moe import sharding
 from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.quantization_modes import FP8_QUANTIZATIONS
+from linen_moe._src.quantization_modes import QUANTIZATIONS
+from linen_moe._src.quantization_modes import QUANTIZED
 from tests import workers
 
 MESHES = ("data=8", "expert=8", "data=2,expert=4")
-QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
 PATHS = ("sparse", "dense", "dense_dropping")
 FRONTENDS = ("linen", "nnx")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-QUANTIZED = ("int8", "fp8", "nanoo_fp8")
 
 
 def run_worker(*jobs: dict) -> list:
@@ -70,7 +70,7 @@ class EquivalenceMixin(parameterized.TestCase):
     rtol = 1e-4 if quantized else 1e-5
     tol = (1e-2 if quantized else 1e-4) * result["update"]
     self.assertGreater(result["update"], 0.0)
-    if quantization in ("fp8", "nanoo_fp8"):
+    if quantization in FP8_QUANTIZATIONS:
       self.assertGreater(result["fp8_moved"], 0.0)
     for spec, r in result["meshes"].items():
       with self.subTest(mesh=spec):

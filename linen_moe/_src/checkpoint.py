@@ -49,14 +49,15 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from linen_moe._src import layer_stack
 from linen_moe._src.checkpoint_tree import FP8_PREFIX
 from linen_moe._src.checkpoint_tree import VARIABLES
 from linen_moe._src.checkpoint_tree import Path
 from linen_moe._src.checkpoint_tree import abstract
-from linen_moe._src.checkpoint_tree import layer_layout
-from linen_moe._src.checkpoint_tree import relayout
+from linen_moe._src.checkpoint_tree import layer_plan
 from linen_moe._src.checkpoint_tree import relayout_abstract
 from linen_moe._src.config import ModelConfig
+from linen_moe._src.config import MoEConfig
 from linen_moe._src.config import run_fields
 from linen_moe._src.data.checkpointing import IteratorCheckpointHandler
 from linen_moe._src.data.checkpointing import IteratorRestore
@@ -83,10 +84,38 @@ def config_dict(config: ModelConfig) -> dict[str, Any]:
   return {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
 
 
+def config_from_dict(saved: Mapping[str, Any]) -> ModelConfig:
+  """The `ModelConfig` a `config_dict` describes (a field it lacks, added
+  to the config since, has its default)."""
+  moe_names = {f.name for f in dataclasses.fields(MoEConfig)}
+  values = {**_field_defaults(), **saved}
+  moe = {k: v for k, v in values.items() if k in moe_names}
+  own = {k: v for k, v in values.items() if k not in moe_names}
+  tuples = {
+      k: tuple(v) for k, v in {**moe, **own}.items() if isinstance(v, list)
+  }
+  moe |= {k: v for k, v in tuples.items() if k in moe}
+  own |= {k: v for k, v in tuples.items() if k in own}
+  return ModelConfig(moe=MoEConfig(**moe), **own)
+
+
+def _field_defaults() -> dict[str, Any]:
+  """The JSON defaults of the config fields that have one."""
+  out = {}
+  for cls in (MoEConfig, ModelConfig):
+    for f in dataclasses.fields(cls):
+      if f.default is not dataclasses.MISSING:
+        value = f.default
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+  return out
+
+
 def check_model_config(saved: Mapping[str, Any], config: ModelConfig, where):
   """Raises ValueError unless `config` is the model `saved` describes (a
   `config_dict`); the `RUN_FIELDS` may differ."""
   current = config_dict(config)
+  # A field added after the checkpoint was written has its default there.
+  saved = {**_field_defaults(), **saved}
   diffs = [
       f"{k}={saved.get(k, '<absent>')!r} there, {current.get(k, '<absent>')!r}"
       " here"
@@ -404,13 +433,15 @@ class Checkpoints:
     saved = self.saved_leaves(step)
     want = traverse_util.flatten_dict(abstract(dict(target)))
     read, convert = want, None
-    (scanned, layers), (saved_scanned, saved_layers) = (
-        layer_layout(want),
-        layer_layout(saved),
-    )
-    if None not in (scanned, saved_scanned) and scanned != saved_scanned:
-      convert = (scanned, layers or saved_layers)
-      read = relayout_abstract(want, saved_scanned, convert[1])
+    plans = layer_plan(want), layer_plan(saved)
+    if None not in plans and plans[0] != plans[1]:
+      if plans[0].num_layers != plans[1].num_layers:
+        raise ValueError(
+            f"Checkpoint {where} does not fit the model: it holds "
+            f"{plans[1].num_layers} layers, the model {plans[0].num_layers}."
+        )
+      convert = (plans[1], plans[0])  # saved layout -> wanted layout
+      read = relayout_abstract(want, plans[0], plans[1])
     fp8 = lambda p: p[:2] == FP8_PREFIX  # noqa: E731
     fresh = False
     if fresh_fp8_state:
@@ -440,7 +471,7 @@ class Checkpoints:
           p: v.sharding for p, v in want.items() if not (fresh and fp8(p))
       }
       tree = jax.jit(
-          lambda t: relayout(t, *convert),
+          lambda t: layer_stack.convert(t, *convert),
           out_shardings=traverse_util.unflatten_dict(shardings),
       )(tree)
     flat = traverse_util.flatten_dict(tree)
@@ -485,10 +516,27 @@ def export(
   out = os.path.abspath(os.fspath(out))
   if os.path.exists(out):
     raise ValueError(f"export: out={out} exists; an export never overwrites.")
+  variables, meta, step = _read_variables(checkpoint_dir, dtype, step)
+  checkpointer = ocp.StandardCheckpointer()
+  info = {
+      "model_config": meta.get("model_config"),
+      "step": step,
+      "source": meta["source"],
+      "params_dtype": dtype,
+  }
+  checkpointer.save(out, variables, custom_metadata=info)
+  checkpointer.wait_until_finished()
+  checkpointer.close()
+  return step
+
+
+def _read_variables(checkpoint_dir, dtype: str | None, step: int | None):
+  """(variables on the default device, meta + "source", step) of a
+  training checkpoint; floating params cast to `dtype` as they are read."""
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   with Checkpoints(checkpoint_dir, create=False) as ckpts:
     step = ckpts._step(step)  # noqa: SLF001
-    meta = ckpts.meta(step)
+    meta = {**ckpts.meta(step), "source": ckpts.step_dir(step)}
     target = {}
     for path, leaf in ckpts.saved_leaves(step).items():
       if path[0] != VARIABLES:
@@ -499,17 +547,38 @@ def export(
           leaf.shape, dtype if cast else leaf.dtype, sharding=device
       )
     variables = ckpts.read(step, target)[VARIABLES]
-  checkpointer = ocp.StandardCheckpointer()
-  info = {
-      "model_config": meta.get("model_config"),
-      "step": step,
-      "source": ckpts.step_dir(step),
-      "params_dtype": dtype,
-  }
-  checkpointer.save(out, variables, custom_metadata=info)
-  checkpointer.wait_until_finished()
-  checkpointer.close()
-  return step
+  return variables, meta, step
+
+
+def read_variables(
+    checkpoint_dir: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    step: int | None = None,
+) -> tuple[ModelConfig, dict, int]:
+  """The model of a training checkpoint: `(config, variables, step)`.
+
+  `variables` are the checkpoint's (`params`, fp8 state, every other
+  collection: what `Decoder.apply` takes), on the default device, in the
+  saved layer layout (the config's `scan_layers` says which); with `dtype`
+  (one of `EXPORT_DTYPES`) the floating `params` are cast to it as they
+  are read. Default step: the latest. Raises ValueError for a directory
+  without checkpoints, a missing step or a damaged checkpoint.
+  """
+  if dtype is not None and dtype not in EXPORT_DTYPES:
+    raise ValueError(
+        f"read_variables: dtype={dtype!r} is invalid: allowed {EXPORT_DTYPES}."
+    )
+  variables, meta, step = _read_variables(checkpoint_dir, dtype, step)
+  config = config_from_dict(meta.get("model_config", {}))
+  plan = layer_plan(
+      traverse_util.flatten_dict(abstract(variables.get("params", {})))
+  )
+  if plan is not None:
+    config = config.replace(scan_layers=plan.scanned)
+  if dtype is not None:
+    config = config.replace(param_dtype=dtype)
+  return config, variables, step
 
 
 def load_export(path: str | os.PathLike) -> tuple[dict, dict]:

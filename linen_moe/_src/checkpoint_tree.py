@@ -6,7 +6,9 @@
 map a state to the tree and back leaf by leaf, through a function from each
 leaf's jax key path to its tree path (`linen_path` for the Linen
 `TrainState`; `nnx_adapter` has the NNX one). `relayout` converts the layer
-stacks of a tree between the scanned and the unrolled decoder.
+stacks of a tree between the scanned and the unrolled decoder; where each
+layer sits is `linen_moe._src.layer_stack`'s knowledge (the decoders lay
+their stacks out with it), read off the trees themselves.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
-from linen_moe._src.models import decoder as decoder_lib
+from linen_moe._src import layer_stack
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.variables import PARAMS
 from linen_moe._src.variables import STATE_COLLECTIONS
@@ -126,46 +128,34 @@ def abstract(tree: PyTree) -> PyTree:
   return jax.tree.map(one, tree)
 
 
-def _layer_slot(path: Path) -> tuple[int, int | None] | None:
-  """(position, layer) of the layer component of `path`: layer None for a
-  stacked `layers`, i for `layers_i`; None when the path has none."""
-  for j, part in enumerate(path):
-    if part == "layers":
-      return j, None
-    if part.startswith("layers_") and part[7:].isdigit():
-      return j, int(part[7:])
-  return None
+def layer_plan(flat: Mapping[Path, Any]) -> layer_stack.StackPlan | None:
+  """The layer stack plan a flat tree (`path -> leaf with .shape`) is laid
+  out in (`layer_stack.plan_of_tree`), None when it holds no layer."""
+  return layer_stack.plan_of_tree(flat)
 
 
-def layer_layout(paths) -> tuple[bool | None, int]:
-  """(scanned, unrolled layer count) of a set of tree paths; scanned is None
-  when no path holds a layer."""
-  slots = [s for s in map(_layer_slot, paths) if s is not None]
-  if not slots:
-    return None, 0
-  layers = {i for _, i in slots}
-  return layers == {None}, len(layers - {None})
-
-
-def relayout(tree: Mapping, scanned: bool, num_layers: int) -> dict:
-  """`tree` with every decoder layer stack converted: `scanned` stacks
-  `layers_0..` into `layers` (`decoder.unrolled_to_scanned`), otherwise
-  splits it (`decoder.scanned_to_unrolled`), wherever it sits (variables,
-  optimizer moments)."""
-  convert = (
-      decoder_lib.unrolled_to_scanned
-      if scanned
-      else decoder_lib.scanned_to_unrolled
+def relayout(
+    tree: Mapping,
+    scanned: bool,
+    num_layers: int | layer_stack.StackPlan,
+) -> dict:
+  """`tree` with every decoder layer stack converted, wherever it sits
+  (variables, optimizer moments): `scanned` stacks the layers as the plan
+  says, otherwise unrolls them (the tree's own layout, read off it, may be
+  either). `num_layers` is the
+  plan (`ModelConfig.stack_plan` of the scanned decoder) or a layer count,
+  for one stack of every layer."""
+  plan = num_layers
+  if not isinstance(plan, layer_stack.StackPlan):
+    plan = layer_stack.StackPlan.uniform(num_layers)
+  source = layer_plan(traverse_util.flatten_dict(dict(tree)))
+  if source is None:
+    return dict(tree)
+  if scanned:
+    return layer_stack.convert(dict(tree), source, plan)
+  return layer_stack.convert(
+      dict(tree), source, layer_stack.StackPlan(plan.num_layers)
   )
-
-  def walk(node):
-    if not isinstance(node, Mapping):
-      return node
-    if "layers" in node or "layers_0" in node:
-      return convert({"tree": dict(node)}, num_layers)["tree"]
-    return {k: walk(v) for k, v in node.items()}
-
-  return walk(tree)
 
 
 def _restacked_sharding(sharding: Any, stacked: bool) -> Any:
@@ -178,25 +168,46 @@ def _restacked_sharding(sharding: Any, stacked: bool) -> Any:
   return NamedSharding(sharding.mesh, PartitionSpec(*spec))
 
 
-def relayout_abstract(flat: dict, scanned: bool, num_layers: int) -> dict:
-  """`relayout` of flat `ShapeDtypeStruct`s, with shardings."""
+def relayout_abstract(
+    flat: dict, source: layer_stack.StackPlan, target: layer_stack.StackPlan
+) -> dict:
+  """Flat `ShapeDtypeStruct`s (with shardings) laid out as `source`, moved
+  to the layout of `target` (`layer_stack.convert`); a layer moved into or
+  out of a stack keeps its sharding, the stacked axis unsplit."""
   shapes = jax.eval_shape(
-      lambda t: relayout(t, scanned, num_layers),
+      lambda t: layer_stack.convert(t, source, target),
       traverse_util.unflatten_dict(flat),
   )
+  # Any layer's leaf at the same path within its layer gives the sharding.
+  by_inner: dict[Path, Any] = {}
+  for path, leaf in flat.items():
+    inner = _inner(path)
+    if inner is not None:
+      by_inner.setdefault(inner[0], (leaf, inner[1]))
   out = {}
   for path, shape in traverse_util.flatten_dict(shapes).items():
-    slot = _layer_slot(path)
-    if slot is None:
-      source = flat[path]
-    else:
-      j = slot[0]
-      twin = "layers_0" if scanned else "layers"
-      source = flat[(*path[:j], twin, *path[j + 1 :])]
-    sharding = source.sharding
-    if slot is not None:
-      sharding = _restacked_sharding(sharding, stacked=scanned)
+    inner = _inner(path)
+    sharding = flat[path].sharding if path in flat else None
+    if sharding is None and inner is not None:
+      leaf, was_stacked = by_inner[inner[0]]
+      sharding = leaf.sharding
+      if was_stacked != inner[1]:
+        sharding = _restacked_sharding(sharding, stacked=inner[1])
     out[path] = jax.ShapeDtypeStruct(
         shape.shape, shape.dtype, sharding=sharding
     )
   return out
+
+
+def _inner(path: Path) -> tuple[Path, bool] | None:
+  """(the path with its layer component removed, whether it is stacked)
+  for a path inside a layer; None outside."""
+  for j, part in enumerate(path):
+    if layer_stack.layer_index(part) is not None:
+      return (*path[:j], "<layer>", *path[j + 1 :]), False
+    if part == layer_stack.STACK:
+      rest = path[j + 1 :]
+      if rest and layer_stack.member_index(rest[0]) is not None:
+        rest = rest[1:]
+      return (*path[:j], "<layer>", *rest), True
+  return None

@@ -19,15 +19,20 @@ import yaml
 
 # No jax at import: the command line's --help reads QUANTIZATIONS and
 # available_configs(). The activations and grouped matmuls (which import
-# jax) are read when a config is validated.
+# jax) are read when a config is validated, the layer stack when asked for;
+# the quantization modes' table and the traffic model import none.
+from linen_moe._src import ep_traffic
+from linen_moe._src.quantization_modes import QUANTIZATIONS
+from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS
+
 if TYPE_CHECKING:
   import jax.numpy as jnp
 
+  from linen_moe._src import layer_stack
+
 ROUTINGS = ("topk_then_softmax", "softmax_then_topk", "sigmoid_then_topk")
 DROP_POLICIES = ("position", "probability")
-QUANTIZATIONS = ("none", "int8", "fp8", "nanoo_fp8")
-# Modes that store their expert weights converted when `MoEConfig.serving`.
-SERVING_QUANTIZATIONS = ("int8", "fp8", "nanoo_fp8")
+EXPERT_PARALLEL_STRATEGIES = ep_traffic.STRATEGIES
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 # The three matmul paths, as the config overrides that select each one. The
@@ -171,15 +176,23 @@ class MoEConfig:
     sparse_matmul: True for the sparse (sort + grouped matmul) path, False for
       the dense einsum path.
     grouped_matmul: implementation of the sparse path's grouped matmul.
+    expert_parallel: how the sparse path moves tokens to experts under a
+      mesh whose expert axes split the batch: "all_gather" (every token to
+      every expert shard, outputs reduce-scattered), "ragged_all_to_all"
+      (each assignment only to the device holding its expert, and back) or
+      "auto" (the one `linen_moe._src.ep_traffic` models as cheaper; always
+      "all_gather" on a CPU, where the ragged exchange is emulated). Both
+      compute the same outputs and gradients.
     dtype: activation / compute dtype name.
     param_dtype: parameter storage dtype name (was `weight_dtype`, which
       still works until 0.3, with a DeprecationWarning).
     load_balance_loss_weight: weight of the Switch load-balance loss (0 = off).
-    quantization: "none", "int8" (AQT), "fp8" or "nanoo_fp8".
+    quantization: "none", "int8" (AQT), "fp8" or "nanoo_fp8"; what each
+      quantizes, stores and needs is `linen_moe._src.quantization_modes`.
     fp8_amax_history_length: length of each fp8 amax history.
     serving: True for a serving layer: the expert kernels are stored converted
-      to the storage type of `quantization` (int8, float8_e4m3fn or
-      float8_e4m3fnuz) with their scales, as `linen_moe.serving.
+      to the storage type of `quantization` (its `storage_dtype`: int8,
+      float8_e4m3fn or float8_e4m3fnuz) with their scales, as `linen_moe.serving.
       quantize_weights` returns them (and the config it returns sets this),
       and the layer runs inference from them. Needs a quantized mode.
   """
@@ -205,6 +218,7 @@ class MoEConfig:
   drop_policy: str = _run("position")
   sparse_matmul: bool = _run(True)
   grouped_matmul: str = _run("auto")
+  expert_parallel: str = _run("auto")
   dtype: str = _run("float32")
   param_dtype: str = "float32"
   load_balance_loss_weight: float = _run(0.01)
@@ -267,6 +281,7 @@ class MoEConfig:
     _check_choice(self, "routing", ROUTINGS)
     _check_choice(self, "quantization", QUANTIZATIONS)
     _check_choice(self, "grouped_matmul", grouped_matmul.IMPLEMENTATIONS)
+    _check_choice(self, "expert_parallel", EXPERT_PARALLEL_STRATEGIES)
     _check_choice(self, "dtype", FLOAT_DTYPES)
     _check_choice(self, "param_dtype", FLOAT_DTYPES)
     for name in _FLOAT_FIELDS:
@@ -396,8 +411,27 @@ class ModelConfig:
       the experts read their own RMS-normalised input.
     post_moe_norms: Gemma-4 style: the routed output and the shared expert
       output are each RMS-normalised before they are added.
-    scan_layers: True to scan the blocks with `nn.scan`, False to unroll.
+    scan_layers: True to scan the blocks with `nn.scan`, False to unroll. A
+      stack that mixes dense and MoE layers scans as a repeated group with
+      the layers outside it unrolled (`stack_plan`).
     norm_eps: RMSNorm epsilon.
+    num_kv_heads: key/value heads of grouped-query attention (0 =
+      num_heads); it divides num_heads, and key/value head j serves the
+      consecutive query heads j * G .. j * G + G - 1, G = num_heads /
+      num_kv_heads.
+    qk_norm: RMS-normalise each query and key head (a learned [head_dim]
+      scale each, eps `norm_eps`) before the rotary embedding (Qwen3).
+    tie_embeddings: the logits are the final hidden state times the
+      embedding (True) or a separate `logits` kernel [M, V] (False).
+    scale_embeddings: multiply the embedded tokens by sqrt(emb_dim).
+    sliding_window: W > 0: query i sees key j only when 0 <= i - j < W (W
+      keys, itself included), in every layer; 0 = causal over the whole
+      sequence.
+    dense_layers: indices of the layers whose MLP is a dense gated MLP of
+      width `dense_mlp_dim` instead of the MoE layer (Qwen3's
+      `mlp_only_layers` and `decoder_sparse_step`, DeepSeek's first dense
+      layers).
+    dense_mlp_dim: F, the hidden width of the dense layers' MLP.
   """
 
   moe: MoEConfig
@@ -410,6 +444,13 @@ class ModelConfig:
   post_moe_norms: bool = False
   scan_layers: bool = _run(True)
   norm_eps: float = 1e-6
+  num_kv_heads: int = 0
+  qk_norm: bool = False
+  tie_embeddings: bool = True
+  scale_embeddings: bool = True
+  sliding_window: int = 0
+  dense_layers: tuple[int, ...] = ()
+  dense_mlp_dim: int = 0
 
   def __post_init__(self):
     if not isinstance(self.moe, MoEConfig):
@@ -417,8 +458,18 @@ class ModelConfig:
           f"ModelConfig.moe must be a MoEConfig, got {type(self.moe)}"
       )
     _check_positive_ints(self, ("vocab_size", "num_layers", "num_heads"))
-    if self.head_dim < 0:
-      _fail("ModelConfig", "head_dim", self.head_dim, "expected >= 0")
+    for name in ("head_dim", "num_kv_heads", "sliding_window", "dense_mlp_dim"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail("ModelConfig", name, value, "expected an integer >= 0")
+    if self.num_heads % self.resolved_kv_heads:
+      _fail(
+          "ModelConfig",
+          "num_kv_heads",
+          self.num_kv_heads,
+          f"must divide num_heads={self.num_heads}",
+      )
+    self._check_dense_layers()
     if self.head_dim == 0 and self.moe.emb_dim % self.num_heads:
       _fail(
           "ModelConfig",
@@ -433,13 +484,75 @@ class ModelConfig:
           self.resolved_head_dim,
           "RoPE needs an even head_dim",
       )
-    for name in ("router_input_norm", "post_moe_norms", "scan_layers"):
+    for name in (
+        "router_input_norm",
+        "post_moe_norms",
+        "scan_layers",
+        "qk_norm",
+        "tie_embeddings",
+        "scale_embeddings",
+    ):
       if not isinstance(getattr(self, name), bool):
         _fail("ModelConfig", name, getattr(self, name), "expected a bool")
+    for name, low in (("norm_eps", 0.0), ("rope_max_wavelength", 1.0)):
+      value = getattr(self, name)
+      if (
+          isinstance(value, bool)
+          or not isinstance(value, (int, float))
+          or not math.isfinite(value)
+          or value <= low
+      ):
+        _fail("ModelConfig", name, value, f"expected a number > {low:g}")
+
+  def _check_dense_layers(self) -> None:
+    layers = self.dense_layers
+    if not isinstance(layers, (tuple, list)) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in layers
+    ):
+      _fail("ModelConfig", "dense_layers", layers, "expected layer indices")
+    layers = tuple(sorted(set(layers)))
+    if len(layers) != len(self.dense_layers) or any(
+        not 0 <= i < self.num_layers for i in layers
+    ):
+      _fail(
+          "ModelConfig",
+          "dense_layers",
+          self.dense_layers,
+          f"expected distinct indices in [0, num_layers={self.num_layers})",
+      )
+    object.__setattr__(self, "dense_layers", layers)
+    if layers and self.dense_mlp_dim <= 0:
+      _fail(
+          "ModelConfig",
+          "dense_mlp_dim",
+          self.dense_mlp_dim,
+          "must be positive when dense_layers is not empty",
+      )
 
   @property
   def resolved_head_dim(self) -> int:
     return self.head_dim or self.moe.emb_dim // self.num_heads
+
+  @property
+  def resolved_kv_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def layer_kinds(self) -> tuple[str, ...]:
+    """Each layer's block: "dense" (a dense MLP) or "moe"."""
+    dense = set(self.dense_layers)
+    return tuple(
+        "dense" if i in dense else "moe" for i in range(self.num_layers)
+    )
+
+  @property
+  def stack_plan(self) -> layer_stack.StackPlan:
+    """Where each layer's variables sit (`linen_moe._src.layer_stack`):
+    scanned (runs of identical blocks stacked) or unrolled, per
+    `scan_layers`."""
+    from linen_moe._src import layer_stack  # noqa: PLC0415
+
+    return layer_stack.StackPlan.for_kinds(self.layer_kinds, self.scan_layers)
 
   @property
   def shared_in_moe(self) -> bool:

@@ -23,6 +23,39 @@ from linen_moe._src.config import MoEConfig
 # project(site, operand, weight) -> the operand contracted with the weight.
 Project = Callable[[str, jax.Array, jax.Array], jax.Array]
 
+# The one home of the experts' weight names, shapes and logical axes: the
+# routed layer (`moe.RoutedMoE`), the shared expert and the dense MLP below,
+# serving's conversion and the checkpoint formats all read them here.
+KERNELS = ("wi_0", "wi_1", "wo")
+# The routed layer's router (`gate/kernel` [M, E]): a module holding it
+# beside the kernels holds routed experts [E, ...]; without it, one MLP.
+ROUTER = "gate"
+# Axes of one kernel (before any stacked layer axes): routed and MLP.
+ROUTED_RANK, MLP_RANK = 3, 2
+
+
+def kernel_shapes(
+    emb_dim: int, width: int, num_experts: int | None = None
+) -> dict[str, tuple[int, ...]]:
+  """{name: shape} of the kernels: wi_0, wi_1 [M, F], wo [F, M], each with
+  a leading expert axis [E, ...] for routed experts (`num_experts`)."""
+  lead = () if num_experts is None else (num_experts,)
+  return {
+      "wi_0": (*lead, emb_dim, width),
+      "wi_1": (*lead, emb_dim, width),
+      "wo": (*lead, width, emb_dim),
+  }
+
+
+def kernel_axes(routed: bool) -> dict[str, tuple[str, ...]]:
+  """{name: logical axis names} of the kernels (`linen_moe.sharding`)."""
+  lead = ("exp",) if routed else ()
+  return {
+      "wi_0": (*lead, "embed", "mlp"),
+      "wi_1": (*lead, "embed", "mlp"),
+      "wo": (*lead, "mlp", "embed"),
+  }
+
 
 def gated_mlp(
     project: Project,
@@ -46,28 +79,27 @@ def _matmul(site: str, x: jax.Array, w: jax.Array) -> jax.Array:
 class SharedExpert(nn.Module):
   """A plain gated MLP every token goes through: act(x wi_0) * (x wi_1) wo.
 
-  Parameters: `wi_0` [M, F], `wi_1` [M, F], `wo` [F, M], with
-  F = shared_experts * shared_mlp_dim. Serving (`config.serving`), they are
+  The shared experts, and the MLP of a decoder's dense layers (`mlp_dim`).
+  Parameters: `wi_0` [M, F], `wi_1` [M, F], `wo` [F, M], with F = `mlp_dim`
+  or shared_experts * shared_mlp_dim. Serving (`config.serving`), they are
   stored kernels (`linen_moe.stored_weights`) under the same names, each
   contracted by its own `{name}_dot` submodule.
 
   Attributes:
     config: the `MoEConfig` (`shared_experts`, `shared_mlp_dim`, activations).
+    mlp_dim: F, the hidden width (0 = shared_experts * shared_mlp_dim).
   """
 
   config: MoEConfig
+  mlp_dim: int = 0
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
     """[B, S, M] -> [B, S, M]."""
     cfg = self.config
-    m, width = cfg.emb_dim, cfg.shared_experts * cfg.shared_mlp_dim
-    shapes = {"wi_0": (m, width), "wi_1": (m, width), "wo": (width, m)}
-    names = {
-        "wi_0": ("embed", "mlp"),
-        "wi_1": ("embed", "mlp"),
-        "wo": ("mlp", "embed"),
-    }
+    width = self.mlp_dim or cfg.shared_experts * cfg.shared_mlp_dim
+    shapes = kernel_shapes(cfg.emb_dim, width)
+    names = kernel_axes(routed=False)
     x = inputs.astype(cfg.dtype)
     act = activation(cfg.mlp_activations[0])
     if cfg.serving:

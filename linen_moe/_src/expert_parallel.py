@@ -13,7 +13,8 @@ and never another device's. Tokens enter sharded on their batch axes. Then,
 per layer:
 
   1. all-gather the tokens and their routing (indices, weights) over the
-     expert axes (the batch axes that experts are also sharded on),
+     expert axes (the batch axes that experts are also sharded on; the
+     "all_gather" strategy, see below for "ragged_all_to_all"),
   2. pick the assignments routed to the local experts, sort them by expert
      into a buffer of R = T_g * min(k, E_l) rows, and run the grouped
      matmuls (`linen_moe.sparse`, through `RoutedMoE.grouped`, so every
@@ -21,17 +22,23 @@ per layer:
   3. weight and sum each token's local results, then reduce-scatter over the
      expert axes: each device gets the summed output of its own tokens.
 
-Why all-gather + reduce-scatter, not all-to-all. The path must be dropless.
-With a fixed-shape `all_to_all`, a dropless buffer has to hold every local
-assignment for every destination (all T_l * k of them may go to one device),
-so it moves D_e * T_l * k rows each way: k times more than the T_g = D_e *
-T_l rows of the all-gather. `ragged_all_to_all` would move only the real
-rows, but XLA's CPU backend (where this library's tests run) does not
-implement it, and its receive buffer must be sized for the worst case anyway.
-The all-gather's buffer is provably dropless: top-k experts of a token are
-distinct, so a token has at most min(k, E_l) assignments to one device's
-experts, and R rows always suffice. Tokens are small next to the weights
-([T, M] against [E, M, H]), and the weights never move.
+Two strategies (`MoEConfig.expert_parallel`), one lifting. The all-gather
+above is dropless by construction: top-k experts of a token are distinct, so
+a token has at most min(k, E_l) assignments to one device's experts, and R
+rows always suffice; and it needs no data-dependent sizes. But every device
+receives every token of the D_e devices, D_e / k times the rows a token's k
+assignments need. "ragged_all_to_all" (`linen_moe._src.ragged_experts`)
+sends each assignment only to the device that holds its expert, with
+`jax.lax.ragged_all_to_all` and sizes and offsets computed from the routing,
+and its result back the same way; its receive buffer is sized for the worst
+case, so it is dropless too. A fixed-shape `all_to_all` would have to hold
+every local assignment for every destination: k times the all-gather's
+traffic, never chosen. XLA:CPU does not implement `ragged_all_to_all`, so
+there it is emulated exactly (`linen_moe._src.ragged_collectives`), at more
+bytes than the all-gather: "auto" takes the all-gather on a CPU, and on GPU
+and TPU whichever `linen_moe._src.ep_traffic` models as cheaper (ragged
+above about D_e = 1.25 k). Tokens are small next to the weights ([T, M]
+against [E, M, H]), and the weights never move, in either strategy.
 
 Quantization state under the shard_map. fp8 contractions keep scales and amax
 histories in the `_overwrite_with_gradient` collection, whose "gradient" is
@@ -41,7 +48,8 @@ backward takes the element-wise maximum over the copies: Flax's delayed
 scaling derives the new scale from the old (replicated) history, so scales
 agree on every device, and the new history differs only in its newest entry,
 the local amax, whose maximum is the global amax. The new state is therefore
-the single-device one. int8 scales are computed on the fly per row and per
+the single-device one, under either strategy (each device's experts see the
+same rows whether they were gathered or sent). int8 scales are computed on the fly per row and per
 (expert, output channel), which the local computation sees whole.
 """
 
@@ -58,7 +66,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from linen_moe._src import ep_traffic
+from linen_moe._src import ragged_experts
 from linen_moe._src import sharding
+from linen_moe._src.ragged_collectives import needs_emulation
 from linen_moe._src.routing import RouterResult
 from linen_moe._src.sparse import Experts
 from linen_moe._src.sparse import sparse_experts
@@ -141,6 +152,36 @@ def plan(num_experts: int, batch: int) -> ExpertParallelPlan | None:
           f"total size {result.size(axes)}, which must divide it."
       )
   return result
+
+
+def strategy(
+    requested: str,
+    ep: ExpertParallelPlan,
+    tokens_per_device: int,
+    emb: int,
+    k: int,
+    act_bytes: int,
+    backend: str | None = None,
+) -> str:
+  """The strategy the sparse path runs: `requested` (`MoEConfig.
+  expert_parallel`), "auto" resolved by `ep_traffic.choose` for this plan
+  (emulated, hence "all_gather", on a CPU). "all_gather" wherever no expert
+  axis splits the batch: there is nothing to exchange, and that body only
+  sums the outputs over the expert axes."""
+  exchange = ep.size(ep.gather_axes)
+  if exchange <= 1:
+    return "all_gather"
+  if requested != "auto":
+    return requested
+  problem = ep_traffic.Problem(
+      tokens=tokens_per_device,
+      emb=emb,
+      k=k,
+      ep=exchange,
+      act_bytes=act_bytes,
+      experts_per_device=ep.experts_per_device,
+  )
+  return ep_traffic.choose(problem, emulated=needs_emulation(backend))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -230,6 +271,14 @@ def sparse_moe(
   b, s, m = x.shape
   k = router.indices.shape[-1]
   token_spec = _spec(ep.batch_axes, 3)
+  chosen = strategy(
+      module.config.expert_parallel,
+      ep,
+      b * s // ep.size(ep.batch_axes),
+      m,
+      k,
+      jnp.dtype(x.dtype).itemsize,
+  )
 
   def expert_spec(weight):
     """Arrays with a leading expert axis (kernels, a stored kernel's int8
@@ -241,8 +290,11 @@ def sparse_moe(
         weight,
     )
 
+  ragged = chosen == "ragged_all_to_all"
+  gathered = bool(ep.gather_axes) and not ragged
+
   def body(mdl, x, indices, weights, wi_0, wi_1, wo):
-    if ep.gather_axes:
+    if gathered:
       gather = functools.partial(
           jax.lax.all_gather, axis_name=ep.gather_axes, axis=0, tiled=True
       )
@@ -252,20 +304,37 @@ def sparse_moe(
     # this cast sums the weights' gradients over the batch axes.
     x, indices, weights = _vary((x, indices, weights), ep.batch_axes, ep)
     wi_0, wi_1, wo = _vary((wi_0, wi_1, wo), ep.expert_axes, ep)
-    first = 0
-    if ep.expert_axes:
-      first = jax.lax.axis_index(ep.expert_axes) * ep.experts_per_device
-    out = sparse_experts(
-        mdl.grouped,
-        x.reshape(-1, m),
-        indices.reshape(-1, k),
-        weights.reshape(-1, k),
-        (wi_0, wi_1, wo),
-        act,
-        first,
-        all_experts=not ep.expert_axes,
-    ).reshape(x.shape)
-    if ep.gather_axes:
+    tokens = (x.reshape(-1, m), indices.reshape(-1, k), weights.reshape(-1, k))
+    if ragged:
+      out = ragged_experts.ragged_experts(
+          mdl.grouped,
+          *tokens,
+          (wi_0, wi_1, wo),
+          act,
+          destinations=ragged_experts.destination_experts(
+              ep.expert_axes,
+              ep.gather_axes,
+              dict(ep.mesh.shape),
+              ep.experts_per_device,
+          ),
+          num_experts=ep.num_experts,
+          exchange_axes=ep.gather_axes,
+          vary=lambda a: _vary(a, (), ep),
+      )
+    else:
+      first = 0
+      if ep.expert_axes:
+        first = jax.lax.axis_index(ep.expert_axes) * ep.experts_per_device
+      out = sparse_experts(
+          mdl.grouped,
+          *tokens,
+          (wi_0, wi_1, wo),
+          act,
+          first,
+          all_experts=not ep.expert_axes,
+      )
+    out = out.reshape(x.shape)
+    if gathered:
       out = jax.lax.psum_scatter(
           out, ep.gather_axes, scatter_dimension=0, tiled=True
       )

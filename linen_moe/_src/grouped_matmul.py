@@ -19,8 +19,10 @@ Implementations:
                 from `rhs`, never gathered per row; a custom VJP keeps the
                 backward grouped too. A small problem gives every group M
                 slots (`default_slot_rows`): one batched matmul, no loop.
-  "kernel"      An accelerator kernel when one is importable: Pallas megablox
-                `gmm` on TPU, Tokamax `ragged_dot` on GPU.
+  "kernel"      An accelerator kernel: Pallas megablox `gmm` on TPU, Tokamax
+                `ragged_dot` on GPU (`linen_moe._src.grouped_kernels`).
+                Operands a kernel does not take (int8, fp8) run "ragged_dot"
+                with a `KernelFallbackWarning`.
   "auto"        "blocked" on CPU; on GPU/TPU the kernel when importable for the
                 operand dtypes, else "ragged_dot".
 """
@@ -30,11 +32,14 @@ from __future__ import annotations
 import functools
 import math
 from typing import Any
+import warnings
 
 import flax.struct
 import jax
 from jax import lax
 import jax.numpy as jnp
+
+from linen_moe._src import grouped_kernels
 
 IMPLEMENTATIONS = ("auto", "ragged_dot", "blocked", "kernel")
 
@@ -466,94 +471,6 @@ def blocked_grouped_matmul(
   return _blocked_rows(lhs, rhs, plan, bm, False, out_dtype)
 
 
-# ----------------------------------------------------------------------------
-# "kernel": accelerator kernels, used when importable, never required.
-#
-# UNTESTED on real hardware: this project's CI is CPU-only. The TPU wrapper is
-# exercised on CPU in Pallas interpret mode by the tests; the GPU one is not
-# exercised at all.
-# ----------------------------------------------------------------------------
-
-
-def _megablox_gmm(
-    lhs: jax.Array,
-    rhs: jax.Array,
-    group_sizes: jax.Array,
-    preferred_element_type=None,
-    interpret: bool = False,
-) -> jax.Array:
-  """TPU: Pallas megablox `gmm` (its own grouped VJP).
-
-  megablox needs M to be a multiple of its row tile and leaves the rows past
-  sum(group_sizes) unwritten, in the output and in the lhs gradient; the
-  padding and the two row masks here make it match "ragged_dot".
-  """
-  from jax.experimental.pallas.ops.tpu import megablox
-
-  m, k = lhs.shape
-  n = rhs.shape[2]
-  tm = min(128, -(-m // 8) * 8)
-  padded_m = -(-m // tm) * tm
-  valid = lax.iota(jnp.int32, m) < jnp.sum(group_sizes)
-  x = jnp.where(valid[:, None], lhs, 0)  # masks garbage out of dlhs
-  x = jnp.pad(x, ((0, padded_m - m), (0, 0)))
-  out = megablox.gmm(
-      x,
-      rhs,
-      group_sizes.astype(jnp.int32),
-      preferred_element_type or lhs.dtype,
-      (tm, min(128, k), min(128, n)),
-      None,
-      None,
-      False,
-      interpret,
-  )
-  return jnp.where(valid[:, None], out[:m], 0)
-
-
-def _tokamax_ragged_dot(
-    lhs: jax.Array,
-    rhs: jax.Array,
-    group_sizes: jax.Array,
-    preferred_element_type=None,
-) -> jax.Array:
-  """GPU: Tokamax `ragged_dot` (Pallas Mosaic GPU / Triton kernels).
-
-  Tokamax falls back to XLA's ragged_dot itself where its kernels do not
-  support the case.
-  """
-  import tokamax
-
-  return tokamax.ragged_dot(
-      lhs,
-      rhs,
-      group_sizes.astype(jnp.int32),
-      preferred_element_type=preferred_element_type,
-  )
-
-
-def _find_kernel(backend: str, dtypes: tuple[Any, ...] = ()):
-  """(kernel, None) if one is usable here, else (None, why not)."""
-  if backend == "tpu":
-    if any(
-        jnp.dtype(d) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
-        for d in dtypes
-    ):
-      return None, f"megablox gmm takes float32/bfloat16 only, not {dtypes}"
-    try:
-      from jax.experimental.pallas.ops.tpu import megablox  # noqa: F401
-    except ImportError as e:
-      return None, f"jax.experimental.pallas.ops.tpu.megablox: {e}"
-    return _megablox_gmm, None
-  if backend == "gpu":
-    try:
-      import tokamax  # noqa: F401
-    except ImportError as e:
-      return None, f"tokamax (pip install tokamax): {e}"
-    return _tokamax_ragged_dot, None
-  return None, f"no grouped-matmul kernel is known for backend {backend!r}"
-
-
 def resolve_implementation(
     implementation: str,
     backend: str | None = None,
@@ -561,14 +478,19 @@ def resolve_implementation(
 ) -> str:
   """Maps "auto" to the fastest implementation available on `backend`.
 
+  "kernel" where the backend has a kernel that does not take `dtypes` (int8,
+  fp8) resolves to "ragged_dot" with a `KernelFallbackWarning` that names
+  them (see `linen_moe._src.grouped_kernels`).
+
   Args:
     implementation: one of `IMPLEMENTATIONS`.
     backend: "cpu", "gpu" or "tpu"; default `jax.default_backend()`.
     dtypes: operand dtypes, when known (kernels take only some).
 
   Raises:
-    ValueError: for an unknown implementation, or "kernel" where no kernel is
-      usable (the message says what is missing).
+    ValueError: for an unknown implementation, or "kernel" where the
+      backend has no usable kernel at all (the message says what is
+      missing).
   """
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(
@@ -578,15 +500,26 @@ def resolve_implementation(
   if implementation in ("ragged_dot", "blocked"):
     return implementation
   backend = backend or jax.default_backend()
-  kernel, missing = _find_kernel(backend, dtypes)
+  if implementation == "auto" and backend == "cpu":
+    return "blocked"
+  kernel, missing = grouped_kernels.find_kernel(backend)
   if implementation == "kernel" and kernel is None:
     raise ValueError(
         f"Grouped matmul implementation 'kernel' is unavailable: {missing}. "
         "Available here: 'ragged_dot', 'blocked' (and 'auto')."
     )
-  if implementation == "kernel" or kernel is not None:
+  if kernel is not None and kernel.takes(dtypes):
     return "kernel"
-  return "blocked" if backend == "cpu" else "ragged_dot"
+  if implementation == "kernel":
+    names = tuple(jnp.dtype(d).name for d in dtypes)
+    warnings.warn(
+        f"grouped_matmul='kernel': {kernel.name} takes "
+        f"{kernel.describe_dtypes()} operands, not {names}; this grouped "
+        "matmul runs jax.lax.ragged_dot instead.",
+        grouped_kernels.KernelFallbackWarning,
+        stacklevel=3,
+    )
+  return "ragged_dot"
 
 
 def grouped_matmul(
@@ -619,5 +552,5 @@ def grouped_matmul(
     return blocked_grouped_matmul(
         lhs, rhs, group_sizes, preferred_element_type=preferred_element_type
     )
-  kernel, _ = _find_kernel(jax.default_backend(), (lhs.dtype, rhs.dtype))
-  return kernel(lhs, rhs, group_sizes, preferred_element_type)
+  kernel, _ = grouped_kernels.find_kernel(jax.default_backend())
+  return kernel.fn(lhs, rhs, group_sizes, preferred_element_type)

@@ -26,20 +26,18 @@ import collections
 import dataclasses
 import re
 
-QUANTIZED_TYPES = frozenset({
-    "s8",
-    "u8",
-    "s4",
-    "u4",
-    "f8e4m3fn",
-    "f8e5m2",
-    "f8e4m3fnuz",
-    "f8e5m2fnuz",
-    "f8e4m3b11fnuz",
-    "f8e4m3",
-    "f8e3m4",
-})
+from linen_moe._src.quantization_modes import MODES
+
+# Every mode's forward, gradient and storage types, and the other narrow
+# types a backend may use (u8, 4-bit, other fp8 flavours).
+QUANTIZED_TYPES = frozenset().union(
+    *(m.hlo_types | ({m.hlo_storage_type} - {None}) for m in MODES.values()),
+    {"u8", "s4", "u4", "f8e4m3b11fnuz", "f8e4m3", "f8e3m4"},
+)
 CONTRACTIONS = frozenset({"dot", "convolution", "ragged-dot"})
+# Custom calls that are GEMMs: what XLA:GPU rewrites dots into (cuBLAS,
+# cuBLASLt, its fp8 matmul, cuDNN's); they count as contractions.
+_GEMM_TARGET = re.compile(r"gemm|matmul", re.IGNORECASE)
 # The walk stops at these: they do not pass an operand's type through.
 _OPAQUE = CONTRACTIONS | {
     "reduce",
@@ -73,6 +71,7 @@ class Instruction:
   parameter: int | None  # the parameter number, for `parameter` ops
   index: int | None  # the element a `get-tuple-element` takes
   op_name: str  # the JAX op path from the metadata, "" when absent
+  target: str = ""  # a custom call's custom_call_target
 
 
 def _matching_paren(text: str, open_index: int, pair: str = "()") -> int:
@@ -100,6 +99,7 @@ def _parse_instruction(line: str, computation: str) -> Instruction | None:
   close = _matching_paren(rest, len(opcode))
   args, attributes = rest[len(opcode) + 1 : close], rest[close:]
   op_name = re.search(r'op_name="([^"]*)"', attributes)
+  target = re.search(r'custom_call_target="([^"]*)"', attributes)
   index = re.search(r"\bindex=(\d+)", attributes)
   is_tuple = type_text.startswith("(")
   return Instruction(
@@ -119,7 +119,15 @@ def _parse_instruction(line: str, computation: str) -> Instruction | None:
       if index and opcode == "get-tuple-element"
       else None,
       op_name=op_name.group(1) if op_name else "",
+      target=target.group(1) if target else "",
   )
+
+
+def is_contraction(inst: Instruction) -> bool:
+  """A dot, convolution or ragged-dot, or a custom call that is a GEMM."""
+  if inst.opcode == "custom-call":
+    return bool(_GEMM_TARGET.search(inst.target))
+  return inst.opcode in CONTRACTIONS
 
 
 def parse_hlo(text: str) -> dict[str, Instruction]:
@@ -138,11 +146,12 @@ def parse_hlo(text: str) -> dict[str, Instruction]:
 
 @dataclasses.dataclass(frozen=True)
 class Contraction:
-  """A dot, convolution or ragged-dot, and what feeds it.
+  """A dot, convolution, ragged-dot or GEMM custom call, and what feeds it.
 
   Attributes:
     name: the HLO instruction name.
-    opcode: "dot", "convolution" or "ragged-dot".
+    opcode: "dot", "convolution", "ragged-dot" or "custom-call" (a GEMM
+      target: cuBLAS, cuBLASLt, cuDNN).
     op_name: the JAX op path from the metadata ("" when XLA dropped it), e.g.
       ".../RoutedMoE.contract/wo_dot/..."; "transpose(" in it marks a backward
       contraction.
@@ -209,7 +218,7 @@ def contractions(text: str) -> list[Contraction]:
           ),
       )
       for inst in instructions.values()
-      if inst.opcode in CONTRACTIONS
+      if is_contraction(inst)
   ]
 
 
@@ -347,21 +356,23 @@ def collectives(text: str) -> list[Collective]:
   (`replica_groups=[2,4]<=[8]`) and explicit lists (`replica_groups=
   {{0,1},{2,3}}`, a collective-permute's `source_target_pairs`).
   """
-  found = []
-  for line in text.splitlines():
-    op = _COLLECTIVE.search(line)
-    if not op:
-      continue
-    name = line.split("=", 1)[0].strip().lstrip("%").removeprefix("ROOT ")
-    groups, axes = None, None
-    if mesh := _MESH_GROUPS.search(line):
-      groups, axes = _mesh_groups(mesh.group(1), mesh.group(2))
-    elif iota := _IOTA_GROUPS.search(line):
-      groups = _iota_groups(*iota.groups())
-    elif listed := _LIST_GROUPS.search(line):
-      groups = _list_groups(line, listed.end() - 1)
-    found.append(Collective(name, op.group(1), groups, axes))
-  return found
+  return [c for c in map(collective_of_line, text.splitlines()) if c]
+
+
+def collective_of_line(line: str) -> Collective | None:
+  """The collective one line of HLO text holds, or None."""
+  op = _COLLECTIVE.search(line)
+  if not op:
+    return None
+  name = line.split("=", 1)[0].strip().lstrip("%").removeprefix("ROOT ")
+  groups, axes = None, None
+  if mesh := _MESH_GROUPS.search(line):
+    groups, axes = _mesh_groups(mesh.group(1), mesh.group(2))
+  elif iota := _IOTA_GROUPS.search(line):
+    groups = _iota_groups(*iota.groups())
+  elif listed := _LIST_GROUPS.search(line):
+    groups = _list_groups(line, listed.end() - 1)
+  return Collective(name, op.group(1), groups, axes)
 
 
 def crosses_processes(op: Collective, process_of: list[int]) -> bool:

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src import dense
+from linen_moe._src import expert
 from linen_moe._src import expert_parallel
 from linen_moe._src import routing
 from linen_moe._src import sharding
@@ -34,7 +35,7 @@ CALL_SITES = ("wi_0", "wi_1", "wo", "dispatch", "combine")
 # (`config.serving`) feeds them its stored kernels; the others (the dispatch
 # mask, the combine weights) then stay float, so that every path computes
 # the same expert math.
-WEIGHT_SITES = ("wi_0", "wi_1", "wo")
+WEIGHT_SITES = expert.KERNELS
 
 
 @flax.struct.dataclass
@@ -155,7 +156,7 @@ class RoutedMoE(JitInit, nn.Module):
         dtype=jnp.float32,
         param_dtype=pdt,
         kernel_init=nn.with_logical_partitioning(init, ("embed", "router")),
-        name="gate",
+        name=expert.ROUTER,
     )
     router_in = inputs if gate_inputs is None else gate_inputs
     router_in = router_in.astype(jnp.float32).reshape(b * s, m)
@@ -233,13 +234,8 @@ class RoutedMoE(JitInit, nn.Module):
     """(wi_0, wi_1, wo): float params in the compute dtype or, serving, the
     stored kernels (`stored_weights.StoredKernel`), same names and shapes."""
     cfg = self.config
-    e, m, h = cfg.num_experts, cfg.emb_dim, cfg.moe_mlp_dim
-    shapes = {"wi_0": (e, m, h), "wi_1": (e, m, h), "wo": (e, h, m)}
-    names = {
-        "wi_0": ("exp", "embed", "mlp"),
-        "wi_1": ("exp", "embed", "mlp"),
-        "wo": ("exp", "mlp", "embed"),
-    }
+    shapes = expert.kernel_shapes(cfg.emb_dim, cfg.moe_mlp_dim, cfg.num_experts)
+    names = expert.kernel_axes(routed=True)
     if cfg.serving:
       return tuple(
           stored_weights.stored_kernel(self, w, shapes[w], names[w], cfg)

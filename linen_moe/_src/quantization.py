@@ -18,6 +18,9 @@ Each mode offers two Linen modules with the same call signature across modes:
                float8_e5m2, each with a scale and an amax history.
   "nanoo_fp8"  the same with float8_e4m3fnuz / float8_e5m2fnuz.
 
+The element types, and which modes need an RNG or keep state, are read from
+`linen_moe._src.quantization_modes`.
+
 What `apply` needs, per mode:
 
   int8   An RNG in the `AQT_RNG_STREAM` ("params") stream whenever gradients
@@ -52,14 +55,17 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src import grouped_matmul as gmm_lib
-from linen_moe._src.config import QUANTIZATIONS
 from linen_moe._src.int8_grouped import int8_grouped_matmul
+from linen_moe._src.quantization_modes import FP8_QUANTIZATIONS
+from linen_moe._src.quantization_modes import MODES
+from linen_moe._src.quantization_modes import get_mode
 from linen_moe._src.variables import AQT_RNG_STREAM
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 
+# (forward, output-gradient) fp8 types of each fp8 mode.
 FP8_DTYPES = {
-    "fp8": (jnp.float8_e4m3fn, jnp.float8_e5m2),
-    "nanoo_fp8": (jnp.float8_e4m3fnuz, jnp.float8_e5m2fnuz),
+    name: (MODES[name].forward_dtype, MODES[name].gradient_dtype)
+    for name in FP8_QUANTIZATIONS
 }
 _OPTIONS = ("implementation", "amax_history_length")
 
@@ -233,8 +239,8 @@ class _Fp8(_Contraction):
   """
 
   amax_history_length: int = 1024
-  e4m3_dtype: Any = jnp.float8_e4m3fn
-  e5m2_dtype: Any = jnp.float8_e5m2
+  e4m3_dtype: Any = FP8_DTYPES["fp8"][0]
+  e5m2_dtype: Any = FP8_DTYPES["fp8"][1]
 
   def _qdq(self, qdq_fn, role: str, q_dtype, x: jax.Array) -> jax.Array:
     """`fp8_ops.in_qdq` or `out_qdq` of `x` with the `role`'s scale/history."""
@@ -292,17 +298,14 @@ def contraction_modules(mode: str, **options: Any) -> ContractionModules:
   Options: `implementation` (grouped matmul), `amax_history_length` (fp8).
   Built once per (mode, options); the result is shared, so never mutate it.
   """
-  if mode not in QUANTIZATIONS:
-    raise ValueError(
-        f"Unknown quantization {mode!r}; allowed: {QUANTIZATIONS}."
-    )
+  facts = get_mode(mode)
   unknown = sorted(set(options) - set(_OPTIONS))
   if unknown:
     raise ValueError(f"Unknown option(s) {unknown}; allowed: {_OPTIONS}.")
   grouped = {"implementation": options.get("implementation", "auto")}
-  if mode == "none":
+  if not facts.quantized:
     return ContractionModules(Einsum, GroupedMatmul, grouped_kwargs=grouped)
-  if mode == "int8":
+  if not facts.keeps_state:  # int8: AQT, computed on the fly
     return ContractionModules(
         Int8Einsum, Int8GroupedMatmul, grouped_kwargs=grouped
     )

@@ -43,51 +43,60 @@ from typing import Any
 from flax.linen import fp8_ops
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from linen_moe._src import expert
+from linen_moe._src import layer_stack
 from linen_moe._src import sharding
 from linen_moe._src import stored_weights
-from linen_moe._src.config import SERVING_QUANTIZATIONS
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.config import MoEConfig
+from linen_moe._src.int8_grouped import as_float32
 from linen_moe._src.int8_grouped import quantize_int8
+from linen_moe._src.quantization_modes import MODES
+from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 
 PyTree = Any
-KERNELS = ("wi_0", "wi_1", "wo")
+KERNELS = expert.KERNELS
 ROUTED, SHARED = "routed", "shared"
 
 
-def _expert_nodes(config: MoEConfig | ModelConfig, params: Mapping):
-  """[(path, kind, leading_axes)] of every expert module in `params`."""
-  if isinstance(config, ModelConfig):
-    if config.scan_layers:
-      blocks = [(("layers",), (config.num_layers,))]
-    else:
-      blocks = [((f"layers_{i}",), ()) for i in range(config.num_layers)]
-    nodes = []
-    for block, lead in blocks:
-      if config.shared_in_moe:
-        nodes.append(((*block, "moe", "routed_experts"), ROUTED, lead))
-        nodes.append(((*block, "moe", "shared_experts"), SHARED, lead))
-        continue
-      nodes.append(((*block, "moe"), ROUTED, lead))
-      if config.moe.shared_experts > 0:
-        nodes.append(((*block, "shared_experts"), SHARED, lead))
-    return nodes
-  if "routed_experts" in params:  # RoutedAndSharedMoE
-    nodes = [(("routed_experts",), ROUTED, ())]
-    if config.shared_experts > 0:
-      nodes.append((("shared_experts",), SHARED, ()))
-    return nodes
-  return [((), ROUTED, ())]
+def _expert_nodes(params: Mapping, path: tuple[str, ...] = ()):
+  """[(path, kind)] of every module in `params` that holds expert kernels,
+  found by the layer's own naming wherever it sits: all of `KERNELS` with
+  the router beside them is a routed layer [..., E, ...], without it one
+  gated MLP (a shared expert, a dense layer's MLP)."""
+  if not isinstance(params, Mapping):
+    return []
+  if all(k in params for k in KERNELS):
+    return [(path, ROUTED if expert.ROUTER in params else SHARED)]
+  return [
+      node
+      for key in sorted(params)
+      for node in _expert_nodes(params[key], (*path, key))
+  ]
 
 
-def _kernel_shapes(moe: MoEConfig, kind: str) -> dict[str, tuple[int, ...]]:
-  e, m, h = moe.num_experts, moe.emb_dim, moe.moe_mlp_dim
+def _check_layers(config: ModelConfig, params: Mapping) -> None:
+  """The layer subtrees `config.stack_plan` puts in a decoder's params."""
+  plan = config.stack_plan
+  names = [layer_stack.layer_name(i) for i in plan.before + plan.after]
+  if plan.scanned:
+    names.append(layer_stack.STACK)
+  for name in names:
+    _get(params, (name,), "params")
+
+
+def _kernel_shapes(moe: MoEConfig, kind: str, node: Mapping) -> dict:
+  """{name: (rank, expected trailing shape)} of the kernels of a node."""
+  m = moe.emb_dim
   if kind == ROUTED:
-    return {"wi_0": (e, m, h), "wi_1": (e, m, h), "wo": (e, h, m)}
-  f = moe.shared_experts * moe.shared_mlp_dim
-  return {"wi_0": (m, f), "wi_1": (m, f), "wo": (f, m)}
+    shapes = expert.kernel_shapes(m, moe.moe_mlp_dim, moe.num_experts)
+    return {k: (expert.ROUTED_RANK, v) for k, v in shapes.items()}
+  width = node["wo"].shape[-2]  # a shared expert's or a dense layer's F
+  shapes = expert.kernel_shapes(m, width)
+  return {k: (expert.MLP_RANK, v) for k, v in shapes.items()}
 
 
 def _get(tree: Mapping, path: tuple[str, ...], what: str) -> Mapping:
@@ -103,7 +112,7 @@ def _get(tree: Mapping, path: tuple[str, ...], what: str) -> Mapping:
   return node
 
 
-def _check_kernel(path: str, kernel, shape: tuple[int, ...]) -> None:
+def _check_kernel(path: str, kernel, rank: int, shape) -> None:
   dtype = jnp.dtype(kernel.dtype)
   if dtype in stored_weights.STORAGE_DTYPES.values():
     raise ValueError(
@@ -112,10 +121,10 @@ def _check_kernel(path: str, kernel, shape: tuple[int, ...]) -> None:
     )
   if not jnp.issubdtype(dtype, jnp.floating):
     raise ValueError(f"params/{path} must be a float kernel; got {dtype}.")
-  if tuple(kernel.shape) != shape:
+  if tuple(kernel.shape[kernel.ndim - rank :]) != shape:
     raise ValueError(
         f"params/{path} has shape {tuple(kernel.shape)}; the config expects "
-        f"{shape}."
+        f"{shape} (after any stacked layer axes)."
     )
 
 
@@ -133,31 +142,72 @@ def _implied_scale(state: Mapping | None, role: str, fallback, fp8_max):
   return fp8_ops.compute_scale(amax, scale, fp8_max)
 
 
-def _convert_kernel(mode: str, kernel, rank: int, state: Mapping | None):
-  """{name: array} of one stored kernel (values and scales)."""
-  kernel = jnp.asarray(kernel, jnp.float32)
-  if mode == "int8":
-    values, scale = quantize_int8(kernel, axis=kernel.ndim - 2)
-    return {"": values, stored_weights.SCALE_SUFFIX: scale}
-  dtype = stored_weights.STORAGE_DTYPES[mode]
-  fp8_max = fp8_ops.get_fp8_max(dtype, jnp.float32)
-  kernel_axes = tuple(range(kernel.ndim - rank, kernel.ndim))
-  amax = jnp.max(jnp.abs(kernel), axis=kernel_axes)[..., None]  # [..., 1]
-  own_scale = jnp.where(amax > 0, amax / fp8_max, 1.0)
-  scale = _implied_scale(state, "kernel", own_scale, fp8_max)
-  input_scale = _implied_scale(
-      state, "input", jnp.ones_like(own_scale), fp8_max
+def _fp8_scale(mode: str, amax):
+  """The scale of a kernel without fp8 state: max|kernel| / fp8_max (1 for
+  an all-zero kernel); `amax` [..., 1]."""
+  fp8_max = fp8_ops.get_fp8_max(
+      stored_weights.STORAGE_DTYPES[mode], jnp.float32
   )
+  return jnp.where(amax > 0, amax / fp8_max, 1.0)
+
+
+def _fp8_values(mode: str, kernel, scale):
+  """The stored fp8 values of a float kernel with its (broadcast) scale."""
+  dtype = stored_weights.STORAGE_DTYPES[mode]
+  return fp8_ops.quantize(kernel, dtype, scale, jnp.float32)
+
+
+def fp8_values_host(mode: str, kernel: np.ndarray, scale) -> np.ndarray:
+  """`_fp8_values` in NumPy (ml_dtypes' round to nearest even, as XLA's
+  conversion), bit for bit (tested through the checkpoint loaders)."""
+  dtype = stored_weights.STORAGE_DTYPES[mode]
+  fp8_max = np.float32(fp8_ops.get_fp8_max(dtype, jnp.float32))
+  scaled = as_float32(kernel) / np.asarray(scale, np.float32)
+  return np.clip(scaled, -fp8_max, fp8_max).astype(dtype)
+
+
+def _amax(kernel, rank: int):
+  axes = tuple(range(kernel.ndim - rank, kernel.ndim))
+  return jnp.max(jnp.abs(kernel), axis=axes)[..., None]  # [..., 1]
+
+
+def _state_scales(mode: str, state: Mapping | None, own_scale):
+  fp8_max = fp8_ops.get_fp8_max(
+      stored_weights.STORAGE_DTYPES[mode], jnp.float32
+  )
+  scale = _implied_scale(state, "kernel", own_scale, fp8_max)
+  ones = jnp.ones_like(own_scale)
+  return scale, _implied_scale(state, "input", ones, fp8_max)
+
+
+# The conversion's steps, each jitted on its own: the checkpoint loaders
+# that quantize as they read call the same programs one expert at a time,
+# so their stored values are these, bit for bit (`int8_parts`: values and
+# per-channel scales; `fp8_scale` of a kernel's max |x|; `fp8_values` for
+# a scale).
+int8_parts = jax.jit(lambda kernel: quantize_int8(kernel, axis=kernel.ndim - 2))
+fp8_scale = jax.jit(_fp8_scale, static_argnums=0)
+fp8_values = jax.jit(_fp8_values, static_argnums=0)
+_amax_jit = jax.jit(_amax, static_argnums=1)
+_state_scales_jit = jax.jit(_state_scales, static_argnums=0)
+
+
+def convert_kernel(mode: str, kernel, rank: int, state: Mapping | None):
+  """{suffix: array} of one stored kernel (values under "", scales) of a
+  float `kernel` whose last `rank` axes are one kernel (the axes before:
+  stacked layers); `state` the call site's fp8 state, or None."""
+  kernel = jnp.asarray(kernel, jnp.float32)
+  if stored_weights.per_channel(mode):  # int8
+    values, scale = int8_parts(kernel)
+    return {"": values, stored_weights.SCALE_SUFFIX: scale}
+  own_scale = fp8_scale(mode, _amax_jit(kernel, rank))
+  scale, input_scale = _state_scales_jit(mode, state, own_scale)
   per_element = scale.reshape(scale.shape[:-1] + (1,) * rank)
-  values = fp8_ops.quantize(kernel, dtype, per_element, jnp.float32)
   return {
-      "": values,
+      "": fp8_values(mode, kernel, per_element),
       stored_weights.SCALE_SUFFIX: scale,
       stored_weights.INPUT_SCALE_SUFFIX: input_scale,
   }
-
-
-_convert = jax.jit(_convert_kernel, static_argnums=(0, 2))
 
 
 def _copy(tree: Mapping) -> dict:
@@ -213,21 +263,29 @@ def quantize_weights(
   params = _copy(variables["params"])
   fp8_state = variables.get(OVERWRITE_WITH_GRADIENT, {})
   mode = moe.quantization
-  for path, kind, lead in _expert_nodes(config, params):
+  if isinstance(config, ModelConfig):
+    _check_layers(config, params)
+  nodes = _expert_nodes(params)
+  if not any(kind == ROUTED for _, kind in nodes):
+    raise ValueError(
+        "params holds no routed experts (a module with "
+        f"{(expert.ROUTER, *KERNELS)}); nothing to convert."
+    )
+  checked = []
+  for path, kind in nodes:
     node = _get(params, path, "params")
-    shapes = _kernel_shapes(moe, kind)
+    shapes = _kernel_shapes(moe, kind, node)
     for name in KERNELS:
-      _check_kernel(
-          "/".join((*path, name)),
-          _get(node, (name,), "/".join(("params", *path))),
-          (*lead, *shapes[name]),
-      )
+      rank, shape = shapes[name]
+      _check_kernel("/".join((*path, name)), node[name], rank, shape)
+    checked.append((node, path, kind, shapes))
+  for node, path, kind, shapes in checked:
     for name in KERNELS:
       state = None
-      if kind == ROUTED and mode != "int8":
+      if kind == ROUTED and MODES[mode].keeps_state:
         site = (*path, f"{name}_dot")
         state = _find(fp8_state, site)
-      stored = _convert(mode, node.pop(name), len(shapes[name]), state)
+      stored = convert_kernel(mode, node.pop(name), shapes[name][0], state)
       for suffix, value in stored.items():
         node[name + suffix] = value
   serve_variables = {

@@ -45,23 +45,28 @@ import jax.numpy as jnp
 
 from linen_moe._src import grouped_matmul as gmm_lib
 from linen_moe._src import int8_grouped
-from linen_moe._src.config import SERVING_QUANTIZATIONS
 from linen_moe._src.config import MoEConfig
 from linen_moe._src.quantization import Int8Einsum
+from linen_moe._src.quantization_modes import MODES
+from linen_moe._src.quantization_modes import PER_CHANNEL
+from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS
+from linen_moe._src.quantization_modes import storage_dtypes
 
-STORAGE_DTYPES = {
-    "int8": jnp.dtype(jnp.int8),
-    "fp8": jnp.dtype(jnp.float8_e4m3fn),
-    "nanoo_fp8": jnp.dtype(jnp.float8_e4m3fnuz),
-}
+STORAGE_DTYPES = storage_dtypes()
 SCALE_SUFFIX = "_scale"
 INPUT_SCALE_SUFFIX = "_input_scale"
+
+
+def per_channel(mode: str) -> bool:
+  """The mode stores one scale per output channel (int8), not one per tensor
+  plus an input scale (fp8)."""
+  return MODES[mode].storage_scales == PER_CHANNEL
 
 
 def scale_shape(mode: str, kernel_shape: tuple[int, ...], rank: int):
   """Shape of the scale of a kernel whose last `rank` axes are one kernel
   (the axes before are stacked layers)."""
-  if mode == "int8":
+  if per_channel(mode):
     return (*kernel_shape[:-2], 1, kernel_shape[-1])
   return (*kernel_shape[: len(kernel_shape) - rank], 1)
 
@@ -69,7 +74,7 @@ def scale_shape(mode: str, kernel_shape: tuple[int, ...], rank: int):
 def stored_names(name: str, mode: str) -> tuple[str, ...]:
   """The `params` names a stored kernel `name` occupies in `mode`."""
   names = (name, name + SCALE_SUFFIX)
-  return names + ((name + INPUT_SCALE_SUFFIX,) if mode != "int8" else ())
+  return names + (() if per_channel(mode) else (name + INPUT_SCALE_SUFFIX,))
 
 
 @flax.struct.dataclass
@@ -169,7 +174,7 @@ def stored_kernel(
     return module.param(name + suffix, boxed, param_shape, dtype)
 
   scale_names = (*axis_names[:-2], None, axis_names[-1])
-  if mode != "int8":
+  if not per_channel(mode):
     scale_names = (None,)
   values = param("", zeros, shape, STORAGE_DTYPES[mode], axis_names)
   scale = param(
@@ -180,7 +185,7 @@ def stored_kernel(
       scale_names,
   )
   input_scale = None
-  if mode != "int8":
+  if not per_channel(mode):
     input_scale = param(INPUT_SCALE_SUFFIX, ones, (1,), jnp.float32, (None,))
   return StoredKernel(values, scale, input_scale, mode)
 
@@ -210,7 +215,7 @@ class StoredEinsum(nn.Module):
   @nn.compact
   def __call__(self, eqn: str, lhs: jax.Array, rhs: StoredKernel):
     rhs = _check_operand(rhs)
-    if rhs.mode == "int8":
+    if per_channel(rhs.mode):  # int8: AQT's einsum
       qt = aqt_tensor.QTensor(
           qvalue=rhs.values,
           scale=[rhs.scale.astype(lhs.dtype)],
@@ -242,7 +247,7 @@ class StoredGroupedMatmul(nn.Module):
   @nn.compact
   def __call__(self, lhs: jax.Array, rhs: StoredKernel, group_sizes):
     rhs = _check_operand(rhs)
-    if rhs.mode == "int8":
+    if per_channel(rhs.mode):  # int8
       return int8_grouped.int8_grouped_matmul_stored(
           lhs, rhs.values, rhs.scale, group_sizes, self.implementation
       )

@@ -1,4 +1,6 @@
-"""`linen-moe export`: a checkpoint's serving variables, no optimizer state.
+"""`linen-moe export`: a checkpoint's serving variables, no optimizer state;
+as an orbax directory, or (`--format hf`) as a Hugging Face checkpoint that
+transformers loads.
 
 Only reads the run's directory: it needs no lock, and may run beside a
 training run on the same directory.
@@ -10,19 +12,39 @@ import argparse
 
 from linen_moe_cli import run_directory
 
+FORMATS = ("orbax", "hf")
+
 
 def register(subparsers) -> None:
   p = subparsers.add_parser(
       "export",
-      help="write a checkpoint's serving variables (no optimizer state)",
+      help=(
+          "write a checkpoint's serving variables (no optimizer state), or "
+          "its float weights as a Hugging Face checkpoint (--format hf)"
+      ),
   )
   p.add_argument("--checkpoint-dir", required=True)
   p.add_argument("--out", required=True, help="a new directory")
+  p.add_argument(
+      "--format",
+      choices=FORMATS,
+      default="orbax",
+      help=(
+          "orbax: the variables (linen_moe.checkpoint.load_export reads "
+          "them); hf: config.json and safetensors in the hub's names, for "
+          "Mixtral / Qwen3-MoE models"
+      ),
+  )
   p.add_argument(
       "--dtype",
       choices=("float32", "bfloat16", "float16"),
       default=None,
       help="cast the parameters (fp8 state stays float32)",
+  )
+  p.add_argument(
+      "--max-shard-size",
+      default="2GB",
+      help="--format hf: the largest safetensors shard, e.g. 2GB, 500MB",
   )
   p.add_argument("--step", type=int, default=None, help="default: the latest")
   p.set_defaults(run=run)
@@ -30,6 +52,30 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
   run_directory.creatable(args.out, "--out")
+  if args.format == "hf":
+    from linen_moe._src.hf.safetensors_io import parse_size  # noqa: PLC0415
+
+    try:
+      parse_size(args.max_shard_size)
+    except ValueError as e:
+      raise ValueError(f"--max-shard-size: {e}") from e
+    from linen_moe import checkpoint  # noqa: PLC0415 (imports jax)
+    from linen_moe import hf  # noqa: PLC0415
+
+    config, variables, step = checkpoint.read_variables(
+        args.checkpoint_dir, dtype=args.dtype, step=args.step
+    )
+    files = hf.save_checkpoint(
+        config.replace(quantization="none"),
+        variables,
+        args.out,
+        max_shard_size=args.max_shard_size,
+    )
+    print(
+        f"exported step {step} of {args.checkpoint_dir} to {args.out} "
+        f"(Hugging Face, {len(files)} safetensors file(s))"
+    )
+    return 0
   from linen_moe import checkpoint  # noqa: PLC0415 (imports jax)
 
   step = checkpoint.export(

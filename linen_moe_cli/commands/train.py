@@ -1,5 +1,6 @@
-"""`linen-moe train`: train the reference decoder on synthetic Markov data,
-or on your own (`--data`).
+"""`linen-moe train`: train the reference decoder from scratch or from a
+Hugging Face checkpoint (`--init-from-hf`), on synthetic Markov data or on
+your own (`--data`).
 
 The flags become a `TrainOptions` (checked before jax is imported); with
 `--coordinator`, `--num-processes` and `--process-id` this process first
@@ -107,6 +108,18 @@ def register(subparsers) -> None:
       help=(
           "resume a checkpoint whose fp8 state does not fit the model "
           "(e.g. trained unquantized) with fresh fp8 state"
+      ),
+  )
+  p.add_argument(
+      "--init-from-hf",
+      default=None,
+      metavar="DIR",
+      help=(
+          "fine-tune a Hugging Face checkpoint (Mixtral, Qwen3-MoE): its "
+          "config.json is the model (--config is not read; --quantization, "
+          "--layers, the path flags and --set of run fields apply), on "
+          "synthetic data over its vocabulary unless --data is given (text "
+          "tokenized with its tokenizer.json unless --tokenizer)"
       ),
   )
   _add_data_args(p)

@@ -117,12 +117,13 @@ def train_bpe_tokenizer(
 
   Words split on white space (kept as the "▁" mark, so decoding restores
   the text); merges learnt until `vocab_size` tokens; "<|endoftext|>"
-  (the end-of-document token) and "<unk>" are ids 0 and 1.
+  (the end-of-document token) and "<unk>" are ids 0 and 1. When the text
+  has more distinct characters than fit, the rarest ones become "<unk>".
 
   Args:
     files: UTF-8 text files.
-    vocab_size: tokens in all, added ones included (> the characters seen,
-      for any merge to be learnt).
+    vocab_size: tokens in all, added ones included, at most (the
+      vocabulary is smaller when the text has no more merges to learn).
     path: where to save it as a `tokenizer.json` (None: not saved).
 
   Returns:
@@ -145,9 +146,11 @@ def train_bpe_tokenizer(
   tokenizer.normalizer = normalizers.NFC()
   tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
   tokenizer.decoder = decoders.Metaspace()
+  special = [DEFAULT_EOD, UNKNOWN]
   trainer = trainers.BpeTrainer(
       vocab_size=vocab_size,
-      special_tokens=[DEFAULT_EOD, UNKNOWN],
+      special_tokens=special,
+      limit_alphabet=vocab_size - len(special),
       show_progress=False,
   )
   tokenizer.train([os.fspath(f) for f in files], trainer)

@@ -11,6 +11,7 @@ by the Linen train step here and by the NNX train step in `nnx_adapter`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Mapping
 import dataclasses
 from typing import Any
 
@@ -193,6 +194,23 @@ def boxed_train_state(
   )
 
 
+def train_state_from_variables(
+    variables: Mapping, optimizer: optax.GradientTransformation
+) -> TrainState:
+  """The initial state of a run that starts from given variables (e.g.
+  `linen_moe.hf.load_checkpoint`'s): their params, fp8 state and routed
+  biases, fresh optimizer moments, step 0."""
+  variables = sharding.unbox(dict(variables))
+  params = variables["params"]
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
+      opt_state=optimizer.init(params),
+      rule_state=variables.get(UPDATED_BY_RULE, {}),
+  )
+
+
 def init_train_state(
     model: nn.Module,
     optimizer: optax.GradientTransformation,
@@ -256,7 +274,9 @@ def make_train_step(
     )
     rule_state = state.rule_state
     if rate > 0:
-      rule_state = routed_bias_rule(rule_state, metrics["expert_load"], rate)
+      rule_state = routed_bias_rule(
+          rule_state, metrics["expert_load"], rate, model.config.stack_plan
+      )
     new = state.replace(
         params=optax.apply_updates(state.params, updates),
         fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),

@@ -1,0 +1,365 @@
+"""Hugging Face `config.json` <-> `ModelConfig`.
+
+`model_config` reads both styles transformers has written: the one of
+transformers 5 (`rope_parameters`, `dtype`) and the older one most hub
+checkpoints carry (`rope_theta`, `rope_scaling`, `torch_dtype`). Every field
+is accounted for: mapped to a `ModelConfig` field, checked to hold a value
+we compute as transformers does (a value that would change the computation
+in a way we do not implement is a `ValueError` naming the field), or known
+to change nothing (`_NO_EFFECT`). An unknown field is an error too: we cannot
+tell that it changes nothing.
+
+`hf_config` is the inverse, in the transformers 5 style, for a `ModelConfig`
+that one of the families can express.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from linen_moe._src.config import ModelConfig
+from linen_moe._src.config import MoEConfig
+from linen_moe._src.hf.families import FAMILIES
+from linen_moe._src.hf.families import Family
+
+# Fields that change nothing we compute (generation defaults, bookkeeping,
+# the position limit that "default" RoPE never reads).
+_NO_EFFECT = frozenset({
+    "_name_or_path",
+    "architectures",
+    "model_type",
+    "transformers_version",
+    "use_cache",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "initializer_range",
+    "max_position_embeddings",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "torchscript",
+    "id2label",
+    "label2id",
+    "tokenizer_class",
+})
+# Fields every family here reads the same way.
+_COMMON = frozenset({
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "rms_norm_eps",
+    "rope_parameters",
+    "rope_theta",
+    "rope_scaling",
+    "tie_word_embeddings",
+    "sliding_window",
+    "attention_dropout",
+    "num_experts_per_tok",
+    "num_local_experts",
+    "num_experts",
+    "output_router_logits",
+    "router_aux_loss_coef",
+    "dtype",
+    "torch_dtype",
+})
+# transformers' `hidden_act` -> our expert activation, and back.
+ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_new": "gelu",
+    "gelu": "gelu_exact",
+    "relu": "relu",
+}
+_ACTIVATION_NAMES = {"silu": "silu", "gelu": "gelu_pytorch_tanh"}
+_ACTIVATION_NAMES |= {"gelu_exact": "gelu", "relu": "relu"}
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+_ROPE_KEYS = frozenset({"rope_type", "type", "rope_theta"})
+
+
+def _error(field: str, value: Any, expected: str) -> ValueError:
+  return ValueError(
+      f"config.json: {field}={value!r} is not supported: {expected}."
+  )
+
+
+def family_of(hf: Mapping[str, Any]) -> Family:
+  """The `Family` of a config.json, or a ValueError listing the supported
+  model types."""
+  model_type = hf.get("model_type")
+  if model_type not in FAMILIES:
+    raise ValueError(
+        f"config.json: model_type={model_type!r} is not supported; supported "
+        f"model types are {sorted(FAMILIES)}."
+    )
+  return FAMILIES[model_type]
+
+
+def _int(hf, field, default=None, minimum=1) -> int:
+  value = hf.get(field, default)
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise _error(field, value, f"expected an integer >= {minimum}")
+  return value
+
+
+def _zero(hf, field) -> None:
+  value = hf.get(field, 0) or 0
+  if value != 0:
+    raise _error(field, value, "only 0 is implemented")
+
+
+def _rope_theta(hf, family: Family) -> float:
+  """The RoPE base, from either style; any rotary scaling is an error."""
+  params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+  field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+  if not isinstance(params, Mapping):
+    raise _error(field, params, "expected a mapping or null")
+  unknown = sorted(set(params) - _ROPE_KEYS)
+  kind = params.get("rope_type", params.get("type", "default"))
+  if kind != "default":
+    raise _error(
+        f"{field}.rope_type",
+        kind,
+        "only 'default' RoPE is implemented (no rotary scaling)",
+    )
+  if unknown:
+    raise _error(
+        field,
+        dict(params),
+        f"its keys {unknown} change the rotary embedding and are not "
+        "implemented",
+    )
+  theta = params.get("rope_theta", hf.get("rope_theta"))
+  theta = family.default_rope_theta if theta is None else theta
+  if isinstance(theta, bool) or not isinstance(theta, (int, float)):
+    raise _error("rope_theta", theta, "expected a number")
+  return float(theta)
+
+
+def _dtype(hf) -> str:
+  value = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+  if value not in DTYPES:
+    raise _error("dtype", value, f"expected one of {sorted(DTYPES)}")
+  return DTYPES[value]
+
+
+def _dense_layers(hf, family: Family, num_layers: int) -> tuple[int, ...]:
+  """Qwen3's rule: layer i is MoE iff i is not in `mlp_only_layers` and
+  (i + 1) % `decoder_sparse_step` == 0."""
+  if family.dense_width_field is None:
+    return ()
+  step = _int(hf, "decoder_sparse_step", 1)
+  only = hf.get("mlp_only_layers") or []
+  if not isinstance(only, list) or not all(
+      isinstance(i, int) and 0 <= i < num_layers for i in only
+  ):
+    raise _error(
+        "mlp_only_layers", only, f"expected layer indices < {num_layers}"
+    )
+  return tuple(i for i in range(num_layers) if i in only or (i + 1) % step != 0)
+
+
+def _sliding_window(hf, family: Family) -> int:
+  window = hf.get("sliding_window")
+  if "use_sliding_window" in family.fields and not hf.get(
+      "use_sliding_window", False
+  ):
+    return 0  # transformers sets sliding_window to None then
+  if window is None:
+    return 0
+  return _int(hf, "sliding_window")
+
+
+def model_config(hf: Mapping[str, Any]) -> ModelConfig:
+  """The `ModelConfig` that computes what transformers computes for a
+  config.json (a dict, either style).
+
+  Raises:
+    TypeError: `hf` is not a mapping.
+    ValueError: an unsupported `model_type` (the message lists the supported
+      ones), a field that changes the computation in a way not implemented
+      (unknown rotary scaling, attention biases, dropout, router jitter,
+      ...), an unknown field, or an invalid value; the message names it.
+  """
+  if not isinstance(hf, Mapping):
+    raise TypeError(f"config.json must be a mapping; got {type(hf).__name__}.")
+  family = family_of(hf)
+  known = set(_NO_EFFECT | _COMMON | set(family.fields))
+  known |= {family.expert_width_field}
+  if family.dense_width_field:
+    known.add(family.dense_width_field)
+  unknown = sorted(set(hf) - known)
+  if unknown:
+    raise ValueError(
+        f"config.json has field(s) {unknown} that a {family.model_type} "
+        "model does not have here; they may change the computation, so they "
+        "are not ignored."
+    )
+  for field in ("attention_dropout", "router_jitter_noise"):
+    _zero(hf, field)
+  if hf.get("attention_bias", False):
+    raise _error("attention_bias", hf["attention_bias"], "no attention biases")
+  emb, heads = _int(hf, "hidden_size"), _int(hf, "num_attention_heads")
+  layers = _int(hf, "num_hidden_layers")
+  kv_heads = hf.get("num_key_value_heads")
+  kv_heads = heads if kv_heads is None else _int(hf, "num_key_value_heads")
+  head_dim = hf.get("head_dim")
+  head_dim = emb // heads if head_dim is None else _int(hf, "head_dim")
+  act = hf.get("hidden_act", "silu")
+  if act not in ACTIVATIONS:
+    raise _error("hidden_act", act, f"expected one of {sorted(ACTIVATIONS)}")
+  experts_field = (
+      "num_local_experts" if "num_local_experts" in hf else "num_experts"
+  )
+  dense = _dense_layers(hf, family, layers)
+  dtype = _dtype(hf)
+  eps = hf.get("rms_norm_eps", 1e-6)
+  if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
+    raise _error("rms_norm_eps", eps, "expected a positive number")
+  balance = 0.0
+  if hf.get("output_router_logits", False):
+    balance = float(hf.get("router_aux_loss_coef", 0.001))
+  dense_width = 0
+  if dense:
+    dense_width = _int(hf, family.dense_width_field)
+  experts, top_k = _int(hf, experts_field), _int(hf, "num_experts_per_tok")
+  width, vocab = _int(hf, family.expert_width_field), _int(hf, "vocab_size")
+  theta, window = _rope_theta(hf, family), _sliding_window(hf, family)
+  try:
+    moe = MoEConfig(
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        emb_dim=emb,
+        moe_mlp_dim=width,
+        mlp_activations=(ACTIVATIONS[act], "linear"),
+        # softmax over every expert in float32, top-k, renormalised or not.
+        routing="softmax_then_topk",
+        norm_topk_prob=bool(hf.get("norm_topk_prob", family.norm_topk_prob)),
+        load_balance_loss_weight=balance,
+        dtype=dtype,
+        param_dtype=dtype,
+    )
+    return ModelConfig(
+        moe=moe,
+        vocab_size=vocab,
+        num_layers=layers,
+        num_heads=heads,
+        head_dim=head_dim,
+        rope_max_wavelength=theta,
+        norm_eps=float(eps),
+        num_kv_heads=kv_heads,
+        qk_norm=family.qk_norm,
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        scale_embeddings=False,
+        sliding_window=window,
+        dense_layers=dense,
+        dense_mlp_dim=dense_width,
+    )
+  except ValueError as e:
+    raise ValueError(f"config.json describes no valid model: {e}") from e
+
+
+def _unsupported(config: ModelConfig, family: Family) -> list[str]:
+  """The fields of `config` that `family` cannot express."""
+  moe, bad = config.moe, []
+
+  def need(ok, what):
+    if not ok:
+      bad.append(what)
+
+  need(not config.scale_embeddings, "scale_embeddings=True")
+  need(not config.router_input_norm, "router_input_norm=True")
+  need(not config.post_moe_norms, "post_moe_norms=True")
+  need(moe.shared_experts == 0, f"shared_experts={moe.shared_experts}")
+  need(moe.routed_scaling_factor == 1, "routed_scaling_factor != 1")
+  need(moe.num_routing_groups == 1, "num_routing_groups != 1")
+  need(not moe.routed_bias, "routed_bias=True")
+  need(not moe.per_expert_scale, "per_expert_scale=True")
+  need(moe.mlp_activations[0] in _ACTIVATION_NAMES, "mlp_activations")
+  need(config.qk_norm == family.qk_norm, f"qk_norm={config.qk_norm}")
+  need(
+      family.dense_width_field is not None or not config.dense_layers,
+      "dense_layers",
+  )
+  renormalised = moe.routing == "topk_then_softmax" or (
+      moe.routing == "softmax_then_topk" and moe.norm_topk_prob
+  )
+  if "norm_topk_prob" in family.fields:
+    need(
+        moe.routing == "softmax_then_topk" or renormalised,
+        f"routing={moe.routing!r}",
+    )
+  else:
+    need(
+        renormalised,
+        f"routing={moe.routing!r} (norm_topk_prob={moe.norm_topk_prob})",
+    )
+  return bad
+
+
+def family_for(config: ModelConfig) -> Family:
+  """The family that expresses `config` (q/k norms: Qwen3-MoE; else
+  Mixtral), or a ValueError naming what no family expresses."""
+  family = FAMILIES["qwen3_moe" if config.qk_norm else "mixtral"]
+  bad = _unsupported(config, family)
+  if bad:
+    raise ValueError(
+        f"This ModelConfig has no Hugging Face form: as {family.model_type} "
+        f"it would need {bad} to be the defaults of that family."
+    )
+  return family
+
+
+def hf_config(config: ModelConfig, dtype: str) -> dict[str, Any]:
+  """config.json (transformers 5 style) of a `ModelConfig` with weights in
+  `dtype`; raises ValueError when no family expresses `config`."""
+  family = family_for(config)
+  moe = config.moe
+  renormalised = moe.routing == "topk_then_softmax" or moe.norm_topk_prob
+  out = {
+      "architectures": [family.architecture],
+      "model_type": family.model_type,
+      "vocab_size": config.vocab_size,
+      "hidden_size": moe.emb_dim,
+      "num_hidden_layers": config.num_layers,
+      "num_attention_heads": config.num_heads,
+      "num_key_value_heads": config.resolved_kv_heads,
+      "head_dim": config.resolved_head_dim,
+      "hidden_act": _ACTIVATION_NAMES[moe.mlp_activations[0]],
+      "rms_norm_eps": config.norm_eps,
+      "rope_parameters": {
+          "rope_theta": config.rope_max_wavelength,
+          "rope_type": "default",
+      },
+      "tie_word_embeddings": config.tie_embeddings,
+      "sliding_window": config.sliding_window or None,
+      "attention_dropout": 0.0,
+      "num_local_experts": moe.num_experts,
+      "num_experts_per_tok": moe.num_experts_per_tok,
+      "output_router_logits": moe.load_balance_loss_weight > 0,
+      "router_aux_loss_coef": moe.load_balance_loss_weight or 0.001,
+      family.expert_width_field: moe.moe_mlp_dim,
+      "dtype": dtype,
+      "bos_token_id": None,
+      "eos_token_id": None,
+      "pad_token_id": None,
+  }
+  if "router_jitter_noise" in family.fields:
+    out["router_jitter_noise"] = 0.0
+  if family.dense_width_field is not None:
+    out[family.dense_width_field] = config.dense_mlp_dim or moe.moe_mlp_dim
+    out |= {
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": list(config.dense_layers),
+        "norm_topk_prob": bool(renormalised),
+        "attention_bias": False,
+        "use_sliding_window": config.sliding_window > 0,
+        "max_window_layers": config.num_layers,
+    }
+  return out

@@ -1,0 +1,82 @@
+"""The model families a Hugging Face checkpoint may hold, as data.
+
+A `Family` is what differs between transformers' models in their files:
+the `model_type`, the config fields each reads (beyond the common ones in
+`config_map`), the name of a layer's MoE module and of its experts' three
+projections on disk. Everything they compute alike is in `config_map` and
+`tensor_names`; nothing else branches on a family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """One transformers model family.
+
+  Attributes:
+    model_type: config.json's `model_type`.
+    architecture: the `architectures` entry transformers writes.
+    default_rope_theta: the RoPE base when config.json gives none.
+    moe_module: the MoE module of a layer in the hub's per-expert names
+      (`model.layers.N.<moe_module>.gate.weight`, `.experts.E.<proj>`).
+    expert_projections: the hub's names of one expert's (gate, up, down)
+      projections.
+    expert_width_field: the config field of the routed experts' width.
+    dense_width_field: the config field of a dense layer's MLP width, or
+      None when the family has no dense layers.
+    qk_norm: the family's attention normalises q and k per head.
+    norm_topk_prob: whether the chosen experts' softmax weights are
+      renormalised when config.json does not say (`norm_topk_prob`).
+    fields: the family's own config fields besides the common ones,
+      each handled by `config_map`.
+  """
+
+  model_type: str
+  architecture: str
+  default_rope_theta: float
+  moe_module: str
+  expert_projections: tuple[str, str, str]
+  expert_width_field: str
+  dense_width_field: str | None
+  qk_norm: bool
+  norm_topk_prob: bool
+  fields: tuple[str, ...]
+
+
+MIXTRAL = Family(
+    model_type="mixtral",
+    architecture="MixtralForCausalLM",
+    default_rope_theta=1e6,
+    moe_module="block_sparse_moe",
+    expert_projections=("w1", "w3", "w2"),
+    expert_width_field="intermediate_size",
+    dense_width_field=None,
+    qk_norm=False,
+    norm_topk_prob=True,  # Mixtral always renormalises
+    fields=("router_jitter_noise",),
+)
+
+QWEN3_MOE = Family(
+    model_type="qwen3_moe",
+    architecture="Qwen3MoeForCausalLM",
+    default_rope_theta=1e4,
+    moe_module="mlp",
+    expert_projections=("gate_proj", "up_proj", "down_proj"),
+    expert_width_field="moe_intermediate_size",
+    dense_width_field="intermediate_size",
+    qk_norm=True,
+    norm_topk_prob=False,
+    fields=(
+        "norm_topk_prob",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        "attention_bias",
+        "use_sliding_window",
+        "max_window_layers",
+    ),
+)
+
+FAMILIES = {f.model_type: f for f in (MIXTRAL, QWEN3_MOE)}

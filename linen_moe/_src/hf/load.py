@@ -1,0 +1,434 @@
+"""`load_checkpoint`: a Hugging Face checkpoint straight into the decoder's
+variables, tensor by tensor, into the shardings of the run.
+
+Everything is checked before any tensor data is read: config.json (its
+`model_type`, every field), the files (readable, complete, the index's
+shards present), and every tensor's name, dtype and shape against what the
+decoder of that config needs. Then each parameter is made with
+`jax.make_array_from_callback`: every device reads only its own slice
+(`reading.read`: the rows of W [out, in] it owns), transposed and cast in
+one host copy; per-expert tensors land in their rows of `[E, ...]` and
+layers in their rows of the scanned stack, so no parameter is ever whole on
+the host twice. With `serving=True` the expert kernels are converted to
+their storage type as they arrive (`serving.quantize_weights`' formats and
+numbers, one layer's float kernel at a time): a bf16 checkpoint becomes
+int8 serving weights with the host holding about the int8 model plus one
+layer's float kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import json
+import os
+import pathlib
+from typing import Any
+
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linen_moe._src import layer_stack
+from linen_moe._src import serving as serving_lib
+from linen_moe._src import sharding as sharding_lib
+from linen_moe._src import stored_weights
+from linen_moe._src.config import QUANTIZATIONS
+from linen_moe._src.config import SERVING_QUANTIZATIONS
+from linen_moe._src.config import ModelConfig
+from linen_moe._src.expert import KERNELS
+from linen_moe._src.expert import ROUTED_RANK
+from linen_moe._src.hf import config_map
+from linen_moe._src.hf import reading
+from linen_moe._src.hf import tensor_names as tn
+from linen_moe._src.hf.safetensors_io import FLOAT_CODES
+from linen_moe._src.hf.safetensors_io import Checkpoint
+from linen_moe._src.int8_grouped import as_float32
+from linen_moe._src.int8_grouped import quantize_int8_host
+from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.variables import CACHE
+from linen_moe._src.variables import PARAMS
+
+Path = tuple[str, ...]
+CONFIG_FILE = "config.json"
+_SAMPLE = (1, 2)  # [B, S] tokens that size nothing
+
+
+def read_config(directory: pathlib.Path) -> dict[str, Any]:
+  """config.json of a checkpoint directory, as a dict."""
+  path = directory / CONFIG_FILE
+  if not path.is_file():
+    raise ValueError(f"{directory} has no {CONFIG_FILE}.")
+  try:
+    hf = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON: {e}") from e
+  if not isinstance(hf, dict):
+    raise ValueError(f"{path} must hold a JSON object.")
+  return hf
+
+
+def abstract_variables(config: ModelConfig) -> dict:
+  """The decoder's variables as boxed `ShapeDtypeStruct`s (no cache)."""
+  sample = jax.ShapeDtypeStruct(_SAMPLE, jnp.int32)
+  shapes = jax.eval_shape(
+      lambda t: Decoder(config).init(jax.random.key(0), t), sample
+  )
+  return {k: v for k, v in shapes.items() if k != CACHE}
+
+
+def _flat_params(config: ModelConfig) -> dict[Path, jax.ShapeDtypeStruct]:
+  """Flat unboxed params of the unrolled float decoder of `config`."""
+  unrolled = config.replace(scan_layers=False, serving=False)
+  params = sharding_lib.unbox(abstract_variables(unrolled)[PARAMS])
+  return traverse_util.flatten_dict(params)
+
+
+def _unrolled_shapes(abstract_params: Mapping, plan) -> dict[Path, Any]:
+  """{unrolled params path: leaf with the float parameter's shape} from the
+  (scanned, maybe serving) abstract params: a stacked leaf gives each of
+  its layers a row; stored kernels' scales are no parameters."""
+  scales = {
+      k + suffix
+      for k in KERNELS
+      for suffix in (
+          stored_weights.SCALE_SUFFIX,
+          stored_weights.INPUT_SCALE_SUFFIX,
+      )
+  }
+  flat = traverse_util.flatten_dict(sharding_lib.unbox(dict(abstract_params)))
+  out = {}
+  for path, leaf in flat.items():
+    if path[-1] in scales:
+      continue
+    rows = layer_stack.layer_rows(path, plan)
+    if rows is None or layer_stack.STACK not in path:
+      out[path] = leaf
+      continue
+    for i in rows:
+      out[_unrolled(path, i)] = jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype)
+  return out
+
+
+def check_tensors(
+    ckpt: Checkpoint,
+    srcs: Mapping[Path, tn.Source],
+    shapes: Mapping[Path, Any],
+) -> None:
+  """Raises a ValueError naming the file and the tensor unless the files
+  hold exactly the tensors `srcs` read, float, each of its shape."""
+  expected: dict[str, tuple[int, ...]] = {}
+  for path, source in srcs.items():
+    if path not in shapes:
+      raise ValueError(f"The decoder has no parameter {'/'.join(path)}.")
+    expected |= tn.expected_shapes(source, tuple(shapes[path].shape))
+  missing = [n for n in expected if n not in ckpt.tensors]
+  if missing:
+    more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+    raise ValueError(
+        f"Checkpoint {ckpt.directory} is missing the tensor(s) "
+        f"{missing[:3]}{more} that the model of its config.json needs."
+    )
+  extra = sorted(set(ckpt.tensors) - set(expected))
+  if extra:
+    info = ckpt.tensors[extra[0]]
+    more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+    raise ValueError(
+        f"{info.file} holds the tensor {extra[0]!r}{more}, which the model "
+        "of its config.json does not have."
+    )
+  for name, shape in expected.items():
+    info = ckpt.tensors[name]
+    if info.shape != shape:
+      raise ValueError(
+          f"{info.file}: tensor {name!r} has shape {list(info.shape)}; the "
+          f"model of its config.json needs {list(shape)}."
+      )
+    if info.dtype not in FLOAT_CODES:
+      raise ValueError(
+          f"{info.file}: tensor {name!r} is {info.dtype}; expected a float "
+          f"dtype {FLOAT_CODES}."
+      )
+
+
+def _unrolled(path: Path, i: int) -> Path:
+  """The unrolled params path of layer `i`'s leaf at a (stacked) `path`."""
+  for k, part in enumerate(path):
+    if part == layer_stack.STACK:
+      rest = path[k + 1 :]
+      if rest and layer_stack.member_index(rest[0]) is not None:
+        rest = rest[1:]
+      return (*path[:k], layer_stack.layer_name(i), *rest)
+  return path
+
+
+def _shardings(abstract: Mapping, mesh, rules) -> dict[Path, Any]:
+  """{(collection, *path): sharding} of every variable."""
+  if mesh is None:
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    flat = traverse_util.flatten_dict(sharding_lib.unbox(dict(abstract)))
+    return dict.fromkeys(flat, one)
+  rules = sharding_lib.DEFAULT_RULES if rules is None else tuple(rules)
+  tree = sharding_lib.logical_shardings(dict(abstract), mesh, rules)
+  return traverse_util.flatten_dict(tree)
+
+
+def _stored_kernel(path: Path, node: Mapping) -> tuple[str, str] | None:
+  """(kernel name, suffix) when `path` is a stored kernel's values or
+  scales (a serving layer's `wi_0`, `wi_0_scale`, ...), else None."""
+  suffixes = (
+      "",
+      stored_weights.SCALE_SUFFIX,
+      stored_weights.INPUT_SCALE_SUFFIX,
+  )
+  for name in KERNELS:
+    for suffix in suffixes:
+      if path[-1] == name + suffix:
+        values = node.get(name)
+        if getattr(values, "dtype", None) in (
+            stored_weights.STORAGE_DTYPES.values()
+        ):
+          return name, suffix
+  return None
+
+
+class _Loader:
+  """Makes each variable of the decoder from the checkpoint's tensors."""
+
+  def __init__(self, ckpt, srcs, float_shapes, config, shardings):
+    self.ckpt, self.srcs, self.float_shapes = ckpt, srcs, float_shapes
+    self.config, self.shardings = config, shardings
+    self.plan = config.stack_plan
+    self.stored: dict[tuple[Path, str], dict[str, np.ndarray]] = {}
+
+  def _layers(self, path: Path) -> tuple[tuple[int, ...] | None, Path]:
+    rows = layer_stack.layer_rows(path, self.plan)
+    stacked = rows is not None and layer_stack.STACK in path
+    return (rows if stacked else None), path
+
+  def float_param(self, path: Path, leaf) -> jax.Array:
+    rows, _ = self._layers(path)
+    dtype = leaf.dtype
+
+    def callback(index):
+      index = reading.full_index(index, leaf.shape)
+      out = reading.host_buffer(reading.sizes(index), dtype)
+      if rows is None:
+        return reading.read_into(
+            self.ckpt, self.srcs[path], leaf.shape, index, out
+        )
+      for k, r in enumerate(range(index[0].start, index[0].stop)):
+        src = self.srcs[_unrolled(path, rows[r])]
+        reading.read_into(self.ckpt, src, leaf.shape[1:], index[1:], out[k])
+      return out
+
+    sharding = self.shardings[(PARAMS, *path)]
+    return jax.make_array_from_callback(leaf.shape, sharding, callback)
+
+  def stored_param(self, path: Path, leaf, name: str, suffix: str, node):
+    """A stored kernel's values or scales: the whole kernel (every stacked
+    layer) converted into host buffers once, one expert's float kernel at
+    a time; each device then takes its slice. The host buffers go once
+    every leaf of the kernel is made."""
+    key = (path[:-1], name)
+    if key not in self.stored:
+      shapes = {
+          n[len(name) :]: (node[n].shape, node[n].dtype)
+          for n in stored_weights.stored_names(
+              name, self.config.moe.quantization
+          )
+      }
+      self.stored[key] = self._convert((*path[:-1], name), shapes)
+    host = self.stored[key].pop(suffix)
+    if not self.stored[key]:
+      del self.stored[key]
+    sharding = self.shardings[(PARAMS, *path)]
+    return jax.make_array_from_callback(
+        leaf.shape, sharding, lambda index: host[index]
+    )
+
+  def _matrix(self, src_path: Path, e: int | None) -> np.ndarray:
+    """One float [M, F] matrix of a kernel: expert `e`'s, or the whole MLP
+    kernel (e None), in the parameters' dtype (what quantize_weights is
+    given after a float load)."""
+    shape = tuple(self.float_shapes[src_path].shape)
+    index = () if e is None else (slice(e, e + 1),)
+    dtype = self.config.moe.param_dtype
+    m = reading.read(self.ckpt, self.srcs[src_path], shape, index, dtype)
+    return m if e is None else m[0]
+
+  def _convert(self, kernel_path: Path, shapes) -> dict[str, np.ndarray]:
+    """{suffix: host array} of a stored kernel (values, scales), made by
+    the programs `serving.quantize_weights` runs, one float [M, F] matrix
+    (an expert's, a layer's MLP) read at a time; fp8 first reads each
+    matrix of a layer for its max |x| (the per-layer scale)."""
+    rows, _ = self._layers(kernel_path)
+    mode = self.config.moe.quantization
+    out = {k: reading.host_buffer(*v) for k, v in shapes.items()}
+    values, scales = out[""], out[stored_weights.SCALE_SUFFIX]
+    for r, i in enumerate(rows if rows is not None else (None,)):
+      src_path = kernel_path if i is None else _unrolled(kernel_path, i)
+      routed = len(self.float_shapes[src_path].shape) == ROUTED_RANK
+      slot = () if i is None else (r,)
+      experts = (
+          range(self.float_shapes[src_path].shape[0]) if routed else [None]
+      )
+      at = lambda e, slot=slot: slot if e is None else (*slot, e)  # noqa: E731
+      if mode == "int8":
+        for e in experts:
+          values[at(e)], scales[at(e)] = quantize_int8_host(
+              self._matrix(src_path, e), axis=0
+          )
+        continue
+      amax = 0.0
+      for e in experts:
+        m = as_float32(self._matrix(src_path, e))
+        amax = max(amax, float(m.max()), -float(m.min()))
+      scale = np.asarray(
+          serving_lib.fp8_scale(mode, jnp.full((1,), amax, jnp.float32))
+      )
+      scales[slot] = scale
+      out[stored_weights.INPUT_SCALE_SUFFIX][slot] = 1.0
+      for e in experts:
+        values[at(e)] = serving_lib.fp8_values_host(
+            mode, self._matrix(src_path, e), scale
+        )
+    return out
+
+  def params(self, abstract_params: Mapping) -> dict:
+    flat = traverse_util.flatten_dict(sharding_lib.unbox(dict(abstract_params)))
+    nodes: dict[Path, dict] = {}  # module path -> {child name: leaf}
+    for path, leaf in flat.items():
+      nodes.setdefault(path[:-1], {})[path[-1]] = leaf
+      for k in range(len(path) - 1):
+        nodes.setdefault(path[:k], {}).setdefault(path[k], None)
+    out = {}
+    for path, leaf in flat.items():
+      stored = _stored_kernel(path, nodes[path[:-1]])
+      if stored is None:
+        out[path] = self.float_param(path, leaf)
+      else:
+        out[path] = self.stored_param(path, leaf, *stored, nodes[path[:-1]])
+    return traverse_util.unflatten_dict(out)
+
+
+def _fresh_state(config: ModelConfig, abstract: Mapping, shardings) -> dict:
+  """The non-parameter collections (fp8 scales and amax histories, the
+  routed biases) as `init` makes them; XLA drops the parameters' init."""
+  names = [c for c in abstract if c != PARAMS]
+  if not names:
+    return {}
+  flat_shardings = {
+      c: traverse_util.unflatten_dict(
+          {p[1:]: s for p, s in shardings.items() if p[0] == c}
+      )
+      for c in names
+  }
+
+  def init():
+    tokens = jnp.zeros(_SAMPLE, jnp.int32)
+    variables = sharding_lib.unbox(
+        Decoder(config).init(jax.random.key(0), tokens)
+    )
+    return {c: variables[c] for c in names}
+
+  return jax.jit(init, out_shardings=flat_shardings)()
+
+
+def _check_arguments(path, scan_layers, dtype, quantization, serving):
+  if not isinstance(path, (str, os.PathLike)):
+    raise TypeError(
+        f"path must be a directory path; got {type(path).__name__}."
+    )
+  if not isinstance(scan_layers, bool):
+    raise TypeError(f"scan_layers={scan_layers!r} must be a bool.")
+  if dtype is not None and dtype not in config_map.DTYPES:
+    raise ValueError(
+        f"dtype={dtype!r} is invalid: allowed None (the checkpoint's) or "
+        f"{sorted(config_map.DTYPES)}."
+    )
+  if quantization not in QUANTIZATIONS:
+    raise ValueError(
+        f"quantization={quantization!r} is invalid: allowed {QUANTIZATIONS}."
+    )
+  if not isinstance(serving, bool):
+    raise TypeError(f"serving={serving!r} must be a bool.")
+  if serving and quantization not in SERVING_QUANTIZATIONS:
+    raise ValueError(
+        f"serving=True needs quantization in {SERVING_QUANTIZATIONS} (the "
+        f"storage type of the expert kernels); got {quantization!r}."
+    )
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    scan_layers: bool = True,
+    dtype: str | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    rules=None,
+    quantization: str = "none",
+    serving: bool = False,
+) -> tuple[ModelConfig, dict]:
+  """Loads a Hugging Face checkpoint directory into the decoder's variables.
+
+  `Decoder(config).apply(variables, tokens)` then computes transformers'
+  logits for the checkpoint (`linen_moe.Decoder`, or the NNX decoder via
+  `nnx_adapter.Decoder.from_linen`).
+
+  Args:
+    path: a directory with `config.json` and `model.safetensors`, or shards
+      named by `model.safetensors.index.json`; Mixtral or Qwen3-MoE, either
+      config.json style, experts per expert (the hub's names) or fused
+      (transformers 5's `gate_up_proj`).
+    scan_layers: lay the layers out scanned (`config.stack_plan`) or
+      unrolled.
+    dtype: the parameters' and the computation's dtype ("float32",
+      "bfloat16", "float16"); None: config.json's.
+    mesh: place every variable straight into its sharding on this mesh
+      (each device reads only its slice); None: the default device.
+    rules: the logical-axis rules for `mesh` (default
+      `linen_moe.sharding.DEFAULT_RULES`).
+    quantization: the config's quantization mode (`linen_moe.QUANTIZATIONS`).
+    serving: convert the expert kernels to the mode's storage type as they
+      are read (`linen_moe.serving.quantize_weights`' layout), for a serving
+      config; needs a quantized mode.
+
+  Returns:
+    `(config, variables)`: the `ModelConfig` (`serving=True` when asked)
+    and `{"params": ...}` plus the fresh fp8 state of an fp8 training mode
+    and the `updated_by_rule` state of a routing that has one, as arrays.
+
+  Raises:
+    TypeError: an argument of the wrong type.
+    ValueError: a bad argument; or, before anything is loaded, a config.json
+      that is missing, of an unsupported `model_type` (the message lists the
+      supported ones) or with a field not implemented; a missing, truncated
+      or damaged file, an index naming a missing shard; a tensor missing,
+      unexpected, not float or of the wrong shape (the message names the
+      file and the tensor).
+  """
+  _check_arguments(path, scan_layers, dtype, quantization, serving)
+  directory = pathlib.Path(path)
+  if not directory.is_dir():
+    raise ValueError(f"{directory} is not a checkpoint directory.")
+  hf = read_config(directory)
+  family = config_map.family_of(hf)
+  config = config_map.model_config(hf)
+  changes: dict[str, Any] = {"scan_layers": scan_layers}
+  changes["quantization"] = quantization
+  if dtype is not None:
+    changes |= {"dtype": dtype, "param_dtype": dtype}
+  config = config.replace(**changes)
+  ckpt = Checkpoint(directory)
+  srcs = tn.sources(family, config, ckpt.tensors)
+  if serving:
+    config = config.replace(serving=True)
+  abstract = abstract_variables(config)
+  float_shapes = _unrolled_shapes(abstract[PARAMS], config.stack_plan)
+  check_tensors(ckpt, srcs, float_shapes)
+  shardings = _shardings(abstract, mesh, rules)
+  loader = _Loader(ckpt, srcs, float_shapes, config, shardings)
+  variables = {PARAMS: loader.params(abstract[PARAMS])}
+  variables |= _fresh_state(config, abstract, shardings)
+  return config, variables

@@ -1,0 +1,211 @@
+"""`save_checkpoint`: the decoder's float weights as a Hugging Face checkpoint.
+
+Writes `config.json` (transformers 5 style) and safetensors in the hub's
+names (per-expert tensors, what `save_pretrained` writes by default),
+sharded with an index past `max_shard_size`, so that
+`transformers.AutoModelForCausalLM.from_pretrained(path)` loads it with no
+missing or unexpected key and computes the same logits. Any layout is read
+(scanned or unrolled: the tree says which, `layer_stack.plan_of_tree`),
+each tensor made from its parameter (one layer's row of a stacked leaf at a
+time) and written as it is made. The directory appears whole or not at all:
+everything is written into a temporary sibling that is renamed at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Any
+
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linen_moe._src import layer_stack
+from linen_moe._src import sharding as sharding_lib
+from linen_moe._src.config import ModelConfig
+from linen_moe._src.hf import config_map
+from linen_moe._src.hf import tensor_names as tn
+from linen_moe._src.hf.load import CONFIG_FILE
+from linen_moe._src.hf.load import _flat_params
+from linen_moe._src.hf.safetensors_io import Planned
+from linen_moe._src.hf.safetensors_io import parse_size
+from linen_moe._src.hf.safetensors_io import write_checkpoint
+from linen_moe._src.variables import PARAMS
+
+Path = tuple[str, ...]
+
+
+def _params_of(variables: Any) -> Mapping:
+  """The `params` of Linen variables, a checkpoint tree
+  (`{"variables": {"params": ...}}`) or a train state (`.params`)."""
+  if isinstance(variables, Mapping):
+    if PARAMS in variables:
+      return variables[PARAMS]
+    if "variables" in variables and PARAMS in variables["variables"]:
+      return variables["variables"][PARAMS]
+  elif hasattr(variables, PARAMS):
+    return variables.params
+  raise TypeError(
+      "variables must be Linen variables ({'params': ...}), a checkpoint "
+      "tree or a train state with .params (NNX: nnx_adapter.nnx_to_linen("
+      f"model)); got {type(variables).__name__}."
+  )
+
+
+class _Layers:
+  """Unrolled-path access to the leaves of a tree in any stack layout."""
+
+  def __init__(self, params: Mapping):
+    self.flat = traverse_util.flatten_dict(sharding_lib.unbox(dict(params)))
+    self.plan = layer_stack.plan_of_tree(self.flat)
+    self.where: dict[Path, tuple[Path, int | None]] = {}
+    for path in self.flat:
+      rows = (
+          None if self.plan is None else layer_stack.layer_rows(path, self.plan)
+      )
+      if rows is None or layer_stack.STACK not in path:
+        self.where[path] = (path, None)
+        continue
+      k = path.index(layer_stack.STACK)
+      rest = path[k + 1 :]
+      if rest and layer_stack.member_index(rest[0]) is not None:
+        rest = rest[1:]
+      for r, i in enumerate(rows):
+        self.where[(*path[:k], layer_stack.layer_name(i), *rest)] = (path, r)
+
+  def shape(self, path: Path) -> tuple[int, ...]:
+    source, row = self.where[path]
+    shape = tuple(self.flat[source].shape)
+    return shape if row is None else shape[1:]
+
+  def dtype(self, path: Path):
+    return np.dtype(self.flat[self.where[path][0]].dtype)
+
+  def get(self, path: Path) -> np.ndarray:
+    source, row = self.where[path]
+    leaf = self.flat[source]
+    return np.asarray(jax.device_get(leaf if row is None else leaf[row]))
+
+
+def _planned(srcs, layers: _Layers, dtype) -> list[Planned]:
+  """One `Planned` tensor per name on disk, in the sources' order."""
+  out = []
+  for path, source in srcs.items():
+    shape = layers.shape(path)
+    out_dtype = np.dtype(jnp.dtype(dtype)) if dtype else layers.dtype(path)
+    for name, disk in tn.expected_shapes(source, shape).items():
+      out.append(
+          Planned(name, out_dtype, disk, _maker(layers, path, source, name))
+      )
+  return out
+
+
+def _maker(layers: _Layers, path: Path, source, name: str):
+  """() -> the tensor `name` of `source` made from the parameter `path`."""
+
+  def matrix(kernel: np.ndarray, split: int) -> np.ndarray:
+    n_in = int(np.prod(kernel.shape[:split]))
+    return kernel.reshape(n_in, -1).T  # W [out, in]
+
+  def make():
+    param = layers.get(path)
+    if isinstance(source, tn.Copy):
+      return param
+    if isinstance(source, tn.Matrix):
+      return matrix(param, source.split)
+    e = source.names.index(name)
+    return matrix(param[e], 1)
+
+  return make
+
+
+def save_checkpoint(
+    config: ModelConfig,
+    variables: Any,
+    path: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    max_shard_size: int | str = "2GB",
+) -> list[pathlib.Path]:
+  """Writes the float weights of `variables` as a Hugging Face checkpoint.
+
+  Args:
+    config: the decoder's `ModelConfig`, one a Hugging Face family
+      expresses (Mixtral; Qwen3-MoE when `qk_norm`); not a serving config.
+    variables: Linen variables (`{"params": ...}`, scanned or unrolled,
+      fp8-trained ones too: only the float `params` are written), a
+      checkpoint tree, or a train state; for an NNX decoder,
+      `nnx_adapter.nnx_to_linen(model)`.
+    path: the directory to create; it must not exist, or be empty.
+    dtype: the tensors' dtype on disk ("float32", "bfloat16", "float16");
+      None: each parameter's.
+    max_shard_size: the largest shard, in bytes or as "2GB", "500MB", ...;
+      past it the tensors go into shards with `model.safetensors.index.json`.
+
+  Returns:
+    The safetensors files written.
+
+  Raises:
+    TypeError: `config` is no `ModelConfig`, or `variables` holds no params.
+    ValueError: a config no family expresses (the message names the
+      fields), a serving config, parameters that are not the config's, a
+      bad `dtype` or `max_shard_size`, or a `path` that holds files.
+  """
+  if not isinstance(config, ModelConfig):
+    raise TypeError(
+        f"config must be a ModelConfig; got {type(config).__name__}."
+    )
+  if config.moe.serving:
+    raise ValueError(
+        "save_checkpoint writes float weights; config is a serving config "
+        "(its expert kernels are converted): save the float variables."
+    )
+  if dtype is not None and dtype not in config_map.DTYPES:
+    raise ValueError(
+        f"dtype={dtype!r} is invalid: allowed None or"
+        f" {sorted(config_map.DTYPES)}."
+    )
+  limit = parse_size(max_shard_size)
+  family = config_map.family_for(config)
+  target = pathlib.Path(path)
+  if target.exists() and (not target.is_dir() or any(target.iterdir())):
+    raise ValueError(f"{target} exists and is not an empty directory.")
+  layers = _Layers(_params_of(variables))
+  expected = _flat_params(config)
+  missing = sorted(set(expected) - set(layers.where))
+  extra = sorted(set(layers.where) - set(expected))
+  wrong = [
+      p
+      for p in sorted(set(expected) & set(layers.where))
+      if tuple(expected[p].shape) != layers.shape(p)
+  ]
+  if missing or extra or wrong:
+    raise ValueError(
+        "variables are not the parameters of this config: missing "
+        f"{['/'.join(p) for p in missing[:3]]}, unexpected "
+        f"{['/'.join(p) for p in extra[:3]]}, of another shape "
+        f"{['/'.join(p) for p in wrong[:3]]}."
+    )
+  disk_dtype = dtype or str(config.moe.param_dtype)
+  hf = config_map.hf_config(config, disk_dtype)
+  srcs = tn.sources(family, config)
+  target.parent.mkdir(parents=True, exist_ok=True)
+  staging = pathlib.Path(
+      tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent)
+  )
+  try:
+    (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
+    files = write_checkpoint(staging, _planned(srcs, layers, dtype), limit)
+    if target.exists():
+      target.rmdir()
+    os.replace(staging, target)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  return [target / f.name for f in files]

@@ -1,0 +1,167 @@
+"""The decoder's blocks: attention then an MLP, each a pre-norm residual.
+
+A block's MLP is the MoE layer (kind "moe") or a dense gated MLP (kind
+"dense", `ModelConfig.dense_layers`). A `BlockGroup` is a run of blocks of
+given kinds, the body a mixed stack scans (`linen_moe._src.layer_stack`).
+Every block returns `(x, aux)`, `aux` the dict of `AUX_FIELDS` for it.
+
+Shapes: B batch, S sequence, M emb_dim, E num_experts.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from linen_moe._src import layer_stack
+from linen_moe._src import sharding
+from linen_moe._src.config import ModelConfig
+from linen_moe._src.expert import SharedExpert
+from linen_moe._src.models.attention import CausalSelfAttention
+from linen_moe._src.models.norms import RMSNorm
+from linen_moe._src.models.norms import rms_normalize
+from linen_moe._src.moe import RoutedAndSharedMoE
+from linen_moe._src.moe import RoutedMoE
+
+AUX_FIELDS = (
+    "load_balance_loss",
+    "router_z_loss",
+    "dropped_fraction",
+    "expert_load",
+)
+MOE, DENSE = "moe", "dense"
+
+
+def dense_aux(num_experts: int) -> dict[str, jax.Array]:
+  """The aux of a block without routing: zeros (`expert_load` [E])."""
+  zero = jnp.zeros((), jnp.float32)
+  return {
+      "load_balance_loss": zero,
+      "router_z_loss": zero,
+      "dropped_fraction": zero,
+      "expert_load": jnp.zeros((num_experts,), jnp.float32),
+  }
+
+
+class DecoderBlock(nn.Module):
+  """One block; returns `(x, aux)`, `aux` the dict of `AUX_FIELDS` for this
+  block (`expert_load` <float32>[E]; zeros for a dense block).
+
+  A "dense" block's MLP is a gated MLP of width `dense_mlp_dim` (`mlp/`,
+  the `SharedExpert` layout), after `pre_mlp_norm`. A "moe" block: Gemma-4
+  style options (`router_input_norm`, `post_moe_norms`) are config fields.
+  Shared experts without post-MoE norms are added DeepSeek / Qwen style by
+  `RoutedAndSharedMoE` (variables under `moe/routed_experts/` and
+  `moe/shared_experts/`); with `post_moe_norms` the block normalises the
+  routed and the shared output (`moe/`, `shared_experts/`) before adding.
+  The signature fits `nn.scan` (carry, broadcast positions).
+  `decode` keeps a KV cache in the attention (see `CausalSelfAttention`).
+
+  Attributes:
+    config: the `ModelConfig`.
+    decode: keep and extend a KV cache.
+    kind: "moe" or "dense".
+  """
+
+  config: ModelConfig
+  decode: bool = False
+  kind: str = MOE
+
+  @nn.compact
+  def __call__(self, x: jax.Array, positions: jax.Array):
+    cfg, moe_cfg = self.config, self.config.moe
+    if self.kind not in (MOE, DENSE):
+      raise ValueError(f"kind={self.kind!r}; expected {(MOE, DENSE)}.")
+    h = RMSNorm(cfg.norm_eps, name="pre_attention_norm")(x)
+    attention = CausalSelfAttention(cfg, self.decode, name="attention")
+    x = x + attention(h, positions)
+    if self.kind == DENSE:
+      h = RMSNorm(cfg.norm_eps, name="pre_mlp_norm")(x)
+      mlp = SharedExpert(moe_cfg, mlp_dim=cfg.dense_mlp_dim, name="mlp")
+      x = sharding.constrain(x + mlp(h).astype(x.dtype), sharding.BSM)
+      return x, dense_aux(moe_cfg.num_experts)
+    h = RMSNorm(cfg.norm_eps, name="pre_moe_norm")(x)
+    gate_inputs = None
+    if cfg.router_input_norm:
+      router_scale = self.param(
+          "router_input_scale",
+          nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+          (moe_cfg.emb_dim,),
+      )
+      gate_inputs = (
+          rms_normalize(x, cfg.norm_eps) * router_scale * moe_cfg.emb_dim**-0.5
+      )
+    if cfg.shared_in_moe:
+      mlp_out, aux = RoutedAndSharedMoE(moe_cfg, name="moe")(h, gate_inputs)
+    else:
+      routed, aux = RoutedMoE(moe_cfg, name="moe")(h, gate_inputs)
+      if cfg.post_moe_norms:
+        routed = RMSNorm(cfg.norm_eps, name="post_routed_norm")(routed)
+      mlp_out = routed
+      if moe_cfg.shared_experts > 0:
+        shared = SharedExpert(moe_cfg, name="shared_experts")(h)
+        if cfg.post_moe_norms:
+          shared = RMSNorm(cfg.norm_eps, name="post_shared_norm")(shared)
+        mlp_out = routed + shared
+    x = sharding.constrain(x + mlp_out.astype(x.dtype), sharding.BSM)
+    return x, {
+        "load_balance_loss": aux.load_balance_loss,
+        "router_z_loss": aux.router_z_loss,
+        "dropped_fraction": aux.dropped_fraction,
+        "expert_load": aux.expert_fraction,
+    }
+
+
+class BlockGroup(nn.Module):
+  """Consecutive blocks of `kinds`, members `block_{j}`: the body of a
+  mixed stack's scan. Returns `(x, aux)` with each aux field stacked over
+  the members [P, ...].
+
+  Attributes:
+    config: the `ModelConfig`.
+    decode: keep and extend a KV cache.
+    kinds: the members' kinds, in order.
+  """
+
+  config: ModelConfig
+  decode: bool = False
+  kinds: tuple[str, ...] = ()
+
+  @nn.compact
+  def __call__(self, x: jax.Array, positions: jax.Array):
+    outs = []
+    for j, kind in enumerate(self.kinds):
+      block = DecoderBlock(
+          self.config, self.decode, kind, name=layer_stack.member_name(j)
+      )
+      x, aux = block(x, positions)
+      outs.append(aux)
+    return x, jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+
+
+def stack_body(config: ModelConfig, decode: bool = False):
+  """(module class, its fields) of what a scanned decoder scans
+  (`config.stack_plan`): one block when the stack repeats one kind, else a
+  `BlockGroup` of one period."""
+  plan, kinds = config.stack_plan, config.layer_kinds
+  fields = {"config": config, "decode": decode}
+  if plan.period == 1:
+    return DecoderBlock, {**fields, "kind": kinds[plan.start]}
+  group = kinds[plan.start : plan.start + plan.period]
+  return BlockGroup, {**fields, "kinds": group}
+
+
+def per_layer_aux(config: ModelConfig, before, stacked, after) -> dict:
+  """Each aux field stacked over the layers in order [L, ...], from the
+  unrolled blocks' aux (lists, `before` and `after` the stack) and the
+  stack's (`stacked`: [R, ...], or [R, P, ...] for a group; None)."""
+  plan = config.stack_plan
+  parts = [jax.tree.map(lambda x: x[None], a) for a in before]
+  if stacked is not None:
+    rows, skip = plan.repeats * plan.period, 1 if plan.period == 1 else 2
+    parts.append(
+        jax.tree.map(lambda x: x.reshape(rows, *x.shape[skip:]), stacked)
+    )
+  parts += [jax.tree.map(lambda x: x[None], a) for a in after]
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)

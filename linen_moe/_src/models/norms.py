@@ -1,0 +1,38 @@
+"""RMSNorm as Mixtral, Qwen3-MoE and DeepSeek-V3 compute it.
+
+`x / rms(x)` in float32, cast back to the input dtype, then times a learned
+`scale` initialised to 1 (transformers' `MixtralRMSNorm`: the cast comes
+before the weight multiply).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def rms_normalize(x: jax.Array, eps: float) -> jax.Array:
+  """x / rms(x) over the last axis, computed in float32, in x's dtype."""
+  x32 = x.astype(jnp.float32)
+  scale = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+  return (x32 * scale).astype(x.dtype)
+
+
+class RMSNorm(nn.Module):
+  """RMSNorm over the last axis with a learned `scale` [width], init 1.
+
+  Attributes:
+    eps: added to the mean square.
+  """
+
+  eps: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = self.param(
+        "scale",
+        nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+        (x.shape[-1],),
+    )
+    return rms_normalize(x, self.eps) * scale.astype(x.dtype)

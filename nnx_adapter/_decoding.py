@@ -1,0 +1,90 @@
+"""Greedy decoding of the NNX decoder with its KV cache.
+
+    tokens = greedy_generate(model, prompt, num_tokens)
+
+The model's variables go into a decoding twin (`Decoder(config,
+decode=True)`, built abstractly, with a zero cache of [B, max_len]); the
+prompt fills every layer's cache in one call and each next token is one
+call of one token per row, both under `nnx.jit` (one program each). The
+math is the Linen decoder's (`linen_moe.decoding`): the same blocks.
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from linen_moe._src.variables import CACHE
+from nnx_adapter._decoder import Decoder
+from nnx_adapter._decoder import linen_to_nnx
+from nnx_adapter._decoder import nnx_to_linen
+
+
+def decoding_model(model: Decoder, batch: int, max_len: int) -> Decoder:
+  """A decoding `Decoder` holding `model`'s variables and an empty cache
+  for `batch` rows of up to `max_len` tokens."""
+  if batch < 1 or max_len < 1:
+    raise ValueError(
+        f"batch={batch} and max_len={max_len} must both be positive."
+    )
+  config = model.config
+  twin = nnx.eval_shape(
+      lambda: Decoder(
+          config,
+          rngs=nnx.Rngs(0),
+          sample_shape=(batch, max_len),
+          decode=True,
+      )
+  )
+  variables = nnx_to_linen(model)
+  cache = nnx_to_linen(twin).get(CACHE, {})
+  variables[CACHE] = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache)
+  return linen_to_nnx(variables, twin)
+
+
+@nnx.jit
+def _extend(model: Decoder, tokens: jax.Array):
+  """Appends tokens [B, S]: (greedy next token [B], last logits [B, V])."""
+  logits, _ = model(tokens)
+  last = logits[:, -1]
+  return jnp.argmax(last, axis=-1).astype(jnp.int32), last
+
+
+def greedy_generate(
+    model: Decoder,
+    prompt: jax.Array,
+    num_tokens: int,
+    max_len: int | None = None,
+) -> jax.Array:
+  """The prompt [B, P] followed by `num_tokens` greedy tokens: [B, P + n].
+
+  Args:
+    model: an NNX `Decoder` (float or serving), not itself decoding.
+    prompt: <int>[B, P], P >= 1.
+    num_tokens: tokens to generate, >= 1.
+    max_len: cache length, at least P + num_tokens (the default).
+  """
+  prompt = jnp.asarray(prompt)
+  if prompt.ndim != 2 or prompt.shape[1] < 1:
+    raise ValueError(
+        f"prompt must be [batch, length >= 1]; got {prompt.shape}."
+    )
+  if num_tokens < 1:
+    raise ValueError(f"num_tokens={num_tokens} must be >= 1.")
+  if getattr(model, "decode", False):
+    raise ValueError("model must be a plain Decoder, not a decoding one.")
+  b, p = prompt.shape
+  max_len = p + num_tokens if max_len is None else max_len
+  if max_len < p + num_tokens:
+    raise ValueError(
+        f"max_len={max_len} cannot hold the prompt ({p}) and {num_tokens} "
+        "new tokens."
+    )
+  twin = decoding_model(model, b, max_len)
+  token, _ = _extend(twin, prompt.astype(jnp.int32))
+  out = [token]
+  for _ in range(num_tokens - 1):
+    token, _ = _extend(twin, token[:, None])
+    out.append(token)
+  return jnp.concatenate([prompt, jnp.stack(out, axis=1)], axis=1)

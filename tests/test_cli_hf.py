@@ -1,0 +1,175 @@
+"""`linen-moe` with Hugging Face checkpoints: train --init-from-hf, export
+--format hf, generate --hf-dir / --checkpoint-dir."""
+
+import contextlib
+import io
+import pathlib
+import shutil
+import tempfile
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linen_moe import Decoder
+from linen_moe import checkpoint
+from linen_moe import hf
+from linen_moe import training
+from linen_moe_cli import main as cli
+from linen_moe_cli import train_job
+from linen_moe_cli.options import TrainOptions
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
+QWEN = FIXTURES / "qwen3_moe_dense0_norm"
+MIXTRAL = FIXTURES / "mixtral_gqa_swa"
+
+
+def _cli(*argv: str) -> str:
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    status = cli.main(list(argv))
+  if status:
+    raise AssertionError(f"linen-moe {' '.join(argv)} exited {status}")
+  return out.getvalue()
+
+
+def _error(*argv: str) -> str:
+  """The one-line error of a command line that fails (exit 2)."""
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):
+    status = cli.main(list(argv))
+  if status != 2:
+    raise AssertionError(f"linen-moe {' '.join(argv)} exited {status}")
+  return err.getvalue()
+
+
+def _tempdir(test) -> pathlib.Path:
+  path = tempfile.mkdtemp()
+  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
+  return pathlib.Path(path)
+
+
+class TrainAndExportTest(absltest.TestCase):
+
+  def test_fine_tune_from_hf_then_export_for_transformers(self):
+    tmp = _tempdir(self)
+    opts = TrainOptions(
+        init_from_hf=str(QWEN),
+        steps=1,
+        batch_size=4,
+        seq_len=8,
+        progress=False,
+        checkpoint_dir=str(tmp / "run"),
+    )
+    result = train_job.train(opts, log=lambda _: None)
+    # The first step's loss is the loaded model's on the first batch.
+    config, variables = hf.load_checkpoint(QWEN)
+    batch = next(
+        training.MarkovData(config.vocab_size).batches(4, 8, opts.seed + 1)
+    )
+    logits, aux = Decoder(config).apply(variables, jnp.asarray(batch))
+    loss = training.decoder_loss(logits, aux, jnp.asarray(batch))[1]
+    self.assertAlmostEqual(
+        result.losses[0], float(loss["cross_entropy"]), places=4
+    )
+    # Export the trained step as a Hugging Face checkpoint.
+    out = tmp / "hf"
+    _cli(
+        "export",
+        "--checkpoint-dir",
+        str(tmp / "run"),
+        "--out",
+        str(out),
+        "--format",
+        "hf",
+    )
+    trained_config, trained, step = checkpoint.read_variables(tmp / "run")
+    self.assertEqual(step, 1)
+    back_config, back = hf.load_checkpoint(out)
+    self.assertEqual(back_config.dense_layers, trained_config.dense_layers)
+    for a, b in zip(
+        jax.tree.leaves(back["params"]),
+        jax.tree.leaves(trained["params"]),
+        strict=True,
+    ):
+      np.testing.assert_array_equal(a, b)
+    # And decode from the run's checkpoint.
+    out = _cli(
+        "generate", "--checkpoint-dir", str(tmp / "run"), "--prompt-ids",
+        "1,2,3", "--new-tokens", "2",
+    )  # fmt: skip
+    self.assertRegex(out, r"prompt ids: \[1, 2, 3\]\nnew ids: \[\d+, \d+\]")
+
+  def test_bad_flags(self):
+    with self.assertRaisesRegex(
+        ValueError, r"--init-from-hf.*with config.json"
+    ):
+      TrainOptions(init_from_hf=str(FIXTURES / "nowhere"))
+    with self.assertRaisesRegex(
+        ValueError, r"fixes the model, so \['num_layers'\] cannot"
+    ):
+      TrainOptions(init_from_hf=str(QWEN), overrides={"num_layers": 2})
+    TrainOptions(init_from_hf=str(QWEN), overrides={"quantization": "fp8"})
+
+
+class GenerateTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.expected = np.load(MIXTRAL / "generate.npy")[0]  # prompt 5, new 8
+
+  def test_prompt_ids_give_transformers_tokens(self):
+    ids = ",".join(map(str, self.expected[:5]))
+    out = _cli(
+        "generate", "--hf-dir", str(MIXTRAL), "--prompt-ids", ids,
+        "--new-tokens", "8",
+    )  # fmt: skip
+    self.assertIn(f"new ids: {self.expected[5:].tolist()}", out)
+    self.assertIn("weights: float", out)
+
+  def test_text_prompt_through_tokenizer_json(self):
+    from tokenizers import Tokenizer  # noqa: PLC0415
+    from tokenizers.models import WordLevel  # noqa: PLC0415
+    from tokenizers.pre_tokenizers import Whitespace  # noqa: PLC0415
+
+    d = _tempdir(self) / "model"
+    shutil.copytree(MIXTRAL, d)
+    vocab = {f"w{i}": i for i in range(64)}
+    tok = Tokenizer(WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+    prompt = " ".join(f"w{i}" for i in self.expected[:5])
+    out = _cli(
+        "generate", "--hf-dir", str(d), "--prompt", prompt, "--new-tokens", "8"
+    )
+    self.assertIn(f"new ids: {self.expected[5:].tolist()}", out)
+    words = " ".join(f"w{i}" for i in self.expected[5:])
+    self.assertIn(f"text: {words}", out)
+
+  def test_serving_weights_and_bad_flags(self):
+    ids = ",".join(map(str, self.expected[:5]))
+    out = _cli(
+        "generate", "--hf-dir", str(MIXTRAL), "--prompt-ids", ids,
+        "--new-tokens", "2", "--quantization", "int8",
+    )  # fmt: skip
+    self.assertIn("weights: int8", out)
+    d = str(MIXTRAL)
+    cases = [
+        (["--hf-dir", d], r"needs --prompt TEXT or --prompt-ids"),
+        (["--hf-dir", d, "--prompt", "hi"], r"--prompt needs a tokenizer"),
+        (["--hf-dir", d, "--prompt-ids", "1,x"], r"--prompt-ids '1,x' is inv"),
+        (
+            ["--hf-dir", d, "--prompt-ids", "1", "--set", "num_layers=1"],
+            r"\['num_layers'\] cannot be overridden",
+        ),
+        (["--prompt-ids", "1,2"], r"need --hf-dir or --checkpoint-dir"),
+        (["--hf-dir", d, "--prompt-ids", "1,99"], r"prompt.*99"),
+    ]
+    for argv, pattern in cases:
+      with self.subTest(argv=argv):
+        self.assertRegex(_error("generate", *argv), pattern)
+
+
+if __name__ == "__main__":
+  absltest.main()
