@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import dataclasses
+import functools
 import glob
 import hashlib
 import os
@@ -103,12 +104,14 @@ class Corpus:
       return self.files[0]
     return f"{self.files[0]} (and {len(self.files) - 1} more files)"
 
+  @functools.cached_property
   def _offsets(self) -> np.ndarray:
+    """<int64>[P + 1] where each part starts in the stream, and the end."""
     return np.cumsum([0] + [len(p) for p in self.parts])
 
   def read(self, start: int, stop: int) -> np.ndarray:
     """<int32>[stop - start] the ids at [start, stop) of the stream."""
-    offsets = self._offsets()
+    offsets = self._offsets
     first = int(np.searchsorted(offsets, start, side="right")) - 1
     out, at = [], start
     for i in range(first, len(self.parts)):

@@ -116,34 +116,45 @@ class ShardedRun:
         [jax.device_put(x, s) for x, s in zip(leaves, shardings, strict=True)],
     )
 
-  def _jitted_step(self, state):
-    """The jitted step, built once with the shardings of the first state."""
-    if "step" not in self._cache:
+  def _jitted_step(self, state, masked: bool = False):
+    """The jitted step, built once with the shardings of the first state;
+    `masked`: the one that takes a loss mask (a fourth argument, sharded
+    like the tokens), the other exactly the step without one."""
+    key = "masked_step" if masked else "step"
+    if key not in self._cache:
       shardings = jax.tree.map(lambda x: x.sharding, state)
-      self._cache["step"] = jax.jit(
+      in_shardings = (
+          shardings,
+          self.token_sharding(),
+          sharding.replicated(self.mesh),
+      )
+      if masked:
+        in_shardings += (self.token_sharding(),)
+      self._cache[key] = jax.jit(
           self._train_step(),
-          in_shardings=(
-              shardings,
-              self.token_sharding(),
-              sharding.replicated(self.mesh),
-              self.token_sharding(),  # the loss mask (or None)
-          ),
+          in_shardings=in_shardings,
           out_shardings=(shardings, sharding.replicated(self.mesh)),
           donate_argnums=0,
       )
-    return self._cache["step"]
+    return self._cache[key]
+
+  def _args(self, state, tokens, rng, mask):
+    return (state, tokens, rng) + (() if mask is None else (mask,))
 
   def step(self, state, tokens, rng, mask=None):
     """One jitted step; the state keeps its shardings (and is donated).
     `mask`: <bool>[B, S] True at real ids, in `token_sharding()` (None:
     every position counts)."""
+    args = self._args(state, tokens, rng, mask)
     with self.context():
-      return self._jitted_step(state)(state, tokens, rng, mask)
+      return self._jitted_step(state, mask is not None)(*args)
 
   def lower(self, state, tokens, rng, mask=None) -> jax.stages.Lowered:
-    """The lowered step (`.compile().as_text()` for its HLO)."""
+    """The lowered step (`.compile().as_text()` for its HLO); its compiled
+    form takes the same arguments."""
+    args = self._args(state, tokens, rng, mask)
     with self.context():
-      return self._jitted_step(state).lower(state, tokens, rng, mask)
+      return self._jitted_step(state, mask is not None).lower(*args)
 
 
 @dataclasses.dataclass(frozen=True)
