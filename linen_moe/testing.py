@@ -34,16 +34,22 @@ from linen_moe._src.hlo_traffic import sent_bytes
 
 
 def kernels_on_cpu(kind: str):
-  """A context inside which `grouped_matmul="kernel"` on the CPU backend
-  runs an accelerator kernel: "megablox" (Pallas interpret mode), "tokamax"
-  (its XLA implementation) or "tokamax_pallas" (its Pallas TPU kernel,
-  interpreted); "auto" still resolves to "blocked". Trace inside it.
+  """A context in which `grouped_matmul="kernel"` on a CPU runs a real kernel.
 
-  Imports jax when called, not when this module is imported (the compile
-  policy above must run before jax loads).
+  "auto" still resolves to "blocked" inside it. Trace inside it. Imports jax
+  when called, not when this module is imported (the compile policy above
+  must run before jax loads).
+
+  Args:
+    kind: "megablox" (Pallas interpret mode), "tokamax" (its XLA
+      implementation) or "tokamax_pallas" (its Pallas TPU kernel,
+      interpreted).
+
+  Returns:
+    A context manager.
 
   Raises:
-    ValueError: `kind` is none of those.
+    ValueError: on entering the context, if `kind` is none of those.
   """
   from linen_moe._src import grouped_kernels  # noqa: PLC0415
 

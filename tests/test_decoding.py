@@ -110,6 +110,21 @@ class DecodingTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "batch=0"):
       decoding.init_cache(config, 0, 8)
 
+  def test_a_full_cache_is_an_error_not_a_clamped_write(self):
+    config, variables, prompt = _model("mixtral_float_sparse")
+    p = prompt.shape[1]
+    with self.assertRaisesRegex(ValueError, f"{p} more do not fit"):
+      decoding.prefill(
+          config, variables, decoding.init_cache(config, 2, p - 1), prompt
+      )
+    cache = decoding.init_cache(config, 2, p + 1)
+    token, _, cache = decoding.prefill(config, variables, cache, prompt)
+    token, _, cache = decoding.decode_step(config, variables, cache, token)
+    with self.assertRaisesRegex(
+        ValueError, f"holds {p + 1} of its max_len={p + 1} tokens"
+    ):
+      decoding.decode_step(config, variables, cache, token)
+
 
 class GenerateCommandTest(absltest.TestCase):
 

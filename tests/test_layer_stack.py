@@ -90,6 +90,20 @@ class StackPlanTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "has 1 of the 2 layers"):
       layer_stack.to_scanned(tree, plan)
 
+  def test_a_stack_of_another_length_is_refused(self):
+    # Neither dropping the rows past the plan nor inventing missing ones.
+    stacked = {"params": {"layers": {"w": np.zeros((4, 3))}}}
+    for layers in (2, 6):
+      with self.assertRaisesRegex(
+          ValueError,
+          f"stacks \\[4\\] layers on axis 0, but the plan scans {layers}",
+      ):
+        layer_stack.to_unrolled(stacked, StackPlan.uniform(layers))
+    unrolled = layer_stack.to_unrolled(stacked, StackPlan.uniform(4))
+    self.assertEqual(
+        sorted(unrolled["params"]), [f"layers_{i}" for i in range(4)]
+    )
+
   def test_routed_bias_rule_reads_each_layers_row(self):
     plan = StackPlan.for_kinds((D, M, D, M), scan=True)
     rule = {"layers": {"block_1": {"moe": {"routed_bias": jnp.zeros((2, 4))}}}}

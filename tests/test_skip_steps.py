@@ -132,6 +132,21 @@ class SkipRuleTest(absltest.TestCase):
     kept = skip.keep_if_finite(jnp.array(True), new, old)
     jax.tree.map(np.testing.assert_array_equal, kept, new)
 
+  def test_apply_if_finite(self):
+    state = {"a": jnp.array([1.0, 2.0]), "n": jnp.array(3)}
+
+    def update(s):
+      return {"a": s["a"] * 3.0, "n": s["n"] + 1}
+
+    step = jax.jit(
+        lambda ok, s: skip.apply_if_finite(ok, update, s), donate_argnums=1
+    )
+    applied = step(jnp.array(True), jax.tree.map(jnp.copy, state))
+    np.testing.assert_array_equal(applied["a"], [3.0, 6.0])
+    self.assertEqual(int(applied["n"]), 4)
+    kept = step(jnp.array(False), jax.tree.map(jnp.copy, state))
+    jax.tree.map(np.testing.assert_array_equal, kept, state)
+
 
 def _cli(*argv) -> tuple[int, str, str]:
   """(exit status, stdout, stderr) of `linen-moe argv`."""

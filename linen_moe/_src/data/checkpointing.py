@@ -38,6 +38,21 @@ class IteratorCheckpointHandler(grain.checkpoint.CheckpointHandler):
       item: Any = None,
       args: Any = None,
   ) -> Any:
+    """Moves an iterator to the state saved in `directory`.
+
+    Args:
+      directory: the item's directory in a checkpoint.
+      item: the Grain `DatasetIterator` to move (or give it in `args`).
+      args: an `IteratorRestore` (orbax's way of passing `item`).
+
+    Returns:
+      The iterator, moved, its read-ahead started.
+
+    Raises:
+      ValueError: if `directory` holds no state, or states that differ
+        between the processes that saved them while this process's own file
+        is not there.
+    """
     item = item if item is not None else args.item
     index, count = jax.process_index(), jax.process_count()
     if (directory / f"process_{index}-of-{count}.json").exists():
@@ -62,7 +77,11 @@ class IteratorCheckpointHandler(grain.checkpoint.CheckpointHandler):
 @ocp.args.register_with_handler(IteratorCheckpointHandler, for_save=True)
 @dataclasses.dataclass
 class IteratorSave(ocp.args.CheckpointArgs):
-  """Saves `item`'s state (a Grain `DatasetIterator`), read at save time."""
+  """Saves a Grain iterator's state, read at save time.
+
+  Attributes:
+    item: the `DatasetIterator`.
+  """
 
   item: Any
 
@@ -70,6 +89,10 @@ class IteratorSave(ocp.args.CheckpointArgs):
 @ocp.args.register_with_handler(IteratorCheckpointHandler, for_restore=True)
 @dataclasses.dataclass
 class IteratorRestore(ocp.args.CheckpointArgs):
-  """Moves `item` (a Grain `DatasetIterator`) to the saved state."""
+  """Moves a Grain iterator to the saved state.
+
+  Attributes:
+    item: the `DatasetIterator`.
+  """
 
   item: Any

@@ -15,8 +15,13 @@ _NAMES = ("LICENSE", "LICENCE", "COPYING")
 
 
 def license_texts(packages: Sequence[str] = PACKAGES) -> list[str]:
-  """The paths of the license files of `packages` (those installed), sorted,
-  one per distinct text: about 100 KB of English for the default ones.
+  """The license files of installed packages, one per distinct text.
+
+  Args:
+    packages: distribution names; those not installed are passed over.
+
+  Returns:
+    Their paths, sorted (about 160 KB of English for the default ones).
 
   Raises:
     ValueError: none of them is installed with a license file.

@@ -25,13 +25,15 @@ PACKINGS = ("pack", "pad")
 
 class Sequences:
   """Sequences of one corpus: item `i` is `seq_len` ids from `starts[i]`, of
-  which `lengths[i]` are real (the rest `pad_id`, masked).
+  which `lengths[i]` are real (the rest `pad_id`, masked). The arguments
+  are kept as attributes of the same names (`starts` and `lengths` as
+  <int64>[N]).
 
-  Attributes:
+  Args:
     corpus: the corpus read.
     seq_len: S.
-    starts: <int64>[N] where each sequence starts in the stream.
-    lengths: <int64>[N] its real ids (<= S).
+    starts: <int>[N] where each sequence starts in the stream.
+    lengths: <int>[N] its real ids (<= S).
     pad_id: the id of padded positions.
   """
 
@@ -65,7 +67,14 @@ class Sequences:
     )
 
   def split(self, at: int) -> tuple[Sequences, Sequences]:
-    """(sequences [0, at), sequences [at, N)), in order."""
+    """The sequences cut in two, in order.
+
+    Args:
+      at: where, in [0, N].
+
+    Returns:
+      A pair (sequences [0, at), sequences [at, N)).
+    """
     make = lambda sl: Sequences(  # noqa: E731
         self.corpus,
         self.seq_len,
@@ -88,7 +97,19 @@ def _check_seq_len(corpus: Corpus, seq_len: int) -> None:
 
 
 def pack(corpus: Corpus, seq_len: int) -> Sequences:
-  """The stream cut into consecutive windows of `seq_len` ids."""
+  """The stream cut into consecutive windows of `seq_len` ids.
+
+  Args:
+    corpus: the corpus.
+    seq_len: S >= 2.
+
+  Returns:
+    `Sequences` of S real ids each (the ids after the last whole window
+    are left out).
+
+  Raises:
+    ValueError: if the corpus has fewer than `seq_len` ids.
+  """
   _check_seq_len(corpus, seq_len)
   n = corpus.num_tokens // seq_len
   starts = np.arange(n, dtype=np.int64) * seq_len
@@ -96,8 +117,21 @@ def pack(corpus: Corpus, seq_len: int) -> Sequences:
 
 
 def pad(corpus: Corpus, seq_len: int, pad_id: int = 0) -> Sequences:
-  """Each document cut into windows of at most `seq_len` ids, the last one
-  padded with `pad_id`; windows of fewer than 2 ids are left out."""
+  """Each document cut into windows of at most `seq_len` ids.
+
+  Args:
+    corpus: the corpus.
+    seq_len: S >= 2.
+    pad_id: the id that fills a document's last, shorter window (masked).
+
+  Returns:
+    `Sequences`, a document's windows in order; windows of fewer than 2 real
+    ids (no next-token target) are left out.
+
+  Raises:
+    ValueError: if the corpus has fewer than `seq_len` ids, or no document
+      has 2.
+  """
   _check_seq_len(corpus, seq_len)
   begin, end = corpus.documents[:, 0], corpus.documents[:, 1]
   counts = -(-(end - begin) // seq_len)  # windows per document
@@ -117,7 +151,20 @@ def pad(corpus: Corpus, seq_len: int, pad_id: int = 0) -> Sequences:
 def sequences(
     corpus: Corpus, seq_len: int, packing: str = "pack", pad_id: int = 0
 ) -> Sequences:
-  """`pack(corpus, seq_len)` or `pad(corpus, seq_len, pad_id)`."""
+  """`pack(corpus, seq_len)` or `pad(corpus, seq_len, pad_id)`.
+
+  Args:
+    corpus: the corpus.
+    seq_len: S >= 2.
+    packing: "pack" or "pad".
+    pad_id: for "pad", the id of padded positions.
+
+  Returns:
+    The `Sequences`.
+
+  Raises:
+    ValueError: for another `packing` (and see `pack`, `pad`).
+  """
   if packing == "pack":
     return pack(corpus, seq_len)
   if packing == "pad":

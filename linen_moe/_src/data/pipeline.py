@@ -61,6 +61,23 @@ class DataPipeline:
     eval_fraction: the share of the sequences held out (the last ones).
     train: the training `packing.Sequences`.
     eval: the held-out `packing.Sequences` (may be empty).
+    read_options: Grain's threads and read-ahead.
+
+  Args:
+    corpus: see `sources.read_corpus`.
+    seq_len: S >= 2.
+    batch_size: B >= 1, the global batch.
+    packing: "pack" or "pad" (see `packing`).
+    seed: the shuffle's seed, in [0, 2**32).
+    eval_fraction: in [0, 1): the share held out, rounded up to whole
+      sequences (0: none).
+    pad_id: the id of padded positions (default: the corpus's
+      end-of-document id, else 0); masked, so it only has to be a valid id.
+    read_options: Grain's threads and read-ahead (`DEFAULT_READ_OPTIONS`).
+
+  Raises:
+    ValueError: a bad argument, a corpus shorter than `seq_len`, or too few
+      sequences to hold any out and train on the rest.
   """
 
   def __init__(
@@ -75,26 +92,7 @@ class DataPipeline:
       pad_id: int | None = None,
       read_options: grain.ReadOptions | None = None,
   ):
-    """Cuts `corpus` into sequences and splits off the held-out ones.
-
-    Args:
-      corpus: see `sources.read_corpus`.
-      seq_len: S >= 2.
-      batch_size: B >= 1, the global batch.
-      packing: "pack" or "pad" (see `packing`).
-      seed: the shuffle's seed, in [0, 2**32).
-      eval_fraction: in [0, 1): the share held out, rounded up to whole
-        sequences (0: none).
-      pad_id: the id of padded positions (default: the corpus's
-        end-of-document id, else 0); masked, so it only has to be a valid
-        id.
-      read_options: Grain's threads and read-ahead
-        (`DEFAULT_READ_OPTIONS`).
-
-    Raises:
-      ValueError: a bad argument, a corpus shorter than `seq_len`, or too
-        few sequences to hold any out and train on the rest.
-    """
+    """Cuts `corpus` into sequences and splits off the held-out ones."""
     _check_int("batch_size", batch_size, 1)
     _check_int("seed", seed, 0)
     if seed >= 2**32:
@@ -124,24 +122,49 @@ class DataPipeline:
     self.train, self.eval = every.split(len(every) - held_out)
 
   def train_dataset(self, rows: slice | None = None) -> grain.MapDataset:
-    """Element k: this process's `rows` of global batch k (all rows when
-    None), `{"tokens": <int32>[rows, S], "mask": <bool>[rows, S]}`;
-    without end (each epoch of the training sequences reshuffled)."""
+    """The training batches, without end (each epoch reshuffled).
+
+    Args:
+      rows: this process's rows of each global batch (`shards.process_rows`;
+        one of Q equal blocks); None: all of them.
+
+    Returns:
+      A `grain.MapDataset` whose element k is `rows` of global batch k,
+      `{"tokens": <int32>[rows, S], "mask": <bool>[rows, S]}`.
+
+    Raises:
+      ValueError: if `rows` is not an equal block of the batch.
+    """
     q, count = shards.block_of(rows, self.batch_size)
     ds = grain.MapDataset.source(self.train).shuffle(seed=self.seed).repeat()
     return ds.batch(self.batch_size // count)[q::count]
 
   def train_iterator(self, rows: slice | None = None) -> grain.DatasetIterator:
-    """An iterator over `train_dataset(rows)` from global batch 0; its
-    `get_state()` / `set_state()` (or a checkpoint, `checkpointing`) move
-    it to any global batch."""
+    """An iterator over the training batches, from global batch 0.
+
+    Args:
+      rows: as for `train_dataset`.
+
+    Returns:
+      A Grain `DatasetIterator` over `train_dataset(rows)`; its
+      `get_state()` ({"next_index": k}, the global batches read) and
+      `set_state()`, or a checkpoint (`checkpointing`), move it to any
+      global batch.
+    """
     return iter(self.train_dataset(rows).to_iter_dataset(self.read_options))
 
   def eval_dataset(
       self, num_batches: int, rows: slice | None = None
   ) -> grain.MapDataset:
-    """The first `num_batches` held-out global batches (this process's
-    `rows` of each), in order.
+    """The first held-out global batches, in order, unshuffled.
+
+    Args:
+      num_batches: how many (of B sequences each).
+      rows: as for `train_dataset`.
+
+    Returns:
+      A `grain.MapDataset` of `num_batches` elements, this process's `rows`
+      of each held-out batch (the same every time).
 
     Raises:
       ValueError: the held-out set has fewer than `num_batches` B
@@ -162,8 +185,13 @@ class DataPipeline:
     return ds.batch(self.batch_size // count)[q::count]
 
   def describe(self) -> dict[str, Any]:
-    """What determines the batches, as JSON values: a run resumes only on
-    the same (`check_same`)."""
+    """What determines the batches.
+
+    Returns:
+      A JSON-serialisable dict of the corpus (`Corpus.describe`), seq_len,
+      batch_size, packing, seed, eval_fraction and the sequence counts (a
+      run resumes only on the same, `check_same`).
+    """
     return {
         "corpus": self.corpus.describe(),
         "seq_len": self.seq_len,
@@ -176,9 +204,16 @@ class DataPipeline:
     }
 
   def check_same(self, saved: dict[str, Any], where: str) -> None:
-    """Raises ValueError unless `saved` (a `describe()` of the run that
-    wrote `where`) gives the same batches as this pipeline; the files may
-    have moved."""
+    """Checks that a saved description gives the same batches as this one.
+
+    Args:
+      saved: a `describe()` of the run that wrote `where`.
+      where: the checkpoint, for the message.
+
+    Raises:
+      ValueError: naming each difference (the files' paths may differ: a
+        moved corpus is the same corpus).
+    """
     now = self.describe()
     diffs = []
     for key in sorted(set(now) | set(saved)):

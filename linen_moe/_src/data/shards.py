@@ -22,8 +22,14 @@ from linen_moe._src import distributed
 def process_rows(
     sharding: jax.sharding.Sharding, shape: tuple[int, ...]
 ) -> slice:
-  """The rows [lo, hi) of a global batch of `shape` ([B, ...]) that this
-  process's devices hold under `sharding`.
+  """The rows of a global batch that this process's devices hold.
+
+  Args:
+    sharding: the batch's sharding.
+    shape: the global batch's shape, [B, ...].
+
+  Returns:
+    `slice(lo, hi)`, the rows [lo, hi) of the B rows.
 
   Raises:
     ValueError: they are not one block of rows (a sharding that gives a
@@ -82,7 +88,8 @@ def global_batch(
     batch_size: B, the global batch.
 
   Returns:
-    {name: jax.Array [B, ...]} in `sharding`.
+    A dict of the same names, each a global `jax.Array` [B, ...] in
+    `sharding`.
   """
   lo = 0 if rows is None else rows.start or 0
   out = {}

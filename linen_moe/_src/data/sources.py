@@ -110,7 +110,15 @@ class Corpus:
     return np.cumsum([0] + [len(p) for p in self.parts])
 
   def read(self, start: int, stop: int) -> np.ndarray:
-    """<int32>[stop - start] the ids at [start, stop) of the stream."""
+    """The ids of a range of the stream, across file boundaries.
+
+    Args:
+      start: the first position, in [0, num_tokens].
+      stop: the end, in [start, num_tokens].
+
+    Returns:
+      <int32>[stop - start] the ids at [start, stop).
+    """
     offsets = self._offsets
     first = int(np.searchsorted(offsets, start, side="right")) - 1
     out, at = [], start
@@ -126,8 +134,12 @@ class Corpus:
     return np.concatenate(out).astype(np.int32, copy=False)
 
   def digest(self) -> str:
-    """A hash of the document lengths and the ids at their ends: changes
-    when the corpus does (for a resume check), without reading it all."""
+    """A hash of the document bounds and the first ids of some documents.
+
+    Returns:
+      16 hex digits that change when the corpus does (a resume checks
+      them), computed without reading the whole corpus.
+    """
     h = hashlib.sha256()
     h.update(np.ascontiguousarray(self.documents, np.int64).tobytes())
     for start, end in self.documents[:: max(1, len(self.documents) // 64)]:
@@ -135,7 +147,12 @@ class Corpus:
     return h.hexdigest()[:16]
 
   def describe(self) -> dict[str, Any]:
-    """What identifies the corpus, as JSON values."""
+    """What identifies the corpus.
+
+    Returns:
+      A JSON-serialisable dict of "files", "format", "num_tokens",
+      "num_documents", "eod_id", "tokenizer" and "digest".
+    """
     return {
         "files": list(self.files),
         "format": self.format,
@@ -342,9 +359,13 @@ def read_corpus(
       (`tokenization.end_of_document_id`); for pre-tokenized ids, none (a
       file is a document).
 
+  Returns:
+    The `Corpus`, every id checked.
+
   Raises:
     ValueError: see `find_files`, `read_text_files`, `read_token_files` and
-      `tokenization.load_tokenizer`; or a bad `format` or `eod_id`.
+      `tokenization.load_tokenizer`; or a bad `format` or `eod_id`, text
+      without a tokenizer, or a tokenizer larger than `vocab_size`.
   """
   from linen_moe._src.data import tokenization  # noqa: PLC0415
 

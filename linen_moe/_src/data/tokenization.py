@@ -28,8 +28,14 @@ UNKNOWN = "<unk>"
 
 
 def find_tokenizer(directory: str | os.PathLike) -> str | None:
-  """`directory/tokenizer.json` if there is one (a Hugging Face checkpoint
-  ships its tokenizer there), else None."""
+  """The tokenizer a Hugging Face checkpoint ships beside its weights.
+
+  Args:
+    directory: the checkpoint's directory.
+
+  Returns:
+    `directory/tokenizer.json` if there is one, else None.
+  """
   path = os.path.join(os.fspath(directory), TOKENIZER_FILE)
   return path if os.path.isfile(path) else None
 
@@ -87,9 +93,16 @@ def _configured_eos(path: str) -> str | None:
 
 
 def end_of_document_id(tokenizer: Any, path: str | None = None) -> int:
-  """The id of the tokenizer's end-of-document token: the `eos_token` of a
-  `tokenizer_config.json` beside `path`, else the first of `EOD_TOKENS` in
-  its vocabulary.
+  """The id of the tokenizer's end-of-document token.
+
+  Args:
+    tokenizer: a `tokenizers.Tokenizer`.
+    path: its file; the `eos_token` of a `tokenizer_config.json` beside it
+      comes first.
+
+  Returns:
+    The id of that `eos_token`, else of the first of `EOD_TOKENS` that the
+    vocabulary has.
 
   Raises:
     ValueError: it has none of them (name one with `eod_id`, `--eod-id`).
@@ -128,6 +141,10 @@ def train_bpe_tokenizer(
 
   Returns:
     The `tokenizers.Tokenizer`.
+
+  Raises:
+    TypeError: if `vocab_size` is not an int.
+    ValueError: if it is below 3.
   """
   from tokenizers import Tokenizer  # noqa: PLC0415
   from tokenizers import decoders  # noqa: PLC0415

@@ -16,8 +16,16 @@ from linen_moe._src.variables import UPDATED_BY_RULE
 
 
 def variables_of(frontend: Any, state: Any) -> dict:
-  """The Linen variables of a train state of any front end (params, fp8
-  state, routed biases): what `Decoder.apply` takes. Works under `jit`."""
+  """The Linen variables of a train state of any front end.
+
+  Args:
+    frontend: a `TrainingFrontend` (`LinenFrontend`, `nnx_adapter.NNXFrontend`).
+    state: its train state (concrete or traced: works under `jit`).
+
+  Returns:
+    The dict of "params", and of the fp8 state and the routed biases when
+    there are any (what `Decoder.apply` takes).
+  """
   variables = {"params": frontend.params(state)}
   for collection, value in (
       (OVERWRITE_WITH_GRADIENT, frontend.fp8_state(state)),
@@ -29,19 +37,21 @@ def variables_of(frontend: Any, state: Any) -> dict:
 
 
 def make_eval_step(model: nn.Module):
-  """A jittable `eval_step(variables, tokens, mask=None) -> (nll_sum,
-  count)` for `model` (a `Decoder`), deterministic (no router jitter).
+  """The held-out loss of `model`, as a jittable function.
 
-  Args (of `eval_step`):
-    variables: the decoder's variables (`variables_of` a train state).
-    tokens: <int32>[B, S].
-    mask: <bool>[B, S] True at real ids (None: all real); the target at
-      t + 1 counts where t and t + 1 are both real.
+  `eval_step(variables, tokens, mask=None)` takes the decoder's variables
+  (`variables_of` a train state), tokens <int32>[B, S] and a mask <bool>[B, S]
+  True at real ids (None: all real; the target at t + 1 counts where t and
+  t + 1 are both real), and returns (<float32>[] the summed cross-entropy in
+  nats of the counted targets, <float32>[] how many there are): the mean
+  over many batches is the sum of the first over the sum of the second. It
+  is deterministic (no router jitter).
 
-  Returns (of `eval_step`):
-    <float32>[] the summed cross-entropy (nats) of the counted targets, and
-    <float32>[] how many there are: the mean over many batches is the sum
-    of the first over the sum of the second.
+  Args:
+    model: a `Decoder`.
+
+  Returns:
+    `eval_step`.
   """
 
   def eval_step(variables, tokens, mask=None):
