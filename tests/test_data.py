@@ -155,7 +155,7 @@ class MaskedLossTest(absltest.TestCase):
   def test_cross_entropy_counts_only_real_targets(self):
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(3, 6, 11)).astype(np.float32)
-    tokens = rng.integers(0, 11, (3, 6))
+    tokens = rng.integers(0, 11, (3, 6)).astype(np.int32)
     mask = np.array([[1] * 6, [1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]], bool)
     got = training.cross_entropy(
         jnp.asarray(logits), jnp.asarray(tokens), training.loss_weights(mask)
