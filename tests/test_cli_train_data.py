@@ -10,7 +10,6 @@ Bad input is one line naming the file, before any step.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -20,7 +19,6 @@ import tempfile
 from absl.testing import absltest
 from flax import traverse_util
 import numpy as np
-import pytest
 
 from linen_moe import checkpoint
 from linen_moe import data
@@ -36,15 +34,11 @@ MIXTRAL = os.path.join(ROOT, "tests", "fixtures", "hf", "mixtral_gqa_swa")
 
 
 def _run_cli(*argv) -> tuple[int, str, str]:
-  out, err = io.StringIO(), io.StringIO()
-  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    code = cli.main(list(argv))
-  return code, out.getvalue(), err.getvalue()
+  return testing.run_capturing(cli.main, list(argv))
 
 
 def _metrics(directory: str) -> list[dict]:
-  with open(os.path.join(directory, "metrics.jsonl"), encoding="utf-8") as f:
-    return [json.loads(line) for line in f]
+  return testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
 
 
 def _final_tree(directory: str) -> dict:
@@ -269,7 +263,7 @@ class InitFromHfTokenizerTest(_HfCheckpoint):
     self.assertIn("text needs a tokenizer", err)
 
 
-@pytest.mark.slow
+@testing.slow
 class FineTuneHfTest(_HfCheckpoint):
 
   def test_held_out_loss_falls(self):
@@ -308,7 +302,7 @@ def _group(argv: list[str], processes: int, devices: int) -> str:
   return out.getvalue()
 
 
-@pytest.mark.slow
+@testing.slow
 class SlowResumeTest(_Corpus):
 
   def test_resume_in_nnx_and_across_front_ends(self):

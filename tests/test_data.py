@@ -18,12 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import data
 from linen_moe import load_model_config
 from linen_moe import testing
 from linen_moe import training
-from linen_moe._src.models.decoder import Decoder
 
 # A pre-tokenized stream of three documents, each ending with EOD = 0.
 EOD = 0

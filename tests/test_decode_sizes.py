@@ -15,11 +15,11 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
 from linen_moe import serving
+from linen_moe import testing
 from linen_moe._src import sparse
 from linen_moe._src.variables import AQT_RNG_STREAM
 from linen_moe.sharding import unbox
@@ -49,9 +49,7 @@ def _sorted_path():
   return mock.patch.object(sparse, "EVERY_EXPERT_MAX_TOKENS", 0)
 
 
-def _rel_err(a, b) -> float:
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+_rel_err = testing.rel_err
 
 
 @functools.cache
@@ -145,7 +143,7 @@ class EveryExpertTest(parameterized.TestCase):
     self.assertLess(_rel_err(every, ordered), 1e-6)
 
 
-@pytest.mark.slow  # on the class: absl's parameterized drops method marks
+@testing.slow
 class EveryExpertSlowTest(parameterized.TestCase):
 
   @parameterized.parameters(

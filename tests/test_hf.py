@@ -19,12 +19,12 @@ from absl.testing import parameterized
 from flax import nnx
 import jax
 import numpy as np
-import pytest
 
 from linen_moe import PATHS
 from linen_moe import Decoder
 from linen_moe import decoding
 from linen_moe import hf
+from linen_moe import testing
 import nnx_adapter
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
@@ -64,9 +64,7 @@ BF16_REL, BF16_ATOL = 0.05, 0.25
 SERVING_REL = {"int8": 0.04, "fp8": 0.12, "nanoo_fp8": 0.12}
 
 
-def _rel(a, b) -> float:
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+_rel = testing.rel_err
 
 
 @functools.cache
@@ -149,7 +147,7 @@ class LogitsTest(parameterized.TestCase):
     self.assertFalse(mixtral.scale_embeddings or mixtral.tie_embeddings)
 
 
-@pytest.mark.slow  # on the class: absl's parameterized drops method marks
+@testing.slow
 class SlowProductTest(parameterized.TestCase):
 
   @parameterized.product(

@@ -9,11 +9,11 @@ from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import load_model_config
+from linen_moe import testing
 from linen_moe._src import layer_stack
 from linen_moe._src.layer_stack import StackPlan
 from linen_moe._src.models.decoder import routed_bias_rule
@@ -133,7 +133,7 @@ class MixedStackCheckpointTest(absltest.TestCase):
     jax.tree.map(np.testing.assert_array_equal, restored, scanned)
 
 
-@pytest.mark.slow
+@testing.slow
 class MixedStackDecoderTest(absltest.TestCase):
 
   def test_scanned_group_equals_unrolled_and_restores_across_layouts(self):

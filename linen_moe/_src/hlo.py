@@ -179,12 +179,17 @@ class Contraction:
       contraction.
     quantized_inputs: the quantized element types found walking back from
       its operands.
+    operand_types: the element types of each operand, as passed to it (e.g.
+      (frozenset({"f32"}), frozenset({"f32"})) for a float32 dot).
+    result_types: the element types of its result.
   """
 
   name: str
   opcode: str
   op_name: str
   quantized_inputs: frozenset[str]
+  operand_types: tuple[frozenset[str], ...] = ()
+  result_types: frozenset[str] = frozenset()
 
 
 def contractions(text: str) -> list[Contraction]:
@@ -246,6 +251,11 @@ def contractions(text: str) -> list[Contraction]:
           quantized_inputs=frozenset(
               set().union(*(visit(op, None, 0, set()) for op in inst.operands))
           ),
+          operand_types=tuple(
+              instructions[op].types if op in instructions else frozenset()
+              for op in inst.operands
+          ),
+          result_types=inst.types,
       )
       for inst in instructions.values()
       if is_contraction(inst)

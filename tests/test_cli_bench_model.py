@@ -14,10 +14,10 @@ import textwrap
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
-import pytest
 
 from linen_moe import Decoder
 from linen_moe import load_model_config
+from linen_moe import testing
 from linen_moe_cli import bench_model
 
 
@@ -114,7 +114,7 @@ class PeerTest(absltest.TestCase):
         peer.close()
 
 
-@pytest.mark.slow
+@testing.slow
 class WholeRunTest(absltest.TestCase):
 
   def test_tiny_run_beside_a_stand_in_peer(self):
