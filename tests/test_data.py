@@ -1,5 +1,6 @@
-"""`linen_moe.data`: files to corpora, packing and padding against examples
-worked by hand, the masked loss against a NumPy loop, seeded shuffling,
+"""`linen_moe.data`: files to corpora, Hugging Face tokenizers as checkpoints
+ship them (the configured end-of-document token, the tokenizer's own ids),
+packing and padding against examples worked by hand, the masked loss against a NumPy loop, seeded shuffling,
 each process's share, the iterator state in a checkpoint on another process
 count, and bad input named in one line before any work."""
 
@@ -231,6 +232,116 @@ class MaskedLossTest(absltest.TestCase):
     np.testing.assert_allclose(
         float(metrics["cross_entropy"]), expected, rtol=1e-5
     )
+
+
+def _released_style_tokenizer(directory: str, eos_config=None) -> str:
+  """A tokenizer.json laid out like a released checkpoint's: byte-level BPE,
+  "<s>" prepended by its post-processor, "</s>" and "<|endoftext|>" among
+  its special tokens; with a tokenizer_config.json naming `eos_config` as
+  `eos_token` when given."""
+  from tokenizers import Tokenizer  # noqa: PLC0415
+  from tokenizers import decoders  # noqa: PLC0415
+  from tokenizers import models  # noqa: PLC0415
+  from tokenizers import pre_tokenizers  # noqa: PLC0415
+  from tokenizers import processors  # noqa: PLC0415
+  from tokenizers import trainers  # noqa: PLC0415
+
+  tokenizer = Tokenizer(models.BPE())
+  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tokenizer.decoder = decoders.ByteLevel()
+  special = ["<s>", "</s>", "<|endoftext|>"]
+  tokenizer.train(
+      testing.license_texts()[:2],
+      trainers.BpeTrainer(
+          vocab_size=300,
+          special_tokens=special,
+          initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+          show_progress=False,
+      ),
+  )
+  tokenizer.post_processor = processors.TemplateProcessing(
+      single="<s> $A", special_tokens=[("<s>", tokenizer.token_to_id("<s>"))]
+  )
+  path = os.path.join(directory, "tokenizer.json")
+  tokenizer.save(path)
+  if eos_config is not None:
+    _write(
+        os.path.join(directory, "tokenizer_config.json"),
+        json.dumps({"bos_token": "<s>", "eos_token": eos_config}),
+    )
+  return path
+
+
+class TokenizerTest(absltest.TestCase):
+  """Hugging Face `tokenizer.json` files, as checkpoints ship them."""
+
+  def test_a_checkpoints_tokenizer(self):
+    """The tokenizer beside a checkpoint is found; its configured
+    `eos_token` ends each document (before the names tried otherwise); the
+    ids are the tokenizer's own, its "<s>" included."""
+    checkpoint_dir = _tempdir(self)
+    path = _released_style_tokenizer(
+        checkpoint_dir, {"content": "</s>", "special": True}
+    )
+    self.assertEqual(data.find_tokenizer(checkpoint_dir), path)
+    self.assertIsNone(data.find_tokenizer(_tempdir(self)))
+    tokenizer = data.load_tokenizer(path)
+    bos, eos, endoftext = (
+        tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<|endoftext|>")
+    )
+    self.assertEqual(data.end_of_document_id(tokenizer, path), eos)
+    # Without the config, the first of EOD_TOKENS in the vocabulary.
+    self.assertEqual(data.end_of_document_id(tokenizer), endoftext)
+
+    text = "Permission is granted, free of charge.\nÄ ☃"
+    directory = _tempdir(self)
+    _write(os.path.join(directory, "a.txt"), text)
+    corpus = data.read_corpus(directory, tokenizer=path, vocab_size=300)
+    plain = tokenizer.encode(text, add_special_tokens=False).ids
+    self.assertEqual(corpus.eod_id, eos)
+    self.assertEqual(
+        corpus.read(0, corpus.num_tokens).tolist(), [bos, *plain, eos]
+    )
+    self.assertEqual(tokenizer.decode(plain), text)  # byte-level: exact
+    self.assertEqual(corpus.describe()["tokenizer"], path)
+
+  def test_eos_token_as_a_string(self):
+    directory = _tempdir(self)
+    path = _released_style_tokenizer(directory, "<s>")
+    tokenizer = data.load_tokenizer(path)
+    self.assertEqual(
+        data.end_of_document_id(tokenizer, path), tokenizer.token_to_id("<s>")
+    )
+    # A config naming a token the vocabulary lacks falls back to the names.
+    _write(
+        os.path.join(directory, "tokenizer_config.json"),
+        json.dumps({"eos_token": "<none>"}),
+    )
+    self.assertEqual(
+        data.end_of_document_id(tokenizer, path),
+        tokenizer.token_to_id("<|endoftext|>"),
+    )
+
+  def test_no_end_of_document_token(self):
+    """A tokenizer with none of the usual names needs the id given."""
+    from tokenizers import Tokenizer  # noqa: PLC0415
+    from tokenizers import models  # noqa: PLC0415
+    from tokenizers import pre_tokenizers  # noqa: PLC0415
+
+    directory = _tempdir(self)
+    path = os.path.join(directory, "tokenizer.json")
+    words = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, "[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    words.save(path)
+    text = _write(os.path.join(directory, "a.txt"), "a b a")
+    with self.assertRaisesRegex(
+        ValueError,
+        f"tokenizer {re.escape(path)}: has no end-of-document token .*"
+        r"--eod-id",
+    ):
+      data.read_corpus(text, tokenizer=path)
+    corpus = data.read_corpus(text, tokenizer=path, eod_id=2)
+    self.assertEqual(corpus.read(0, corpus.num_tokens).tolist(), [0, 1, 0, 2])
 
 
 # 400 random ids in [1, 16), with EOD = 0 every 13th: no two windows alike.
