@@ -1,8 +1,9 @@
 """`linen_moe.data`: files to corpora, Hugging Face tokenizers as checkpoints
 ship them (the configured end-of-document token, the tokenizer's own ids),
-packing and padding against examples worked by hand, the masked loss against a NumPy loop, seeded shuffling,
-each process's share, the iterator state in a checkpoint on another process
-count, and bad input named in one line before any work."""
+packing and padding against examples worked by hand, the masked loss
+against a NumPy loop, seeded shuffling, each process's share, the iterator
+state in a checkpoint on another process count, and bad input named in one
+line before any work."""
 
 from __future__ import annotations
 
