@@ -3,9 +3,10 @@
 A run stopped at step 6 and resumed to 12 equals the uninterrupted run in
 every metric of every step (held-out losses included) and in every leaf of
 the final checkpoint, on padded batches (the mask in the loss) with
-gradient accumulation; resumed in the other front end too (default run),
-and in NNX alone and from 1 process to 2 with the same global batch (slow).
-Bad input is one line naming the file, before any step.
+gradient accumulation: in Linen (default run); in NNX, across the two front
+ends, and from 1 process to 2 with the same global batch (slow). Bad input
+is one line naming the file, before any step. The loss chart draws both
+curves.
 """
 
 from __future__ import annotations
@@ -136,6 +137,8 @@ class ResumeTest(_Corpus):
     self.check_same_run(dirs["whole"], dirs["split"])
 
     rows = _metrics(dirs["whole"])
+    self.assertEqual([r["step"] for r in rows], list(range(1, STEPS + 1)))
+    self.assertTrue(all(np.isfinite(r["loss"]) for r in rows))
     evaluated = [r["step"] for r in rows if "eval_loss" in r]
     self.assertEqual(evaluated, [4, 8, 12])
     for r in rows:
