@@ -152,6 +152,14 @@ def _numpy_masked_loss(logits, tokens, mask) -> float:
   return total / count
 
 
+def _padded_mask() -> np.ndarray:
+  """<bool>[4, 16]: 8, 5 and 3 real ids then padding, and 3 real ids after
+  padding (padded on the left): 7 + 4 + 2 + 2 = 15 real targets."""
+  mask = np.arange(16)[None, :] < np.array([8, 5, 3, 0])[:, None]
+  mask[3, 13:] = True
+  return mask
+
+
 class MaskedLossTest(absltest.TestCase):
 
   def test_cross_entropy_counts_only_real_targets(self):
@@ -179,15 +187,14 @@ class MaskedLossTest(absltest.TestCase):
   def test_train_step_ignores_padding(self):
     """The step's cross-entropy (two microbatches holding 11 and 4 real
     targets) is the NumPy mean over all 15 real ones, of the decoder's own
-    logits; what stands in the padding changes nothing of it. (The shapes
-    and optimizer are those of test_cli_train_data's runs: one compiled
-    step for both.)"""
+    logits; what stands in the padding after the real ids changes nothing
+    of it. (The shapes and optimizer are those of test_cli_train_data's
+    runs: one compiled step for both.)"""
     cfg = load_model_config("tiny_mixtral", num_layers=1)
     model, tx = Decoder(cfg), training.default_optimizer(3e-3)
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, cfg.vocab_size, (4, 16)).astype(np.int32)
-    lengths = [8, 5, 3, 3]  # real ids per row
-    mask = np.arange(16)[None, :] < np.array(lengths)[:, None]
+    mask = _padded_mask()
     state = training.LinenFrontend.init(cfg, tx, tokens, jax.random.key(0))
     variables = {"params": state.params}
     logits, _ = jax.jit(model.apply)(variables, tokens)
@@ -203,7 +210,11 @@ class MaskedLossTest(absltest.TestCase):
         training.LinenFrontend.make_step(cfg, tx, grad_accum=2),
         donate_argnums=0,
     )
-    junk = np.where(mask, tokens, rng.integers(0, cfg.vocab_size, (4, 16)))
+    # Padding after a row's last real id (causal attention: the real ids
+    # never see it) gets other ids.
+    last = 15 - np.argmax(mask[:, ::-1], axis=1)
+    after = np.arange(16)[None, :] > last[:, None]
+    junk = np.where(after, rng.integers(0, cfg.vocab_size, (4, 16)), tokens)
     self.assertFalse(np.array_equal(junk, tokens))
     key = jax.random.key(1)
     losses = []
@@ -223,7 +234,7 @@ class MaskedLossTest(absltest.TestCase):
     tx = training.default_optimizer(3e-3)
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, cfg.vocab_size, (4, 16)).astype(np.int32)
-    mask = np.arange(16)[None, :] < np.array([8, 5, 3, 3])[:, None]
+    mask = _padded_mask()
     state = nnx_adapter.NNXFrontend.init(cfg, tx, tokens, jax.random.key(0))
     model, _ = state.merge()
     logits, _ = model(tokens)

@@ -59,7 +59,8 @@ class CrossEntropyTest(parameterized.TestCase):
     logits = 3.0 * jax.random.normal(keys[0], (4, 6, 11))
     tokens = jax.random.randint(keys[1], (4, 6), 0, 11)
     mask = np.arange(6)[None, :] < np.array([6, 3, 2, 1])[:, None]
-    weights = loss_weights(mask)  # 5 + 2 + 1 + 0 = 8 real targets
+    mask[1, 4:] = True  # real ids after padding: a target only at 5
+    weights = loss_weights(mask)  # 5 + 3 + 1 + 0 = 9 real targets
     loss, grad = jax.jit(jax.value_and_grad(cross_entropy))(
         logits, tokens, weights
     )
