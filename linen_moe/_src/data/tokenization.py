@@ -129,7 +129,7 @@ def train_bpe_tokenizer(
   """A small BPE tokenizer trained on `files` (deterministic).
 
   Words split on white space (kept as the "▁" mark, so decoding restores
-  the text); merges learnt until `vocab_size` tokens; "<|endoftext|>"
+  the text); merges learnt until `vocab_size` tokens; `<|endoftext|>`
   (the end-of-document token) and "<unk>" are ids 0 and 1. When the text
   has more distinct characters than fit, the rarest ones become "<unk>".
 
