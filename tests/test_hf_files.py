@@ -215,7 +215,8 @@ class BadInputTest(absltest.TestCase):
         (
             {"model_type": "llama"},
             r"model_type='llama' is not supported; supported model types are"
-            r" \['mixtral', 'qwen3_moe'\]",
+            r" \['deepseek_v3', 'gemma4', 'gemma4_text', 'mixtral',"
+            r" 'qwen3_moe'\]",
         ),
         (
             {
