@@ -88,6 +88,13 @@ def _flat_params(config: ModelConfig) -> dict[Path, jax.ShapeDtypeStruct]:
   return traverse_util.flatten_dict(params)
 
 
+def _flat_state(config: ModelConfig) -> dict[Path, jax.ShapeDtypeStruct]:
+  """Flat `updated_by_rule` leaves of the unrolled float decoder."""
+  unrolled = config.replace(scan_layers=False, serving=False)
+  state = sharding_lib.unbox(abstract_variables(unrolled).get(UPDATED_BY_RULE))
+  return traverse_util.flatten_dict(state or {})
+
+
 def _unrolled_shapes(abstract_params: Mapping, plan) -> dict[Path, Any]:
   """{unrolled params path: leaf with the float parameter's shape} from the
   (scanned, maybe serving) abstract params: a stacked leaf gives each of
