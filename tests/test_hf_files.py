@@ -9,7 +9,6 @@ import json
 import pathlib
 import shutil
 import tempfile
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -25,6 +24,7 @@ from linen_moe import serving
 from linen_moe._src.hf.safetensors_io import Checkpoint
 import nnx_adapter
 from tests import workers
+from tests.hf_helpers import forbid_data_reads
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 CONFIGS = pathlib.Path(__file__).parent.parent / "configs" / "hf"
@@ -199,11 +199,7 @@ class BadInputTest(absltest.TestCase):
   def setUp(self):
     super().setUp()
     self.tmp = _tempdir(self)
-    patcher = mock.patch.object(
-        Checkpoint, "read_rows", side_effect=AssertionError("data was read")
-    )
-    patcher.start()
-    self.addCleanup(patcher.stop)
+    forbid_data_reads(self)
 
   def assert_fails(self, d, pattern, **kwargs):
     with self.assertRaisesRegex(ValueError, pattern):

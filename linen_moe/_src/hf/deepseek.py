@@ -62,7 +62,7 @@ FIELDS = f.NO_EFFECT | {
     "attention_dropout",
     "dtype",
     "torch_dtype",
-    "quantization_config",
+    "quantization_config",  # the weights on disk, not the model (load.py)
     "moe_layer_freq",
     "scoring_func",
     "topk_method",
@@ -140,13 +140,6 @@ def _rope(hf: Mapping[str, Any]) -> dict[str, Any]:
 def _check_computation(hf: Mapping[str, Any]) -> None:
   """Fields whose other values change what transformers computes, or that
   transformers' model ignores though the original code read them."""
-  if hf.get("quantization_config"):
-    raise f.error(
-        "quantization_config",
-        hf["quantization_config"],
-        "block-quantized fp8 weights (`weight_scale_inv`) are not read; "
-        "dequantize the checkpoint to bfloat16 first",
-    )
   if hf.get("attention_bias", False):
     raise f.error("attention_bias", hf["attention_bias"], "no biases")
   f.zero(hf, "attention_dropout")
@@ -224,31 +217,35 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
     raise ValueError(f"config.json describes no valid model: {e}") from e
 
 
+# The fields (and values) a DeepSeek-V3 config.json cannot change.
+_FIXED = {
+    "scale_embeddings": False,
+    "router_input_norm": False,
+    "post_moe_norms": False,
+    "sliding_window": 0,
+    "attention_scale": 0.0,
+    "final_logit_softcap": 0.0,
+    "post_attention_norm": False,
+    "post_mlp_norm": False,
+    "layer_scalar": False,
+}
+_FIXED_MOE = {
+    "routing": "sigmoid_then_topk",
+    "routed_bias": True,
+    "per_expert_scale": False,
+}
+
+
 def unsupported(config: ModelConfig) -> list[str]:
   """The fields of `config` that a DeepSeek-V3 config.json cannot say."""
-  moe, bad = config.moe, []
-  checks = {
-      "kv_lora_rank > 0": config.kv_lora_rank > 0,
-      "routing='sigmoid_then_topk'": moe.routing == "sigmoid_then_topk",
-      "routed_bias=True": moe.routed_bias,
-      "shared_experts > 0": moe.shared_experts > 0,
-      "shared_mlp_dim == moe_mlp_dim": moe.shared_mlp_dim == moe.moe_mlp_dim,
-      "per_expert_scale=False": not moe.per_expert_scale,
-      "dense_layers a prefix": (
-          config.dense_layers == tuple(range(len(config.dense_layers)))
-      ),
-      "scale_embeddings=False": not config.scale_embeddings,
-      "router_input_norm=False": not config.router_input_norm,
-      "post_moe_norms=False": not config.post_moe_norms,
-      "sliding_window=0": config.sliding_window == 0,
-      "attention_scale=0": config.attention_scale == 0,
-      "final_logit_softcap=0": config.final_logit_softcap == 0,
-      "post_attention_norm=False": not config.post_attention_norm,
-      "post_mlp_norm=False": not config.post_mlp_norm,
-      "layer_scalar=False": not config.layer_scalar,
-      "mlp_activations": moe.mlp_activations[0] in f.ACTIVATION_NAMES,
-  }
-  bad += [what for what, ok in checks.items() if not ok]
+  moe = config.moe
+  bad = f.differing(config, _FIXED, _FIXED_MOE)
+  if moe.shared_experts < 1 or moe.shared_mlp_dim != moe.moe_mlp_dim:
+    bad.append(f"shared_experts={moe.shared_experts} of {moe.shared_mlp_dim}")
+  if config.dense_layers != tuple(range(len(config.dense_layers))):
+    bad.append(f"dense_layers={config.dense_layers} (not a prefix)")
+  if moe.mlp_activations[0] not in f.ACTIVATION_NAMES:
+    bad.append(f"mlp_activations={moe.mlp_activations}")
   return bad
 
 

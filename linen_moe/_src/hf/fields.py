@@ -116,6 +116,17 @@ def activation(hf: Mapping, field: str, default: str) -> str:
   return ACTIVATIONS[act]
 
 
+def differing(config, fixed: Mapping, fixed_moe: Mapping) -> list[str]:
+  """`field=value` of each field of a `ModelConfig` (`fixed`) or of its
+  `moe` (`fixed_moe`) that differs from the value a family requires."""
+  return [
+      f"{k}={getattr(obj, k)!r}"
+      for obj, table in ((config, fixed), (config.moe, fixed_moe))
+      for k, v in table.items()
+      if getattr(obj, k) != v
+  ]
+
+
 def norm_eps(hf: Mapping, default: float = 1e-6) -> float:
   return read_number(hf, "rms_norm_eps", default, low=0.0)
 

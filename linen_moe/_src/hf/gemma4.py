@@ -350,9 +350,8 @@ _GEMMA_MOE = {
 
 def unsupported(config: ModelConfig) -> list[str]:
   """The fields of `config` that a Gemma-4 config.json cannot say."""
-  bad = [f"{k}={v!r}" for k, v in _GEMMA.items() if getattr(config, k) != v]
   moe = config.moe
-  bad += [f"{k}={v!r}" for k, v in _GEMMA_MOE.items() if getattr(moe, k) != v]
+  bad = f.differing(config, _GEMMA, _GEMMA_MOE)
   if moe.mlp_activations[0] not in f.ACTIVATION_NAMES:
     bad.append("mlp_activations")
   sliding = config.num_layers > len(config.full_attention_layers)

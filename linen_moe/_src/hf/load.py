@@ -441,6 +441,13 @@ def load_checkpoint(
   if not directory.is_dir():
     raise ValueError(f"{directory} is not a checkpoint directory.")
   hf = read_config(directory)
+  if hf.get("quantization_config"):
+    raise ValueError(
+        f"{directory / CONFIG_FILE}: quantization_config="
+        f"{hf['quantization_config']!r} is not supported: quantized weights "
+        "on disk (e.g. DeepSeek-V3's block fp8 with `weight_scale_inv`) are "
+        "not read; dequantize the checkpoint to bfloat16 first."
+    )
   family = config_map.family_of(hf)
   config = config_map.model_config(hf)
   changes: dict[str, Any] = {"scan_layers": scan_layers}
