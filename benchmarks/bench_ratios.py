@@ -1,4 +1,4 @@
-"""The ratios of issue 14, measured side by side in one run.
+"""The layer's speed ratios, measured side by side in one run.
 
 Each case runs in a fresh subprocess (`linen_moe_cli/bench.py --case`), once
 per library tree: this checkout, and with `--base DIR` an older checkout of

@@ -67,8 +67,16 @@ class EagerToNNX(nnx.bridge.ToNNX):
     cfg = load_moe_config("tiny_mixtral", quantization="fp8")
     x = jnp.zeros((1, 8, cfg.emb_dim))                   # [B, S, M] sample
     moe = EagerToNNX(RoutedMoE(cfg), x, rngs=nnx.Rngs(0))
-    y, aux = moe(inputs, rngs=key)
+    y, aux = moe(x, rngs=jax.random.key(1))              # y: [B, S, M]
     fp8_state = nnx.state(moe, Fp8State)
+
+  Args:
+    module: the Linen module to wrap (e.g. a `RoutedMoE`).
+    *sample_args: sample inputs it is initialised with, e.g. [B, S, M];
+      only their shapes and dtypes matter.
+    rngs: the initialisation keys: an `nnx.Rngs` (its `default` stream feeds
+      `params`) or a key (which feeds `params`).
+    **sample_kwargs: sample keyword inputs.
   """
 
   def __init__(

@@ -48,10 +48,27 @@ def _path_fn(state: TrainState) -> Callable[[tuple], checkpoint.Path]:
 
 
 def tree_of(state: TrainState) -> dict:
-  """The checkpoint tree of an NNX `TrainState` (arrays or abstract)."""
+  """The checkpoint tree of an NNX `TrainState` (arrays or abstract).
+
+  Args:
+    state: an `nnx_adapter.TrainState`, of arrays or ShapeDtypeStructs.
+
+  Returns:
+    The checkpoint tree a Linen state of that model gives too,
+    ``{"variables": {collection: {path...}}, "step": ..., "opt_state": ...}``
+    and any other field.
+  """
   return checkpoint.tree_of(state, _path_fn(state))
 
 
 def state_from(tree: Any, template: TrainState) -> TrainState:
-  """`template` with every leaf from the checkpoint tree `tree`."""
+  """`template` with every leaf from the checkpoint tree `tree`.
+
+  Args:
+    tree: a checkpoint tree (e.g. `Restored.tree`) in `template`'s layout.
+    template: an `nnx_adapter.TrainState` giving the structure.
+
+  Returns:
+    A `TrainState` like `template` holding `tree`'s leaves.
+  """
   return checkpoint.state_from(tree, template, _path_fn(template))

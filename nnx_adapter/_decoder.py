@@ -34,13 +34,12 @@ LAYERS_AXIS = {nnx.PARTITION_NAME: scan.LAYERS_AXIS}
 
 
 class Decoder(nnx.Module):
-  """The NNX twin of `linen_moe.decoder.Decoder`: same config, same math.
+  """The NNX twin of `linen_moe.Decoder`: same config, same math.
 
   tokens <int32>[B, S] -> (logits [B, S, V], aux). `aux` is the Linen
-  decoder's (`linen_moe.decoder.layer_aux`). The embedding, the blocks, the
-  final norm and the head are the Linen modules of `linen_moe.decoder` (one
-  implementation of the math) behind `EagerToNNX`, so the whole state, fp8
-  included, exists after `__init__`.
+  decoder's. The embedding, the blocks, the final norm and the head are the
+  Linen decoder's modules (one implementation of the math) behind
+  `EagerToNNX`, so the whole state, fp8 included, exists after `__init__`.
   The layers are laid out as `config.stack_plan` says: the stack built by
   `nnx.vmap` under `layers` (leading axis: the stack's rows) and applied
   with `nnx.scan`, every other layer `layers_{i}`. The attribute names are
@@ -55,6 +54,16 @@ class Decoder(nnx.Module):
     cfg = load_model_config("tiny_mixtral", quantization="fp8")
     model = Decoder(cfg, rngs=nnx.Rngs(0))
     logits, aux = model(tokens, rng=jax.random.key(1))
+
+  Args:
+    config: the decoder's `ModelConfig`.
+    rngs: the initialisation keys.
+    sample_shape: [B, S] of the sample inputs of the eager init; no
+      parameter depends on it. With `decode`, it is the cache's
+      [B, max_len].
+    decode: keep a KV cache (`Cache` variables, the Linen decoder's `cache`
+      collection) and `index`, the tokens in it: each call appends its
+      tokens at the next positions (see `greedy_generate`).
   """
 
   @classmethod
@@ -65,11 +74,25 @@ class Decoder(nnx.Module):
       *,
       sample_shape: tuple[int, int] = (1, 8),
   ) -> Decoder:
-    """A decoder holding the Linen `variables` (e.g. from
-    `linen_moe.serving.quantize_weights`, with its serving config), built
-    abstractly (`nnx.eval_shape`: no variable is initialised, then none is
-    allocated twice) and filled by `linen_to_nnx`, which checks every
-    path, shape and dtype."""
+    """A decoder holding the Linen `variables`, none initialised.
+
+    Built abstractly (`nnx.eval_shape`: no variable is initialised, so none
+    is allocated twice) and filled by `linen_to_nnx`.
+
+    Args:
+      config: the config the variables are of (a serving config for
+        `linen_moe.serving.quantize_weights`' variables).
+      variables: Linen variables of `linen_moe.Decoder(config)`, without
+        `cache`.
+      sample_shape: as in `Decoder`.
+
+    Returns:
+      The NNX `Decoder`.
+
+    Raises:
+      ValueError: as `linen_to_nnx`, if a variable is missing, unexpected,
+        or of another shape or dtype.
+    """
     abstract = nnx.eval_shape(
         lambda: cls(config, rngs=nnx.Rngs(0), sample_shape=sample_shape)
     )
@@ -83,11 +106,6 @@ class Decoder(nnx.Module):
       sample_shape: tuple[int, int] = (1, 8),
       decode: bool = False,
   ):
-    """`sample_shape` [B, S] sizes the sample inputs of the eager init; no
-    parameter depends on it. With `decode` the blocks keep a KV cache
-    (`Cache` variables, the Linen decoder's `cache` collection) of
-    `sample_shape` [B, max_len], and `index`, the tokens in it: each call
-    appends its tokens at the next positions (see `greedy_generate`)."""
     self.config = config
     self.decode = decode
     if decode:
@@ -121,8 +139,21 @@ class Decoder(nnx.Module):
       self.logits = EagerToNNX(linen_decoder.output_head(config), x, rngs=rngs)
 
   def __call__(self, tokens: jax.Array, rng: jax.Array | None = None):
-    """`rng` feeds every RNG stream the blocks draw from at apply time (AQT
-    int8 needs it whenever gradients are taken); one key per layer."""
+    """Runs the decoder on a batch of token ids.
+
+    Args:
+      tokens: <int>[B, S] ids in [0, vocab_size).
+      rng: feeds every RNG stream the blocks draw from at apply time (AQT
+        int8 needs it whenever gradients are taken), split into one key
+        per layer; None: no stream (deterministic, no router jitter).
+
+    Returns:
+      A pair (logits <float32>[B, S, V], aux), the Linen decoder's.
+
+    Raises:
+      TypeError: if `tokens` is not an integer array of rank 2.
+      ValueError: if a concrete id is outside [0, vocab_size).
+    """
     cfg = self.config
     tokens = jnp.asarray(validate_tokens_if_concrete(tokens, cfg.vocab_size))
     x = linen_decoder.scale_embeddings(self.embed(tokens), cfg)  # [B, S, M]
@@ -178,12 +209,22 @@ class Decoder(nnx.Module):
 def init_decoder(
     config: ModelConfig, rng: jax.Array, sample_shape: tuple[int, int] = (1, 8)
 ) -> Decoder:
-  """The NNX `Decoder(config)` holding exactly the initial variables of the
-  Linen `linen_moe.decoder.Decoder(config).init(rng, tokens)`, so one seed
-  starts both front ends at the same weights (`Decoder(config, rngs=...)`
-  draws from NNX's own streams). The NNX module is built abstractly
+  """The NNX `Decoder(config)` holding exactly the Linen decoder's init.
+
+  That is `linen_moe.Decoder(config).init(rng, tokens)`, so one seed starts
+  both front ends at the same weights (`Decoder(config, rngs=...)` draws
+  from NNX's own streams). The NNX module is built abstractly
   (`nnx.eval_shape`) and filled by `linen_to_nnx`: nothing is initialised
-  twice. `sample_shape` [B, S] as in `Decoder`."""
+  twice.
+
+  Args:
+    config: the decoder's `ModelConfig`.
+    rng: the PRNG key of the Linen init.
+    sample_shape: [B, S] as in `Decoder`.
+
+  Returns:
+    The NNX `Decoder`.
+  """
   model = nnx.eval_shape(
       lambda: Decoder(config, rngs=nnx.Rngs(0), sample_shape=sample_shape)
   )
@@ -204,20 +245,41 @@ def _flat_variables(model: nnx.Module):
 
 
 def nnx_to_linen(model: nnx.Module) -> PyTree:
-  """Linen variables `{collection: {path...: array}}` of an NNX model built
-  from `EagerToNNX` modules, e.g. `Decoder`; its attribute names are the Linen
-  names, so each variable keeps its path, and its type names the collection
-  (`nnx.Param` -> `params`, `Fp8State` -> `_overwrite_with_gradient`,
-  `RuleState` -> `updated_by_rule`)."""
+  """The Linen variables of an NNX model built from `EagerToNNX` modules.
+
+  Its attribute names are the Linen names, so each variable keeps its path,
+  and its type names the collection (`nnx.Param` -> `params`, `Fp8State` ->
+  `_overwrite_with_gradient`, `RuleState` -> `updated_by_rule`, `Cache` ->
+  `cache`).
+
+  Args:
+    model: e.g. a `Decoder`.
+
+  Returns:
+    ``{collection: {path...: array}}``, what `linen_moe.Decoder.apply`
+    takes.
+  """
   flat = {k: v.get_value() for k, v in _flat_variables(model).items()}
   return nnx.traversals.unflatten_mapping(flat)
 
 
 def linen_to_nnx(variables: PyTree, model: nnx.Module) -> nnx.Module:
-  """Loads Linen variables (e.g. from `linen_moe.decoder.Decoder.init`) into
-  `model` in place and returns it. Every variable of the model must be given
-  with its shape and dtype, and nothing else; otherwise a `ValueError` names
-  the paths and both shapes, and nothing is loaded."""
+  """Loads Linen variables into `model` in place, all or nothing.
+
+  Args:
+    variables: Linen variables (e.g. from `linen_moe.Decoder.init`), boxed
+      or not: every variable of the model with its shape and dtype, and
+      nothing else.
+    model: an NNX model built from `EagerToNNX` modules (abstract or not).
+
+  Returns:
+    `model`, holding the variables.
+
+  Raises:
+    ValueError: naming the paths (and both shapes), if a variable is
+      missing or unexpected, or of another shape or dtype; nothing is
+      loaded then.
+  """
   given = nnx.traversals.flatten_mapping(dict(sharding.unbox(variables)))
   wanted = _flat_variables(model)
   missing = sorted(set(wanted) - set(given))

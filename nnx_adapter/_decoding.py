@@ -15,6 +15,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src.tokens import validate_tokens_if_concrete
 from linen_moe._src.variables import CACHE
 from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import linen_to_nnx
@@ -22,8 +23,20 @@ from nnx_adapter._decoder import nnx_to_linen
 
 
 def decoding_model(model: Decoder, batch: int, max_len: int) -> Decoder:
-  """A decoding `Decoder` holding `model`'s variables and an empty cache
-  for `batch` rows of up to `max_len` tokens."""
+  """A decoding twin of `model`, with an empty cache.
+
+  Args:
+    model: an NNX `Decoder`, not itself decoding.
+    batch: B, >= 1.
+    max_len: the cache length, >= 1.
+
+  Returns:
+    A `Decoder(config, decode=True)` holding `model`'s variables and a zero
+    cache for B rows of up to `max_len` tokens.
+
+  Raises:
+    ValueError: if `batch` or `max_len` is < 1.
+  """
   if batch < 1 or max_len < 1:
     raise ValueError(
         f"batch={batch} and max_len={max_len} must both be positive."
@@ -64,12 +77,22 @@ def greedy_generate(
     prompt: <int>[B, P], P >= 1.
     num_tokens: tokens to generate, >= 1.
     max_len: cache length, at least P + num_tokens (the default).
+
+  Returns:
+    [B, P + num_tokens], the prompt then the generated tokens.
+
+  Raises:
+    TypeError: the prompt's ids are not integers.
+    ValueError: a prompt that is not [B, P >= 1], an id of a concrete prompt
+      outside [0, vocab_size) (named), `num_tokens` < 1, a decoding `model`,
+      or a `max_len` too short.
   """
-  prompt = jnp.asarray(prompt)
-  if prompt.ndim != 2 or prompt.shape[1] < 1:
+  if jnp.ndim(prompt) != 2 or jnp.shape(prompt)[1] < 1:
     raise ValueError(
-        f"prompt must be [batch, length >= 1]; got {prompt.shape}."
+        f"prompt must be [batch, length >= 1]; got {jnp.shape(prompt)}."
     )
+  validate_tokens_if_concrete(prompt, model.config.vocab_size, name="prompt")
+  prompt = jnp.asarray(prompt)
   if num_tokens < 1:
     raise ValueError(f"num_tokens={num_tokens} must be >= 1.")
   if getattr(model, "decode", False):

@@ -34,8 +34,8 @@ from linen_moe import sharding  # noqa: E402
 from linen_moe._src.config import PATHS  # noqa: E402
 from linen_moe._src.config import load_model_config  # noqa: E402
 from linen_moe.training import default_optimizer  # noqa: E402
-from linen_moe_cli.frontends import frontend as get_frontend  # noqa: E402
-from linen_moe_cli.train_job import sharded_training  # noqa: E402
+from tests.frontends import FRONTENDS  # noqa: E402
+from tests.frontends import sharded_training  # noqa: E402
 
 KILL_TREE_SIZE = 1 << 16
 
@@ -117,7 +117,7 @@ def mesh(job: dict) -> dict:
       "linen", cfg, optimizer, sharding.make_mesh(job["save_on"])
   )
   state = _perturbed(run.init(tokens, rng))
-  fe = get_frontend("linen")
+  fe = FRONTENDS["linen"]
   tree = fe.checkpoint_tree(state)
   saved = {
       p: np.asarray(x) for p, x in traverse_util.flatten_dict(tree).items()
@@ -128,7 +128,7 @@ def mesh(job: dict) -> dict:
   out = {}
   for spec, frontend, layout in job["targets"]:
     target_cfg = base.replace(scan_layers=layers[layout])
-    fe = get_frontend(frontend)
+    fe = FRONTENDS[frontend]
     if spec is None:
       target = jax.eval_shape(
           lambda t, r, fe=fe, c=target_cfg: fe.init(c, optimizer, t, r),

@@ -1,11 +1,22 @@
-"""Test-session setup, applied before any test runs a computation."""
+"""Test-session setup, applied before any test runs a computation.
+
+Slow tests: mark a test class or method with `linen_moe.testing.slow`
+(above or below an absltest `@parameterized...` decorator, or on a
+`hypothesis` test); `pytest_collection_modifyitems` below gives each case the
+"slow" marker, which the default run (`-m 'not slow'`, pyproject.toml)
+leaves out and `pytest -m slow` runs. A bare `pytest.mark.slow` on a
+parameterized method is silently lost above the decorator, hence this one
+way for every test. See tests/README.md.
+"""
 
 import os
 
 from hypothesis import Phase
 from hypothesis import settings
+import pytest
 
 import linen_moe
+from linen_moe import testing
 from linen_moe.testing import use_compilation_cache
 from linen_moe.testing import use_fast_compile
 
@@ -20,6 +31,20 @@ if os.environ.get("LINEN_MOE_REQUIRE_INSTALLED") and "site-packages" not in (
       "LINEN_MOE_REQUIRE_INSTALLED is set, but linen_moe was imported from"
       f" {linen_moe.__file__}, not from an installed package"
   )
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+  del config
+  for item in items:
+    test = getattr(item, "obj", None)
+    if testing.is_slow(test) or testing.is_slow(getattr(item, "cls", None)):
+      item.add_marker(pytest.mark.slow)
+    elif item.get_closest_marker("slow") is not None:
+      raise pytest.UsageError(
+          f"{item.nodeid}: mark slow tests with linen_moe.testing.slow, not"
+          " pytest.mark.slow (lost above @parameterized); see tests/README.md"
+      )
 
 
 def pytest_report_header(config):
@@ -48,5 +73,7 @@ settings.register_profile(
     database=None,
     phases=(Phase.explicit, Phase.generate),
 )
+# The slow set runs the property tests under this profile too
+# (`test_properties.SlowProfileTest`).
 settings.register_profile("slow", max_examples=200, deadline=None)
 settings.load_profile("ci")

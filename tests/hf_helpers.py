@@ -23,11 +23,6 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 ATOL = 1e-4
 
 
-def rel(a, b) -> float:
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
 @functools.cache
 def fixture(name: str):
   d = FIXTURES / name

@@ -87,25 +87,43 @@ def z_loss(logits: np.ndarray) -> float:
   return float(np.mean([np.log(np.sum(np.exp(row))) ** 2 for row in logits]))
 
 
-def keep_mask(routes, cfg, capacity: int) -> np.ndarray:
-  """<bool>[S, k] the assignments of one sequence that keep a slot.
+def slots(
+    ids: np.ndarray,
+    weights: np.ndarray,
+    num_experts: int,
+    capacity: int,
+    drop_policy: str = "position",
+) -> np.ndarray:
+  """<int>[S, k] the expert slot each assignment of one sequence claims, -1
+  when dropped; ids and weights are [S, k] (token t's c-th choice).
 
-  `routes` holds (ids, weights) per token. Assignments claim slots in
-  priority order: "position" = all first choices in token order, then all
-  second choices, ...; "probability" = highest weight first, equal weights in
-  "position" order. An assignment past its expert's capacity is dropped.
+  Assignments claim slots in priority order: "position" = all first choices
+  in token order, then all second choices, ...; "probability" = highest
+  weight first, equal weights in "position" order. An expert's slots go
+  0, 1, ... in that order; an assignment past its expert's capacity is
+  dropped.
   """
-  s, k = len(routes), cfg.num_experts_per_tok
+  s, k = ids.shape
   order = [(c, t) for c in range(k) for t in range(s)]
-  if cfg.drop_policy == "probability":
-    order = sorted(order, key=lambda ct: -routes[ct[1]][1][ct[0]])
-  used = np.zeros(cfg.num_experts, int)
-  keep = np.zeros((s, k), bool)
+  if drop_policy == "probability":
+    order = sorted(order, key=lambda ct: -weights[ct[1], ct[0]])
+  used = np.zeros(num_experts, int)
+  slot = np.full((s, k), -1)
   for c, t in order:
-    e = routes[t][0][c]
+    e = ids[t, c]
+    if used[e] < capacity:
+      slot[t, c] = used[e]
     used[e] += 1
-    keep[t, c] = used[e] <= capacity
-  return keep
+  return slot
+
+
+def keep_mask(routes, cfg, capacity: int) -> np.ndarray:
+  """<bool>[S, k] the assignments of one sequence that keep a slot
+  (`slots`, in the config's drop policy); `routes` holds (ids, weights) per
+  token."""
+  ids = np.array([r[0] for r in routes])
+  weights = np.array([r[1] for r in routes])
+  return slots(ids, weights, cfg.num_experts, capacity, cfg.drop_policy) >= 0
 
 
 def expert(x: np.ndarray, p: dict, e: int, act: str) -> np.ndarray:
@@ -155,10 +173,30 @@ def moe_reference(
   return out, dropped
 
 
-def rel_err(got, expected) -> float:
-  """||got - expected|| / ||expected||, in float64."""
-  got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
-  return float(np.linalg.norm(got - expected) / np.linalg.norm(expected))
+def router_probs(logits: np.ndarray, cfg) -> np.ndarray:
+  """[E] one token's distribution over the experts, the load-balance loss
+  input: the softmax of its logits, or its sigmoids normalised to sum to 1
+  ("sigmoid_then_topk", DeepSeek-V3's balance-loss affinities)."""
+  if cfg.routing == "sigmoid_then_topk":
+    s = _sigmoid(logits)
+    return s / s.sum()
+  return _softmax(logits)
+
+
+def aux_reference(params: dict, router_in: np.ndarray, cfg):
+  """(expert fraction [E], unweighted load-balance loss) of the router on
+  router_in [B, S, M]: f_e = (assignments to expert e) / (T * k), counted
+  from the chosen experts; P_e = mean over tokens of `router_probs`; the
+  Switch loss E * sum_e f_e * P_e."""
+  gate = np.asarray(params["gate"]["kernel"], np.float64)
+  logits = np.asarray(router_in, np.float64).reshape(-1, gate.shape[0]) @ gate
+  scale = params.get("per_expert_scale")
+  scale = None if scale is None else np.asarray(scale, np.float64)
+  ids = np.concatenate([route_token(row, cfg, scale)[0] for row in logits])
+  e = cfg.num_experts
+  fraction = np.bincount(ids, minlength=e) / ids.size
+  mean_prob = np.mean([router_probs(row, cfg) for row in logits], axis=0)
+  return fraction, e * float(np.sum(fraction * mean_prob))
 
 
 def grouped_matmul(lhs, rhs, group_sizes, dout):

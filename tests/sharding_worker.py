@@ -30,20 +30,13 @@ from linen_moe import load_model_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
 from linen_moe import testing  # noqa: E402
 from linen_moe._src.config import PATHS  # noqa: E402
-from linen_moe._src.training import step as train_lib  # noqa: E402
 from linen_moe.training import MarkovData  # noqa: E402
-from linen_moe_cli import train_job  # noqa: E402
-from linen_moe_cli.frontends import frontend as get_frontend  # noqa: E402
+from linen_moe.training import default_optimizer  # noqa: E402
+from tests.frontends import FRONTENDS  # noqa: E402
+from tests.frontends import sharded_training  # noqa: E402
 
 EXPERT_WEIGHTS = ("wi_0", "wi_1", "wo")
-
-
-def _max_abs_diff(a, b) -> float:
-  diffs = [
-      float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y))))
-      for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-  ]
-  return max(diffs, default=0.0)
+_max_abs_diff = testing.max_abs_diff
 
 
 def _max_abs(tree) -> float:
@@ -76,13 +69,13 @@ def equivalence(job: dict) -> dict:
       **PATHS[job.get("path", "sparse")],
   )
   frontend = job.get("frontend", "linen")
-  fe = get_frontend(frontend)
+  fe = FRONTENDS[frontend]
   optimizer = optax.sgd(0.1)
   batch = job.get("batch", 8)
   tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, 8, 1)))
   rng, step_rng = jax.random.key(0), jax.random.key(1)
   runs = {
-      spec: train_job.sharded_training(
+      spec: sharded_training(
           frontend,
           cfg,
           optimizer,
@@ -147,10 +140,10 @@ def shardings(job: dict) -> dict:
       quantization=job.get("quantization", "fp8"),
   )
   tokens = jax.ShapeDtypeStruct((8, 8), jnp.int32)
-  run = train_job.sharded_training(
+  run = sharded_training(
       job.get("frontend", "linen"),
       cfg,
-      train_lib.default_optimizer(),
+      default_optimizer(),
       sharding.make_mesh(job["mesh"]),
   )
   specs = run.state_shardings(tokens, jax.random.key(0))
@@ -214,30 +207,31 @@ def layer(job: dict) -> dict:
 
     def loss(params, fp8, x, moe=moe):
       variables = {"params": params, OVERWRITE_WITH_GRADIENT: fp8}
-      y, _ = moe.apply(variables, x, rngs={"params": jax.random.key(4)})
-      return jnp.sum(y**2)
+      y, aux = moe.apply(variables, x, rngs={"params": jax.random.key(4)})
+      return jnp.sum(y**2), aux.expert_fraction
 
     fp8 = variables.get(OVERWRITE_WITH_GRADIENT, {})
-    step = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))
+    step = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))
     refs = {
         name: step(variables["params"], fp8, inputs[name])
         for name in job.get("inputs", ["random"])
     }
     for spec, rules_name in job["meshes"]:
       with sharding.mesh_context(sharding.make_mesh(spec), RULES[rules_name]):
-        mesh_step = jax.jit(jax.value_and_grad(loss, (0, 1, 2)))
+        mesh_step = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))
         got = {
             name: mesh_step(variables["params"], fp8, inputs[name])
             for name in refs
         }
-      for name, (value, grads) in got.items():
-        ref_loss, ref_grads = refs[name]
+      for name, ((value, fraction), grads) in got.items():
+        (ref_loss, ref_fraction), ref_grads = refs[name]
         key = f"{spec}/{rules_name}"
         key = key if len(modes) == 1 else f"{mode}/{key}"
         key = key if name == "random" else f"{key}/{name}"
         out[key] = {
             "loss_err": abs(float(value) - float(ref_loss)),
             "loss_scale": abs(float(ref_loss)),
+            "fraction_err": _max_abs_diff(fraction, ref_fraction),
             "param_grad_err": _max_abs_diff(grads[0], ref_grads[0]),
             "param_grad_scale": _max_abs(ref_grads[0]),
             "fp8_err": _max_abs_diff(grads[1], ref_grads[1]),
@@ -274,22 +268,6 @@ def serving(job: dict) -> dict:
   return out
 
 
-def cli(job: dict) -> dict:
-  """`linen-moe train --mesh ...` for a few steps."""
-  import contextlib  # noqa: PLC0415
-  import io  # noqa: PLC0415
-
-  from linen_moe_cli import main as cli_main  # noqa: PLC0415
-
-  out = io.StringIO()
-  argv = ["train", "--mesh", job["mesh"], "--steps", "3", "--no-progress"]
-  argv += ["--frontend", job.get("frontend", "linen")]
-  argv += ["--batch-size", "8", "--seq-len", "8"]
-  with contextlib.redirect_stdout(out):
-    code = cli_main.main(argv)
-  return {"exit_code": code, "stdout": out.getvalue()}
-
-
 def skip(job: dict) -> dict:
   """Three sharded fp8 steps with two microbatches, the second step's last
   microbatch poisoned (an out-of-range id: NaN loss); see
@@ -301,11 +279,11 @@ def skip(job: dict) -> dict:
       **PATHS[job.get("path", "sparse")],
   )
   frontend = job.get("frontend", "linen")
-  fe = get_frontend(frontend)
-  run = train_job.sharded_training(
+  fe = FRONTENDS[frontend]
+  run = sharded_training(
       frontend,
       cfg,
-      train_lib.default_optimizer(1e-2),
+      default_optimizer(1e-2),
       sharding.make_mesh(job["mesh"]),
       grad_accum=2,
   )
@@ -345,7 +323,6 @@ CHECKS = {
     "shardings": shardings,
     "layer": layer,
     "serving": serving,
-    "cli": cli,
 }
 
 

@@ -26,8 +26,7 @@ import numpy as np
 import pytest
 
 from linen_moe import checkpoint
-from linen_moe import load_model_config
-from linen_moe._src.config import PATHS
+from linen_moe import testing
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.training import LinenFrontend
@@ -43,9 +42,7 @@ FP8 = (checkpoint.VARIABLES, OVERWRITE_WITH_GRADIENT)
 
 
 def _config(quantization="fp8", path="sparse", **overrides):
-  return load_model_config(
-      "tiny_mixtral", quantization=quantization, **PATHS[path], **overrides
-  )
+  return testing.model_config("tiny_mixtral", quantization, path, **overrides)
 
 
 def _moved(tree):
@@ -60,8 +57,7 @@ def _moved(tree):
   return traverse_util.unflatten_dict(out)
 
 
-def _flat_numpy(tree) -> dict:
-  return {p: np.asarray(x) for p, x in traverse_util.flatten_dict(tree).items()}
+_flat_numpy = testing.flat_numpy
 
 
 def _abstract_linen(cfg):
@@ -447,31 +443,6 @@ class ExportTest(CheckpointTestBase):
       checkpoint.export(self.saved_dir, out)
     with self.assertRaisesRegex(ValueError, r"dtype='int8' is invalid"):
       checkpoint.export(self.saved_dir, out + "x", dtype="int8")
-
-  def test_export_command(self):
-    from linen_moe_cli import main as cli  # noqa: PLC0415
-
-    out = os.path.join(self.tmp, "cli_export")
-    code = cli.main([
-        "export",
-        "--checkpoint-dir",
-        self.saved_dir,
-        "--out",
-        out,
-        "--dtype",
-        "bfloat16",
-    ])
-    self.assertEqual(code, 0)
-    exported, _ = checkpoint.load_export(out)
-    self.assertEqual(
-        exported["params"]["embed"]["embedding"].dtype, jnp.bfloat16
-    )
-    self.assertEqual(
-        exported[OVERWRITE_WITH_GRADIENT]["layers"]["moe"]["wo_dot"][
-            "kernel_scale"
-        ].dtype,
-        jnp.float32,
-    )
 
 
 class CheckpointMeshTest(absltest.TestCase):

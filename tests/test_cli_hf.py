@@ -15,6 +15,7 @@ import numpy as np
 from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import hf
+from linen_moe import testing
 from linen_moe import training
 from linen_moe_cli import main as cli
 from linen_moe_cli import train_job
@@ -26,12 +27,10 @@ MIXTRAL = FIXTURES / "mixtral_gqa_swa"
 
 
 def _cli(*argv: str) -> str:
-  out = io.StringIO()
-  with contextlib.redirect_stdout(out):
-    status = cli.main(list(argv))
+  status, out, err = testing.run_capturing(cli.main, list(argv))
   if status:
-    raise AssertionError(f"linen-moe {' '.join(argv)} exited {status}")
-  return out.getvalue()
+    raise AssertionError(f"linen-moe {' '.join(argv)} exited {status}: {err}")
+  return out
 
 
 def _error(*argv: str) -> str:

@@ -1,11 +1,13 @@
 """Config validation: every bad value is a ValueError naming the field."""
 
 import dataclasses
+import importlib.resources
 import os
 import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import yaml
 
 from linen_moe import MoEConfig
 from linen_moe import available_configs
@@ -13,6 +15,113 @@ from linen_moe import load_model_config
 from linen_moe import load_moe_config
 
 GOOD = dict(num_experts=8, num_experts_per_tok=2, emb_dim=16, moe_mlp_dim=32)
+# The released models' shapes as their Hugging Face config.json files state
+# them (copied by hand; in the repository under configs/hf/): Mixtral-8x7B
+# (num_local_experts, hidden_size, intermediate_size, router_aux_loss_coef,
+# rope_theta), Gemma-4-26B-A4B (num_experts, top_k_experts,
+# moe_intermediate_size, intermediate_size = the shared expert's width,
+# gelu_pytorch_tanh), DeepSeek-V3 (n_routed_experts, n_shared_experts x
+# moe_intermediate_size, n_group, topk_group, scoring_func sigmoid,
+# routed_scaling_factor) and Qwen3-30B-A3B.
+RELEASED = {
+    "mixtral_8x7b": dict(
+        num_experts=8,
+        num_experts_per_tok=2,
+        emb_dim=4096,
+        moe_mlp_dim=14336,
+        mlp_activations=("silu", "linear"),
+        # transformers' softmax over every expert, top-k, renormalised: the
+        # softmax of the top-k logits.
+        routing="softmax_then_topk",
+        norm_topk_prob=True,
+        shared_experts=0,
+        # router_aux_loss_coef 0.02, but output_router_logits false: no
+        # auxiliary loss in transformers' loss.
+        load_balance_loss_weight=0.0,
+        vocab_size=32000,
+        num_layers=32,
+        num_heads=32,
+        rope_max_wavelength=1e6,
+    ),
+    "gemma4_26b": dict(
+        num_experts=128,
+        num_experts_per_tok=8,
+        emb_dim=2816,
+        moe_mlp_dim=704,
+        mlp_activations=("gelu", "linear"),
+        routing="softmax_then_topk",
+        norm_topk_prob=True,
+        shared_experts=1,
+        shared_mlp_dim=2112,
+        vocab_size=262144,
+        num_layers=30,
+        num_heads=16,
+        head_dim=256,
+    ),
+    "deepseek_v3_671b": dict(
+        num_experts=256,
+        num_experts_per_tok=8,
+        emb_dim=7168,
+        moe_mlp_dim=2048,
+        mlp_activations=("silu", "linear"),
+        routing="sigmoid_then_topk",
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        num_routing_groups=8,
+        topk_routing_group=4,
+        shared_experts=1,
+        shared_mlp_dim=2048,
+        vocab_size=129280,
+        num_layers=61,
+        num_heads=128,
+    ),
+    "qwen3_30b_a3b": dict(
+        num_experts=128,
+        num_experts_per_tok=8,
+        emb_dim=2048,
+        moe_mlp_dim=768,
+        mlp_activations=("silu", "linear"),
+        routing="softmax_then_topk",
+        norm_topk_prob=True,
+        shared_experts=0,
+        load_balance_loss_weight=0.0,  # as Mixtral's: output_router_logits
+        # is false in its config.json.
+        vocab_size=151936,
+        num_layers=48,
+        num_heads=32,
+        head_dim=128,
+        rope_max_wavelength=1e6,
+    ),
+}
+# Each tiny config and the release whose structure it mirrors at toy size.
+TINY_OF = {
+    "tiny_mixtral": "mixtral_8x7b",
+    "tiny_gemma4_26b": "gemma4_26b",
+    "tiny_deepseek_v3": "deepseek_v3_671b",
+    "tiny_qwen3_moe": "qwen3_30b_a3b",
+}
+# The fields that make a family what it is, not how big it is.
+STRUCTURE = (
+    "mlp_activations",
+    "routing",
+    "norm_topk_prob",
+    "per_expert_scale",
+    "routed_scaling_factor",
+    "routed_bias",
+)
+
+
+def _field(cfg, name):
+  """A field of a ModelConfig, looked up on its MoEConfig when it is one."""
+  return getattr(cfg.moe if hasattr(cfg.moe, name) else cfg, name)
+
+
+def _routing(cfg) -> tuple[str, bool]:
+  """(routing, renormalised) as computed: top-k then softmax is the softmax
+  over every expert, top-k, renormalised."""
+  if cfg.moe.routing == "topk_then_softmax":
+    return ("softmax_then_topk", True)
+  return (cfg.moe.routing, cfg.moe.norm_topk_prob)
 
 
 class ConfigValidationTest(parameterized.TestCase):
@@ -168,22 +277,49 @@ class ConfigValidationTest(parameterized.TestCase):
 
 class LoadConfigTest(parameterized.TestCase):
 
-  def test_shipped_configs(self):
-    self.assertContainsSubset(
-        {
-            "tiny_mixtral",
-            "tiny_gemma4_26b",
-            "mixtral_8x7b",
-            "gemma4_26b",
-            "tiny_deepseek_v3",
-            "tiny_qwen3_moe",
-            "deepseek_v3_671b",
-            "qwen3_30b_a3b",
-        },
-        set(available_configs()),
-    )
+  def test_shipped_configs_load_as_written(self):
+    self.assertContainsSubset({*RELEASED, *TINY_OF}, set(available_configs()))
     for name in available_configs():
-      load_model_config(name)
+      cfg = load_model_config(name)
+      resource = importlib.resources.files("linen_moe.configs") / f"{name}.yml"
+      written = yaml.safe_load(resource.read_text(encoding="utf-8"))
+      self.assertEqual(set(written), {"moe", "decoder"}, name)
+      for section, fields in written.items():
+        for field, value in fields.items():
+          got = getattr(cfg.moe if section == "moe" else cfg, field)
+          want = tuple(value) if isinstance(value, list) else value
+          self.assertEqual(got, want, f"{name}: {section}.{field}")
+
+  @parameterized.parameters(*RELEASED)
+  def test_released_shapes(self, name):
+    cfg = load_model_config(name)
+    for field, value in RELEASED[name].items():
+      self.assertEqual(_field(cfg, field), value, f"{name}: {field}")
+    if name == "gemma4_26b":  # its router reads its own, normalised input
+      self.assertTrue(cfg.router_input_norm and cfg.post_moe_norms)
+      self.assertTrue(cfg.moe.per_expert_scale)
+
+  @parameterized.parameters(*TINY_OF.items())
+  def test_tiny_configs_mirror_their_release(self, tiny, released):
+    small, full = load_model_config(tiny), load_model_config(released)
+    self.assertEqual(_routing(small), _routing(full), tiny)
+    for field in (*STRUCTURE, "router_input_norm", "post_moe_norms"):
+      if field in ("routing", "norm_topk_prob"):
+        continue
+      self.assertEqual(
+          _field(small, field), _field(full, field), f"{tiny}: {field}"
+      )
+    # Shared experts and expert groups: present in both, or in neither.
+    self.assertEqual(
+        small.moe.shared_experts > 0, full.moe.shared_experts > 0, tiny
+    )
+    self.assertEqual(
+        small.moe.num_routing_groups > 1, full.moe.num_routing_groups > 1, tiny
+    )
+    # Tiny: trains in seconds on a CPU.
+    self.assertLessEqual(small.moe.emb_dim, 64)
+    self.assertLessEqual(small.num_layers, 2)
+    self.assertEqual(small.vocab_size, 256)
 
   def test_structure_of_tiny_configs(self):
     mix = load_moe_config("tiny_mixtral")

@@ -2,12 +2,15 @@
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from linen_moe import RoutedMoE
 from linen_moe import load_model_config
+from linen_moe import testing
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.decoder import scanned_to_unrolled
 from linen_moe._src.models.decoder import unrolled_to_scanned
@@ -19,7 +22,7 @@ CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
 
 
 def _tokens(cfg, batch=4, seq=16, seed=1):
-  return jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, seq, seed)))
+  return testing.markov_tokens(cfg.vocab_size, batch, seq, seed)
 
 
 class DecoderTest(parameterized.TestCase):
@@ -66,14 +69,38 @@ class DecoderTest(parameterized.TestCase):
     self.assertIn("post_routed_norm", block)
     self.assertIn("post_shared_norm", block)
     self.assertIn("shared_experts", block)
-    # The router reads its own input: scaling the router input scale changes
-    # routing (and so the output), while the experts' input is unchanged.
+    # The router reads its own input: scaling layer 0's router input scale
+    # scales exactly the router's input and changes its routing (so the
+    # output), while the experts' input is unchanged.
+    unrolled = Decoder(cfg.replace(scan_layers=False))
+    variables = scanned_to_unrolled(variables, cfg.num_layers)
     changed = jax.tree.map(lambda x: x, variables)
-    changed["params"]["layers"]["router_input_scale"] = (
-        block["router_input_scale"] * -3.0
-    )
-    l1, _ = model.apply(variables, tokens)
-    l2, _ = model.apply(changed, tokens)
+    layer_0 = changed["params"]["layers_0"]
+    layer_0["router_input_scale"] = layer_0["router_input_scale"] * -3.0
+
+    def moe_calls(variables):
+      """(logits, [(experts' input, router input, output)] per layer)."""
+      calls = []
+
+      def record(call, args, kwargs, context):
+        out = call(*args, **kwargs)
+        if (
+            isinstance(context.module, RoutedMoE)
+            and context.method_name == "__call__"
+        ):
+          calls.append((*args, out[0]))
+        return out
+
+      with nn.intercept_methods(record):
+        logits, _ = unrolled.apply(variables, tokens)
+      return logits, calls
+
+    (l1, calls), (l2, changed_calls) = moe_calls(variables), moe_calls(changed)
+    self.assertLen(calls, cfg.num_layers)
+    (x1, gate1, y1), (x2, gate2, y2) = calls[0], changed_calls[0]
+    np.testing.assert_array_equal(x2, x1)  # the experts' input
+    np.testing.assert_allclose(gate2, -3.0 * gate1, rtol=1e-6)
+    self.assertGreater(float(jnp.abs(y2 - y1).max()), 1e-4)  # routed anew
     self.assertGreater(float(jnp.abs(l1 - l2).max()), 1e-4)
 
   def test_bad_tokens(self):
@@ -82,10 +109,24 @@ class DecoderTest(parameterized.TestCase):
       Decoder(cfg).init(jax.random.key(0), jnp.zeros((2, 4), jnp.float32))
 
 
+# Steps of `test_training_approaches_the_optimum`, and how far above the
+# optimum log(branching) = log(4) = 1.386 nats the mean of the last 5 steps'
+# losses may still be (measured after 30 steps: tiny_mixtral 2.66, i.e. 1.27
+# above; tiny_gemma4_26b 2.12, 0.73 above; both start at 6-7 nats).
+TRAIN_STEPS = 30
+MARGIN = 1.6
+
+
 class TrainStepTest(parameterized.TestCase):
 
-  @parameterized.product(config=CONFIGS, scan=(True, False))
-  def test_training_reduces_loss(self, config, scan):
+  # Each config once, each layer mode once (scanned == unrolled is
+  # DecoderTest.test_scanned_equals_unrolled).
+  @parameterized.parameters(("tiny_mixtral", True), ("tiny_gemma4_26b", False))
+  def test_training_approaches_the_optimum(self, config, scan):
+    """The Markov data's best loss is known: every next token is one of 4
+    equally likely successors, so a model that learned the table scores
+    exactly log(4) on every batch; one below it (beyond noise) sees the
+    future."""
     cfg = load_model_config(config, scan_layers=scan)
     data = MarkovData(cfg.vocab_size)
     batches = data.batches(16, 32, seed=2)
@@ -95,14 +136,17 @@ class TrainStepTest(parameterized.TestCase):
     state = train_lib.init_train_state(model, opt, tokens, jax.random.key(0))
     step = jax.jit(train_lib.make_train_step(model, opt))
     losses = []
-    for i in range(40):
+    for i in range(TRAIN_STEPS):
       state, metrics = step(
           state, jnp.asarray(next(batches)), jax.random.key(i)
       )
       losses.append(float(metrics["cross_entropy"]))
     self.assertTrue(np.all(np.isfinite(losses)))
-    self.assertLess(np.mean(losses[-5:]), losses[0] - 1.5)
-    self.assertGreater(np.mean(losses[-5:]), data.best_loss - 0.05)
+    self.assertEqual(data.best_loss, np.log(4))
+    self.assertGreater(losses[0], data.best_loss + 4)  # starts untrained
+    self.assertBetween(
+        np.mean(losses[-5:]), data.best_loss - 0.05, data.best_loss + MARGIN
+    )
 
   def test_grad_accum_equals_full_batch(self):
     cfg = load_model_config("tiny_mixtral")

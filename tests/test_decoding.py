@@ -4,9 +4,7 @@ Per case: one compiled prefill, one compiled decode step, one compiled full
 forward over the final sequence length (the causality check reuses it).
 """
 
-import contextlib
 import functools
-import io
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -20,7 +18,6 @@ from linen_moe import decoding
 from linen_moe import load_model_config
 from linen_moe import serving
 from linen_moe.sharding import unbox
-from linen_moe_cli.main import main
 
 PROMPT, NEW = 5, 4
 # (config, layers, path, mode): a float model and converted ones, both
@@ -110,35 +107,20 @@ class DecodingTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "batch=0"):
       decoding.init_cache(config, 0, 8)
 
-
-class GenerateCommandTest(absltest.TestCase):
-
-  def test_generate_prints_bytes_and_speed(self):
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-      code = main([
-          "generate",
-          "--train-steps=0",
-          "--batch-size=2",
-          "--prompt-len=4",
-          "--new-tokens=3",
-          "--repeats=1",
-      ])
-    self.assertEqual(code, 0)
-    text = out.getvalue()
-    self.assertIn("decode tok/s", text)
-    rows = {line.split()[0]: line.split() for line in text.splitlines()[2:4]}
-    self.assertEqual(set(rows), {"float", "int8"})
-    # [E, M, H] x 3 kernels x 2 layers: 4 bytes float, 1 byte + scales int8.
-    self.assertEqual(rows["float"][1], f"{8 * 64 * 128 * 3 * 2 * 4:,}")
-    self.assertLess(float(rows["int8"][2]), 0.3)
-
-  def test_generate_needs_a_quantized_mode(self):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-      code = main(["generate", "--quantization=none", "--train-steps=0"])
-    self.assertEqual(code, 2)
-    self.assertIn("quantization", err.getvalue())
+  def test_a_full_cache_is_an_error_not_a_clamped_write(self):
+    config, variables, prompt = _model("mixtral_float_sparse")
+    p = prompt.shape[1]
+    with self.assertRaisesRegex(ValueError, f"{p} more do not fit"):
+      decoding.prefill(
+          config, variables, decoding.init_cache(config, 2, p - 1), prompt
+      )
+    cache = decoding.init_cache(config, 2, p + 1)
+    token, _, cache = decoding.prefill(config, variables, cache, prompt)
+    token, _, cache = decoding.decode_step(config, variables, cache, token)
+    with self.assertRaisesRegex(
+        ValueError, f"holds {p + 1} of its max_len={p + 1} tokens"
+    ):
+      decoding.decode_step(config, variables, cache, token)
 
 
 if __name__ == "__main__":

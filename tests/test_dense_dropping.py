@@ -1,4 +1,6 @@
-"""The index-form dropping path against the one-hot einsum form it replaces."""
+"""The index-form dropping path against the one-hot einsum form it replaces,
+whose slots come from NumPy, written from the documented priority rule
+(`numpy_reference.slots`), not from the code under test."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -8,6 +10,7 @@ import numpy as np
 
 from linen_moe import routing
 from linen_moe._src import dense as dense_lib
+from tests import numpy_reference
 
 B, S, M, H, E, K = 2, 12, 6, 5, 4, 2
 
@@ -17,12 +20,22 @@ def _plain_einsum(site, eqn, lhs, rhs):
   return jnp.einsum(eqn, lhs, rhs)
 
 
-def _one_hot_dropping(x, router, experts, act, capacity):
-  """The dense dropping path as one-hot dispatch/combine einsums."""
+def _reference_slots(router, b, s, capacity, policy) -> np.ndarray:
+  """<float32>[B, S, k, E, C] one-hot slot of every kept assignment."""
+  ids = np.asarray(router.indices).reshape(b, s, K)
+  weights = np.asarray(router.weights).reshape(b, s, K)
+  out = np.zeros((b, s, K, E, capacity), np.float32)
+  for bi in range(b):
+    slot = numpy_reference.slots(ids[bi], weights[bi], E, capacity, policy)
+    for si, c in zip(*np.nonzero(slot >= 0), strict=True):
+      out[bi, si, c, ids[bi, si, c], slot[si, c]] = 1
+  return out
+
+
+def _one_hot_dropping(x, router, experts, act, slots):
+  """The dense dropping path as one-hot dispatch/combine einsums over the
+  given slots [B, S, k, E, C]."""
   b, s, _ = x.shape
-  slots = dense_lib.dispatch_mask(
-      router.indices.reshape(b, s, K), E, capacity
-  )  # [B, S, k, E, C]
   dispatch = jnp.sum(slots, axis=2)
   combine = jnp.sum(slots * router.weights.reshape(b, s, K, 1, 1), axis=2)
   wi_0, wi_1, wo = experts
@@ -35,8 +48,15 @@ def _one_hot_dropping(x, router, experts, act, capacity):
 
 class IndexFormTest(parameterized.TestCase):
 
-  @parameterized.parameters(1, 3, 6, 12)  # 1 and 3 drop, 12 keeps all
-  def test_output_and_gradients_match_one_hot_form(self, capacity):
+  # Capacities 1, 3 and 6 drop, 12 keeps all.
+  @parameterized.parameters(
+      (1, "position"),
+      (3, "position"),
+      (3, "probability"),
+      (6, "probability"),
+      (12, "position"),
+  )
+  def test_output_and_gradients_match_one_hot_form(self, capacity, policy):
     keys = jax.random.split(jax.random.key(capacity), 6)
     x = jax.random.normal(keys[0], (B, S, M))
     logits = jax.random.normal(keys[1], (B * S, E))
@@ -51,13 +71,26 @@ class IndexFormTest(parameterized.TestCase):
       router = routing.route(logits, K, "softmax_then_topk", True)
       return fn(x, router, experts)
 
-    def ours(x, router, experts):
+    by_probability = policy == "probability"
+    router = routing.route(logits, K, "softmax_then_topk", True)
+    slots = _reference_slots(router, B, S, capacity, policy)
+
+    def ours_with_dropped(x, router, experts):
       return dense_lib.dense_dropping(
-          _plain_einsum, x, router, experts, jax.nn.silu, capacity
-      )[0]
+          _plain_einsum,
+          x,
+          router,
+          experts,
+          jax.nn.silu,
+          capacity,
+          by_probability=by_probability,
+      )
+
+    def ours(x, router, experts):
+      return ours_with_dropped(x, router, experts)[0]
 
     def reference(x, router, experts):
-      return _one_hot_dropping(x, router, experts, jax.nn.silu, capacity)
+      return _one_hot_dropping(x, router, experts, jax.nn.silu, slots)
 
     results = []
     for fn in (ours, reference):
@@ -70,16 +103,10 @@ class IndexFormTest(parameterized.TestCase):
     ):
       for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=name)
-    _, dropped = jax.jit(
-        lambda: dense_lib.dense_dropping(
-            _plain_einsum,
-            x,
-            routing.route(logits, K, "softmax_then_topk", True),
-            experts,
-            jax.nn.silu,
-            capacity,
-        )
-    )()
+    _, dropped = jax.jit(ours_with_dropped)(x, router, experts)
+    self.assertAlmostEqual(
+        float(dropped), 1 - slots.sum() / (B * S * K), places=6
+    )
     if capacity == 1:  # 24 choices per sequence, 4 slots: most dropped
       self.assertGreater(float(dropped), 0.5)
     if capacity == S:  # room for every token in every expert

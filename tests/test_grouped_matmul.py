@@ -353,6 +353,45 @@ class ValidationTest(parameterized.TestCase):
     self.assertEqual(loops(default), 0)
     self.assertGreater(loops(_blocked(16)), 0)  # C = 16: the overflow loops
 
+  def test_a_bound_on_group_sizes_drops_the_loops(self):
+    # No group above 12 rows (a MoE of 12 tokens: a token picks an expert
+    # once). With the bound, C = min(16, 12) covers every group: no loop.
+    group_sizes = jnp.array([12, 0, 11, 12, 9, 5, 1, 0], jnp.int32)
+    keys = jax.random.split(jax.random.key(4), 3)
+    lhs = jax.random.normal(keys[0], (M, 256))
+    rhs = jax.random.normal(keys[1], (8, 256, 256))
+    dout = jax.random.normal(keys[2], (M, 256))
+    self.assertEqual(gmm_lib.default_slot_rows(M, 8, 256, 256), 16)
+    bounded = functools.partial(
+        gmm_lib.grouped_matmul, implementation="blocked", max_group_size=12
+    )
+    got = _fwd_bwd(bounded, group_sizes)(lhs, rhs, dout)
+    want = numpy_reference.grouped_matmul(lhs, rhs, group_sizes, dout)
+    _assert_all_close(got, want, rtol=1e-4, atol=1e-3)
+
+    def loops(matmul):
+      fwd_bwd = _fwd_bwd(matmul, group_sizes)
+      return str(jax.make_jaxpr(fwd_bwd)(lhs, rhs, dout)).count("while[")
+
+    self.assertEqual(loops(bounded), 0)
+    unbounded = functools.partial(
+        gmm_lib.grouped_matmul, implementation="blocked"
+    )
+    self.assertGreater(loops(unbounded), 0)
+
+  @parameterized.parameters(0, -1, 2.0, True)
+  def test_bad_bound(self, bound):
+    with self.assertRaisesRegex(
+        ValueError, "max_group_size must be a positive"
+    ):
+      gmm_lib.grouped_matmul(
+          jnp.zeros((M, K)),
+          jnp.zeros((3, K, N)),
+          jnp.zeros((3,), jnp.int32),
+          implementation="blocked",
+          max_group_size=bound,
+      )
+
   # 1.25 x the mean group, rounded up to a multiple of 8, in [8, M].
   @parameterized.parameters(
       (32768, 128, 320),  # mean 256

@@ -14,14 +14,13 @@ particular to DeepSeek-V3 and Gemma-4 is in tests/test_hf_families.py.
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
-import pytest
 
+from linen_moe import testing
 from tests.hf_helpers import ATOL
 from tests.hf_helpers import fixture as _fixture
 from tests.hf_helpers import generate as _generate
 from tests.hf_helpers import load as _load
 from tests.hf_helpers import logits as _logits
-from tests.hf_helpers import rel as _rel
 
 NAMES = (
     "mixtral_gqa_swa",
@@ -68,6 +67,9 @@ BF16_REL, BF16_ATOL = 0.05, 0.25
 # norm), which the few layers here stay within. Measured: int8 0.5-0.8%,
 # fp8 1.6-6.7%.
 SERVING_REL = {"int8": 0.04, "fp8": 0.12, "nanoo_fp8": 0.12}
+
+
+_rel = testing.rel_err
 
 
 class LogitsTest(parameterized.TestCase):
@@ -119,7 +121,7 @@ class LogitsTest(parameterized.TestCase):
     self.assertFalse(mixtral.scale_embeddings or mixtral.tie_embeddings)
 
 
-@pytest.mark.slow  # on the class: absl's parameterized drops method marks
+@testing.slow
 class SlowProductTest(parameterized.TestCase):
 
   @parameterized.product(

@@ -13,8 +13,8 @@ against the frequencies transformers computes (its values) and the
 rotation against a NumPy loop.
 """
 
+import importlib.resources
 import json
-import pathlib
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -25,13 +25,14 @@ import numpy as np
 from linen_moe import Decoder
 from linen_moe import hf
 from linen_moe import serving
+from linen_moe import testing
 from linen_moe._src.models import mla
 from linen_moe._src.models.rotary import Rope
 from tests.hf_helpers import fixture
 from tests.hf_helpers import load
-from tests.hf_helpers import rel
 
-ROOT = pathlib.Path(__file__).parent.parent
+# The released config.json files ship in the package (configs/hf/).
+CONFIGS = importlib.resources.files("linen_moe.configs") / "hf"
 # Serving weights against the float model: int8 per channel as
 # tests/test_hf.py (measured 1.7% here); fp8 per tensor: Gemma-4's norms
 # around each MLP make its logits more sensitive to weight rounding than
@@ -105,7 +106,7 @@ class ServingOnLoadTest(parameterized.TestCase):
     self.assertTrue(all(k.dtype == storage for k in kernels))
     ids, expected, _, _ = fixture(name)
     got, _ = jax.jit(Decoder(config).apply)(variables, ids)
-    self.assertLess(rel(got, expected), SERVING_REL[mode])
+    self.assertLess(testing.rel_err(got, expected), SERVING_REL[mode])
 
 
 def _rotate_reference(x, freq, scale, interleave):
@@ -172,9 +173,7 @@ class RotaryTest(parameterized.TestCase):
     )
     np.testing.assert_allclose(freq[-1], 3.3338e-06, rtol=1e-4)
     self.assertEqual(rope.scale, 1.0)  # mscale == mscale_all_dim
-    released = json.loads(
-        (ROOT / "configs/hf/deepseek_v3/config.json").read_text()
-    )
+    released = json.loads((CONFIGS / "deepseek_v3" / "config.json").read_text())
     scale = mla.softmax_scale(hf.model_config(released))
     self.assertAlmostEqual(scale, 0.1352338, places=6)  # 192**-0.5 = 0.0722
 

@@ -5,6 +5,7 @@ mode); the serving cases compile one forward each.
 """
 
 import copy
+import importlib.resources
 import json
 import pathlib
 import shutil
@@ -27,7 +28,9 @@ from tests import workers
 from tests.hf_helpers import forbid_data_reads
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
-CONFIGS = pathlib.Path(__file__).parent.parent / "configs" / "hf"
+# The released models' config.json files (configs/hf/ in the repository),
+# read from the installed package as CI's copy of tests/ must.
+CONFIGS = importlib.resources.files("linen_moe.configs") / "hf"
 SERVING_REL = {"int8": 0.04, "fp8": 0.12}  # as tests/test_hf.py
 
 
@@ -309,8 +312,9 @@ class BadInputTest(absltest.TestCase):
     }
     self.assertEqual(hf.model_config(old), hf.model_config(new))
     released = {
-        p.parent.name: json.loads(p.read_text())
-        for p in CONFIGS.glob("*/config.json")
+        d.name: json.loads((d / "config.json").read_text())
+        for d in CONFIGS.iterdir()
+        if (d / "config.json").is_file()
     }
     mixtral = hf.model_config(released["mixtral_8x7b"])
     self.assertEqual(

@@ -26,7 +26,6 @@ from jax import lax
 from jax._src import mesh as mesh_lib
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
@@ -273,7 +272,7 @@ class LayerKernelTest(LayerKernelChecks):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.slow
+@testing.slow
 class LayerKernelProductTest(LayerKernelChecks):
 
   @parameterized.product(mode=QUANTIZATIONS, kind=("megablox", "tokamax"))

@@ -9,11 +9,11 @@ from flax import traverse_util
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import load_model_config
+from linen_moe import testing
 from linen_moe._src import layer_stack
 from linen_moe._src.layer_stack import StackPlan
 from linen_moe._src.models.decoder import routed_bias_rule
@@ -90,6 +90,20 @@ class StackPlanTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "has 1 of the 2 layers"):
       layer_stack.to_scanned(tree, plan)
 
+  def test_a_stack_of_another_length_is_refused(self):
+    # Neither dropping the rows past the plan nor inventing missing ones.
+    stacked = {"params": {"layers": {"w": np.zeros((4, 3))}}}
+    for layers in (2, 6):
+      with self.assertRaisesRegex(
+          ValueError,
+          f"stacks \\[4\\] layers on axis 0, but the plan scans {layers}",
+      ):
+        layer_stack.to_unrolled(stacked, StackPlan.uniform(layers))
+    unrolled = layer_stack.to_unrolled(stacked, StackPlan.uniform(4))
+    self.assertEqual(
+        sorted(unrolled["params"]), [f"layers_{i}" for i in range(4)]
+    )
+
   def test_routed_bias_rule_reads_each_layers_row(self):
     plan = StackPlan.for_kinds((D, M, D, M), scan=True)
     rule = {"layers": {"block_1": {"moe": {"routed_bias": jnp.zeros((2, 4))}}}}
@@ -119,7 +133,7 @@ class MixedStackCheckpointTest(absltest.TestCase):
     jax.tree.map(np.testing.assert_array_equal, restored, scanned)
 
 
-@pytest.mark.slow
+@testing.slow
 class MixedStackDecoderTest(absltest.TestCase):
 
   def test_scanned_group_equals_unrolled_and_restores_across_layouts(self):

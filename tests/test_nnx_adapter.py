@@ -10,26 +10,19 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from linen_moe import RoutedMoE
-from linen_moe import load_model_config
+from linen_moe import testing
 from linen_moe._src.config import PATHS
 from linen_moe._src.config import QUANTIZATIONS
-from linen_moe._src.config import TINY_CONFIGS
 from linen_moe._src.models.decoder import Decoder as LinenDecoder
 from linen_moe._src.quantization_modes import FP8_QUANTIZATIONS as FP8_MODES
 from linen_moe._src.training import step as train_lib
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData
-from linen_moe_cli import frontends
-from linen_moe_cli import main as cli
-from linen_moe_cli import matrix
 import nnx_adapter
 
-CONFIGS = TINY_CONFIGS
-LAYERS = {True: "scanned", False: "unrolled"}
 # The contraction call sites each path registers.
 SITES = {
     "sparse": ("wi_0", "wi_1", "wo"),
@@ -40,22 +33,7 @@ FP8_VARIABLES = ("input", "kernel", "output_grad")
 HISTORY = 1024
 F32 = np.dtype("float32")
 TX = train_lib.default_optimizer(1e-2)
-# (config, scanned, quantization, path): every mode and path at least once,
-# both configs and both layer modes. The full product is marked slow.
-DEFAULT_CELLS = (
-    ("tiny_mixtral", True, "fp8", "dense_dropping"),
-    ("tiny_mixtral", False, "int8", "sparse"),
-    ("tiny_gemma4_26b", True, "none", "dense"),
-    ("tiny_gemma4_26b", False, "nanoo_fp8", "sparse"),
-)
-
-
-def _config(name="tiny_mixtral", mode="none", path="sparse", **overrides):
-  return load_model_config(name, quantization=mode, **PATHS[path], **overrides)
-
-
-def _tokens(cfg, batch=2, seq=8, seed=1):
-  return jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, seq, seed)))
+_config = testing.model_config
 
 
 def _signature(module: nnx.Module) -> set:
@@ -90,7 +68,7 @@ class AdapterTest(parameterized.TestCase):
 
   @parameterized.product(mode=QUANTIZATIONS, path=tuple(PATHS))
   def test_all_state_exists_at_construction(self, mode, path):
-    cfg = _config(mode=mode, path=path)
+    cfg = _config(quantization=mode, path=path)
     moe = _adapted_moe(cfg)
     before = _signature(moe)
     x = jax.random.normal(jax.random.key(1), (2, 8, cfg.moe.emb_dim))
@@ -123,7 +101,7 @@ class AdapterTest(parameterized.TestCase):
     )
 
   def test_int8_rounding_randomness_comes_from_call_rngs(self):
-    moe = _adapted_moe(_config(mode="int8", path="dense"))
+    moe = _adapted_moe(_config(quantization="int8", path="dense"))
     x = jax.random.normal(jax.random.key(1), (2, 8, 64))
 
     @nnx.jit
@@ -142,7 +120,7 @@ class ConstructionUnderTraceTest(absltest.TestCase):
   loudly; calls never change the graph."""
 
   def test_inside_jit_builds_the_eager_state(self):
-    cfg = _config(mode="fp8", path="dense")
+    cfg = _config(quantization="fp8", path="dense")
     eager = _adapted_moe(cfg)
     traced = nnx.jit(lambda: _adapted_moe(cfg))()
     self.assertEqual(_signature(traced), _signature(eager))
@@ -151,7 +129,7 @@ class ConstructionUnderTraceTest(absltest.TestCase):
     )
 
   def test_inside_vmap_builds_a_stacked_layer(self):
-    cfg = _config(mode="fp8", path="sparse")
+    cfg = _config(quantization="fp8", path="sparse")
     layers = 3
 
     @nnx.split_rngs(splits=layers)
@@ -205,7 +183,7 @@ class InterchangeTest(parameterized.TestCase):
   )
   def test_same_loss_both_ways(self, mode, scan):
     cfg = _config("tiny_gemma4_26b", mode, "dense", scan_layers=scan)
-    tokens = _tokens(cfg)
+    tokens = testing.markov_tokens(cfg.vocab_size)
     linen = LinenDecoder(cfg)
     variables = unbox(linen.init(jax.random.key(0), tokens))
     if mode in FP8_MODES:  # fp8 state the loss depends on, not the init one
@@ -238,8 +216,30 @@ class InterchangeTest(parameterized.TestCase):
       )
       self.assertNotAlmostEqual(float(reset_loss), float(linen_loss), places=5)
 
+  def test_variables_of_another_config(self):
+    cfg = _config(num_layers=1)
+    model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0))
+    before = nnx_adapter.nnx_to_linen(model)
+    other = LinenDecoder(cfg.replace(moe_mlp_dim=2 * cfg.moe.moe_mlp_dim))
+    shapes = jax.eval_shape(
+        other.init, jax.random.key(0), jnp.ones((1, 4), int)
+    )
+    variables = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    m, h = cfg.moe.emb_dim, cfg.moe.moe_mlp_dim
+    e = cfg.moe.num_experts
+    with self.assertRaisesRegex(
+        ValueError,
+        rf"another config.*params/layers/moe/wi_0: expected "
+        rf"float32\[1, {e}, {m}, {h}\], got float32\[1, {e}, {m}, {2 * h}\]",
+    ):
+      nnx_adapter.linen_to_nnx(variables, model)
+    # Nothing was loaded: the check runs before the first variable is set.
+    jax.tree.map(
+        np.testing.assert_array_equal, nnx_adapter.nnx_to_linen(model), before
+    )
+
   def test_mismatch_is_an_error(self):
-    cfg = _config(mode="fp8")
+    cfg = _config(quantization="fp8")
     model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0))
     variables = nnx_adapter.nnx_to_linen(model)
     no_fp8 = {"params": variables["params"]}
@@ -255,81 +255,64 @@ class InterchangeTest(parameterized.TestCase):
       nnx_adapter.linen_to_nnx(bad, model)
 
 
-def _check_cell(test, name, scan, mode, path):
-  cell = matrix.Cell(name, mode, path, LAYERS[scan], "nnx")
-  result = matrix.run_cell(cell)
-  test.assertTrue(result.ok, f"{cell}: {result.error}")
-  test.assertEqual(result.quantized_types, matrix.EXPECTED_TYPES[mode])
-
-
-# pytest marks on absl's parameterized methods are lost; mark the class.
-@pytest.mark.slow
-class FullProductTest(parameterized.TestCase):
-
-  @parameterized.product(
-      name=CONFIGS, scan=(True, False), mode=QUANTIZATIONS, path=tuple(PATHS)
-  )
-  def test_cell(self, name, scan, mode, path):
-    _check_cell(self, name, scan, mode, path)
-
-
-class TrainStepTest(parameterized.TestCase):
-  """Two jitted NNX train steps per cell, through the shared cell runner:
-  compiled once, really quantized, finite, lower loss on the same batch,
-  params moved, every fp8 call site moved and differs from the others."""
-
-  @parameterized.parameters(*DEFAULT_CELLS)
-  def test_cell(self, name, scan, mode, path):
-    _check_cell(self, name, scan, mode, path)
-
-
 class TrainingTest(absltest.TestCase):
+  """tiny_mixtral (scanned, 2 microbatches a step) trained with fp8 in both
+  front ends from the same weights on the same batches: the same loss at
+  every step, the fp8 state moved everywhere, and a float32 Linen run as the
+  reference for how fp8 trains."""
 
-  def _train(self, mode, steps=50, grad_accum=2):
-    """Trains tiny_mixtral (scanned, `grad_accum` microbatches a step) in both
-    front ends from the same initial weights; returns their losses."""
-    cfg = _config(mode=mode)
-    batches = MarkovData(cfg.vocab_size).batches(8, 16, seed=3)
-    model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0))
-    variables = nnx_adapter.nnx_to_linen(model)
-    optimizer = nnx.Optimizer(model, TX, wrt=nnx.Param)
-    traces = []
+  STEPS = 20
 
-    @nnx.jit(static_argnames="grad_accum")
-    def nnx_step(model, optimizer, tokens, rng, grad_accum):
-      traces.append(None)
-      return nnx_adapter.train_step(model, optimizer, tokens, rng, grad_accum)
-
-    linen_state = train_lib.TrainState(
+  def _train_linen(self, cfg, variables, batches, grad_accum=2):
+    """(losses, fp8 state after) of the Linen train step from `variables`."""
+    state = train_lib.TrainState(
         step=jnp.zeros((), jnp.int32),
         params=variables["params"],
         fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
         opt_state=TX.init(variables["params"]),
     )
-    linen_step = jax.jit(
-        train_lib.make_train_step(LinenDecoder(cfg), TX, grad_accum)
-    )
-    losses = {"linen": [], "nnx": []}
-    for i in range(steps):
-      tokens, rng = jnp.asarray(next(batches)), jax.random.key(i)
-      metrics = nnx_step(model, optimizer, tokens, rng, grad_accum=grad_accum)
-      losses["nnx"].append(float(metrics["cross_entropy"]))
-      linen_state, metrics = linen_step(linen_state, tokens, rng)
-      losses["linen"].append(float(metrics["cross_entropy"]))
+    step = jax.jit(train_lib.make_train_step(LinenDecoder(cfg), TX, grad_accum))
+    losses = []
+    for i, tokens in enumerate(batches):
+      state, metrics = step(state, tokens, jax.random.key(i))
+      losses.append(float(metrics["cross_entropy"]))
+    self.assertEqual(step._cache_size(), 1)
+    return losses, state.fp8_state
+
+  def _train_nnx(self, model, batches, grad_accum=2):
+    """(losses, fp8 state after, Linen layout) of the NNX train step."""
+    optimizer = nnx.Optimizer(model, TX, wrt=nnx.Param)
+    traces = []
+
+    @nnx.jit(static_argnames="grad_accum")
+    def step(model, optimizer, tokens, rng, grad_accum):
+      traces.append(None)
+      return nnx_adapter.train_step(model, optimizer, tokens, rng, grad_accum)
+
+    losses = []
+    for i, tokens in enumerate(batches):
+      metrics = step(model, optimizer, tokens, jax.random.key(i), grad_accum)
+      losses.append(float(metrics["cross_entropy"]))
     self.assertLen(traces, 1)  # one trace for all steps under nnx.jit
-    self.assertEqual(linen_step._cache_size(), 1)
-    fp8_after = {
-        "linen": linen_state.fp8_state,
-        "nnx": nnx_adapter.nnx_to_linen(model).get(OVERWRITE_WITH_GRADIENT, {}),
-    }
-    return losses, variables.get(OVERWRITE_WITH_GRADIENT, {}), fp8_after
+    fp8 = nnx_adapter.nnx_to_linen(model).get(OVERWRITE_WITH_GRADIENT, {})
+    return losses, fp8
 
   def test_fp8_trains_and_linen_matches_nnx(self):
-    losses = {}
-    for mode in ("none", "fp8"):
-      losses[mode], fp8_before, fp8_after = self._train(mode)
+    cfg = _config(quantization="fp8")
+    data = MarkovData(cfg.vocab_size).batches(8, 16, seed=3)
+    batches = [jnp.asarray(next(data)) for _ in range(self.STEPS)]
+    model = nnx_adapter.Decoder(cfg, rngs=nnx.Rngs(0))
+    variables = nnx_adapter.nnx_to_linen(model)
+    losses, fp8_after = {}, {}
+    losses["linen"], fp8_after["linen"] = self._train_linen(
+        cfg, variables, batches
+    )
+    losses["nnx"], fp8_after["nnx"] = self._train_nnx(model, batches)
+    # Same math, weights and batches: the same loss at every step (measured:
+    # equal to the last bit over 50 steps).
+    np.testing.assert_allclose(losses["nnx"], losses["linen"], rtol=1e-6)
     # Every variable of every call site moved, in every layer of the stack.
-    before = _fp8_sites(fp8_before)
+    before = _fp8_sites(variables[OVERWRITE_WITH_GRADIENT])
     self.assertLen(before, 2 * len(SITES["sparse"]))
     for frontend, fp8 in fp8_after.items():
       for site, values in _fp8_sites(fp8).items():
@@ -339,19 +322,18 @@ class TrainingTest(absltest.TestCase):
               np.array_equal(value, before[site][var]),
               f"{frontend} {site} {var}",
           )
-    for mode, curves in losses.items():
-      # Same math, weights and batches: the first two steps agree.
-      np.testing.assert_allclose(
-          curves["nnx"][:2], curves["linen"][:2], rtol=1e-5, err_msg=mode
-      )
-    for frontend in ("linen", "nnx"):
-      fp8, none = losses["fp8"][frontend], losses["none"][frontend]
-      final_fp8, final_none = np.mean(fp8[-5:]), np.mean(none[-5:])
-      # From log(256) = 5.5: fp8 must fall at least 1.2 nats and end within
-      # 0.15 nats of the float run (old scales written back over new ones
-      # left fp8 barely moving).
-      self.assertLess(final_fp8, fp8[0] - 1.2, frontend)
-      self.assertLess(abs(final_fp8 - final_none), 0.15, frontend)
+    # fp8 trains like float32: from 6.7 nats it falls by more than 1.2 over
+    # 20 steps and stays within 0.1 nats of the float run at every step
+    # (measured: at most 0.04; old scales written back over new ones left
+    # fp8 barely moving).
+    float_losses, _ = self._train_linen(
+        cfg.replace(quantization="none"),
+        {"params": variables["params"]},
+        batches,
+    )
+    fp8 = np.array(losses["linen"])
+    self.assertLess(np.mean(fp8[-5:]), fp8[0] - 1.2)
+    np.testing.assert_allclose(fp8, float_losses, atol=0.1, rtol=0)
 
 
 class GradAccumTest(parameterized.TestCase):
@@ -360,7 +342,7 @@ class GradAccumTest(parameterized.TestCase):
   def test_microbatch_amax_is_the_maximum(self, frontend):
     """fp8 amax over microbatches of magnitude 1 and 100: the combined
     newest amax is their maximum, whichever microbatch comes first."""
-    cfg = _config(mode="fp8", path="dense")
+    cfg = _config(quantization="fp8", path="dense")
     x = jax.random.normal(jax.random.key(0), (1, 8, cfg.moe.emb_dim))
     fp8_grads = jax.jit(self._fp8_grads(frontend, cfg), static_argnums=1)
     small = fp8_grads(x, 1)
@@ -416,20 +398,6 @@ class GradAccumTest(parameterized.TestCase):
       return fp8
 
     return linen_grads
-
-
-class CommandLineTest(absltest.TestCase):
-
-  def test_frontend_and_grad_accum_flags(self):
-    args = cli.build_parser().parse_args(
-        ["train", "--frontend", "nnx", "--grad-accum", "4"]
-    )
-    self.assertEqual((args.frontend, args.grad_accum), ("nnx", 4))
-    with self.assertRaises(SystemExit):
-      cli.build_parser().parse_args(["train", "--frontend", "haiku"])
-    with self.assertRaisesRegex(ValueError, "front end"):
-      frontends.frontend("haiku")
-    self.assertIs(frontends.frontend("nnx"), nnx_adapter.NNXFrontend)
 
 
 if __name__ == "__main__":

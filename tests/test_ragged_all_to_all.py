@@ -20,8 +20,8 @@ import json
 
 from absl.testing import absltest
 from absl.testing import parameterized
-import pytest
 
+from linen_moe import testing
 from linen_moe._src import ep_traffic
 from linen_moe._src.quantization_modes import FP8_QUANTIZATIONS
 from linen_moe._src.quantization_modes import QUANTIZATIONS
@@ -163,7 +163,7 @@ class RaggedAllToAllTest(Checks):
         self.assertEqual(measured[strategy]["backward"], model.backward)
 
 
-@pytest.mark.slow
+@testing.slow
 class RaggedAllToAllSlowTest(Checks):
 
   def test_layer_on_expert_8_in_every_mode(self):

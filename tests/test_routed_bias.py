@@ -6,10 +6,7 @@ accumulation moves the biases exactly as the rule on the whole batch's
 loads (the 8-device case is `test_sharding.RoutedBiasMeshTest`).
 """
 
-import contextlib
-import io
 import tempfile
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -24,11 +21,8 @@ from linen_moe import routing
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.training import step as step_lib
 from linen_moe.training import MarkovData
-from linen_moe_cli import main as cli
-from linen_moe_cli import model_args
-from linen_moe_cli import train_job
-from linen_moe_cli.frontends import frontend as get_frontend
 import nnx_adapter
+from tests.frontends import FRONTENDS
 
 OPTIMIZER = step_lib.default_optimizer(1e-3)
 
@@ -56,7 +50,7 @@ def _set_bias(frontend, state, bias):
 
 
 def _bias_leaves(frontend, state):
-  return jax.tree.leaves(get_frontend(frontend).rule_state(state))
+  return jax.tree.leaves(FRONTENDS[frontend].rule_state(state))
 
 
 class OverloadedExpertTest(parameterized.TestCase):
@@ -66,7 +60,7 @@ class OverloadedExpertTest(parameterized.TestCase):
     +0.5, above the spread of the sigmoid scores); returns expert 0's bias
     after each step and the loads per step in units of the mean load."""
     cfg = _config(rate, num_layers=1)
-    fe = get_frontend(frontend)
+    fe = FRONTENDS[frontend]
     batches = MarkovData(cfg.vocab_size).batches(4, 16, seed=1)
     state = fe.init(
         cfg, OPTIMIZER, jnp.asarray(next(batches)), jax.random.key(0)
@@ -112,7 +106,7 @@ class GradAccumulationTest(parameterized.TestCase):
     applied to the loads of a forward pass over the whole batch."""
     rate = 0.01
     cfg = _config(rate, scan_layers=scan)
-    fe = get_frontend(frontend)
+    fe = FRONTENDS[frontend]
     tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(4, 8, 2)))
     state = fe.init(cfg, OPTIMIZER, tokens, jax.random.key(0))
     bias0 = 0.05 * jax.random.normal(jax.random.key(1), (16,))
@@ -141,7 +135,7 @@ class SkippedStepTest(parameterized.TestCase):
     """A step with a NaN loss (an out-of-range token id) changes no bias; the
     next, finite step moves them."""
     cfg = _config(0.01, num_layers=1)
-    fe = get_frontend(frontend)
+    fe = FRONTENDS[frontend]
     good = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(2, 8, 4)))
     bad = good.at[1, 3].set(cfg.vocab_size)
     state = fe.init(cfg, OPTIMIZER, good, jax.random.key(0))
@@ -168,7 +162,7 @@ class CheckpointTest(absltest.TestCase):
     bias = jnp.linspace(-0.1, 0.1, 16)
     linen = _set_bias(
         "linen",
-        get_frontend("linen").init(cfg, OPTIMIZER, tokens, jax.random.key(3)),
+        FRONTENDS["linen"].init(cfg, OPTIMIZER, tokens, jax.random.key(3)),
         bias,
     )
     tree = checkpoint.tree_of(linen)
@@ -189,49 +183,6 @@ class CheckpointTest(absltest.TestCase):
     for key in path:
       rule = rule[key]
     np.testing.assert_array_equal(rule[0], bias)
-
-
-class CommandLineTest(absltest.TestCase):
-
-  def test_set_overrides(self):
-    args = cli.build_parser().parse_args([
-        "train",
-        "--set",
-        "routed_bias=false",
-        "--set",
-        "routed_bias_update_rate=0",
-        "--set",
-        "drop_policy=probability",
-        "--quantization",
-        "int8",
-    ])
-    self.assertEqual(
-        model_args.model_overrides(args),
-        dict(
-            routed_bias=False,
-            routed_bias_update_rate=0,
-            drop_policy="probability",
-            quantization="int8",
-        ),
-    )
-    with self.assertRaisesRegex(ValueError, "'routed_bias': expected FIELD"):
-      model_args.parse_set(["routed_bias"])
-    self.assertEqual(cli.main(["train", "--set", "num_routing_groups=3"]), 2)
-
-  def test_load_ratio_of_the_worst_layer(self):
-    result = train_job.TrainResult(
-        losses=[1.0],
-        best_loss=1.0,
-        expert_load=np.array([[0.25, 0.25, 0.25, 0.25], [0.4, 0.2, 0.2, 0.2]]),
-    )
-    self.assertAlmostEqual(result.load_ratio, 2.0)
-    out = io.StringIO()
-    with (
-        mock.patch.object(train_job, "train", return_value=result),
-        contextlib.redirect_stdout(out),
-    ):
-      self.assertEqual(cli.main(["train", "--steps=1"]), 0)
-    self.assertIn("expert load max/min: 2.00  wall: ", out.getvalue())
 
 
 if __name__ == "__main__":

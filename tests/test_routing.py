@@ -201,6 +201,10 @@ class ZLossJitterTest(absltest.TestCase):
     self.assertGreater(float(jnp.std(y)), 0.04)  # uniform: 0.2 / sqrt(12)
     np.testing.assert_array_equal(y, routing.jitter(x, 0.1, key))
     np.testing.assert_array_equal(routing.jitter(x, 0.0, key), x)
+    # Exactly x times the noise uniform in [1 - eps, 1 + eps] drawn from key.
+    x = jax.random.normal(jax.random.key(1), (64, 16))
+    noise = jax.random.uniform(key, x.shape, jnp.float32, 0.9, 1.1)
+    np.testing.assert_array_equal(routing.jitter(x, 0.1, key), x * noise)
 
 
 class RoutedBiasRuleTest(absltest.TestCase):

@@ -6,12 +6,13 @@ drop policy by hand and against the oracle, the z-loss in `aux`, jitter, the
 `routed_bias` variable, and every quantization mode with all options on.
 """
 
+from unittest import mock
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from linen_moe import Decoder
 from linen_moe import RoutedAndSharedMoE
@@ -19,7 +20,9 @@ from linen_moe import RoutedMoE
 from linen_moe import load_model_config
 from linen_moe import load_moe_config
 from linen_moe import serving
+from linen_moe import testing
 from linen_moe._src import dense as dense_lib
+from linen_moe._src import routing as routing_lib
 from linen_moe._src import variables as variables_lib
 from linen_moe._src.config import PATHS
 from linen_moe._src.config import QUANTIZATIONS
@@ -42,19 +45,12 @@ ALL_OPTIONS = dict(
 
 def _variables(cfg, bias_scale=0.0, seed=0):
   """Initialised variables with a random routed bias (when kept)."""
-  x = jnp.zeros((1, 2, cfg.emb_dim))
-  variables = unbox(RoutedMoE(cfg).init(jax.random.key(seed), x))
-  if cfg.routed_bias:
-    bias = bias_scale * jax.random.normal(
-        jax.random.key(seed + 1), (cfg.num_experts,)
-    )
-    variables[RULE] = {"routed_bias": bias}
-  return variables
+  return testing.moe_variables(cfg, seed, bias_scale)
 
 
 def _inputs(cfg, b=2, s=8):
   """x [B, S, M], standard normal."""
-  return jax.random.normal(jax.random.key(3), (b, s, cfg.emb_dim))
+  return testing.random_inputs(cfg.emb_dim, b, s)
 
 
 def _reference(variables, x, cfg, capacity=None):
@@ -78,7 +74,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
     x = _inputs(cfg)
     y, aux = jax.jit(RoutedMoE(cfg).apply)(variables, x)
     expected, _ = _reference(variables, x, cfg)
-    self.assertLess(numpy_reference.rel_err(y, expected), 1e-5)
+    self.assertLess(testing.rel_err(y, expected), 1e-5)
     self.assertEqual(float(aux.router_z_loss), 0.0)  # weight 0
 
   def test_probability_drop_policy_matches_numpy_reference(self):
@@ -92,7 +88,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
     y, aux = RoutedMoE(cfg).apply(variables, x)
     capacity = dense_lib.expert_capacity(cfg, 16)
     expected, dropped = _reference(variables, x, cfg, capacity)
-    self.assertLess(numpy_reference.rel_err(y, expected), 1e-5)
+    self.assertLess(testing.rel_err(y, expected), 1e-5)
     self.assertGreater(dropped, 0)
     self.assertAlmostEqual(
         float(aux.dropped_fraction), dropped / (2 * 16 * 4), places=6
@@ -102,7 +98,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
     by_position, _ = _reference(
         variables, x, cfg.replace(drop_policy="position"), capacity
     )
-    self.assertGreater(numpy_reference.rel_err(by_position, expected), 1e-3)
+    self.assertGreater(testing.rel_err(by_position, expected), 1e-3)
 
 
 class ProbabilityDispatchMaskTest(absltest.TestCase):
@@ -181,10 +177,39 @@ class ZLossJitterBiasLayerTest(absltest.TestCase):
     y1_again, _ = moe.apply(variables, x, rngs={JITTER: jax.random.key(1)})
     y2, _ = moe.apply(variables, x, rngs={JITTER: jax.random.key(2)})
     np.testing.assert_array_equal(y1, y1_again)
-    self.assertGreater(numpy_reference.rel_err(y1, y0), 1e-3)
-    self.assertGreater(numpy_reference.rel_err(y2, y1), 1e-3)
+    self.assertGreater(testing.rel_err(y1, y0), 1e-3)
+    self.assertGreater(testing.rel_err(y2, y1), 1e-3)
     zero, _ = plain.apply(variables, x, rngs={JITTER: jax.random.key(1)})
     np.testing.assert_array_equal(zero, y0)  # eps 0 never draws
+
+  def test_jitter_multiplies_exactly_the_router_input(self):
+    """The router reads x times the noise drawn from its stream, element by
+    element; the experts read x: the output is the unjittered layer's with
+    the jittered input as its router input."""
+    cfg = load_moe_config("tiny_deepseek_v3", router_jitter=0.5)
+    variables = _variables(cfg)
+    x = _inputs(cfg)
+    drawn = []
+    jitter = routing_lib.jitter
+
+    def recording_jitter(router_in, eps, rng):
+      out = jitter(router_in, eps, rng)
+      drawn.append((router_in, eps, rng, out))
+      return out
+
+    with mock.patch.object(routing_lib, "jitter", recording_jitter):
+      y, _ = RoutedMoE(cfg).apply(
+          variables, x, rngs={JITTER: jax.random.key(1)}
+      )
+    ((router_in, eps, rng, jittered),) = drawn
+    self.assertEqual(eps, 0.5)
+    np.testing.assert_array_equal(router_in, x.reshape(-1, cfg.emb_dim))
+    noise = jax.random.uniform(rng, router_in.shape, jnp.float32, 0.5, 1.5)
+    np.testing.assert_array_equal(jittered, router_in * noise)
+    self.assertGreater(float(jnp.std(noise)), 0.2)  # per element: 1/sqrt(12)
+    plain = RoutedMoE(cfg.replace(router_jitter=0.0))
+    y_plain, _ = plain.apply(variables, x, jittered.reshape(x.shape))
+    np.testing.assert_allclose(y, y_plain, rtol=1e-6, atol=1e-7)
 
   def test_routed_bias_variable_layout(self):
     cfg = load_moe_config("tiny_deepseek_v3")
@@ -221,7 +246,7 @@ class DeepSeekDecoderServingTest(absltest.TestCase):
     logits, _ = Decoder(cfg).apply(variables, tokens)
     served_logits, _ = Decoder(serve_cfg).apply(served, tokens)
     # Measured 0.010; the int8 layer bound of tests/test_serving.py.
-    self.assertLess(numpy_reference.rel_err(served_logits, logits), 0.04)
+    self.assertLess(testing.rel_err(served_logits, logits), 0.04)
 
 
 def _check_trains(test, quantization, path):
@@ -250,7 +275,7 @@ def _check_trains(test, quantization, path):
 
 class AllOptionsEveryModeTest(parameterized.TestCase):
   """Each path once, each in another quantization mode; the full product is
-  `AllOptionsFullProductTest`."""
+  slow."""
 
   @parameterized.parameters(
       ("int8", "sparse"), ("fp8", "dense"), ("nanoo_fp8", "dense_dropping")
@@ -258,12 +283,9 @@ class AllOptionsEveryModeTest(parameterized.TestCase):
   def test_gradients_finite_and_nonzero(self, quantization, path):
     _check_trains(self, quantization, path)
 
-
-@pytest.mark.slow  # on the class: absl's parameterized drops method marks
-class AllOptionsFullProductTest(parameterized.TestCase):
-
+  @testing.slow
   @parameterized.product(quantization=QUANTIZATIONS, path=tuple(PATHS))
-  def test_gradients_finite_and_nonzero(self, quantization, path):
+  def test_full_product(self, quantization, path):
     _check_trains(self, quantization, path)
 
 

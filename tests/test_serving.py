@@ -32,7 +32,7 @@ from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS as MODES
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe.sharding import unbox
 import nnx_adapter
-from tests.test_sharding import run_worker
+from tests import workers
 
 SITES = ("wi_0", "wi_1", "wo")
 HLO_TYPE = {m: FACTS[m].hlo_storage_type for m in MODES}
@@ -53,9 +53,7 @@ SERVE_VS_TRAIN = 1e-6
 # dense path; they stay within the training-mode bounds above.
 
 
-def _rel_err(a, b) -> float:
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+_rel_err = testing.rel_err
 
 
 def _x(config):
@@ -406,7 +404,7 @@ class ExpertParallelServingTest(absltest.TestCase):
     # The expert-parallel sparse path splits the stored kernels (and int8's
     # per-expert scales) over `expert` and replicates fp8's per-tensor
     # scales; each device multiplies the same codes as one device does.
-    (result,) = run_worker({
+    (result,) = workers.sharding_jobs({
         "check": "serving",
         "modes": ["int8", "fp8"],
         "meshes": ["expert=8", "data=2,expert=4"],

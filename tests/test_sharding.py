@@ -8,49 +8,45 @@ dominates. The default run holds a representative subset of
 {Linen, NNX}; the full product is marked slow.
 
 Tolerances. One SGD step (lr 0.1) from the same init, tokens and RNG, on one
-device and on a mesh. Float: the sharded program multiplies and reduces in
-other blocks and orders (per-device batch shapes, reduce-scatters), so the
-results agree to float rounding: losses to rtol 1e-5, updated parameters to
-1e-4 of the step's largest update. Quantized modes round to a coarse grid
-(int8: 1/127 of a row's or channel's absmax; e4m3: 3 mantissa bits), and
-inputs that differ in their last bits, as above, can flip a few codes by one
-step; so int8, fp8 and nanoo_fp8 get loss rtol 1e-4, parameters within 1e-2
-of the largest update, and fp8 scales and amax histories within 1e-2 of how
-far the step moved them. (Measured: 1e-4 to 3e-4 of the update.) A wrong
-routing, a lost expert or a missing gradient reduction moves them by O(1) of
-it. AQT's stochastic rounding on the dense path draws from the same RNG with
-sharding-invariant (`threefry_partitionable`) bits, so it is no source of
-difference.
+device and on a mesh. The sharded program multiplies and reduces in other
+blocks and orders (per-device batch shapes, reduce-scatters), so the results
+agree to float rounding. Measured over every path x mode x front end on the
+three meshes: losses within 2e-7 (relative), updated parameters within
+7.5e-6 of the step's largest update, fp8 scales and amax histories equal;
+but for nanoo_fp8 on the dense path, 2.65e-4 of the update: an input that
+differs in its last bit there flips an e4m3fnuz code. So losses to rtol
+1e-5, parameters to 1e-4 of the update (nanoo_fp8: 1e-3), fp8 state to 1e-5
+of how far the step moved it. A wrong routing, a lost expert or a missing
+gradient reduction moves them by O(1) of it; AQT's stochastic rounding on
+another key than the single device's (int8, dense path) by 5e-4. AQT draws
+from the same RNG with sharding-invariant (`threefry_partitionable`) bits,
+so that is no source of difference.
 """
 
 from __future__ import annotations
-
-import json
-import os
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
-import pytest
 
 from linen_moe import load_model_config
 from linen_moe import sharding
+from linen_moe import testing
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.quantization_modes import FP8_QUANTIZATIONS
 from linen_moe._src.quantization_modes import QUANTIZATIONS
-from linen_moe._src.quantization_modes import QUANTIZED
 from tests import workers
 
 MESHES = ("data=8", "expert=8", "data=2,expert=4")
 PATHS = ("sparse", "dense", "dense_dropping")
 FRONTENDS = ("linen", "nnx")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Of the step's largest update; see the module docstring.
+PARAM_TOL = {"none": 1e-4, "int8": 1e-4, "fp8": 1e-4, "nanoo_fp8": 1e-3}
 
 
-def run_worker(*jobs: dict) -> list:
-  """Runs jobs in `tests.sharding_worker` on 8 simulated devices."""
-  return workers.run_json("tests.sharding_worker", json.dumps(jobs))
+run_worker = workers.sharding_jobs
 
 
 class EquivalenceMixin(parameterized.TestCase):
@@ -66,9 +62,8 @@ class EquivalenceMixin(parameterized.TestCase):
         "meshes": list(meshes),
         **options,
     })
-    quantized = quantization in QUANTIZED
-    rtol = 1e-4 if quantized else 1e-5
-    tol = (1e-2 if quantized else 1e-4) * result["update"]
+    rtol = 1e-5
+    tol = PARAM_TOL[quantization] * result["update"]
     self.assertGreater(result["update"], 0.0)
     if quantization in FP8_QUANTIZATIONS:
       self.assertGreater(result["fp8_moved"], 0.0)
@@ -78,7 +73,7 @@ class EquivalenceMixin(parameterized.TestCase):
             r["loss"], result["loss"], delta=rtol * abs(result["loss"])
         )
         self.assertLessEqual(r["param_err"], tol)
-        self.assertLessEqual(r["fp8_err"], 1e-2 * result["fp8_moved"])
+        self.assertLessEqual(r["fp8_err"], 1e-5 * result["fp8_moved"])
     return result
 
 
@@ -104,11 +99,6 @@ class MeshSpecTest(absltest.TestCase):
   def test_product_must_match_devices(self):
     with self.assertRaisesRegex(ValueError, "multiply to the device count"):
       sharding.make_mesh(f"data={jax.device_count() + 1}")
-
-  def test_cli_reports_bad_mesh(self):
-    from linen_moe_cli import main  # noqa: PLC0415
-
-    self.assertEqual(main.main(["train", "--mesh", "data=3,expert=7"]), 2)
 
   def test_rules_cover_every_parameter_name(self):
     cfg = load_model_config("tiny_gemma4_26b", quantization="fp8")
@@ -225,12 +215,15 @@ class RulesTest(absltest.TestCase):
     for case, r in result.items():
       with self.subTest(case=case):
         self.assertLess(r["loss_err"], 1e-5)
+        # The expert-parallel path counts the same assignments (the single
+        # device's count is checked against np.bincount in test_moe.py).
+        self.assertEqual(r["fraction_err"], 0.0)
         self.assertLess(r["param_grad_err"], 1e-5)
         self.assertLess(r["fp8_err"], 1e-5)
 
 
 class EquivalenceTest(EquivalenceMixin):
-  """A representative subset; the full product is `EquivalenceProductTest`."""
+  """A representative subset; the full product is `test_full_product`."""
 
   @parameterized.parameters(
       ("dense", "none", ("expert=8", "data=2,expert=4")),
@@ -243,6 +236,13 @@ class EquivalenceTest(EquivalenceMixin):
   )
   def test_matches_one_device(self, path, quantization, meshes, fe="linen"):
     self.check_equivalent(path, quantization, meshes, frontend=fe)
+
+  @testing.slow
+  @parameterized.product(
+      path=PATHS, quantization=QUANTIZATIONS, frontend=FRONTENDS
+  )
+  def test_full_product(self, path, quantization, frontend):
+    self.check_equivalent(path, quantization, MESHES, frontend=frontend)
 
 
 class RoutedBiasMeshTest(EquivalenceMixin):
@@ -292,28 +292,6 @@ class SkipStepOnMeshTest(absltest.TestCase):
         self.assertGreater(r["moved_after"], 0.0)
         losses = [m["loss"] for m in r["metrics"]]
         self.assertLess(losses[2], losses[0])
-
-
-@pytest.mark.slow
-class EquivalenceProductTest(EquivalenceMixin):
-
-  @parameterized.product(
-      path=PATHS, quantization=QUANTIZATIONS, frontend=FRONTENDS
-  )
-  def test_matches_one_device(self, path, quantization, frontend):
-    self.check_equivalent(path, quantization, MESHES, frontend=frontend)
-
-
-@pytest.mark.slow
-class TrainCommandTest(parameterized.TestCase):
-
-  @parameterized.parameters(*FRONTENDS)
-  def test_train_on_a_mesh(self, frontend):
-    (result,) = run_worker(
-        {"check": "cli", "mesh": "data=2,expert=4", "frontend": frontend}
-    )
-    self.assertEqual(result["exit_code"], 0)
-    self.assertIn("final loss", result["stdout"])
 
 
 if __name__ == "__main__":

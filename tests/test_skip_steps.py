@@ -9,11 +9,7 @@ training must go on. With two microbatches, only the second is poisoned, and
 the whole step is skipped. The mesh case is in `tests/test_sharding.py`.
 """
 
-import contextlib
 import functools
-import io
-import math
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -25,14 +21,9 @@ import optax
 
 from linen_moe import load_model_config
 from linen_moe._src.training import skip
-from linen_moe.training import LinenFrontend
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
-from linen_moe_cli import main as cli
-from linen_moe_cli import train_job
-import nnx_adapter
-
-FRONTENDS = {"linen": LinenFrontend, "nnx": nnx_adapter.NNXFrontend}
+from tests.frontends import FRONTENDS
 
 
 def _comparable(frontend: str, state):
@@ -132,49 +123,20 @@ class SkipRuleTest(absltest.TestCase):
     kept = skip.keep_if_finite(jnp.array(True), new, old)
     jax.tree.map(np.testing.assert_array_equal, kept, new)
 
+  def test_apply_if_finite(self):
+    state = {"a": jnp.array([1.0, 2.0]), "n": jnp.array(3)}
 
-def _cli(*argv) -> tuple[int, str, str]:
-  """(exit status, stdout, stderr) of `linen-moe argv`."""
-  out, err = io.StringIO(), io.StringIO()
-  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    status = cli.main(list(argv))
-  return status, out.getvalue(), err.getvalue()
+    def update(s):
+      return {"a": s["a"] * 3.0, "n": s["n"] + 1}
 
-
-class CommandLineTest(absltest.TestCase):
-
-  def test_stops_after_consecutive_skips(self):
-    # The first step (learning rate 1e30) applies and sends every parameter
-    # to ~1e30; every later step overflows and is skipped.
-    status, _, err = _cli(
-        "train",
-        "--steps=6",
-        "--batch-size=2",
-        "--seq-len=8",
-        "--learning-rate=1e30",
-        "--max-consecutive-skips=3",
-        "--no-progress",
+    step = jax.jit(
+        lambda ok, s: skip.apply_if_finite(ok, update, s), donate_argnums=1
     )
-    self.assertEqual(status, 1)
-    self.assertEqual(
-        err,
-        "linen-moe: error: stopped at step 4 of 6: the last 3 steps (2 to 4) "
-        "were all skipped for a non-finite loss or gradient "
-        "(--max-consecutive-skips 3; 3 skipped in all). The run is not "
-        "recovering: lower --learning-rate, or check the data.\n",
-    )
-
-  def test_result_line_reports_skipped_steps(self):
-    result = train_job.TrainResult([math.nan, 2.0, 1.0], 1.5, skipped_steps=1)
-    with mock.patch.object(train_job, "train", return_value=result):
-      status, out, _ = _cli("train", "--steps=3")
-    self.assertEqual(status, 0)
-    self.assertRegex(
-        out,
-        r"^steps: 1-3  first loss: 2.0000  final loss: 1.5000  best"
-        r" achievable: "
-        r"1.5000  skipped steps: 1  wall: ",
-    )
+    applied = step(jnp.array(True), jax.tree.map(jnp.copy, state))
+    np.testing.assert_array_equal(applied["a"], [3.0, 6.0])
+    self.assertEqual(int(applied["n"]), 4)
+    kept = step(jnp.array(False), jax.tree.map(jnp.copy, state))
+    jax.tree.map(np.testing.assert_array_equal, kept, state)
 
 
 if __name__ == "__main__":

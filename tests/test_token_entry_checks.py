@@ -80,6 +80,15 @@ class GreedyGenerateTest(absltest.TestCase):
     ):
       decoding.greedy_generate(CFG, _variables(), jnp.asarray(BAD), 2)
 
+  def test_nnx_greedy_generate_checks_the_prompt_like_linen(self):
+    model = nnx_adapter.Decoder(CFG, rngs=nnx.Rngs(0))
+    with self.assertRaisesRegex(
+        ValueError, MESSAGE.replace("tokens", "prompt")
+    ):
+      nnx_adapter.greedy_generate(model, BAD, 2)
+    with self.assertRaisesRegex(TypeError, "integer token ids"):
+      nnx_adapter.greedy_generate(model, np.array([[1.7, 2.2]]), 2)
+
 
 class NamesTest(absltest.TestCase):
 

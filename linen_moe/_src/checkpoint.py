@@ -70,16 +70,35 @@ _log = logging.getLogger("linen_moe.checkpoint")
 
 
 def config_dict(config: ModelConfig) -> dict[str, Any]:
-  """The config as flat JSON values (`moe` fields beside the decoder's, the
-  flat names `ModelConfig.replace` takes)."""
+  """The config as flat JSON values, named as `ModelConfig.replace` takes them.
+
+  Args:
+    config: the model config.
+
+  Returns:
+    The field values by name, the `moe` fields beside the decoder's, tuples
+    as lists.
+  """
   fields = dataclasses.asdict(config)
   flat = {**fields.pop("moe"), **fields}
   return {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
 
 
 def config_from_dict(saved: Mapping[str, Any]) -> ModelConfig:
-  """The `ModelConfig` a `config_dict` describes (a field it lacks, added
-  to the config since, has its default)."""
+  """The `ModelConfig` a `config_dict` describes.
+
+  Args:
+    saved: a `config_dict` (as a checkpoint's metadata holds it); a field
+      it lacks (added to the config since) has its default.
+
+  Returns:
+    The validated `ModelConfig`.
+
+  Raises:
+    ValueError: if a value is invalid (as the config constructors).
+    TypeError: if `saved` holds a key that is no config field, or lacks a
+      field without a default (`num_experts`, ...).
+  """
   moe_names = {f.name for f in dataclasses.fields(MoEConfig)}
   values = {**_field_defaults(), **saved}
   moe = {k: v for k, v in values.items() if k in moe_names}
@@ -104,8 +123,17 @@ def _field_defaults() -> dict[str, Any]:
 
 
 def check_model_config(saved: Mapping[str, Any], config: ModelConfig, where):
-  """Raises ValueError unless `config` is the model `saved` describes (a
-  `config_dict`); the `RUN_FIELDS` may differ."""
+  """Checks that `config` is the model `saved` describes, but for `RUN_FIELDS`.
+
+  Args:
+    saved: a `config_dict`, as a checkpoint's metadata holds it.
+    config: the config of the model being restored into.
+    where: what to name in the error (the checkpoint's step directory).
+
+  Raises:
+    ValueError: naming every differing field (outside `RUN_FIELDS`) with its
+      value in the checkpoint and here.
+  """
   current = config_dict(config)
   # A field added after the checkpoint was written has its default there.
   saved = {**_field_defaults(), **saved}
@@ -124,7 +152,15 @@ def check_model_config(saved: Mapping[str, Any], config: ModelConfig, where):
 
 
 def rng_to_json(rng: jax.Array) -> dict[str, Any]:
-  """A typed PRNG key as JSON (its implementation and raw key data)."""
+  """A typed PRNG key as JSON (its implementation and raw key data).
+
+  Args:
+    rng: a typed key (`jax.random.key`), of any shape.
+
+  Returns:
+    ``{"impl": name, "data": key data}``, the implementation's name and the
+    raw uint32 key data as nested lists.
+  """
   return {
       "impl": str(jax.random.key_impl(rng)),
       "data": np.asarray(jax.random.key_data(rng)).tolist(),
@@ -132,7 +168,14 @@ def rng_to_json(rng: jax.Array) -> dict[str, Any]:
 
 
 def rng_from_json(data: Mapping[str, Any]) -> jax.Array:
-  """The inverse of `rng_to_json`."""
+  """The inverse of `rng_to_json`.
+
+  Args:
+    data: {"impl": ..., "data": ...} as `rng_to_json` writes it.
+
+  Returns:
+    The typed PRNG key.
+  """
   raw = np.asarray(data["data"], np.uint32)
   return jax.random.wrap_key_data(raw, impl=data["impl"])
 
@@ -194,6 +237,19 @@ class Checkpoints:
     restored = Checkpoints(path).restore(tree_of(target_state), config=cfg)
     state = state_from(restored.tree, target_state)
 
+  Args:
+    directory: the run's checkpoint directory.
+    save_every: N; `save` writes the steps that are multiples of N (and any
+      step it is forced to). An int >= 1.
+    keep: K; the latest K checkpoints stay, older ones are deleted (None:
+      all stay). An int >= 1 or None.
+    async_save: write in a background thread (False: `save` blocks).
+    create: make `directory` if it does not exist, else refuse.
+
+  Raises:
+    ValueError: if `save_every` or `keep` is not an int >= 1, or `create` is
+      False and `directory` does not exist.
+
   Attributes:
     directory: the absolute path of the run's checkpoint directory.
   """
@@ -207,9 +263,6 @@ class Checkpoints:
       async_save: bool = True,
       create: bool = True,
   ):
-    """`save_every` N: `save` writes steps that are multiples of N (and any
-    step it is forced to); `keep` K: the latest K checkpoints stay (None:
-    all); `create`: make `directory` if it does not exist, else refuse."""
     for name, value in (("save_every", save_every), ("keep", keep)):
       if value is None and name == "keep":
         continue
@@ -265,12 +318,30 @@ class Checkpoints:
     self._manager.reload()
 
   def latest_step(self) -> int | None:
+    """The latest saved step.
+
+    Returns:
+      Its step number, or None when the directory holds no checkpoint.
+    """
     return self._manager.latest_step()
 
   def all_steps(self) -> list[int]:
+    """The saved steps.
+
+    Returns:
+      Every step number with a checkpoint, ascending.
+    """
     return sorted(self._manager.all_steps())
 
   def step_dir(self, step: int) -> str:
+    """The directory of step `step` (whether or not it exists).
+
+    Args:
+      step: a step number.
+
+    Returns:
+      `directory/step`.
+    """
     return os.path.join(self.directory, str(step))
 
   def _step(self, step: int | None) -> int:
@@ -294,10 +365,24 @@ class Checkpoints:
     )
 
   def save(self, step: int, tree: Mapping, meta: Mapping, *, force=False):
-    """Starts saving the checkpoint tree `tree` and the JSON `meta` as step
-    `step` if it is due (`save_every`) or `force`d; returns whether it does.
-    Returns as soon as the arrays are copied to host memory. A step is never
-    written twice: `step` must be after the latest checkpoint."""
+    """Starts saving `tree` and `meta` as step `step`, if it is due.
+
+    Returns as soon as the arrays are copied to host memory (with
+    `async_save`); `check_for_errors` reports a failed background write. A
+    step is never written twice.
+
+    Args:
+      step: the step number; must be after the latest checkpoint.
+      tree: the checkpoint tree (`tree_of` a state) of arrays.
+      meta: JSON-serialisable metadata; "format" and "step" are added.
+      force: save even when `step` is not a multiple of `save_every`.
+
+    Returns:
+      Whether a save was started.
+
+    Raises:
+      ValueError: if `step` is not after the latest saved step.
+    """
     latest = self.latest_step()
     if latest is not None and step <= latest:
       raise ValueError(
@@ -314,7 +399,19 @@ class Checkpoints:
     )
 
   def meta(self, step: int | None = None) -> dict:
-    """The JSON metadata of `step` (default: the latest)."""
+    """The JSON metadata of a saved step.
+
+    Args:
+      step: the step; default the latest.
+
+    Returns:
+      The metadata dict as saved, with "format" and "step".
+
+    Raises:
+      ValueError: if there is no checkpoint, or none of `step`.
+      DamagedCheckpointError: if the metadata cannot be read or is not of
+        this format version.
+    """
     step = self._step(step)
     args = ocp.args.Composite(**{META: ocp.args.JsonRestore()})
     try:
@@ -329,7 +426,18 @@ class Checkpoints:
     return meta
 
   def saved_leaves(self, step: int | None = None) -> dict[Path, Any]:
-    """{path: ShapeDtypeStruct} of the saved tree, from its metadata."""
+    """The shapes and dtypes of a saved tree, from its metadata (no array read).
+
+    Args:
+      step: the step; default the latest.
+
+    Returns:
+      A `jax.ShapeDtypeStruct` per saved leaf, by path tuple.
+
+    Raises:
+      ValueError: if there is no checkpoint, or none of `step`.
+      DamagedCheckpointError: if the metadata cannot be read.
+    """
     step = self._step(step)
     try:
       metadata = self._manager.item_metadata(step)[STATE]
@@ -343,9 +451,22 @@ class Checkpoints:
       raise self._damaged(step, e) from e
 
   def read(self, step: int, flat_target: Mapping[Path, Any]) -> dict:
-    """Reads the leaves of `flat_target` ({path: ShapeDtypeStruct with a
-    sharding}, each cast to its dtype) of `step`, each straight into its
-    sharding; no check (see `restore`)."""
+    """Reads some leaves of `step`, each straight into its sharding; no check.
+
+    `restore` is the checked way; this is what it calls.
+
+    Args:
+      step: a saved step.
+      flat_target: {path tuple: ShapeDtypeStruct with a sharding}; each leaf
+        is read cast to its dtype. Saved leaves not named are skipped.
+
+    Returns:
+      The nested tree of the arrays read.
+
+    Raises:
+      DamagedCheckpointError: if orbax fails to read them (any exception it
+        raises is reported as damage).
+    """
     item = traverse_util.unflatten_dict(dict(flat_target))
     restore = ocp.args.PyTreeRestore(
         item=item,
@@ -367,7 +488,7 @@ class Checkpoints:
       fresh_fp8_state: bool = False,
   ) -> Restored:
     """Restores `step` (default: the latest) into `target`, a checkpoint
-    tree of arrays or `ShapeDtypeStruct`s (`tree_of` a state) whose leaves
+    tree of arrays or ShapeDtypeStructs (`tree_of` a state) whose leaves
     give each array's shape, dtype and sharding.
 
     Checked before any array is read: the model config (if `config` is
@@ -376,9 +497,27 @@ class Checkpoints:
     `fresh_fp8_state`, an fp8 state that does not fit the model (absent,
     or of another path or quantization) is replaced by the target's, which
     must then be arrays (an initial state); `Restored.fresh_fp8_state` says
-    so. Raises ValueError naming the checkpoint and the first mismatched
-    leaf, or `DamagedCheckpointError` (a ValueError) for a damaged
-    checkpoint.
+    so.
+
+    Args:
+      target: the checkpoint tree to restore into (arrays or
+        ShapeDtypeStructs, each with its sharding).
+      step: the step; default the latest.
+      config: if given, checked against the saved model config
+        (`check_model_config`).
+      fresh_fp8_state: replace an fp8 state that does not fit by the
+        target's.
+
+    Returns:
+      A `Restored` with the tree in the target's layout and shardings.
+
+    Raises:
+      ValueError: if there is no checkpoint (or none of `step`), the model
+        config differs, the checkpoint holds another number of layers, a
+        leaf's path, shape or dtype differs (naming the checkpoint and the
+        first mismatched leaf), or `fresh_fp8_state`
+        needs the initial fp8 state but `target` holds ShapeDtypeStructs.
+      DamagedCheckpointError: (a ValueError) for a damaged checkpoint.
     """
     step = self._step(step)
     where = self.step_dir(step)
@@ -461,8 +600,22 @@ def export(
   optimizer state, no step. With `dtype` (one of `EXPORT_DTYPES`) the
   floating `params` are cast to it as they are read; fp8 state stays as
   saved. `out` becomes an orbax checkpoint directory (`load_export` reads
-  it) whose metadata holds the model config and the step. Returns the step
-  exported (default: the latest).
+  it) whose metadata holds the model config and the step.
+
+  Args:
+    checkpoint_dir: a `Checkpoints` directory.
+    out: the export directory to create; must not exist.
+    dtype: cast the floating `params` to it (one of `EXPORT_DTYPES`); None
+      keeps them as saved.
+    step: the step to export; default the latest.
+
+  Returns:
+    The step exported.
+
+  Raises:
+    ValueError: if `dtype` is not in `EXPORT_DTYPES`, `out` exists,
+      `checkpoint_dir` does not exist or holds no checkpoint (of `step`).
+    DamagedCheckpointError: if the checkpoint cannot be read.
   """
   if dtype is not None and dtype not in EXPORT_DTYPES:
     raise ValueError(
@@ -513,12 +666,22 @@ def read_variables(
 ) -> tuple[ModelConfig, dict, int]:
   """The model of a training checkpoint: `(config, variables, step)`.
 
-  `variables` are the checkpoint's (`params`, fp8 state, every other
-  collection: what `Decoder.apply` takes), on the default device, in the
-  saved layer layout (the config's `scan_layers` says which); with `dtype`
-  (one of `EXPORT_DTYPES`) the floating `params` are cast to it as they
-  are read. Default step: the latest. Raises ValueError for a directory
-  without checkpoints, a missing step or a damaged checkpoint.
+  Args:
+    checkpoint_dir: a `Checkpoints` directory.
+    dtype: cast the floating `params` to it as they are read (one of
+      `EXPORT_DTYPES`; the config's `param_dtype` follows); None keeps them.
+    step: the step to read; default the latest.
+
+  Returns:
+    A triple (config, variables, step), the saved `ModelConfig` with
+    `scan_layers` set to the saved layer layout, the checkpoint's variables
+    (`params`, fp8 state, every other collection: what `Decoder.apply`
+    takes) on the default device, and the step read.
+
+  Raises:
+    ValueError: if `dtype` is not in `EXPORT_DTYPES`, the directory does not
+      exist or holds no checkpoint (of `step`), or the checkpoint is
+      damaged (`DamagedCheckpointError`).
   """
   if dtype is not None and dtype not in EXPORT_DTYPES:
     raise ValueError(
@@ -537,8 +700,19 @@ def read_variables(
 
 
 def load_export(path: str | os.PathLike) -> tuple[dict, dict]:
-  """(variables, metadata) of a checkpoint written by `export`, on the
-  default device."""
+  """Reads a checkpoint written by `export`, onto the default device.
+
+  Args:
+    path: the export directory.
+
+  Returns:
+    A pair (variables, metadata), the Linen variables (by collection) that
+    `Decoder.apply` takes and the export's metadata dict ("model_config",
+    "step", "source", "params_dtype").
+
+  Raises:
+    ValueError: if `path` cannot be read as an export.
+  """
   path = os.path.abspath(os.fspath(path))
   checkpointer = ocp.StandardCheckpointer()
   try:

@@ -50,9 +50,18 @@ def key_name(key: Any) -> str:
 
 
 def linen_path(key_path: tuple) -> Path:
-  """Checkpoint-tree path of a leaf of a Linen `TrainState` (its jax key
-  path): fields holding a collection go under `variables/<collection>`,
-  every other field keeps its name."""
+  """Checkpoint-tree path of a leaf of a Linen `TrainState`.
+
+  Fields holding a collection (`params`, `fp8_state`, `rule_state`) go under
+  `variables/<collection>`; every other field keeps its name.
+
+  Args:
+    key_path: the leaf's jax key path in the state.
+
+  Returns:
+    The path tuple of strings, e.g. ("variables", "params", "embed",
+    "embedding") or ("opt_state", ...).
+  """
   path = tuple(key_name(k) for k in key_path)
   collection = LINEN_FIELD_ALIASES.get(path[0], path[0])
   if collection == PARAMS or collection in STATE_COLLECTIONS:
@@ -79,8 +88,20 @@ def _as_dtype(leaf: Any, dtype: Any) -> Any:
 def tree_of(
     state: PyTree, path_of: Callable[[tuple], Path] = linen_path
 ) -> dict:
-  """The checkpoint tree of a train state (arrays or `ShapeDtypeStruct`s):
-  every leaf at `path_of(its key path)`. Default: a Linen `TrainState`."""
+  """The checkpoint tree of a train state (of arrays or ShapeDtypeStructs).
+
+  Args:
+    state: the train state.
+    path_of: a leaf's jax key path -> its tree path; default `linen_path`,
+      for a Linen `TrainState`.
+
+  Returns:
+    The nested tree with every leaf at `path_of(its key path)`; scalar
+    integer counters (a step) as int32.
+
+  Raises:
+    ValueError: if two leaves map to one path.
+  """
   flat: dict[Path, Any] = {}
   for key_path, leaf in jax.tree_util.tree_leaves_with_path(state):
     path = path_of(key_path)
@@ -95,8 +116,21 @@ def state_from(
     template: PyTree,
     path_of: Callable[[tuple], Path] = linen_path,
 ) -> PyTree:
-  """`template` (a train state) with every leaf taken from the checkpoint
-  tree `tree`, in the template's dtype; the inverse of `tree_of`."""
+  """`template` with every leaf from the checkpoint tree (`tree_of`'s inverse).
+
+  Args:
+    tree: a checkpoint tree, e.g. `Restored.tree`.
+    template: a train state giving the structure and dtypes.
+    path_of: as in `tree_of`.
+
+  Returns:
+    A state like `template`, each leaf from `tree` cast to the template's
+    dtype.
+
+  Raises:
+    ValueError: if a leaf of the template is not in `tree`, or `tree` holds
+      a leaf the template has none of.
+  """
   flat = traverse_util.flatten_dict(dict(tree))
   missing = []
 
@@ -117,8 +151,15 @@ def state_from(
 
 
 def abstract(tree: PyTree) -> PyTree:
-  """The `jax.ShapeDtypeStruct` (shape, dtype, sharding) of each array or
-  abstract value; a leaf without a sharding gets the default device's."""
+  """The `jax.ShapeDtypeStruct` (shape, dtype, sharding) of each leaf.
+
+  Args:
+    tree: a pytree of arrays or abstract values.
+
+  Returns:
+    The same structure of ShapeDtypeStructs; a leaf without a sharding gets
+    the default device's.
+  """
   default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
   def one(x):
@@ -139,12 +180,25 @@ def relayout(
     scanned: bool,
     num_layers: int | layer_stack.StackPlan,
 ) -> dict:
-  """`tree` with every decoder layer stack converted, wherever it sits
-  (variables, optimizer moments): `scanned` stacks the layers as the plan
-  says, otherwise unrolls them (the tree's own layout, read off it, may be
-  either). `num_layers` is the
-  plan (`ModelConfig.stack_plan` of the scanned decoder) or a layer count,
-  for one stack of every layer."""
+  """`tree` with every decoder layer stack converted, wherever it sits.
+
+  Variables and optimizer moments alike; the tree's own layout, read off
+  it, may be either.
+
+  Args:
+    tree: a checkpoint tree, variables or any tree holding layers.
+    scanned: stack the layers as the plan says, else unroll them.
+    num_layers: the plan (`ModelConfig.stack_plan` of the scanned decoder)
+      or a layer count, for one stack of every layer.
+
+  Returns:
+    A new tree in the target layout (`tree` copied when it holds no layer).
+
+  Raises:
+    ValueError: if `num_layers` is not a count >= 0, the tree's layers do
+      not form a layout of a stack (`layer_stack.plan_of_tree`), or hold
+      another number of layers than the plan.
+  """
   plan = num_layers
   if not isinstance(plan, layer_stack.StackPlan):
     plan = layer_stack.StackPlan.uniform(num_layers)

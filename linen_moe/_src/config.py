@@ -1,8 +1,8 @@
 """Frozen, validated configs for the MoE layer and the reference decoders.
 
 A YAML file in `configs/` has two sections, `moe:` (the fields of `MoEConfig`)
-and `decoder:` (the other fields of `ModelConfig`). `load_config` returns the
-`MoEConfig`; `load_model_config` returns the whole `ModelConfig`.
+and `decoder:` (the other fields of `ModelConfig`). `load_moe_config` returns
+the `MoEConfig`; `load_model_config` returns the whole `ModelConfig`.
 """
 
 from __future__ import annotations
@@ -131,7 +131,17 @@ class MoEConfig:
 
   The fields that say how the layer is computed or trained rather than what
   it is (the path, quantization, dtype, loss weights, ...) are the ones a
-  resumed run may change: `run_fields()` lists them.
+  resumed run may change: `run_fields()` lists them. Every field is checked
+  at construction.
+
+  Example usage:
+    cfg = MoEConfig(num_experts=8, num_experts_per_tok=2, emb_dim=64,
+                    moe_mlp_dim=128, quantization="int8")
+    dense = cfg.replace(**PATHS["dense"])
+
+  Raises:
+    ValueError: naming the field, its value and what is allowed, for any
+      invalid field or combination of fields.
 
   Attributes:
     num_experts: E, the number of routed experts.
@@ -385,6 +395,7 @@ class MoEConfig:
 
   @property
   def dropping(self) -> bool:
+    """Whether tokens may be dropped: the dense path, capacity_factor > 0."""
     return not self.sparse_matmul and self.capacity_factor > 0
 
   @property
@@ -395,6 +406,18 @@ class MoEConfig:
     return "dense_dropping" if self.dropping else "dense"
 
   def replace(self, **changes: Any) -> MoEConfig:
+    """A copy with some fields changed, validated like a new config.
+
+    Args:
+      **changes: field name -> new value (the deprecated names still work,
+        with a DeprecationWarning).
+
+    Returns:
+      The new `MoEConfig`.
+
+    Raises:
+      ValueError: if a key is not a field, or the result is invalid.
+    """
     changes = _new_names("MoEConfig", changes)
     _check_keys(type(self), changes)
     return dataclasses.replace(self, **changes)
@@ -487,6 +510,20 @@ class ModelConfig:
       `layer_scalar` [1] (collection `updated_by_rule`, never trained, as
       Gemma-4's buffer).
     final_logit_softcap: c > 0: logits = c * tanh(logits / c) (0 = off).
+
+  Example usage:
+    cfg = load_model_config("tiny_mixtral", scan_layers=False)
+    bigger = cfg.replace(num_layers=4, num_experts=16)
+
+  Raises:
+    TypeError: if `moe` is not a `MoEConfig`.
+    ValueError: naming the field, its value and what is allowed: e.g. a
+      non-positive `vocab_size`, `num_layers` or `num_heads`, a negative
+      width, a `num_kv_heads` that does not divide `num_heads`, a `num_heads`
+      that does not divide `emb_dim` (when `head_dim` is 0), an odd head
+      width, `dense_layers` out of range or repeated (or without a
+      `dense_mlp_dim`), a flag that is not a bool, or a non-positive
+      `norm_eps` / `rope_max_wavelength` <= 1.
   """
 
   moe: MoEConfig
@@ -614,10 +651,12 @@ class ModelConfig:
 
   @property
   def resolved_head_dim(self) -> int:
+    """The attention head width: `head_dim`, or emb_dim // num_heads if 0."""
     return self.head_dim or self.moe.emb_dim // self.num_heads
 
   @property
   def resolved_kv_heads(self) -> int:
+    """The key/value heads: `num_kv_heads`, or `num_heads` if 0."""
     return self.num_kv_heads or self.num_heads
 
   @property
@@ -653,7 +692,20 @@ class ModelConfig:
     return self.moe.shared_experts > 0 and not self.post_moe_norms
 
   def replace(self, **changes: Any) -> ModelConfig:
-    """Overrides fields of this config or of its `moe` (flat keyword names)."""
+    """Overrides fields of this config or of its `moe` (flat keyword names).
+
+    Args:
+      **changes: field name -> new value, for `ModelConfig` and `MoEConfig`
+        fields alike (the deprecated names still work, with a warning).
+
+    Returns:
+      The new `ModelConfig`, validated.
+
+    Raises:
+      ValueError: if a key is no field of either config, or the result is
+        invalid.
+      TypeError: as the `ModelConfig` constructor.
+    """
     changes = _new_names("ModelConfig", changes)
     moe_fields = {f.name for f in dataclasses.fields(MoEConfig)}
     moe_changes = {k: v for k, v in changes.items() if k in moe_fields}
@@ -684,7 +736,11 @@ def _check_keys(cls: type, changes: dict[str, Any], extra=frozenset()) -> None:
 
 
 def available_configs() -> list[str]:
-  """Names of the YAML configs shipped with the package."""
+  """Names of the YAML configs shipped with the package.
+
+  Returns:
+    The names, sorted, without ".yml" (what `load_model_config` takes).
+  """
   root = importlib.resources.files("linen_moe.configs")
   return sorted(p.name[:-4] for p in root.iterdir() if p.name.endswith(".yml"))
 
@@ -726,7 +782,20 @@ def load_model_config(
 ) -> ModelConfig:
   """Reads a YAML config (a shipped name or a path) into a `ModelConfig`.
 
-  Overrides are flat keyword names of `ModelConfig` or `MoEConfig` fields.
+  Args:
+    name_or_path: a name from `available_configs()`, or the path of a .yml /
+      .yaml file (anything with a path separator or that suffix).
+    **overrides: flat keyword names of `ModelConfig` or `MoEConfig` fields,
+      applied after the file.
+
+  Returns:
+    The validated `ModelConfig`.
+
+  Raises:
+    ValueError: if the file does not exist or the name is unknown, the file
+      is not a mapping with a `moe:` section (and at most a `decoder:` one),
+      a key is no field (or `decoder:` holds `moe`), or a value is invalid.
+    TypeError: as the `ModelConfig` constructor.
   """
   data = _read_yaml(name_or_path)
   moe = _moe_from_dict(dict(data["moe"] or {}))
@@ -742,8 +811,20 @@ def load_moe_config(
 ) -> MoEConfig:
   """Reads the `moe:` section of a YAML config into a validated `MoEConfig`.
 
-  Example:
+  Example usage:
     cfg = load_moe_config("tiny_mixtral", quantization="int8")
+
+  Args:
+    name_or_path: a name from `available_configs()`, or a .yml / .yaml path.
+    **overrides: `MoEConfig` field names, applied over the file's values.
+
+  Returns:
+    The validated `MoEConfig` (the file's decoder section is ignored).
+
+  Raises:
+    ValueError: if the file does not exist or the name is unknown, it is not
+      a mapping with a `moe:` section, a key is no `MoEConfig` field, or a
+      value is invalid.
   """
   data = _read_yaml(name_or_path)
   merged = _new_names("MoEConfig", dict(data["moe"] or {}))

@@ -44,7 +44,18 @@ _TPU_WORKERS = "TPU_WORKER_HOSTNAMES"
 
 
 def parse_coordinator(address: str) -> tuple[str, int]:
-  """ "10.0.0.1:1234" -> ("10.0.0.1", 1234); "[::1]:1234" -> ("::1", 1234)."""
+  """ "10.0.0.1:1234" -> ("10.0.0.1", 1234); "[::1]:1234" -> ("::1", 1234).
+
+  Args:
+    address: "HOST:PORT"; an IPv6 host may be bracketed.
+
+  Returns:
+    (host, port), the host without brackets.
+
+  Raises:
+    ValueError: if the host is empty or the port is not an integer in
+      1..65535.
+  """
   host, sep, port = str(address).rpartition(":")
   host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
   if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -60,6 +71,13 @@ def check_port_free(port: int) -> None:
 
   Process 0 binds the coordination service to every interface on the
   coordinator's port, so the check binds the same way.
+
+  Args:
+    port: a TCP port number.
+
+  Raises:
+    ValueError: if binding fails because the port is in use (any other
+      `OSError` propagates unchanged).
   """
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
     try:
@@ -74,7 +92,11 @@ def check_port_free(port: int) -> None:
 
 
 def free_port() -> int:
-  """A TCP port that is free on this host now."""
+  """A TCP port that is free on this host now.
+
+  Returns:
+    The port number the OS picked; another program may take it later.
+  """
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
     s.bind(("", 0))
     return s.getsockname()[1]
@@ -83,10 +105,15 @@ def free_port() -> int:
 def cluster_launcher(environ: dict[str, str] | None = None) -> str | None:
   """The cluster launcher that started this process as one of several.
 
-  Returns "slurm", "openmpi" or "tpu" when the launcher's environment says
-  it started more than one process (`jax.distributed.initialize()` then
-  finds the coordinator, the process count and this process's id on its
-  own), else None.
+  When one is found, `jax.distributed.initialize()` finds the coordinator,
+  the process count and this process's id on its own.
+
+  Args:
+    environ: the environment to read; default `os.environ`.
+
+  Returns:
+    "slurm" (`SLURM_NTASKS` > 1), "openmpi" (`OMPI_COMM_WORLD_SIZE` > 1) or
+    "tpu" (several `TPU_WORKER_HOSTNAMES`), else None.
   """
   environ = os.environ if environ is None else environ
   for name, variable in _LAUNCHER_PROCESS_COUNTS.items():
@@ -152,8 +179,9 @@ def initialize(
 
   Raises:
     ValueError: some but not all of the three arguments, a malformed
-      coordinator address, an id outside [0, N), a timeout < 1, process 0's
-      port already in use, or a failure to connect.
+      coordinator address, N < 1, an id outside [0, N), a timeout that is not
+      an int >= 1, process 0's port already in use, or a failure to connect.
+    TypeError: if `num_processes` or `process_id` is not an int.
   """
   _check_process_args(coordinator, num_processes, process_id)
   for name, value in (
@@ -189,7 +217,11 @@ def initialize(
 
 
 def is_main_process() -> bool:
-  """Process 0: the one that prints and reports."""
+  """Process 0: the one that prints and reports.
+
+  Returns:
+    Whether `jax.process_index()` is 0 (True in a single process).
+  """
   return jax.process_index() == 0
 
 
@@ -206,6 +238,17 @@ def global_array(
   from a shared seed) or a function from a shard's index (a tuple of
   slices into the global array) to that shard's data, for a loader that
   reads only what its process needs.
+
+  Args:
+    shape: the global shape.
+    sharding: how the global array is laid out over the mesh.
+    data: the global NumPy array of `shape`, or index -> shard data.
+
+  Returns:
+    A `jax.Array` of `shape` with `sharding`.
+
+  Raises:
+    ValueError: if `data` is an array whose shape is not `shape`.
   """
   if isinstance(data, np.ndarray):
     if data.shape != tuple(shape):

@@ -65,8 +65,20 @@ def gated_mlp(
     wi_1: jax.Array,
     wo: jax.Array,
 ) -> jax.Array:
-  """act(x wi_0) * (x wi_1) wo, each contraction `project(site, ...)` with
-  `site` in ("wi_0", "wi_1", "wo")."""
+  """act(x wi_0) * (x wi_1) wo, each contraction made by `project`.
+
+  Args:
+    project: `project(site, operand, weight)` with `site` in ("wi_0", "wi_1",
+      "wo"): the operand contracted with that weight.
+    act: the activation of the gate.
+    x: the input, [..., M] (or whatever `project` contracts).
+    wi_0: the gate weight, e.g. [M, F].
+    wi_1: the up-projection weight, e.g. [M, F].
+    wo: the down-projection weight, e.g. [F, M].
+
+  Returns:
+    `project("wo", hidden, wo)`, e.g. [..., M].
+  """
   hidden = act(project("wi_0", x, wi_0)) * project("wi_1", x, wi_1)
   return project("wo", hidden, wo)
 
@@ -85,6 +97,12 @@ class SharedExpert(nn.Module):
   stored kernels (`linen_moe.stored_weights`) under the same names, each
   contracted by its own `{name}_dot` submodule.
 
+  Example usage:
+    cfg = load_moe_config("tiny_deepseek_v3")      # shared_experts: 1
+    shared = SharedExpert(cfg)
+    variables = shared.init(jax.random.key(0), x)  # x: [B, S, emb_dim]
+    y = shared.apply(variables, x)                 # [B, S, emb_dim]
+
   Attributes:
     config: the `MoEConfig` (`shared_experts`, `shared_mlp_dim`, activations).
     mlp_dim: F, the hidden width (0 = shared_experts * shared_mlp_dim).
@@ -95,7 +113,14 @@ class SharedExpert(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: jax.Array) -> jax.Array:
-    """[B, S, M] -> [B, S, M]."""
+    """Applies the shared expert.
+
+    Args:
+      inputs: [B, S, M], cast to `config.dtype`.
+
+    Returns:
+      [B, S, M] in `config.dtype`.
+    """
     cfg = self.config
     width = self.mlp_dim or cfg.shared_experts * cfg.shared_mlp_dim
     shapes = kernel_shapes(cfg.emb_dim, width)

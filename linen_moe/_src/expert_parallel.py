@@ -326,7 +326,8 @@ def sparse_moe(
       if ep.expert_axes:
         first = jax.lax.axis_index(ep.expert_axes) * ep.experts_per_device
       out = sparse_experts(
-          mdl.grouped,
+          # A token picks an expert once: no group exceeds the tokens here.
+          functools.partial(mdl.grouped, max_group_size=tokens[0].shape[0]),
           *tokens,
           (wi_0, wi_1, wo),
           act,

@@ -157,6 +157,8 @@ class _Plan:
     tiles_start, tiles_end: <int32>[G] each group's global overflow tiles.
     overflowing: <int32>[G] the groups with overflow tiles first, in order.
     num_overflowing: <int32>[] how many.
+    may_overflow: (static) whether a group can have rows past its C slots;
+      False when C >= M or C >= the caller's bound on every group's size.
   """
 
   slot_row: jax.Array
@@ -167,10 +169,18 @@ class _Plan:
   tiles_end: jax.Array
   overflowing: jax.Array
   num_overflowing: jax.Array
+  may_overflow: bool = flax.struct.field(pytree_node=False, default=True)
 
 
-def _plan(group_sizes: jax.Array, m: int, c: int, bm: int) -> _Plan:
-  """The `_Plan` of M rows in groups of `group_sizes`, C slots, bm-row tiles."""
+def _plan(
+    group_sizes: jax.Array,
+    m: int,
+    c: int,
+    bm: int,
+    max_group_size: int | None = None,
+) -> _Plan:
+  """The `_Plan` of M rows in groups of `group_sizes`, C slots, bm-row tiles
+  (no group larger than `max_group_size`, when given)."""
   num_groups = group_sizes.shape[0]
   ends = jnp.clip(jnp.cumsum(group_sizes.astype(jnp.int32)), 0, m)
   firsts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
@@ -195,6 +205,7 @@ def _plan(group_sizes: jax.Array, m: int, c: int, bm: int) -> _Plan:
       tiles_end=tiles_end,
       overflowing=overflowing.astype(jnp.int32),
       num_overflowing=jnp.sum(num_tiles > 0, dtype=jnp.int32),
+      may_overflow=c < min(m, max_group_size or m),
   )
 
 
@@ -235,8 +246,8 @@ def _tile(plan: _Plan, g: jax.Array, t: jax.Array, m: int, bm: int):
 
 def _over_overflow(plan: _Plan, group_body, init):
   """fori_loop of `group_body(g, carry)` over the overflowing groups; `init`
-  itself, and no loop built, when every row has a slot (C >= M)."""
-  if plan.slot_row.shape[1] >= plan.row_slot.shape[0]:
+  itself, and no loop built, when every row has a slot (`may_overflow`)."""
+  if not plan.may_overflow:
     return init
   return lax.fori_loop(
       0,
@@ -387,21 +398,21 @@ def _grad_dtype(dtype) -> Any:
   return dtype
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _blocked_vjp(lhs, rhs, group_sizes, c, bm, out_dtype):
-  plan = _plan(group_sizes, lhs.shape[0], c, bm)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _blocked_vjp(lhs, rhs, group_sizes, c, bm, out_dtype, bound):
+  plan = _plan(group_sizes, lhs.shape[0], c, bm, bound)
   return _blocked_rows(lhs, rhs, plan, bm, False, out_dtype)
 
 
-def _blocked_vjp_fwd(lhs, rhs, group_sizes, c, bm, out_dtype):
-  plan = _plan(group_sizes, lhs.shape[0], c, bm)
+def _blocked_vjp_fwd(lhs, rhs, group_sizes, c, bm, out_dtype, bound):
+  plan = _plan(group_sizes, lhs.shape[0], c, bm, bound)
   lhs_slots = _to_slots(lhs, plan)  # kept for drhs: one gather, not two
   out = _blocked_rows(lhs, rhs, plan, bm, False, out_dtype, lhs_slots)
   return out, (lhs, rhs, plan, lhs_slots)
 
 
-def _blocked_vjp_bwd(c, bm, out_dtype, residuals, dout):
-  del c, out_dtype
+def _blocked_vjp_bwd(c, bm, out_dtype, bound, residuals, dout):
+  del c, out_dtype, bound
   lhs, rhs, plan, lhs_slots = residuals
   dout_slots = _to_slots(dout, plan)
   # dlhs = dout @ rhs[g]^T per row: [M, N] x [G, K, N] -> [M, K].
@@ -425,6 +436,7 @@ def blocked_grouped_matmul(
     preferred_element_type=None,
     block_rows_override: int | None = None,
     slot_rows_override: int | None = None,
+    max_group_size: int | None = None,
 ) -> jax.Array:
   """The "blocked" implementation: [M, K] x [G, K, N] -> [M, N].
 
@@ -442,6 +454,10 @@ def blocked_grouped_matmul(
       `block_rows(M, G)`.
     slot_rows_override: C, the rows per group of the batched part; default
       `default_slot_rows(M, G, K, N)`; 0 runs every row in tiles.
+    max_group_size: a static bound on every group's size that the caller
+      knows (a MoE layer of T tokens, each choosing an expert at most once,
+      gives no expert more than T rows), or None. The default C is then at
+      most the bound, and when C reaches it no overflow loop is built.
   """
   (m, k), (num_groups, _, n) = lhs.shape, rhs.shape
   out_dtype = jax.eval_shape(
@@ -460,14 +476,23 @@ def blocked_grouped_matmul(
     bm = block_rows(m, num_groups)
   if not 1 <= bm <= m:
     raise ValueError(f"block rows must be in [1, M={m}]; got {bm}.")
+  if max_group_size is not None and (
+      isinstance(max_group_size, bool)
+      or not isinstance(max_group_size, int)
+      or max_group_size < 1
+  ):
+    raise ValueError(
+        "max_group_size must be a positive int or None; got"
+        f" {max_group_size!r}."
+    )
   c = slot_rows_override
   if c is None:
-    c = default_slot_rows(m, num_groups, k, n)
+    c = min(default_slot_rows(m, num_groups, k, n), max_group_size or m)
   if not 0 <= c <= m:
     raise ValueError(f"slot rows must be in [0, M={m}]; got {c}.")
   if jnp.issubdtype(out_dtype, jnp.inexact):
-    return _blocked_vjp(lhs, rhs, group_sizes, c, bm, out_dtype)
-  plan = _plan(group_sizes, m, c, bm)
+    return _blocked_vjp(lhs, rhs, group_sizes, c, bm, out_dtype, max_group_size)
+  plan = _plan(group_sizes, m, c, bm, max_group_size)
   return _blocked_rows(lhs, rhs, plan, bm, False, out_dtype)
 
 
@@ -529,8 +554,13 @@ def grouped_matmul(
     *,
     implementation: str = "auto",
     preferred_element_type=None,
+    max_group_size: int | None = None,
 ) -> jax.Array:
-  """[M, K] x [G, K, N] -> [M, N]; see the module docstring."""
+  """[M, K] x [G, K, N] -> [M, N]; see the module docstring.
+
+  `max_group_size`: a static bound on every group's size, when the caller
+  knows one (see `blocked_grouped_matmul`); only "blocked" reads it.
+  """
   if lhs.ndim != 2 or rhs.ndim != 3 or lhs.shape[1] != rhs.shape[1]:
     raise ValueError(
         "grouped_matmul expects lhs [M, K] and rhs [G, K, N] with the same K; "
@@ -550,7 +580,11 @@ def grouped_matmul(
     return ragged_dot(lhs, rhs, group_sizes, preferred_element_type)
   if impl == "blocked":
     return blocked_grouped_matmul(
-        lhs, rhs, group_sizes, preferred_element_type=preferred_element_type
+        lhs,
+        rhs,
+        group_sizes,
+        preferred_element_type=preferred_element_type,
+        max_group_size=max_group_size,
     )
   kernel, _ = grouped_kernels.find_kernel(jax.default_backend())
   return kernel.fn(lhs, rhs, group_sizes, preferred_element_type)

@@ -59,7 +59,21 @@ _NAME = re.compile(r"%([\w.\-]+)")
 
 @dataclasses.dataclass(frozen=True)
 class Instruction:
-  """One HLO instruction, reduced to what the walk needs."""
+  """One HLO instruction, reduced to what the walk needs.
+
+  Attributes:
+    name: the instruction name, unique in the module.
+    opcode: e.g. "dot", "fusion", "get-tuple-element".
+    types: element types of the result (empty for a tuple).
+    operands: the names of its operands.
+    called: the computations a fusion or a while loop calls.
+    computation: the computation it belongs to.
+    is_root: whether it is its computation's ROOT.
+    parameter: the parameter number of a `parameter` op, else None.
+    index: the element a `get-tuple-element` takes, else None.
+    op_name: the JAX op path from the metadata, "" when absent.
+    target: a custom call's `custom_call_target`, else "".
+  """
 
   name: str
   opcode: str
@@ -131,7 +145,15 @@ def is_contraction(inst: Instruction) -> bool:
 
 
 def parse_hlo(text: str) -> dict[str, Instruction]:
-  """Every instruction of an HLO module text, by (module-unique) name."""
+  """Every instruction of an HLO module text, by (module-unique) name.
+
+  Args:
+    text: HLO module text, e.g. `jax.jit(f).lower(...).compile().as_text()`.
+
+  Returns:
+    Each `Instruction` by its name; lines that are not instructions are
+    skipped.
+  """
   instructions, computation = {}, ""
   for line in text.splitlines():
     header = _COMPUTATION.match(line)
@@ -157,16 +179,29 @@ class Contraction:
       contraction.
     quantized_inputs: the quantized element types found walking back from
       its operands.
+    operand_types: the element types of each operand, as passed to it (e.g.
+      (frozenset({"f32"}), frozenset({"f32"})) for a float32 dot).
+    result_types: the element types of its result.
   """
 
   name: str
   opcode: str
   op_name: str
   quantized_inputs: frozenset[str]
+  operand_types: tuple[frozenset[str], ...] = ()
+  result_types: frozenset[str] = frozenset()
 
 
 def contractions(text: str) -> list[Contraction]:
-  """Every contraction of the program, with the quantized types feeding it."""
+  """Every contraction of the program, with the quantized types feeding it.
+
+  Args:
+    text: compiled HLO module text.
+
+  Returns:
+    One `Contraction` per dot, convolution, ragged-dot or GEMM custom call,
+    in program order.
+  """
   instructions = parse_hlo(text)
   roots, callers = {}, {}
   for inst in instructions.values():
@@ -216,6 +251,11 @@ def contractions(text: str) -> list[Contraction]:
           quantized_inputs=frozenset(
               set().union(*(visit(op, None, 0, set()) for op in inst.operands))
           ),
+          operand_types=tuple(
+              instructions[op].types if op in instructions else frozenset()
+              for op in inst.operands
+          ),
+          result_types=inst.types,
       )
       for inst in instructions.values()
       if is_contraction(inst)
@@ -223,12 +263,26 @@ def contractions(text: str) -> list[Contraction]:
 
 
 def quantized_types_at_contractions(text: str) -> set[str]:
-  """Quantized element types that feed any contraction of the program."""
+  """Quantized element types that feed any contraction of the program.
+
+  Args:
+    text: compiled HLO module text.
+
+  Returns:
+    HLO type names from `QUANTIZED_TYPES`, e.g. {"s8"}; empty if none.
+  """
   return set().union(*(c.quantized_inputs for c in contractions(text)))
 
 
 def quantized_types_in_hlo(text: str) -> set[str]:
-  """Quantized element types that appear anywhere in the program text."""
+  """Quantized element types that appear anywhere in the program text.
+
+  Args:
+    text: HLO module text.
+
+  Returns:
+    HLO type names from `QUANTIZED_TYPES`.
+  """
   return set(_ELEMENT_TYPE.findall(text)) & QUANTIZED_TYPES
 
 
@@ -242,7 +296,15 @@ COLLECTIVES = (
 
 
 def collective_counts(hlo_text: str) -> dict[str, int]:
-  """How many ops of each kind in `COLLECTIVES` a compiled HLO module holds."""
+  """How many ops of each kind in `COLLECTIVES` a compiled HLO module holds.
+
+  Args:
+    hlo_text: compiled HLO module text.
+
+  Returns:
+    The count of each op of `COLLECTIVES`, by op name (an async `-start`
+    counts once).
+  """
   return {
       op: len(re.findall(rf"\s{op}(?:-start)?\(", hlo_text))
       for op in COLLECTIVES
@@ -250,7 +312,15 @@ def collective_counts(hlo_text: str) -> dict[str, int]:
 
 
 def all_gather_shapes(hlo_text: str) -> list[tuple[int, ...]]:
-  """Result shapes of every all-gather in a compiled HLO module."""
+  """Result shapes of every all-gather in a compiled HLO module.
+
+  Args:
+    hlo_text: compiled HLO module text.
+
+  Returns:
+    One dimension tuple per array result, in program order (a tuple-typed
+    all-gather gives one per element).
+  """
   shapes = []
   for line in hlo_text.splitlines():
     match = re.search(r"=\s*(.*?)\sall-gather(?:-start)?\(", line)
@@ -275,8 +345,14 @@ class Collective:
   """One collective op and the device groups it communicates within.
 
   Device numbers index the program's device assignment (for a step jitted
-  on a mesh: `mesh.devices.flat`). `groups` is None when the op joins every
-  device; `axes` names the mesh axes it runs over, when the HLO says so.
+  on a mesh: `mesh.devices.flat`).
+
+  Attributes:
+    name: the HLO instruction name.
+    opcode: one of `COLLECTIVES`.
+    groups: the device groups, each a tuple of device numbers; None when the
+      op joins every device.
+    axes: the mesh axes it runs over, when the HLO names them, else None.
   """
 
   name: str
@@ -355,6 +431,16 @@ def collectives(text: str) -> list[Collective]:
   (`replica_groups=mesh['data'=2,'expert'=4] {'data'}`), an iota list
   (`replica_groups=[2,4]<=[8]`) and explicit lists (`replica_groups=
   {{0,1},{2,3}}`, a collective-permute's `source_target_pairs`).
+
+  Args:
+    text: compiled HLO module text.
+
+  Returns:
+    One `Collective` per collective op, in program order.
+
+  Raises:
+    ValueError: if a mesh replica group cannot be parsed or names an axis
+      that is not in its mesh.
   """
   return [c for c in map(collective_of_line, text.splitlines()) if c]
 
@@ -378,8 +464,14 @@ def collective_of_line(line: str) -> Collective | None:
 def crosses_processes(op: Collective, process_of: list[int]) -> bool:
   """Whether any group of `op` joins devices of different processes.
 
-  `process_of[d]` is the process of device number d of the assignment,
-  e.g. `[dev.process_index for dev in mesh.devices.flat]`.
+  Args:
+    op: a `Collective` from `collectives`.
+    process_of: `process_of[d]` is the process of device number d of the
+      assignment, e.g. `[dev.process_index for dev in mesh.devices.flat]`.
+
+  Returns:
+    True if some group holds devices of two or more processes (a group of
+    None is every device).
   """
   groups = op.groups or (tuple(range(len(process_of))),)
   return any(len({process_of[d] for d in group}) > 1 for group in groups)
@@ -388,8 +480,19 @@ def crosses_processes(op: Collective, process_of: list[int]) -> bool:
 def collective_summary(
     text: str, process_of: list[int]
 ) -> list[tuple[str, str, bool, int]]:
-  """(op, mesh axes, crosses processes, count) for the collectives of a
-  compiled HLO module, sorted; axes "?" where the HLO names none."""
+  """The collectives of a compiled HLO module, counted by kind, axes and reach.
+
+  Args:
+    text: compiled HLO module text.
+    process_of: the process of each device number (see `crosses_processes`).
+
+  Returns:
+    Sorted (opcode, mesh axes joined by ",", crosses processes, count)
+    tuples; the axes are "?" where the HLO names none.
+
+  Raises:
+    ValueError: as `collectives`.
+  """
   counts = collections.Counter(
       (
           op.opcode,

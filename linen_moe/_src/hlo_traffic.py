@@ -77,8 +77,22 @@ class CollectiveBytes:
 
 
 def collective_bytes(text: str, num_devices: int) -> list[CollectiveBytes]:
-  """Every collective of a compiled HLO module, with its per-device bytes;
-  a collective whose groups the HLO leaves implicit joins `num_devices`."""
+  """Every collective of a compiled HLO module, with its per-device bytes.
+
+  Args:
+    text: compiled HLO module text (synchronous collectives only).
+    num_devices: the group size of a collective whose groups the HLO leaves
+      implicit (it joins every device).
+
+  Returns:
+    One `CollectiveBytes` per collective, in program order; a group of one
+    device sends 0 bytes.
+
+  Raises:
+    ValueError: on an asynchronous collective (`...-start`), an element type
+      whose width cannot be read, or a replica group `hlo.collectives` cannot
+      parse.
+  """
   found = []
   for line in text.splitlines():
     op = hlo.collective_of_line(line)
@@ -107,10 +121,21 @@ def collective_bytes(text: str, num_devices: int) -> list[CollectiveBytes]:
 def sent_bytes(
     text: str, num_devices: int, op_name_part: str = ""
 ) -> dict[str, float]:
-  """{"forward": ..., "backward": ...}: the bytes each device sends through
-  the collectives whose op path contains `op_name_part` (e.g. "shard_map",
-  the expert-parallel body), split by whether the path is a transpose (the
-  backward of a gradient)."""
+  """The bytes each device sends through some collectives, forward and backward.
+
+  Args:
+    text: compiled HLO module text.
+    num_devices: as in `collective_bytes`.
+    op_name_part: count only the collectives whose op path contains it (e.g.
+      "shard_map", the expert-parallel body); "" counts all.
+
+  Returns:
+    ``{"forward": bytes, "backward": bytes}``; a collective whose op path holds
+    "transpose(" (the backward of a gradient) counts as backward.
+
+  Raises:
+    ValueError: as `collective_bytes`.
+  """
   out = {"forward": 0.0, "backward": 0.0}
   for c in collective_bytes(text, num_devices):
     if op_name_part in c.op_name:

@@ -85,15 +85,18 @@ def quantize_int8_host(
   return scaled.astype(np.int8), scale
 
 
-def _int8_forward(lhs, rhs, group_sizes, implementation):
-  """[M, K] x [G, K, N] -> <float32>[M, N], both operands int8-quantized."""
+def _int8_forward(lhs, rhs, group_sizes, implementation, bound=None):
+  """[M, K] x [G, K, N] -> <float32>[M, N], both operands int8-quantized.
+  `bound`: `grouped_matmul`'s `max_group_size`."""
   q_rhs, rhs_scale = quantize_int8(rhs, axis=1)  # [G, K, N], [G, 1, N]
   return _int8_forward_stored(
-      lhs, q_rhs, rhs_scale, group_sizes, implementation
+      lhs, q_rhs, rhs_scale, group_sizes, implementation, bound
   )
 
 
-def _int8_forward_stored(lhs, q_rhs, rhs_scale, group_sizes, implementation):
+def _int8_forward_stored(
+    lhs, q_rhs, rhs_scale, group_sizes, implementation, bound=None
+):
   """[M, K] x <int8>[G, K, N] (scales [G, 1, N]) -> <float32>[M, N]."""
   q_lhs, lhs_scale = quantize_int8(lhs, axis=1)  # [M, K], [M, 1]
   acc = gmm_lib.grouped_matmul(
@@ -102,6 +105,7 @@ def _int8_forward_stored(lhs, q_rhs, rhs_scale, group_sizes, implementation):
       group_sizes,
       implementation=implementation,
       preferred_element_type=jnp.int32,
+      max_group_size=bound,
   )  # <int32>[M, N]
   num_groups = q_rhs.shape[0]
   # Rows past sum(group_sizes) get the last group's scale; their acc is 0.
@@ -119,6 +123,7 @@ def int8_grouped_matmul_stored(
     rhs_scale: jax.Array,
     group_sizes: jax.Array,
     implementation: str = "auto",
+    max_group_size: int | None = None,
 ) -> jax.Array:
   """Forward of `int8_grouped_matmul` from a stored, already quantized rhs.
 
@@ -135,37 +140,45 @@ def int8_grouped_matmul_stored(
         f"rhs_scale must have shape [G, 1, N]={(g, 1, n)}; got "
         f"{rhs_scale.shape}."
     )
-  out = _int8_forward_stored(lhs, q_rhs, rhs_scale, group_sizes, implementation)
+  out = _int8_forward_stored(
+      lhs, q_rhs, rhs_scale, group_sizes, implementation, max_group_size
+  )
   return out.astype(lhs.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def int8_grouped_matmul(
     lhs: jax.Array,
     rhs: jax.Array,
     group_sizes: jax.Array,
     implementation: str = "auto",
+    max_group_size: int | None = None,
 ) -> jax.Array:
   """Int8 `grouped_matmul`: [M, K] x [G, K, N] -> [M, N] in the operands' dtype.
 
-  See the module docstring for what is quantized in each direction.
+  See the module docstring for what is quantized in each direction;
+  `max_group_size` is `grouped_matmul`'s.
   """
-  out = _int8_forward(lhs, rhs, group_sizes, implementation)
+  out = _int8_forward(lhs, rhs, group_sizes, implementation, max_group_size)
   return out.astype(jnp.result_type(lhs, rhs))
 
 
-def _fwd(lhs, rhs, group_sizes, implementation):
-  out = int8_grouped_matmul(lhs, rhs, group_sizes, implementation)
+def _fwd(lhs, rhs, group_sizes, implementation, bound):
+  out = int8_grouped_matmul(lhs, rhs, group_sizes, implementation, bound)
   return out, (lhs, rhs, group_sizes)
 
 
-def _bwd(implementation, residuals, g):
+def _bwd(implementation, bound, residuals, g):
   lhs, rhs, group_sizes = residuals
   rhs_t = jnp.swapaxes(rhs, 1, 2)  # [G, N, K]
-  dlhs = _int8_forward(g, rhs_t, group_sizes, implementation)
+  dlhs = _int8_forward(g, rhs_t, group_sizes, implementation, bound)
   _, rhs_vjp = jax.vjp(
       lambda r: gmm_lib.grouped_matmul(
-          lhs, r, group_sizes, implementation=implementation
+          lhs,
+          r,
+          group_sizes,
+          implementation=implementation,
+          max_group_size=bound,
       ),
       rhs,
   )

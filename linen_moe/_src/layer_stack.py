@@ -173,6 +173,16 @@ def _split(node: Mapping, plan: StackPlan, where: str) -> dict:
     member = stacked if plan.period == 1 else stacked.get(member_name(j))
     if member is None:
       continue
+    rows = {
+        jnp.shape(x)[0] if jnp.ndim(x) else None
+        for x in jax.tree.leaves(member)
+    }
+    if rows - {plan.repeats}:
+      raise ValueError(
+          f"{where}/{STACK} stacks {sorted(rows, key=str)} layers on axis 0, "
+          f"but the plan scans {plan.repeats} ({plan}); pass the plan the "
+          "stack was built with."
+      )
     for r in range(plan.repeats):
       tree[layer_name(plan.layer(r, j))] = jax.tree.map(
           lambda x, r=r: x[r], member

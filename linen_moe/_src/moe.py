@@ -7,6 +7,8 @@ k num_experts_per_tok, T = B * S tokens.
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import flax.struct
 import jax
@@ -17,6 +19,7 @@ from linen_moe._src import expert
 from linen_moe._src import expert_parallel
 from linen_moe._src import routing
 from linen_moe._src import sharding
+from linen_moe._src import sparse
 from linen_moe._src import stored_weights
 from linen_moe._src import variables
 from linen_moe._src.activations import activation
@@ -25,7 +28,6 @@ from linen_moe._src.expert import SharedExpert
 from linen_moe._src.jit_init import JitInit
 from linen_moe._src.quantization import Einsum
 from linen_moe._src.quantization import contraction_modules
-from linen_moe._src.sparse import sparse_experts
 
 # Every contraction that touches an expert weight or a dispatch/combine mask
 # goes through `RoutedMoE.einsum` or `RoutedMoE.grouped` under one of these
@@ -112,19 +114,29 @@ class RoutedMoE(JitInit, nn.Module):
     return modules.einsum(name=name, **modules.einsum_kwargs)(eqn, lhs, rhs)
 
   def grouped(
-      self, site: str, lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array
+      self,
+      site: str,
+      lhs: jax.Array,
+      rhs: jax.Array,
+      group_sizes: jax.Array,
+      max_group_size: int | None = None,
   ) -> jax.Array:
     """The named grouped-matmul hook of the sparse path: lhs [R, K] sorted by
     group, rhs [G, K, N], group_sizes <int32>[G] -> [R, N], computed by the
-    submodule `{site}_dot` in this config's quantization."""
+    submodule `{site}_dot` in this config's quantization. `max_group_size`
+    is a static bound on every group size (the layer's T tokens: a token
+    picks an expert at most once), which lets the grouped matmul skip its
+    overflow loop at small sizes; it never changes the result."""
     name = self._submodule_name(site)
     if self.config.serving:
       module = stored_weights.StoredGroupedMatmul(
-          self.config.grouped_matmul, name=name
+          self.config.grouped_matmul, max_group_size, name=name
       )
       return module(lhs, rhs, group_sizes)
     modules = self._contractions()
-    module = modules.grouped_matmul(name=name, **modules.grouped_kwargs)
+    module = modules.grouped_matmul(
+        name=name, max_group_size=max_group_size, **modules.grouped_kwargs
+    )
     return module(lhs, rhs, group_sizes)
 
   @nn.compact
@@ -252,23 +264,31 @@ class RoutedMoE(JitInit, nn.Module):
     )
 
   def _sparse(self, x, router, experts, act):
-    """Dropless: sort assignments by expert, grouped matmuls, unsort.
+    """Dropless: sort assignments by expert, grouped matmuls, unsort; at
+    decode sizes every expert on every token (`sparse.uses_every_expert`).
 
     Under a mesh, expert-parallel (see `linen_moe.expert_parallel`).
     """
     b, s, m = x.shape
+    cfg = self.config
     if not self.is_initializing():
-      ep = expert_parallel.plan(self.config.num_experts, b)
+      ep = expert_parallel.plan(cfg.num_experts, b)
       if ep is not None:
         return expert_parallel.sparse_moe(self, ep, x, router, experts, act)
-    out = sparse_experts(
-        self.grouped,
+    strategy = sparse.sparse_experts
+    if sparse.uses_every_expert(
+        b * s, cfg.num_experts, cfg.num_experts_per_tok
+    ):
+      strategy = sparse.every_expert
+    else:
+      strategy = functools.partial(strategy, all_experts=True)
+    out = strategy(
+        functools.partial(self.grouped, max_group_size=b * s),
         x.reshape(b * s, m),
         router.indices,
         router.weights,
         experts,
         act,
-        all_experts=True,
     )
     return out.reshape(b, s, m)
 

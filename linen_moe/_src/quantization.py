@@ -101,13 +101,20 @@ class GroupedMatmul(_Contraction):
 
   Attributes:
     implementation: see `linen_moe.grouped_matmul.IMPLEMENTATIONS`.
+    max_group_size: a static bound on every group's size the caller knows,
+      or None (see `grouped_matmul.blocked_grouped_matmul`).
   """
 
   implementation: str = "auto"
+  max_group_size: int | None = None
 
   def _matmul(self, lhs, rhs, group_sizes) -> jax.Array:
     return gmm_lib.grouped_matmul(
-        lhs, rhs, group_sizes, implementation=self.implementation
+        lhs,
+        rhs,
+        group_sizes,
+        implementation=self.implementation,
+        max_group_size=self.max_group_size,
     )
 
   @nn.compact
@@ -178,7 +185,9 @@ class Int8GroupedMatmul(GroupedMatmul):
   """Int8 grouped matmul, see `linen_moe.int8_grouped`; keeps no variables."""
 
   def _matmul(self, lhs, rhs, group_sizes) -> jax.Array:
-    return int8_grouped_matmul(lhs, rhs, group_sizes, self.implementation)
+    return int8_grouped_matmul(
+        lhs, rhs, group_sizes, self.implementation, self.max_group_size
+    )
 
 
 @jax.custom_vjp

@@ -49,6 +49,16 @@ def group_limited_mask(
 
   The E experts form `n_groups` contiguous groups; a group's score is the sum
   of its two highest `scores` <float>[T, E]. Ties go to the lower group.
+
+  Args:
+    scores: <float>[T, E] selection scores (biased, if a selection bias is in
+      use).
+    n_groups: number of contiguous expert groups G; must divide E, and each
+      group must hold at least 2 experts.
+    topk_groups: how many groups each token may choose from, 1 <= it <= G.
+
+  Returns:
+    <bool>[T, E], True for the experts of each token's best groups.
   """
   t, e = scores.shape
   grouped = scores.reshape(t, n_groups, e // n_groups)  # [T, G, E/G]
@@ -61,8 +71,19 @@ def group_limited_mask(
 def select_experts(
     scores: jax.Array, k: int, n_groups: int = 1, topk_groups: int = 1
 ) -> jax.Array:
-  """<int32>[T, k]: top-k of `scores` <float>[T, E], within the best groups
-  (see `group_limited_mask`) when `n_groups > 1`."""
+  """<int32>[T, k]: top-k of `scores`, within the best groups when grouped.
+
+  Args:
+    scores: <float>[T, E] selection scores.
+    k: experts per token, 1 <= k <= E.
+    n_groups: expert groups G; above 1 the choice is limited to each token's
+      `topk_groups` best groups (see `group_limited_mask`).
+    topk_groups: groups each token may choose from (used when `n_groups > 1`).
+
+  Returns:
+    <int32>[T, k] chosen expert indices, in decreasing score; ties go to the
+    lower index.
+  """
   if n_groups > 1:
     allowed = group_limited_mask(scores, n_groups, topk_groups)
     scores = jnp.where(allowed, scores, -jnp.inf)
@@ -91,6 +112,27 @@ def route(
   softmax or sigmoid) only to choose; `n_groups` / `topk_groups` limit the
   choice to the best groups. The weights, computed from the unbiased scores,
   are multiplied by `routed_scaling_factor` and `per_expert_scale` <float>[E].
+
+  Args:
+    logits: <float>[T, E] router logits (computed in float32 here).
+    k: experts per token, 1 <= k <= E.
+    routing: "topk_then_softmax", "softmax_then_topk" or "sigmoid_then_topk".
+    norm_topk_prob: renormalise the k chosen probabilities / sigmoids to sum
+      to 1 (ignored by "topk_then_softmax", whose softmax already does).
+    per_expert_scale: optional <float>[E] learned scale of each expert's
+      weight.
+    selection_bias: optional <float>[E] added to the selection scores to
+      choose, never to the weights.
+    n_groups: contiguous expert groups G (1: no grouping); must divide E.
+    topk_groups: groups each token may choose from when `n_groups > 1`.
+    routed_scaling_factor: multiplies every combine weight.
+
+  Returns:
+    A `RouterResult` with `weights` <float32>[T, k], `indices`
+    <int32>[T, k] and `probs` <float32>[T, E].
+
+  Raises:
+    ValueError: if `routing` is not one of the three names above.
   """
   logits = logits.astype(jnp.float32)
   if routing == "sigmoid_then_topk":
@@ -119,7 +161,16 @@ def route(
 
 
 def jitter(x: jax.Array, eps: float, rng: jax.Array) -> jax.Array:
-  """x times uniform noise in [1 - eps, 1 + eps] (Switch router jitter)."""
+  """x times uniform noise in [1 - eps, 1 + eps] (Switch router jitter).
+
+  Args:
+    x: array of any shape (the router input, [T, M]).
+    eps: half-width of the noise interval, >= 0.
+    rng: a PRNG key.
+
+  Returns:
+    An array of `x`'s shape and dtype.
+  """
   noise = jax.random.uniform(
       rng, x.shape, jnp.float32, minval=1.0 - eps, maxval=1.0 + eps
   )
@@ -129,7 +180,15 @@ def jitter(x: jax.Array, eps: float, rng: jax.Array) -> jax.Array:
 def expert_assignment_fraction(
     indices: jax.Array, num_experts: int
 ) -> jax.Array:
-  """<float32>[E]: share of the T*k routed assignments each expert received."""
+  """<float32>[E]: share of the T*k routed assignments each expert received.
+
+  Args:
+    indices: <int>[T, k] chosen experts (any shape; every entry counts once).
+    num_experts: E.
+
+  Returns:
+    <float32>[E], summing to 1.
+  """
   counts = jnp.zeros((num_experts,), jnp.float32).at[indices.reshape(-1)].add(1)
   return counts / indices.size
 
@@ -140,6 +199,13 @@ def load_balance_loss(router: RouterResult, num_experts: int) -> jax.Array:
   f_e is the fraction of routed assignments to expert e, P_e its mean router
   probability. It is 1 when routing is perfectly uniform and E when every token
   goes to one expert with probability 1. The gradient flows through P only.
+
+  Args:
+    router: the `RouterResult` of T tokens (`indices` and `probs` are read).
+    num_experts: E.
+
+  Returns:
+    <float32>[] the loss.
   """
   fraction = expert_assignment_fraction(router.indices, num_experts)
   mean_prob = jnp.mean(router.probs, axis=0)
@@ -147,9 +213,17 @@ def load_balance_loss(router: RouterResult, num_experts: int) -> jax.Array:
 
 
 def router_z_loss(logits: jax.Array) -> jax.Array:
-  """ST-MoE router z-loss (unweighted): mean over tokens of
-  `logsumexp(logits) ** 2`, logits <float>[T, E]. It keeps the logits small,
-  where the router's softmax / sigmoid is numerically stable."""
+  """ST-MoE router z-loss (unweighted): mean of `logsumexp(logits) ** 2`.
+
+  It keeps the logits small, where the router's softmax / sigmoid is
+  numerically stable.
+
+  Args:
+    logits: <float>[T, E] router logits.
+
+  Returns:
+    <float32>[] the mean over the T tokens.
+  """
   z = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
   return jnp.mean(jnp.square(z))
 
@@ -163,6 +237,14 @@ def routed_bias_update(
   layers, are independent); `load` is each expert's share of the step's
   routed assignments. An overloaded expert's bias falls, an underloaded one's
   rises, each by `rate`.
+
+  Args:
+    bias: <float32>[..., E] the selection bias.
+    load: <float>[..., E] each expert's share of the routed assignments.
+    rate: step size (bias units per update), >= 0.
+
+  Returns:
+    The new bias, of `bias`'s shape and dtype.
   """
   load = load.astype(jnp.float32)
   mean = jnp.mean(load, axis=-1, keepdims=True)

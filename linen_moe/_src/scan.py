@@ -28,17 +28,29 @@ def scan_blocks(
     partition_name: str = LAYERS_AXIS,
     **scan_kwargs: Any,
 ) -> type[nn.Module]:
-  """`nn.scan(block)` over `length` layers, stacking every variable collection
-  of the layer on axis 0, splitting its RNG streams, and naming the stacked
-  axis `partition_name` (the logical axis "layers" by default).
+  """`nn.scan(block)` over `length` layers, with every collection stacked.
 
-  The block's signature is `block(carry, *xs) -> (carry, ys)`; `in_axes`
-  describes `xs` as in `nn.scan` (e.g. `(nn.broadcast,)` for an input every
-  layer sees whole). Other keywords go to `nn.scan` unchanged.
+  Every variable collection of the layer (`params`, the state collections,
+  the KV cache) is stacked on axis 0, its RNG streams are split per layer,
+  and the stacked axis is named `partition_name`.
 
   Example usage:
     Stack = scan_blocks(MyBlock, length=4, in_axes=(nn.broadcast,))
     x, ys = Stack(cfg, name="layers")(x, positions)
+
+  Args:
+    block: a Linen module class called as `block(carry, *xs) -> (carry, ys)`.
+    length: the number of layers L, an int >= 1.
+    in_axes: how `xs` is scanned, as in `nn.scan` (e.g. `(nn.broadcast,)`
+      for an input every layer sees whole).
+    partition_name: the logical axis name of the stacked axis.
+    **scan_kwargs: passed to `nn.scan` unchanged.
+
+  Returns:
+    The scanned module class; its variables have a leading [L] axis.
+
+  Raises:
+    ValueError: if `length` is not a positive int.
   """
   if isinstance(length, bool) or not isinstance(length, int) or length < 1:
     raise ValueError(f"length={length!r} must be a positive integer.")

@@ -222,21 +222,23 @@ def quantize_weights(
 
   Args:
     config: a `MoEConfig` (variables of `RoutedMoE` or `RoutedAndSharedMoE`)
-      or a `ModelConfig` (variables of `linen_moe.decoder.Decoder`, laid out
-      as `config.scan_layers` says), in a quantized mode and not serving.
+      or a `ModelConfig` (variables of `linen_moe.Decoder`, laid out as
+      `config.stack_plan` says), in a quantized mode and not serving.
     variables: `{"params": ..., ...}` as `init` returns them (boxed or not)
       or a train state's params and fp8 state; float expert kernels.
 
   Returns:
-    `(serve_config, serve_variables)`: `config` with `serving=True`, and new
-    variables with the stored kernels and their scales in `params`, without
-    the fp8 training state, every other collection as given (unboxed).
+    A pair (serve_config, serve_variables), `config` with `serving=True`
+    and new variables with the stored kernels and their scales in `params`,
+    without the fp8 training state, every other collection as given
+    (unboxed).
 
   Raises:
     TypeError: `config` is neither config type, or `variables` no mapping.
     ValueError: the mode is "none" (nothing to convert to), the config is
-      already a serving config, or the kernels are missing, already converted,
-      not float, or of another shape than the config says.
+      already a serving config, a layer the config's stack plan names is
+      missing, `params` holds no routed experts, or the kernels are already
+      converted, not float, or of another shape than the config says.
   """
   if not isinstance(config, (MoEConfig, ModelConfig)):
     raise TypeError(
@@ -306,9 +308,19 @@ def _find(tree: Mapping, path: tuple[str, ...]) -> Mapping | None:
 
 
 def expert_weight_bytes(variables: Mapping) -> int:
-  """Bytes of the expert kernels (`wi_0`, `wi_1`, `wo`, float or stored) and
-  their scales in `variables["params"]`: every leaf whose name starts with a
-  kernel name, under any module (routed and shared experts alike)."""
+  """Bytes of the expert kernels (`wi_0`, `wi_1`, `wo`, float or stored).
+
+  Counted with their scales, under any module of `variables["params"]`
+  (routed and shared experts, dense layers' MLPs alike): every leaf named
+  `wi_0`, `wi_1` or `wo`, or one of those with a scale suffix.
+
+  Args:
+    variables: `{"params": ...}` of arrays or ShapeDtypeStructs (e.g.
+      from `jax.eval_shape`), boxed or not.
+
+  Returns:
+    The total bytes (size times item size, summed).
+  """
   total = 0
   flat = jax.tree_util.tree_flatten_with_path(
       sharding.unbox(variables)["params"]

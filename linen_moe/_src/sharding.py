@@ -77,15 +77,33 @@ _SPEC_ITEM = re.compile(r"^\s*([A-Za-z_]\w*)\s*=\s*(\d+)\s*$")
 
 
 def unbox(tree: Any) -> Any:
-  """Strips `nn.Partitioned` boxes (the one place plain arrays are made)."""
+  """Strips `nn.Partitioned` boxes (the one place plain arrays are made).
+
+  Args:
+    tree: a pytree whose leaves may be `nn.Partitioned` /
+      `nn.LogicallyPartitioned` boxes (what `model.init` returns).
+
+  Returns:
+    The same tree with each box replaced by the value it holds.
+  """
   return nn.meta.unbox(tree)
 
 
 def parse_mesh_spec(spec: str | Mapping[str, int]) -> dict[str, int]:
   """ "data=2,expert=4" -> {"data": 2, "fsdp": 1, "expert": 4, "tensor": 1}.
 
-  Axes are `MESH_AXES`; missing ones have size 1. Raises `ValueError` on an
-  unknown or repeated axis, a malformed item or a size < 1.
+  Axes are `MESH_AXES`; missing ones have size 1.
+
+  Args:
+    spec: comma-separated `axis=size` items, or a mapping of axis name to
+      size.
+
+  Returns:
+    The size of every axis of `MESH_AXES`, by name, in that order.
+
+  Raises:
+    ValueError: on a malformed item, an axis not in `MESH_AXES`, an axis
+      given twice, or a size that is not an integer >= 1.
   """
   if isinstance(spec, Mapping):
     items = [(str(k), v) for k, v in spec.items()]
@@ -122,7 +140,17 @@ def make_mesh(
 ) -> Mesh:
   """A mesh over `MESH_AXES` (Auto axis types) from a spec like "data=8".
 
-  The product of the axis sizes must equal the number of devices.
+  Args:
+    spec: a mesh spec, as `parse_mesh_spec` reads it.
+    devices: the devices to lay out; default `jax.devices()` (every process's
+      devices).
+
+  Returns:
+    A `jax.sharding.Mesh` with the four axes of `MESH_AXES`.
+
+  Raises:
+    ValueError: if `spec` does not parse (see `parse_mesh_spec`), or the axis
+      sizes do not multiply to the number of devices.
   """
   sizes = parse_mesh_spec(spec)
   devices = list(jax.devices() if devices is None else devices)
@@ -144,28 +172,65 @@ def make_mesh(
 
 @contextlib.contextmanager
 def mesh_context(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Iterator[None]:
-  """Makes `mesh` and `rules` current for tracing (constraints, EP)."""
+  """Makes `mesh` and `rules` current for tracing (constraints, EP).
+
+  Args:
+    mesh: the mesh to set (`jax.set_mesh`).
+    rules: the logical-axis rule table to set (`nn.logical_axis_rules`).
+
+  Yields:
+    None; both are current inside the `with` block.
+  """
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     yield
 
 
 def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
-  """`nn.with_logical_constraint`; a no-op without a mesh and rules."""
+  """`nn.with_logical_constraint`; a no-op without a mesh and rules.
+
+  Args:
+    x: the array to constrain, e.g. [B, S, M].
+    names: one logical axis name (or None) per axis of `x`, e.g. `BSM`.
+
+  Returns:
+    `x`, with a sharding constraint when a mesh and rules are current.
+  """
   return nn.with_logical_constraint(x, tuple(names))
 
 
 def current_mesh():
-  """The mesh set by `mesh_context` / `jax.set_mesh`, or None."""
+  """The mesh set by `mesh_context` / `jax.set_mesh`, or None.
+
+  Returns:
+    The current `jax.sharding.AbstractMesh`, or None when no mesh is set.
+  """
   mesh = jax.sharding.get_abstract_mesh()
   return None if mesh.empty else mesh
 
 
 def current_rules() -> Rules:
+  """The logical-axis rules in effect.
+
+  Returns:
+    The rules set by `mesh_context` / `nn.logical_axis_rules`, or
+    `DEFAULT_RULES` when none are set.
+  """
   return tuple(nn.get_logical_axis_rules()) or DEFAULT_RULES
 
 
 def mesh_axes(name: str, mesh, rules: Rules | None = None) -> tuple[str, ...]:
-  """The mesh axes (present in `mesh`) that logical `name` maps to."""
+  """The mesh axes (present in `mesh`) that logical `name` maps to.
+
+  Args:
+    name: a logical axis name, e.g. "exp".
+    mesh: a mesh (or abstract mesh); axes it lacks are dropped.
+    rules: the rule table; default `current_rules()`. The first rule for
+      `name` is used.
+
+  Returns:
+    The mesh axis names, in rule order; () when `name` has no rule or maps to
+    None.
+  """
   rules = current_rules() if rules is None else rules
   for logical, physical in rules:
     if logical == name:
@@ -175,15 +240,42 @@ def mesh_axes(name: str, mesh, rules: Rules | None = None) -> tuple[str, ...]:
 
 
 def logical_shardings(abstract_tree: Any, mesh: Mesh, rules: Rules) -> Any:
-  """NamedShardings of a (boxed, abstract) tree, per the rule table."""
+  """NamedShardings of a (boxed, abstract) tree, per the rule table.
+
+  Args:
+    abstract_tree: a pytree of `nn.LogicallyPartitioned` boxes (e.g. the
+      `jax.eval_shape` of `model.init`); unboxed leaves are replicated.
+    mesh: the mesh.
+    rules: the logical-axis rule table.
+
+  Returns:
+    A tree of the same structure with a `NamedSharding` per leaf.
+  """
   specs = nn.get_partition_spec(abstract_tree)
   return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
 def named(mesh: Mesh, names: Sequence[str | None], rules: Rules) -> Any:
-  """The NamedSharding of one array with logical axis `names`."""
+  """The NamedSharding of one array with logical axis `names`.
+
+  Args:
+    mesh: the mesh.
+    names: one logical axis name (or None) per array axis.
+    rules: the logical-axis rule table.
+
+  Returns:
+    A `NamedSharding` over `mesh`.
+  """
   return NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(names), rules))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
+  """The fully replicated sharding.
+
+  Args:
+    mesh: the mesh.
+
+  Returns:
+    `NamedSharding(mesh, PartitionSpec())`.
+  """
   return NamedSharding(mesh, P())

@@ -7,6 +7,11 @@ Every weight is contracted through the layer's named grouped-matmul hook,
 `grouped(site, lhs, rhs, group_sizes)` (`RoutedMoE.grouped`), so each one is
 quantized by the layer's mode and owns its state. Under a mesh,
 `linen_moe.expert_parallel` runs this same function on each device's experts.
+
+At decode sizes (a handful of tokens, `uses_every_expert`) the layer runs
+`every_expert` instead: each expert on every token, through the same hook,
+with the weights of the unchosen pairs 0. Each weight is still read once,
+no assignment is sorted and no row is gathered.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 
 from linen_moe._src import permute
 from linen_moe._src.expert import gated_mlp
@@ -50,3 +56,54 @@ def sparse_experts(
 
   expert_out = gated_mlp(project, act, rows, *experts)  # [R, M]
   return permute.combine_rows(expert_out, weights.astype(x.dtype), plan)
+
+
+# `every_expert` computes E * T rows where the sorted path needs T * k; at
+# T <= 8 the grouped matmul gives each expert at least min(8, T) slots anyway
+# ("blocked", `grouped_matmul.slot_rows`), so the extra rows cost (nearly)
+# nothing, and the sort, its gathers and the expert-order bookkeeping go.
+EVERY_EXPERT_MAX_TOKENS = 8
+
+
+def uses_every_expert(num_tokens: int, num_experts: int, k: int) -> bool:
+  """Whether the layer computes T tokens with `every_expert`: at most
+  `EVERY_EXPERT_MAX_TOKENS` tokens whose T * k choices can reach every
+  expert (with fewer, the sorted path reads fewer experts' rows)."""
+  return num_tokens <= EVERY_EXPERT_MAX_TOKENS and num_tokens * k >= num_experts
+
+
+def every_expert(
+    grouped: Grouped,
+    x: jax.Array,
+    indices: jax.Array,
+    weights: jax.Array,
+    experts: Experts,
+    act: Callable[[jax.Array], jax.Array],
+) -> jax.Array:
+  """The dropless sparse path as every expert on every token.
+
+  x [T, M]; indices <int32>[T, k] and weights [T, k], the routing over all E
+  experts; experts = (wi_0, wi_1, wo), wi_0/wi_1 [E, M, H], wo [E, H, M].
+  Returns [T, M], each token's weighted sum over its k choices: the result
+  of `sparse_experts(..., all_experts=True)`. The grouped matmuls see the
+  tokens repeated per expert, [E * T, M] in groups of T rows each. The
+  hidden rows of the (token, expert) pairs not chosen are zeroed before
+  `wo`, and their combine weights are 0: every contraction then sees the
+  values (and a quantized one the absolute maxima) the sorted path's see,
+  plus zero rows.
+  """
+  t, m = x.shape
+  e = experts[0].shape[0]
+  rows = jnp.tile(x, (e, 1))  # [E * T, M], expert-major
+  sizes = jnp.full((e,), t, jnp.int32)
+  chosen = jax.nn.one_hot(indices, e, dtype=x.dtype)  # [T, k, E]
+  pairs = jnp.sum(chosen, axis=1).T.reshape(e * t, 1)  # [E * T, 1]: 1, 0
+
+  def project(site, operand, weight):
+    if site == "wo":
+      operand = operand * pairs.astype(operand.dtype)
+    return grouped(site, operand, weight, sizes)
+
+  expert_out = gated_mlp(project, act, rows, *experts).reshape(e, t, m)
+  combine = jnp.einsum("TKE,TK->ET", chosen, weights.astype(x.dtype))
+  return jnp.sum(expert_out * combine[:, :, None], axis=0)  # [T, M]

@@ -240,16 +240,24 @@ class StoredGroupedMatmul(nn.Module):
 
   Attributes:
     implementation: see `linen_moe.grouped_matmul.IMPLEMENTATIONS`.
+    max_group_size: a static bound on every group's size the caller knows,
+      or None (see `grouped_matmul.blocked_grouped_matmul`).
   """
 
   implementation: str = "auto"
+  max_group_size: int | None = None
 
   @nn.compact
   def __call__(self, lhs: jax.Array, rhs: StoredKernel, group_sizes):
     rhs = _check_operand(rhs)
     if per_channel(rhs.mode):  # int8
       return int8_grouped.int8_grouped_matmul_stored(
-          lhs, rhs.values, rhs.scale, group_sizes, self.implementation
+          lhs,
+          rhs.values,
+          rhs.scale,
+          group_sizes,
+          self.implementation,
+          self.max_group_size,
       )
     out = gmm_lib.grouped_matmul(
         _fp8_input(lhs, rhs),
@@ -257,5 +265,6 @@ class StoredGroupedMatmul(nn.Module):
         group_sizes,
         implementation=self.implementation,
         preferred_element_type=jnp.float32,
+        max_group_size=self.max_group_size,
     )
     return _fp8_rescale(out, rhs, lhs.dtype)

@@ -46,6 +46,9 @@ def validate_tokens(tokens: Any, vocab_size: int, name: str = "tokens"):
     vocab_size: V.
     name: what the error messages call `tokens`.
 
+  Returns:
+    `tokens`, unchanged.
+
   Raises:
     TypeError: not an integer array of rank 2, or traced (use `checked`).
     ValueError: an id outside [0, vocab_size); names the first one.
@@ -95,6 +98,9 @@ def validate_tokens_if_concrete(
     tokens: <int>[B, S], concrete or traced.
     vocab_size: V.
     name: what the error messages call `tokens`.
+
+  Returns:
+    `tokens`, unchanged.
 
   Raises:
     TypeError: not an integer array of rank 2.
@@ -155,6 +161,14 @@ def checked(fn: Callable) -> Callable:
   The error is raised after `fn` ran (a device computation cannot stop
   half-way), and its outputs are dropped; with donated arguments, the inputs
   are gone too, so use it where a bad id should end the run.
+
+  Args:
+    fn: any function that runs a decoder or a train step, jitted or not.
+
+  Returns:
+    A function with `fn`'s signature and outputs that raises `ValueError`
+    (the first failed `checkify` user check's message, e.g. the first bad
+    token id) after `fn` ran, if a check failed.
   """
   checkified = checkify.checkify(fn, errors=checkify.user_checks)
 

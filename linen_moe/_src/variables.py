@@ -1,6 +1,6 @@
 """The variable collections and RNG streams the layer uses: one list of each.
 
-Three kinds of state, each in its own collection (DESIGN.md, principle 6):
+Three kinds of state, each in its own collection:
 
   params                    the optimizer's parameters.
   _overwrite_with_gradient  fp8 scales and amax histories: differentiated, and
@@ -47,6 +47,13 @@ RNG_STREAMS = (AQT_RNG_STREAM, ROUTER_JITTER_RNG_STREAM)
 
 
 def rng_dict(rng: jax.Array) -> dict[str, jax.Array]:
-  """One key per stream of `RNG_STREAMS`, for `apply(..., rngs=...)`."""
+  """One key per stream of `RNG_STREAMS`, for `apply(..., rngs=...)`.
+
+  Args:
+    rng: a PRNG key, split into one key per stream.
+
+  Returns:
+    A dict from each stream name of `RNG_STREAMS` to its own key.
+  """
   keys = jax.random.split(rng, len(RNG_STREAMS))
   return dict(zip(RNG_STREAMS, keys, strict=True))

@@ -141,8 +141,15 @@ def _sliding_window(hf, family: Family) -> int:
 
 
 def model_config(hf: Mapping[str, Any]) -> ModelConfig:
-  """The `ModelConfig` that computes what transformers computes for a
-  config.json (a dict, either style).
+  """The `ModelConfig` computing what transformers computes for a config.json.
+
+  Args:
+    hf: the parsed config.json, either style (transformers 5's
+      `rope_parameters` / `dtype`, or the older `rope_theta` /
+      `rope_scaling` / `torch_dtype`).
+
+  Returns:
+    The validated `ModelConfig` (scanned layers, no quantization).
 
   Raises:
     TypeError: `hf` is not a mapping.

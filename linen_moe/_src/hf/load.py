@@ -423,9 +423,10 @@ def load_checkpoint(
       config; needs a quantized mode.
 
   Returns:
-    `(config, variables)`: the `ModelConfig` (`serving=True` when asked)
-    and `{"params": ...}` plus the fresh fp8 state of an fp8 training mode
-    and the `updated_by_rule` state of a routing that has one, as arrays.
+    A pair (config, variables), the `ModelConfig` (`serving=True` when
+    asked) and `{"params": ...}` plus the fresh fp8 state of an fp8 training
+    mode and the `updated_by_rule` state of a routing that has one, as
+    arrays.
 
   Raises:
     TypeError: an argument of the wrong type.

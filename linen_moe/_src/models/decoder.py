@@ -140,7 +140,7 @@ class Decoder(JitInit, nn.Module):
   """The reference decoder: tokens <int32>[B, S] -> (logits [B, S, V], aux).
 
   `aux` is the dict of `layer_aux`: `load_balance_loss` and `router_z_loss`
-  (summed over layers), `dropped_fraction` (mean over layers) and
+  (summed over layers), `dropped_fraction` (mean over the MoE layers) and
   `expert_load` [L, E]. With `config.scan_layers` the blocks' variables are
   stacked on a leading layer axis under `layers/`; unrolled, they live under
   `layers_0/`, `layers_1/`, ...
@@ -155,6 +155,10 @@ class Decoder(JitInit, nn.Module):
     model = Decoder(cfg)
     variables = model.init(jax.random.key(0), tokens)
     logits, aux = model.apply(variables, tokens)
+
+  Attributes:
+    config: the `ModelConfig`.
+    decode: keep and extend a KV cache (the `cache` collection).
   """
 
   config: ModelConfig
@@ -174,6 +178,20 @@ class Decoder(JitInit, nn.Module):
 
   @nn.compact
   def __call__(self, tokens: jax.Array):
+    """Runs the decoder on a batch of token ids.
+
+    Args:
+      tokens: <int>[B, S] ids in [0, vocab_size); an id outside it embeds as
+        NaN when traced (`linen_moe.tokens`).
+
+    Returns:
+      A pair (logits <float32>[B, S, V], aux), `aux` as in the class
+      docstring.
+
+    Raises:
+      TypeError: if `tokens` is not an integer array of rank 2.
+      ValueError: if a concrete id is outside [0, vocab_size).
+    """
     cfg = self.config
     tokens = jnp.asarray(validate_tokens_if_concrete(tokens, cfg.vocab_size))
     embed = embedding(cfg, name="embed")
@@ -208,17 +226,44 @@ class Decoder(JitInit, nn.Module):
 def scanned_to_unrolled(
     variables: dict, num_layers: int | layer_stack.StackPlan
 ) -> dict:
-  """Converts scanned decoder variables (`layers/` stacked on axis 0) into the
-  unrolled layout (`layers_0/`, `layers_1/`, ...), in every collection.
-  `num_layers`: a count (one stack of every layer) or the decoder's
-  `config.stack_plan`."""
+  """Converts scanned decoder variables to the unrolled layout.
+
+  The stack (`layers/`, stacked on axis 0) becomes `layers_0/`,
+  `layers_1/`, ..., in every collection.
+
+  Args:
+    variables: the variables (or any tree holding the layer stack).
+    num_layers: a count L (one stack of every layer, [L, ...]) or the
+      decoder's `config.stack_plan`: the plan the stack was built with.
+
+  Returns:
+    A new tree with every layer unrolled; other subtrees as they were.
+
+  Raises:
+    ValueError: if `num_layers` is not a count >= 0, the tree holds a
+      stack the plan has none of, or a stack whose leading axis is not the
+      plan's number of scanned layers.
+  """
   return layer_stack.to_unrolled(variables, _plan(num_layers))
 
 
 def unrolled_to_scanned(
     variables: dict, num_layers: int | layer_stack.StackPlan
 ) -> dict:
-  """The inverse of `scanned_to_unrolled`."""
+  """The inverse of `scanned_to_unrolled`.
+
+  Args:
+    variables: unrolled variables (`layers_{i}/` subtrees).
+    num_layers: a count L (every layer into one stack [L, ...]) or the
+      decoder's `config.stack_plan`.
+
+  Returns:
+    A new tree with the plan's layers stacked under `layers/`.
+
+  Raises:
+    ValueError: if `num_layers` is not a count >= 0, or only some of the
+      layers a stack needs are present.
+  """
   return layer_stack.to_scanned(variables, _plan(num_layers))
 
 

@@ -33,8 +33,24 @@ PyTree = dict
 
 
 def init_cache(config: ModelConfig, batch: int, max_len: int) -> PyTree:
-  """An empty `cache` collection for `batch` rows of up to `max_len` tokens
-  (zeros; shapes from `jax.eval_shape`, so no parameter is initialised)."""
+  """An empty `cache` collection for `batch` rows of up to `max_len` tokens.
+
+  Zeros; the shapes come from `jax.eval_shape`, so no parameter is
+  initialised.
+
+  Args:
+    config: the decoder's config.
+    batch: B, >= 1.
+    max_len: the cache length, >= 1 (prompt plus generated tokens).
+
+  Returns:
+    The `cache` collection, every attention's `cached_key` and
+    `cached_value` [B, max_len, K, D] (with a leading stack axis when
+    scanned) and the decoder's `index` <int32>[].
+
+  Raises:
+    ValueError: if `batch` or `max_len` is < 1.
+  """
   if batch < 1 or max_len < 1:
     raise ValueError(
         f"batch={batch} and max_len={max_len} must both be positive."
@@ -58,15 +74,77 @@ def _extend(config: ModelConfig, variables, cache, tokens):
   return jnp.argmax(last, axis=-1).astype(jnp.int32), last, mutated[CACHE]
 
 
+def check_room(cache: PyTree, new_tokens: int) -> None:
+  """Raises when a concrete `cache` has no room for `new_tokens` more.
+
+  A traced cache is not checked (inside jit a write past the end is
+  clamped, the documented contract).
+
+  Args:
+    cache: a `cache` collection (`init_cache`, or one a step returned).
+    new_tokens: how many tokens the next call appends.
+
+  Raises:
+    ValueError: if the tokens held plus `new_tokens` exceed the cache length.
+  """
+  index = cache.get("index") if isinstance(cache, Mapping) else None
+  if index is None or isinstance(index, jax.core.Tracer):
+    return
+  lengths = {
+      leaf.shape[-3]
+      for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+      if getattr(path[-1], "key", None) == "cached_key"
+  }
+  if not lengths:
+    return
+  held, max_len = int(index), min(lengths)
+  if held + new_tokens > max_len:
+    raise ValueError(
+        f"The cache holds {held} of its max_len={max_len} tokens: "
+        f"{new_tokens} more do not fit (make it with init_cache(..., "
+        f"max_len >= {held + new_tokens}))."
+    )
+
+
 def prefill(config: ModelConfig, variables: Mapping, cache, prompt):
-  """prompt <int32>[B, P] into an empty cache: (next token [B], logits [B, V],
-  cache). The cache passed in is donated."""
+  """Runs the prompt into an empty cache; the cache passed in is donated.
+
+  Args:
+    config: the decoder's config.
+    variables: the decoder's variables, without `cache`.
+    cache: an empty cache (`init_cache`) with room for P tokens and those
+      to come.
+    prompt: <int32>[B, P].
+
+  Returns:
+    (next token <int32>[B], its logits <float32>[B, V], the new cache).
+
+  Raises:
+    ValueError: if a concrete cache has no room for the P tokens (traced,
+      a write past `max_len` is clamped).
+  """
+  check_room(cache, prompt.shape[1])
   return _extend(config, variables, cache, prompt)
 
 
 def decode_step(config: ModelConfig, variables: Mapping, cache, token):
-  """One token per row, <int32>[B]: (next token [B], logits [B, V], cache).
-  The cache passed in is donated."""
+  """Feeds one token per row; the cache passed in is donated.
+
+  Args:
+    config: the decoder's config.
+    variables: the decoder's variables, without `cache`.
+    cache: the cache from `prefill` or the last `decode_step`, with a free
+      slot.
+    token: <int32>[B], one token per row.
+
+  Returns:
+    (next token <int32>[B], its logits <float32>[B, V], the new cache).
+
+  Raises:
+    ValueError: if a concrete cache is full (traced, a write past
+      `max_len` is clamped).
+  """
+  check_room(cache, 1)
   return _extend(config, variables, cache, token[:, None])
 
 
@@ -87,11 +165,14 @@ def greedy_generate(
     num_tokens: tokens to generate, >= 1.
     max_len: cache length, at least P + num_tokens (the default).
 
+  Returns:
+    [B, P + num_tokens], the prompt then the generated tokens.
+
   Raises:
     TypeError: the prompt's ids are not integers.
     ValueError: a prompt that is not [B, P >= 1], an id of a concrete
       prompt outside [0, vocab_size) (named), or `num_tokens` / `max_len`
-      out of range.
+      out of range, or `variables` holding a cache.
   """
   if prompt.ndim != 2 or prompt.shape[1] < 1:
     raise ValueError(

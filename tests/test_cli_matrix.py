@@ -1,17 +1,21 @@
-"""Every quantization x path cell trains in the Linen decoder, really quantized.
+"""`linen-moe matrix`: every quantization x path cell trains, really
+quantized, in the Linen and the NNX decoder.
 
-The default run covers each (quantization, path) cell once, alternating the
-config and the layer mode.
-The full product (both layer modes for every cell) is marked slow; CI also
-runs it through `linen-moe matrix --all`.
+A cell compiles one train step, reads its HLO for the quantized types, runs
+two steps and checks the loss is finite and falls on the batch, the params
+moved and every fp8 call site's state moved and differs from the others'.
+The default run covers each (quantization, path) cell once in Linen,
+alternating the config and the layer mode, and four NNX cells (every mode and
+path at least once, both configs and layer modes). The full products are
+slow; CI also runs the Linen one through `linen-moe matrix --all`.
 """
 
 import itertools
 
 from absl.testing import absltest
 from absl.testing import parameterized
-import pytest
 
+from linen_moe import testing
 from linen_moe._src.config import PATHS
 from linen_moe._src.config import QUANTIZATIONS
 from linen_moe_cli import matrix
@@ -26,6 +30,15 @@ _DEFAULT = [
 ]
 
 
+# (config, quantization, path, layers) of the default NNX cells.
+_NNX_DEFAULT = (
+    ("tiny_mixtral", "fp8", "dense_dropping", "scanned"),
+    ("tiny_mixtral", "int8", "sparse", "unrolled"),
+    ("tiny_gemma4_26b", "none", "dense", "scanned"),
+    ("tiny_gemma4_26b", "nanoo_fp8", "sparse", "unrolled"),
+)
+
+
 def _check(test, cell):
   result = matrix.run_cell(cell)
   test.assertTrue(result.ok, f"{cell}: {result.error}")
@@ -34,24 +47,25 @@ def _check(test, cell):
   )
 
 
-class LinenMatrixTest(parameterized.TestCase):
+class MatrixTest(parameterized.TestCase):
 
-  @parameterized.parameters(*_DEFAULT)
-  def test_cell_trains(self, config, quant, path, layers):
-    _check(self, matrix.Cell(config, quant, path, layers, "linen"))
+  @parameterized.parameters(
+      *((*cell, "linen") for cell in _DEFAULT),
+      *((*cell, "nnx") for cell in _NNX_DEFAULT),
+  )
+  def test_cell_trains(self, config, quant, path, layers, frontend):
+    _check(self, matrix.Cell(config, quant, path, layers, frontend))
 
-
-@pytest.mark.slow  # on the class: absl's parameterized drops method marks
-class LinenMatrixFullProductTest(parameterized.TestCase):
-
+  @testing.slow
   @parameterized.product(
       config=matrix.CONFIGS,
       quant=QUANTIZATIONS,
       path=tuple(PATHS),
       layers=matrix.LAYERS,
+      frontend=matrix.FRONTENDS,
   )
-  def test_cell_trains(self, config, quant, path, layers):
-    _check(self, matrix.Cell(config, quant, path, layers, "linen"))
+  def test_full_product(self, config, quant, path, layers, frontend):
+    _check(self, matrix.Cell(config, quant, path, layers, frontend))
 
 
 class FamilyMatrixTest(parameterized.TestCase):
@@ -66,7 +80,7 @@ class FamilyMatrixTest(parameterized.TestCase):
     _check(self, matrix.Cell(config, quant, path, layers, fe))
 
 
-@pytest.mark.slow
+@testing.slow
 class FamilyMatrixFullTest(parameterized.TestCase):
 
   @parameterized.parameters(*[c for g in matrix.family_cells() for c in g])

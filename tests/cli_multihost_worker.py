@@ -1,11 +1,11 @@
 """Multi-process checks: one process of a group joined by `jax.distributed`.
 
-`python -m tests.multihost_worker '<json list of jobs>' [--coordinator
+`python -m tests.cli_multihost_worker '<json list of jobs>' [--coordinator
 HOST:PORT --num-processes N --process-id I] [--heartbeat-timeout S]` runs
 each job in order (every process runs the same jobs) and process 0 prints
 one JSON line per finished job: {"job": index, "result": ...}. Without the process flags it runs alone,
 on whatever devices XLA_FLAGS gives it: the single-process reference.
-`tests/test_multihost.py` starts the groups through `linen_moe_cli.launch`.
+`tests/test_cli_launch.py` starts the groups through `linen_moe_cli.launch`.
 
 Jobs:
   train        `linen-moe train <argv>` in this process; its printed lines.

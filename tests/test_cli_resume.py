@@ -1,0 +1,240 @@
+"""`linen-moe train --checkpoint-dir`: a run directory resumed, by the same
+command or in the other front end, equals an uninterrupted run (every
+metric of every step; with the slow product, also the final checkpoint),
+including after SIGKILLs at random moments (slow). The library's exact
+resume: test_resume.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+
+from linen_moe import checkpoint
+from linen_moe import testing
+from linen_moe._src.config import PATHS
+from linen_moe._src.config import QUANTIZATIONS
+from linen_moe_cli import main as cli
+from linen_moe_cli import train_job
+from linen_moe_cli.options import TrainOptions
+from tests import workers
+from tests.frontends import FRONTENDS
+
+STOP, STEPS = 6, 12
+BATCH, SEQ, GRAD_ACCUM = 4, 8, 2
+
+
+def _run_cli(*argv) -> tuple[int, str, str]:
+  """(exit status, stdout, stderr) of `linen-moe argv`."""
+  return testing.run_capturing(cli.main, list(argv))
+
+
+def _metrics(directory: str) -> list[dict]:
+  return testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+
+
+TRAIN = (
+    "train",
+    "--config",
+    "tiny_mixtral",
+    "--quantization",
+    "fp8",
+    "--batch-size",
+    "2",
+    "--seq-len",
+    "8",
+    "--save-every",
+    "3",
+    "--no-progress",
+)
+
+
+class TrainCommandResumeTest(absltest.TestCase):
+  """`linen-moe train`: `whole` runs 12 steps in one command (Linen),
+  `split` 6 and then the same command with 12, `in_nnx` resumes a copy of
+  `split` at step 6 to 12 with `--frontend nnx`. One test, so that the four
+  runs are not repeated per test process."""
+
+  def test_resume_from_the_command_line(self):
+    tmp = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+    dirs = {k: os.path.join(tmp, k) for k in ("whole", "split", "in_nnx")}
+    outputs = {}
+
+    def run(name, steps, *extra):
+      code, out, _ = _run_cli(
+          *TRAIN, "--steps", str(steps), "--checkpoint-dir", dirs[name], *extra
+      )
+      self.assertEqual(code, 0, out)
+      outputs.setdefault(name, []).append(out)
+
+    run("whole", STEPS)
+    run("split", STOP)
+    shutil.copytree(dirs["split"], dirs["in_nnx"])
+    run("split", STEPS)
+    run("in_nnx", STEPS, "--frontend", "nnx")
+
+    whole, split = _metrics(dirs["whole"]), _metrics(dirs["split"])
+    self.assertEqual([m["step"] for m in split], list(range(1, STEPS + 1)))
+    self.assertEqual(split, whole)  # every metric of every step, exactly
+    self.assertNotIn("resumed", outputs["split"][0])
+    self.assertIn("resumed from step 6", outputs["split"][1])
+    # A Linen run resumed in NNX matches too.
+    in_nnx = _metrics(dirs["in_nnx"])
+    self.assertIn("resumed from step 6", outputs["in_nnx"][0])
+    self.assertEqual(in_nnx[-1]["step"], STEPS)
+    self.assertEqual(in_nnx[-1]["loss"], whole[-1]["loss"])
+    with checkpoint.Checkpoints(dirs["split"]) as ckpts:
+      self.assertEqual(ckpts.all_steps(), [6, 9, 12])  # --keep 3
+      self.assertEqual(ckpts.meta()["data"]["position"], STEPS)
+
+    code, out, _ = _run_cli(
+        *TRAIN, "--steps", "12", "--checkpoint-dir", dirs["split"]
+    )
+    self.assertEqual(code, 0)
+    self.assertIn("already at step 12 (--steps 12)", out)
+    self.assertEqual(_metrics(dirs["split"]), whole)
+
+    argv = [*TRAIN, "--steps", "13", "--checkpoint-dir", dirs["split"]]
+    gemma = [a if a != "tiny_mixtral" else "tiny_gemma4_26b" for a in argv]
+    for bad, message in (
+        (gemma, "another model config: .*num_experts=8 there, 16 here"),
+        ([*argv, "--seed", "3"], "--seed 3 differs from the seed 0"),
+    ):
+      code, _, err = _run_cli(*bad)
+      self.assertEqual(code, 2)
+      self.assertRegex(err, message)
+
+
+def _lines(path: str) -> int:
+  if not os.path.exists(path):
+    return 0
+  with open(path, encoding="utf-8") as f:
+    return f.read().count("\n")
+
+
+def _final_tree(directory: str) -> dict:
+  with checkpoint.Checkpoints(directory) as ckpts:
+    leaves = ckpts.saved_leaves()
+    return testing.flat_numpy(
+        ckpts.read(ckpts.latest_step(), checkpoint.abstract(leaves))
+    )
+
+
+class TrainResumeProductTest(parameterized.TestCase):
+  """`train_job.train` (what `linen-moe train` runs), with gradient
+  accumulation: 12 steps against 6 then 12, in every front end,
+  quantization mode and path; metrics and the final checkpoint equal."""
+
+  @testing.slow
+  @parameterized.product(
+      frontend=tuple(FRONTENDS), quantization=QUANTIZATIONS, path=tuple(PATHS)
+  )
+  def test_resume_is_exact(self, frontend, quantization, path):
+    tmp = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+    overrides = dict(quantization=quantization, **PATHS[path])
+    dirs = {}
+    for name, stops in (("whole", (STEPS,)), ("split", (STOP, STEPS))):
+      dirs[name] = os.path.join(tmp, name)
+      for steps in stops:
+        opts = TrainOptions(
+            "tiny_mixtral",
+            overrides,
+            steps=steps,
+            batch_size=BATCH,
+            seq_len=SEQ,
+            grad_accum=GRAD_ACCUM,
+            frontend=frontend,
+            progress=False,
+            checkpoint_dir=dirs[name],
+            save_every=3,
+        )
+        train_job.train(opts, log=lambda _: None)
+    self.assertEqual(_metrics(dirs["split"]), _metrics(dirs["whole"]))
+    whole, split = _final_tree(dirs["whole"]), _final_tree(dirs["split"])
+    self.assertEqual(sorted(split), sorted(whole))
+    for p in whole:
+      np.testing.assert_array_equal(split[p], whole[p], err_msg=str(p))
+
+
+@testing.slow
+class FreshFp8StateCommandTest(absltest.TestCase):
+  """An unquantized run resumed with fp8 needs `--fresh-fp8-state`."""
+
+  def test_switch_to_fp8(self):
+    tmp = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+    plain = [a if a != "fp8" else "none" for a in TRAIN]
+    self.assertEqual(
+        _run_cli(*plain, "--steps", "3", "--checkpoint-dir", tmp)[0], 0
+    )
+    code, _, err = _run_cli(*TRAIN, "--steps", "5", "--checkpoint-dir", tmp)
+    self.assertEqual(code, 2)
+    self.assertIn("--fresh-fp8-state", err)
+    self.assertLen(_metrics(tmp), 3)
+    code, out, _ = _run_cli(
+        *TRAIN, "--steps", "5", "--checkpoint-dir", tmp, "--fresh-fp8-state"
+    )
+    self.assertEqual(code, 0)
+    self.assertIn("resumed from step 3 with fresh fp8 state", out)
+    self.assertEqual([m["step"] for m in _metrics(tmp)], [1, 2, 3, 4, 5])
+
+
+@testing.slow
+class KilledTrainingTest(absltest.TestCase):
+  """`linen-moe train --save-every 1` killed (SIGKILL) at several moments,
+  whatever it is doing, then run again until done: its metrics equal an
+  uninterrupted run's. Each kill lands mid-run: the process dies of it,
+  after recording a step more than the last one did and before the end."""
+
+  def _wait_for_line(self, proc, path: str, lines: int) -> bool:
+    """Waits until `path` holds more than `lines` lines; False if the
+    process ended first."""
+    while proc.poll() is None:
+      if _lines(path) > lines:
+        return True
+      time.sleep(0.02)
+    return False
+
+  def test_kill_anywhere_then_resume(self):
+    tmp = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+    steps = 30
+    argv = [*TRAIN, "--save-every", "1", "--steps", str(steps)]
+    whole = os.path.join(tmp, "whole")
+    self.assertEqual(_run_cli(*argv, "--checkpoint-dir", whole)[0], 0)
+    killed = os.path.join(tmp, "killed")
+    metrics = os.path.join(killed, "metrics.jsonl")
+    rng = np.random.default_rng(0)
+    recorded = 0
+    for attempt in range(4):
+      proc = workers.start(
+          "linen_moe_cli.main", *argv, "--checkpoint-dir", killed
+      )
+      # Past compilation (a step is recorded), then a random moment within
+      # the next step's time, measured: whatever the run is doing then.
+      self.assertTrue(self._wait_for_line(proc, metrics, recorded), attempt)
+      seen, t0 = _lines(metrics), time.monotonic()
+      self.assertTrue(self._wait_for_line(proc, metrics, seen), attempt)
+      time.sleep(rng.uniform(0.0, time.monotonic() - t0))
+      proc.send_signal(signal.SIGKILL)
+      self.assertEqual(proc.wait(), -signal.SIGKILL, attempt)
+      now = _lines(metrics)
+      self.assertGreater(now, recorded, attempt)
+      self.assertLess(now, steps, attempt)
+      recorded = now
+    code, _, _ = _run_cli(*argv, "--checkpoint-dir", killed)
+    self.assertEqual(code, 0)
+    self.assertEqual(_metrics(killed), _metrics(whole))
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,203 @@
+"""`linen-moe train`: its flags, its one-line errors (exit status 2, no
+traceback, checked before any work), what it prints, and a run on a mesh.
+
+The training it drives is tested through the library in test_decoder.py,
+test_skip_steps.py, test_routed_bias.py, test_nnx_adapter.py and
+test_sharding.py; resuming a run directory in test_cli_resume.py.
+"""
+
+import math
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+
+from linen_moe import testing
+from linen_moe.training import MarkovData
+from linen_moe_cli import frontends
+from linen_moe_cli import main as cli
+from linen_moe_cli import model_args
+from linen_moe_cli import options
+from linen_moe_cli import train_job
+from linen_moe_cli.commands import train as train_command
+import nnx_adapter
+from tests import workers
+
+V = 256  # tiny_mixtral's vocabulary
+
+
+def _cli(*argv) -> tuple[int, str, str]:
+  """(exit status, stdout, stderr) of `linen-moe argv`."""
+  return testing.run_capturing(cli.main, list(argv))
+
+
+class TrainOptionsTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      (["--steps", "0"], r"steps=0 \(--steps\) is invalid: .*integer >= 1"),
+      (["--batch-size", "0"], r"batch_size=0 .*integer >= 1"),
+      (["--seq-len", "1"], r"seq_len=1 \(--seq-len\) .*integer >= 2"),
+      (["--learning-rate", "0"], r"learning_rate=0.0 .*finite number > 0"),
+      (["--learning-rate=-1e-3"], r"learning_rate=-0.001 .*> 0"),
+      (["--learning-rate", "nan"], r"learning_rate=nan .*finite number > 0"),
+      (["--grad-accum", "0"], r"grad_accum=0 .*integer >= 1"),
+      (
+          ["--max-consecutive-skips", "0"],
+          r"max_consecutive_skips=0 \(--max-consecutive-skips\) .*>= 1",
+      ),
+      (
+          ["--batch-size", "4", "--grad-accum", "3"],
+          r"grad_accum=3 .*divisor of batch_size=4 \(\[1, 2, 4\]\)",
+      ),
+  )
+  def test_bad_flag_is_one_line_before_any_work(self, argv, message):
+    with mock.patch.object(train_job, "train") as train:
+      status, _, err = _cli("train", *argv)
+    train.assert_not_called()  # checked before the job (and jax) starts
+    self.assertEqual(status, 2)
+    self.assertRegex(err, "^linen-moe: error: " + message)
+    self.assertEqual(err.count("\n"), 1, err)
+
+  def test_python_entry_point_checks_the_same(self):
+    with self.assertRaisesRegex(ValueError, r"seq_len=1 \(--seq-len\)"):
+      options.TrainOptions("tiny_mixtral", {}, steps=1, seq_len=1)
+    with self.assertRaisesRegex(ValueError, r"steps=True"):
+      options.TrainOptions(steps=True, batch_size=1, seq_len=2)
+
+  def test_bad_batch_is_rejected_before_its_step(self):
+    def batches(self, batch_size, seq_len, seed=1, start=0):
+      del self, seed, start
+      yield np.full((batch_size, seq_len), V, np.int32)
+
+    with (
+        mock.patch.object(MarkovData, "batches", batches),
+        mock.patch.object(train_job, "get_frontend") as frontend,
+    ):
+      with self.assertRaisesRegex(
+          ValueError, rf"batch\[0, 0\]={V} is invalid: .*vocab_size={V}"
+      ):
+        train_job.train(options.TrainOptions(steps=1, batch_size=2, seq_len=4))
+    frontend.return_value.init.assert_not_called()  # no model was built
+
+  def test_missing_module_anywhere_is_one_line(self):
+    # A module that is installed nowhere (tokamax, the example this used,
+    # is now in the test extra).
+    name = "linen_moe_optional_example"
+    missing = ModuleNotFoundError(f"No module named {name!r}", name=name)
+    with mock.patch.object(train_command, "run", side_effect=missing):
+      status, _, err = _cli("train")
+    self.assertEqual(status, 2)
+    self.assertEqual(
+        err,
+        f"linen-moe: error: {name} is not installed, so this command stops; "
+        f"install it with pip install {name}.\n",
+    )
+
+  def test_bad_mesh(self):
+    self.assertEqual(_cli("train", "--mesh", "data=3,expert=7")[0], 2)
+
+  def test_frontend_and_grad_accum_flags(self):
+    args = cli.build_parser().parse_args(
+        ["train", "--frontend", "nnx", "--grad-accum", "4"]
+    )
+    self.assertEqual((args.frontend, args.grad_accum), ("nnx", 4))
+    with self.assertRaises(SystemExit):
+      cli.build_parser().parse_args(["train", "--frontend", "haiku"])
+    with self.assertRaisesRegex(ValueError, "front end"):
+      frontends.frontend("haiku")
+    self.assertIs(frontends.frontend("nnx"), nnx_adapter.NNXFrontend)
+
+  def test_set_overrides(self):
+    args = cli.build_parser().parse_args([
+        "train",
+        "--set",
+        "routed_bias=false",
+        "--set",
+        "routed_bias_update_rate=0",
+        "--set",
+        "drop_policy=probability",
+        "--quantization",
+        "int8",
+    ])
+    self.assertEqual(
+        model_args.model_overrides(args),
+        dict(
+            routed_bias=False,
+            routed_bias_update_rate=0,
+            drop_policy="probability",
+            quantization="int8",
+        ),
+    )
+    with self.assertRaisesRegex(ValueError, "'routed_bias': expected FIELD"):
+      model_args.parse_set(["routed_bias"])
+    self.assertEqual(cli.main(["train", "--set", "num_routing_groups=3"]), 2)
+
+
+class ResultLineTest(absltest.TestCase):
+
+  def test_load_ratio_of_the_worst_layer(self):
+    result = train_job.TrainResult(
+        losses=[1.0],
+        best_loss=1.0,
+        expert_load=np.array([[0.25, 0.25, 0.25, 0.25], [0.4, 0.2, 0.2, 0.2]]),
+    )
+    self.assertAlmostEqual(result.load_ratio, 2.0)
+    with mock.patch.object(train_job, "train", return_value=result):
+      status, out, _ = _cli("train", "--steps=1")
+    self.assertEqual(status, 0)
+    self.assertIn("expert load max/min: 2.00  wall: ", out)
+
+  def test_reports_skipped_steps(self):
+    result = train_job.TrainResult([math.nan, 2.0, 1.0], 1.5, skipped_steps=1)
+    with mock.patch.object(train_job, "train", return_value=result):
+      status, out, _ = _cli("train", "--steps=3")
+    self.assertEqual(status, 0)
+    self.assertRegex(
+        out,
+        r"^steps: 1-3  first loss: 2.0000  final loss: 1.5000  best"
+        r" achievable: "
+        r"1.5000  skipped steps: 1  wall: ",
+    )
+
+
+class SkippedStepsTest(absltest.TestCase):
+
+  def test_stops_after_consecutive_skips(self):
+    # The first step (learning rate 1e30) applies and sends every parameter
+    # to ~1e30; every later step overflows and is skipped.
+    status, _, err = _cli(
+        "train",
+        "--steps=6",
+        "--batch-size=2",
+        "--seq-len=8",
+        "--learning-rate=1e30",
+        "--max-consecutive-skips=3",
+        "--no-progress",
+    )
+    self.assertEqual(status, 1)
+    self.assertEqual(
+        err,
+        "linen-moe: error: stopped at step 4 of 6: the last 3 steps (2 to 4) "
+        "were all skipped for a non-finite loss or gradient "
+        "(--max-consecutive-skips 3; 3 skipped in all). The run is not "
+        "recovering: lower --learning-rate, or check the data.\n",
+    )
+
+
+@testing.slow
+class MeshTrainTest(parameterized.TestCase):
+  """`linen-moe train --mesh` on 8 simulated devices, both front ends."""
+
+  @parameterized.parameters("linen", "nnx")
+  def test_train_on_a_mesh(self, frontend):
+    argv = ["train", "--mesh", "data=2,expert=4", "--steps", "3"]
+    argv += ["--no-progress", "--frontend", frontend]
+    argv += ["--batch-size", "8", "--seq-len", "8"]
+    proc = workers.run("linen_moe_cli.main", *argv, devices=8)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+    self.assertIn("final loss", proc.stdout)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,75 @@
+"""`linen_moe.testing`'s own helpers: the slow mark in every position it
+promises (an absl upgrade that changed how parameterized copies methods
+would otherwise put slow cases back into the default run, unseen)."""
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from hypothesis import given
+from hypothesis import strategies as st
+import numpy as np
+
+from linen_moe import testing
+
+
+class SlowTest(absltest.TestCase):
+
+  def test_marks_every_generated_case(self):
+    class Cases(parameterized.TestCase):
+
+      @testing.slow
+      @parameterized.parameters(1, 2)
+      def test_above(self, x):
+        del x
+
+      @parameterized.product(x=(1, 2), y=(3,))
+      @testing.slow
+      def test_below(self, x, y):
+        del x, y
+
+      @parameterized.named_parameters(("a", 1))
+      @testing.slow
+      def test_named(self, x):
+        del x
+
+      @testing.slow
+      @given(st.integers())
+      def test_property(self, x):
+        del x
+
+      def test_plain(self):
+        pass
+
+    slow = sorted(
+        name
+        for name in dir(Cases)
+        if name.startswith("test") and testing.is_slow(getattr(Cases, name))
+    )
+    self.assertEqual(
+        slow,
+        ["test_above0", "test_above1", "test_below0", "test_below1"]
+        + ["test_named_a", "test_property"],
+    )
+    self.assertFalse(testing.is_slow(Cases.test_plain))
+
+  def test_marks_a_class_and_rejects_the_rest(self):
+    @testing.slow
+    class Slow(absltest.TestCase):
+      pass
+
+    self.assertTrue(testing.is_slow(Slow))
+    with self.assertRaisesRegex(TypeError, "slow marks a test class or method"):
+      testing.slow(3)
+
+
+class MeasuresTest(absltest.TestCase):
+
+  def test_rel_err_and_max_abs_diff(self):
+    self.assertAlmostEqual(testing.rel_err([3.0, 4.0], [3.0, 5.0]), 1 / 34**0.5)
+    a = {"w": np.array([1.0, 2.0]), "b": np.array(3.0)}
+    b = {"w": np.array([1.0, 2.5]), "b": np.array(2.0)}
+    self.assertEqual(testing.max_abs_diff(a, b), 1.0)
+    self.assertEqual(testing.max_abs_diff({}, {}), 0.0)
+
+
+if __name__ == "__main__":
+  absltest.main()
