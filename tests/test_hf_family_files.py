@@ -10,11 +10,15 @@ import tempfile
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
+import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file
 from safetensors.numpy import save_file
 
+from linen_moe import Decoder
 from linen_moe import hf
+from linen_moe import testing
+from linen_moe import training
 import nnx_adapter
 from tests.hf_helpers import FIXTURES
 from tests.hf_helpers import forbid_data_reads
@@ -97,6 +101,81 @@ class RoundTripTest(parameterized.TestCase):
     np.testing.assert_array_equal(
         saved[bias], load_file(FIXTURES / name / "model.safetensors")[bias]
     )
+
+
+def _fine_tune(name: str, quantization: str = "fp8"):
+  """One train step in `quantization` from fixture `name`, unrolled:
+  (config, the loaded variables, the trained variables, the step's
+  metrics)."""
+  config, variables = hf.load_checkpoint(
+      FIXTURES / name, scan_layers=False, quantization=quantization
+  )
+  optimizer = training.default_optimizer(1e-2)
+  state = training.train_state_from_variables(variables, optimizer)
+  step = jax.jit(training.make_train_step(Decoder(config), optimizer))
+  tokens = testing.markov_tokens(config.vocab_size, 4, 16, seed=0)
+  state, metrics = step(state, jnp.asarray(tokens), jax.random.key(0))
+  trained = {"params": state.params, "updated_by_rule": state.rule_state}
+  return config, variables, trained, jax.device_get(metrics)
+
+
+class FineTuneTest(absltest.TestCase):
+  """Load -> fine-tune in fp8 -> save -> load: the saved buffers are the
+  trained ones (transformers' side of the same round trip:
+  scripts/hf_finetune_roundtrip.py and scripts/check_hf_roundtrip.py)."""
+
+  def test_the_loaded_routed_bias_keeps_training_and_is_saved(self):
+    config, loaded, trained, metrics = _fine_tune("deepseek_v3_plain_nogroup")
+    rate = config.moe.routed_bias_update_rate
+    self.assertEqual(rate, 0.001)  # DeepSeek-V3's bias_update_speed
+    load = np.asarray(metrics["expert_load"], np.float64)  # [L, E]
+    for i in range(config.num_layers):
+      if i in config.dense_layers:
+        self.assertNotIn(f"layers_{i}", trained["updated_by_rule"])
+        continue
+      path = (f"layers_{i}", "moe", "routed_experts", "routed_bias")
+      before, after = loaded["updated_by_rule"], trained["updated_by_rule"]
+      for key in path:
+        before, after = before[key], after[key]
+      # The aux-loss-free rule from the file's e_score_correction_bias:
+      # an overloaded expert's bias falls by the rate, an underloaded one's
+      # rises.
+      want = np.asarray(before, np.float64) + rate * np.sign(
+          load[i].mean() - load[i]
+      )
+      np.testing.assert_allclose(after, want, rtol=0, atol=1e-7)
+      self.assertGreater(float(np.abs(np.asarray(after) - before).max()), 0)
+    out = _tempdir(self) / "out"
+    hf.save_checkpoint(config, trained, out)
+    again_config, again = hf.load_checkpoint(
+        out, scan_layers=False, quantization="fp8"
+    )
+    self.assertEqual(again_config, config)
+    _equal_trees(self, {k: again[k] for k in trained}, jax.device_get(trained))
+    bias = load_file(out / "model.safetensors")[
+        "model.layers.2.mlp.gate.e_score_correction_bias"
+    ]
+    np.testing.assert_array_equal(
+        bias,
+        trained["updated_by_rule"]["layers_2"]["moe"]["routed_experts"][
+            "routed_bias"
+        ],
+    )
+
+  @testing.slow
+  def test_gemma4_layer_scalars_are_not_trained(self):
+    config, loaded, trained, _ = _fine_tune("gemma4_text_moe_untied")
+    _equal_trees(self, trained["updated_by_rule"], loaded["updated_by_rule"])
+    moved = jax.tree.map(
+        lambda a, b: float(jnp.abs(a - b).max()),
+        trained["params"],
+        loaded["params"],
+    )
+    self.assertGreater(max(jax.tree.leaves(moved)), 0.0)
+    out = _tempdir(self) / "out"
+    hf.save_checkpoint(config, trained, out)
+    _, again = hf.load_checkpoint(out, scan_layers=False)
+    _equal_trees(self, again["params"], jax.device_get(trained["params"]))
 
 
 class SkippedTensorsTest(absltest.TestCase):
