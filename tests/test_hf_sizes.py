@@ -9,6 +9,7 @@ YAML configs of these models are those configs.
 import importlib.resources
 import json
 import math
+import pathlib
 import re
 
 from absl.testing import absltest
@@ -28,6 +29,10 @@ from tests.hf_helpers import FIXTURES
 # The released models' config.json files, read from the installed package
 # (configs/hf/ in the repository) as CI's copy of tests/ must.
 CONFIGS = importlib.resources.files("linen_moe.configs") / "hf"
+# CI copies docs/ beside tests/.
+FAMILIES_PAGE = (
+    pathlib.Path(__file__).parent.parent / "docs" / "guides" / "families.md"
+)
 COUNTS = json.loads((FIXTURES / "param_counts.json").read_text())["models"]
 # The parameter counts transformers gives (stated in docs/guides/families.md).
 TOTALS = {
@@ -104,6 +109,80 @@ class RealSizesTest(parameterized.TestCase):
     cache = jax.eval_shape(lambda: decoding.init_cache(config, 1, 16))
     per_token = _count(cache) / 16  # `index` rounds away
     self.assertEqual(int(per_token), 61 * 576)
+
+
+# The row of each model in the page's parameter-count table.
+DOC_ROWS = {
+    "mixtral_8x7b": "Mixtral-8x7B",
+    "qwen3_30b_a3b": "Qwen3-30B-A3B",
+    "deepseek_v3": "DeepSeek-V3 (no MTP)",
+    "gemma4_26b_a4b": "Gemma-4-26B-A4B (text)",
+}
+
+
+def _table_rows(page: str) -> dict[str, list[str]]:
+  """Markdown table rows of `page`: first cell -> the cells."""
+  rows = {}
+  for line in page.splitlines():
+    if line.startswith("| "):
+      cells = [c.strip() for c in line.strip().strip("|").split("|")]
+      rows[cells[0]] = cells
+  return rows
+
+
+def _cache_bytes_per_token(config) -> int:
+  """Bytes one token adds to the KV cache of every layer (measured on
+  `decoding.init_cache`'s shapes, in the config's dtype)."""
+  length = 16
+  cache = jax.eval_shape(lambda: decoding.init_cache(config, 1, length))
+  total = sum(
+      math.prod(x.shape) * x.dtype.itemsize
+      for x in jax.tree.leaves(cache)
+      if x.ndim  # the scalar `index`
+  )
+  assert total % length == 0
+  return total // length
+
+
+class DocsFiguresTest(absltest.TestCase):
+  """The figures docs/guides/families.md states are the decoder's and
+  transformers'."""
+
+  def test_parameter_count_table(self):
+    rows = _table_rows(FAMILIES_PAGE.read_text(encoding="utf-8"))
+    for name, label in DOC_ROWS.items():
+      with self.subTest(name=name):
+        abstract = load.abstract_variables(hf.model_config(_released(name)))
+        ours = _count(sharding.unbox(abstract["params"]))
+        buffers = _count(sharding.unbox(abstract.get("updated_by_rule", {})))
+        theirs = COUNTS[name].get("text_only", COUNTS[name])["total_params"]
+        cells = rows[label]
+        self.assertEqual(cells[1], f"{ours:,}")
+        self.assertEqual(cells[2], f"{theirs:,}")
+        self.assertEqual(cells[3].split()[0], f"{buffers:,}")
+
+  def test_kv_cache_figures(self):
+    page = FAMILIES_PAGE.read_text(encoding="utf-8")
+    rows = _table_rows(page)
+    deepseek = hf.model_config(_released("deepseek_v3"))
+    per_layer = mla.cache_values_per_token(deepseek)
+    kept = _cache_bytes_per_token(deepseek)
+    self.assertEqual(kept, deepseek.num_layers * per_layer["latent"] * 2)
+    latent = rows["latent + rotary key (what is kept)"]
+    self.assertTrue(latent[1].endswith(f"= {per_layer['latent']:,}"))
+    self.assertTrue(latent[2].startswith(f"{kept:,} "), latent[2])
+    expanded = rows["expanded keys and values"]
+    self.assertTrue(expanded[1].endswith(f"= {per_layer['expanded']:,}"))
+    expanded_bytes = deepseek.num_layers * per_layer["expanded"] * 2  # bf16
+    self.assertTrue(expanded[2].startswith(f"{expanded_bytes:,} "))
+    flat = " ".join(page.split())
+    self.assertIn(f"{round(expanded_bytes / kept)} times less", flat)
+    gemma = hf.model_config(_released("gemma4_26b_a4b"))
+    gemma_bytes = _cache_bytes_per_token(gemma)
+    self.assertIn(
+        f"= {gemma_bytes // 2:,} values a token ({gemma_bytes:,} bf16 bytes)",
+        flat,
+    )
 
 
 # shipped config -> the config.json it is `hf.model_config` of (as
