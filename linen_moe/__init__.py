@@ -2,9 +2,9 @@
 
 The public API is what `__all__` lists, plus the public modules
 `linen_moe.routing`, `serving`, `sharding`, `decoding`, `distributed`,
-`tokens`, `training`, `testing`, `checkpoint` and `hf`. Each name and module loads
-on first use: `import linen_moe` alone imports no jax. Everything under
-`linen_moe._src` is private and may move between releases.
+`tokens`, `training`, `data`, `testing`, `checkpoint` and `hf`. Each name
+and module loads on first use: `import linen_moe` alone imports no jax.
+Everything under `linen_moe._src` is private and may move between releases.
 """
 
 import importlib as _importlib
@@ -63,6 +63,7 @@ _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 # The public modules, loaded on first use like the names above.
 _PUBLIC_MODULES = (
     "checkpoint",
+    "data",
     "decoding",
     "distributed",
     "hf",
@@ -100,6 +101,7 @@ __all__ = [
     "__version__",
     "available_configs",
     "checkpoint",
+    "data",
     "decoding",
     "default_optimizer",
     "distributed",

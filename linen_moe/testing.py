@@ -3,9 +3,10 @@ programs (the element types that feed each contraction, the collectives, the
 bytes they send and which processes they cross), running the accelerator
 grouped-matmul kernels on a CPU (`kernels_on_cpu`), the compile policy a
 test session shares with `linen-moe matrix` (`use_compilation_cache`,
-`use_fast_compile`; call them before jax is imported), the `slow` mark, and
+`use_fast_compile`; call them before jax is imported), the `slow` mark,
 small shared helpers (random layers, inputs and tokens, error measures,
-captured output).
+captured output), and a tiny real text corpus that needs no download
+(`license_texts`).
 
 Stable like the rest of the public API, but not needed to train or serve.
 Importing it imports no jax; the helpers load it on first use.
@@ -16,6 +17,7 @@ from typing import Any as _Any
 
 from linen_moe._src.compile_options import use_compilation_cache
 from linen_moe._src.compile_options import use_fast_compile
+from linen_moe._src.data.license_texts import license_texts
 from linen_moe._src.hlo import COLLECTIVES
 from linen_moe._src.hlo import CONTRACTIONS
 from linen_moe._src.hlo import QUANTIZED_TYPES
@@ -95,6 +97,7 @@ __all__ = [
     "flat_numpy",
     "is_slow",
     "kernels_on_cpu",
+    "license_texts",
     "markov_tokens",
     "max_abs_diff",
     "model_config",

@@ -1,5 +1,6 @@
-"""Training the reference decoders: the train step, the sharded step,
-synthetic data and the front-end protocol.
+"""Training the reference decoders: the train step (with an optional loss
+mask), the held-out loss, the sharded step, synthetic data and the
+front-end protocol (real data: `linen_moe.data`).
 
 The layer itself does not depend on this module.
 """
@@ -9,6 +10,8 @@ from typing import Any as _Any
 import warnings as _warnings
 
 from linen_moe._src.training.data import MarkovData
+from linen_moe._src.training.evaluation import make_eval_step
+from linen_moe._src.training.evaluation import variables_of
 from linen_moe._src.training.frontend import LinenFrontend
 from linen_moe._src.training.frontend import TrainingFrontend
 from linen_moe._src.training.sharded import ShardedRun
@@ -20,6 +23,7 @@ from linen_moe._src.training.step import cross_entropy
 from linen_moe._src.training.step import decoder_loss
 from linen_moe._src.training.step import default_optimizer
 from linen_moe._src.training.step import init_train_state
+from linen_moe._src.training.step import loss_weights
 from linen_moe._src.training.step import make_train_step
 from linen_moe._src.training.step import overwrite_with_gradient
 from linen_moe._src.training.step import train_state_from_variables
@@ -37,9 +41,12 @@ __all__ = [
     "decoder_loss",
     "default_optimizer",
     "init_train_state",
+    "loss_weights",
+    "make_eval_step",
     "make_train_step",
     "overwrite_with_gradient",
     "train_state_from_variables",
+    "variables_of",
 ]
 
 # The submodules of 0.1's `linen_moe.training` package, private since 0.2.

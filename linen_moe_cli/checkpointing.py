@@ -140,15 +140,18 @@ class RunCheckpoints:
       seed: int,
       fresh_fp8_state: bool,
       resume_step: int | None = None,
+      check_data: Callable[[dict, str], None] | None = None,
   ):
     """(step, state, rng) of the newest checkpoint that reads (or of
     `resume_step`), restored into `fe`'s state (sharded as `run`'s, if any)
     straight from disk; an abstract target unless a fresh fp8 state needs
-    initial values.
+    initial values. `check_data(saved_data_meta, step_dir)` raises when the
+    checkpoint's data is not this run's.
 
     Raises:
       ValueError: `resume_step` is not a checkpoint, or cannot be read; no
-        checkpoint reads; or one that reads is of another run (seed, model).
+        checkpoint reads; or one that reads is of another run (seed, model,
+        data).
     """
     steps = self.checkpoints.all_steps()
     if resume_step is not None and resume_step not in steps:
@@ -173,7 +176,9 @@ class RunCheckpoints:
     restored = None
     for step in candidates:
       try:
-        restored = self._restore(step, tree, cfg, seed, fresh_fp8_state)
+        restored = self._restore(
+            step, tree, cfg, seed, fresh_fp8_state, check_data
+        )
         problem = None
       except checkpoint.DamagedCheckpointError as e:
         problem = str(e)
@@ -202,7 +207,7 @@ class RunCheckpoints:
     self._resumed_row = restored.meta.get("metrics")
     return restored.step, state, checkpoint.rng_from_json(restored.meta["rng"])
 
-  def _restore(self, step, tree, cfg, seed, fresh_fp8_state):
+  def _restore(self, step, tree, cfg, seed, fresh_fp8_state, check_data):
     meta = self.checkpoints.meta(step)
     saved_seed = meta.get("run", {}).get("seed")
     if saved_seed != seed:
@@ -211,6 +216,8 @@ class RunCheckpoints:
           f"{self.directory}; resume with --seed {saved_seed} or use a new "
           "--checkpoint-dir."
       )
+    if check_data is not None:
+      check_data(meta.get("data", {}), self.checkpoints.step_dir(step))
     return self.checkpoints.restore(
         tree, step, config=cfg, fresh_fp8_state=fresh_fp8_state
     )
@@ -280,8 +287,11 @@ class RunCheckpoints:
           "first step; the run stopped."
       ) from e
 
-  def after_step(self, done: int, metrics: dict, tree_of, state) -> None:
-    """Appends step `done`'s metrics; saves `tree_of(state)` when due.
+  def after_step(
+      self, done: int, metrics: dict, tree_of, state, data: Any = None
+  ) -> None:
+    """Appends step `done`'s metrics; saves `tree_of(state)` (and the state
+    of `data`, a Grain iterator, if given) when due.
 
     Raises:
       options.RunStopped: the metrics cannot be written, or a save failed
@@ -315,7 +325,7 @@ class RunCheckpoints:
       }
       self._saving = done
       try:
-        self.checkpoints.save(done, tree_of(state), meta, force=True)
+        self.checkpoints.save(done, tree_of(state), meta, force=True, data=data)
       except Exception as e:  # noqa: BLE001
         raise self._stopped(e, done) from e
 

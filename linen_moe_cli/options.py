@@ -68,6 +68,21 @@ class TrainOptions:
       model with fresh fp8 state.
     resume_step: resume from this checkpoint rather than the newest that
       reads; needs `checkpoint_dir`, at most `steps`.
+    data: train on these files (a path, a directory or a glob;
+      `linen_moe.data.find_files`) instead of synthetic Markov tokens.
+    tokenizer: the `tokenizer.json` of text data (default: the one in
+      `init_from_hf`'s directory, when the run starts from one).
+    data_format: "text", "npy" or "bin" (default: from the extension).
+    data_dtype: the ids' dtype of "bin" files ("uint16" or "uint32").
+    packing: "pack" (windows across documents) or "pad" (a document per
+      window, padding masked out of the loss).
+    eod_id: the end-of-document id (default: the tokenizer's; none for
+      pre-tokenized ids).
+    eval_every: at every N-th step, the held-out loss and perplexity
+      (only there: a run stopped and resumed evaluates where an
+      uninterrupted one does); needs `data`.
+    eval_batches: held-out batches per evaluation.
+    eval_fraction: the share of the data's sequences held out.
     init_from_hf: a Hugging Face checkpoint directory to fine-tune from
       (`linen_moe.hf.load_checkpoint`): its config.json is the model
       (`config` is not read), `overrides` may change only the run fields
@@ -91,6 +106,15 @@ class TrainOptions:
   keep: int = 3
   fresh_fp8_state: bool = False
   resume_step: int | None = None
+  data: str | None = None
+  tokenizer: str | None = None
+  data_format: str | None = None
+  data_dtype: str | None = None
+  packing: str = "pack"
+  eod_id: int | None = None
+  eval_every: int | None = None
+  eval_batches: int = 4
+  eval_fraction: float = 0.1
   init_from_hf: str | None = None
 
   def __post_init__(self):
@@ -140,9 +164,59 @@ class TrainOptions:
             self.resume_step,
             f"expected at most --steps {self.steps}",
         )
-
+    self._check_data()
     if self.init_from_hf is not None:
       self._check_init_from_hf()
+
+  def _check_data(self) -> None:
+    """The real-data flags; the files exist (read later, after jax)."""
+    from linen_moe._src.data import packing  # noqa: PLC0415 (no jax)
+    from linen_moe._src.data import sources  # noqa: PLC0415
+
+    if self.data is None:
+      for name in ("tokenizer", "data_format", "data_dtype", "eod_id"):
+        if getattr(self, name) is not None:
+          _fail(name, getattr(self, name), "it needs --data")
+      if self.eval_every is not None:
+        _fail(
+            "eval_every",
+            self.eval_every,
+            "it needs --data (the synthetic data has a known best loss "
+            "instead)",
+        )
+    if self.data_format is not None and self.data_format not in sources.FORMATS:
+      _fail(
+          "data_format", self.data_format, f"expected one of {sources.FORMATS}"
+      )
+    if self.data_dtype is not None:
+      if self.data_dtype not in sources.BIN_DTYPES:
+        _fail(
+            "data_dtype",
+            self.data_dtype,
+            f"expected one of {sources.BIN_DTYPES}",
+        )
+      if self.data_format not in (None, "bin"):
+        _fail("data_dtype", self.data_dtype, "only 'bin' data takes a dtype")
+    if self.packing not in packing.PACKINGS:
+      _fail("packing", self.packing, f"expected one of {packing.PACKINGS}")
+    if self.eod_id is not None:
+      check_int("eod_id", self.eod_id, 0)
+    check_int("eval_batches", self.eval_batches, 1)
+    fraction = self.eval_fraction
+    if not (
+        isinstance(fraction, (int, float))
+        and not isinstance(fraction, bool)
+        and 0 <= fraction < 1
+    ):
+      _fail("eval_fraction", fraction, "expected a number in [0, 1)")
+    if self.eval_every is not None:
+      check_int("eval_every", self.eval_every, 1)
+      if fraction == 0:
+        _fail("eval_every", self.eval_every, "--eval-fraction 0 holds none out")
+    if self.data is not None:
+      sources.find_files(self.data)  # a one-line error naming it
+    if self.tokenizer is not None and not os.path.isfile(self.tokenizer):
+      raise ValueError(f"tokenizer {self.tokenizer}: no such file.")
 
   def _check_init_from_hf(self) -> None:
     from linen_moe._src.config import run_fields  # noqa: PLC0415 (no jax)

@@ -1,4 +1,5 @@
-"""The main job: train the reference decoder on synthetic Markov data."""
+"""The main job: train the reference decoder on synthetic Markov data, or on
+the user's files (`--data`, `train_data`)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ from linen_moe import checkpoint
 from linen_moe import distributed
 from linen_moe import sharding
 from linen_moe._src.config import load_model_config
-from linen_moe.tokens import validate_tokens
-from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
+from linen_moe_cli import loss_chart
 from linen_moe_cli import options
+from linen_moe_cli import train_data
 from linen_moe_cli.checkpointing import RunCheckpoints
 from linen_moe_cli.frontends import frontend as get_frontend
 from linen_moe_cli.frontends import sharded_training
@@ -36,15 +37,17 @@ TAIL_STEPS = 10
 class TrainResult:
   """Per-step cross-entropy (NaN where the step was skipped) of the steps
   this call ran (`start_step + 1` onwards; none when a resumed run was already
-  at its `steps`), the best achievable loss, how many steps were skipped, and
-  <float32>[L, E] each layer's share of routed assignments per expert
-  averaged over the last `TAIL_STEPS` steps."""
+  at its `steps`), the best achievable loss (NaN for real data), how many
+  steps were skipped, <float32>[L, E] each layer's share of routed
+  assignments per expert averaged over the last `TAIL_STEPS` steps, and the
+  held-out losses [(step, nats)] of the evaluated steps (`--eval-every`)."""
 
   losses: list[float]
   best_loss: float
   skipped_steps: int = 0
   expert_load: np.ndarray | None = None
   start_step: int = 0
+  eval_losses: list[tuple[int, float]] = dataclasses.field(default_factory=list)
 
   @property
   def first_loss(self) -> float:
@@ -71,7 +74,7 @@ class _Setup:
   """What a run builds before its first step (no compile yet)."""
 
   cfg: Any  # ModelConfig
-  data: MarkovData
+  data: Any  # train_data.MarkovSource or CorpusSource
   fe: Any  # TrainingFrontend
   optimizer: Any
   mesh: str | None
@@ -102,9 +105,13 @@ def _set_up(opts: TrainOptions) -> _Setup:
     feed = lambda batch: distributed.global_array(  # noqa: E731
         batch.shape, tokens_sharding, batch
     )
+  if opts.data is None:
+    source = train_data.MarkovSource(cfg, opts, feed)
+  else:  # reads and checks the files: any error comes before any step
+    source = train_data.CorpusSource(cfg, opts, run)
   return _Setup(
       cfg=cfg,
-      data=MarkovData(cfg.vocab_size),
+      data=source,
       fe=get_frontend(opts.frontend),
       optimizer=optimizer,
       mesh=mesh,
@@ -167,6 +174,15 @@ def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
   on batch i of the data stream `seed + 1` with the key
   `fold_in(key(seed), i)`, so a run is a function of its step.
 
+  With `opts.data` the batches are the user's files through
+  `linen_moe.data.DataPipeline` (shuffled with `seed + 1`; each process
+  reads only the rows its devices hold), a padded batch's mask keeps the
+  padding out of the loss, every checkpoint holds the Grain iterator's
+  state, and with `opts.eval_every` the held-out loss is printed and
+  written (`eval_loss`, `eval_perplexity`), and charted beside the metrics
+  at the end (`loss_chart`). Every problem with the files is a
+  `ValueError` before the first step.
+
   With `opts.checkpoint_dir` the run first locks the directory
   (`run_directory.RunLock`; process 0 of a group, for all), then resumes
   from the newest checkpoint there that reads, or `opts.resume_step` (in
@@ -185,7 +201,7 @@ def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
   try:
     job = _set_up(opts)
     if opts.checkpoint_dir is None:
-      return _train_from(opts, job, None, resume=False)
+      return _train_from(opts, job, None, resume=False, log=log)
     ckpts = RunCheckpoints(
         opts.checkpoint_dir,
         steps=opts.steps,
@@ -205,7 +221,7 @@ def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
         result = TrainResult([], job.data.best_loss, start_step=latest)
       else:
         resume = bool(ckpts.checkpoints.all_steps())
-        result = _train_from(opts, job, ckpts, resume=resume)
+        result = _train_from(opts, job, ckpts, resume=resume, log=log)
     except BaseException:
       ckpts.close(report=False)
       raise
@@ -241,20 +257,14 @@ def _lock(directory: str, log: Callable[[str], None]) -> RunLock | None:
   return lock
 
 
-def _train_from(opts: TrainOptions, job: _Setup, ckpts, *, resume: bool):
+def _train_from(
+    opts: TrainOptions, job: _Setup, ckpts, *, resume: bool, log=print
+):
   """Restores a checkpoint (`resume`) or initialises, and trains to the
   end."""
-  fe, run, cfg = job.fe, job.run, job.cfg
-  data_seed = opts.seed + 1
-
-  def batches(start: int):  # batch i is a function of (data_seed, i)
-    for b in job.data.batches(
-        opts.batch_size, opts.seq_len, data_seed, start=start
-    ):
-      yield job.feed(validate_tokens(b, cfg.vocab_size, name="batch"))
-
+  fe, run, cfg, source = job.fe, job.run, job.cfg, job.data
   # The state's shapes (and a fresh one's values) come from any batch.
-  sample = next(batches(0))
+  sample = source.sample()
   start, state, rng = 0, None, jax.random.key(opts.seed)
   if resume:
     start, state, rng = ckpts.resume(
@@ -266,7 +276,9 @@ def _train_from(opts: TrainOptions, job: _Setup, ckpts, *, resume: bool):
         opts.seed,
         opts.fresh_fp8_state,
         opts.resume_step,
+        check_data=source.check_meta,
     )
+    source.restore(ckpts, start)
   if state is None:
     state = (
         run.init(sample, rng)
@@ -291,7 +303,7 @@ def _train_from(opts: TrainOptions, job: _Setup, ckpts, *, resume: bool):
         {
             "model_config": checkpoint.config_dict(cfg),
             "rng": checkpoint.rng_to_json(rng),
-            "data": {"kind": "markov", "seed": data_seed},
+            "data": source.meta,
             "run": {
                 "config": opts.config,
                 "init_from_hf": opts.init_from_hf,
@@ -301,19 +313,47 @@ def _train_from(opts: TrainOptions, job: _Setup, ckpts, *, resume: bool):
             },
         },
     )
-  stream = batches(start)
-  losses, skipped, in_a_row = [], 0, 0
+  evaluate = None
+  if opts.eval_every is not None:
+    evaluate = train_data.Evaluator(cfg, fe, run, source)
+  stream = source.batches(start)
+  losses, skipped, in_a_row, held_out = [], 0, 0, []
   loads = collections.deque(maxlen=TAIL_STEPS)
   show = opts.progress and distributed.is_main_process()
   bar = tqdm.trange(start, opts.steps, disable=not show, desc="train")
   for i in bar:
-    tokens = next(stream)
-    state, metrics = step(state, tokens, jax.random.fold_in(rng, i))
+    tokens, mask = next(stream)
+    key = jax.random.fold_in(rng, i)
+    if mask is None:  # every position real: the unmasked loss
+      state, metrics = step(state, tokens, key)
+    else:
+      state, metrics = step(state, tokens, key, mask)
     loss = float(metrics["cross_entropy"])
     losses.append(loss)
     loads.append(metrics["expert_load"])
+    done = i + 1
+    if evaluate is not None and done % opts.eval_every == 0:
+      eval_loss = evaluate(state)
+      held_out.append((done, eval_loss))
+      perplexity = math.exp(min(eval_loss, 700.0))
+      metrics = {
+          **metrics,
+          "eval_loss": eval_loss,
+          "eval_perplexity": perplexity,
+      }
+      if distributed.is_main_process():
+        line = (
+            f"step {done}: held-out loss {eval_loss:.4f}, perplexity "
+            f"{perplexity:.2f} (train loss {loss:.4f})"
+        )
+        if show:
+          bar.write(line)
+        else:
+          log(line)
     if ckpts is not None:
-      ckpts.after_step(i + 1, metrics, fe.checkpoint_tree, state)
+      ckpts.after_step(
+          done, metrics, fe.checkpoint_tree, state, data=source.iterator
+      )
     in_a_row = in_a_row + 1 if int(metrics["skipped"]) else 0
     skipped += in_a_row > 0
     if in_a_row >= opts.max_consecutive_skips:
@@ -325,12 +365,15 @@ def _train_from(opts: TrainOptions, job: _Setup, ckpts, *, resume: bool):
           "is not recovering: lower --learning-rate, or check the data."
       )
     bar.set_postfix(
-        loss=f"{loss:.3f}", best=f"{job.data.best_loss:.3f}", skipped=skipped
+        loss=f"{loss:.3f}", best=f"{source.best_loss:.3f}", skipped=skipped
     )
+  if ckpts is not None and opts.data is not None and ckpts.main_process:
+    loss_chart.chart_beside(ckpts.metrics_path, log)
   return TrainResult(
       losses,
-      job.data.best_loss,
+      source.best_loss,
       skipped,
       expert_load=np.mean(jax.device_get(list(loads)), axis=0),
       start_step=start,
+      eval_losses=held_out,
   )

@@ -91,10 +91,12 @@ def apply_routed_bias_rule(
   nnx.update(model, rule_state)
 
 
-def decoder_loss(model: nnx.Module, tokens: jax.Array, rng: jax.Array):
-  """`linen_moe.training.decoder_loss` of the NNX decoder on `tokens`."""
+def decoder_loss(model: nnx.Module, batch, rng: jax.Array):
+  """`linen_moe.training.decoder_loss` of the NNX decoder on `batch`: the
+  tokens, or (tokens, `linen_moe.training.loss_weights`)."""
+  tokens, weights = batch if isinstance(batch, tuple) else (batch, None)
   logits, aux = model(tokens, rng=rng)
-  return linen_train.decoder_loss(logits, aux, tokens)
+  return linen_train.decoder_loss(logits, aux, tokens, weights)
 
 
 def train_step(
@@ -103,8 +105,13 @@ def train_step(
     tokens: jax.Array,
     rng: jax.Array,
     grad_accum: int = 1,
+    mask: jax.Array | None = None,
 ) -> dict[str, jax.Array]:
   """One training step of `model` (a `Decoder`) in place; returns metrics.
+
+  With `mask` (<bool>[B, S], True at real ids) the cross-entropy counts
+  only real targets (`linen_moe.training.loss_weights`), as in the Linen
+  step.
 
   A step whose loss or any gradient is non-finite leaves the model and the
   optimizer as they were, but for `optimizer.step` (advanced);
@@ -114,8 +121,9 @@ def train_step(
   """
   # A copy of the values: `nnx.state` holds the live Variables.
   old = jax.tree.map(lambda x: x, nnx.state((model, optimizer)))
+  batch = tokens if mask is None else (tokens, linen_train.loss_weights(mask))
   (param_grads, fp8_grads), metrics = accumulate_gradients(
-      model, decoder_loss, tokens, rng, grad_accum
+      model, decoder_loss, batch, rng, grad_accum
   )
   apply_gradients(model, optimizer, param_grads, fp8_grads)
   rate = model.config.moe.routed_bias_update_rate
@@ -187,13 +195,18 @@ def init_train_state(
 
 
 def make_train_step(grad_accum: int = 1):
-  """A jittable `step(state, tokens, rng) -> (state, metrics)` on a
-  `TrainState`: the pure form of `train_step`, which also counts skipped
+  """A jittable `step(state, tokens, rng, mask=None) -> (state, metrics)` on
+  a `TrainState`: the pure form of `train_step`, which also counts skipped
   steps (`TrainState.skipped_steps`, `metrics["skipped_steps"]`)."""
 
-  def step(state: TrainState, tokens: jax.Array, rng: jax.Array):
+  def step(
+      state: TrainState,
+      tokens: jax.Array,
+      rng: jax.Array,
+      mask: jax.Array | None = None,
+  ):
     model, optimizer = state.merge()
-    metrics = train_step(model, optimizer, tokens, rng, grad_accum)
+    metrics = train_step(model, optimizer, tokens, rng, grad_accum, mask)
     skipped_steps = state.skipped_steps + metrics["skipped"]
     return (
         state.replace(

@@ -26,6 +26,7 @@ _FACES = (
     "distributed",
     "tokens",
     "training",
+    "data",
     "testing",
     "hf",
 )

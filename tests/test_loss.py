@@ -7,23 +7,28 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe.training import cross_entropy
+from linen_moe.training import loss_weights
 
 
-def _numpy_loss_and_grad(logits, tokens):
-  """Mean over the B * (S - 1) positions with a next token of
-  -log softmax(logits[b, s])[tokens[b, s + 1]], and its gradient, float64."""
+def _numpy_loss_and_grad(logits, tokens, mask=None):
+  """Mean of -log softmax(logits[b, s])[tokens[b, s + 1]] over the positions
+  with a real next target (the ids at s and s + 1 both True in `mask`; every
+  one of the B * (S - 1) without a mask), and its gradient, float64."""
   x = np.asarray(logits, np.float64)
   b, s, _ = x.shape
-  loss, grad = 0.0, np.zeros_like(x)
+  mask = np.ones((b, s), bool) if mask is None else np.asarray(mask)
+  loss, grad, n = 0.0, np.zeros_like(x), 0
   for i in range(b):
     for j in range(s - 1):
+      if not (mask[i, j] and mask[i, j + 1]):
+        continue
       row = x[i, j] - x[i, j].max()
       p = np.exp(row) / np.exp(row).sum()
       target = int(tokens[i, j + 1])
       loss -= np.log(p[target])
       grad[i, j] = p
       grad[i, j, target] -= 1.0
-  n = b * (s - 1)
+      n += 1
   return loss / n, grad / n
 
 
@@ -46,6 +51,30 @@ class CrossEntropyTest(parameterized.TestCase):
     )
     # The last position predicts nothing: no gradient reaches it.
     self.assertEqual(float(jnp.max(jnp.abs(grad[:, -1]))), 0.0)
+
+  def test_weighted_is_the_mean_over_real_targets(self):
+    """With `loss_weights` of a mask, the loss and its gradient are those of
+    the real targets alone, split over two microbatches or not."""
+    keys = jax.random.split(jax.random.key(1), 2)
+    logits = 3.0 * jax.random.normal(keys[0], (4, 6, 11))
+    tokens = jax.random.randint(keys[1], (4, 6), 0, 11)
+    mask = np.arange(6)[None, :] < np.array([6, 3, 2, 1])[:, None]
+    mask[1, 4:] = True  # real ids after padding: a target only at 5
+    weights = loss_weights(mask)  # 5 + 3 + 1 + 0 = 9 real targets
+    loss, grad = jax.jit(jax.value_and_grad(cross_entropy))(
+        logits, tokens, weights
+    )
+    want_loss, want_grad = _numpy_loss_and_grad(logits, tokens, mask)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(grad, np.float64), want_grad, atol=1e-7
+    )
+    # Gradient accumulation averages the two halves' weighted means.
+    halves = [
+        cross_entropy(logits[h], tokens[h], weights[h])
+        for h in (slice(0, 2), slice(2, 4))
+    ]
+    np.testing.assert_allclose(np.mean(halves), want_loss, rtol=1e-6)
 
   def test_needs_two_tokens(self):
     with self.assertRaisesRegex(ValueError, r"at least 2 tokens.*\(3, 1\)"):

@@ -1,7 +1,7 @@
 """Checkpoints of a training run through orbax: save, resume anywhere, export.
 
 Step N of a run is the orbax `CheckpointManager` step directory `DIR/N/`,
-with two items:
+with two items, and a third for a run on real data:
 
 - `state`: every array of the training state in one tree, the *checkpoint
   tree*: `variables` holds the Linen variables, `{collection: {path...}}`
@@ -16,6 +16,10 @@ with two items:
   has; `nnx_adapter` has the NNX pair.
 - `meta`: JSON: the model config, the run's RNG key, the data position, and
   whatever else the caller records.
+- `data` (when saved with one): the Grain data iterator's state
+  (`linen_moe.data.IteratorCheckpointHandler`: one file per process, read
+  back on any process count), so a resumed run reads on from the batch it
+  would have read next.
 
 Saving is asynchronous (arrays are copied to host memory, then written by a
 background thread while training goes on) and atomic (orbax writes into a
@@ -55,8 +59,11 @@ from linen_moe._src.checkpoint_tree import relayout_abstract
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.config import MoEConfig
 from linen_moe._src.config import run_fields
+from linen_moe._src.data.checkpointing import IteratorCheckpointHandler
+from linen_moe._src.data.checkpointing import IteratorRestore
+from linen_moe._src.data.checkpointing import IteratorSave
 
-STATE, META = "state", "meta"
+STATE, META, DATA = "state", "meta", "data"
 FORMAT_VERSION = 1
 # The config fields a restore may change: said on the fields themselves.
 RUN_FIELDS = run_fields()
@@ -285,6 +292,7 @@ class Checkpoints:
     handlers = {
         STATE: ocp.PyTreeCheckpointHandler(),
         META: ocp.JsonCheckpointHandler(),
+        DATA: IteratorCheckpointHandler(),
     }
     self._manager = ocp.CheckpointManager(
         self.directory, options=options, item_handlers=handlers
@@ -364,7 +372,15 @@ class Checkpoints:
         f"damaged ({type(error).__name__}: {detail})."
     )
 
-  def save(self, step: int, tree: Mapping, meta: Mapping, *, force=False):
+  def save(
+      self,
+      step: int,
+      tree: Mapping,
+      meta: Mapping,
+      *,
+      force=False,
+      data: Any = None,
+  ):
     """Starts saving `tree` and `meta` as step `step`, if it is due.
 
     Returns as soon as the arrays are copied to host memory (with
@@ -376,6 +392,8 @@ class Checkpoints:
       tree: the checkpoint tree (`tree_of` a state) of arrays.
       meta: JSON-serialisable metadata; "format" and "step" are added.
       force: save even when `step` is not a multiple of `save_every`.
+      data: a Grain `DatasetIterator` whose state (read now) is saved too,
+        as the `data` item (`restore_data` reads it back).
 
     Returns:
       Whether a save was started.
@@ -394,6 +412,8 @@ class Checkpoints:
         STATE: ocp.args.PyTreeSave(dict(tree)),
         META: ocp.args.JsonSave(meta),
     }
+    if data is not None:
+      args[DATA] = IteratorSave(data)
     return self._manager.save(
         step, args=ocp.args.Composite(**args), force=force
     )
@@ -424,6 +444,50 @@ class Checkpoints:
           f"format {FORMAT_VERSION}."
       )
     return meta
+
+  def has_data(self, step: int | None = None) -> bool:
+    """Whether a checkpoint holds a data iterator state (the `data` item).
+
+    Args:
+      step: the step; default the latest.
+
+    Returns:
+      True when it was saved with `save(..., data=iterator)`.
+
+    Raises:
+      ValueError: if there is no checkpoint, or none of `step`.
+    """
+    return os.path.isdir(os.path.join(self.step_dir(self._step(step)), DATA))
+
+  def restore_data(self, iterator: Any, step: int | None = None) -> Any:
+    """Moves a data iterator to the state saved with a checkpoint.
+
+    Args:
+      iterator: a Grain `DatasetIterator` of the same pipeline (e.g. a new
+        `linen_moe.data.DataPipeline.train_iterator()`).
+      step: the step; default the latest.
+
+    Returns:
+      `iterator`, at the batch after the ones read before the save.
+
+    Raises:
+      ValueError: if `step` holds no data state, or one that does not map
+        onto this process count (see `linen_moe.data`).
+      DamagedCheckpointError: if it cannot be read.
+    """
+    step = self._step(step)
+    if not self.has_data(step):
+      raise ValueError(
+          f"Checkpoint {self.step_dir(step)} holds no data iterator state (a"
+          " run on synthetic data?)."
+      )
+    args = ocp.args.Composite(**{DATA: IteratorRestore(iterator)})
+    try:
+      return self._manager.restore(step, args=args)[DATA]
+    except ValueError:
+      raise
+    except Exception as e:  # noqa: BLE001 (any failure to read is damage)
+      raise self._damaged(step, e) from e
 
   def saved_leaves(self, step: int | None = None) -> dict[Path, Any]:
     """The shapes and dtypes of a saved tree, from its metadata (no array read).

@@ -33,8 +33,9 @@ def rel_err(got: Any, expected: Any) -> float:
     expected: the reference, of the same shape.
 
   Returns:
-    ||got - expected|| / ||expected|| (Frobenius norms, in float64); against
-    an all-zero `expected`, ||got|| / 1e-30 (0 when `got` is zero too).
+    `norm(got - expected) / norm(expected)` (Frobenius norms, in float64);
+    against an all-zero `expected`, `norm(got) / 1e-30` (0 when `got` is zero
+    too).
   """
   got = np.asarray(got, np.float64)
   expected = np.asarray(expected, np.float64)
@@ -50,8 +51,8 @@ def max_abs_diff(a: Any, b: Any) -> float:
     b: a pytree of the same structure and shapes.
 
   Returns:
-    max |a - b| over every element of every leaf, in float64; 0 for trees
-    without leaves.
+    `max(abs(a - b))` over every element of every leaf, in float64; 0 for
+    trees without leaves.
   """
   diffs = [
       float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y))))

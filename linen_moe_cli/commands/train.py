@@ -1,5 +1,6 @@
-"""`linen-moe train`: train the reference decoder on synthetic Markov data,
-from scratch or from a Hugging Face checkpoint (`--init-from-hf`).
+"""`linen-moe train`: train the reference decoder from scratch or from a
+Hugging Face checkpoint (`--init-from-hf`), on synthetic Markov data or on
+your own (`--data`).
 
 The flags become a `TrainOptions` (checked before jax is imported); with
 `--coordinator`, `--num-processes` and `--process-id` this process first
@@ -10,6 +11,7 @@ runs the same job (`train_job.train`) and process 0 prints the summary.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -23,7 +25,11 @@ from linen_moe_cli.options import train_default
 
 def register(subparsers) -> None:
   p = subparsers.add_parser(
-      "train", help="train the reference decoder on synthetic Markov data"
+      "train",
+      help=(
+          "train the reference decoder on synthetic Markov data, or on "
+          "your own text or token ids (--data)"
+      ),
   )
   model_args.add_model_args(p)
   for name in ("steps", "batch_size", "seq_len"):
@@ -113,11 +119,97 @@ def register(subparsers) -> None:
           "DeepSeek-V3, Gemma-4): its "
           "config.json is the model (--config is not read; --quantization, "
           "--layers, the path flags and --set of run fields apply), on "
-          "synthetic data over its vocabulary"
+          "synthetic data over its vocabulary unless --data is given (text "
+          "tokenized with its tokenizer.json unless --tokenizer)"
       ),
   )
+  _add_data_args(p)
   _add_process_args(p)
   p.set_defaults(run=run)
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+  group = p.add_argument_group(
+      "real data",
+      "train on your own files instead of synthetic Markov tokens: read "
+      "through Grain, shuffled with --seed, each process reading only its "
+      "rows; the data position is saved with each checkpoint",
+  )
+  group.add_argument(
+      "--data",
+      default=None,
+      metavar="PATH_OR_GLOB",
+      help=(
+          "a file, a directory or a glob ('docs/**/*.md'), read in sorted "
+          "order; a text file is one document"
+      ),
+  )
+  group.add_argument(
+      "--tokenizer",
+      default=None,
+      metavar="TOKENIZER_JSON",
+      help=(
+          "the Hugging Face tokenizer.json of text data (default: the "
+          "tokenizer.json of the checkpoint the run starts from, if any)"
+      ),
+  )
+  group.add_argument(
+      "--data-format",
+      choices=("text", "npy", "bin"),
+      default=None,
+      help=(
+          "text (tokenized), npy (1-D ids) or bin (flat ids of "
+          "--data-dtype); default: npy / bin by the extension, else text"
+      ),
+  )
+  group.add_argument(
+      "--data-dtype",
+      choices=("uint16", "uint32"),
+      default=None,
+      help="the ids' dtype of bin files",
+  )
+  group.add_argument(
+      "--packing",
+      choices=("pack", "pad"),
+      default=train_default("packing"),
+      help=(
+          "pack: sequences cut across documents (each ends with the "
+          "end-of-document token); pad: sequences cut within each document, "
+          "the last one padded, the padding masked out of the loss"
+      ),
+  )
+  group.add_argument(
+      "--eod-id",
+      type=int,
+      default=None,
+      help=(
+          "the end-of-document token id (default: the tokenizer's; "
+          "pre-tokenized ids: none, a file is a document)"
+      ),
+  )
+  group.add_argument(
+      "--eval-every",
+      type=int,
+      default=None,
+      metavar="N",
+      help=(
+          "at every N-th step, the held-out loss and perplexity "
+          "(printed; eval_loss in metrics.jsonl; a chart losses.png beside it)"
+      ),
+  )
+  group.add_argument(
+      "--eval-batches",
+      type=int,
+      default=train_default("eval_batches"),
+      metavar="K",
+      help="held-out batches per evaluation",
+  )
+  group.add_argument(
+      "--eval-fraction",
+      type=float,
+      default=train_default("eval_fraction"),
+      help="the share of the sequences held out (the last ones)",
+  )
 
 
 def _add_process_args(p: argparse.ArgumentParser) -> None:
@@ -210,10 +302,20 @@ def train_and_report(opts: TrainOptions) -> int:
     load = ""
     if result.expert_load is not None:
       load = f"expert load max/min: {result.load_ratio:.2f}  "
+    best = ""
+    if math.isfinite(result.best_loss):  # known for the synthetic data
+      best = f"best achievable: {result.best_loss:.4f}  "
+    held_out = ""
+    if result.eval_losses:
+      last = result.eval_losses[-1][1]
+      held_out = (
+          f"held-out loss: {last:.4f} (perplexity "
+          f"{math.exp(min(last, 700.0)):.2f})  "
+      )
     print(
         f"steps: {result.start_step + 1}-{opts.steps}  first loss:"
         f" {result.first_loss:.4f}  final loss: {result.final_loss:.4f}  "
-        f"best achievable: {result.best_loss:.4f}  "
+        f"{best}{held_out}"
         f"skipped steps: {result.skipped_steps}  "
         f"{load}wall: {time.perf_counter() - start:.1f}s"
     )

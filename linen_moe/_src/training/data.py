@@ -58,8 +58,23 @@ class MarkovData:
   def batch(
       self, step: int, batch_size: int, seq_len: int, seed: int = 1
   ) -> np.ndarray:
-    """<int32>[batch_size, seq_len]: batch `step` of the stream `seed`, drawn
-    from a generator seeded with (seed, step) alone."""
+    """One batch of the stream, drawn from a generator seeded with (seed,
+    step) alone (so any batch is drawn without the ones before it).
+
+    Args:
+      step: the batch's index in the stream, >= 0.
+      batch_size: B, rows.
+      seq_len: S, tokens per row.
+      seed: the stream, >= 0.
+
+    Returns:
+      <int32>[B, S] token ids in [0, vocab_size), each row a walk of the
+      chain from a uniform first token.
+
+    Raises:
+      TypeError: if `step` or `seed` is not an int.
+      ValueError: if either is negative.
+    """
     for name, value in (("step", step), ("seed", seed)):
       if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"MarkovData.batch: {name}={value!r} is not an int.")
@@ -75,8 +90,17 @@ class MarkovData:
     return tokens
 
   def batches(self, batch_size: int, seq_len: int, seed: int = 1, start=0):
-    """Yields batches `start`, `start + 1`, ... of the stream `seed` (see
-    `batch`), each <int32>[batch_size, seq_len], without end."""
+    """The batches of a stream from `start` on, without end.
+
+    Args:
+      batch_size: B, rows.
+      seq_len: S, tokens per row.
+      seed: the stream, >= 0.
+      start: the first batch's index.
+
+    Yields:
+      <int32>[B, S] each, `batch(start, ...)`, `batch(start + 1, ...)`, ...
+    """
     step = start
     while True:
       yield self.batch(step, batch_size, seq_len, seed)

@@ -32,7 +32,7 @@ class ShardedRun:
   them, and the hooks `_initial_state` (the init, with partitioning
   metadata), `_shardings_of` (its NamedShardings, from an abstract state),
   `_plain` (metadata stripped) and `_train_step` (a pure
-  `step(state, tokens, rng)`).
+  `step(state, tokens, rng, mask=None)`).
 
   Attributes:
     rules: logical-name -> mesh-axes rule table (keyword-only).
@@ -159,53 +159,68 @@ class ShardedRun:
         [jax.device_put(x, s) for x, s in zip(leaves, shardings, strict=True)],
     )
 
-  def _jitted_step(self, state):
-    """The jitted step, built once with the shardings of the first state."""
-    if "step" not in self._cache:
+  def _jitted_step(self, state, masked: bool = False):
+    """The jitted step, built once with the shardings of the first state;
+    `masked`: the one that takes a loss mask (a fourth argument, sharded
+    like the tokens), the other exactly the step without one."""
+    key = "masked_step" if masked else "step"
+    if key not in self._cache:
       shardings = jax.tree.map(lambda x: x.sharding, state)
-      self._cache["step"] = jax.jit(
+      in_shardings = (
+          shardings,
+          self.token_sharding(),
+          sharding.replicated(self.mesh),
+      )
+      if masked:
+        in_shardings += (self.token_sharding(),)
+      self._cache[key] = jax.jit(
           self._train_step(),
-          in_shardings=(
-              shardings,
-              self.token_sharding(),
-              sharding.replicated(self.mesh),
-          ),
+          in_shardings=in_shardings,
           out_shardings=(shardings, sharding.replicated(self.mesh)),
           donate_argnums=0,
       )
-    return self._cache["step"]
+    return self._cache[key]
 
-  def step(self, state, tokens, rng):
+  def _args(self, state, tokens, rng, mask):
+    return (state, tokens, rng) + (() if mask is None else (mask,))
+
+  def step(self, state, tokens, rng, mask=None):
     """One jitted step; the state keeps its shardings (and is donated).
 
     The step is compiled on the first call, for the first state's
-    shardings.
+    shardings (once without a mask, once with one).
 
     Args:
       state: the train state, in the shardings of `init` / `place`; donated.
       tokens: <int32>[B, S] the batch (B divisible by `grad_accum`).
       rng: the step's PRNG key.
+      mask: <bool>[B, S] True at real ids, in `token_sharding()`; the loss
+        counts only real targets (None: every position counts).
 
     Returns:
       A pair (new state, metrics); the metrics (loss terms, `expert_load`
       [L, E], `skipped`, `skipped_steps`) are replicated.
     """
+    args = self._args(state, tokens, rng, mask)
     with self.context():
-      return self._jitted_step(state)(state, tokens, rng)
+      return self._jitted_step(state, mask is not None)(*args)
 
-  def lower(self, state, tokens, rng) -> jax.stages.Lowered:
+  def lower(self, state, tokens, rng, mask=None) -> jax.stages.Lowered:
     """The lowered step (`.compile().as_text()` for its HLO).
 
     Args:
       state: the train state (or sharded ShapeDtypeStructs of it).
       tokens: <int32>[B, S] the batch.
       rng: a PRNG key.
+      mask: <bool>[B, S] a loss mask, or None (see `step`).
 
     Returns:
-      The `jax.stages.Lowered` step.
+      The `jax.stages.Lowered` step; its compiled form takes the same
+      arguments.
     """
+    args = self._args(state, tokens, rng, mask)
     with self.context():
-      return self._jitted_step(state).lower(state, tokens, rng)
+      return self._jitted_step(state, mask is not None).lower(*args)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,6 +54,21 @@ def combine_overwrite_microbatches(a: PyTree, b: PyTree) -> PyTree:
   return jax.tree.map(jnp.maximum, a, b)
 
 
+def loss_weights(mask: jax.Array) -> jax.Array:
+  """<float32>[B, S - 1] next-token weights of a <bool>[B, S] token mask.
+
+  The target at position t + 1 counts where the mask is True at t and at
+  t + 1 (both ids real), and the weights are scaled to average 1 over the
+  batch, so that `cross_entropy`'s weighted mean is the mean over the real
+  targets, also when gradient accumulation averages the means of
+  microbatches that hold different numbers of them. All 0 when no target
+  is real.
+  """
+  mask = jnp.asarray(mask, jnp.bool_)
+  real = jnp.logical_and(mask[:, :-1], mask[:, 1:]).astype(jnp.float32)
+  return real * (real.size / jnp.maximum(jnp.sum(real), 1.0))
+
+
 @jax.custom_vjp
 def _weighted_nll(
     logits: jax.Array, targets: jax.Array, weights: jax.Array
@@ -86,10 +101,14 @@ def _nll_bwd(residuals, g):
 _weighted_nll.defvjp(_nll_fwd, _nll_bwd)
 
 
-def cross_entropy(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+def cross_entropy(
+    logits: jax.Array, tokens: jax.Array, weights: jax.Array | None = None
+) -> jax.Array:
   """Mean next-token cross-entropy (nats) of logits [B, S, V] on tokens
   <int>[B, S]: position s predicts token s + 1, over the B * (S - 1)
-  positions that have a next token, computed in float32.
+  positions that have a next token, computed in float32. With `weights`
+  <float32>[B, S - 1] (`loss_weights` of a mask) it is the mean of the
+  weighted terms: the mean over the real targets.
 
   The targets are shifted, not the logits, so the gradient is written whole
   (no slice of the logits to pad back in the backward pass), and it is
@@ -108,18 +127,28 @@ def cross_entropy(logits: jax.Array, tokens: jax.Array) -> jax.Array:
   targets = jnp.concatenate(
       [tokens[:, 1:], jnp.zeros((b, 1), tokens.dtype)], axis=1
   )  # [B, S]; the last position's target is a placeholder of weight 0
-  has_next = jnp.arange(s) < s - 1
-  weights = jnp.broadcast_to(has_next / (b * (s - 1)), (b, s))
+  if weights is None:
+    has_next = jnp.arange(s) < s - 1
+    weights = jnp.broadcast_to(has_next / (b * (s - 1)), (b, s))
+  else:  # [B, S - 1] -> [B, S], the last position's placeholder weighs 0
+    weights = jnp.concatenate(
+        [weights / (b * (s - 1)), jnp.zeros((b, 1), weights.dtype)], axis=1
+    )
   return _weighted_nll(logits, targets, weights.astype(jnp.float32))
 
 
 def decoder_loss(
-    logits: jax.Array, aux: dict[str, jax.Array], tokens: jax.Array
+    logits: jax.Array,
+    aux: dict[str, jax.Array],
+    tokens: jax.Array,
+    weights: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Training loss = next-token cross-entropy + the summed load-balance and
-  router z-losses. The metrics carry `expert_load` [L, E] for the routed-bias
-  rule (averaged over microbatches like every metric)."""
-  ce = cross_entropy(logits, tokens)
+  """Training loss = next-token cross-entropy (weighted by `weights`, see
+  `loss_weights`) + the summed load-balance and router z-losses (over every
+  token: the router sees padding too). The metrics carry `expert_load`
+  [L, E] for the routed-bias rule (averaged over microbatches like every
+  metric)."""
+  ce = cross_entropy(logits, tokens, weights)
   loss = ce + aux["load_balance_loss"] + aux["router_z_loss"]
   return loss, {
       "loss": loss,
@@ -131,28 +160,33 @@ def decoder_loss(
   }
 
 
-def split_microbatches(tokens: jax.Array, grad_accum: int) -> jax.Array:
-  """[B, S] -> [grad_accum, B / grad_accum, S]."""
-  if grad_accum < 1 or tokens.shape[0] % grad_accum:
+def split_microbatches(tokens: PyTree, grad_accum: int) -> PyTree:
+  """[B, ...] -> [grad_accum, B / grad_accum, ...], for an array or for
+  each leaf of a tree of them (tokens and their loss weights)."""
+  batch = jax.tree.leaves(tokens)[0].shape[0]
+  if grad_accum < 1 or batch % grad_accum:
     raise ValueError(
         f"grad_accum={grad_accum} must be >= 1 and divide the batch size "
-        f"{tokens.shape[0]}."
+        f"{batch}."
     )
-  return tokens.reshape(grad_accum, -1, *tokens.shape[1:])
+  return jax.tree.map(lambda x: x.reshape(grad_accum, -1, *x.shape[1:]), tokens)
 
 
 def accumulate_gradients(
-    grad_fn: Callable, tokens: jax.Array, grad_accum: int, rng: jax.Array
+    grad_fn: Callable, tokens: PyTree, grad_accum: int, rng: jax.Array
 ):
   """Runs `grad_fn(tokens, rng) -> ((param_grads, fp8_grads), metrics)` over
   microbatches: parameter gradients and metrics are averaged, fp8 "gradients"
-  combined by `combine_overwrite_microbatches`.
+  combined by `combine_overwrite_microbatches`. `tokens` is a [B, ...] array
+  or a tree of them (e.g. tokens and `loss_weights`), split along B.
   """
   if grad_accum == 1:
     return grad_fn(tokens, rng)
   micro = split_microbatches(tokens, grad_accum)
   rngs = jax.random.split(rng, grad_accum)
-  (p0, o0), m0 = grad_fn(micro[0], rngs[0])
+  first = jax.tree.map(lambda x: x[0], micro)
+  rest = jax.tree.map(lambda x: x[1:], micro)
+  (p0, o0), m0 = grad_fn(first, rngs[0])
 
   def body(carry, xs):
     (p, o), m = carry
@@ -162,7 +196,7 @@ def accumulate_gradients(
         jax.tree.map(jnp.add, m, mi),
     ), None
 
-  ((p, o), m), _ = jax.lax.scan(body, ((p0, o0), m0), (micro[1:], rngs[1:]))
+  ((p, o), m), _ = jax.lax.scan(body, ((p0, o0), m0), (rest, rngs[1:]))
   scale = lambda t: jax.tree.map(lambda x: x / grad_accum, t)  # noqa: E731
   return (scale(p), o), scale(m)
 
@@ -245,10 +279,12 @@ def make_train_step(
     optimizer: optax.GradientTransformation,
     grad_accum: int = 1,
 ):
-  """A jittable `step(state, tokens, rng) -> (state, metrics)` for `model`
-  (a `Decoder`): optimizer update of params, fp8 state overwritten, routed
-  biases moved by their rule from the step's expert loads
-  (`decoder.routed_bias_rule`).
+  """A jittable `step(state, tokens, rng, mask=None) -> (state, metrics)`
+  for `model` (a `Decoder`): optimizer update of params, fp8 state
+  overwritten, routed biases moved by their rule from the step's expert
+  loads (`decoder.routed_bias_rule`). With `mask` (<bool>[B, S], True at
+  real ids) the cross-entropy counts only real targets (`loss_weights`);
+  without it, every position counts.
 
   A step whose loss or any gradient is non-finite leaves the state as it was
   but for `step` (advanced) and `skipped_steps` (counted); see
@@ -257,7 +293,9 @@ def make_train_step(
   """
   rate = model.config.moe.routed_bias_update_rate
 
-  def grad_fn(tokens, rng, params, fp8_state, rule_state):
+  def grad_fn(batch, rng, params, fp8_state, rule_state):
+    tokens, weights = batch if isinstance(batch, tuple) else (batch, None)
+
     def loss_fn(params, fp8_state):
       variables = {"params": params}
       if fp8_state:
@@ -265,19 +303,25 @@ def make_train_step(
       if rule_state:
         variables[UPDATED_BY_RULE] = rule_state
       logits, aux = model.apply(variables, tokens, rngs=rng_dict(rng))
-      return decoder_loss(logits, aux, tokens)
+      return decoder_loss(logits, aux, tokens, weights)
 
     grads, metrics = jax.grad(loss_fn, argnums=(0, 1), has_aux=True)(
         params, fp8_state
     )
     return grads, metrics
 
-  def step(state: TrainState, tokens: jax.Array, rng: jax.Array):
+  def step(
+      state: TrainState,
+      tokens: jax.Array,
+      rng: jax.Array,
+      mask: jax.Array | None = None,
+  ):
     fn = lambda t, r: grad_fn(  # noqa: E731
         t, r, state.params, state.fp8_state, state.rule_state
     )
+    batch = tokens if mask is None else (tokens, loss_weights(mask))
     (param_grads, fp8_grads), metrics = accumulate_gradients(
-        fn, tokens, grad_accum, rng
+        fn, batch, grad_accum, rng
     )
 
     def update(state: TrainState) -> TrainState:

@@ -1,0 +1,69 @@
+"""Held-out loss of the reference Linen decoder: summed next-token
+cross-entropy and the count of real targets, so that batches add up to the
+exact per-token mean (a mean of batch means would weigh a batch of padding
+like a full one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.variables import UPDATED_BY_RULE
+
+
+def variables_of(frontend: Any, state: Any) -> dict:
+  """The Linen variables of a train state of any front end.
+
+  Args:
+    frontend: a `TrainingFrontend` (`LinenFrontend`, `nnx_adapter.NNXFrontend`).
+    state: its train state (concrete or traced: works under `jit`).
+
+  Returns:
+    The dict of "params", and of the fp8 state and the routed biases when
+    there are any (what `Decoder.apply` takes).
+  """
+  variables = {"params": frontend.params(state)}
+  for collection, value in (
+      (OVERWRITE_WITH_GRADIENT, frontend.fp8_state(state)),
+      (UPDATED_BY_RULE, frontend.rule_state(state)),
+  ):
+    if value:
+      variables[collection] = value
+  return variables
+
+
+def make_eval_step(model: nn.Module):
+  """The held-out loss of `model`, as a jittable function.
+
+  `eval_step(variables, tokens, mask=None)` takes the decoder's variables
+  (`variables_of` a train state), tokens <int32>[B, S] and a mask <bool>[B, S]
+  True at real ids (None: all real; the target at t + 1 counts where t and
+  t + 1 are both real), and returns (<float32>[] the summed cross-entropy in
+  nats of the counted targets, <float32>[] how many there are): the mean
+  over many batches is the sum of the first over the sum of the second. It
+  is deterministic (no router jitter).
+
+  Args:
+    model: a `Decoder`.
+
+  Returns:
+    `eval_step`.
+  """
+
+  def eval_step(variables, tokens, mask=None):
+    logits, _ = model.apply(variables, tokens)
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    if mask is None:
+      weights = jnp.ones_like(picked)
+    else:
+      mask = jnp.asarray(mask, jnp.bool_)
+      weights = jnp.logical_and(mask[:, :-1], mask[:, 1:])
+      weights = weights.astype(jnp.float32)
+    return -jnp.sum(picked * weights), jnp.sum(weights)  # [B, S-1] -> []
+
+  return eval_step

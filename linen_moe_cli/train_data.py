@@ -1,0 +1,195 @@
+"""Where a `linen-moe train` run's batches come from, and its held-out loss.
+
+`MarkovSource`: the synthetic Markov tokens (the default), batch i a
+function of (seed + 1, i); the data position is the step. `CorpusSource`:
+the user's files (`--data`) through `linen_moe.data.DataPipeline`, each
+process reading only its rows of each global batch; the Grain iterator's
+state is saved with each checkpoint and restored on resume (on any process
+count with the same global batch). Both offer `sample`, `batches`, `meta`,
+`check_meta`, `restore` and `iterator` (the Grain iterator to save, or
+None). `Evaluator` computes the held-out loss of a train state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Iterator
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linen_moe import data
+from linen_moe import sharding
+from linen_moe import training
+from linen_moe._src.models.decoder import Decoder
+from linen_moe.tokens import validate_tokens
+from linen_moe_cli.options import TrainOptions
+
+# One step's batch: tokens <int32>[B, S] and the loss mask <bool>[B, S]
+# (None: every position is real, the step's unmasked loss).
+Batch = tuple[jax.Array, jax.Array | None]
+
+
+def tokenizer_path(opts: TrainOptions) -> str | None:
+  """`--tokenizer`, else the tokenizer.json of the Hugging Face checkpoint
+  the run starts from (`--init-from-hf DIR`, where the command has it),
+  else None."""
+  if opts.tokenizer is not None:
+    return opts.tokenizer
+  init_from = getattr(opts, "init_from_hf", None)
+  return data.find_tokenizer(init_from) if init_from else None
+
+
+def _other_data(where: str, saved: dict, here: str) -> ValueError:
+  there = saved.get("pipeline", {}).get("corpus", {}).get("files") or [
+      "synthetic Markov data"
+  ]
+  return ValueError(
+      f"Checkpoint {where} was trained on {there[0]}"
+      f"{f' (and {len(there) - 1} more files)' if len(there) > 1 else ''}, "
+      f"this run reads {here}; resume with the same data, or start a new "
+      "run."
+  )
+
+
+class MarkovSource:
+  """The synthetic Markov tokens (`linen_moe.training.MarkovData`)."""
+
+  iterator = None
+
+  def __init__(self, cfg, opts: TrainOptions, place: Callable):
+    self.data = training.MarkovData(cfg.vocab_size)
+    self.seed, self.opts, self.place = opts.seed + 1, opts, place
+    self.vocab_size = cfg.vocab_size
+    self.best_loss = self.data.best_loss
+    self.meta = {"kind": "markov", "seed": self.seed}
+
+  def batches(self, start: int) -> Iterator[Batch]:
+    """Batches `start`, `start + 1`, ...: batch i is a function of
+    (seed + 1, i)."""
+    for b in self.data.batches(
+        self.opts.batch_size, self.opts.seq_len, self.seed, start=start
+    ):
+      yield self.place(validate_tokens(b, self.vocab_size, name="batch")), None
+
+  def sample(self) -> jax.Array:
+    return next(self.batches(0))[0]
+
+  def check_meta(self, saved: dict, where: str) -> None:
+    if saved.get("kind", "markov") != "markov":
+      raise _other_data(where, saved, "synthetic Markov data (no --data)")
+
+  def restore(self, ckpts, step: int) -> None:
+    del ckpts, step  # the position is the step
+
+
+class CorpusSource:
+  """The user's files through a `linen_moe.data.DataPipeline`.
+
+  Attributes:
+    pipeline: the pipeline (its corpus read and checked: every error is
+      raised here, before any step).
+    rows: this process's rows of each global batch (None: one device).
+    iterator: the Grain iterator of the training batches.
+  """
+
+  best_loss = math.nan  # unknown for real data
+
+  def __init__(self, cfg, opts: TrainOptions, run: Any):
+    corpus = data.read_corpus(
+        opts.data,
+        format=opts.data_format,
+        tokenizer=tokenizer_path(opts),
+        dtype=opts.data_dtype,
+        vocab_size=cfg.vocab_size,
+        eod_id=opts.eod_id,
+    )
+    self.opts = opts
+    self.pipeline = data.DataPipeline(
+        corpus,
+        seq_len=opts.seq_len,
+        batch_size=opts.batch_size,
+        packing=opts.packing,
+        seed=opts.seed + 1,
+        eval_fraction=opts.eval_fraction,
+    )
+    self.sharding = None if run is None else run.token_sharding()
+    self.rows = None
+    if self.sharding is not None:
+      shape = (opts.batch_size, opts.seq_len)
+      self.rows = data.process_rows(self.sharding, shape)
+    self.eval_dataset = None
+    if opts.eval_every is not None:  # raises now if too few are held out
+      self.eval_dataset = self.pipeline.eval_dataset(
+          opts.eval_batches, self.rows
+      )
+    self.iterator = self.pipeline.train_iterator(self.rows)
+    self.meta = {"kind": "corpus", "pipeline": self.pipeline.describe()}
+
+  def place(self, local: dict[str, np.ndarray]) -> tuple[jax.Array, jax.Array]:
+    """(tokens, mask) global arrays from this process's rows."""
+    if self.sharding is None:
+      return jnp.asarray(local["tokens"]), jnp.asarray(local["mask"])
+    batch = data.global_batch(
+        local, self.rows, self.sharding, self.opts.batch_size
+    )
+    return batch["tokens"], batch["mask"]
+
+  def batches(self, start: int) -> Iterator[Batch]:
+    """The training batches from where the iterator is (global batch
+    `start`: 0, or where `restore` put it); packed batches come without a
+    mask (every position is real)."""
+    position = self.iterator.get_state().get("next_index")
+    if position != start:
+      raise ValueError(
+          f"the data iterator is at global batch {position}, not at step "
+          f"{start} where the run resumes."
+      )
+    padded = self.opts.packing == "pad"
+    for local in self.iterator:
+      tokens, mask = self.place(local)
+      yield tokens, mask if padded else None
+
+  def sample(self) -> jax.Array:
+    return self.place(self.pipeline.train_dataset(self.rows)[0])[0]
+
+  def check_meta(self, saved: dict, where: str) -> None:
+    if saved.get("kind") != "corpus":
+      raise _other_data(where, saved, self.pipeline.corpus.name)
+    self.pipeline.check_same(saved["pipeline"], where)
+
+  def restore(self, ckpts, step: int) -> None:
+    """Moves the iterator to the state saved with checkpoint `step`."""
+    self.iterator = ckpts.checkpoints.restore_data(self.iterator, step)
+
+
+class Evaluator:
+  """The held-out loss (nats per real target) of a train state, over the
+  same held-out batches every time."""
+
+  def __init__(self, cfg, fe, run, source: CorpusSource):
+    eval_step = training.make_eval_step(Decoder(cfg))
+
+    def fn(state, tokens, mask):
+      return eval_step(training.variables_of(fe, state), tokens, mask)
+
+    self.run = run
+    if run is None:
+      self._fn = jax.jit(fn)
+    else:  # read on every process: replicated
+      self._fn = jax.jit(fn, out_shardings=sharding.replicated(run.mesh))
+    self.batches = [source.place(b) for b in source.eval_dataset]
+
+  def __call__(self, state) -> float:
+    total, count = 0.0, 0.0
+    for tokens, mask in self.batches:
+      if self.run is None:
+        s, c = self._fn(state, tokens, mask)
+      else:
+        with self.run.context():
+          s, c = self._fn(state, tokens, mask)
+      total, count = total + float(s), count + float(c)
+    return total / max(count, 1.0)
