@@ -3,18 +3,18 @@
 Imported on its own (not by `import linen_moe`), so that orbax loads only
 when asked for."""
 
-from linen_moe._src.checkpoint import RUN_FIELDS
 from linen_moe._src.checkpoint import Checkpoints
 from linen_moe._src.checkpoint import DamagedCheckpointError
 from linen_moe._src.checkpoint import Restored
-from linen_moe._src.checkpoint import check_model_config
-from linen_moe._src.checkpoint import config_dict
-from linen_moe._src.checkpoint import config_from_dict
-from linen_moe._src.checkpoint import export
-from linen_moe._src.checkpoint import load_export
-from linen_moe._src.checkpoint import read_variables
-from linen_moe._src.checkpoint import rng_from_json
-from linen_moe._src.checkpoint import rng_to_json
+from linen_moe._src.checkpoint_export import export
+from linen_moe._src.checkpoint_export import load_export
+from linen_moe._src.checkpoint_export import read_variables
+from linen_moe._src.checkpoint_meta import RUN_FIELDS
+from linen_moe._src.checkpoint_meta import check_model_config
+from linen_moe._src.checkpoint_meta import config_dict
+from linen_moe._src.checkpoint_meta import config_from_dict
+from linen_moe._src.checkpoint_meta import rng_from_json
+from linen_moe._src.checkpoint_meta import rng_to_json
 from linen_moe._src.checkpoint_tree import VARIABLES
 from linen_moe._src.checkpoint_tree import abstract
 from linen_moe._src.checkpoint_tree import linen_path

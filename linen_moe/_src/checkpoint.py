@@ -45,146 +45,27 @@ from typing import Any
 
 from flax import traverse_util
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
 from linen_moe._src import layer_stack
+from linen_moe._src.checkpoint_meta import check_model_config
 from linen_moe._src.checkpoint_tree import FP8_PREFIX
-from linen_moe._src.checkpoint_tree import VARIABLES
 from linen_moe._src.checkpoint_tree import Path
 from linen_moe._src.checkpoint_tree import abstract
 from linen_moe._src.checkpoint_tree import layer_plan
 from linen_moe._src.checkpoint_tree import relayout_abstract
 from linen_moe._src.config import ModelConfig
-from linen_moe._src.config import MoEConfig
-from linen_moe._src.config import run_fields
 from linen_moe._src.data.checkpointing import IteratorCheckpointHandler
 from linen_moe._src.data.checkpointing import IteratorRestore
 from linen_moe._src.data.checkpointing import IteratorSave
 
 STATE, META, DATA = "state", "meta", "data"
 FORMAT_VERSION = 1
-# The config fields a restore may change: said on the fields themselves.
-RUN_FIELDS = run_fields()
 
 
 # Named after the public module, so users configure it by that name.
 _log = logging.getLogger("linen_moe.checkpoint")
-
-
-# ---------------------------------------------------------------- config ---
-
-
-def config_dict(config: ModelConfig) -> dict[str, Any]:
-  """The config as flat JSON values, named as `ModelConfig.replace` takes them.
-
-  Args:
-    config: the model config.
-
-  Returns:
-    The field values by name, the `moe` fields beside the decoder's, tuples
-    as lists.
-  """
-  fields = dataclasses.asdict(config)
-  flat = {**fields.pop("moe"), **fields}
-  return {k: list(v) if isinstance(v, tuple) else v for k, v in flat.items()}
-
-
-def config_from_dict(saved: Mapping[str, Any]) -> ModelConfig:
-  """The `ModelConfig` a `config_dict` describes.
-
-  Args:
-    saved: a `config_dict` (as a checkpoint's metadata holds it); a field
-      it lacks (added to the config since) has its default.
-
-  Returns:
-    The validated `ModelConfig`.
-
-  Raises:
-    ValueError: if a value is invalid (as the config constructors).
-    TypeError: if `saved` holds a key that is no config field, or lacks a
-      field without a default (`num_experts`, ...).
-  """
-  moe_names = {f.name for f in dataclasses.fields(MoEConfig)}
-  values = {**_field_defaults(), **saved}
-  moe = {k: v for k, v in values.items() if k in moe_names}
-  own = {k: v for k, v in values.items() if k not in moe_names}
-  tuples = {
-      k: tuple(v) for k, v in {**moe, **own}.items() if isinstance(v, list)
-  }
-  moe |= {k: v for k, v in tuples.items() if k in moe}
-  own |= {k: v for k, v in tuples.items() if k in own}
-  return ModelConfig(moe=MoEConfig(**moe), **own)
-
-
-def _field_defaults() -> dict[str, Any]:
-  """The JSON defaults of the config fields that have one."""
-  out = {}
-  for cls in (MoEConfig, ModelConfig):
-    for f in dataclasses.fields(cls):
-      if f.default is not dataclasses.MISSING:
-        value = f.default
-        out[f.name] = list(value) if isinstance(value, tuple) else value
-  return out
-
-
-def check_model_config(saved: Mapping[str, Any], config: ModelConfig, where):
-  """Checks that `config` is the model `saved` describes, but for `RUN_FIELDS`.
-
-  Args:
-    saved: a `config_dict`, as a checkpoint's metadata holds it.
-    config: the config of the model being restored into.
-    where: what to name in the error (the checkpoint's step directory).
-
-  Raises:
-    ValueError: naming every differing field (outside `RUN_FIELDS`) with its
-      value in the checkpoint and here.
-  """
-  current = config_dict(config)
-  # A field added after the checkpoint was written has its default there.
-  saved = {**_field_defaults(), **saved}
-  diffs = [
-      f"{k}={saved.get(k, '<absent>')!r} there, {current.get(k, '<absent>')!r}"
-      " here"
-      for k in sorted(set(saved) | set(current))
-      if k not in RUN_FIELDS and saved.get(k) != current.get(k)
-  ]
-  if diffs:
-    raise ValueError(
-        f"Checkpoint {where} was trained with another model config: "
-        f"{'; '.join(diffs)}. Only {sorted(RUN_FIELDS)} may change when a "
-        "run resumes."
-    )
-
-
-def rng_to_json(rng: jax.Array) -> dict[str, Any]:
-  """A typed PRNG key as JSON (its implementation and raw key data).
-
-  Args:
-    rng: a typed key (`jax.random.key`), of any shape.
-
-  Returns:
-    ``{"impl": name, "data": key data}``, the implementation's name and the
-    raw uint32 key data as nested lists.
-  """
-  return {
-      "impl": str(jax.random.key_impl(rng)),
-      "data": np.asarray(jax.random.key_data(rng)).tolist(),
-  }
-
-
-def rng_from_json(data: Mapping[str, Any]) -> jax.Array:
-  """The inverse of `rng_to_json`.
-
-  Args:
-    data: {"impl": ..., "data": ...} as `rng_to_json` writes it.
-
-  Returns:
-    The typed PRNG key.
-  """
-  raw = np.asarray(data["data"], np.uint32)
-  return jax.random.wrap_key_data(raw, impl=data["impl"])
 
 
 # ------------------------------------------------------------ checkpoints ---
@@ -643,153 +524,3 @@ class Checkpoints:
             )
           flat[path] = value
     return Restored(traverse_util.unflatten_dict(flat), step, meta, fresh)
-
-
-# ----------------------------------------------------------------- export ---
-
-EXPORT_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def export(
-    checkpoint_dir: str | os.PathLike,
-    out: str | os.PathLike,
-    *,
-    dtype: str | None = None,
-    step: int | None = None,
-) -> int:
-  """Writes the serving variables of a training checkpoint to `out`.
-
-  They are the checkpoint's `variables` (`params`, the fp8 scales and amax
-  histories, every other collection), what `Decoder.apply` takes: no
-  optimizer state, no step. With `dtype` (one of `EXPORT_DTYPES`) the
-  floating `params` are cast to it as they are read; fp8 state stays as
-  saved. `out` becomes an orbax checkpoint directory (`load_export` reads
-  it) whose metadata holds the model config and the step.
-
-  Args:
-    checkpoint_dir: a `Checkpoints` directory.
-    out: the export directory to create; must not exist.
-    dtype: cast the floating `params` to it (one of `EXPORT_DTYPES`); None
-      keeps them as saved.
-    step: the step to export; default the latest.
-
-  Returns:
-    The step exported.
-
-  Raises:
-    ValueError: if `dtype` is not in `EXPORT_DTYPES`, `out` exists,
-      `checkpoint_dir` does not exist or holds no checkpoint (of `step`).
-    DamagedCheckpointError: if the checkpoint cannot be read.
-  """
-  if dtype is not None and dtype not in EXPORT_DTYPES:
-    raise ValueError(
-        f"export: dtype={dtype!r} is invalid: allowed {EXPORT_DTYPES}."
-    )
-  out = os.path.abspath(os.fspath(out))
-  if os.path.exists(out):
-    raise ValueError(f"export: out={out} exists; an export never overwrites.")
-  variables, meta, step = _read_variables(checkpoint_dir, dtype, step)
-  checkpointer = ocp.StandardCheckpointer()
-  info = {
-      "model_config": meta.get("model_config"),
-      "step": step,
-      "source": meta["source"],
-      "params_dtype": dtype,
-  }
-  checkpointer.save(out, variables, custom_metadata=info)
-  checkpointer.wait_until_finished()
-  checkpointer.close()
-  return step
-
-
-def _read_variables(checkpoint_dir, dtype: str | None, step: int | None):
-  """(variables on the default device, meta + "source", step) of a
-  training checkpoint; floating params cast to `dtype` as they are read."""
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  with Checkpoints(checkpoint_dir, create=False) as ckpts:
-    step = ckpts._step(step)  # noqa: SLF001
-    meta = {**ckpts.meta(step), "source": ckpts.step_dir(step)}
-    target = {}
-    for path, leaf in ckpts.saved_leaves(step).items():
-      if path[0] != VARIABLES:
-        continue
-      cast = dtype and path[1] == "params"
-      cast = cast and jnp.issubdtype(leaf.dtype, jnp.floating)
-      target[path] = jax.ShapeDtypeStruct(
-          leaf.shape, dtype if cast else leaf.dtype, sharding=device
-      )
-    variables = ckpts.read(step, target)[VARIABLES]
-  return variables, meta, step
-
-
-def read_variables(
-    checkpoint_dir: str | os.PathLike,
-    *,
-    dtype: str | None = None,
-    step: int | None = None,
-) -> tuple[ModelConfig, dict, int]:
-  """The model of a training checkpoint: `(config, variables, step)`.
-
-  Args:
-    checkpoint_dir: a `Checkpoints` directory.
-    dtype: cast the floating `params` to it as they are read (one of
-      `EXPORT_DTYPES`; the config's `param_dtype` follows); None keeps them.
-    step: the step to read; default the latest.
-
-  Returns:
-    A triple (config, variables, step), the saved `ModelConfig` with
-    `scan_layers` set to the saved layer layout, the checkpoint's variables
-    (`params`, fp8 state, every other collection: what `Decoder.apply`
-    takes) on the default device, and the step read.
-
-  Raises:
-    ValueError: if `dtype` is not in `EXPORT_DTYPES`, the directory does not
-      exist or holds no checkpoint (of `step`), or the checkpoint is
-      damaged (`DamagedCheckpointError`).
-  """
-  if dtype is not None and dtype not in EXPORT_DTYPES:
-    raise ValueError(
-        f"read_variables: dtype={dtype!r} is invalid: allowed {EXPORT_DTYPES}."
-    )
-  variables, meta, step = _read_variables(checkpoint_dir, dtype, step)
-  config = config_from_dict(meta.get("model_config", {}))
-  plan = layer_plan(
-      traverse_util.flatten_dict(abstract(variables.get("params", {})))
-  )
-  if plan is not None:
-    config = config.replace(scan_layers=plan.scanned)
-  if dtype is not None:
-    config = config.replace(param_dtype=dtype)
-  return config, variables, step
-
-
-def load_export(path: str | os.PathLike) -> tuple[dict, dict]:
-  """Reads a checkpoint written by `export`, onto the default device.
-
-  Args:
-    path: the export directory.
-
-  Returns:
-    A pair (variables, metadata), the Linen variables (by collection) that
-    `Decoder.apply` takes and the export's metadata dict ("model_config",
-    "step", "source", "params_dtype").
-
-  Raises:
-    ValueError: if `path` cannot be read as an export.
-  """
-  path = os.path.abspath(os.fspath(path))
-  checkpointer = ocp.StandardCheckpointer()
-  try:
-    metadata = checkpointer.metadata(path)
-    shapes = jax.tree.map(
-        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype),
-        metadata.item_metadata.tree,
-    )
-    variables = checkpointer.restore(path, abstract(shapes))
-  except Exception as e:  # noqa: BLE001
-    raise ValueError(
-        f"Export {path} cannot be read ({type(e).__name__})."
-    ) from e
-  finally:
-    checkpointer.close()
-  return variables, dict(metadata.custom_metadata or {})
