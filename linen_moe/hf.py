@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints in and out: Mixtral and Qwen3-MoE.
+"""Hugging Face checkpoints in and out: Mixtral, Qwen3-MoE, DeepSeek-V3 and
+Gemma-4 (its text decoder).
 
     config, variables = hf.load_checkpoint("path/to/Mixtral-8x7B-v0.1")
     logits, aux = linen_moe.Decoder(config).apply(variables, tokens)

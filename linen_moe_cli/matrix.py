@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import testing
+from linen_moe._src.config import FAMILY_CONFIGS
 from linen_moe._src.config import PATHS
 from linen_moe._src.config import TINY_CONFIGS
 from linen_moe._src.config import load_model_config
@@ -39,6 +40,15 @@ PATH_TITLES = {
     "dense_dropping": "dense + dropping",
 }
 CONFIGS = TINY_CONFIGS
+# The whole-model families (`FAMILY_CONFIGS`), each in every quantization
+# mode on one (path, layers, front end): the fewest cells that show every
+# mode trains each (8 beside the 192 of the product; the layer's paths are
+# the product's).
+FAMILY_CELLS = {
+    "tiny_deepseek_v3_mla": ("sparse", "scanned", "linen"),
+    "tiny_gemma4_text": ("dense", "unrolled", "nnx"),
+}
+assert tuple(FAMILY_CELLS) == FAMILY_CONFIGS
 MATRIX_LEARNING_RATE = 1e-3
 # The element types a compiled training step must feed its contractions.
 EXPECTED_TYPES = {name: mode.hlo_types for name, mode in MODES.items()}
@@ -209,6 +219,14 @@ def cells(
   return [
       Cell(config, quant, path, layer, fe)
       for config, fe, layer, quant, path in product
+  ]
+
+
+def family_cells(quantizations=QUANTIZATIONS) -> list[list[Cell]]:
+  """One group per family config: its cells in every mode (`FAMILY_CELLS`)."""
+  return [
+      [Cell(config, q, path, layers, fe) for q in quantizations]
+      for config, (path, layers, fe) in FAMILY_CELLS.items()
   ]
 
 

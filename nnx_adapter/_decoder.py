@@ -117,9 +117,9 @@ class Decoder(nnx.Module):
     # The Linen decoder's embedding (initialiser, axis names); input scale
     # in `__call__`.
     self.embed = EagerToNNX(linen_decoder.embedding(config), tokens, rngs=rngs)
-    plan, kinds = config.stack_plan, config.layer_kinds
+    plan, kinds = config.stack_plan, config.block_kinds
     for i in plan.before + plan.after:
-      block = DecoderBlock(config, decode, kinds[i])
+      block = DecoderBlock(config, decode, *kinds[i])
       setattr(
           self,
           layer_stack.layer_name(i),

@@ -49,9 +49,18 @@ def main() -> None:
     state, metrics = step(state, jnp.asarray(next(data)), jax.random.key(i))
     print(f"step {i}: loss {float(metrics['loss']):.4f}")
   trained = {"params": state.params}
+  if state.rule_state:  # DeepSeek's routed biases, Gemma-4's layer scalars
+    trained["updated_by_rule"] = state.rule_state
   before = variables["params"]["embed"]["embedding"]
   moved = float(jnp.abs(state.params["embed"]["embedding"] - before).max())
   print(f"embedding moved by up to {moved:.3g}")
+  if state.rule_state:
+    rule = jax.tree.map(
+        lambda a, b: float(jnp.abs(a - b).max()),
+        variables["updated_by_rule"],
+        state.rule_state,
+    )
+    print(f"updated_by_rule moved by up to {max(jax.tree.leaves(rule)):.3g}")
   hf.save_checkpoint(config, trained, args.out / "checkpoint")
   ids = np.load(args.fixture / "input_ids.npy")
   float_config = config.replace(quantization="none")

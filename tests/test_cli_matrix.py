@@ -68,6 +68,26 @@ class MatrixTest(parameterized.TestCase):
     _check(self, matrix.Cell(config, quant, path, layers, frontend))
 
 
+class FamilyMatrixTest(parameterized.TestCase):
+  """The whole-model families (tiny DeepSeek-V3 with MLA, tiny Gemma-4) on
+  their matrix cells: two modes here, every mode in the slow set."""
+
+  @parameterized.parameters(
+      ("tiny_deepseek_v3_mla", "fp8"), ("tiny_gemma4_text", "int8")
+  )
+  def test_cell_trains(self, config, quant):
+    path, layers, fe = matrix.FAMILY_CELLS[config]
+    _check(self, matrix.Cell(config, quant, path, layers, fe))
+
+
+@testing.slow
+class FamilyMatrixFullTest(parameterized.TestCase):
+
+  @parameterized.parameters(*[c for g in matrix.family_cells() for c in g])
+  def test_cell_trains(self, cell):
+    _check(self, cell)
+
+
 class MatrixChecksCanFailTest(absltest.TestCase):
 
   def test_missing_quantized_types_fail_the_cell(self):

@@ -30,9 +30,14 @@ RELEASED = {
         emb_dim=4096,
         moe_mlp_dim=14336,
         mlp_activations=("silu", "linear"),
-        routing="topk_then_softmax",
+        # transformers' softmax over every expert, top-k, renormalised: the
+        # softmax of the top-k logits.
+        routing="softmax_then_topk",
+        norm_topk_prob=True,
         shared_experts=0,
-        load_balance_loss_weight=0.02,
+        # router_aux_loss_coef 0.02, but output_router_logits false: no
+        # auxiliary loss in transformers' loss.
+        load_balance_loss_weight=0.0,
         vocab_size=32000,
         num_layers=32,
         num_heads=32,
@@ -79,7 +84,8 @@ RELEASED = {
         routing="softmax_then_topk",
         norm_topk_prob=True,
         shared_experts=0,
-        load_balance_loss_weight=0.001,
+        load_balance_loss_weight=0.0,  # as Mixtral's: output_router_logits
+        # is false in its config.json.
         vocab_size=151936,
         num_layers=48,
         num_heads=32,
@@ -108,6 +114,14 @@ STRUCTURE = (
 def _field(cfg, name):
   """A field of a ModelConfig, looked up on its MoEConfig when it is one."""
   return getattr(cfg.moe if hasattr(cfg.moe, name) else cfg, name)
+
+
+def _routing(cfg) -> tuple[str, bool]:
+  """(routing, renormalised) as computed: top-k then softmax is the softmax
+  over every expert, top-k, renormalised."""
+  if cfg.moe.routing == "topk_then_softmax":
+    return ("softmax_then_topk", True)
+  return (cfg.moe.routing, cfg.moe.norm_topk_prob)
 
 
 class ConfigValidationTest(parameterized.TestCase):
@@ -261,6 +275,56 @@ class ConfigValidationTest(parameterized.TestCase):
       MoEConfig(**GOOD).replace(num_expert=4)
 
 
+class FamilyFieldsValidationTest(parameterized.TestCase):
+  """The fields of DeepSeek-V3's and Gemma-4's attention and blocks: a bad
+  value is a ValueError naming the field, its value and what is allowed."""
+
+  @parameterized.named_parameters(
+      ("unknown_rope_type", dict(rope_type="linear"), r"rope_type='linear'"
+       r".*allowed \('default', 'yarn'\)"),
+      ("yarn_without_length", dict(rope_original_max_len=0),
+       r"rope_original_max_len=0 .*YaRN needs"),
+      ("mla_grouped_kv", dict(num_kv_heads=2),
+       r"num_kv_heads=2 .*MLA expands keys and values to every head"),
+      ("odd_rope_width", dict(qk_rope_head_dim=3),
+       r"qk_rope_head_dim=3 .*even width"),
+      ("interleave_not_bool", dict(rope_interleave="yes"),
+       r"rope_interleave='yes' .*expected a bool"),
+      ("negative_rank", dict(q_lora_rank=-1),
+       r"q_lora_rank=-1 .*integer >= 0"),
+  )  # fmt: skip
+  def test_deepseek(self, change, pattern):
+    config = load_model_config("tiny_deepseek_v3_mla")
+    with self.assertRaisesRegex(ValueError, "ModelConfig." + pattern):
+      config.replace(**change)
+
+  @parameterized.named_parameters(
+      ("full_layer_out_of_range", dict(full_attention_layers=(1, 9)),
+       r"full_attention_layers=\(1, 9\) .*\[0, num_layers=4\)"),
+      ("full_fields_without_full_layers", dict(full_attention_layers=()),
+       r"full_head_dim=16 .*there are none"),
+      ("rope_fraction_above_one", dict(full_rope_fraction=1.5),
+       r"full_rope_fraction=1.5 .*\(0, 1\]"),
+      ("shared_pre_norm_alone", dict(post_moe_norms=False),
+       r"shared_pre_norm=True .*needs post_moe_norms"),
+      ("negative_softcap", dict(final_logit_softcap=-1.0),
+       r"final_logit_softcap=-1.0 .*>= 0"),
+      ("yarn_beside_full_layers",
+       dict(rope_type="yarn", rope_original_max_len=8),
+       r"rope_type='yarn' .*only 'default' beside them"),
+  )  # fmt: skip
+  def test_gemma4(self, change, pattern):
+    config = load_model_config("tiny_gemma4_text")
+    with self.assertRaisesRegex(ValueError, "ModelConfig." + pattern):
+      config.replace(**change)
+
+  def test_mla_fields_need_mla(self):
+    with self.assertRaisesRegex(
+        ValueError, r"q_lora_rank=4 .*needs kv_lora_rank > 0"
+    ):
+      load_model_config("tiny_mixtral").replace(q_lora_rank=4)
+
+
 class LoadConfigTest(parameterized.TestCase):
 
   def test_shipped_configs_load_as_written(self):
@@ -288,7 +352,10 @@ class LoadConfigTest(parameterized.TestCase):
   @parameterized.parameters(*TINY_OF.items())
   def test_tiny_configs_mirror_their_release(self, tiny, released):
     small, full = load_model_config(tiny), load_model_config(released)
+    self.assertEqual(_routing(small), _routing(full), tiny)
     for field in (*STRUCTURE, "router_input_norm", "post_moe_norms"):
+      if field in ("routing", "norm_topk_prob"):
+        continue
       self.assertEqual(
           _field(small, field), _field(full, field), f"{tiny}: {field}"
       )

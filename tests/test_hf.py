@@ -1,53 +1,58 @@
 """Hugging Face checkpoints against transformers' own numbers.
 
 The fixtures (tests/fixtures/hf, written by scripts/make_hf_fixtures.py with
-transformers 5.24) hold tiny random Mixtral and Qwen3-MoE checkpoints and
-transformers' logits and greedy continuations for them; neither torch nor
-transformers runs here.
+transformers 5.24) hold tiny random Mixtral, Qwen3-MoE, DeepSeek-V3 and
+Gemma-4 checkpoints and transformers' logits and greedy continuations for
+them; neither torch nor transformers runs here.
 
 The default run loads each fixture once and spreads the (layers x front
 end x path) combinations over them so that every value of every axis is
-covered; `SlowProductTest` runs the whole product.
+covered in each family; `SlowProductTest` runs the whole product. What is
+particular to DeepSeek-V3 and Gemma-4 is in tests/test_hf_families.py.
 """
-
-import functools
-import json
-import pathlib
 
 from absl.testing import absltest
 from absl.testing import parameterized
-from flax import nnx
-import jax
 import numpy as np
 
-from linen_moe import PATHS
-from linen_moe import Decoder
-from linen_moe import decoding
-from linen_moe import hf
 from linen_moe import testing
-import nnx_adapter
+from tests.hf_helpers import ATOL
+from tests.hf_helpers import fixture as _fixture
+from tests.hf_helpers import generate as _generate
+from tests.hf_helpers import load as _load
+from tests.hf_helpers import logits as _logits
 
-FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 NAMES = (
     "mixtral_gqa_swa",
     "mixtral_gqa_swa_fused",
     "mixtral_tied_sharded",
     "qwen3_moe_dense0_norm",
     "qwen3_moe_step2_nonorm_tied",
+    "deepseek_v3_qlora_yarn_groups",
+    "deepseek_v3_plain_nogroup",
+    "gemma4_text_moe_keqv",
+    "gemma4_text_moe_untied",
+    "gemma4_conditional_text",
 )
 # fixture -> (scanned, front end, path) of the default run: scanned and
 # unrolled, Linen and NNX, sparse and dense each at least twice; the
 # scanned Qwen3 fixtures are a dense prefix + MoE stack and a scanned
-# (dense, MoE) group.
+# (dense, MoE) group. DeepSeek-V3 and Gemma-4 likewise per family: scanned,
+# the DeepSeek fixture is an unrolled dense layer + a MoE stack, Gemma-4
+# keqv a scanned (sliding, full) group, untied a sliding stack + an
+# unrolled full layer.
 DEFAULT = {
     "mixtral_gqa_swa": (True, "linen", "sparse"),
     "mixtral_gqa_swa_fused": (False, "nnx", "dense"),
     "mixtral_tied_sharded": (False, "linen", "dense"),
     "qwen3_moe_dense0_norm": (True, "nnx", "sparse"),
     "qwen3_moe_step2_nonorm_tied": (True, "linen", "dense"),
+    "deepseek_v3_qlora_yarn_groups": (True, "linen", "sparse"),
+    "deepseek_v3_plain_nogroup": (False, "nnx", "dense"),
+    "gemma4_text_moe_keqv": (True, "nnx", "sparse"),
+    "gemma4_text_moe_untied": (True, "linen", "dense"),
+    "gemma4_conditional_text": (False, "linen", "sparse"),
 }
-# float32 against transformers' float32 logits (max abs over the vocab).
-ATOL = 1e-4
 # bfloat16 weights and activations against transformers' float32 logits:
 # bf16 keeps 8 significant bits (relative rounding 2^-9), and each layer
 # rounds its weights, every activation and the residual stream a dozen
@@ -67,41 +72,6 @@ SERVING_REL = {"int8": 0.04, "fp8": 0.12, "nanoo_fp8": 0.12}
 _rel = testing.rel_err
 
 
-@functools.cache
-def _fixture(name: str):
-  d = FIXTURES / name
-  meta = json.loads((d / "meta.json").read_text())
-  return (
-      np.load(d / "input_ids.npy"),
-      np.load(d / "logits.npy"),
-      np.load(d / "generate.npy"),
-      meta["prompt_len"],
-  )
-
-
-@functools.cache
-def _load(name: str, scan: bool, path: str = "sparse", **kwargs):
-  config, variables = hf.load_checkpoint(
-      FIXTURES / name, scan_layers=scan, **kwargs
-  )
-  return config.replace(**PATHS[path]), variables
-
-
-def _logits(config, variables, frontend: str, ids) -> np.ndarray:
-  if frontend == "linen":
-    forward = jax.jit(lambda v, t: Decoder(config).apply(v, t)[0])
-    return np.asarray(forward(variables, ids))
-  model = nnx_adapter.Decoder.from_linen(config, variables)
-  return np.asarray(nnx.jit(lambda m, t: m(t)[0])(model, ids))
-
-
-def _generate(config, variables, frontend: str, prompt, n) -> np.ndarray:
-  if frontend == "linen":
-    return np.asarray(decoding.greedy_generate(config, variables, prompt, n))
-  model = nnx_adapter.Decoder.from_linen(config, variables)
-  return np.asarray(nnx_adapter.greedy_generate(model, prompt, n))
-
-
 class LogitsTest(parameterized.TestCase):
 
   @parameterized.parameters(*DEFAULT.items())
@@ -115,6 +85,10 @@ class LogitsTest(parameterized.TestCase):
   @parameterized.parameters(
       ("mixtral_gqa_swa", "linen"),  # the sliding window over the cache
       ("qwen3_moe_step2_nonorm_tied", "nnx"),  # a scanned (dense, MoE) group
+      # MLA's latent cache read in the absorbed form; YaRN.
+      ("deepseek_v3_qlora_yarn_groups", "linen"),
+      # sliding layers over the cache, k_eq_v full layers, a scanned group.
+      ("gemma4_text_moe_keqv", "nnx"),
   )
   def test_greedy_with_cache_equals_generate(self, name, frontend):
     _, _, expected, prompt_len = _fixture(name)

@@ -10,7 +10,6 @@ import json
 import pathlib
 import shutil
 import tempfile
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -26,6 +25,7 @@ from linen_moe import serving
 from linen_moe._src.hf.safetensors_io import Checkpoint
 import nnx_adapter
 from tests import workers
+from tests.hf_helpers import forbid_data_reads
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 # The released models' config.json files (configs/hf/ in the repository),
@@ -202,11 +202,7 @@ class BadInputTest(absltest.TestCase):
   def setUp(self):
     super().setUp()
     self.tmp = _tempdir(self)
-    patcher = mock.patch.object(
-        Checkpoint, "read_rows", side_effect=AssertionError("data was read")
-    )
-    patcher.start()
-    self.addCleanup(patcher.stop)
+    forbid_data_reads(self)
 
   def assert_fails(self, d, pattern, **kwargs):
     with self.assertRaisesRegex(ValueError, pattern):
@@ -218,7 +214,8 @@ class BadInputTest(absltest.TestCase):
         (
             {"model_type": "llama"},
             r"model_type='llama' is not supported; supported model types are"
-            r" \['mixtral', 'qwen3_moe'\]",
+            r" \['deepseek_v3', 'gemma4', 'gemma4_text', 'mixtral',"
+            r" 'qwen3_moe'\]",
         ),
         (
             {

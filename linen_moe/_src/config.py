@@ -21,6 +21,7 @@ import yaml
 # available_configs(). The activations and grouped matmuls (which import
 # jax) are read when a config is validated, the layer stack when asked for;
 # the quantization modes' table and the traffic model import none.
+from linen_moe._src import decoder_fields
 from linen_moe._src import ep_traffic
 from linen_moe._src.quantization_modes import QUANTIZATIONS
 from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS
@@ -50,6 +51,10 @@ TINY_CONFIGS = (
     "tiny_deepseek_v3",
     "tiny_qwen3_moe",
 )
+# Tiny whole DeepSeek-V3 and Gemma-4 decoders (their attention and blocks,
+# which the MoE-layer shapes above lack), derived from the Hugging Face
+# fixtures (scripts/make_hf_configs.py).
+FAMILY_CONFIGS = ("tiny_deepseek_v3_mla", "tiny_gemma4_text")
 
 
 # Float fields (ints accepted, stored as floats); all must be finite.
@@ -455,6 +460,56 @@ class ModelConfig:
       `mlp_only_layers` and `decoder_sparse_step`, DeepSeek's first dense
       layers).
     dense_mlp_dim: F, the hidden width of the dense layers' MLP.
+    kv_lora_rank: R > 0: multi-head latent attention (DeepSeek-V2/V3,
+      `linen_moe._src.models.mla`): keys and values expand from a normed
+      latent of width R that, with one rotary key head, is all the KV cache
+      keeps; 0: the attention of `attention.py`.
+    q_lora_rank: MLA: the query through a normed low-rank latent of this
+      width (0 = one projection).
+    qk_nope_head_dim: MLA: the query / key dims without position.
+    qk_rope_head_dim: MLA: the rotary query / key dims (one key head shared
+      by every head).
+    v_head_dim: MLA: the value head width.
+    rope_interleave: rotate the adjacent lanes (2i, 2i + 1) of a head
+      together (DeepSeek's `rope_interleave`) instead of (i, i + D/2).
+    rope_type: "default" or "yarn" (YaRN's frequencies and cos / sin factor,
+      transformers' `_compute_yarn_parameters`).
+    rope_factor: YaRN's context extension factor (s > 1).
+    rope_original_max_len: YaRN: the pretraining context length.
+    rope_beta_fast: YaRN: rotations below which a frequency is interpolated.
+    rope_beta_slow: YaRN: rotations above which a frequency is kept.
+    rope_mscale: YaRN's `mscale` m and
+    rope_mscale_all_dim: its `mscale_all_dim` m': cos and sin are multiplied
+      by g(m) / g(m') when both are set, else by g(1), g(x) = 0.1 x
+      ln(rope_factor) + 1 (0 = not set). MLA also multiplies its softmax
+      scale by g(m') ** 2 (DeepSeek's correction).
+    attention_scale: the softmax scale of the attention logits (0 = one
+      over the square root of the query / key head width, with MLA's YaRN
+      correction).
+    full_attention_layers: the layers that attend over the whole causal past
+      while the others keep `sliding_window` (Gemma-4's "full_attention"
+      layers), each with the geometry of the `full_` fields.
+    full_head_dim: the head width of the full-attention layers (0 = head_dim).
+    full_kv_heads: their key / value heads (0 = the other layers').
+    full_rope_base: their RoPE base (0 = rope_max_wavelength).
+    full_rope_fraction: their rotary share: Gemma-4's "proportional" RoPE,
+      frequencies base ** (-2i / D) for i < int(fraction * D / 2) and 0 (no
+      rotation) above, D the head width (1 = every pair rotates).
+    full_k_eq_v: the full-attention layers have no value projection: the
+      values are the raw key projection (before its norm and the rotary
+      embedding).
+    value_norm: RMS-normalise each value head, without a weight (Gemma-4).
+    post_attention_norm: RMS-normalise the attention output before the
+      residual (`post_attention_norm`).
+    post_mlp_norm: RMS-normalise a block's MLP output (routed + shared)
+      before the residual (`post_mlp_norm`).
+    shared_pre_norm: with `post_moe_norms`, the shared experts read their own
+      pre-norm of the residual (`pre_shared_norm`; Gemma-4's dense MLP
+      beside the experts) instead of the routed experts'.
+    layer_scalar: multiply each block's output stream by a saved scalar
+      `layer_scalar` [1] (collection `updated_by_rule`, never trained, as
+      Gemma-4's buffer).
+    final_logit_softcap: c > 0: logits = c * tanh(logits / c) (0 = off).
 
   Example usage:
     cfg = load_model_config("tiny_mixtral", scan_layers=False)
@@ -488,6 +543,32 @@ class ModelConfig:
   sliding_window: int = 0
   dense_layers: tuple[int, ...] = ()
   dense_mlp_dim: int = 0
+  kv_lora_rank: int = 0
+  q_lora_rank: int = 0
+  qk_nope_head_dim: int = 0
+  qk_rope_head_dim: int = 0
+  v_head_dim: int = 0
+  rope_interleave: bool = False
+  rope_type: str = "default"
+  rope_factor: float = 1.0
+  rope_original_max_len: int = 0
+  rope_beta_fast: float = 32.0
+  rope_beta_slow: float = 1.0
+  rope_mscale: float = 0.0
+  rope_mscale_all_dim: float = 0.0
+  attention_scale: float = 0.0
+  full_attention_layers: tuple[int, ...] = ()
+  full_head_dim: int = 0
+  full_kv_heads: int = 0
+  full_rope_base: float = 0.0
+  full_rope_fraction: float = 1.0
+  full_k_eq_v: bool = False
+  value_norm: bool = False
+  post_attention_norm: bool = False
+  post_mlp_norm: bool = False
+  shared_pre_norm: bool = False
+  layer_scalar: bool = False
+  final_logit_softcap: float = 0.0
 
   def __post_init__(self):
     if not isinstance(self.moe, MoEConfig):
@@ -507,14 +588,16 @@ class ModelConfig:
           f"must divide num_heads={self.num_heads}",
       )
     self._check_dense_layers()
-    if self.head_dim == 0 and self.moe.emb_dim % self.num_heads:
+    decoder_fields.check(self, _fail)
+    mla = self.kv_lora_rank > 0  # MLA has head widths of its own
+    if not mla and self.head_dim == 0 and self.moe.emb_dim % self.num_heads:
       _fail(
           "ModelConfig",
           "num_heads",
           self.num_heads,
           f"must divide emb_dim={self.moe.emb_dim} when head_dim is 0",
       )
-    if self.resolved_head_dim % 2:
+    if not mla and self.resolved_head_dim % 2:
       _fail(
           "ModelConfig",
           "head_dim",
@@ -577,6 +660,13 @@ class ModelConfig:
     return self.num_kv_heads or self.num_heads
 
   @property
+  def block_kinds(self) -> tuple[tuple[str, bool], ...]:
+    """Each layer's (MLP kind, full attention): what makes its block's
+    variables differ from another's (`stack_plan` stacks equal ones)."""
+    full = set(self.full_attention_layers)
+    return tuple((k, i in full) for i, k in enumerate(self.layer_kinds))
+
+  @property
   def layer_kinds(self) -> tuple[str, ...]:
     """Each layer's block: "dense" (a dense MLP) or "moe"."""
     dense = set(self.dense_layers)
@@ -591,7 +681,7 @@ class ModelConfig:
     `scan_layers`."""
     from linen_moe._src import layer_stack  # noqa: PLC0415
 
-    return layer_stack.StackPlan.for_kinds(self.layer_kinds, self.scan_layers)
+    return layer_stack.StackPlan.for_kinds(self.block_kinds, self.scan_layers)
 
   @property
   def shared_in_moe(self) -> bool:

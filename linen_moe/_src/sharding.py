@@ -63,6 +63,7 @@ DEFAULT_RULES: Rules = (
     ("mlp", "tensor"),
     ("heads", "tensor"),
     ("kv", None),
+    ("latent", None),
     ("vocab", "tensor"),
     ("router", None),
     ("norm", None),

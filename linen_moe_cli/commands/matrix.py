@@ -34,7 +34,10 @@ def register(subparsers) -> None:
   p.add_argument(
       "--all",
       action="store_true",
-      help="every config x front end x layers (ignores the rest)",
+      help=(
+          "every config x front end x layers, and the whole-model families"
+          " (tiny DeepSeek-V3, Gemma-4) in every mode (ignores the rest)"
+      ),
   )
   p.add_argument(
       "--fast-compile",
@@ -81,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
       for fe in fes
       for layer in layers
   ]
+  if args.all:
+    groups += matrix.family_cells(quantizations)
   results = []
   for group in matrix.run_cells(groups, args.workers):
     results.extend(group)

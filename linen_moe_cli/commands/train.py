@@ -115,7 +115,8 @@ def register(subparsers) -> None:
       default=None,
       metavar="DIR",
       help=(
-          "fine-tune a Hugging Face checkpoint (Mixtral, Qwen3-MoE): its "
+          "fine-tune a Hugging Face checkpoint (Mixtral, Qwen3-MoE, "
+          "DeepSeek-V3, Gemma-4): its "
           "config.json is the model (--config is not read; --quantization, "
           "--layers, the path flags and --set of run fields apply), on "
           "synthetic data over its vocabulary unless --data is given (text "

@@ -20,30 +20,17 @@ from typing import Any
 
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.config import MoEConfig
+from linen_moe._src.hf import fields
 from linen_moe._src.hf.families import FAMILIES
 from linen_moe._src.hf.families import Family
+from linen_moe._src.hf.fields import ACTIVATIONS
+from linen_moe._src.hf.fields import DTYPES  # noqa: F401 (load, save)
+from linen_moe._src.hf.fields import NO_EFFECT as _NO_EFFECT
 
-# Fields that change nothing we compute (generation defaults, bookkeeping,
-# the position limit that "default" RoPE never reads).
-_NO_EFFECT = frozenset({
-    "_name_or_path",
-    "architectures",
-    "model_type",
-    "transformers_version",
-    "use_cache",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "initializer_range",
-    "max_position_embeddings",
-    "output_attentions",
-    "output_hidden_states",
-    "return_dict",
-    "torchscript",
-    "id2label",
-    "label2id",
-    "tokenizer_class",
-})
+_error, _int, _zero = fields.error, fields.read_int, fields.zero
+_dtype = fields.dtype_of
+_ACTIVATION_NAMES = fields.ACTIVATION_NAMES
+
 # Fields every family here reads the same way.
 _COMMON = frozenset({
     "vocab_size",
@@ -68,25 +55,22 @@ _COMMON = frozenset({
     "dtype",
     "torch_dtype",
 })
-# transformers' `hidden_act` -> our expert activation, and back.
-ACTIVATIONS = {
-    "silu": "silu",
-    "swish": "silu",
-    "gelu_pytorch_tanh": "gelu",
-    "gelu_new": "gelu",
-    "gelu": "gelu_exact",
-    "relu": "relu",
-}
-_ACTIVATION_NAMES = {"silu": "silu", "gelu": "gelu_pytorch_tanh"}
-_ACTIVATION_NAMES |= {"gelu_exact": "gelu", "relu": "relu"}
-DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 _ROPE_KEYS = frozenset({"rope_type", "type", "rope_theta"})
-
-
-def _error(field: str, value: Any, expected: str) -> ValueError:
-  return ValueError(
-      f"config.json: {field}={value!r} is not supported: {expected}."
-  )
+# The ModelConfig fields of the families with a codec of their own, which
+# Mixtral and Qwen3-MoE keep at their defaults.
+_NEWER_FIELDS = (
+    "kv_lora_rank",
+    "rope_interleave",
+    "rope_type",
+    "attention_scale",
+    "full_attention_layers",
+    "value_norm",
+    "post_attention_norm",
+    "post_mlp_norm",
+    "shared_pre_norm",
+    "layer_scalar",
+    "final_logit_softcap",
+)
 
 
 def family_of(hf: Mapping[str, Any]) -> Family:
@@ -99,19 +83,6 @@ def family_of(hf: Mapping[str, Any]) -> Family:
         f"model types are {sorted(FAMILIES)}."
     )
   return FAMILIES[model_type]
-
-
-def _int(hf, field, default=None, minimum=1) -> int:
-  value = hf.get(field, default)
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise _error(field, value, f"expected an integer >= {minimum}")
-  return value
-
-
-def _zero(hf, field) -> None:
-  value = hf.get(field, 0) or 0
-  if value != 0:
-    raise _error(field, value, "only 0 is implemented")
 
 
 def _rope_theta(hf, family: Family) -> float:
@@ -140,13 +111,6 @@ def _rope_theta(hf, family: Family) -> float:
   if isinstance(theta, bool) or not isinstance(theta, (int, float)):
     raise _error("rope_theta", theta, "expected a number")
   return float(theta)
-
-
-def _dtype(hf) -> str:
-  value = hf.get("dtype") or hf.get("torch_dtype") or "float32"
-  if value not in DTYPES:
-    raise _error("dtype", value, f"expected one of {sorted(DTYPES)}")
-  return DTYPES[value]
 
 
 def _dense_layers(hf, family: Family, num_layers: int) -> tuple[int, ...]:
@@ -197,6 +161,8 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
   if not isinstance(hf, Mapping):
     raise TypeError(f"config.json must be a mapping; got {type(hf).__name__}.")
   family = family_of(hf)
+  if family.codec is not None:
+    return family.codec.model_config(hf)
   known = set(_NO_EFFECT | _COMMON | set(family.fields))
   known |= {family.expert_width_field}
   if family.dense_width_field:
@@ -280,6 +246,10 @@ def _unsupported(config: ModelConfig, family: Family) -> list[str]:
     if not ok:
       bad.append(what)
 
+  defaults = ModelConfig(moe=moe)
+  for name in _NEWER_FIELDS:  # DeepSeek-V3's and Gemma-4's
+    value = getattr(config, name)
+    need(value == getattr(defaults, name), f"{name}={value!r}")
   need(not config.scale_embeddings, "scale_embeddings=True")
   need(not config.router_input_norm, "router_input_norm=True")
   need(not config.post_moe_norms, "post_moe_norms=True")
@@ -310,11 +280,25 @@ def _unsupported(config: ModelConfig, family: Family) -> list[str]:
   return bad
 
 
+def _candidate(config: ModelConfig) -> Family:
+  """The one family that could express `config`: multi-head latent
+  attention is DeepSeek-V3's; Gemma-4's block (post-MoE norms) Gemma-4's;
+  q/k norms Qwen3-MoE's; else Mixtral's."""
+  if config.kv_lora_rank:
+    return FAMILIES["deepseek_v3"]
+  if config.post_moe_norms:
+    return FAMILIES["gemma4_text"]
+  return FAMILIES["qwen3_moe" if config.qk_norm else "mixtral"]
+
+
 def family_for(config: ModelConfig) -> Family:
-  """The family that expresses `config` (q/k norms: Qwen3-MoE; else
-  Mixtral), or a ValueError naming what no family expresses."""
-  family = FAMILIES["qwen3_moe" if config.qk_norm else "mixtral"]
-  bad = _unsupported(config, family)
+  """The family that expresses `config` (see `_candidate`), or a
+  ValueError naming what no family expresses."""
+  family = _candidate(config)
+  if family.codec is not None:
+    bad = family.codec.unsupported(config)
+  else:
+    bad = _unsupported(config, family)
   if bad:
     raise ValueError(
         f"This ModelConfig has no Hugging Face form: as {family.model_type} "
@@ -327,6 +311,8 @@ def hf_config(config: ModelConfig, dtype: str) -> dict[str, Any]:
   """config.json (transformers 5 style) of a `ModelConfig` with weights in
   `dtype`; raises ValueError when no family expresses `config`."""
   family = family_for(config)
+  if family.codec is not None:
+    return family.codec.hf_config(config, dtype)
   moe = config.moe
   renormalised = moe.routing == "topk_then_softmax" or moe.norm_topk_prob
   out = {

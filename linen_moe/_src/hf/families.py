@@ -10,6 +10,10 @@ projections on disk. Everything they compute alike is in `config_map` and
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+
+from linen_moe._src.hf import deepseek
+from linen_moe._src.hf import gemma4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +36,15 @@ class Family:
       renormalised when config.json does not say (`norm_topk_prob`).
     fields: the family's own config fields besides the common ones,
       each handled by `config_map`.
+    prefix: the text decoder's tensors are named `{prefix}layers.N...`
+      (`lm_head.weight` apart).
+    codec: the family's own config.json mapping, a module with
+      `model_config(hf)`, `hf_config(config, dtype)` and
+      `unsupported(config)`; None: `config_map`'s (Mixtral, Qwen3-MoE).
+    skipped_prefixes: tensors on disk that are no part of the text decoder
+      (a multimodal checkpoint's towers): skipped on load, with a message.
+    text_config: the decoder's fields are under this field of config.json
+      (a multimodal config), or at the top (None).
   """
 
   model_type: str
@@ -44,6 +57,10 @@ class Family:
   qk_norm: bool
   norm_topk_prob: bool
   fields: tuple[str, ...]
+  prefix: str = "model."
+  codec: Any = None
+  skipped_prefixes: tuple[str, ...] = ()
+  text_config: str | None = None
 
 
 MIXTRAL = Family(
@@ -79,4 +96,46 @@ QWEN3_MOE = Family(
     ),
 )
 
-FAMILIES = {f.model_type: f for f in (MIXTRAL, QWEN3_MOE)}
+DEEPSEEK_V3 = Family(
+    model_type=deepseek.MODEL_TYPE,
+    architecture=deepseek.ARCHITECTURE,
+    default_rope_theta=1e4,
+    moe_module="mlp",
+    expert_projections=("gate_proj", "up_proj", "down_proj"),
+    expert_width_field="moe_intermediate_size",
+    dense_width_field="intermediate_size",
+    qk_norm=False,
+    norm_topk_prob=True,
+    fields=(),
+    codec=deepseek,
+)
+
+GEMMA4_TEXT = Family(
+    model_type=gemma4.TEXT_MODEL_TYPE,
+    architecture=gemma4.TEXT_ARCHITECTURE,
+    default_rope_theta=1e4,
+    moe_module="",  # `layers.N.experts`, `layers.N.router`
+    expert_projections=("gate_proj", "up_proj", "down_proj"),
+    expert_width_field="moe_intermediate_size",
+    dense_width_field="intermediate_size",
+    qk_norm=True,
+    norm_topk_prob=True,
+    fields=(),
+    codec=gemma4,
+)
+
+# The multimodal checkpoint: its text decoder under `model.language_model.`,
+# its config under `text_config`; the towers are not loaded.
+GEMMA4 = dataclasses.replace(
+    GEMMA4_TEXT,
+    model_type=gemma4.MODEL_TYPE,
+    architecture=gemma4.ARCHITECTURE,
+    prefix="model.language_model.",
+    skipped_prefixes=gemma4.TOWER_PREFIXES,
+    text_config="text_config",
+)
+
+FAMILIES = {
+    f.model_type: f
+    for f in (MIXTRAL, QWEN3_MOE, DEEPSEEK_V3, GEMMA4_TEXT, GEMMA4)
+}

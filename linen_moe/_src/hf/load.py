@@ -18,8 +18,10 @@ layer's float kernel.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from collections.abc import Mapping
 import json
+import logging
 import os
 import pathlib
 from typing import Any
@@ -48,9 +50,11 @@ from linen_moe._src.int8_grouped import quantize_int8_host
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.variables import CACHE
 from linen_moe._src.variables import PARAMS
+from linen_moe._src.variables import UPDATED_BY_RULE
 
 Path = tuple[str, ...]
 CONFIG_FILE = "config.json"
+_log = logging.getLogger("linen_moe.hf")
 _SAMPLE = (1, 2)  # [B, S] tokens that size nothing
 
 
@@ -84,6 +88,13 @@ def _flat_params(config: ModelConfig) -> dict[Path, jax.ShapeDtypeStruct]:
   return traverse_util.flatten_dict(params)
 
 
+def _flat_state(config: ModelConfig) -> dict[Path, jax.ShapeDtypeStruct]:
+  """Flat `updated_by_rule` leaves of the unrolled float decoder."""
+  unrolled = config.replace(scan_layers=False, serving=False)
+  state = sharding_lib.unbox(abstract_variables(unrolled).get(UPDATED_BY_RULE))
+  return traverse_util.flatten_dict(state or {})
+
+
 def _unrolled_shapes(abstract_params: Mapping, plan) -> dict[Path, Any]:
   """{unrolled params path: leaf with the float parameter's shape} from the
   (scanned, maybe serving) abstract params: a stacked leaf gives each of
@@ -114,9 +125,11 @@ def check_tensors(
     ckpt: Checkpoint,
     srcs: Mapping[Path, tn.Source],
     shapes: Mapping[Path, Any],
+    skipped: Collection[str] = (),
 ) -> None:
   """Raises a ValueError naming the file and the tensor unless the files
-  hold exactly the tensors `srcs` read, float, each of its shape."""
+  hold exactly the tensors `srcs` read (and the `skipped` ones), float,
+  each of its shape."""
   expected: dict[str, tuple[int, ...]] = {}
   for path, source in srcs.items():
     if path not in shapes:
@@ -129,7 +142,7 @@ def check_tensors(
         f"Checkpoint {ckpt.directory} is missing the tensor(s) "
         f"{missing[:3]}{more} that the model of its config.json needs."
     )
-  extra = sorted(set(ckpt.tensors) - set(expected))
+  extra = sorted(set(ckpt.tensors) - set(expected) - set(skipped))
   if extra:
     info = ckpt.tensors[extra[0]]
     more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
@@ -206,7 +219,12 @@ class _Loader:
     stacked = rows is not None and layer_stack.STACK in path
     return (rows if stacked else None), path
 
-  def float_param(self, path: Path, leaf) -> jax.Array:
+  def float_param(
+      self, path: Path, leaf, collection: str = PARAMS, srcs=None
+  ) -> jax.Array:
+    """A float variable of `collection` (its sources `srcs`, default the
+    parameters'), each device reading its slice."""
+    srcs = self.srcs if srcs is None else srcs
     rows, _ = self._layers(path)
     dtype = leaf.dtype
 
@@ -214,16 +232,26 @@ class _Loader:
       index = reading.full_index(index, leaf.shape)
       out = reading.host_buffer(reading.sizes(index), dtype)
       if rows is None:
-        return reading.read_into(
-            self.ckpt, self.srcs[path], leaf.shape, index, out
-        )
+        return reading.read_into(self.ckpt, srcs[path], leaf.shape, index, out)
       for k, r in enumerate(range(index[0].start, index[0].stop)):
-        src = self.srcs[_unrolled(path, rows[r])]
+        src = srcs[_unrolled(path, rows[r])]
         reading.read_into(self.ckpt, src, leaf.shape[1:], index[1:], out[k])
       return out
 
-    sharding = self.shardings[(PARAMS, *path)]
+    sharding = self.shardings[(collection, *path)]
     return jax.make_array_from_callback(leaf.shape, sharding, callback)
+
+  def state(self, abstract: Mapping, srcs: Mapping[Path, tn.Source]) -> dict:
+    """The `updated_by_rule` leaves that `srcs` read (the saved buffers);
+    {} when none."""
+    flat = traverse_util.flatten_dict(sharding_lib.unbox(dict(abstract)))
+    out = {}
+    for path, leaf in flat.items():
+      rows, _ = self._layers(path)
+      key = path if rows is None else _unrolled(path, rows[0])
+      if key in srcs:
+        out[path] = self.float_param(path, leaf, UPDATED_BY_RULE, srcs)
+    return out
 
   def stored_param(self, path: Path, leaf, name: str, suffix: str, node):
     """A stored kernel's values or scales: the whole kernel (every stacked
@@ -414,6 +442,13 @@ def load_checkpoint(
   if not directory.is_dir():
     raise ValueError(f"{directory} is not a checkpoint directory.")
   hf = read_config(directory)
+  if hf.get("quantization_config"):
+    raise ValueError(
+        f"{directory / CONFIG_FILE}: quantization_config="
+        f"{hf['quantization_config']!r} is not supported: quantized weights "
+        "on disk (e.g. DeepSeek-V3's block fp8 with `weight_scale_inv`) are "
+        "not read; dequantize the checkpoint to bfloat16 first."
+    )
   family = config_map.family_of(hf)
   config = config_map.model_config(hf)
   changes: dict[str, Any] = {"scan_layers": scan_layers}
@@ -423,13 +458,57 @@ def load_checkpoint(
   config = config.replace(**changes)
   ckpt = Checkpoint(directory)
   srcs = tn.sources(family, config, ckpt.tensors)
+  state_srcs = tn.state_sources(family, config, ckpt.tensors)
+  skipped = skipped_tensors(family, hf, ckpt.tensors)
   if serving:
     config = config.replace(serving=True)
   abstract = abstract_variables(config)
-  float_shapes = _unrolled_shapes(abstract[PARAMS], config.stack_plan)
-  check_tensors(ckpt, srcs, float_shapes)
+  plan = config.stack_plan
+  float_shapes = _unrolled_shapes(abstract[PARAMS], plan)
+  state_shapes = _unrolled_shapes(abstract.get(UPDATED_BY_RULE, {}), plan)
+  check_tensors(
+      ckpt, {**srcs, **state_srcs}, {**float_shapes, **state_shapes}, skipped
+  )
   shardings = _shardings(abstract, mesh, rules)
   loader = _Loader(ckpt, srcs, float_shapes, config, shardings)
   variables = {PARAMS: loader.params(abstract[PARAMS])}
   variables |= _fresh_state(config, abstract, shardings)
+  if state_srcs:  # the saved buffers replace their fresh values
+    saved = loader.state(abstract[UPDATED_BY_RULE], state_srcs)
+    flat = traverse_util.flatten_dict(variables[UPDATED_BY_RULE])
+    variables[UPDATED_BY_RULE] = traverse_util.unflatten_dict(flat | saved)
   return config, variables
+
+
+def skipped_tensors(
+    family, hf: Mapping[str, Any], names: Collection[str]
+) -> list[str]:
+  """The tensors on disk that are no part of the text decoder, each kind
+  said once in a warning: a multimodal checkpoint's towers, and the
+  multi-token-prediction layers DeepSeek-V3 keeps past `num_hidden_layers`
+  (transformers builds neither)."""
+  prefixes = family.skipped_prefixes
+  towers = [n for n in names if prefixes and n.startswith(prefixes)]
+  if towers:
+    _log.warning(
+        "Skipping %d tensors of the multimodal towers (%s...): only the "
+        "text decoder is loaded.",
+        len(towers),
+        ", ".join(sorted({n.split(".")[1] for n in towers})),
+    )
+  mtp = []
+  if family.codec is not None and hasattr(family.codec, "mtp_layers"):
+    layers = hf.get("num_hidden_layers", 0)
+    extra = range(layers, layers + family.codec.mtp_layers(hf))
+    heads = tuple(f"{family.prefix}layers.{i}." for i in extra)
+    mtp = [n for n in names if heads and n.startswith(heads)]
+    if mtp:
+      _log.warning(
+          "Skipping the %d tensors of the multi-token-prediction layer(s) "
+          "%s past num_hidden_layers=%d: the decoder predicts the next "
+          "token only (as transformers' model).",
+          len(mtp),
+          list(extra),
+          layers,
+      )
+  return towers + mtp

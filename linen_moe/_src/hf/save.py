@@ -33,10 +33,12 @@ from linen_moe._src.hf import config_map
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.load import CONFIG_FILE
 from linen_moe._src.hf.load import _flat_params
+from linen_moe._src.hf.load import _flat_state
 from linen_moe._src.hf.safetensors_io import Planned
 from linen_moe._src.hf.safetensors_io import parse_size
 from linen_moe._src.hf.safetensors_io import write_checkpoint
 from linen_moe._src.variables import PARAMS
+from linen_moe._src.variables import UPDATED_BY_RULE
 
 Path = tuple[str, ...]
 
@@ -58,12 +60,46 @@ def _params_of(variables: Any) -> Mapping:
   )
 
 
+def _rule_state_of(variables: Any) -> Mapping:
+  """The `updated_by_rule` collection beside the params (or {})."""
+  if isinstance(variables, Mapping):
+    if PARAMS in variables:
+      return variables.get(UPDATED_BY_RULE, {})
+    inner = variables.get("variables", {})
+    return inner.get(UPDATED_BY_RULE, {}) if isinstance(inner, Mapping) else {}
+  return getattr(variables, "rule_state", {}) or {}
+
+
+def _check_tree(layers: _Layers, expected: Mapping, what: str) -> None:
+  """Raises unless `layers` holds exactly the leaves `expected` names, each
+  of its shape."""
+  missing = sorted(set(expected) - set(layers.where))
+  extra = sorted(set(layers.where) - set(expected))
+  wrong = [
+      p
+      for p in sorted(set(expected) & set(layers.where))
+      if tuple(expected[p].shape) != layers.shape(p)
+  ]
+  if missing or extra or wrong:
+    raise ValueError(
+        f"variables are not the {what} of this config: missing "
+        f"{['/'.join(p) for p in missing[:3]]}, unexpected "
+        f"{['/'.join(p) for p in extra[:3]]}, of another shape "
+        f"{['/'.join(p) for p in wrong[:3]]}."
+    )
+
+
 class _Layers:
   """Unrolled-path access to the leaves of a tree in any stack layout."""
 
-  def __init__(self, params: Mapping):
+  def __init__(
+      self, params: Mapping, plan: layer_stack.StackPlan | None = None
+  ):
+    """`plan`: the tree's layout (default: read off the tree itself; a
+    collection that not every layer has, such as the routed biases, takes
+    the parameters')."""
     self.flat = traverse_util.flatten_dict(sharding_lib.unbox(dict(params)))
-    self.plan = layer_stack.plan_of_tree(self.flat)
+    self.plan = plan or layer_stack.plan_of_tree(self.flat)
     self.where: dict[Path, tuple[Path, int | None]] = {}
     for path in self.flat:
       rows = (
@@ -94,16 +130,45 @@ class _Layers:
 
 
 def _planned(srcs, layers: _Layers, dtype) -> list[Planned]:
-  """One `Planned` tensor per name on disk, in the sources' order."""
-  out = []
+  """One `Planned` tensor per name on disk, in the sources' order; a fused
+  `experts.gate_up_proj` (Gemma-4's only form) is made from both of its
+  parameters."""
+  out, fused = [], {}
   for path, source in srcs.items():
     shape = layers.shape(path)
     out_dtype = np.dtype(jnp.dtype(dtype)) if dtype else layers.dtype(path)
+    if isinstance(source, tn.FusedExperts):
+      if source.name not in fused:
+        fused[source.name] = []
+        disk = tn.expected_shapes(source, shape)[source.name]
+        make = _fused_maker(layers, fused[source.name], disk)
+        out.append(Planned(source.name, out_dtype, disk, make))
+      fused[source.name].append((path, source))
+      continue
     for name, disk in tn.expected_shapes(source, shape).items():
       out.append(
           Planned(name, out_dtype, disk, _maker(layers, path, source, name))
       )
   return out
+
+
+def _fused_maker(layers: _Layers, parts: list, shape: tuple[int, ...]):
+  """() -> the fused tensor [E, rows, in] from its parts (path,
+  `FusedExperts`): rows [row0, row0 + width) of it are part [E, in, width]
+  transposed (`parts` is filled before the tensor is made)."""
+
+  def make():
+    out = None
+    for path, source in parts:
+      param = layers.get(path)  # [E, in, width]
+      if out is None:
+        out = np.empty(shape, param.dtype)
+      out[:, source.row0 : source.row0 + source.width] = param.transpose(
+          0, 2, 1
+      )
+    return out
+
+  return make
 
 
 def _maker(layers: _Layers, path: Path, source, name: str):
@@ -137,11 +202,14 @@ def save_checkpoint(
 
   Args:
     config: the decoder's `ModelConfig`, one a Hugging Face family
-      expresses (Mixtral; Qwen3-MoE when `qk_norm`); not a serving config.
+      expresses (Mixtral; Qwen3-MoE with `qk_norm`; DeepSeek-V3 with
+      multi-head latent attention; Gemma-4 with its post-MoE norms); not a
+      serving config.
     variables: Linen variables (`{"params": ...}`, scanned or unrolled,
-      fp8-trained ones too: only the float `params` are written), a
-      checkpoint tree, or a train state; for an NNX decoder,
-      `nnx_adapter.nnx_to_linen(model)`.
+      fp8-trained ones too: the float `params` are written, and the saved
+      buffers of `updated_by_rule`, DeepSeek-V3's `routed_bias` and
+      Gemma-4's `layer_scalar`), a checkpoint tree, or a train state; for
+      an NNX decoder, `nnx_adapter.nnx_to_linen(model)`.
     path: the directory to create; it must not exist, or be empty.
     dtype: the tensors' dtype on disk ("float32", "bfloat16", "float16");
       None: each parameter's.
@@ -177,31 +245,26 @@ def save_checkpoint(
   if target.exists() and (not target.is_dir() or any(target.iterdir())):
     raise ValueError(f"{target} exists and is not an empty directory.")
   layers = _Layers(_params_of(variables))
-  expected = _flat_params(config)
-  missing = sorted(set(expected) - set(layers.where))
-  extra = sorted(set(layers.where) - set(expected))
-  wrong = [
-      p
-      for p in sorted(set(expected) & set(layers.where))
-      if tuple(expected[p].shape) != layers.shape(p)
-  ]
-  if missing or extra or wrong:
-    raise ValueError(
-        "variables are not the parameters of this config: missing "
-        f"{['/'.join(p) for p in missing[:3]]}, unexpected "
-        f"{['/'.join(p) for p in extra[:3]]}, of another shape "
-        f"{['/'.join(p) for p in wrong[:3]]}."
+  _check_tree(layers, _flat_params(config), "parameters")
+  srcs = tn.sources(family, config)
+  state_srcs = tn.state_sources(family, config)
+  planned = _planned(srcs, layers, dtype)
+  if state_srcs:  # the saved buffers, in their own dtype (float32)
+    state = _Layers(_rule_state_of(variables), layers.plan)
+    wanted = _flat_state(config)
+    _check_tree(
+        state, {p: wanted[p] for p in state_srcs}, f"{UPDATED_BY_RULE} state"
     )
+    planned += _planned(state_srcs, state, None)
   disk_dtype = dtype or str(config.moe.param_dtype)
   hf = config_map.hf_config(config, disk_dtype)
-  srcs = tn.sources(family, config)
   target.parent.mkdir(parents=True, exist_ok=True)
   staging = pathlib.Path(
       tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent)
   )
   try:
     (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
-    files = write_checkpoint(staging, _planned(srcs, layers, dtype), limit)
+    files = write_checkpoint(staging, planned, limit)
     if target.exists():
       target.rmdir()
     os.replace(staging, target)

@@ -35,7 +35,6 @@ from linen_moe._src.config import ModelConfig
 from linen_moe._src.hf.families import Family
 
 Path = tuple[str, ...]
-PREFIX = "model."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,66 +64,152 @@ class FusedExperts:
 Source = Copy | Matrix | Experts | FusedExperts
 
 
-def _layer(i: int) -> str:
-  return f"{PREFIX}layers.{i}."
+def _layer(family: Family, i: int) -> str:
+  return f"{family.prefix}layers.{i}."
 
 
-def fused_experts(layer: int, names: Collection[str]) -> bool:
-  """Whether layer `layer`'s experts are stored fused (transformers 5's
-  `mlp.experts.gate_up_proj`) rather than one tensor per expert."""
-  return f"{_layer(layer)}mlp.experts.gate_up_proj" in names
+def _module(family: Family, i: int, fused: bool) -> str:
+  """The prefix of layer i's MoE module: `...mlp.` (fused, or the family's
+  hub name), or the layer itself (Gemma-4's `layers.N.experts`)."""
+  p = _layer(family, i)
+  if not family.moe_module:
+    return p
+  return f"{p}{'mlp' if fused else family.moe_module}."
 
 
-def _attention(config: ModelConfig, p: str) -> dict[Path, Source]:
+def fused_experts(family: Family, layer: int, names: Collection[str]) -> bool:
+  """Whether layer `layer`'s experts are stored fused (`experts.gate_up_proj`:
+  transformers 5's form, and Gemma-4's only one) rather than one tensor per
+  expert."""
+  if not family.moe_module:
+    return True
+  return f"{_module(family, layer, True)}experts.gate_up_proj" in names
+
+
+def _attention(config: ModelConfig, p: str, full: bool) -> dict[Path, Source]:
   a = f"{p}self_attn."
-  out = {
-      ("attention", "query", "kernel"): Matrix(f"{a}q_proj.weight"),
-      ("attention", "key", "kernel"): Matrix(f"{a}k_proj.weight"),
-      ("attention", "value", "kernel"): Matrix(f"{a}v_proj.weight"),
-      ("attention", "out", "kernel"): Matrix(f"{a}o_proj.weight", split=2),
+  out: dict[Path, Source] = {
       ("pre_attention_norm", "scale"): Copy(f"{p}input_layernorm.weight"),
+      ("attention", "out", "kernel"): Matrix(f"{a}o_proj.weight", split=2),
   }
+  if config.post_attention_norm:
+    out[("post_attention_norm", "scale")] = Copy(
+        f"{p}post_attention_layernorm.weight"
+    )
+  if config.kv_lora_rank:
+    return out | _latent_attention(config, a)
+  out[("attention", "query", "kernel")] = Matrix(f"{a}q_proj.weight")
+  out[("attention", "key", "kernel")] = Matrix(f"{a}k_proj.weight")
+  if not (full and config.full_k_eq_v):
+    out[("attention", "value", "kernel")] = Matrix(f"{a}v_proj.weight")
   if config.qk_norm:
     out[("attention", "query_norm", "scale")] = Copy(f"{a}q_norm.weight")
     out[("attention", "key_norm", "scale")] = Copy(f"{a}k_norm.weight")
   return out
 
 
+def _latent_attention(config: ModelConfig, a: str) -> dict[Path, Source]:
+  """DeepSeek's MLA (`models/mla.py`): q_a_proj / q_a_layernorm / q_b_proj
+  (or q_proj), kv_a_proj_with_mqa / kv_a_layernorm / kv_b_proj."""
+  out: dict[Path, Source] = {
+      ("attention", "kv_a", "kernel"): Matrix(f"{a}kv_a_proj_with_mqa.weight"),
+      ("attention", "kv_a_norm", "scale"): Copy(f"{a}kv_a_layernorm.weight"),
+      ("attention", "kv_b", "kernel"): Matrix(f"{a}kv_b_proj.weight"),
+  }
+  if not config.q_lora_rank:
+    return out | {("attention", "query", "kernel"): Matrix(f"{a}q_proj.weight")}
+  return out | {
+      ("attention", "query_a", "kernel"): Matrix(f"{a}q_a_proj.weight"),
+      ("attention", "query_a_norm", "scale"): Copy(f"{a}q_a_layernorm.weight"),
+      ("attention", "query_b", "kernel"): Matrix(f"{a}q_b_proj.weight"),
+  }
+
+
+def _experts(
+    family: Family, config: ModelConfig, module: str, fused: bool, at: Path
+) -> dict[Path, Source]:
+  """The routed experts' kernels under `at` (`wi_0`, `wi_1`, `wo`), from
+  the fused `experts.gate_up_proj` / `experts.down_proj` or per expert."""
+  width = config.moe.moe_mlp_dim
+  if fused:
+    gate_up, emb = f"{module}experts.gate_up_proj", config.moe.emb_dim
+    return {
+        (*at, "wi_0"): FusedExperts(gate_up, 0, width, 2 * width),
+        (*at, "wi_1"): FusedExperts(gate_up, width, width, 2 * width),
+        (*at, "wo"): FusedExperts(f"{module}experts.down_proj", 0, emb, emb),
+    }
+  projections = family.expert_projections
+  return {
+      (*at, name): Experts(
+          tuple(
+              f"{module}experts.{e}.{proj}.weight"
+              for e in range(config.moe.num_experts)
+          )
+      )
+      for name, proj in zip(expert.KERNELS, projections, strict=True)
+  }
+
+
+def _mlp(name: str, at: Path) -> dict[Path, Source]:
+  """A gated MLP's kernels under `at` from `{name}.{gate,up,down}_proj`."""
+  return {
+      (*at, "wi_0"): Matrix(f"{name}.gate_proj.weight"),
+      (*at, "wi_1"): Matrix(f"{name}.up_proj.weight"),
+      (*at, "wo"): Matrix(f"{name}.down_proj.weight"),
+  }
+
+
+def _routed_at(config: ModelConfig) -> Path:
+  """Where the routed layer's variables sit in a block."""
+  return ("moe", "routed_experts") if config.shared_in_moe else ("moe",)
+
+
 def _moe(
     family: Family, config: ModelConfig, i: int, fused: bool
 ) -> dict[Path, Source]:
-  p = _layer(i)
-  module = f"{p}{'mlp' if fused else family.moe_module}."
+  p = _layer(family, i)
+  if config.post_moe_norms:
+    return _gemma_moe(family, config, i)
+  module = _module(family, i, fused)
+  at = _routed_at(config)
   out: dict[Path, Source] = {
       ("pre_moe_norm", "scale"): Copy(f"{p}post_attention_layernorm.weight"),
-      ("moe", expert.ROUTER, "kernel"): Matrix(f"{module}gate.weight"),
+      (*at, expert.ROUTER, "kernel"): Matrix(f"{module}gate.weight"),
   }
-  gate, up, down = family.expert_projections
-  width = config.moe.moe_mlp_dim
-  if fused:
-    gate_up = f"{module}experts.gate_up_proj"
-    out[("moe", "wi_0")] = FusedExperts(gate_up, 0, width, 2 * width)
-    out[("moe", "wi_1")] = FusedExperts(gate_up, width, width, 2 * width)
-    emb = config.moe.emb_dim
-    out[("moe", "wo")] = FusedExperts(f"{module}experts.down_proj", 0, emb, emb)
-    return out
-  for name, proj in zip(expert.KERNELS, (gate, up, down), strict=True):
-    out[("moe", name)] = Experts(
-        tuple(
-            f"{module}experts.{e}.{proj}.weight"
-            for e in range(config.moe.num_experts)
-        )
-    )
+  out |= _experts(family, config, module, fused, at)
+  if config.shared_in_moe:  # DeepSeek's `mlp.shared_experts`
+    out |= _mlp(f"{module}shared_experts", ("moe", "shared_experts"))
   return out
 
 
-def _dense(i: int) -> dict[Path, Source]:
-  p = _layer(i)
+def _gemma_moe(family: Family, config: ModelConfig, i: int) -> dict:
+  """Gemma-4's block: the dense MLP (`mlp.*`, our shared experts) and the
+  routed experts (`experts.*`, `router.*`) side by side, each with its
+  pre/post norms, then `post_feedforward_layernorm` on their sum."""
+  p = _layer(family, i)
+
+  def norm(name):
+    return Copy(f"{p}{name}.weight")
+
+  out: dict[Path, Source] = {
+      ("pre_moe_norm", "scale"): norm("pre_feedforward_layernorm_2"),
+      ("post_routed_norm", "scale"): norm("post_feedforward_layernorm_2"),
+      ("moe", expert.ROUTER, "kernel"): Matrix(f"{p}router.proj.weight"),
+      ("moe", "per_expert_scale"): Copy(f"{p}router.per_expert_scale"),
+      ("router_input_scale",): Copy(f"{p}router.scale"),
+      ("pre_shared_norm", "scale"): norm("pre_feedforward_layernorm"),
+      ("post_shared_norm", "scale"): norm("post_feedforward_layernorm_1"),
+  }
+  out |= _experts(family, config, p, True, ("moe",))
+  return out | _mlp(f"{p}mlp", ("shared_experts",))
+
+
+def _dense(family: Family, config: ModelConfig, i: int) -> dict[Path, Source]:
+  p = _layer(family, i)
+  norm = "pre_feedforward" if config.post_attention_norm else "post_attention"
   return {
-      ("pre_mlp_norm", "scale"): Copy(f"{p}post_attention_layernorm.weight"),
-      ("mlp", "wi_0"): Matrix(f"{p}mlp.gate_proj.weight"),
-      ("mlp", "wi_1"): Matrix(f"{p}mlp.up_proj.weight"),
-      ("mlp", "wo"): Matrix(f"{p}mlp.down_proj.weight"),
+      ("pre_mlp_norm", "scale"): Copy(f"{p}{norm}_layernorm.weight"),
+      **_mlp(f"{p}mlp", ("mlp",)),
   }
 
 
@@ -137,19 +222,42 @@ def sources(
   of `config`; a layer whose experts `names` (the tensors on disk) holds
   fused is read fused, every other one per expert."""
   out: dict[Path, Source] = {
-      ("embed", "embedding"): Copy(f"{PREFIX}embed_tokens.weight"),
-      ("final_norm", "scale"): Copy(f"{PREFIX}norm.weight"),
+      ("embed", "embedding"): Copy(f"{family.prefix}embed_tokens.weight"),
+      ("final_norm", "scale"): Copy(f"{family.prefix}norm.weight"),
   }
   if not config.tie_embeddings:
     out[("logits", "kernel")] = Matrix("lm_head.weight")
-  for i, kind in enumerate(config.layer_kinds):
-    layer = {**_attention(config, _layer(i))}
+  for i, (kind, full) in enumerate(config.block_kinds):
+    layer = _attention(config, _layer(family, i), full)
     if kind == "dense":
-      layer |= _dense(i)
+      layer |= _dense(family, config, i)
     else:
-      layer |= _moe(family, config, i, fused_experts(i, names))
+      layer |= _moe(family, config, i, fused_experts(family, i, names))
+    if config.post_mlp_norm:
+      layer[("post_mlp_norm", "scale")] = Copy(
+          f"{_layer(family, i)}post_feedforward_layernorm.weight"
+      )
     name = layer_stack.layer_name(i)
     out |= {(name, *path): source for path, source in layer.items()}
+  return out
+
+
+def state_sources(
+    family: Family, config: ModelConfig, names: Collection[str] = ()
+) -> dict[Path, Source]:
+  """{unrolled `updated_by_rule` path: Source} of the saved buffers:
+  DeepSeek's `e_score_correction_bias` (our `routed_bias`) and Gemma-4's
+  `layer_scalar`."""
+  out: dict[Path, Source] = {}
+  for i, kind in enumerate(config.layer_kinds):
+    name = layer_stack.layer_name(i)
+    if config.layer_scalar:
+      out[(name, "layer_scalar")] = Copy(f"{_layer(family, i)}layer_scalar")
+    if kind == "moe" and config.moe.routed_bias:
+      module = _module(family, i, fused_experts(family, i, names))
+      out[(name, *_routed_at(config), "routed_bias")] = Copy(
+          f"{module}gate.e_score_correction_bias"
+      )
   return out
 
 

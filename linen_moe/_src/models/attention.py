@@ -3,15 +3,23 @@
 Grouped-query attention (`num_kv_heads` key/value heads, each serving
 `G = num_heads / num_kv_heads` consecutive query heads, as transformers'
 `repeat_kv`), an explicit `head_dim`, optional per-head q/k RMSNorm before
-the rotary embedding (Qwen3), and an optional sliding window (query i sees
-key j iff 0 <= i - j < W, transformers' sliding causal mask). Softmax in
-float32, probabilities cast back to the compute dtype before the values.
+the rotary embedding (Qwen3, Gemma-4), and an optional sliding window
+(query i sees key j iff 0 <= i - j < W, transformers' sliding causal mask).
+Gemma-4's full-attention layers (`ModelConfig.full_attention_layers`) have
+a geometry of their own (`Geometry`): their head width, key/value heads and
+rotary embedding, no window, and with `full_k_eq_v` no value projection
+(the values are the raw key projection); `value_norm` normalises each value
+head, and `attention_scale` replaces 1/sqrt(D). Softmax in float32,
+probabilities cast back to the compute dtype before the values (`attend`,
+shared with `mla.py`).
 
 Shapes: B batch, S queries, T keys, M emb_dim, N query heads, K key/value
 heads, G = N / K, D head_dim.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import flax.linen as nn
 import jax
@@ -20,7 +28,9 @@ import jax.numpy as jnp
 from linen_moe._src import sharding
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.models.norms import RMSNorm
-from linen_moe._src.models.rotary import apply_rope
+from linen_moe._src.models.norms import rms_normalize
+from linen_moe._src.models.rotary import Rope
+from linen_moe._src.models.rotary import rope_of
 from linen_moe._src.variables import CACHE
 
 
@@ -45,21 +55,25 @@ class Projection(nn.Module):
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def setup(self):
     out_axes = tuple(
         i for i in range(len(self.shape)) if i not in self.fan_in_axes
     )
     init = nn.initializers.variance_scaling(
         1.0, "fan_in", "truncated_normal", self.fan_in_axes, out_axes
     )  # lecun_normal over the contracted axes, as DenseGeneral's
-    kernel = self.param(
+    # In setup, so that `kernel` can be read without a call (MLA's
+    # absorbed decoding contracts the kernel itself).
+    self.kernel = self.param(
         "kernel",
         nn.with_logical_partitioning(init, self.names),
         self.shape,
         self.param_dtype,
     )
-    return jnp.einsum(self.eqn, x.astype(self.dtype), kernel.astype(self.dtype))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.kernel.astype(self.dtype)
+    return jnp.einsum(self.eqn, x.astype(self.dtype), kernel)
 
 
 def attention_mask(
@@ -75,12 +89,117 @@ def attention_mask(
   return visible
 
 
+def softmax_probs(
+    logits: jax.Array, visible: jax.Array, dtype: jnp.dtype
+) -> jax.Array:
+  """Masked softmax over the last axis of float32 `logits` [B, ..., S, T]
+  (`visible` <bool>[B, S, T]), cast to `dtype`."""
+  extra = logits.ndim - visible.ndim
+  visible = visible.reshape(
+      visible.shape[:1] + (1,) * extra + visible.shape[1:]
+  )
+  logits = jnp.where(visible, logits, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(logits, axis=-1).astype(dtype)
+
+
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    visible: jax.Array,
+    scale: float,
+    dtype: jnp.dtype,
+) -> jax.Array:
+  """Grouped-query attention: q [B, S, N, Dk], k [B, T, K, Dk], v [B, T,
+  K, Dv], `visible` <bool>[B, S, T] -> [B, S, N, Dv]; query head n reads
+  key / value head n // (N / K). Logits and softmax in float32."""
+  b, s, n, dk = q.shape
+  kv = k.shape[2]
+  q = q.reshape(b, s, kv, n // kv, dk)  # [B, S, K, G, Dk]
+  logits = jnp.einsum("BSKGD,BTKD->BKGST", q, k).astype(jnp.float32) * scale
+  probs = softmax_probs(logits, visible, dtype)  # [B, K, G, S, T]
+  out = jnp.einsum("BKGST,BTKD->BSKGD", probs, v)  # [B, S, K, G, Dv]
+  return out.reshape(b, s, n, v.shape[-1])
+
+
+def write_cache(module: nn.Module, new: dict, positions: jax.Array):
+  """The cache of a decoding attention: ({name: whole cache [B, max_len,
+  ...]}, key positions [B, max_len]) after writing each `new` [B, S, ...]
+  at positions[0, 0] .. + S - 1 (every row at the same positions) into the
+  `cache` variable `cached_{name}`. At init (no cache yet) the cache is
+  shaped after `new` and `new` is returned as it is."""
+  initialized = module.has_variable(CACHE, f"cached_{next(iter(new))}")
+  cached = {
+      name: module.variable(
+          CACHE, f"cached_{name}", jnp.zeros, x.shape, x.dtype
+      )
+      for name, x in new.items()
+  }
+  if not initialized:
+    return new, positions
+  out = {}
+  for name, x in new.items():
+    start = (0, positions[0, 0]) + (0,) * (x.ndim - 2)
+    cached[name].value = jax.lax.dynamic_update_slice(
+        cached[name].value, x, start
+    )
+    out[name] = cached[name].value
+  b, max_len = positions.shape[0], out[name].shape[1]
+  return out, jnp.broadcast_to(jnp.arange(max_len), (b, max_len))
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+  """The shape of one kind of layer's attention.
+
+  Attributes:
+    heads: N, query heads.
+    kv_heads: K, key / value heads.
+    head_dim: D.
+    window: the sliding window W (0 = the whole causal past).
+    k_eq_v: no value projection: the values are the raw keys.
+    rope: the rotary embedding of the queries and keys.
+  """
+
+  heads: int
+  kv_heads: int
+  head_dim: int
+  window: int
+  k_eq_v: bool
+  rope: Rope
+
+
+def geometry(cfg: ModelConfig, full: bool = False) -> Geometry:
+  """The attention geometry of a full-attention layer of `cfg` (`full`) or
+  of its other layers."""
+  if not full:
+    d = cfg.resolved_head_dim
+    return Geometry(
+        cfg.num_heads,
+        cfg.resolved_kv_heads,
+        d,
+        cfg.sliding_window,
+        False,
+        rope_of(cfg, d),
+    )
+  d = cfg.full_head_dim or cfg.resolved_head_dim
+  return Geometry(
+      cfg.num_heads,
+      cfg.full_kv_heads or cfg.resolved_kv_heads,
+      d,
+      0,
+      cfg.full_k_eq_v,
+      rope_of(cfg, d, full=True),
+  )
+
+
 class CausalSelfAttention(nn.Module):
   """Causal self-attention with RoPE, and a KV cache in decode mode.
 
   Parameters: `query/kernel` [M, N, D], `key/kernel` and `value/kernel`
-  [M, K, D], `out/kernel` [N, D, M]; with `qk_norm`, `query_norm/scale` and
-  `key_norm/scale` [D].
+  [M, K, D] (no `value` with `Geometry.k_eq_v`), `out/kernel` [N, D, M];
+  with `qk_norm`, `query_norm/scale` and `key_norm/scale` [D] (D, K of
+  the layer's `Geometry`).
 
   With `decode`, the keys and values live in the `cache` collection
   (`cached_key`, `cached_value`: [B, max_len, K, D], created by `init` on a
@@ -92,30 +211,18 @@ class CausalSelfAttention(nn.Module):
   Attributes:
     config: the `ModelConfig`.
     decode: keep and extend a KV cache.
+    full: a full-attention layer (`ModelConfig.full_attention_layers`).
   """
 
   config: ModelConfig
   decode: bool = False
-
-  def _cached(self, k: jax.Array, v: jax.Array, positions: jax.Array):
-    """(keys, values, key positions [B, T]) after writing k, v to the cache."""
-    initialized = self.has_variable(CACHE, "cached_key")
-    cached_k = self.variable(CACHE, "cached_key", jnp.zeros, k.shape, k.dtype)
-    cached_v = self.variable(CACHE, "cached_value", jnp.zeros, v.shape, v.dtype)
-    if not initialized:  # init: the cache is shaped after the sample
-      return k, v, positions
-    start = (0, positions[0, 0], 0, 0)
-    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, start)
-    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, start)
-    b, max_len = k.shape[0], cached_k.value.shape[1]
-    key_positions = jnp.broadcast_to(jnp.arange(max_len), (b, max_len))
-    return cached_k.value, cached_v.value, key_positions
+  full: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     cfg = self.config
-    n, kv = cfg.num_heads, cfg.resolved_kv_heads
-    d, m = cfg.resolved_head_dim, cfg.moe.emb_dim
+    geo = geometry(cfg, self.full)
+    n, kv, d, m = geo.heads, geo.kv_heads, geo.head_dim, cfg.moe.emb_dim
     dt, pdt = cfg.moe.dtype, cfg.moe.param_dtype
     bsnd = sharding.BSM[:2] + ("activation_heads", "activation_kv")
 
@@ -131,25 +238,23 @@ class CausalSelfAttention(nn.Module):
       )
       return sharding.constrain(p(x), bsnd)
 
-    q, k, v = project("query", n), project("key", kv), project("value", kv)
+    q, k = project("query", n), project("key", kv)
+    v = k if geo.k_eq_v else project("value", kv)  # the raw projection
     if cfg.qk_norm:
       q = RMSNorm(cfg.norm_eps, name="query_norm")(q)
       k = RMSNorm(cfg.norm_eps, name="key_norm")(k)
-    q = apply_rope(q, positions, cfg.rope_max_wavelength)
-    k = apply_rope(k, positions, cfg.rope_max_wavelength)
+    if cfg.value_norm:
+      v = rms_normalize(v, cfg.norm_eps)
+    q, k = geo.rope(q, positions), geo.rope(k, positions)
     key_positions = positions
     if self.decode:
-      k, v, key_positions = self._cached(k, v, positions)
-    b, s = q.shape[:2]
-    q = q.reshape(b, s, kv, n // kv, d)  # [B, S, K, G, D]
-    logits = jnp.einsum("BSKGD,BTKD->BKGST", q, k).astype(jnp.float32)
-    logits = logits * d**-0.5
-    visible = attention_mask(positions, key_positions, cfg.sliding_window)
-    logits = jnp.where(
-        visible[:, None, None], logits, jnp.finfo(jnp.float32).min
-    )
-    probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-    attended = jnp.einsum("BKGST,BTKD->BSKGD", probs, v).reshape(b, s, n, d)
+      cached, key_positions = write_cache(
+          self, {"key": k, "value": v}, positions
+      )
+      k, v = cached["key"], cached["value"]
+    visible = attention_mask(positions, key_positions, geo.window)
+    scale = cfg.attention_scale or d**-0.5
+    attended = attend(q, k, v, visible, scale, dt)  # [B, S, N, D]
     out = Projection(
         "BSND,NDM->BSM",
         (n, d, m),

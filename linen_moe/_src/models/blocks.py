@@ -16,9 +16,11 @@ import jax.numpy as jnp
 
 from linen_moe._src import layer_stack
 from linen_moe._src import sharding
+from linen_moe._src import variables
 from linen_moe._src.config import ModelConfig
 from linen_moe._src.expert import SharedExpert
 from linen_moe._src.models.attention import CausalSelfAttention
+from linen_moe._src.models.mla import MultiHeadLatentAttention
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize
 from linen_moe._src.moe import RoutedAndSharedMoE
@@ -50,37 +52,69 @@ class DecoderBlock(nn.Module):
 
   A "dense" block's MLP is a gated MLP of width `dense_mlp_dim` (`mlp/`,
   the `SharedExpert` layout), after `pre_mlp_norm`. A "moe" block: Gemma-4
-  style options (`router_input_norm`, `post_moe_norms`) are config fields.
-  Shared experts without post-MoE norms are added DeepSeek / Qwen style by
-  `RoutedAndSharedMoE` (variables under `moe/routed_experts/` and
-  `moe/shared_experts/`); with `post_moe_norms` the block normalises the
-  routed and the shared output (`moe/`, `shared_experts/`) before adding.
+  style options (`router_input_norm`, `post_moe_norms`, `shared_pre_norm`)
+  are config fields. Shared experts without post-MoE norms are added
+  DeepSeek / Qwen style by `RoutedAndSharedMoE` (variables under
+  `moe/routed_experts/` and `moe/shared_experts/`); with `post_moe_norms`
+  the block normalises the routed and the shared output (`moe/`,
+  `shared_experts/`) before adding. The attention is multi-head latent
+  attention when `kv_lora_rank > 0` (`mla.py`), else `CausalSelfAttention`
+  (of the full-attention geometry when `full`). Gemma-4's sandwich norms
+  (`post_attention_norm`, `post_mlp_norm`) normalise a branch's output
+  before its residual, and `layer_scalar` scales the block's output.
   The signature fits `nn.scan` (carry, broadcast positions).
-  `decode` keeps a KV cache in the attention (see `CausalSelfAttention`).
+  `decode` keeps a KV cache in the attention.
 
   Attributes:
     config: the `ModelConfig`.
     decode: keep and extend a KV cache.
     kind: "moe" or "dense".
+    full: a full-attention layer (`ModelConfig.full_attention_layers`).
   """
 
   config: ModelConfig
   decode: bool = False
   kind: str = MOE
+  full: bool = False
+
+  def _attention(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    cfg = self.config
+    if cfg.kv_lora_rank:
+      attention = MultiHeadLatentAttention(cfg, self.decode, name="attention")
+    else:
+      attention = CausalSelfAttention(
+          cfg, self.decode, self.full, name="attention"
+      )
+    h = RMSNorm(cfg.norm_eps, name="pre_attention_norm")(x)
+    out = attention(h, positions)
+    if cfg.post_attention_norm:
+      out = RMSNorm(cfg.norm_eps, name="post_attention_norm")(out)
+    return x + out
+
+  def _residual(self, x: jax.Array, mlp_out: jax.Array) -> jax.Array:
+    """x + the MLP's output (normed with `post_mlp_norm`), times the
+    layer's scalar."""
+    cfg = self.config
+    if cfg.post_mlp_norm:
+      mlp_out = RMSNorm(cfg.norm_eps, name="post_mlp_norm")(mlp_out)
+    x = x + mlp_out.astype(x.dtype)
+    if cfg.layer_scalar:  # a saved constant (transformers' buffer)
+      scalar = self.variable(
+          variables.UPDATED_BY_RULE, "layer_scalar", jnp.ones, (1,), jnp.float32
+      ).value
+      x = x * scalar.astype(x.dtype)
+    return sharding.constrain(x, sharding.BSM)
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array):
     cfg, moe_cfg = self.config, self.config.moe
     if self.kind not in (MOE, DENSE):
       raise ValueError(f"kind={self.kind!r}; expected {(MOE, DENSE)}.")
-    h = RMSNorm(cfg.norm_eps, name="pre_attention_norm")(x)
-    attention = CausalSelfAttention(cfg, self.decode, name="attention")
-    x = x + attention(h, positions)
+    x = self._attention(x, positions)
     if self.kind == DENSE:
       h = RMSNorm(cfg.norm_eps, name="pre_mlp_norm")(x)
       mlp = SharedExpert(moe_cfg, mlp_dim=cfg.dense_mlp_dim, name="mlp")
-      x = sharding.constrain(x + mlp(h).astype(x.dtype), sharding.BSM)
-      return x, dense_aux(moe_cfg.num_experts)
+      return self._residual(x, mlp(h)), dense_aux(moe_cfg.num_experts)
     h = RMSNorm(cfg.norm_eps, name="pre_moe_norm")(x)
     gate_inputs = None
     if cfg.router_input_norm:
@@ -100,12 +134,14 @@ class DecoderBlock(nn.Module):
         routed = RMSNorm(cfg.norm_eps, name="post_routed_norm")(routed)
       mlp_out = routed
       if moe_cfg.shared_experts > 0:
-        shared = SharedExpert(moe_cfg, name="shared_experts")(h)
+        shared_in = h
+        if cfg.shared_pre_norm:
+          shared_in = RMSNorm(cfg.norm_eps, name="pre_shared_norm")(x)
+        shared = SharedExpert(moe_cfg, name="shared_experts")(shared_in)
         if cfg.post_moe_norms:
           shared = RMSNorm(cfg.norm_eps, name="post_shared_norm")(shared)
         mlp_out = routed + shared
-    x = sharding.constrain(x + mlp_out.astype(x.dtype), sharding.BSM)
-    return x, {
+    return self._residual(x, mlp_out), {
         "load_balance_loss": aux.load_balance_loss,
         "router_z_loss": aux.router_z_loss,
         "dropped_fraction": aux.dropped_fraction,
@@ -121,19 +157,20 @@ class BlockGroup(nn.Module):
   Attributes:
     config: the `ModelConfig`.
     decode: keep and extend a KV cache.
-    kinds: the members' kinds, in order.
+    kinds: the members' (kind, full attention) (`ModelConfig.block_kinds`),
+      in order.
   """
 
   config: ModelConfig
   decode: bool = False
-  kinds: tuple[str, ...] = ()
+  kinds: tuple[tuple[str, bool], ...] = ()
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array):
     outs = []
-    for j, kind in enumerate(self.kinds):
+    for j, (kind, full) in enumerate(self.kinds):
       block = DecoderBlock(
-          self.config, self.decode, kind, name=layer_stack.member_name(j)
+          self.config, self.decode, kind, full, name=layer_stack.member_name(j)
       )
       x, aux = block(x, positions)
       outs.append(aux)
@@ -144,10 +181,11 @@ def stack_body(config: ModelConfig, decode: bool = False):
   """(module class, its fields) of what a scanned decoder scans
   (`config.stack_plan`): one block when the stack repeats one kind, else a
   `BlockGroup` of one period."""
-  plan, kinds = config.stack_plan, config.layer_kinds
+  plan, kinds = config.stack_plan, config.block_kinds
   fields = {"config": config, "decode": decode}
   if plan.period == 1:
-    return DecoderBlock, {**fields, "kind": kinds[plan.start]}
+    kind, full = kinds[plan.start]
+    return DecoderBlock, {**fields, "kind": kind, "full": full}
   group = kinds[plan.start : plan.start + plan.period]
   return BlockGroup, {**fields, "kinds": group}
 

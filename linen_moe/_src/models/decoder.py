@@ -126,9 +126,13 @@ def output_head(cfg: ModelConfig, **kwargs) -> Projection:
 
 def logits_of(cfg: ModelConfig, embed, head, x: jax.Array) -> jax.Array:
   """Logits <float32>[B, S, V] of the final hidden state x [B, S, M]: the
-  tied embedding's `attend`, or the head."""
+  tied embedding's `attend`, or the head; soft-capped with
+  `final_logit_softcap`."""
   x = x.astype(jnp.float32)
   logits = embed.attend(x) if cfg.tie_embeddings else head(x)
+  if cfg.final_logit_softcap:  # Gemma-4: c * tanh(logits / c)
+    cap = cfg.final_logit_softcap
+    logits = jnp.tanh(logits / cap) * cap
   return sharding.constrain(logits, sharding.BSM[:2] + ("activation_vocab",))
 
 
@@ -194,13 +198,13 @@ class Decoder(JitInit, nn.Module):
     x = scale_embeddings(embed(tokens), cfg)
     x = sharding.constrain(x, sharding.BSM)
     positions = self._positions(tokens)
-    plan, kinds = cfg.stack_plan, cfg.layer_kinds
+    plan, kinds = cfg.stack_plan, cfg.block_kinds
 
     def unrolled(x, layers):
       outs = []
       for i in layers:
         name = layer_stack.layer_name(i)
-        block = DecoderBlock(cfg, self.decode, kinds[i], name=name)
+        block = DecoderBlock(cfg, self.decode, *kinds[i], name=name)
         x, out = block(x, positions)
         outs.append(out)
       return x, outs

@@ -1,4 +1,6 @@
-"""RMSNorm as Mixtral, Qwen3-MoE and DeepSeek-V3 compute it.
+"""RMSNorm as Mixtral, Qwen3-MoE and DeepSeek-V3 compute it (Gemma-4's is
+the same sum; it multiplies by the scale in float32 before the cast back,
+which only a bf16 model can tell apart).
 
 `x / rms(x)` in float32, cast back to the input dtype, then times a learned
 `scale` initialised to 1 (transformers' `MixtralRMSNorm`: the cast comes

@@ -1,15 +1,41 @@
-"""Rotary position embeddings.
+"""Rotary position embeddings, as transformers computes them.
 
-The "default" RoPE of transformers (Mixtral, Qwen3-MoE): dims i and
-i + D/2 of a head rotate together by the angle `position * base ** (-2i/D)`
-(the half-split layout, transformers' `rotate_half`), with the angles and
-the rotation computed in float32.
+A head's dims i and i + D/2 rotate together by the angle `position *
+inv_freq[i]` (the half-split layout, transformers' `rotate_half`), the
+angles and the rotation in float32, cos and sin times an attention factor.
+What differs between the families is `inv_freq` and the factor:
+
+  "default"       base ** (-2i / D)                            (Mixtral, Qwen3)
+  "yarn"          YaRN: the low frequencies divided by the factor s, a
+                  linear ramp between beta_fast and beta_slow rotations,
+                  cos and sin times YaRN's attention factor (DeepSeek-V3)
+  "proportional"  base ** (-2i / D) for i < int(fraction * D / 2), else 0:
+                  the rest pass through (Gemma-4's full-attention layers)
+
+and, with `interleave` (DeepSeek's `rope_interleave`), the lanes (2i,
+2i + 1) are read as the pair i: the output is written half-split, as
+transformers' `apply_rotary_pos_emb_interleave` writes it (a common
+permutation of the query's and the key's lanes, which leaves q . k as a
+true interleaved rotation gives it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax
 import jax.numpy as jnp
+
+KINDS = ("default", "yarn", "proportional")
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+  """YaRN's magnitude correction 0.1 * mscale * ln(factor) + 1 (1 when
+  factor <= 1): transformers' `get_mscale`."""
+  if factor <= 1:
+    return 1.0
+  return 0.1 * mscale * math.log(factor) + 1.0
 
 
 def inverse_frequencies(head_dim: int, base: float) -> jax.Array:
@@ -19,11 +45,134 @@ def inverse_frequencies(head_dim: int, base: float) -> jax.Array:
   )
 
 
+@dataclasses.dataclass(frozen=True)
+class Rope:
+  """The rotary embedding of one kind of layer.
+
+  Attributes:
+    dim: D, the rotated head width (even).
+    base: the RoPE base (theta).
+    kind: one of `KINDS`.
+    factor: YaRN's extension factor s.
+    original_max_len: YaRN's pretraining context length.
+    beta_fast: YaRN: rotations below which a frequency is interpolated.
+    beta_slow: YaRN: rotations above which a frequency is kept.
+    mscale: YaRN's `mscale` (0 = not set).
+    mscale_all_dim: YaRN's `mscale_all_dim` (0 = not set).
+    fraction: "proportional": the share of the pairs that rotate.
+    interleave: read the pairs as adjacent lanes (2i, 2i + 1).
+  """
+
+  dim: int
+  base: float
+  kind: str = "default"
+  factor: float = 1.0
+  original_max_len: int = 0
+  beta_fast: float = 32.0
+  beta_slow: float = 1.0
+  mscale: float = 0.0
+  mscale_all_dim: float = 0.0
+  fraction: float = 1.0
+  interleave: bool = False
+
+  def __post_init__(self):
+    if self.kind not in KINDS:
+      raise ValueError(f"Rope.kind={self.kind!r}; allowed {KINDS}.")
+    if self.dim < 2 or self.dim % 2:
+      raise ValueError(f"Rope.dim={self.dim} must be even and >= 2.")
+
+  @property
+  def scale(self) -> float:
+    """The factor on cos and sin: YaRN's attention factor, transformers'
+    g(mscale) / g(mscale_all_dim) when both are set, else g(1)."""
+    if self.kind != "yarn":
+      return 1.0
+    if self.mscale and self.mscale_all_dim:
+      return yarn_mscale(self.factor, self.mscale) / yarn_mscale(
+          self.factor, self.mscale_all_dim
+      )
+    return yarn_mscale(self.factor)
+
+  def inverse_frequencies(self) -> jax.Array:
+    """<float32>[D/2], one per rotated pair."""
+    d = self.dim
+    if self.kind == "default":
+      return inverse_frequencies(d, self.base)
+    if self.kind == "proportional":
+      angles = int(self.fraction * d // 2)
+      freq = inverse_frequencies(d, self.base)
+      return jnp.where(jnp.arange(d // 2) < angles, freq, 0.0)
+    return self._yarn()
+
+  def _yarn(self) -> jax.Array:
+    """transformers' `_compute_yarn_parameters` (truncated correction
+    range), in float32 as it computes it."""
+    d, base = self.dim, self.base
+
+    def correction_dim(rotations: float) -> float:
+      return (
+          d * math.log(self.original_max_len / (rotations * 2 * math.pi))
+      ) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(self.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(self.beta_slow)), d - 1)
+    if low == high:
+      high += 0.001  # transformers' guard against a zero-width ramp
+    pos_freqs = base ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+    extrapolation = 1.0 / pos_freqs
+    interpolation = 1.0 / (self.factor * pos_freqs)
+    ramp = jnp.clip(
+        (jnp.arange(d // 2, dtype=jnp.float32) - low) / (high - low), 0, 1
+    )
+    keep = 1 - ramp  # the share of each pair that keeps its frequency
+    return interpolation * (1 - keep) + extrapolation * keep
+
+  def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """x [B, S, N, D] rotated at integer positions [B, S], in x's dtype."""
+    if x.shape[-1] != self.dim:
+      raise ValueError(f"Rope of dim {self.dim} applied to {x.shape}.")
+    freq = self.inverse_frequencies()  # [D/2]
+    angle = positions[..., None].astype(jnp.float32) * freq  # [B, S, D/2]
+    scale = self.scale
+    sin = (jnp.sin(angle) * scale)[:, :, None, :]
+    cos = (jnp.cos(angle) * scale)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    if self.interleave:
+      x1, x2 = x32[..., 0::2], x32[..., 1::2]  # [B, S, N, D/2]
+    else:
+      x1, x2 = jnp.split(x32, 2, axis=-1)  # [B, S, N, D/2]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
 def apply_rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
-  """Rotary embedding of x [B, S, N, D] at integer positions [B, S]."""
-  freq = inverse_frequencies(x.shape[-1], base)  # [D/2]
-  angle = positions[..., None].astype(jnp.float32) * freq  # [B, S, D/2]
-  sin, cos = jnp.sin(angle)[:, :, None, :], jnp.cos(angle)[:, :, None, :]
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)  # [B, S, N, D/2]
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x.dtype)
+  """The default rotary embedding of x [B, S, N, D] at positions [B, S]."""
+  return Rope(x.shape[-1], base)(x, positions)
+
+
+def rope_of(config, dim: int, full: bool = False) -> Rope:
+  """The `Rope` of a layer of `config` (a `ModelConfig`) rotating `dim`
+  dims: a full-attention layer's (`full_rope_base`, "proportional" with
+  `full_rope_fraction`), or the others' (`rope_type`, YaRN's fields,
+  `rope_interleave`)."""
+  if full:
+    fraction = config.full_rope_fraction
+    return Rope(
+        dim,
+        config.full_rope_base or config.rope_max_wavelength,
+        "proportional" if fraction < 1 else "default",
+        fraction=fraction,
+        interleave=config.rope_interleave,
+    )
+  return Rope(
+      dim,
+      config.rope_max_wavelength,
+      config.rope_type,
+      factor=config.rope_factor,
+      original_max_len=config.rope_original_max_len,
+      beta_fast=config.rope_beta_fast,
+      beta_slow=config.rope_beta_slow,
+      mscale=config.rope_mscale,
+      mscale_all_dim=config.rope_mscale_all_dim,
+      interleave=config.rope_interleave,
+  )

@@ -1,0 +1,190 @@
+"""Validation of the `ModelConfig` fields of DeepSeek's and Gemma-4's
+attention and blocks: multi-head latent attention, YaRN and interleaved
+rotary embeddings, full-attention layers of their own geometry, and the
+extra norms and scalars of a Gemma-4 block.
+
+Kept apart from `config.py` (which calls `check` from
+`ModelConfig.__post_init__`); imports no jax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import math
+from typing import Any
+
+ROPE_TYPES = ("default", "yarn")
+
+_INTS = (
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "rope_original_max_len",
+    "full_head_dim",
+    "full_kv_heads",
+)
+_BOOLS = (
+    "rope_interleave",
+    "full_k_eq_v",
+    "value_norm",
+    "post_attention_norm",
+    "post_mlp_norm",
+    "shared_pre_norm",
+    "layer_scalar",
+)
+# name -> (lowest allowed, whether the lowest is allowed itself)
+_FLOATS = {
+    "rope_factor": (0.0, False),
+    "rope_beta_fast": (0.0, False),
+    "rope_beta_slow": (0.0, False),
+    "rope_mscale": (0.0, True),
+    "rope_mscale_all_dim": (0.0, True),
+    "attention_scale": (0.0, True),
+    "full_rope_base": (0.0, True),
+    "full_rope_fraction": (0.0, False),
+    "final_logit_softcap": (0.0, True),
+}
+_MLA = ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+_FULL = ("full_head_dim", "full_kv_heads", "full_rope_base", "full_k_eq_v")
+
+Fail = Callable[[str, str, Any, str], None]
+
+
+def _types(cfg, fail: Fail) -> None:
+  for name in _INTS:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      fail("ModelConfig", name, value, "expected an integer >= 0")
+  for name in _BOOLS:
+    if not isinstance(getattr(cfg, name), bool):
+      fail("ModelConfig", name, getattr(cfg, name), "expected a bool")
+  for name, (low, closed) in _FLOATS.items():
+    value = getattr(cfg, name)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < low
+        or (value == low and not closed)
+    ):
+      bound = ">=" if closed else ">"
+      fail("ModelConfig", name, value, f"expected a number {bound} {low:g}")
+    object.__setattr__(cfg, name, float(value))
+  if cfg.rope_type not in ROPE_TYPES:
+    fail("ModelConfig", "rope_type", cfg.rope_type, f"allowed {ROPE_TYPES}")
+
+
+def _mla(cfg, fail: Fail) -> None:
+  if cfg.kv_lora_rank == 0:
+    for name in _MLA:
+      if getattr(cfg, name):
+        fail(
+            "ModelConfig",
+            name,
+            getattr(cfg, name),
+            "multi-head latent attention needs kv_lora_rank > 0",
+        )
+    return
+  for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+    if getattr(cfg, name) <= 0:
+      fail("ModelConfig", name, getattr(cfg, name), "MLA needs it > 0")
+  if cfg.qk_rope_head_dim % 2:
+    fail(
+        "ModelConfig",
+        "qk_rope_head_dim",
+        cfg.qk_rope_head_dim,
+        "RoPE needs an even width",
+    )
+  if cfg.num_kv_heads not in (0, cfg.num_heads):
+    fail(
+        "ModelConfig",
+        "num_kv_heads",
+        cfg.num_kv_heads,
+        "MLA expands keys and values to every head (0 or num_heads)",
+    )
+  for name in ("qk_norm", "value_norm", "full_attention_layers"):
+    if getattr(cfg, name):
+      fail("ModelConfig", name, getattr(cfg, name), "not with MLA")
+
+
+def _full_layers(cfg, fail: Fail) -> None:
+  layers = cfg.full_attention_layers
+  if not isinstance(layers, (tuple, list)) or not all(
+      isinstance(i, int) and not isinstance(i, bool) for i in layers
+  ):
+    fail("ModelConfig", "full_attention_layers", layers, "expected indices")
+  normal = tuple(sorted(set(layers)))
+  if len(normal) != len(layers) or any(
+      not 0 <= i < cfg.num_layers for i in normal
+  ):
+    fail(
+        "ModelConfig",
+        "full_attention_layers",
+        layers,
+        f"expected distinct indices in [0, num_layers={cfg.num_layers})",
+    )
+  object.__setattr__(cfg, "full_attention_layers", normal)
+  if not normal:
+    for name in (*_FULL, "full_rope_fraction"):
+      default = 1.0 if name == "full_rope_fraction" else 0
+      if getattr(cfg, name) != default:
+        fail(
+            "ModelConfig",
+            name,
+            getattr(cfg, name),
+            "it shapes the full-attention layers, and there are none",
+        )
+    return
+  if cfg.full_rope_fraction > 1:
+    fail(
+        "ModelConfig",
+        "full_rope_fraction",
+        cfg.full_rope_fraction,
+        "expected a share in (0, 1]",
+    )
+  if 0 < cfg.full_rope_base <= 1:
+    fail("ModelConfig", "full_rope_base", cfg.full_rope_base, "expected > 1")
+  kv = cfg.full_kv_heads or cfg.num_kv_heads or cfg.num_heads
+  if cfg.num_heads % kv:
+    fail(
+        "ModelConfig",
+        "full_kv_heads",
+        cfg.full_kv_heads,
+        f"must divide num_heads={cfg.num_heads}",
+    )
+  if cfg.full_head_dim % 2:
+    fail("ModelConfig", "full_head_dim", cfg.full_head_dim, "must be even")
+  if cfg.rope_type != "default":
+    fail(
+        "ModelConfig",
+        "rope_type",
+        cfg.rope_type,
+        "full-attention layers have their own RoPE; only 'default' beside them",
+    )
+
+
+def check(cfg, fail: Fail) -> None:
+  """Raises (through `fail(cls, field, value, allowed)`) on a bad value of
+  one of these fields; normalises the numbers to floats and the layer
+  indices to a sorted tuple."""
+  _types(cfg, fail)
+  _mla(cfg, fail)
+  _full_layers(cfg, fail)
+  if cfg.rope_type == "yarn" and cfg.rope_original_max_len < 1:
+    fail(
+        "ModelConfig",
+        "rope_original_max_len",
+        cfg.rope_original_max_len,
+        "YaRN needs the pretraining context length (>= 1)",
+    )
+  if cfg.shared_pre_norm and not (
+      cfg.post_moe_norms and cfg.moe.shared_experts > 0
+  ):
+    fail(
+        "ModelConfig",
+        "shared_pre_norm",
+        cfg.shared_pre_norm,
+        "needs post_moe_norms and shared experts",
+    )

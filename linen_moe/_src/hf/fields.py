@@ -1,0 +1,164 @@
+"""Reading config.json fields: typed, checked, each error naming the field.
+
+The helpers every family's mapping (`config_map`, `deepseek`, `gemma4`)
+reads config.json with. A value we cannot compute as transformers does is a
+`ValueError` saying `config.json: field=value is not supported: ...`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Set
+from typing import Any
+
+# Fields that change nothing we compute (generation defaults, bookkeeping,
+# the position limit that "default" RoPE never reads).
+NO_EFFECT = frozenset({
+    "_name_or_path",
+    "architectures",
+    "model_type",
+    "transformers_version",
+    "use_cache",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "initializer_range",
+    "max_position_embeddings",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "torchscript",
+    "id2label",
+    "label2id",
+    "tokenizer_class",
+})
+# transformers' `hidden_act` -> our expert activation, and back.
+ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_new": "gelu",
+    "gelu": "gelu_exact",
+    "relu": "relu",
+}
+ACTIVATION_NAMES = {"silu": "silu", "gelu": "gelu_pytorch_tanh"}
+ACTIVATION_NAMES |= {"gelu_exact": "gelu", "relu": "relu"}
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def error(field: str, value: Any, expected: str) -> ValueError:
+  return ValueError(
+      f"config.json: {field}={value!r} is not supported: {expected}."
+  )
+
+
+def check_known(hf: Mapping, known: Set[str], model_type: str) -> None:
+  """Raises unless every field of `hf` is in `known`."""
+  unknown = sorted(set(hf) - set(known))
+  if unknown:
+    raise ValueError(
+        f"config.json has field(s) {unknown} that a {model_type} model does "
+        "not have here; they may change the computation, so they are not "
+        "ignored."
+    )
+
+
+def read_int(hf: Mapping, field: str, default=None, minimum: int = 1) -> int:
+  value = hf.get(field, default)
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    raise error(field, value, f"expected an integer >= {minimum}")
+  return value
+
+
+def read_number(hf: Mapping, field: str, default=None, low=None) -> float:
+  """A number (> `low` when given)."""
+  value = hf.get(field, default)
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise error(field, value, "expected a number")
+  if low is not None and not value > low:
+    raise error(field, value, f"expected a number > {low:g}")
+  return float(value)
+
+
+def read_bool(hf: Mapping, field: str, default: bool) -> bool:
+  value = hf.get(field, default)
+  if value is None:
+    return default
+  if not isinstance(value, bool):
+    raise error(field, value, "expected true or false")
+  return value
+
+
+def require(hf: Mapping, field: str, allowed: tuple, default=None) -> None:
+  """Raises unless `hf[field]` (or `default`) is one of `allowed`."""
+  value = hf.get(field, default)
+  if value not in allowed:
+    raise error(field, value, f"only {list(allowed)} is implemented")
+
+
+def zero(hf: Mapping, field: str) -> None:
+  value = hf.get(field, 0) or 0
+  if value != 0:
+    raise error(field, value, "only 0 is implemented")
+
+
+def dtype_of(hf: Mapping) -> str:
+  value = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+  if value not in DTYPES:
+    raise error("dtype", value, f"expected one of {sorted(DTYPES)}")
+  return DTYPES[value]
+
+
+def activation(hf: Mapping, field: str, default: str) -> str:
+  act = hf.get(field, default)
+  if act not in ACTIVATIONS:
+    raise error(field, act, f"expected one of {sorted(ACTIVATIONS)}")
+  return ACTIVATIONS[act]
+
+
+def differing(config, fixed: Mapping, fixed_moe: Mapping) -> list[str]:
+  """`field=value` of each field of a `ModelConfig` (`fixed`) or of its
+  `moe` (`fixed_moe`) that differs from the value a family requires."""
+  return [
+      f"{k}={getattr(obj, k)!r}"
+      for obj, table in ((config, fixed), (config.moe, fixed_moe))
+      for k, v in table.items()
+      if getattr(obj, k) != v
+  ]
+
+
+def norm_eps(hf: Mapping, default: float = 1e-6) -> float:
+  return read_number(hf, "rms_norm_eps", default, low=0.0)
+
+
+def rope_parameters(hf: Mapping) -> tuple[str, dict]:
+  """(the field's name, its mapping) of the rotary parameters in either
+  style: transformers 5's `rope_parameters`, or the older `rope_scaling`
+  (its `rope_theta` then top-level)."""
+  params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+  field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+  if not isinstance(params, Mapping):
+    raise error(field, params, "expected a mapping or null")
+  return field, dict(params)
+
+
+def rope_type(params: Mapping) -> str:
+  """transformers' `rope_type`, or the older `type`, or "default"."""
+  return params.get("rope_type", params.get("type", "default"))
+
+
+def check_keys(field: str, params: Mapping, allowed: Set[str]) -> None:
+  unknown = sorted(set(params) - set(allowed))
+  if unknown:
+    raise error(
+        field,
+        dict(params),
+        f"its keys {unknown} change the rotary embedding and are not "
+        "implemented",
+    )
+
+
+def theta(value: Any) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise error("rope_theta", value, "expected a number")
+  return float(value)

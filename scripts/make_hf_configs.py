@@ -1,0 +1,101 @@
+"""Writes the shipped YAML configs that come from Hugging Face config.json.
+
+  .venv/bin/python scripts/make_hf_configs.py [--check]
+
+Each `configs/<name>.yml` of `DERIVED` is `linen_moe.hf.model_config` of a
+config.json, written field by field (every field that differs from the
+`ModelConfig` / `MoEConfig` default): the released models' shapes
+(`configs/hf/*/config.json`) and the tiny models the matrix trains (the
+fixtures' config.json). `--check` writes nothing and fails when a file
+differs from what it would write (tests/test_hf_sizes.py checks the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+
+import yaml
+
+from linen_moe import hf
+from linen_moe._src.config import ModelConfig
+from linen_moe._src.config import MoEConfig
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# shipped config name -> (config.json, what it is)
+DERIVED = {
+    "mixtral_8x7b": ("configs/hf/mixtral_8x7b/config.json", "Mixtral-8x7B"),
+    "qwen3_30b_a3b": ("configs/hf/qwen3_30b_a3b/config.json", "Qwen3-30B-A3B"),
+    "deepseek_v3_671b": ("configs/hf/deepseek_v3/config.json", "DeepSeek-V3"),
+    "gemma4_26b": (
+        "configs/hf/gemma4_26b_a4b/config.json",
+        "Gemma-4-26B-A4B (its text decoder)",
+    ),
+    "tiny_deepseek_v3_mla": (
+        "tests/fixtures/hf/deepseek_v3_qlora_yarn_groups/config.json",
+        "a tiny DeepSeek-V3 (MLA with q_lora, YaRN, groups, 1 dense layer)",
+    ),
+    "tiny_gemma4_text": (
+        "tests/fixtures/hf/gemma4_text_moe_keqv/config.json",
+        "a tiny Gemma-4 (sliding and full layers, k_eq_v, soft-capping)",
+    ),
+}
+
+
+def _plain(value):
+  return list(value) if isinstance(value, tuple) else value
+
+
+def _changed(obj, cls) -> dict:
+  """The fields of `obj` that differ from the defaults of `cls` (required
+  fields always)."""
+  out = {}
+  for field in dataclasses.fields(cls):
+    if field.name == "moe" or not field.init:
+      continue
+    value = getattr(obj, field.name)
+    if field.default is dataclasses.MISSING or value != field.default:
+      out[field.name] = _plain(value)
+  return out
+
+
+def render(name: str) -> str:
+  """The YAML text of config `name`."""
+  source, what = DERIVED[name]
+  config = hf.model_config(json.loads((ROOT / source).read_text()))
+  body = {
+      "moe": _changed(config.moe, MoEConfig),
+      "decoder": _changed(config, ModelConfig),
+  }
+  header = (
+      f"# {what}:\n# hf.model_config of {source},\n"
+      "# written by scripts/make_hf_configs.py (do not edit; rerun it).\n"
+  )
+  return header + yaml.safe_dump(body, sort_keys=False)
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--check", action="store_true")
+  args = parser.parse_args()
+  stale = []
+  for name in DERIVED:
+    path = ROOT / "configs" / f"{name}.yml"
+    text = render(name)
+    if args.check:
+      if not path.exists() or path.read_text() != text:
+        stale.append(path.name)
+    else:
+      path.write_text(text)
+      print(f"wrote {path.relative_to(ROOT)}")
+  if stale:
+    print(f"stale: {stale}; rerun scripts/make_hf_configs.py", file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

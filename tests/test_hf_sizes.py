@@ -1,0 +1,211 @@
+"""The released models at their real sizes, by shape only (`jax.eval_shape`,
+nothing allocated or compiled): the decoder of `hf.model_config` of each
+released config.json has exactly the parameters, tensor shapes and saved
+buffers that transformers' model of that config has (its numbers, built on
+the meta device: tests/fixtures/hf/param_counts.json), and the shipped
+YAML configs of these models are those configs.
+"""
+
+import importlib.resources
+import json
+import math
+import pathlib
+import re
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+
+from linen_moe import decoding
+from linen_moe import hf
+from linen_moe import load_model_config
+from linen_moe._src import sharding
+from linen_moe._src.hf import config_map
+from linen_moe._src.hf import load
+from linen_moe._src.hf import tensor_names as tn
+from linen_moe._src.models import mla
+from tests.hf_helpers import FIXTURES
+
+# The released models' config.json files, read from the installed package
+# (configs/hf/ in the repository) as CI's copy of tests/ must.
+CONFIGS = importlib.resources.files("linen_moe.configs") / "hf"
+# CI copies docs/ beside tests/.
+FAMILIES_PAGE = (
+    pathlib.Path(__file__).parent.parent / "docs" / "guides" / "families.md"
+)
+COUNTS = json.loads((FIXTURES / "param_counts.json").read_text())["models"]
+# The parameter counts transformers gives (stated in docs/guides/families.md).
+TOTALS = {
+    "mixtral_8x7b": 46_702_792_704,
+    "qwen3_30b_a3b": 30_532_122_624,
+    "deepseek_v3": 671_026_404_352,
+    "gemma4_26b_a4b": 25_233_141_760,  # the text decoder
+}
+
+
+def _released(name: str) -> dict:
+  return json.loads((CONFIGS / name / "config.json").read_text())
+
+
+def _on_disk(names_to_shapes: dict) -> dict:
+  """Per-expert names collapsed as param_counts.json lists them."""
+  out = {}
+  for name, shape in names_to_shapes.items():
+    collapsed = re.sub(r"\.experts\.\d+\.", ".experts.*.", name)
+    if collapsed == name:
+      out[name] = list(shape)
+      continue
+    entry = out.setdefault(collapsed, {"shape": list(shape), "count": 0})
+    entry["count"] += 1
+  return out
+
+
+def _count(tree) -> int:
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
+
+
+class RealSizesTest(parameterized.TestCase):
+
+  @parameterized.parameters(*TOTALS)
+  def test_parameters_shapes_and_buffers_equal_transformers(self, name):
+    raw = _released(name)
+    config = hf.model_config(raw)
+    family = config_map.family_of(raw)
+    abstract = load.abstract_variables(config)
+    params = sharding.unbox(abstract["params"])
+    state = sharding.unbox(abstract.get("updated_by_rule", {}))
+    want = COUNTS[name].get("text_only", COUNTS[name])
+    self.assertEqual(_count(params), want["total_params"])
+    self.assertEqual(_count(params), TOTALS[name])
+    self.assertEqual(_count(state), want["buffer_elements"])
+    # Every tensor on disk, named through the tensor-name mapping.
+    plan = config.stack_plan
+    shapes = load._unrolled_shapes(abstract["params"], plan)
+    shapes |= load._unrolled_shapes(abstract.get("updated_by_rule", {}), plan)
+    srcs = tn.sources(family, config) | tn.state_sources(family, config)
+    disk = {}
+    for path, source in srcs.items():
+      disk |= tn.expected_shapes(source, tuple(shapes[path].shape))
+    expected = {
+        n: s
+        for n, s in COUNTS[name]["tensors_on_disk"].items()
+        if not n.startswith(family.skipped_prefixes or ("\0",))
+    }
+    self.assertEqual(_on_disk(disk), expected)
+    buffers = {
+        n
+        for n in COUNTS[name]["persistent_buffers"]
+        if not n.startswith(family.skipped_prefixes or ("\0",))
+    }
+    state_names = {s.name for s in tn.state_sources(family, config).values()}
+    self.assertEqual(state_names, buffers)
+
+  def test_mla_cache_per_token(self):
+    config = hf.model_config(_released("deepseek_v3"))
+    self.assertEqual(
+        mla.cache_values_per_token(config),
+        {"latent": 512 + 64, "expanded": 128 * (128 + 64 + 128)},
+    )
+    cache = jax.eval_shape(lambda: decoding.init_cache(config, 1, 16))
+    per_token = _count(cache) / 16  # `index` rounds away
+    self.assertEqual(int(per_token), 61 * 576)
+
+
+# The row of each model in the page's parameter-count table.
+DOC_ROWS = {
+    "mixtral_8x7b": "Mixtral-8x7B",
+    "qwen3_30b_a3b": "Qwen3-30B-A3B",
+    "deepseek_v3": "DeepSeek-V3 (no MTP)",
+    "gemma4_26b_a4b": "Gemma-4-26B-A4B (text)",
+}
+
+
+def _table_rows(page: str) -> dict[str, list[str]]:
+  """Markdown table rows of `page`: first cell -> the cells."""
+  rows = {}
+  for line in page.splitlines():
+    if line.startswith("| "):
+      cells = [c.strip() for c in line.strip().strip("|").split("|")]
+      rows[cells[0]] = cells
+  return rows
+
+
+def _cache_bytes_per_token(config) -> int:
+  """Bytes one token adds to the KV cache of every layer (measured on
+  `decoding.init_cache`'s shapes, in the config's dtype)."""
+  length = 16
+  cache = jax.eval_shape(lambda: decoding.init_cache(config, 1, length))
+  total = sum(
+      math.prod(x.shape) * x.dtype.itemsize
+      for x in jax.tree.leaves(cache)
+      if x.ndim  # the scalar `index`
+  )
+  assert total % length == 0
+  return total // length
+
+
+class DocsFiguresTest(absltest.TestCase):
+  """The figures docs/guides/families.md states are the decoder's and
+  transformers'."""
+
+  def test_parameter_count_table(self):
+    rows = _table_rows(FAMILIES_PAGE.read_text(encoding="utf-8"))
+    for name, label in DOC_ROWS.items():
+      with self.subTest(name=name):
+        abstract = load.abstract_variables(hf.model_config(_released(name)))
+        ours = _count(sharding.unbox(abstract["params"]))
+        buffers = _count(sharding.unbox(abstract.get("updated_by_rule", {})))
+        theirs = COUNTS[name].get("text_only", COUNTS[name])["total_params"]
+        cells = rows[label]
+        self.assertEqual(cells[1], f"{ours:,}")
+        self.assertEqual(cells[2], f"{theirs:,}")
+        self.assertEqual(cells[3].split()[0], f"{buffers:,}")
+
+  def test_kv_cache_figures(self):
+    page = FAMILIES_PAGE.read_text(encoding="utf-8")
+    rows = _table_rows(page)
+    deepseek = hf.model_config(_released("deepseek_v3"))
+    per_layer = mla.cache_values_per_token(deepseek)
+    kept = _cache_bytes_per_token(deepseek)
+    self.assertEqual(kept, deepseek.num_layers * per_layer["latent"] * 2)
+    latent = rows["latent + rotary key (what is kept)"]
+    self.assertTrue(latent[1].endswith(f"= {per_layer['latent']:,}"))
+    self.assertTrue(latent[2].startswith(f"{kept:,} "), latent[2])
+    expanded = rows["expanded keys and values"]
+    self.assertTrue(expanded[1].endswith(f"= {per_layer['expanded']:,}"))
+    expanded_bytes = deepseek.num_layers * per_layer["expanded"] * 2  # bf16
+    self.assertTrue(expanded[2].startswith(f"{expanded_bytes:,} "))
+    flat = " ".join(page.split())
+    self.assertIn(f"{round(expanded_bytes / kept)} times less", flat)
+    gemma = hf.model_config(_released("gemma4_26b_a4b"))
+    gemma_bytes = _cache_bytes_per_token(gemma)
+    self.assertIn(
+        f"= {gemma_bytes // 2:,} values a token ({gemma_bytes:,} bf16 bytes)",
+        flat,
+    )
+
+
+# shipped config -> the config.json it is `hf.model_config` of (as
+# scripts/make_hf_configs.py writes them; its --check compares the text).
+DERIVED = {
+    "mixtral_8x7b": CONFIGS / "mixtral_8x7b" / "config.json",
+    "qwen3_30b_a3b": CONFIGS / "qwen3_30b_a3b" / "config.json",
+    "deepseek_v3_671b": CONFIGS / "deepseek_v3" / "config.json",
+    "gemma4_26b": CONFIGS / "gemma4_26b_a4b" / "config.json",
+    "tiny_deepseek_v3_mla": (
+        FIXTURES / "deepseek_v3_qlora_yarn_groups" / "config.json"
+    ),
+    "tiny_gemma4_text": FIXTURES / "gemma4_text_moe_keqv" / "config.json",
+}
+
+
+class DerivedConfigsTest(parameterized.TestCase):
+
+  @parameterized.parameters(*DERIVED)
+  def test_shipped_config_is_the_config_json(self, name):
+    hf_config = json.loads(DERIVED[name].read_text())
+    self.assertEqual(load_model_config(name), hf.model_config(hf_config))
+
+
+if __name__ == "__main__":
+  absltest.main()
