@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src import sharding
-from linen_moe._src.config import ModelConfig
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.tokens import validate_tokens_if_concrete
 from linen_moe._src.variables import CACHE
