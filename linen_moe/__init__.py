@@ -15,11 +15,8 @@ import warnings as _warnings
 # that `import linen_moe` alone imports no jax: the command line's --help
 # and a test session's setup (which sets jax's flags) run before jax loads.
 _EXPORTS = {
-    "linen_moe._src.config": (
-        "PATHS",
-        "QUANTIZATIONS",
-        "ModelConfig",
-        "MoEConfig",
+    "linen_moe._src.config": ("PATHS", "QUANTIZATIONS", "MoEConfig"),
+    "linen_moe._src.config_files": (
         "available_configs",
         "load_config",  # deprecated: load_moe_config
         "load_model_config",
@@ -28,6 +25,7 @@ _EXPORTS = {
     "linen_moe._src.expert": ("SharedExpert",),
     # grouped_kernels imports jax, so it loads only when the name is asked for.
     "linen_moe._src.grouped_kernels": ("KernelFallbackWarning",),
+    "linen_moe._src.model_config": ("ModelConfig",),
     "linen_moe._src.models.decoder": (
         "Decoder",
         "scanned_to_unrolled",

@@ -69,8 +69,8 @@ class Case:
 
 
 def _model_config(case: Case):
-  from linen_moe._src.config import ModelConfig  # noqa: PLC0415
   from linen_moe._src.config import MoEConfig  # noqa: PLC0415
+  from linen_moe._src.model_config import ModelConfig  # noqa: PLC0415
 
   b, s, m, h, e, k = case.resolved_dims()
   path = dict(PATHS[case.path])

@@ -15,8 +15,8 @@ from linen_moe import decoding
 from linen_moe import serving
 from linen_moe import sharding
 from linen_moe._src.config import SERVING_QUANTIZATIONS
-from linen_moe._src.config import ModelConfig
-from linen_moe._src.config import load_model_config
+from linen_moe._src.config_files import load_model_config
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.training import MarkovData

@@ -25,7 +25,7 @@ from linen_moe import testing
 from linen_moe._src.config import FAMILY_CONFIGS
 from linen_moe._src.config import PATHS
 from linen_moe._src.config import TINY_CONFIGS
-from linen_moe._src.config import load_model_config
+from linen_moe._src.config_files import load_model_config
 from linen_moe._src.quantization_modes import MODES
 from linen_moe._src.quantization_modes import QUANTIZATIONS
 from linen_moe.training import MarkovData

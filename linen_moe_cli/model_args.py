@@ -10,7 +10,7 @@ import argparse
 import yaml
 
 from linen_moe._src.config import QUANTIZATIONS
-from linen_moe._src.config import available_configs
+from linen_moe._src.config_files import available_configs
 
 LAYERS = ("scanned", "unrolled")
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from linen_moe._src import layer_stack
 from linen_moe._src import scan
 from linen_moe._src import sharding
-from linen_moe._src.config import ModelConfig
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.models import decoder as linen_decoder
 from linen_moe._src.models.blocks import DecoderBlock
 from linen_moe._src.models.blocks import per_layer_aux

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from linen_moe._src.config import ModelConfig
 from linen_moe._src.jit_init import jit_once
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.models.decoder import routed_bias_rule
 from linen_moe._src.training import skip
 from linen_moe._src.training import step as linen_train

@@ -42,8 +42,8 @@ from linen_moe import distributed
 from linen_moe import sharding
 from linen_moe import testing
 from linen_moe._src.config import PATHS
-from linen_moe._src.config import load_model_config
-from linen_moe._src.config import load_moe_config
+from linen_moe._src.config_files import load_model_config
+from linen_moe._src.config_files import load_moe_config
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import main as cli_main

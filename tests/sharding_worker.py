@@ -183,7 +183,7 @@ def layer(job: dict) -> dict:
   (default "auto"), on each of `inputs` ("random", "skewed"; default
   "random"). Errors are absolute; `*_scale` the reference's max."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
-  from linen_moe._src.config import load_moe_config  # noqa: PLC0415
+  from linen_moe._src.config_files import load_moe_config  # noqa: PLC0415
   from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
 
   out = {}
@@ -247,7 +247,7 @@ def serving(job: dict) -> dict:
   and under each mesh: the expert-parallel path reads the stored kernels."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
   from linen_moe import serving as serving_lib  # noqa: PLC0415
-  from linen_moe._src.config import load_moe_config  # noqa: PLC0415
+  from linen_moe._src.config_files import load_moe_config  # noqa: PLC0415
 
   out = {}
   for mode in job["modes"]:

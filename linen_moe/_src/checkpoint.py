@@ -55,10 +55,10 @@ from linen_moe._src.checkpoint_tree import Path
 from linen_moe._src.checkpoint_tree import abstract
 from linen_moe._src.checkpoint_tree import layer_plan
 from linen_moe._src.checkpoint_tree import relayout_abstract
-from linen_moe._src.config import ModelConfig
 from linen_moe._src.data.checkpointing import IteratorCheckpointHandler
 from linen_moe._src.data.checkpointing import IteratorRestore
 from linen_moe._src.data.checkpointing import IteratorSave
+from linen_moe._src.model_config import ModelConfig
 
 STATE, META, DATA = "state", "meta", "data"
 FORMAT_VERSION = 1

@@ -20,7 +20,7 @@ from linen_moe._src.checkpoint_meta import config_from_dict
 from linen_moe._src.checkpoint_tree import VARIABLES
 from linen_moe._src.checkpoint_tree import abstract
 from linen_moe._src.checkpoint_tree import layer_plan
-from linen_moe._src.config import ModelConfig
+from linen_moe._src.model_config import ModelConfig
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 

@@ -16,9 +16,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from linen_moe._src.config import ModelConfig
 from linen_moe._src.config import MoEConfig
-from linen_moe._src.config import run_fields
+from linen_moe._src.model_config import ModelConfig
+from linen_moe._src.model_config import run_fields
 
 # The config fields a restore may change: said on the fields themselves.
 RUN_FIELDS = run_fields()

@@ -49,10 +49,10 @@ from linen_moe._src import expert
 from linen_moe._src import layer_stack
 from linen_moe._src import sharding
 from linen_moe._src import stored_weights
-from linen_moe._src.config import ModelConfig
 from linen_moe._src.config import MoEConfig
 from linen_moe._src.int8_grouped import as_float32
 from linen_moe._src.int8_grouped import quantize_int8
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.quantization_modes import MODES
 from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS
 from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT

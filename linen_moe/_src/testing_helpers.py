@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe._src import config as config_lib
+from linen_moe._src import config_files
 from linen_moe._src import sharding
 from linen_moe._src import variables as variables_lib
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.moe import RoutedMoE
 from linen_moe._src.training.data import MarkovData
 
@@ -80,7 +82,7 @@ def model_config(
     quantization: str = "none",
     path: str = "sparse",
     **overrides: Any,
-) -> config_lib.ModelConfig:
+) -> ModelConfig:
   """A shipped config in a quantization mode on one matmul path.
 
   Args:
@@ -94,7 +96,7 @@ def model_config(
   Returns:
     The `ModelConfig`.
   """
-  return config_lib.load_model_config(
+  return config_files.load_model_config(
       name, quantization=quantization, **config_lib.PATHS[path], **overrides
   )
 

@@ -37,7 +37,6 @@ from linen_moe._src import sharding as sharding_lib
 from linen_moe._src import stored_weights
 from linen_moe._src.config import QUANTIZATIONS
 from linen_moe._src.config import SERVING_QUANTIZATIONS
-from linen_moe._src.config import ModelConfig
 from linen_moe._src.expert import KERNELS
 from linen_moe._src.expert import ROUTED_RANK
 from linen_moe._src.hf import config_map
@@ -47,6 +46,7 @@ from linen_moe._src.hf.safetensors_io import FLOAT_CODES
 from linen_moe._src.hf.safetensors_io import Checkpoint
 from linen_moe._src.int8_grouped import as_float32
 from linen_moe._src.int8_grouped import quantize_int8_host
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.variables import CACHE
 from linen_moe._src.variables import PARAMS

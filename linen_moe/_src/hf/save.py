@@ -28,7 +28,6 @@ import numpy as np
 
 from linen_moe._src import layer_stack
 from linen_moe._src import sharding as sharding_lib
-from linen_moe._src.config import ModelConfig
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.load import CONFIG_FILE
@@ -37,6 +36,7 @@ from linen_moe._src.hf.load import _flat_state
 from linen_moe._src.hf.safetensors_io import Planned
 from linen_moe._src.hf.safetensors_io import parse_size
 from linen_moe._src.hf.safetensors_io import write_checkpoint
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.variables import PARAMS
 from linen_moe._src.variables import UPDATED_BY_RULE
 

@@ -31,8 +31,8 @@ import math
 
 from linen_moe._src import expert
 from linen_moe._src import layer_stack
-from linen_moe._src.config import ModelConfig
 from linen_moe._src.hf.families import Family
+from linen_moe._src.model_config import ModelConfig
 
 Path = tuple[str, ...]
 

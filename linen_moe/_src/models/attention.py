@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src import sharding
-from linen_moe._src.config import ModelConfig
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize
 from linen_moe._src.models.rotary import Rope

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from linen_moe._src import layer_stack
 from linen_moe._src import sharding
 from linen_moe._src import variables
-from linen_moe._src.config import ModelConfig
 from linen_moe._src.expert import SharedExpert
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.models.attention import CausalSelfAttention
 from linen_moe._src.models.mla import MultiHeadLatentAttention
 from linen_moe._src.models.norms import RMSNorm

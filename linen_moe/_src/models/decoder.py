@@ -21,8 +21,8 @@ import jax.numpy as jnp
 from linen_moe._src import layer_stack
 from linen_moe._src import routing
 from linen_moe._src import sharding
-from linen_moe._src.config import ModelConfig
 from linen_moe._src.jit_init import JitInit
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.models.attention import CausalSelfAttention  # noqa: F401
 from linen_moe._src.models.attention import Projection
 from linen_moe._src.models.blocks import DecoderBlock

@@ -38,7 +38,7 @@ import numpy as np
 
 from linen_moe._src import layer_stack
 from linen_moe._src import sharding
-from linen_moe._src.config import ModelConfig
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.tokens import validate_tokens_if_concrete
 from linen_moe._src.variables import CACHE

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src import sharding
-from linen_moe._src.config import ModelConfig
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.models.attention import Projection
 from linen_moe._src.models.attention import attend
 from linen_moe._src.models.attention import attention_mask

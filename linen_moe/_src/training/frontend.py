@@ -16,8 +16,8 @@ import jax
 import optax
 
 from linen_moe._src import checkpoint_tree as ckpt_tree
-from linen_moe._src.config import ModelConfig
 from linen_moe._src.jit_init import jit_once
+from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.training import step as step_lib
 
