@@ -1,7 +1,7 @@
 """Where the whole model's train step or decode step spends its time.
 
 Compiles one program of `linen_moe_cli.bench_model`'s model (the train step, the
-prefill or one decode step), runs it under `jax.profiler`
+prefill, one decode step, or greedy_generate's whole program), runs it under `jax.profiler`
 (`profile_case.op_times`) and prints its slowest XLA ops, milliseconds per
 call, each with the part of the model its HLO metadata names (attention,
 the KV cache update, the MoE's router and expert matmuls, norms, logits and
@@ -10,6 +10,7 @@ loss, the optimizer, the finite check), then the total per part.
   PYTHONPATH=. python benchmarks/profile_model.py decode
   PYTHONPATH=. python benchmarks/profile_model.py train --model tiny_mixtral
   PYTHONPATH=. python benchmarks/profile_model.py decode --unrolled --batch 1
+  PYTHONPATH=. python benchmarks/profile_model.py generate  # the whole call
 """
 
 from __future__ import annotations
@@ -84,6 +85,13 @@ def _program(what: str, cfg, args):
     return ours.train_step, ours.train
   prompt = ours.tokens(args.batch, args.prompt)
   length = args.prompt + args.new
+  if what == "generate":  # greedy_generate's one program, prefill included
+    program, call = decoding.generate_program(
+        cfg, ours.variables, prompt, args.new
+    )
+    compiled = program.lower(*call).compile()
+    dynamic = call[1:3]  # the config and the lengths are static
+    return compiled, lambda: compiled(*dynamic)
   state = {"cache": decoding.init_cache(cfg, args.batch, length)}
   if what == "prefill":
     fn, arg = decoding.prefill, prompt
@@ -107,7 +115,9 @@ def _program(what: str, cfg, args):
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("what", choices=("train", "prefill", "decode"))
+  parser.add_argument(
+      "what", choices=("train", "prefill", "decode", "generate")
+  )
   parser.add_argument("--model", default=bench_model.MIXTRAL_SHAPE)
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--seq", type=int, default=256, help="train length")

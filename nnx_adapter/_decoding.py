@@ -2,11 +2,12 @@
 
     tokens = greedy_generate(model, prompt, num_tokens)
 
-The model's variables go into a decoding twin (`Decoder(config,
-decode=True)`, built abstractly, with a zero cache of [B, max_len]); the
-prompt fills every layer's cache in one call and each next token is one
-call of one token per row, both under `nnx.jit` (one program each). The
-math is the Linen decoder's (`linen_moe.decoding`): the same blocks.
+`greedy_generate` hands the model's variables to the Linen decoder's
+(`linen_moe.decoding.greedy_generate`: one program, the layers unrolled,
+no copy of a scanned stack's weights): the same blocks, the same math.
+`decoding_model` builds a decoding twin (`Decoder(config, decode=True)`,
+built abstractly, with a zero cache of [B, max_len]) for stepping an NNX
+model token by token.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from linen_moe import decoding
 from linen_moe._src.tokens import validate_tokens_if_concrete
 from linen_moe._src.variables import CACHE
 from nnx_adapter._decoder import Decoder
@@ -56,14 +58,6 @@ def decoding_model(model: Decoder, batch: int, max_len: int) -> Decoder:
   return linen_to_nnx(variables, twin)
 
 
-@nnx.jit
-def _extend(model: Decoder, tokens: jax.Array):
-  """Appends tokens [B, S]: (greedy next token [B], last logits [B, V])."""
-  logits, _ = model(tokens)
-  last = logits[:, -1]
-  return jnp.argmax(last, axis=-1).astype(jnp.int32), last
-
-
 def greedy_generate(
     model: Decoder,
     prompt: jax.Array,
@@ -97,17 +91,15 @@ def greedy_generate(
     raise ValueError(f"num_tokens={num_tokens} must be >= 1.")
   if getattr(model, "decode", False):
     raise ValueError("model must be a plain Decoder, not a decoding one.")
-  b, p = prompt.shape
+  p = prompt.shape[1]
   max_len = p + num_tokens if max_len is None else max_len
   if max_len < p + num_tokens:
     raise ValueError(
         f"max_len={max_len} cannot hold the prompt ({p}) and {num_tokens} "
         "new tokens."
     )
-  twin = decoding_model(model, b, max_len)
-  token, _ = _extend(twin, prompt.astype(jnp.int32))
-  out = [token]
-  for _ in range(num_tokens - 1):
-    token, _ = _extend(twin, token[:, None])
-    out.append(token)
-  return jnp.concatenate([prompt, jnp.stack(out, axis=1)], axis=1)
+  variables = nnx_to_linen(model)
+  variables.pop(CACHE, None)
+  return decoding.greedy_generate(
+      model.config, variables, prompt, num_tokens, max_len
+  )

@@ -1,10 +1,13 @@
-"""The sparse path at decode sizes: every expert on every token.
+"""The sparse path at decode sizes: every expert on every token, or the
+chosen experts' weights alone.
 
 A handful of tokens (`sparse.uses_every_expert`) takes `sparse.every_expert`,
 more take the sorted grouped matmuls (`sparse.sparse_experts`). Both must be
 the same layer: against the NumPy oracle, and against each other in every
 quantization mode, forward and backward, the fp8 state's new values
-included, and from converted serving weights.
+included, and from converted serving weights. Fewer choices than experts in
+float (`sparse.uses_chosen_experts`) take `sparse.chosen_experts`: the same
+checks, in float.
 """
 
 import functools
@@ -100,6 +103,13 @@ class RuleTest(absltest.TestCase):
     self.assertFalse(sparse.uses_every_expert(9, 8, 2))  # past decode sizes
     self.assertFalse(sparse.uses_every_expert(1, 128, 8))
 
+  def test_chosen_experts_by_choices_and_mode(self):
+    self.assertTrue(sparse.uses_chosen_experts(1, 8, 2, False))
+    self.assertTrue(sparse.uses_chosen_experts(3, 8, 2, False))
+    self.assertFalse(sparse.uses_chosen_experts(4, 8, 2, False))  # 8 choices
+    self.assertFalse(sparse.uses_chosen_experts(1, 8, 2, True))  # quantized
+    self.assertFalse(sparse.uses_chosen_experts(9, 128, 8, False))
+
   def test_layer_takes_it_at_decode_sizes_only(self):
     config = load_moe_config("tiny_mixtral")
     variables = _variables("tiny_mixtral")
@@ -141,6 +151,51 @@ class EveryExpertTest(parameterized.TestCase):
     with _sorted_path():
       ordered = jax.jit(apply)(serve_variables, x)[0]
     self.assertLess(_rel_err(every, ordered), 1e-6)
+
+
+class ChosenExpertsTest(absltest.TestCase):
+  """Batch 3 of tiny_mixtral (6 choices among 8 experts): chosen experts."""
+
+  def test_matches_numpy_reference(self):
+    config = load_moe_config("tiny_mixtral")
+    x = _x(config, 3)
+    variables = _variables("tiny_mixtral")
+    y, _ = jax.jit(RoutedMoE(config).apply)(variables, x)
+    expected, _ = numpy_reference.moe_reference(
+        variables["params"], np.asarray(x, np.float64), config
+    )
+    self.assertLess(_rel_err(y, expected), 1e-5)
+
+  def test_equals_sorted_path_forward_and_backward(self):
+    config = load_moe_config("tiny_mixtral")
+    x = _x(config, 3)
+    variables = _variables("tiny_mixtral")
+
+    def loss(params, x):
+      y, aux = RoutedMoE(config).apply({"params": params}, x)
+      return jnp.sum(jnp.sin(y)) + aux.load_balance_loss, y
+
+    grad = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+    lowered = jax.jit(grad).lower(variables["params"], x)
+    self.assertNotIn("stablehlo.sort", lowered.as_text())
+    (_, y), (dparams, dx) = lowered.compile()(variables["params"], x)
+    with _sorted_path():
+      (_, y_s), (dparams_s, dx_s) = jax.jit(grad)(variables["params"], x)
+    self.assertLess(_rel_err(y, y_s), 1e-6)
+    self.assertLess(_rel_err(dx, dx_s), 1e-6)
+    for (path, want), got in zip(
+        jax.tree_util.tree_leaves_with_path(dparams_s),
+        jax.tree.leaves(dparams),
+        strict=True,
+    ):
+      self.assertLess(_rel_err(got, want), 1e-6, jax.tree_util.keystr(path))
+
+  def test_a_quantized_layer_keeps_the_sorted_path(self):
+    config = load_moe_config("tiny_mixtral", quantization="int8")
+    x = _x(config, 3)
+    variables = _variables("tiny_mixtral", "int8")
+    text = jax.jit(RoutedMoE(config).apply).lower(variables, x).as_text()
+    self.assertIn("stablehlo.sort", text)
 
 
 @testing.slow

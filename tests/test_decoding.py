@@ -16,7 +16,9 @@ from linen_moe import PATHS
 from linen_moe import Decoder
 from linen_moe import decoding
 from linen_moe import load_model_config
+from linen_moe import scanned_to_unrolled
 from linen_moe import serving
+from linen_moe._src.models import decoding as decoding_impl
 from linen_moe.sharding import unbox
 
 PROMPT, NEW = 5, 4
@@ -74,6 +76,10 @@ class DecodingTest(parameterized.TestCase):
       )
       cached.append(logits)
     cached = np.stack(cached, axis=1)  # [B, NEW, V]
+    # One program (greedy_generate) and step by step: the same tokens.
+    np.testing.assert_array_equal(
+        tokens[:, PROMPT:], np.argmax(cached, axis=-1)
+    )
     self.assertEqual(int(cache["index"]), PROMPT + NEW - 1)
     # The full forward on the final sequence: by causality (checked below),
     # position t sees exactly the growing sequence up to t.
@@ -93,6 +99,58 @@ class DecodingTest(parameterized.TestCase):
     np.testing.assert_allclose(a[:, :PROMPT], b[:, :PROMPT], atol=1e-6)
     self.assertGreater(
         float(jnp.max(jnp.abs(a[:, PROMPT:] - b[:, PROMPT:]))), 0
+    )
+
+  def test_layer_views_equal_slices_and_share_the_buffers(self):
+    config, variables, _ = _model("mixtral_float_sparse")
+    views = decoding_impl.host_unrolled(config, variables)
+    sliced = scanned_to_unrolled(variables, config.stack_plan)
+    self.assertEqual(jax.tree.structure(views), jax.tree.structure(sliced))
+    jax.tree.map(np.testing.assert_array_equal, views, sliced)
+    # Not copies: a layer's expert weights sit inside the stacked buffer.
+    stacked = variables["params"]["layers"]["moe"]["wi_0"]
+    layer = views["params"]["layers_1"]["moe"]["wi_0"]
+    self.assertEqual(
+        layer.unsafe_buffer_pointer(),
+        stacked.unsafe_buffer_pointer() + layer.nbytes,
+    )
+    # Traced there is nothing to view: the program slices.
+    jax.jit(
+        lambda v: self.assertIsNone(decoding_impl.host_unrolled(config, v))
+    )(variables)
+    unrolled = config.replace(scan_layers=False)
+    self.assertIs(decoding_impl.host_unrolled(unrolled, sliced), sliced)
+
+  def test_generate_program_slices_a_stack_itself(self):
+    # The program a traced or accelerator stack gets: sliced in the program.
+    config, variables, prompt = _model("mixtral_int8_dense")
+    program, args = decoding.generate_program(config, variables, prompt, NEW)
+    stacked = (config, unbox(dict(variables))) + args[2:]
+    np.testing.assert_array_equal(
+        program(*stacked),
+        decoding.greedy_generate(config, variables, prompt, NEW)[:, PROMPT:],
+    )
+
+  def test_a_scanned_cache_is_accepted_and_kept_scanned(self):
+    config, variables, prompt = _model("mixtral_float_sparse")
+    scanned = Decoder(config, decode=True).init(
+        jax.random.key(0), jnp.zeros((2, PROMPT + 1), jnp.int32)
+    )["cache"]
+    scanned = jax.tree.map(jnp.zeros_like, scanned)
+    self.assertIn("layers", scanned)
+    token, logits, cache = decoding.prefill(config, variables, scanned, prompt)
+    self.assertEqual(jax.tree.structure(cache), jax.tree.structure(scanned))
+    per_layer = decoding.init_cache(config, 2, PROMPT + 1)
+    self.assertNotIn("layers", per_layer)
+    token_u, logits_u, cache_u = decoding.prefill(
+        config, variables, per_layer, prompt
+    )
+    np.testing.assert_array_equal(token, token_u)
+    np.testing.assert_array_equal(logits, logits_u)
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        cache,
+        decoding_impl.layer_stack.to_scanned(cache_u, config.stack_plan),
     )
 
   def test_bad_arguments(self):

@@ -265,7 +265,9 @@ class RoutedMoE(JitInit, nn.Module):
 
   def _sparse(self, x, router, experts, act):
     """Dropless: sort assignments by expert, grouped matmuls, unsort; at
-    decode sizes every expert on every token (`sparse.uses_every_expert`).
+    decode sizes every expert on every token (`sparse.uses_every_expert`),
+    or in float with fewer choices than experts the chosen experts' weights
+    gathered (`sparse.uses_chosen_experts`).
 
     Under a mesh, expert-parallel (see `linen_moe.expert_parallel`).
     """
@@ -276,14 +278,22 @@ class RoutedMoE(JitInit, nn.Module):
       if ep is not None:
         return expert_parallel.sparse_moe(self, ep, x, router, experts, act)
     strategy = sparse.sparse_experts
+    max_group_size = b * s
     if sparse.uses_every_expert(
         b * s, cfg.num_experts, cfg.num_experts_per_tok
     ):
       strategy = sparse.every_expert
+    elif sparse.uses_chosen_experts(
+        b * s,
+        cfg.num_experts,
+        cfg.num_experts_per_tok,
+        cfg.quantization != "none" or cfg.serving,
+    ):
+      strategy, max_group_size = sparse.chosen_experts, 1
     else:
       strategy = functools.partial(strategy, all_experts=True)
     out = strategy(
-        functools.partial(self.grouped, max_group_size=b * s),
+        functools.partial(self.grouped, max_group_size=max_group_size),
         x.reshape(b * s, m),
         router.indices,
         router.weights,

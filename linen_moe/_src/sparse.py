@@ -11,7 +11,11 @@ quantized by the layer's mode and owns its state. Under a mesh,
 At decode sizes (a handful of tokens, `uses_every_expert`) the layer runs
 `every_expert` instead: each expert on every token, through the same hook,
 with the weights of the unchosen pairs 0. Each weight is still read once,
-no assignment is sorted and no row is gathered.
+no assignment is sorted and no row is gathered. With fewer choices than
+experts (`uses_chosen_experts`: one token of top-2 among 8) a float layer
+runs `chosen_experts`: each (token, choice) pair is a group of one row with
+its expert's weights gathered, so only the chosen experts' weights are
+read (a quarter of them at batch 1 of top-2 of 8).
 """
 
 from __future__ import annotations
@@ -70,6 +74,49 @@ def uses_every_expert(num_tokens: int, num_experts: int, k: int) -> bool:
   `EVERY_EXPERT_MAX_TOKENS` tokens whose T * k choices can reach every
   expert (with fewer, the sorted path reads fewer experts' rows)."""
   return num_tokens <= EVERY_EXPERT_MAX_TOKENS and num_tokens * k >= num_experts
+
+
+def uses_chosen_experts(
+    num_tokens: int, num_experts: int, k: int, quantized: bool
+) -> bool:
+  """Whether the layer computes T tokens with `chosen_experts`: at most
+  `EVERY_EXPERT_MAX_TOKENS` tokens whose T * k choices are fewer than the
+  experts, in float (a quantized contraction scales over all of an
+  expert tensor, so a gathered subset would change its scales)."""
+  return (
+      not quantized
+      and num_tokens <= EVERY_EXPERT_MAX_TOKENS
+      and num_tokens * k < num_experts
+  )
+
+
+def chosen_experts(
+    grouped: Grouped,
+    x: jax.Array,
+    indices: jax.Array,
+    weights: jax.Array,
+    experts: Experts,
+    act: Callable[[jax.Array], jax.Array],
+) -> jax.Array:
+  """The dropless sparse path on the chosen experts' weights alone.
+
+  Arguments and result as for `every_expert` (the routing over all E
+  experts; [T, M] out, the result of `sparse_experts`). Row t * k + j is token t for its choice j, a group of
+  one row whose weights are its expert's, gathered: [T * k, M, H] (the
+  grouped matmuls then read T * k experts' weights, not E). Pass a hook
+  whose `max_group_size` is 1.
+  """
+  t, k = indices.shape
+  rows = jnp.repeat(x, k, axis=0)  # [T * k, M]
+  chosen = indices.reshape(t * k)
+  sizes = jnp.ones((t * k,), jnp.int32)
+
+  def project(site, operand, weight):
+    return grouped(site, operand, jnp.take(weight, chosen, axis=0), sizes)
+
+  expert_out = gated_mlp(project, act, rows, *experts)  # [T * k, M]
+  expert_out = expert_out.reshape(t, k, x.shape[-1])
+  return jnp.einsum("TKM,TK->TM", expert_out, weights.astype(x.dtype))
 
 
 def every_expert(

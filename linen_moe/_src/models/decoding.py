@@ -8,6 +8,18 @@ filling every layer's KV cache, and returns the first greedy token; each
 jitted (one program each, for a given batch, prompt length and cache size)
 and work on every path, float or serving (`linen_moe.serving`) configs
 alike. The rows of a batch share their positions (prompts of one length).
+`greedy_generate` is one program: the prefill and a loop of decode steps
+(`jax.lax.fori_loop`), with no dispatch per token.
+
+Decoding runs the layers unrolled, whether or not the config scans them: a
+scanned stack would slice every layer's weights out of the stack at every
+step, a copy of all the weights per token (on a CPU three quarters of a
+scanned decode step). On one CPU device the stacked variables are handed
+to the unrolled decoder as per-layer views without a copy
+(`host_unrolled`); traced or elsewhere, they are sliced inside the program
+(once per `greedy_generate` call). The cache (`init_cache`) is laid out
+per layer too; a cache in the scanned layout is accepted and returned as
+it came.
 
 Greedy decoding with the cache produces the tokens that running the full
 forward on the growing sequence produces (tested) on the dropless paths. On
@@ -22,7 +34,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from linen_moe._src import layer_stack
 from linen_moe._src import sharding
 from linen_moe._src.model_config import ModelConfig
 from linen_moe._src.models.decoder import Decoder
@@ -44,9 +58,10 @@ def init_cache(config: ModelConfig, batch: int, max_len: int) -> PyTree:
     max_len: the cache length, >= 1 (prompt plus generated tokens).
 
   Returns:
-    The `cache` collection, every attention's `cached_key` and
-    `cached_value` [B, max_len, K, D] (with a leading stack axis when
-    scanned) and the decoder's `index` <int32>[].
+    The `cache` collection, laid out per layer (`layers_{i}/...`) whether
+    or not `config` scans its layers, as decoding runs them
+    (`unrolled_config`): every attention's `cached_key` and `cached_value`
+    [B, max_len, K, D] and the decoder's `index` <int32>[].
 
   Raises:
     ValueError: if `batch` or `max_len` is < 1.
@@ -57,21 +72,118 @@ def init_cache(config: ModelConfig, batch: int, max_len: int) -> PyTree:
     )
   sample = jax.ShapeDtypeStruct((batch, max_len), jnp.int32)
   shapes = jax.eval_shape(
-      lambda t: Decoder(config, decode=True).init(jax.random.key(0), t),
+      lambda t: Decoder(unrolled_config(config), decode=True).init(
+          jax.random.key(0), t
+      ),
       sample,
   )[CACHE]
   return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
-def _extend(config: ModelConfig, variables, cache, tokens):
-  """Appends tokens [B, S] to the cache: (greedy next token [B], logits of the
-  last position [B, V], new cache)."""
+def unrolled_config(config: ModelConfig) -> ModelConfig:
+  """The config decoding runs: `config` with its layers unrolled.
+
+  A scanned stack slices every layer's weights out of the stack on each
+  step (a copy of the weights per token); unrolled, each layer reads its
+  own. The variables and the cache are the same, laid out per layer
+  (`layer_stack.to_unrolled`).
+  """
+  return config.replace(scan_layers=False) if config.scan_layers else config
+
+
+def _apply(config: ModelConfig, variables, cache, tokens):
+  """Appends tokens [B, S] to an unrolled cache through the unrolled
+  decoder: (greedy next token [B], logits of the last position [B, V], new
+  cache). `config` is already unrolled."""
   (logits, _), mutated = Decoder(config, decode=True).apply(
       {**variables, CACHE: cache}, tokens, mutable=[CACHE]
   )
   last = logits[:, -1]
   return jnp.argmax(last, axis=-1).astype(jnp.int32), last, mutated[CACHE]
+
+
+def _cpu_device(leaves) -> jax.Device | None:
+  """The one CPU device every leaf lives on (concrete arrays), else None."""
+  devices = set()
+  for leaf in leaves:
+    if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer):
+      return None
+    devices |= leaf.devices()
+  if len(devices) != 1:
+    return None
+  (device,) = devices
+  return device if device.platform == "cpu" else None
+
+
+def host_unrolled(config: ModelConfig, variables: Mapping) -> Mapping | None:
+  """`variables` of a scanned `config` laid out per layer, without a copy.
+
+  On one CPU device each layer's leaves are views into the stacked buffers:
+  NumPy slices handed back to jax, which XLA:CPU shares without copying
+  where they are aligned (slicing in a program copies them, at a few GB/s).
+
+  Args:
+    config: the decoder's config.
+    variables: its variables, in `config`'s layout.
+
+  Returns:
+    The variables with every layer under `layers_{i}/`; `variables` itself
+    when `config` does not scan; None when they are traced or not all on
+    one CPU device (slice them in the program, `layer_stack.to_unrolled`).
+  """
+  plan = config.stack_plan
+  if not plan.scanned:
+    return variables
+  device = _cpu_device(jax.tree.leaves(variables))
+  if device is None:
+    return None
+  host = jax.tree.map(np.asarray, dict(variables))
+  return jax.device_put(layer_stack.to_unrolled(host, plan), device)
+
+
+def _stacked_cache(cache) -> bool:
+  return isinstance(cache, Mapping) and layer_stack.STACK in cache
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _extend(config: ModelConfig, variables, cache, tokens):
+  """Appends tokens [B, S] to the cache: (greedy next token [B], logits of
+  the last position [B, V], new cache). The decoder runs unrolled; a cache
+  in the scanned layout (`Decoder(config, decode=True).init`'s) is split
+  per layer and stacked back."""
+  plan = config.stack_plan
+  variables = layer_stack.to_unrolled(variables, plan)  # no-op if unrolled
+  stacked = _stacked_cache(cache)
+  if stacked:
+    cache = layer_stack.to_unrolled(cache, plan)
+  token, last, cache = _apply(unrolled_config(config), variables, cache, tokens)
+  if stacked:
+    cache = layer_stack.to_scanned(cache, plan)
+  return token, last, cache
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _generate(config: ModelConfig, variables, prompt, num_tokens, max_len):
+  """`greedy_generate` as one program: the prefill, then a loop of
+  `num_tokens - 1` decode steps (no dispatch per token), the layers
+  unrolled (`variables` per layer already, or stacked and sliced here,
+  once). Returns the generated tokens <int32>[B, num_tokens]."""
+  variables = layer_stack.to_unrolled(variables, config.stack_plan)
+  config = unrolled_config(config)
+  b = prompt.shape[0]
+  token, _, cache = _apply(
+      config, variables, init_cache(config, b, max_len), prompt
+  )
+  out = jnp.zeros((b, num_tokens), jnp.int32).at[:, 0].set(token)
+
+  def step(i, carry):
+    out, cache = carry
+    previous = jax.lax.dynamic_slice_in_dim(out, i - 1, 1, axis=1)  # [B, 1]
+    token, _, cache = _apply(config, variables, cache, previous)
+    return jax.lax.dynamic_update_slice_in_dim(out, token[:, None], i, 1), cache
+
+  out, _ = jax.lax.fori_loop(1, num_tokens, step, (out, cache))
+  return out
 
 
 def check_room(cache: PyTree, new_tokens: int) -> None:
@@ -124,6 +236,7 @@ def prefill(config: ModelConfig, variables: Mapping, cache, prompt):
       a write past `max_len` is clamped).
   """
   check_room(cache, prompt.shape[1])
+  variables = host_unrolled(config, variables) or variables
   return _extend(config, variables, cache, prompt)
 
 
@@ -145,6 +258,7 @@ def decode_step(config: ModelConfig, variables: Mapping, cache, token):
       `max_len` is clamped).
   """
   check_room(cache, 1)
+  variables = host_unrolled(config, variables) or variables
   return _extend(config, variables, cache, token[:, None])
 
 
@@ -157,6 +271,11 @@ def greedy_generate(
 ) -> jax.Array:
   """The prompt [B, P] followed by `num_tokens` greedy tokens: [B, P + n].
 
+  One compiled program per (config, batch, prompt length, `num_tokens`,
+  `max_len`): the prefill, then every decode step in a loop inside it
+  (`generate_program`), the layers unrolled whether or not `config`
+  scans them.
+
   Args:
     config: the decoder's config (a serving config for converted variables).
     variables: the decoder's variables (params, and the fp8 state of a
@@ -166,13 +285,47 @@ def greedy_generate(
     max_len: cache length, at least P + num_tokens (the default).
 
   Returns:
-    [B, P + num_tokens], the prompt then the generated tokens.
+    [B, P + num_tokens], the prompt then the generated tokens, <int32>.
 
   Raises:
     TypeError: the prompt's ids are not integers.
     ValueError: a prompt that is not [B, P >= 1], an id of a concrete
       prompt outside [0, vocab_size) (named), or `num_tokens` / `max_len`
       out of range, or `variables` holding a cache.
+  """
+  program, args = generate_program(
+      config, variables, prompt, num_tokens, max_len
+  )
+  return jnp.concatenate([args[2], program(*args)], axis=1)
+
+
+def generate_program(
+    config: ModelConfig,
+    variables: Mapping,
+    prompt: jax.Array,
+    num_tokens: int,
+    max_len: int | None = None,
+):
+  """The jitted program `greedy_generate` runs, and its arguments.
+
+  `program(*args)` returns the generated tokens <int32>[B, num_tokens];
+  `program.lower(*args)` traces it (the config and the two lengths are
+  static), for timing its compile.
+
+  Args:
+    config: as for `greedy_generate`, and so are `variables`, `prompt`,
+      `num_tokens` and `max_len`.
+    variables: see `config`.
+    prompt: see `config`.
+    num_tokens: see `config`.
+    max_len: see `config`.
+
+  Returns:
+    (program, args), args holding the variables laid out per layer.
+
+  Raises:
+    TypeError: as `greedy_generate`.
+    ValueError: as `greedy_generate`.
   """
   if prompt.ndim != 2 or prompt.shape[1] < 1:
     raise ValueError(
@@ -192,10 +345,6 @@ def greedy_generate(
   variables = sharding.unbox(dict(variables))
   if CACHE in variables:
     raise ValueError("variables must not hold a cache; it is made here.")
-  cache = init_cache(config, b, max_len)
-  token, _, cache = prefill(config, variables, cache, prompt.astype(jnp.int32))
-  out = [token]
-  for _ in range(num_tokens - 1):
-    token, _, cache = decode_step(config, variables, cache, token)
-    out.append(token)
-  return jnp.concatenate([prompt, jnp.stack(out, axis=1)], axis=1)
+  prompt = prompt.astype(jnp.int32)
+  variables = host_unrolled(config, variables) or variables
+  return _generate, (config, variables, prompt, num_tokens, max_len)
