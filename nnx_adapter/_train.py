@@ -45,12 +45,30 @@ def accumulate_gradients(
     rng: jax.Array,
     grad_accum: int = 1,
 ):
-  """Gradients of `loss_fn(model, microbatch, rng) -> (loss, metrics)` with
-  respect to `nnx.Param` and `Fp8State`, over `grad_accum` microbatches
-  (`linen_moe.training.accumulate_gradients`: parameter gradients and metrics
-  averaged, fp8 "gradients" combined by their element-wise maximum).
+  """Gradients of `loss_fn` for `nnx.Param` and `Fp8State`, over microbatches.
 
-  Returns `((param_grads, fp8_grads), metrics)`; `model` is left untouched.
+  As `linen_moe.training.accumulate_gradients`: parameter gradients and
+  metrics averaged over the `grad_accum` microbatches, fp8 "gradients"
+  combined by their element-wise maximum. `model` is left untouched: each
+  microbatch differentiates a fresh copy of it.
+
+  Args:
+    model: the NNX module (a `Decoder`) whose `nnx.Param` and `Fp8State`
+      variables are differentiated.
+    loss_fn: `loss_fn(model, microbatch, rng) -> (loss, metrics)`, e.g.
+      `decoder_loss`; loss a float32 scalar.
+    batch: a [B, ...] array or a tree of them (e.g. tokens <int32>[B, S]
+      and their loss weights), split along B.
+    rng: a PRNG key, split into one key per microbatch.
+    grad_accum: the number of microbatches, >= 1 and dividing B.
+
+  Returns:
+    `((param_grads, fp8_grads), metrics)`, the gradients as `nnx.State`
+    trees of the `nnx.Param` and `Fp8State` variables, the metrics their
+    mean over the microbatches.
+
+  Raises:
+    ValueError: if `grad_accum` is < 1 or does not divide B.
   """
   graphdef, params, fp8_state, rest = nnx.split(model, nnx.Param, Fp8State, ...)
 
@@ -72,7 +90,23 @@ def apply_gradients(
     param_grads: nnx.State,
     fp8_grads: nnx.State,
 ) -> None:
-  """Optimizer update of the params; fp8 state overwritten by its gradient."""
+  """Optimizer update of the params; fp8 state overwritten by its gradient.
+
+  Both in place, on `model` and `optimizer`.
+
+  Args:
+    model: the NNX module the gradients belong to.
+    optimizer: its `nnx.Optimizer` (over `nnx.Param`); `optimizer.step`
+      advances by 1.
+    param_grads: the `nnx.Param` gradients, an `nnx.State` like
+      `nnx.state(model, nnx.Param)`.
+    fp8_grads: the `Fp8State` "gradients", the new fp8 state, an
+      `nnx.State` like `nnx.state(model, Fp8State)`.
+
+  Raises:
+    ValueError: if `fp8_grads` does not have the structure of the model's
+      `Fp8State`.
+  """
   optimizer.update(model, param_grads)
   fp8_state = nnx.state(model, Fp8State)
   nnx.update(model, linen_train.overwrite_with_gradient(fp8_state, fp8_grads))
@@ -92,8 +126,22 @@ def apply_routed_bias_rule(
 
 
 def decoder_loss(model: nnx.Module, batch, rng: jax.Array):
-  """`linen_moe.training.decoder_loss` of the NNX decoder on `batch`: the
-  tokens, or (tokens, `linen_moe.training.loss_weights`)."""
+  """`linen_moe.training.decoder_loss` of the NNX decoder on `batch`.
+
+  Args:
+    model: the NNX `Decoder`, called as `model(tokens, rng=rng)`.
+    batch: tokens <int32>[B, S], or `(tokens, weights)` with weights
+      <float32>[B, S - 1] from `linen_moe.training.loss_weights`.
+    rng: the PRNG key of the decoder's RNG streams (e.g. router jitter).
+
+  Returns:
+    `(loss, metrics)`, the float32 scalar loss (cross-entropy plus the
+    auxiliary losses) and the metrics dict of
+    `linen_moe.training.decoder_loss`.
+
+  Raises:
+    ValueError: (from `cross_entropy`) for fewer than 2 tokens per row.
+  """
   tokens, weights = batch if isinstance(batch, tuple) else (batch, None)
   logits, aux = model(tokens, rng=rng)
   return linen_train.decoder_loss(logits, aux, tokens, weights)
@@ -109,15 +157,32 @@ def train_step(
 ) -> dict[str, jax.Array]:
   """One training step of `model` (a `Decoder`) in place; returns metrics.
 
-  With `mask` (<bool>[B, S], True at real ids) the cross-entropy counts
-  only real targets (`linen_moe.training.loss_weights`), as in the Linen
-  step.
+  Optimizer update of the params, fp8 state overwritten, routed biases
+  moved by their rule (when `config.moe.routed_bias_update_rate > 0`).
+  With `mask` the cross-entropy counts only real targets
+  (`linen_moe.training.loss_weights`), as in the Linen step.
 
   A step whose loss or any gradient is non-finite leaves the model and the
   optimizer as they were, but for `optimizer.step` (advanced);
   `metrics["skipped"]` is then 1 (see `linen_moe.training.skip`).
   Use under `nnx.jit` with `grad_accum` static, e.g.
   `nnx.jit(train_step, static_argnames="grad_accum")`.
+
+  Args:
+    model: the NNX `Decoder`, updated in place.
+    optimizer: its `nnx.Optimizer` (over `nnx.Param`), updated in place.
+    tokens: <int32>[B, S] token ids.
+    rng: the PRNG key of the decoder's RNG streams, split per microbatch.
+    grad_accum: microbatches per step, >= 1 and dividing B.
+    mask: optional <bool>[B, S], True at real ids; None: every target
+      counts.
+
+  Returns:
+    The metrics of `linen_moe.training.decoder_loss` (averaged over the
+    microbatches) plus `skipped`, <int32>[] 1 if the step was skipped.
+
+  Raises:
+    ValueError: if `grad_accum` is < 1 or does not divide B.
   """
   # A copy of the values: `nnx.state` holds the live Variables.
   old = jax.tree.map(lambda x: x, nnx.state((model, optimizer)))
@@ -143,16 +208,30 @@ class TrainState:
 
   `params` and `fp8_state` read like the Linen `TrainState`'s: Linen-layout
   trees (`{"layers": {"moe": {"wi_0": ...}}}`), so one check serves both.
+  So do the properties `step` (<int32>[], from the optimizer) and
+  `rule_state` (the routed biases).
+
+  Attributes:
+    graphdef: the `nnx.GraphDef` of `(Decoder, nnx.Optimizer)`, static (not
+      a pytree leaf).
+    state: the `nnx.State` of `(Decoder, nnx.Optimizer)`: parameters, fp8
+      state, routed biases, optimizer moments and step.
+    skipped_steps: <int32>[] steps skipped for a non-finite loss or gradient.
   """
 
   graphdef: nnx.GraphDef = flax.struct.field(pytree_node=False)
   state: nnx.State
-  # <int32>[] steps skipped for a non-finite loss or gradient.
   skipped_steps: jax.Array = dataclasses.field(
       default_factory=lambda: jnp.zeros((), jnp.int32)
   )
 
   def merge(self) -> tuple[Decoder, nnx.Optimizer]:
+    """The live model and optimizer of this state.
+
+    Returns:
+      `(model, optimizer)`, a new `Decoder` and its `nnx.Optimizer` built
+      from `graphdef` and `state`; changing them leaves this state as it is.
+    """
     return nnx.merge(self.graphdef, self.state)
 
   @property
@@ -181,7 +260,18 @@ def init_train_state(
   """A new NNX `Decoder(config)` (sampled on `tokens`' shape) and optimizer.
 
   The decoder starts at the Linen decoder's initial weights for `rng`
-  (`init_decoder`), so both front ends train from the same point.
+  (`init_decoder`), so both front ends train from the same point. The
+  initialization is one compiled program.
+
+  Args:
+    config: the decoder's `ModelConfig`.
+    optimizer: the optax transformation, wrapped in an `nnx.Optimizer` over
+      `nnx.Param`.
+    tokens: <int32>[B, S] a sample batch; only its shape matters.
+    rng: the PRNG key of the (Linen) parameter init.
+
+  Returns:
+    A `TrainState` at step 0 with no skipped steps.
   """
 
   def build(rng):
@@ -195,9 +285,21 @@ def init_train_state(
 
 
 def make_train_step(grad_accum: int = 1):
-  """A jittable `step(state, tokens, rng, mask=None) -> (state, metrics)` on
-  a `TrainState`: the pure form of `train_step`, which also counts skipped
-  steps (`TrainState.skipped_steps`, `metrics["skipped_steps"]`)."""
+  """A jittable train step on a `TrainState`: the pure form of `train_step`.
+
+  The step, `step(state, tokens, rng, mask=None) -> (state, metrics)`,
+  takes tokens <int32>[B, S] and an optional mask <bool>[B, S] as
+  `train_step` does, returns a new state (the given one is left as it is)
+  and also counts skipped steps (`TrainState.skipped_steps`,
+  `metrics["skipped_steps"]`).
+
+  Args:
+    grad_accum: microbatches per step, >= 1 and dividing the batch size;
+      the step checks it when traced.
+
+  Returns:
+    The step function (not jitted; wrap it in `jax.jit`).
+  """
 
   def step(
       state: TrainState,
@@ -219,29 +321,78 @@ def make_train_step(grad_accum: int = 1):
 
 
 class NNXFrontend:
-  """The NNX `Decoder` and train step as a
-  `linen_moe.training.TrainingFrontend` (used by `linen-moe train` and
-  `linen-moe matrix --frontend nnx`)."""
+  """The NNX `Decoder` and train step as a `TrainingFrontend`.
+
+  It implements `linen_moe.training.TrainingFrontend` (used by
+  `linen-moe train` and `linen-moe matrix --frontend nnx`) on the NNX
+  `TrainState`.
+  """
 
   @staticmethod
   def init(model_config, optimizer, tokens, rng) -> TrainState:
+    """The initial train state of a freshly initialized NNX decoder.
+
+    Args:
+      model_config: the decoder's `ModelConfig`.
+      optimizer: the optax transformation whose state the train state holds.
+      tokens: <int32>[B, S] a sample batch (its shape is what matters).
+      rng: the PRNG key of the parameter init.
+
+    Returns:
+      The NNX `TrainState` at step 0 (`init_train_state`).
+    """
     return init_train_state(model_config, optimizer, tokens, rng)
 
   @staticmethod
   def make_step(model_config, optimizer, grad_accum=1):
+    """A pure, jittable train step over the state `init` returns.
+
+    Args:
+      model_config: unused: the model lives in the `TrainState`.
+      optimizer: unused: the optimizer lives in the `TrainState`.
+      grad_accum: microbatches per step (they must divide B).
+
+    Returns:
+      `make_train_step(grad_accum)`'s function `step(state, tokens, rng,
+      mask=None) -> (state, metrics)`.
+    """
     del model_config, optimizer  # both live in the TrainState
     return make_train_step(grad_accum)
 
   @staticmethod
   def params(state: TrainState) -> PyTree:
+    """The parameters, in the Linen variable layout.
+
+    Args:
+      state: an NNX `TrainState`.
+
+    Returns:
+      The `params` collection, as `linen_moe.Decoder.apply` takes it.
+    """
     return state.params
 
   @staticmethod
   def fp8_state(state: TrainState) -> PyTree:
+    """The fp8 state, in the Linen layout.
+
+    Args:
+      state: an NNX `TrainState`.
+
+    Returns:
+      The `_overwrite_with_gradient` collection (empty without fp8).
+    """
     return state.fp8_state
 
   @staticmethod
   def rule_state(state: TrainState) -> PyTree:
+    """The routed biases, in the Linen layout.
+
+    Args:
+      state: an NNX `TrainState`.
+
+    Returns:
+      The `updated_by_rule` collection (empty without routed biases).
+    """
     return state.rule_state
 
   checkpoint_tree = staticmethod(_checkpoint.tree_of)

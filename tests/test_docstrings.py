@@ -56,15 +56,7 @@ _FACES = (
 _BASE = os.path.dirname(os.path.dirname(os.path.abspath(linen_moe.__file__)))
 _PACKAGES = ("linen_moe", "nnx_adapter")
 
-# Modules being rewritten on other branches; document them when the rewrite
-# lands, and remove them from here (`test_allowlist_is_needed` says when).
-_ALLOWLIST = {
-    # Being rewritten on branches data and speed; document when they land.
-    "linen_moe/_src/training/step.py": "data, speed",
-    "nnx_adapter/_train.py": "data, speed",
-    # Being rewritten on branch speed; document when it lands.
-    "linen_moe/_src/moe.py": "speed",
-}
+_ALLOWLIST = {}
 
 # Fields every Linen module has, documented by Flax.
 _LINEN_FIELDS = frozenset({"parent", "name"})

@@ -103,8 +103,26 @@ class RoutedMoE(JitInit, nn.Module):
   def einsum(
       self, site: str, eqn: str, lhs: jax.Array, rhs: jax.Array
   ) -> jax.Array:
-    """The named einsum hook of the dense paths: `einsum(eqn, lhs, rhs)`,
-    computed by the submodule `{site}_dot` in this config's quantization."""
+    """The named einsum hook of the dense paths: `einsum(eqn, lhs, rhs)`.
+
+    Computed by the submodule `{site}_dot` in this config's quantization
+    (float, int8 or fp8); a serving layer (`config.serving`) contracts its
+    stored kernels at the weight sites (`wi_0`, `wi_1`, `wo`) and keeps the
+    dispatch and combine contractions float.
+
+    Args:
+      site: the call site, one of `CALL_SITES` (`wi_0`, `wi_1`, `wo`,
+        `dispatch`, `combine`); names the submodule and its quantization state.
+      eqn: the `jnp.einsum` equation, e.g. `"EBCM,EMH->EBCH"`.
+      lhs: the left operand (activations or a dispatch/combine mask).
+      rhs: the right operand (an expert weight, or activations).
+
+    Returns:
+      The contraction of `lhs` and `rhs` by `eqn`, shaped as `eqn` says.
+
+    Raises:
+      ValueError: if `site` is not in `CALL_SITES`.
+    """
     name = self._submodule_name(site)
     if self.config.serving:
       stored = site in WEIGHT_SITES
@@ -121,12 +139,31 @@ class RoutedMoE(JitInit, nn.Module):
       group_sizes: jax.Array,
       max_group_size: int | None = None,
   ) -> jax.Array:
-    """The named grouped-matmul hook of the sparse path: lhs [R, K] sorted by
-    group, rhs [G, K, N], group_sizes <int32>[G] -> [R, N], computed by the
-    submodule `{site}_dot` in this config's quantization. `max_group_size`
-    is a static bound on every group size (the layer's T tokens: a token
-    picks an expert at most once), which lets the grouped matmul skip its
-    overflow loop at small sizes; it never changes the result."""
+    """The named grouped-matmul hook of the sparse path.
+
+    Row block `g` of `lhs` (the `group_sizes[g]` rows after the rows of the
+    groups before it) is multiplied by `rhs[g]`. Computed by the submodule
+    `{site}_dot` in this config's quantization; a serving layer
+    (`config.serving`) multiplies by its stored kernels.
+
+    Args:
+      site: the call site, one of `CALL_SITES` (`wi_0`, `wi_1`, `wo` on the
+        sparse path); names the submodule and its quantization state.
+      lhs: [R, K] rows sorted by group (R routed assignments).
+      rhs: [G, K, N] one weight per group (G experts).
+      group_sizes: <int32>[G] rows per group; rows past
+        `sum(group_sizes)` come out 0.
+      max_group_size: static bound on every group size (the layer's T tokens:
+        a token picks an expert at most once), which lets the grouped matmul
+        skip its overflow loop at small sizes; it never changes the result.
+        None: no bound.
+
+    Returns:
+      [R, N], row r the product of `lhs[r]` and its group's weight.
+
+    Raises:
+      ValueError: if `site` is not in `CALL_SITES`.
+    """
     name = self._submodule_name(site)
     if self.config.serving:
       module = stored_weights.StoredGroupedMatmul(
@@ -143,8 +180,26 @@ class RoutedMoE(JitInit, nn.Module):
   def __call__(
       self, inputs: jax.Array, gate_inputs: jax.Array | None = None
   ) -> tuple[jax.Array, MoEAux]:
-    """[B, S, M] -> ([B, S, M], MoEAux). The router reads `gate_inputs`
-    ([B, S, M]) when given, else `inputs`."""
+    """Routes each token to its top-k experts and combines their outputs.
+
+    The path follows the config: `sparse_matmul` (dropless grouped matmuls,
+    expert-parallel under a mesh), else `dropping` (dense with a capacity per
+    expert), else dense over every expert.
+
+    Args:
+      inputs: [B, S, M] activations (M = `config.emb_dim`), cast to
+        `config.dtype`.
+      gate_inputs: optional [B, S, M] the router reads instead of `inputs`
+        (in float32); None: the router reads `inputs`.
+
+    Returns:
+      `(outputs, aux)`, outputs [B, S, M] in `config.dtype` and aux the
+      `MoEAux` (weighted auxiliary losses, expert load, dropped share).
+
+    Raises:
+      ValueError: if `inputs` is not [B, S, `config.emb_dim`], or
+        `gate_inputs` does not have the shape of `inputs`.
+    """
     cfg = self.config
     if inputs.ndim != 3 or inputs.shape[-1] != cfg.emb_dim:
       raise ValueError(
@@ -309,12 +364,31 @@ class RoutedAndSharedMoE(JitInit, nn.Module):
   Parameters: the `RoutedMoE` layout under `routed_experts/` and the
   `SharedExpert` layout under `shared_experts/` (when `shared_experts > 0`).
   Returns the same `(outputs, MoEAux)` as `RoutedMoE`.
+
+  Attributes:
+    config: the `MoEConfig`; `shared_experts` (and `shared_mlp_dim`) size the
+      shared part.
   """
 
   config: MoEConfig
 
   @nn.compact
   def __call__(self, inputs, gate_inputs=None):
+    """Applies the routed experts and adds the shared experts' output.
+
+    Args:
+      inputs: [B, S, M] activations (M = `config.emb_dim`).
+      gate_inputs: optional [B, S, M] the router reads instead of `inputs`;
+        the shared experts always read `inputs`.
+
+    Returns:
+      `(outputs, aux)`, outputs [B, S, M] in `config.dtype` (routed plus
+      shared) and aux the routed experts' `MoEAux`.
+
+    Raises:
+      ValueError: from `RoutedMoE` if `inputs` is not [B, S, emb_dim] or
+        `gate_inputs` has another shape.
+    """
     out, aux = RoutedMoE(self.config, name="routed_experts")(
         inputs, gate_inputs
     )

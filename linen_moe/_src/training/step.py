@@ -36,6 +36,18 @@ def overwrite_with_gradient(state: PyTree, grads: PyTree) -> PyTree:
 
   `state` and `grads` have the same structure; `state` is only used to check
   it, so a mismatch fails loudly instead of silently keeping old scales.
+
+  Args:
+    state: the current fp8 state (the `_overwrite_with_gradient` collection:
+      scales and amax histories).
+    grads: the "gradients" of `state` from `jax.grad`, the same tree.
+
+  Returns:
+    The new fp8 state, `grads` itself.
+
+  Raises:
+    ValueError: (from `jax.tree.map`) if `state` and `grads` differ in
+      structure.
   """
   jax.tree.map(lambda s, g: None, state, grads)  # raises on a mismatch
   return grads
@@ -50,6 +62,13 @@ def combine_overwrite_microbatches(a: PyTree, b: PyTree) -> PyTree:
   and never just the last microbatch's value (which would clip the larger
   activations of earlier microbatches). Scales, computed from the shared past,
   are equal, and the maximum keeps them.
+
+  Args:
+    a: the fp8 "gradients" (new fp8 state) of one microbatch.
+    b: those of another microbatch of the same step, the same tree.
+
+  Returns:
+    The element-wise maximum of `a` and `b`, the same tree.
   """
   return jax.tree.map(jnp.maximum, a, b)
 
@@ -63,6 +82,13 @@ def loss_weights(mask: jax.Array) -> jax.Array:
   targets, also when gradient accumulation averages the means of
   microbatches that hold different numbers of them. All 0 when no target
   is real.
+
+  Args:
+    mask: <bool>[B, S] True at real ids (any dtype, cast to bool).
+
+  Returns:
+    <float32>[B, S - 1], weight of the target at position t + 1 (the
+    prediction of position t): 0 or `B * (S - 1) / (number of real targets)`.
   """
   mask = jnp.asarray(mask, jnp.bool_)
   real = jnp.logical_and(mask[:, :-1], mask[:, 1:]).astype(jnp.float32)
@@ -104,15 +130,25 @@ _weighted_nll.defvjp(_nll_fwd, _nll_bwd)
 def cross_entropy(
     logits: jax.Array, tokens: jax.Array, weights: jax.Array | None = None
 ) -> jax.Array:
-  """Mean next-token cross-entropy (nats) of logits [B, S, V] on tokens
-  <int>[B, S]: position s predicts token s + 1, over the B * (S - 1)
-  positions that have a next token, computed in float32. With `weights`
-  <float32>[B, S - 1] (`loss_weights` of a mask) it is the mean of the
-  weighted terms: the mean over the real targets.
+  """Mean next-token cross-entropy (nats) of logits on tokens, in float32.
+
+  Position s predicts token s + 1, over the B * (S - 1) positions that have
+  a next token. With `weights` (`loss_weights` of a mask) it is the mean of
+  the weighted terms: the mean over the real targets.
 
   The targets are shifted, not the logits, so the gradient is written whole
   (no slice of the logits to pad back in the backward pass), and it is
   computed in one pass from the logits and their log-sum-exp.
+
+  Args:
+    logits: [B, S, V] next-token logits (any float dtype; the gradient comes
+      back in it).
+    tokens: <int>[B, S] token ids; `tokens[:, 1:]` are the targets.
+    weights: optional <float32>[B, S - 1] weight of each target (see
+      `loss_weights`); None weighs every target 1.
+
+  Returns:
+    The float32 scalar `sum(weights * nll) / (B * (S - 1))`, in nats.
 
   Raises:
     ValueError: for fewer than 2 tokens per row (no position has a next
@@ -143,11 +179,31 @@ def decoder_loss(
     tokens: jax.Array,
     weights: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Training loss = next-token cross-entropy (weighted by `weights`, see
+  """The decoder's training loss and its metrics.
+
+  Loss = next-token cross-entropy (weighted by `weights`, see
   `loss_weights`) + the summed load-balance and router z-losses (over every
   token: the router sees padding too). The metrics carry `expert_load`
   [L, E] for the routed-bias rule (averaged over microbatches like every
-  metric)."""
+  metric).
+
+  Args:
+    logits: [B, S, V] the decoder's logits.
+    aux: the decoder's auxiliary dict: scalars `load_balance_loss` and
+      `router_z_loss` (already weighted, summed over layers),
+      `dropped_fraction`, and `expert_load` <float32>[L, E].
+    tokens: <int>[B, S] the input ids (also the shifted targets).
+    weights: optional <float32>[B, S - 1] target weights (`loss_weights` of
+      a mask); None weighs every target 1.
+
+  Returns:
+    `(loss, metrics)`, the float32 scalar loss and a dict of `loss`,
+    `cross_entropy`, `load_balance_loss`, `router_z_loss`,
+    `dropped_fraction` (scalars) and `expert_load` [L, E].
+
+  Raises:
+    ValueError: (from `cross_entropy`) for fewer than 2 tokens per row.
+  """
   ce = cross_entropy(logits, tokens, weights)
   loss = ce + aux["load_balance_loss"] + aux["router_z_loss"]
   return loss, {
@@ -175,10 +231,30 @@ def split_microbatches(tokens: PyTree, grad_accum: int) -> PyTree:
 def accumulate_gradients(
     grad_fn: Callable, tokens: PyTree, grad_accum: int, rng: jax.Array
 ):
-  """Runs `grad_fn(tokens, rng) -> ((param_grads, fp8_grads), metrics)` over
-  microbatches: parameter gradients and metrics are averaged, fp8 "gradients"
-  combined by `combine_overwrite_microbatches`. `tokens` is a [B, ...] array
-  or a tree of them (e.g. tokens and `loss_weights`), split along B.
+  """Runs `grad_fn` over microbatches and combines what it returns.
+
+  Parameter gradients and metrics are averaged, fp8 "gradients" combined by
+  `combine_overwrite_microbatches`. The microbatches run in a `lax.scan`
+  (one traced `grad_fn`); `grad_accum=1` calls `grad_fn` once, as is.
+
+  Args:
+    grad_fn: `grad_fn(tokens, rng) -> ((param_grads, fp8_grads), metrics)`
+      for one microbatch.
+    tokens: a [B, ...] array or a tree of them (e.g. tokens and
+      `loss_weights`), split along B into `grad_accum` microbatches of
+      B / grad_accum rows.
+    grad_accum: the number of microbatches, >= 1 and dividing B.
+    rng: a PRNG key, split into one key per microbatch (passed whole when
+      `grad_accum` is 1).
+
+  Returns:
+    `((param_grads, fp8_grads), metrics)` as `grad_fn` returns them, with
+    param_grads and metrics the mean over the microbatches and fp8_grads
+    their element-wise maximum.
+
+  Raises:
+    ValueError: (from `split_microbatches`) if `grad_accum` is < 1 or does
+      not divide B.
   """
   if grad_accum == 1:
     return grad_fn(tokens, rng)
@@ -251,9 +327,24 @@ def boxed_train_state(
 def train_state_from_variables(
     variables: Mapping, optimizer: optax.GradientTransformation
 ) -> TrainState:
-  """The initial state of a run that starts from given variables (e.g.
-  `linen_moe.hf.load_checkpoint`'s): their params, fp8 state and routed
-  biases, fresh optimizer moments, step 0."""
+  """The initial state of a run that starts from given variables.
+
+  For example `linen_moe.hf.load_checkpoint`'s: their params, fp8 state and
+  routed biases, fresh optimizer moments, step 0.
+
+  Args:
+    variables: the decoder's variables: a `params` collection, optionally
+      `_overwrite_with_gradient` and `updated_by_rule`; boxed
+      (`nn.LogicallyPartitioned`) or not.
+    optimizer: the optax optimizer whose state is initialized from the
+      params.
+
+  Returns:
+    An unboxed `TrainState` at step 0 with no skipped steps.
+
+  Raises:
+    KeyError: if `variables` has no `params` collection.
+  """
   variables = sharding.unbox(dict(variables))
   params = variables["params"]
   return TrainState(
@@ -271,6 +362,19 @@ def init_train_state(
     tokens: jax.Array,
     rng: jax.Array,
 ) -> TrainState:
+  """Initializes `model` and the optimizer: the state at step 0.
+
+  Args:
+    model: the decoder (a `Decoder`), initialized with `model.init(rng,
+      tokens)`.
+    optimizer: the optax optimizer, initialized from the params.
+    tokens: <int32>[B, S] example ids; only their shape and dtype matter.
+    rng: the PRNG key of the parameter initialization.
+
+  Returns:
+    A `TrainState` at step 0 with no skipped steps, its params, fp8 state
+    and routed biases unboxed (plain arrays, no `nn.LogicallyPartitioned`).
+  """
   return sharding.unbox(boxed_train_state(model, optimizer, tokens, rng))
 
 
@@ -279,17 +383,29 @@ def make_train_step(
     optimizer: optax.GradientTransformation,
     grad_accum: int = 1,
 ):
-  """A jittable `step(state, tokens, rng, mask=None) -> (state, metrics)`
-  for `model` (a `Decoder`): optimizer update of params, fp8 state
-  overwritten, routed biases moved by their rule from the step's expert
-  loads (`decoder.routed_bias_rule`). With `mask` (<bool>[B, S], True at
-  real ids) the cross-entropy counts only real targets (`loss_weights`);
-  without it, every position counts.
+  """A jittable train step for `model` (a `Decoder`).
+
+  The step, `step(state, tokens, rng, mask=None) -> (state, metrics)`:
+  optimizer update of params, fp8 state overwritten, routed biases moved by
+  their rule from the step's expert loads (`decoder.routed_bias_rule`).
+  `tokens` are <int32>[B, S] ids; with `mask` (<bool>[B, S], True at real
+  ids) the cross-entropy counts only real targets (`loss_weights`); without
+  it, every position counts. `rng` feeds the model's RNG streams.
 
   A step whose loss or any gradient is non-finite leaves the state as it was
   but for `step` (advanced) and `skipped_steps` (counted); see
   `linen_moe.training.skip`. `metrics` holds the loss terms, `expert_load`,
   `skipped` (0 or 1) and `skipped_steps`.
+
+  Args:
+    model: the decoder; its `config.moe.routed_bias_update_rate` (0: no
+      rule) and `config.stack_plan` drive the routed-bias rule.
+    optimizer: the optax optimizer the state was initialized with.
+    grad_accum: microbatches per step (`accumulate_gradients`); must divide
+      the batch size B, which the step checks when traced.
+
+  Returns:
+    The step function (not jitted; wrap it in `jax.jit`).
   """
   rate = model.config.moe.routed_bias_update_rate
 
@@ -353,6 +469,14 @@ def make_train_step(
 def default_optimizer(
     learning_rate: float = 1e-2,
 ) -> optax.GradientTransformation:
+  """AdamW (no weight decay) after clipping the global gradient norm to 1.
+
+  Args:
+    learning_rate: the constant AdamW learning rate.
+
+  Returns:
+    The optax `GradientTransformation`.
+  """
   return optax.chain(
       optax.clip_by_global_norm(1.0),
       optax.adamw(learning_rate, weight_decay=0.0),
