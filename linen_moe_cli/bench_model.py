@@ -194,7 +194,9 @@ class Ours:
     else:
       sample = jnp.zeros((1, 8), jnp.int32)
       variables = linen_moe.Decoder(cfg).init(jax.random.key(seed), sample)
-    variables = linen_moe.sharding.unbox(dict(variables))
+    # The init runs asynchronously: wait for it, or the first timed call
+    # (first_generate) waits for it and counts it (about 4 s here).
+    variables = jax.block_until_ready(linen_moe.sharding.unbox(dict(variables)))
     if scan_layers is not None and scan_layers != cfg.scan_layers:
       convert = (
           linen_moe.unrolled_to_scanned
