@@ -16,6 +16,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from linen_moe import testing
+from linen_moe._src.config import FAMILY_CONFIGS
 from linen_moe._src.config import PATHS
 from linen_moe._src.config import QUANTIZATIONS
 from linen_moe_cli import matrix
@@ -78,6 +79,9 @@ class FamilyMatrixTest(parameterized.TestCase):
   def test_cell_trains(self, config, quant):
     path, layers, fe = matrix.FAMILY_CELLS[config]
     _check(self, matrix.Cell(config, quant, path, layers, fe))
+
+  def test_every_family_has_its_cells(self):
+    self.assertEqual(tuple(matrix.FAMILY_CELLS), FAMILY_CONFIGS)
 
 
 @testing.slow
