@@ -204,7 +204,7 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
   experts, top_k = _int(hf, experts_field), _int(hf, "num_experts_per_tok")
   width, vocab = _int(hf, family.expert_width_field), _int(hf, "vocab_size")
   theta, window = _rope_theta(hf, family), _sliding_window(hf, family)
-  try:
+  with fields.building_model():
     moe = MoEConfig(
         num_experts=experts,
         num_experts_per_tok=top_k,
@@ -234,8 +234,6 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
         dense_layers=dense,
         dense_mlp_dim=dense_width,
     )
-  except ValueError as e:
-    raise ValueError(f"config.json describes no valid model: {e}") from e
 
 
 def _unsupported(config: ModelConfig, family: Family) -> list[str]:

@@ -172,7 +172,7 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
   dense = min(f.read_int(hf, "first_k_dense_replace", 3, minimum=0), layers)
   width = f.read_int(hf, "moe_intermediate_size", 2048)
   dtype = f.dtype_of(hf)
-  try:
+  with f.building_model():
     moe = MoEConfig(
         num_experts=f.read_int(hf, "n_routed_experts", 256),
         num_experts_per_tok=f.read_int(hf, "num_experts_per_tok", 8),
@@ -211,10 +211,6 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
         v_head_dim=f.read_int(hf, "v_head_dim", 128),
         **_rope(hf),
     )
-  except ValueError as e:
-    if str(e).startswith("config.json:"):
-      raise
-    raise ValueError(f"config.json describes no valid model: {e}") from e
 
 
 # The fields (and values) a DeepSeek-V3 config.json cannot change.

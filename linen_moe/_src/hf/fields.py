@@ -7,8 +7,10 @@ reads config.json with. A value we cannot compute as transformers does is a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Set
+import contextlib
 from typing import Any
 
 # Fields that change nothing we compute (generation defaults, bookkeeping,
@@ -50,6 +52,19 @@ def error(field: str, value: Any, expected: str) -> ValueError:
   return ValueError(
       f"config.json: {field}={value!r} is not supported: {expected}."
   )
+
+
+@contextlib.contextmanager
+def building_model() -> Iterator[None]:
+  """Says "config.json describes no valid model" on a config constructor's
+  ValueError; an error that already names its config.json field passes as
+  it is."""
+  try:
+    yield
+  except ValueError as e:
+    if str(e).startswith("config.json:"):
+      raise
+    raise ValueError(f"config.json describes no valid model: {e}") from e
 
 
 def check_known(hf: Mapping, known: Set[str], model_type: str) -> None:

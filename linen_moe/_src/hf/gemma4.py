@@ -266,7 +266,7 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
   window = f.read_int(hf, "sliding_window", 512) if SLIDING in types else 0
   dtype = f.dtype_of(hf)
   emb = f.read_int(hf, "hidden_size", 2304)
-  try:
+  with f.building_model():
     moe = MoEConfig(
         num_experts=f.read_int(hf, "num_experts"),
         num_experts_per_tok=f.read_int(hf, "top_k_experts"),
@@ -314,10 +314,6 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
         full_k_eq_v=bool(full) and f.read_bool(hf, "attention_k_eq_v", False),
         **_rope(hf, types),
     )
-  except ValueError as e:
-    if str(e).startswith("config.json:"):
-      raise
-    raise ValueError(f"config.json describes no valid model: {e}") from e
 
 
 # The fields (and values) that make a `ModelConfig` a Gemma-4 text decoder.
