@@ -33,6 +33,25 @@ from linen_moe._src.hf.safetensors_io import Checkpoint  # noqa: E402
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 
 
+def _placed_and_equal(config, variables, single, mesh) -> tuple[bool, bool]:
+  """Whether each leaf of `variables` has the sharding the loader plans for
+  it on `mesh`, and whether they equal `single` (the one-device load)."""
+  want = load_lib._shardings(  # noqa: SLF001
+      load_lib.abstract_variables(config), mesh, None
+  )
+  placed = all(
+      leaf.sharding.is_equivalent_to(want[path], leaf.ndim)
+      for path, leaf in traverse_util.flatten_dict(variables).items()
+  )
+  equal = all(
+      np.array_equal(np.asarray(a), np.asarray(b))
+      for a, b in zip(
+          jax.tree.leaves(variables), jax.tree.leaves(single), strict=True
+      )
+  )
+  return placed, equal
+
+
 def main(name: str, spec: str) -> None:
   mesh = sharding.make_mesh(spec)
   read = {"bytes": 0}
@@ -48,20 +67,8 @@ def main(name: str, spec: str) -> None:
   sharded_bytes = read["bytes"]
   Checkpoint.read_rows = original
   _, single = hf.load_checkpoint(FIXTURES / name)
-  want = load_lib._shardings(  # noqa: SLF001
-      load_lib.abstract_variables(config), mesh, None
-  )
+  placed, equal = _placed_and_equal(config, variables, single, mesh)
   flat = traverse_util.flatten_dict(variables)
-  placed = all(
-      leaf.sharding.is_equivalent_to(want[path], leaf.ndim)
-      for path, leaf in flat.items()
-  )
-  equal = all(
-      np.array_equal(np.asarray(a), np.asarray(b))
-      for a, b in zip(
-          jax.tree.leaves(variables), jax.tree.leaves(single), strict=True
-      )
-  )
   shard_bytes = sum(
       math.prod(shard.data.shape) * leaf.dtype.itemsize
       for leaf in flat.values()
@@ -75,19 +82,8 @@ def main(name: str, spec: str) -> None:
   _, served_single = hf.load_checkpoint(
       FIXTURES / name, quantization="int8", serving=True
   )
-  serve_want = load_lib._shardings(  # noqa: SLF001
-      load_lib.abstract_variables(serve_config), mesh, None
-  )
-  serve_flat = traverse_util.flatten_dict(served)
-  served_placed = all(
-      leaf.sharding.is_equivalent_to(serve_want[path], leaf.ndim)
-      for path, leaf in serve_flat.items()
-  )
-  served_equal = all(
-      np.array_equal(np.asarray(a), np.asarray(b))
-      for a, b in zip(
-          jax.tree.leaves(served), jax.tree.leaves(served_single), strict=True
-      )
+  served_placed, served_equal = _placed_and_equal(
+      serve_config, served, served_single, mesh
   )
   print(
       json.dumps({
