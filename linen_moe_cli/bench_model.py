@@ -224,13 +224,8 @@ class Ours:
     """Builds and compiles the train step; its trace+lower and compile s."""
     model = linen_moe.Decoder(self.cfg)
     optimizer = training.default_optimizer()
-    params = self.variables["params"]
-    self.train_state = training.TrainState(
-        step=jnp.zeros((), jnp.int32),
-        params=params,
-        fp8_state=self.variables.get(linen_moe.OVERWRITE_WITH_GRADIENT, {}),
-        opt_state=optimizer.init(params),
-        rule_state=self.variables.get(linen_moe.UPDATED_BY_RULE, {}),
+    self.train_state = training.train_state_from_variables(
+        self.variables, optimizer
     )
     step = jax.jit(training.make_train_step(model, optimizer), donate_argnums=0)
     self.train_tokens = self.tokens(batch, seq)

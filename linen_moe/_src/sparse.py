@@ -101,10 +101,10 @@ def chosen_experts(
   """The dropless sparse path on the chosen experts' weights alone.
 
   Arguments and result as for `every_expert` (the routing over all E
-  experts; [T, M] out, the result of `sparse_experts`). Row t * k + j is token t for its choice j, a group of
-  one row whose weights are its expert's, gathered: [T * k, M, H] (the
-  grouped matmuls then read T * k experts' weights, not E). Pass a hook
-  whose `max_group_size` is 1.
+  experts; [T, M] out, the result of `sparse_experts`). Row t * k + j is
+  token t for its choice j, a group of one row whose weights are its
+  expert's, gathered: [T * k, M, H] (the grouped matmuls then read T * k
+  experts' weights, not E). Pass a hook whose `max_group_size` is 1.
   """
   t, k = indices.shape
   rows = jnp.repeat(x, k, axis=0)  # [T * k, M]

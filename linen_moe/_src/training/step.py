@@ -313,15 +313,7 @@ def boxed_train_state(
 ) -> TrainState:
   """The initial state with parameters (and their optimizer moments) still in
   their `nn.LogicallyPartitioned` boxes, for computing shardings."""
-  variables = model.init(rng, tokens)
-  params = variables["params"]
-  return TrainState(
-      step=jnp.zeros((), jnp.int32),
-      params=params,
-      fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
-      opt_state=optimizer.init(params),
-      rule_state=variables.get(UPDATED_BY_RULE, {}),
-  )
+  return _state_at_step_0(model.init(rng, tokens), optimizer)
 
 
 def train_state_from_variables(
@@ -345,7 +337,12 @@ def train_state_from_variables(
   Raises:
     KeyError: if `variables` has no `params` collection.
   """
-  variables = sharding.unbox(dict(variables))
+  return _state_at_step_0(sharding.unbox(dict(variables)), optimizer)
+
+
+def _state_at_step_0(
+    variables: Mapping, optimizer: optax.GradientTransformation
+) -> TrainState:
   params = variables["params"]
   return TrainState(
       step=jnp.zeros((), jnp.int32),
