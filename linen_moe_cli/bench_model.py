@@ -569,7 +569,12 @@ def machine() -> dict[str, Any]:
       "linen_moe": linen_moe.__version__,
       "env": {
           k: os.environ[k]
-          for k in ("XLA_FLAGS", "OMP_WAIT_POLICY", "OMP_NUM_THREADS")
+          for k in (
+              "XLA_FLAGS",
+              "OMP_WAIT_POLICY",
+              "OMP_NUM_THREADS",
+              "GLIBC_TUNABLES",
+          )
           if k in os.environ
       },
   }
@@ -596,6 +601,8 @@ def report(results: dict[str, Any]) -> str:
           f"jax {env['jax']}, flax {env['flax']}, linen_moe {env['linen_moe']};"
           f" medians of {opts['rounds']} rounds, both sides alternating"
       ),
+      "host malloc (both sides): "
+      + env["env"].get("GLIBC_TUNABLES", "glibc's defaults"),
   ]
   for r in results["models"]:
     lines.append("")

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from linen_moe_cli import commands
+from linen_moe_cli import host_memory
 from linen_moe_cli import options
 
 
@@ -45,5 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def console() -> int:
+  """The `linen-moe` command: `main`, in a process restarted first with
+  host memory that compiled programs reuse (`host_memory`)."""
+  host_memory.reexec_with_reused_memory()
+  return main()
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(console())
