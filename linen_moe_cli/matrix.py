@@ -61,10 +61,15 @@ class Cell:
   frontend: str = "linen"
 
   def model_config(self, **overrides: Any):
+    # A scanned cell compiles the stack's loop (scan_unroll=1), as every
+    # stack longer than scan.AUTO_UNROLL_MAX_LENGTH does: the tiny configs'
+    # short stacks would otherwise run in line, the unrolled cells' program.
+    scanned = self.layers == "scanned"
     return load_model_config(
         self.config,
         quantization=self.quantization,
-        scan_layers=self.layers == "scanned",
+        scan_layers=scanned,
+        **({"scan_unroll": 1} if scanned else {}),
         **PATHS[self.path],
         **overrides,
     )

@@ -190,6 +190,7 @@ class Decoder(nnx.Module):
         rows = rows[:: plan.period]
 
       @nnx.scan(
+          unroll=scan.resolved_unroll(cfg.scan_unroll, plan.repeats),
           in_axes=(0, nnx.Carry, 0),
           out_axes=(nnx.Carry, 0),
           transform_metadata=LAYERS_AXIS,

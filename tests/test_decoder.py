@@ -1,7 +1,10 @@
 """The reference Linen decoder and its train step."""
 
+import re
+
 from absl.testing import absltest
 from absl.testing import parameterized
+from flax import nnx
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -14,9 +17,12 @@ from linen_moe import testing
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.decoder import scanned_to_unrolled
 from linen_moe._src.models.decoder import unrolled_to_scanned
+from linen_moe._src.scan import AUTO_UNROLL_MAX_LENGTH
+from linen_moe._src.scan import resolved_unroll
 from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData
+import nnx_adapter
 
 CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
 
@@ -115,6 +121,96 @@ class DecoderTest(parameterized.TestCase):
 # above; tiny_gemma4_26b 2.12, 0.73 above; both start at 6-7 nats).
 TRAIN_STEPS = 30
 MARGIN = 1.6
+
+
+def _stack_loop_trips(hlo_text: str) -> list[int]:
+  """Trip counts of the compiled loops over the decoder's layer stack.
+
+  The stack's loops sit at the top of the traced function: their source
+  path (`op_name`) is the jit, at most one transform of the decoder, then
+  `while`; the loops inside a layer (searchsorted's) sit deeper.
+  """
+  top = re.compile(r' while\(.*op_name="[^"/]+(?:/[^"/]+)?/while"')
+  trip = re.compile(r'known_trip_count":\{"n":"(\d+)"')
+  return sorted(
+      int(trip.search(line)[1])
+      for line in hlo_text.splitlines()
+      if top.search(line)
+  )
+
+
+class ScanUnrollTest(parameterized.TestCase):
+  """`scan_unroll` changes the compiled loop, never the numbers or layout."""
+
+  def test_resolved_unroll(self):
+    self.assertIs(resolved_unroll(0, AUTO_UNROLL_MAX_LENGTH), True)
+    self.assertEqual(resolved_unroll(0, AUTO_UNROLL_MAX_LENGTH + 1), 1)
+    self.assertEqual(resolved_unroll(2, 6), 2)
+    self.assertIs(resolved_unroll(6, 6), True)
+    self.assertIs(resolved_unroll(9, 6), True)
+
+  @parameterized.parameters(-1, True, 1.5, "2")
+  def test_bad_scan_unroll(self, value):
+    with self.assertRaisesRegex(ValueError, "scan_unroll"):
+      load_model_config("tiny_mixtral").replace(scan_unroll=value)
+
+  def test_loss_and_grads_equal_the_unrolled_layout(self):
+    # 4 layers: the automatic unroll (in line), 1 (a loop of 4 iterations)
+    # and 2 (a loop of 2 iterations of 2 layers) against the unrolled layout,
+    # which builds every layer as its own module.
+    cfg = load_model_config("tiny_mixtral").replace(num_layers=4)
+    tokens = _tokens(cfg)
+    variables = unbox(Decoder(cfg).init(jax.random.key(0), tokens))
+
+    def loss_and_grads(config, params):
+      def loss(p):
+        logits, aux = Decoder(config).apply({**variables, "params": p}, tokens)
+        return train_lib.decoder_loss(logits, aux, tokens)[0]
+
+      fn = jax.jit(jax.value_and_grad(loss))
+      return fn(params), fn.lower(params).compile().as_text()
+
+    unrolled_cfg = cfg.replace(scan_layers=False)
+    as_unrolled = scanned_to_unrolled(variables, cfg.num_layers)
+    variables = as_unrolled  # the unrolled loss closes over these
+    (want_loss, want_grads), _ = loss_and_grads(
+        unrolled_cfg, as_unrolled["params"]
+    )
+    variables = unrolled_to_scanned(as_unrolled, cfg.num_layers)
+    loops = {}
+    for unroll in (0, 1, 2):
+      (got_loss, got_grads), hlo = loss_and_grads(
+          cfg.replace(scan_unroll=unroll), variables["params"]
+      )
+      loops[unroll] = _stack_loop_trips(hlo)
+      np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
+      got_grads = scanned_to_unrolled({"params": got_grads}, cfg.num_layers)
+      jax.tree.map(
+          lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-7),
+          got_grads["params"],
+          want_grads,
+      )
+    # The stack's forward and backward loops exist only when asked for, with
+    # a trip per layer, or per two.
+    self.assertEqual(loops, {0: [], 1: [4, 4], 2: [2, 2]})
+
+  def test_nnx_decoder_unrolls_alike(self):
+    cfg = load_model_config("tiny_mixtral").replace(num_layers=4)
+    tokens = _tokens(cfg)
+    variables = unbox(Decoder(cfg).init(jax.random.key(0), tokens))
+    want, _ = Decoder(cfg.replace(scan_unroll=1)).apply(variables, tokens)
+    loops = {}
+    for unroll in (0, 1, 2):
+      model = nnx_adapter.Decoder(
+          cfg.replace(scan_unroll=unroll), rngs=nnx.Rngs(0)
+      )
+      nnx_adapter.linen_to_nnx(variables, model)
+      forward = nnx.jit(lambda m: m(tokens)[0])
+      np.testing.assert_allclose(forward(model), want, rtol=1e-5, atol=1e-6)
+      loops[unroll] = _stack_loop_trips(
+          forward.lower(model).compile().as_text()
+      )
+    self.assertEqual(loops, {0: [], 1: [4], 2: [2]})
 
 
 class TrainStepTest(parameterized.TestCase):

@@ -44,6 +44,11 @@ class ModelConfig:
     scan_layers: True to scan the blocks with `nn.scan`, False to unroll. A
       stack that mixes dense and MoE layers scans as a repeated group with
       the layers outside it unrolled (`stack_plan`).
+    scan_unroll: how many layers one iteration of the scanned stack's loop
+      runs (`nn.scan`'s `unroll`), an int >= 1; 0 (the default) runs a stack
+      of at most `scan.AUTO_UNROLL_MAX_LENGTH` layers unrolled and a longer
+      one a layer per iteration (`scan.resolved_unroll`). It changes the
+      compiled program only, never the variables' layout.
     norm_eps: RMSNorm epsilon.
     num_kv_heads: key/value heads of grouped-query attention (0 =
       num_heads); it divides num_heads, and key/value head j serves the
@@ -137,6 +142,7 @@ class ModelConfig:
   router_input_norm: bool = False
   post_moe_norms: bool = False
   scan_layers: bool = _run(True)
+  scan_unroll: int = _run(0)
   norm_eps: float = 1e-6
   num_kv_heads: int = 0
   qk_norm: bool = False
@@ -178,7 +184,13 @@ class ModelConfig:
           f"ModelConfig.moe must be a MoEConfig, got {type(self.moe)}"
       )
     _check_positive_ints(self, ("vocab_size", "num_layers", "num_heads"))
-    for name in ("head_dim", "num_kv_heads", "sliding_window", "dense_mlp_dim"):
+    for name in (
+        "head_dim",
+        "num_kv_heads",
+        "sliding_window",
+        "dense_mlp_dim",
+        "scan_unroll",
+    ):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         _fail("ModelConfig", name, value, "expected an integer >= 0")

@@ -31,6 +31,7 @@ from linen_moe._src.models.blocks import stack_body
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize  # noqa: F401
 from linen_moe._src.models.rotary import apply_rope  # noqa: F401
+from linen_moe._src.scan import resolved_unroll
 from linen_moe._src.scan import scan_blocks
 from linen_moe._src.tokens import TokenEmbed
 from linen_moe._src.tokens import validate_tokens_if_concrete
@@ -213,7 +214,10 @@ class Decoder(JitInit, nn.Module):
     stacked = None
     if plan.scanned:
       body, fields = stack_body(cfg, self.decode)
-      scanned = scan_blocks(body, plan.repeats, in_axes=(nn.broadcast,))
+      unroll = resolved_unroll(cfg.scan_unroll, plan.repeats)
+      scanned = scan_blocks(
+          body, plan.repeats, in_axes=(nn.broadcast,), unroll=unroll
+      )
       x, stacked = scanned(**fields, name=layer_stack.STACK)(x, positions)
     x, after = unrolled(x, plan.after)
     per_layer = per_layer_aux(cfg, before, stacked, after)
