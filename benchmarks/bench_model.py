@@ -2,9 +2,10 @@
 
 The train step and greedy decoding of the reference decoder, optionally
 beside the same model in Hugging Face transformers (`--peer PYTHON`); see
-`linen_moe_cli/bench_model.py` for what is measured and how. Like the
-`linen-moe` command, it restarts itself first with host memory that compiled
-programs reuse (`linen_moe_cli/host_memory.py`); the peer inherits the same.
+`linen_moe_cli/bench_model.py` for what is measured and how. With
+LINEN_MOE_REUSE_HOST_MEMORY=1 it restarts itself first with host memory that
+compiled programs reuse (`linen_moe_cli/host_memory.py`), and the peer runs
+with the same.
 """
 
 import sys

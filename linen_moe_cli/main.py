@@ -46,10 +46,19 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+# The subcommands whose time goes to running compiled steps, not to compiling
+# them: with LINEN_MOE_REUSE_HOST_MEMORY=1 they restart with host memory that
+# the programs reuse (`host_memory`). One malloc arena slows compiling, which
+# is most of what `matrix` (a few steps of each of 200 cells) does.
+STEP_BOUND_COMMANDS = ("train", "generate", "launch")
+
+
 def console() -> int:
-  """The `linen-moe` command: `main`, in a process restarted first with
-  host memory that compiled programs reuse (`host_memory`)."""
-  host_memory.reexec_with_reused_memory()
+  """The `linen-moe` command: `main`, restarted first for the
+  `STEP_BOUND_COMMANDS` with host memory that compiled programs reuse when
+  `LINEN_MOE_REUSE_HOST_MEMORY=1` asks for it."""
+  if sys.argv[1:2] and sys.argv[1] in STEP_BOUND_COMMANDS:
+    host_memory.reexec_with_reused_memory()
   return main()
 
 

@@ -15,8 +15,8 @@ import sys
 
 from linen_moe_cli import host_memory
 
-if sys.argv[1] == "default":
-  os.environ[host_memory.OPT_OUT] = "1"
+if sys.argv[1] == "tuned":
+  os.environ[host_memory.OPT_IN] = "1"
 host_memory.reexec_with_reused_memory()
 
 import jax  # noqa: E402  (after the restart: imported once)
