@@ -45,10 +45,11 @@ class ModelConfig:
       stack that mixes dense and MoE layers scans as a repeated group with
       the layers outside it unrolled (`stack_plan`).
     scan_unroll: how many layers one iteration of the scanned stack's loop
-      runs (`nn.scan`'s `unroll`), an int >= 1; 0 (the default) runs a stack
-      of at most `scan.AUTO_UNROLL_MAX_LENGTH` layers unrolled and a longer
-      one a layer per iteration (`scan.resolved_unroll`). It changes the
-      compiled program only, never the variables' layout.
+      runs (`nn.scan`'s `unroll`), an int >= 1; 0 (the default) compiles a
+      stack of at most 4 layers with no loop (faster steps, as fast a
+      compile) and a longer one a layer per iteration (a compile time flat
+      in depth). It changes the compiled program only, never the
+      variables' layout.
     norm_eps: RMSNorm epsilon.
     num_kv_heads: key/value heads of grouped-query attention (0 =
       num_heads); it divides num_heads, and key/value head j serves the
