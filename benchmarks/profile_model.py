@@ -35,7 +35,19 @@ PARTS = (
         "layer weights sliced by the scan",
         ("while/body/jit(dynamic_index_in_dim)",),
     ),
-    ("optimizer", ("adam", "clip", "global_norm", "apply_updates", "scale_by")),
+    # The update runs in the taken branch of the finite check's lax.cond
+    # (`skip.apply_if_finite`), whose ops carry only the branch's path.
+    (
+        "optimizer",
+        (
+            "adam",
+            "clip",
+            "global_norm",
+            "apply_updates",
+            "scale_by",
+            "cond/branch_1_fun",
+        ),
+    ),
     ("finite check", ("all_finite", "keep_if_finite", "isfinite")),
     ("loss", ("cross_entropy", "log_softmax", "decoder_loss")),
     ("kv cache update", ("attention._cached",)),
