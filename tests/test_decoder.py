@@ -162,25 +162,25 @@ class ScanUnrollTest(parameterized.TestCase):
     tokens = _tokens(cfg)
     variables = unbox(Decoder(cfg).init(jax.random.key(0), tokens))
 
-    def loss_and_grads(config, params):
+    def loss_and_grads(config, variables):
+      """((loss, grads of the params), compiled HLO text): one compile."""
+
       def loss(p):
         logits, aux = Decoder(config).apply({**variables, "params": p}, tokens)
         return train_lib.decoder_loss(logits, aux, tokens)[0]
 
-      fn = jax.jit(jax.value_and_grad(loss))
-      return fn(params), fn.lower(params).compile().as_text()
+      params = variables["params"]
+      compiled = jax.jit(jax.value_and_grad(loss)).lower(params).compile()
+      return compiled(params), compiled.as_text()
 
-    unrolled_cfg = cfg.replace(scan_layers=False)
     as_unrolled = scanned_to_unrolled(variables, cfg.num_layers)
-    variables = as_unrolled  # the unrolled loss closes over these
     (want_loss, want_grads), _ = loss_and_grads(
-        unrolled_cfg, as_unrolled["params"]
+        cfg.replace(scan_layers=False), as_unrolled
     )
-    variables = unrolled_to_scanned(as_unrolled, cfg.num_layers)
     loops = {}
     for unroll in (0, 1, 2):
       (got_loss, got_grads), hlo = loss_and_grads(
-          cfg.replace(scan_unroll=unroll), variables["params"]
+          cfg.replace(scan_unroll=unroll), variables
       )
       loops[unroll] = _stack_loop_trips(hlo)
       np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
