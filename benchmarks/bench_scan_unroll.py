@@ -4,7 +4,8 @@
       [--layers 2 4 8 16] [--repeats 2]
 
 For each stack depth L, compiles the train step (`training.make_train_step`
-with the default optimizer, batch 4 x 64) of `--model` with L layers twice
+with the default optimizer, batch 4 x 64 random tokens, built as
+`bench_model.py` builds it) of `--model` with L layers twice
 over, a loop of one layer per iteration (`scan_unroll=1`) and every layer in
 line (`scan_unroll=L`), alternating, and prints the best compile seconds of
 each, their ratio, and the median step of each. The variables are the same
@@ -17,33 +18,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-
-import jax
-import jax.numpy as jnp
 
 import linen_moe
-from linen_moe import training
 from linen_moe._src.scan import AUTO_UNROLL_MAX_LENGTH
+from linen_moe_cli import bench_model
+
+BATCH, SEQ = 4, 64
 
 
-def _compile_and_step(cfg, tokens) -> tuple[float, float]:
-  """(compile seconds, median step seconds) of cfg's train step."""
-  model = linen_moe.Decoder(cfg)
-  optimizer = training.default_optimizer()
-  state = training.init_train_state(model, optimizer, tokens, jax.random.key(0))
-  step = jax.jit(training.make_train_step(model, optimizer))
-  lowered = step.lower(state, tokens, jax.random.key(1))
-  start = time.perf_counter()
-  compiled = lowered.compile()
-  compile_s = time.perf_counter() - start
-  times = []
-  for i in range(5):
-    start = time.perf_counter()
-    state, metrics = compiled(state, tokens, jax.random.key(2 + i))
-    jax.block_until_ready((state, metrics))
-    times.append(time.perf_counter() - start)
-  return compile_s, statistics.median(times[1:])
+def _compile_and_step(cfg) -> tuple[float, float]:
+  """(compile seconds, median step seconds) of cfg's train step, built and
+  timed as the whole-model benchmark does (`bench_model.Ours`)."""
+  ours = bench_model.Ours(cfg, None)
+  compile_s = ours.setup_train(BATCH, SEQ)["compile_s"]
+  steps = [ours.train() for _ in range(5)]
+  return compile_s, statistics.median(steps[1:])
 
 
 def main() -> None:
@@ -53,9 +42,8 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=2)
   args = parser.parse_args()
   base = linen_moe.load_model_config(args.model)
-  tokens = jnp.zeros((4, 64), jnp.int32)
   print(
-      f"{args.model} train step, batch 4 x 64; best of {args.repeats}"
+      f"{args.model} train step, batch {BATCH} x {SEQ}; best of {args.repeats}"
       f" compiles; in line by default up to {AUTO_UNROLL_MAX_LENGTH} layers"
   )
   print(
@@ -67,9 +55,7 @@ def main() -> None:
     best = {1: (float("inf"), 0.0), layers: (float("inf"), 0.0)}
     for _ in range(args.repeats):
       for unroll in best:
-        compile_s, step_s = _compile_and_step(
-            cfg.replace(scan_unroll=unroll), tokens
-        )
+        compile_s, step_s = _compile_and_step(cfg.replace(scan_unroll=unroll))
         if compile_s < best[unroll][0]:
           best[unroll] = (compile_s, step_s)
     (loop_c, loop_s), (line_c, line_s) = best[1], best[layers]

@@ -20,11 +20,11 @@ from linen_moe._src import variables
 LAYERS_AXIS = "layers"
 # `resolved_unroll(0, length)` unrolls a stack of at most this many layers.
 # Measured on a 2-core CPU (`benchmarks/bench_scan_unroll.py`: the
-# tiny_mixtral train step), in line against the loop: compile 0.8x / 1.05-1.26x
-# / 2.0x / 3.7x at 2 / 4 / 8 / 16 layers; and the 4-layer Mixtral-shaped train
-# step (bench_model) runs 1.53 -> 1.45-1.52 s: a loop fills stacked buffers
-# of every layer's residuals and gradients and slices each layer's weights
-# out of the stack, straight-line code does neither.
+# tiny_mixtral train step), in line against the loop: compile 0.8x /
+# 1.0-1.3x / 2.0x / 3.7-4.3x at 2 / 4 / 8 / 16 layers; and the 4-layer
+# Mixtral-shaped train step (bench_model) runs 1.53 -> 1.45-1.52 s: a loop
+# fills stacked buffers of every layer's residuals and gradients and slices
+# each layer's weights out of the stack, straight-line code does neither.
 AUTO_UNROLL_MAX_LENGTH = 4
 
 
