@@ -64,12 +64,12 @@ class Cell:
     # A scanned cell compiles the stack's loop (scan_unroll=1), as every
     # stack longer than scan.AUTO_UNROLL_MAX_LENGTH does: the tiny configs'
     # short stacks would otherwise run in line, the unrolled cells' program.
-    scanned = self.layers == "scanned"
+    # (An unrolled cell has no stack: the field does nothing there.)
     return load_model_config(
         self.config,
         quantization=self.quantization,
-        scan_layers=scanned,
-        **({"scan_unroll": 1} if scanned else {}),
+        scan_layers=self.layers == "scanned",
+        scan_unroll=1,
         **PATHS[self.path],
         **overrides,
     )
