@@ -4,19 +4,20 @@ XLA:CPU allocates a program's temporary buffer afresh at every call, with
 `posix_memalign` on its executor thread (1.16 GiB for the whole-model
 benchmark's train step). glibc serves a request that large from the thread's
 own arena with a new `mmap` and unmaps it on free, so every call faults its
-whole temporary buffer in again: about 0.3 M page faults and 0.45-0.55 s of
-kernel time per train step on a 2-core machine, a quarter of the step's CPU
-time. With one arena, no `mmap` and no trimming (`TUNABLES`), the freed
-buffer stays in the heap and later calls reuse it: that train step takes
-1.0-1.14 s instead of 1.46 s (medians of 20 steps, one process each).
+whole temporary buffer in again: about 0.34 M page faults and 0.57-0.61 s
+of kernel time per train step on a 2-core machine. With one arena, no
+`mmap` and no trimming (`TUNABLES`), the freed buffer stays in the heap and
+later calls reuse it: no faults, and that train step takes 1.08-1.18 s
+instead of 1.39-1.55 s (`benchmarks/bench_host_memory.py`, medians per
+step, one process each).
 
 It is opt-in (`LINEN_MOE_REUSE_HOST_MEMORY=1`) because it costs memory and
 compile time. The heap never shrinks and fragments: a buffer freed after the
 next call's was allocated leaves a hole the heap grows past, so the same
-train step's process peaked at 3.1-6.6 GB RSS (flat after 20 steps, to 120)
-against 2.8 GB with glibc's defaults. And XLA compiles on several threads,
-which contend for the one arena: that train step compiles in 4.4-5.5 s
-instead of 3.2-3.7 s.
+train step's process peaked at 3.2-4.4 GB RSS over 20 steps and 8.0 GB over
+120 (2.9 GB with glibc's defaults either way); that the growth stops is not
+shown. And XLA compiles on several threads, which contend for the one
+arena: that train step compiles in 5.8-6.2 s instead of 3.5-4.8 s.
 
 glibc reads its tunables once, when a process starts, so Python cannot set
 them for itself: `reexec_with_reused_memory` restarts the process with them

@@ -1,0 +1,95 @@
+"""What `LINEN_MOE_REUSE_HOST_MEMORY=1` trades: step time against memory.
+
+  python benchmarks/bench_host_memory.py [--steps 20] [--repeats 2]
+
+Runs the whole-model benchmark's train step (`bench_model.Ours`, the
+Mixtral shape, batch 8 x 256) in fresh processes, alternating glibc's malloc
+defaults and the restart with `linen_moe_cli.host_memory.TUNABLES`, and
+prints for each process: the train step's compile seconds, the median step
+seconds, the median minor page faults and kernel seconds per step, and the
+process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+
+from linen_moe_cli import host_memory
+
+SETTINGS = {"glibc defaults": "0", "reused": "1"}
+
+
+def child(steps: int) -> None:
+  """One process's figures, as a JSON line on stdout."""
+  host_memory.reexec_with_reused_memory()
+  from linen_moe_cli import bench_model  # noqa: PLC0415 (after the restart)
+
+  ours = bench_model.Ours(
+      bench_model.model_config(bench_model.MIXTRAL_SHAPE), None
+  )
+  compile_s = ours.setup_train(8, 256)["compile_s"]
+  times, faults, kernel = [], [], []
+  for _ in range(steps):
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    times.append(ours.train())
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    faults.append(after.ru_minflt - before.ru_minflt)
+    kernel.append(after.ru_stime - before.ru_stime)
+  print(
+      json.dumps({
+          "compile_s": compile_s,
+          "step_s": statistics.median(times),
+          "faults": statistics.median(faults),
+          "kernel_s": statistics.median(kernel),
+          "peak_rss_gb": (
+              resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+          ),
+      })
+  )
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--steps", type=int, default=20)
+  parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.child:
+    child(args.steps)
+    return
+  print(
+      f"train step of the Mixtral shape, batch 8 x 256, {args.steps} steps"
+      " per process; medians per step"
+  )
+  print(
+      f"{'malloc':>15} {'compile':>8} {'step':>7} {'faults':>8}"
+      f" {'kernel':>7} {'peak RSS':>9}"
+  )
+  for _ in range(args.repeats):
+    for name, asked in SETTINGS.items():
+      env = dict(os.environ, **{host_memory.OPT_IN: asked})
+      done = subprocess.run(
+          [sys.executable, __file__, "--child", "--steps", str(args.steps)],
+          env=env,
+          capture_output=True,
+          text=True,
+          check=False,
+      )
+      if done.returncode:
+        raise SystemExit(f"{name}: the process failed:\n{done.stderr[-3000:]}")
+      r = json.loads(done.stdout.strip().splitlines()[-1])
+      print(
+          f"{name:>15} {r['compile_s']:>7.2f}s {r['step_s']:>6.2f}s"
+          f" {r['faults']:>8,.0f} {r['kernel_s']:>6.2f}s"
+          f" {r['peak_rss_gb']:>7.2f}GB"
+      )
+
+
+if __name__ == "__main__":
+  main()
