@@ -101,6 +101,24 @@ class DecodingTest(parameterized.TestCase):
         float(jnp.max(jnp.abs(a[:, PROMPT:] - b[:, PROMPT:]))), 0
     )
 
+  def test_prefill_runs_the_output_head_on_the_last_position_only(self):
+    config, variables, prompt = _model("mixtral_float_sparse")
+    last = jax.jit(
+        lambda t: Decoder(config, last_logits_only=True).apply(variables, t)[0]
+    )(prompt)
+    full = _full_forward("mixtral_float_sparse")(prompt)
+    self.assertEqual(last.shape, (2, 1, config.vocab_size))
+    np.testing.assert_allclose(last, full[:, -1:], atol=1e-6, rtol=0)
+    cache = decoding.init_cache(config, 2, PROMPT + NEW)
+    prefill = jax.jit(functools.partial(decoding.prefill, config))
+    text = prefill.lower(variables, cache, prompt).as_text()
+    v = config.vocab_size
+    self.assertIn(f"tensor<2x1x{v}xf32>", text)
+    every_position = f"tensor<2x{PROMPT}x{v}xf32>"  # [B, P, V]
+    self.assertFalse(
+        every_position in text, f"the prefill has {every_position}"
+    )
+
   def test_layer_views_equal_slices_and_share_the_buffers(self):
     config, variables, _ = _model("mixtral_float_sparse")
     views = decoding_impl.host_unrolled(config, variables)

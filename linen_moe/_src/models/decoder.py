@@ -160,10 +160,14 @@ class Decoder(JitInit, nn.Module):
   Attributes:
     config: the `ModelConfig`.
     decode: keep and extend a KV cache (the `cache` collection).
+    last_logits_only: logits of the last position only, [B, 1, V]: what
+      decoding needs, so that a prompt of S tokens costs one row of the
+      output head, not S (and no [B, S, V] buffer).
   """
 
   config: ModelConfig
   decode: bool = False
+  last_logits_only: bool = False
 
   def _positions(self, tokens: jax.Array) -> jax.Array:
     """[B, S] positions of `tokens`: 0.. S-1, or after the cached ones."""
@@ -187,7 +191,7 @@ class Decoder(JitInit, nn.Module):
 
     Returns:
       A pair (logits <float32>[B, S, V], aux), `aux` as in the class
-      docstring.
+      docstring; logits [B, 1, V] with `last_logits_only`.
 
     Raises:
       TypeError: if `tokens` is not an integer array of rank 2.
@@ -221,6 +225,8 @@ class Decoder(JitInit, nn.Module):
       x, stacked = scanned(**fields, name=layer_stack.STACK)(x, positions)
     x, after = unrolled(x, plan.after)
     per_layer = per_layer_aux(cfg, before, stacked, after)
+    if self.last_logits_only:
+      x = x[:, -1:]
     x = RMSNorm(cfg.norm_eps, name="final_norm")(x)
     head = None if cfg.tie_embeddings else output_head(cfg, name="logits")
     logits = logits_of(cfg, embed, head, x)  # [B, S, V]

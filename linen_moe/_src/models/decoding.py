@@ -95,7 +95,8 @@ def _apply(config: ModelConfig, variables, cache, tokens):
   """Appends tokens [B, S] to an unrolled cache through the unrolled
   decoder: (greedy next token [B], logits of the last position [B, V], new
   cache). `config` is already unrolled."""
-  (logits, _), mutated = Decoder(config, decode=True).apply(
+  decoder = Decoder(config, decode=True, last_logits_only=True)
+  (logits, _), mutated = decoder.apply(
       {**variables, CACHE: cache}, tokens, mutable=[CACHE]
   )
   last = logits[:, -1]
