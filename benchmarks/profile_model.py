@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import profile_case
 
 from linen_moe import decoding
+from linen_moe._src.models.decoding import host_unrolled
 from linen_moe_cli import bench_model
 
 _METADATA = re.compile(r'^\s*(?:ROOT )?%(\S+) = .*op_name="([^"]*)"')
@@ -109,13 +110,16 @@ def _program(what: str, cfg, args):
     fn, arg = decoding.prefill, prompt
   else:
     fn, arg = decoding.decode_step, prompt[:, 0]
+  # The layers' views that prefill and decode_step hand their program (a
+  # traced stack would be sliced inside it, which those calls never do).
+  variables = host_unrolled(cfg, ours.variables)
   step = jax.jit(functools.partial(fn, cfg), donate_argnums=1)
-  compiled = step.lower(ours.variables, state["cache"], arg).compile()
+  compiled = step.lower(variables, state["cache"], arg).compile()
 
   def run():
     if what == "prefill":
       state["cache"] = decoding.init_cache(cfg, args.batch, length)
-    token, _, state["cache"] = compiled(ours.variables, state["cache"], arg)
+    token, _, state["cache"] = compiled(variables, state["cache"], arg)
     return token
 
   if what == "decode":  # a cache that holds the prompt
