@@ -3,11 +3,12 @@
   python benchmarks/bench_host_memory.py [--steps 20] [--repeats 2]
 
 Runs the whole-model benchmark's train step (`bench_model.Ours`, the
-Mixtral shape, batch 8 x 256) in fresh processes, alternating glibc's malloc
-defaults and the restart with `linen_moe_cli.host_memory.TUNABLES`, and
-prints for each process: the train step's compile seconds, the median step
-seconds, the median minor page faults and kernel seconds per step, and the
-process's peak RSS.
+Mixtral shape, batch 8 x 256) back to back in fresh processes, alternating
+glibc's malloc defaults, the restart with `linen_moe_cli.host_memory.TUNABLES`
+(each step followed by `host_memory.settle`, as `linen-moe train` does),
+and the same restart without that pause, and prints for each process: the
+train step's compile seconds, the median step seconds, the median minor
+page faults and kernel seconds per step, and the process's peak RSS.
 """
 
 from __future__ import annotations
@@ -22,13 +23,21 @@ import sys
 
 from linen_moe_cli import host_memory
 
-SETTINGS = {"glibc defaults": "0", "reused": "1"}
+# name: (LINEN_MOE_REUSE_HOST_MEMORY, pause after each step)
+SETTINGS = {
+    "glibc defaults": ("0", True),
+    "reused": ("1", True),
+    "reused, no pause": ("1", False),
+}
 
 
-def child(steps: int) -> None:
+def child(steps: int, settle: bool) -> None:
   """One process's figures, as a JSON line on stdout."""
   host_memory.reexec_with_reused_memory()
   from linen_moe_cli import bench_model  # noqa: PLC0415 (after the restart)
+
+  if not settle:
+    host_memory.settle = lambda: None  # what Ours.train calls
 
   ours = bench_model.Ours(
       bench_model.model_config(bench_model.MIXTRAL_SHAPE), None
@@ -59,23 +68,27 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  parser.add_argument(
+      "--no-settle", action="store_true", help=argparse.SUPPRESS
+  )
   args = parser.parse_args()
   if args.child:
-    child(args.steps)
+    child(args.steps, not args.no_settle)
     return
   print(
       f"train step of the Mixtral shape, batch 8 x 256, {args.steps} steps"
       " per process; medians per step"
   )
   print(
-      f"{'malloc':>15} {'compile':>8} {'step':>7} {'faults':>8}"
+      f"{'malloc':>16} {'compile':>8} {'step':>7} {'faults':>8}"
       f" {'kernel':>7} {'peak RSS':>9}"
   )
   for _ in range(args.repeats):
-    for name, asked in SETTINGS.items():
+    for name, (asked, settle) in SETTINGS.items():
       env = dict(os.environ, **{host_memory.OPT_IN: asked})
+      argv = [sys.executable, __file__, "--child", "--steps", str(args.steps)]
       done = subprocess.run(
-          [sys.executable, __file__, "--child", "--steps", str(args.steps)],
+          argv + ([] if settle else ["--no-settle"]),
           env=env,
           capture_output=True,
           text=True,
@@ -85,7 +98,7 @@ def main() -> None:
         raise SystemExit(f"{name}: the process failed:\n{done.stderr[-3000:]}")
       r = json.loads(done.stdout.strip().splitlines()[-1])
       print(
-          f"{name:>15} {r['compile_s']:>7.2f}s {r['step_s']:>6.2f}s"
+          f"{name:>16} {r['compile_s']:>7.2f}s {r['step_s']:>6.2f}s"
           f" {r['faults']:>8,.0f} {r['kernel_s']:>6.2f}s"
           f" {r['peak_rss_gb']:>7.2f}GB"
       )

@@ -11,13 +11,22 @@ later calls reuse it: no faults, and that train step takes 1.08-1.18 s
 instead of 1.39-1.55 s (`benchmarks/bench_host_memory.py`, medians per
 step, one process each).
 
-It is opt-in (`LINEN_MOE_REUSE_HOST_MEMORY=1`) because it costs memory and
-compile time. The heap never shrinks and fragments: a buffer freed after the
-next call's was allocated leaves a hole the heap grows past, so the same
-train step's process peaked at 3.2-4.4 GB RSS over 20 steps and 8.0 GB over
-120 (2.9 GB with glibc's defaults either way); that the growth stops is not
-shown. And XLA compiles on several threads, which contend for the one
-arena: that train step compiles in 5.8-6.2 s instead of 3.5-4.8 s.
+The heap never shrinks, and it grows past any buffer still allocated when
+the next is asked for. XLA:CPU frees a call's temporary buffer on its
+executor thread a moment after the call's results are ready, so a loop that
+calls the next step at once asks for the new buffer first: the old one's
+space is then taken by smaller allocations, and the heap grows by another
+buffer. Back to back, the same train step's process peaked at 6.8-8.0 GB
+RSS within 30 steps; with `settle`, a pause of `SETTLE_S` after each step,
+at 3.15-3.16 GB over 30 and over 120 steps (2.9 GB with glibc's defaults).
+`linen-moe train` settles after every step; a loop of your own should too
+(`time.sleep(0.002)` once the step's results are read).
+
+It stays opt-in (`LINEN_MOE_REUSE_HOST_MEMORY=1`): the heap never gives
+memory back to the system, its flatness rests on a pause that a loaded
+machine could outlast, and XLA compiles on several threads, which contend
+for the one arena (that train step compiles in 4.5-6.2 s instead of
+2.8-4.8 s).
 
 glibc reads its tunables once, when a process starts, so Python cannot set
 them for itself: `reexec_with_reused_memory` restarts the process with them
@@ -35,6 +44,7 @@ from collections.abc import Mapping
 import os
 import platform
 import sys
+import time
 
 ENV = "GLIBC_TUNABLES"
 # One arena (the main one, the only one that can keep a request above 64 MiB
@@ -47,6 +57,9 @@ TUNABLES = (
 )
 # Set to 1 to restart with `TUNABLES`.
 OPT_IN = "LINEN_MOE_REUSE_HOST_MEMORY"
+# Seconds `settle` waits: 1 ms kept the train step's heap flat on 2 cores
+# (a sleep(0) did not); twice that for a loaded machine.
+SETTLE_S = 0.002
 
 
 def tuned_environ(
@@ -85,3 +98,24 @@ def reexec_with_reused_memory() -> None:
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+def reusing(environ: Mapping[str, str] | None = None) -> bool:
+  """Whether a process with `environ` (default `os.environ`) runs with every
+  one of `TUNABLES` in its `GLIBC_TUNABLES`: restarted by
+  `reexec_with_reused_memory`, or started so by its user."""
+  if environ is None:
+    environ = os.environ
+  current = set(environ.get(ENV, "").split(":"))
+  return all(t in current for t in TUNABLES)
+
+
+def settle() -> None:
+  """Waits `SETTLE_S` when this process reuses host memory (`reusing`), so
+  that XLA:CPU frees the call that just finished's temporary buffer before
+  the next call asks for one; returns at once otherwise.
+
+  Call it after a step's results are ready (a value read to the host).
+  """
+  if reusing():
+    time.sleep(SETTLE_S)

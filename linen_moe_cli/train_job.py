@@ -20,6 +20,7 @@ from linen_moe import distributed
 from linen_moe import sharding
 from linen_moe._src.config_files import load_model_config
 from linen_moe.training import default_optimizer
+from linen_moe_cli import host_memory
 from linen_moe_cli import loss_chart
 from linen_moe_cli import options
 from linen_moe_cli import train_data
@@ -329,6 +330,7 @@ def _train_from(
     else:
       state, metrics = step(state, tokens, key, mask)
     loss = float(metrics["cross_entropy"])
+    host_memory.settle()  # a no-op unless LINEN_MOE_REUSE_HOST_MEMORY=1
     losses.append(loss)
     loads.append(metrics["expert_load"])
     done = i + 1

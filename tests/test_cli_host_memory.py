@@ -1,14 +1,18 @@
 """`linen_moe_cli.host_memory`: the restart with glibc malloc tunables that
-let a compiled program reuse its temporary buffer from call to call."""
+let a compiled program reuse its temporary buffer from call to call, and
+the pause after each step that keeps the heap from growing."""
 
 import os
 import platform
 import subprocess
 import sys
+from unittest import mock
 
 from absl.testing import absltest
 
+from linen_moe import testing
 from linen_moe_cli import host_memory
+from linen_moe_cli import main as cli
 from tests import workers
 
 TUNED = ":".join(host_memory.TUNABLES)
@@ -38,6 +42,39 @@ class TunedEnvironTest(absltest.TestCase):
     ):
       with self.subTest(environ=environ, libc=libc):
         self.assertIsNone(host_memory.tuned_environ(environ, libc=libc))
+
+
+class SettleTest(absltest.TestCase):
+
+  def test_reusing_needs_every_tunable(self):
+    env = host_memory.ENV
+    self.assertTrue(host_memory.reusing({env: TUNED}))
+    self.assertTrue(host_memory.reusing({env: "glibc.pthread.rseq=0:" + TUNED}))
+    self.assertFalse(host_memory.reusing({}))
+    self.assertFalse(host_memory.reusing({env: host_memory.TUNABLES[0]}))
+
+  def test_waits_only_when_reusing(self):
+    for tunables, waits in ((TUNED, True), ("glibc.malloc.arena_max=4", False)):
+      with (
+          mock.patch.dict(os.environ, {host_memory.ENV: tunables}),
+          mock.patch.object(host_memory.time, "sleep") as sleep,
+      ):
+        host_memory.settle()
+      with self.subTest(tunables=tunables):
+        if waits:
+          sleep.assert_called_once_with(host_memory.SETTLE_S)
+        else:
+          sleep.assert_not_called()
+
+  def test_the_train_loop_settles_after_every_step(self):
+    with mock.patch.object(host_memory, "settle") as settle:
+      status, _, err = testing.run_capturing(
+          cli.main,
+          ["train", "--steps=3", "--batch-size=2", "--seq-len=8"]
+          + ["--no-progress"],
+      )
+    self.assertEqual(status, 0, err)
+    self.assertEqual(settle.call_count, 3)
 
 
 @absltest.skipUnless(
