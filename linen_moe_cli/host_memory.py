@@ -7,8 +7,8 @@ own arena with a new `mmap` and unmaps it on free, so every call faults its
 whole temporary buffer in again: about 0.34 M page faults and 0.57-0.61 s
 of kernel time per train step on a 2-core machine. With one arena, no
 `mmap` and no trimming (`TUNABLES`), the freed buffer stays in the heap and
-later calls reuse it: no faults, and that train step takes 1.08-1.18 s
-instead of 1.39-1.55 s (`benchmarks/bench_host_memory.py`, medians per
+later calls reuse it: no faults, and that train step takes 0.88-1.18 s
+instead of 1.24-1.55 s (`benchmarks/bench_host_memory.py`, medians per
 step, one process each).
 
 The heap never shrinks, and it grows past any buffer still allocated when

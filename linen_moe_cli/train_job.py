@@ -330,7 +330,7 @@ def _train_from(
     else:
       state, metrics = step(state, tokens, key, mask)
     loss = float(metrics["cross_entropy"])
-    host_memory.settle()  # a no-op unless LINEN_MOE_REUSE_HOST_MEMORY=1
+    host_memory.settle()  # waits only where host memory is reused
     losses.append(loss)
     loads.append(metrics["expert_load"])
     done = i + 1
