@@ -577,7 +577,7 @@ def machine() -> dict[str, Any]:
               "XLA_FLAGS",
               "OMP_WAIT_POLICY",
               "OMP_NUM_THREADS",
-              "GLIBC_TUNABLES",
+              host_memory.ENV,
           )
           if k in os.environ
       },
@@ -606,7 +606,7 @@ def report(results: dict[str, Any]) -> str:
           f" medians of {opts['rounds']} rounds, both sides alternating"
       ),
       "host malloc (both sides): "
-      + env["env"].get("GLIBC_TUNABLES", "glibc's defaults"),
+      + env["env"].get(host_memory.ENV, "glibc's defaults"),
   ]
   for r in results["models"]:
     lines.append("")
