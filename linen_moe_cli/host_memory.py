@@ -16,8 +16,8 @@ the next is asked for. XLA:CPU frees a call's temporary buffer on its
 executor thread a moment after the call's results are ready, so a loop that
 calls the next step at once asks for the new buffer first: the old one's
 space is then taken by smaller allocations, and the heap grows by another
-buffer. Back to back, the same train step's process peaked at 6.8-8.0 GB
-RSS within 30 steps; with `settle`, a pause of `SETTLE_S` after each step,
+buffer. Back to back, the same train step's process peaked at 6.8 GB RSS
+within 30 steps and 8.0 GB over 120; with `settle`, a pause of `SETTLE_S` after each step,
 at 3.15-3.16 GB over 30 and over 120 steps (2.9 GB with glibc's defaults).
 `linen-moe train` settles after every step; a loop of your own should too
 (`time.sleep(0.002)` once the step's results are read).
@@ -57,8 +57,9 @@ TUNABLES = (
 )
 # Set to 1 to restart with `TUNABLES`.
 OPT_IN = "LINEN_MOE_REUSE_HOST_MEMORY"
-# Seconds `settle` waits: 1 ms kept the train step's heap flat on 2 cores
-# (a sleep(0) did not); twice that for a loaded machine.
+# Seconds `settle` waits: with it the train step's heap stays flat over 120
+# steps on 2 cores (`benchmarks/bench_host_memory.py`), a margin over the
+# moment XLA:CPU takes to free a call's buffer.
 SETTLE_S = 0.002
 
 
