@@ -18,24 +18,24 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
+
+from linen_moe_cli import bench
 
 E, M, H = 8, 512, 1024  # experts, emb, mlp: the whole-model benchmark's
 WEIGHTS = 12
 
 
 def _median_ms(fn, args, rounds: int) -> float:
+  """Median milliseconds of `rounds` calls of jitted `fn`, compiled first."""
   fn = jax.jit(fn)
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(rounds):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times) * 1e3
+  bench.time_call(fn, args)
+  return (
+      statistics.median(bench.time_call(fn, args)[0] for _ in range(rounds))
+      * 1e3
+  )
 
 
 def _summed(product):
