@@ -557,6 +557,31 @@ def _cpu_name() -> str:
   return platform.processor() or platform.machine()
 
 
+# Vector units a CPU flag names, widest first. Recorded because the model
+# name does not tell machines apart: two that both said "AMD EPYC" measured
+# this benchmark's float32 roofline at 351 and 88 GFLOP/s.
+_VECTOR_FLAGS = ("avx512f", "avx2", "avx", "sve", "asimd", "sse2")
+
+
+def vector_isa(cpuinfo: str) -> str:
+  """The widest of `_VECTOR_FLAGS` among the first processor's flags in
+  `cpuinfo` (the text of /proc/cpuinfo), or "unknown"."""
+  for line in cpuinfo.splitlines():
+    key, _, value = line.partition(":")
+    if key.strip() in ("flags", "Features"):
+      flags = set(value.split())
+      return next((f for f in _VECTOR_FLAGS if f in flags), "unknown")
+  return "unknown"
+
+
+def _vector_isa() -> str:
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      return vector_isa(f.read())
+  except OSError:
+    return "unknown"
+
+
 def machine() -> dict[str, Any]:
   """The date, the machine and the versions a run was measured with."""
   import flax  # noqa: PLC0415
@@ -564,6 +589,7 @@ def machine() -> dict[str, Any]:
   return {
       "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
       "cpu": _cpu_name(),
+      "vector_isa": _vector_isa(),
       "cores": os.cpu_count(),
       "platform": platform.platform(),
       "load_average": list(os.getloadavg()),
@@ -597,7 +623,9 @@ def report(results: dict[str, Any]) -> str:
   opts, env = results["options"], results["machine"]
   lines = [
       (
-          f"bench_model {env['date']}  {env['cpu']}, {env['cores']} cores, load"
+          f"bench_model {env['date']}  {env['cpu']}"
+          f" ({env.get('vector_isa', 'vector units unrecorded')}),"
+          f" {env['cores']} cores, load"
           f" average {env['load_average'][0]:.1f} at the start,"
           f" {results['end_load_average'][0]:.1f} at the end"
       ),

@@ -97,6 +97,20 @@ class ShapeTest(absltest.TestCase):
         bench_model.train_flops(cfg, 8, 256), 3 * 2 * 8 * 256 * per_token
     )
 
+  def test_vector_isa_is_the_widest_flag_of_the_first_processor(self):
+    zen3 = "processor\t: 0\nflags\t\t: fpu sse2 avx fma avx2 bmi2\n"
+    # A later processor's flags do not count: the first one's are read.
+    later = "\nprocessor\t: 1\nflags\t\t: avx512f avx2\n"
+    self.assertEqual(bench_model.vector_isa(zen3 + later), "avx2")
+    self.assertEqual(
+        bench_model.vector_isa("flags : sse2 avx512f avx2 avx\n"), "avx512f"
+    )
+    self.assertEqual(
+        bench_model.vector_isa("Features\t: fp asimd evtstrm sve\n"), "sve"
+    )
+    self.assertEqual(bench_model.vector_isa("flags : fpu vme\n"), "unknown")
+    self.assertEqual(bench_model.vector_isa("model name : x\n"), "unknown")
+
 
 class PeerTest(absltest.TestCase):
 
