@@ -546,14 +546,19 @@ def _derive(out: dict[str, Any], cfg, opts: Options) -> None:
       )
 
 
-def _cpu_name() -> str:
+def _cpuinfo() -> str:
+  """The text of /proc/cpuinfo, or "" where there is none."""
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
+      return f.read()
   except OSError:
-    pass
+    return ""
+
+
+def _cpu_name(cpuinfo: str) -> str:
+  for line in cpuinfo.splitlines():
+    if line.startswith("model name"):
+      return line.split(":", 1)[1].strip()
   return platform.processor() or platform.machine()
 
 
@@ -574,22 +579,15 @@ def vector_isa(cpuinfo: str) -> str:
   return "unknown"
 
 
-def _vector_isa() -> str:
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      return vector_isa(f.read())
-  except OSError:
-    return "unknown"
-
-
 def machine() -> dict[str, Any]:
   """The date, the machine and the versions a run was measured with."""
   import flax  # noqa: PLC0415
 
+  cpuinfo = _cpuinfo()
   return {
       "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-      "cpu": _cpu_name(),
-      "vector_isa": _vector_isa(),
+      "cpu": _cpu_name(cpuinfo),
+      "vector_isa": vector_isa(cpuinfo),
       "cores": os.cpu_count(),
       "platform": platform.platform(),
       "load_average": list(os.getloadavg()),
