@@ -48,8 +48,8 @@ from linen_moe import RoutedMoE  # noqa: E402
 from linen_moe import load_moe_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
 from linen_moe import testing  # noqa: E402
-from linen_moe._src import ep_traffic  # noqa: E402
-from linen_moe._src import ragged_collectives  # noqa: E402
+from linen_moe._src.layer import ep_traffic  # noqa: E402
+from linen_moe._src.kernels import ragged_collectives  # noqa: E402
 
 KIB = 1024
 # Layers measured here: (name, config overrides, batch, seq).

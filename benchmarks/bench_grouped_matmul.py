@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe._src import grouped_matmul as gmm_lib
+from linen_moe._src.kernels import grouped_matmul as gmm_lib
 
 
 def group_sizes_for(pattern: str, m: int, g: int, seed: int) -> np.ndarray:

@@ -32,8 +32,8 @@ import jax
 from linen_moe import distributed
 from linen_moe import sharding
 from linen_moe import testing
-from linen_moe._src.config import PATHS
-from linen_moe._src.config_files import load_model_config
+from linen_moe._src.config.files import load_model_config
+from linen_moe._src.config.moe_config import PATHS
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import launch

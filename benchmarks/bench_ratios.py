@@ -116,9 +116,9 @@ def ceilings_main() -> None:
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
-  from linen_moe._src import grouped_matmul  # noqa: PLC0415
-  from linen_moe._src import permute  # noqa: PLC0415
-  from linen_moe._src import sparse  # noqa: PLC0415
+  from linen_moe._src.kernels import grouped_matmul  # noqa: PLC0415
+  from linen_moe._src.layer import permute  # noqa: PLC0415
+  from linen_moe._src.layer import sparse  # noqa: PLC0415
   from linen_moe_cli import bench  # noqa: PLC0415
 
   b, s, m, h, e, k = bench.SIZES[GEMMA]

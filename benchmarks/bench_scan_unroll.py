@@ -20,7 +20,7 @@ import argparse
 import statistics
 
 import linen_moe
-from linen_moe._src.scan import AUTO_UNROLL_MAX_LENGTH
+from linen_moe._src.models.scan import AUTO_UNROLL_MAX_LENGTH
 from linen_moe_cli import bench_model
 
 BATCH, SEQ = 4, 64

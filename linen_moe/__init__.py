@@ -15,31 +15,31 @@ import warnings as _warnings
 # that `import linen_moe` alone imports no jax: the command line's --help
 # and a test session's setup (which sets jax's flags) run before jax loads.
 _EXPORTS = {
-    "linen_moe._src.config": ("PATHS", "QUANTIZATIONS", "MoEConfig"),
-    "linen_moe._src.config_files": (
+    "linen_moe._src.config.moe_config": ("PATHS", "QUANTIZATIONS", "MoEConfig"),
+    "linen_moe._src.config.files": (
         "available_configs",
         "load_config",  # deprecated: load_moe_config
         "load_model_config",
         "load_moe_config",
     ),
-    "linen_moe._src.expert": ("SharedExpert",),
+    "linen_moe._src.layer.expert": ("SharedExpert",),
     # grouped_kernels imports jax, so it loads only when the name is asked for.
-    "linen_moe._src.grouped_kernels": ("KernelFallbackWarning",),
-    "linen_moe._src.model_config": ("ModelConfig",),
+    "linen_moe._src.kernels.accelerator": ("KernelFallbackWarning",),
+    "linen_moe._src.config.model_config": ("ModelConfig",),
     "linen_moe._src.models.decoder": (
         "Decoder",
         "scanned_to_unrolled",
         "unrolled_to_scanned",
     ),
-    "linen_moe._src.moe": (
+    "linen_moe._src.layer.moe": (
         "CALL_SITES",
         "MoEAux",
         "RoutedAndSharedMoE",
         "RoutedMoE",
     ),
-    "linen_moe._src.routing": ("RouterResult",),
-    "linen_moe._src.scan": ("scan_blocks",),
-    "linen_moe._src.training.data": ("MarkovData",),
+    "linen_moe._src.layer.routing": ("RouterResult",),
+    "linen_moe._src.models.scan": ("scan_blocks",),
+    "linen_moe._src.training.markov_data": ("MarkovData",),
     "linen_moe._src.training.sharded": ("ShardedTraining",),
     "linen_moe._src.training.step": (
         "TrainState",
@@ -47,7 +47,7 @@ _EXPORTS = {
         "init_train_state",
         "make_train_step",
     ),
-    "linen_moe._src.variables": (
+    "linen_moe._src.layer.variables": (
         "OVERWRITE_WITH_GRADIENT",
         "RNG_STREAMS",
         "ROUTER_JITTER_RNG_STREAM",
@@ -123,30 +123,36 @@ __all__ = [
 # Modules that were public in 0.1 and are private since 0.2: the old name
 # still works for one release, with a DeprecationWarning naming the new home.
 _MOVED_MODULES = {
-    "activations": ("linen_moe._src.activations", None),
+    "activations": ("linen_moe._src.layer.activations", None),
     "checkpoint_tree": (
-        "linen_moe._src.checkpoint_tree",
+        "linen_moe._src.checkpoint.tree",
         "linen_moe.checkpoint",
     ),
     "config": (
-        "linen_moe._src.config",
+        "linen_moe._src.config.moe_config",
         "linen_moe (MoEConfig, ModelConfig, ...)",
     ),
     "decoder": ("linen_moe._src.models.decoder", "linen_moe.Decoder"),
-    "dense": ("linen_moe._src.dense", None),
-    "expert": ("linen_moe._src.expert", "linen_moe.SharedExpert"),
-    "expert_parallel": ("linen_moe._src.expert_parallel", None),
-    "grouped_matmul": ("linen_moe._src.grouped_matmul", None),
-    "hlo": ("linen_moe._src.hlo", "linen_moe.testing"),
-    "int8_grouped": ("linen_moe._src.int8_grouped", None),
-    "jit_init": ("linen_moe._src.jit_init", None),
-    "moe": ("linen_moe._src.moe", "linen_moe (RoutedMoE, ...)"),
-    "permute": ("linen_moe._src.permute", None),
-    "quantization": ("linen_moe._src.quantization", None),
-    "scan": ("linen_moe._src.scan", "linen_moe.scan_blocks"),
-    "sparse": ("linen_moe._src.sparse", None),
-    "stored_weights": ("linen_moe._src.stored_weights", "linen_moe.serving"),
-    "variables": ("linen_moe._src.variables", "linen_moe (the constants)"),
+    "dense": ("linen_moe._src.layer.dense", None),
+    "expert": ("linen_moe._src.layer.expert", "linen_moe.SharedExpert"),
+    "expert_parallel": ("linen_moe._src.layer.expert_parallel", None),
+    "grouped_matmul": ("linen_moe._src.kernels.grouped_matmul", None),
+    "hlo": ("linen_moe._src.hlo.reading", "linen_moe.testing"),
+    "int8_grouped": ("linen_moe._src.kernels.int8_grouped", None),
+    "jit_init": ("linen_moe._src.layer.jit_init", None),
+    "moe": ("linen_moe._src.layer.moe", "linen_moe (RoutedMoE, ...)"),
+    "permute": ("linen_moe._src.layer.permute", None),
+    "quantization": ("linen_moe._src.quantization.contractions", None),
+    "scan": ("linen_moe._src.models.scan", "linen_moe.scan_blocks"),
+    "sparse": ("linen_moe._src.layer.sparse", None),
+    "stored_weights": (
+        "linen_moe._src.quantization.stored_weights",
+        "linen_moe.serving",
+    ),
+    "variables": (
+        "linen_moe._src.layer.variables",
+        "linen_moe (the constants)",
+    ),
 }
 
 

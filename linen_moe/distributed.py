@@ -1,15 +1,15 @@
 """Several processes as one JAX program: joining them, cluster launchers,
 global arrays from process-local data."""
 
-from linen_moe._src.distributed import DEFAULT_HEARTBEAT_TIMEOUT_S
-from linen_moe._src.distributed import DEFAULT_INIT_TIMEOUT_S
-from linen_moe._src.distributed import check_port_free
-from linen_moe._src.distributed import cluster_launcher
-from linen_moe._src.distributed import free_port
-from linen_moe._src.distributed import global_array
-from linen_moe._src.distributed import initialize
-from linen_moe._src.distributed import is_main_process
-from linen_moe._src.distributed import parse_coordinator
+from linen_moe._src.parallel.distributed import DEFAULT_HEARTBEAT_TIMEOUT_S
+from linen_moe._src.parallel.distributed import DEFAULT_INIT_TIMEOUT_S
+from linen_moe._src.parallel.distributed import check_port_free
+from linen_moe._src.parallel.distributed import cluster_launcher
+from linen_moe._src.parallel.distributed import free_port
+from linen_moe._src.parallel.distributed import global_array
+from linen_moe._src.parallel.distributed import initialize
+from linen_moe._src.parallel.distributed import is_main_process
+from linen_moe._src.parallel.distributed import parse_coordinator
 
 __all__ = [
     "DEFAULT_HEARTBEAT_TIMEOUT_S",

@@ -1,15 +1,15 @@
 """Routing: which experts each token uses, with what weights, and the
 balancing losses and rules around that choice."""
 
-from linen_moe._src.routing import RouterResult
-from linen_moe._src.routing import expert_assignment_fraction
-from linen_moe._src.routing import group_limited_mask
-from linen_moe._src.routing import jitter
-from linen_moe._src.routing import load_balance_loss
-from linen_moe._src.routing import route
-from linen_moe._src.routing import routed_bias_update
-from linen_moe._src.routing import router_z_loss
-from linen_moe._src.routing import select_experts
+from linen_moe._src.layer.routing import RouterResult
+from linen_moe._src.layer.routing import expert_assignment_fraction
+from linen_moe._src.layer.routing import group_limited_mask
+from linen_moe._src.layer.routing import jitter
+from linen_moe._src.layer.routing import load_balance_loss
+from linen_moe._src.layer.routing import route
+from linen_moe._src.layer.routing import routed_bias_update
+from linen_moe._src.layer.routing import router_z_loss
+from linen_moe._src.layer.routing import select_experts
 
 __all__ = [
     "RouterResult",

@@ -1,18 +1,18 @@
 """Logical axis names, rule tables and meshes."""
 
-from linen_moe._src.sharding import DEFAULT_RULES
-from linen_moe._src.sharding import MESH_AXES
-from linen_moe._src.sharding import constrain
-from linen_moe._src.sharding import current_mesh
-from linen_moe._src.sharding import current_rules
-from linen_moe._src.sharding import logical_shardings
-from linen_moe._src.sharding import make_mesh
-from linen_moe._src.sharding import mesh_axes
-from linen_moe._src.sharding import mesh_context
-from linen_moe._src.sharding import named
-from linen_moe._src.sharding import parse_mesh_spec
-from linen_moe._src.sharding import replicated
-from linen_moe._src.sharding import unbox
+from linen_moe._src.parallel.sharding import DEFAULT_RULES
+from linen_moe._src.parallel.sharding import MESH_AXES
+from linen_moe._src.parallel.sharding import constrain
+from linen_moe._src.parallel.sharding import current_mesh
+from linen_moe._src.parallel.sharding import current_rules
+from linen_moe._src.parallel.sharding import logical_shardings
+from linen_moe._src.parallel.sharding import make_mesh
+from linen_moe._src.parallel.sharding import mesh_axes
+from linen_moe._src.parallel.sharding import mesh_context
+from linen_moe._src.parallel.sharding import named
+from linen_moe._src.parallel.sharding import parse_mesh_spec
+from linen_moe._src.parallel.sharding import replicated
+from linen_moe._src.parallel.sharding import unbox
 
 __all__ = [
     "DEFAULT_RULES",

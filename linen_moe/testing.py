@@ -15,30 +15,30 @@ Importing it imports no jax; the helpers load it on first use.
 import importlib as _importlib
 from typing import Any as _Any
 
-from linen_moe._src.compile_options import use_compilation_cache
-from linen_moe._src.compile_options import use_fast_compile
 from linen_moe._src.data.license_texts import license_texts
-from linen_moe._src.hlo import COLLECTIVES
-from linen_moe._src.hlo import CONTRACTIONS
-from linen_moe._src.hlo import QUANTIZED_TYPES
-from linen_moe._src.hlo import Collective
-from linen_moe._src.hlo import Contraction
-from linen_moe._src.hlo import Instruction
-from linen_moe._src.hlo import all_gather_shapes
-from linen_moe._src.hlo import collective_counts
-from linen_moe._src.hlo import collective_summary
-from linen_moe._src.hlo import collectives
-from linen_moe._src.hlo import contractions
-from linen_moe._src.hlo import crosses_processes
-from linen_moe._src.hlo import parse_hlo
-from linen_moe._src.hlo import quantized_types_at_contractions
-from linen_moe._src.hlo import quantized_types_in_hlo
-from linen_moe._src.hlo_traffic import CollectiveBytes
-from linen_moe._src.hlo_traffic import collective_bytes
-from linen_moe._src.hlo_traffic import sent_bytes
-from linen_moe._src.testing_marks import SLOW_ATTRIBUTE
-from linen_moe._src.testing_marks import is_slow
-from linen_moe._src.testing_marks import slow
+from linen_moe._src.hlo.reading import COLLECTIVES
+from linen_moe._src.hlo.reading import CONTRACTIONS
+from linen_moe._src.hlo.reading import QUANTIZED_TYPES
+from linen_moe._src.hlo.reading import Collective
+from linen_moe._src.hlo.reading import Contraction
+from linen_moe._src.hlo.reading import Instruction
+from linen_moe._src.hlo.reading import all_gather_shapes
+from linen_moe._src.hlo.reading import collective_counts
+from linen_moe._src.hlo.reading import collective_summary
+from linen_moe._src.hlo.reading import collectives
+from linen_moe._src.hlo.reading import contractions
+from linen_moe._src.hlo.reading import crosses_processes
+from linen_moe._src.hlo.reading import parse_hlo
+from linen_moe._src.hlo.reading import quantized_types_at_contractions
+from linen_moe._src.hlo.reading import quantized_types_in_hlo
+from linen_moe._src.hlo.traffic import CollectiveBytes
+from linen_moe._src.hlo.traffic import collective_bytes
+from linen_moe._src.hlo.traffic import sent_bytes
+from linen_moe._src.testing.compile_options import use_compilation_cache
+from linen_moe._src.testing.compile_options import use_fast_compile
+from linen_moe._src.testing.marks import SLOW_ATTRIBUTE
+from linen_moe._src.testing.marks import is_slow
+from linen_moe._src.testing.marks import slow
 
 # The helpers that need jax, loaded on first use (PEP 562).
 _HELPERS = (
@@ -73,7 +73,7 @@ def kernels_on_cpu(kind: str):
   Raises:
     ValueError: on entering the context, if `kind` is none of those.
   """
-  from linen_moe._src import grouped_kernels  # noqa: PLC0415
+  from linen_moe._src.kernels import accelerator as grouped_kernels  # noqa: PLC0415
 
   return grouped_kernels.kernels_on_cpu(kind)
 
@@ -119,7 +119,7 @@ __all__ = [
 
 def __getattr__(name: str) -> _Any:
   if name in _HELPERS:
-    module = _importlib.import_module("linen_moe._src.testing_helpers")
+    module = _importlib.import_module("linen_moe._src.testing.helpers")
     value = getattr(module, name)
     globals()[name] = value
     return value

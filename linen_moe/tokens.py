@@ -2,10 +2,10 @@
 
 import warnings as _warnings
 
-from linen_moe._src.tokens import checked
-from linen_moe._src.tokens import valid_token_mask
-from linen_moe._src.tokens import validate_tokens
-from linen_moe._src.tokens import validate_tokens_if_concrete
+from linen_moe._src.models.tokens import checked
+from linen_moe._src.models.tokens import valid_token_mask
+from linen_moe._src.models.tokens import validate_tokens
+from linen_moe._src.models.tokens import validate_tokens_if_concrete
 
 __all__ = [
     "checked",

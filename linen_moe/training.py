@@ -9,11 +9,11 @@ import importlib as _importlib
 from typing import Any as _Any
 import warnings as _warnings
 
-from linen_moe._src.training.data import MarkovData
 from linen_moe._src.training.evaluation import make_eval_step
 from linen_moe._src.training.evaluation import variables_of
 from linen_moe._src.training.frontend import LinenFrontend
 from linen_moe._src.training.frontend import TrainingFrontend
+from linen_moe._src.training.markov_data import MarkovData
 from linen_moe._src.training.sharded import ShardedRun
 from linen_moe._src.training.sharded import ShardedTraining
 from linen_moe._src.training.step import TrainState
@@ -61,5 +61,6 @@ def __getattr__(name: str) -> _Any:
         DeprecationWarning,
         stacklevel=2,
     )
-    return _importlib.import_module(f"linen_moe._src.training.{name}")
+    module = "markov_data" if name == "data" else name
+    return _importlib.import_module(f"linen_moe._src.training.{module}")
   raise AttributeError(f"module 'linen_moe.training' has no attribute {name!r}")

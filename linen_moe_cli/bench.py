@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from linen_moe._src.config import PATHS
+from linen_moe._src.config.moe_config import PATHS
 
 # name -> (batch, seq, emb_dim, moe_mlp_dim, num_experts, top_k)
 SIZES = {
@@ -69,8 +69,8 @@ class Case:
 
 
 def _model_config(case: Case):
-  from linen_moe._src.config import MoEConfig  # noqa: PLC0415
-  from linen_moe._src.model_config import ModelConfig  # noqa: PLC0415
+  from linen_moe._src.config.model_config import ModelConfig  # noqa: PLC0415
+  from linen_moe._src.config.moe_config import MoEConfig  # noqa: PLC0415
 
   b, s, m, h, e, k = case.resolved_dims()
   path = dict(PATHS[case.path])
@@ -163,9 +163,9 @@ def compiled_step(case: Case) -> tuple[Any, tuple[Any, ...], float]:
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
+  from linen_moe._src.layer.moe import RoutedMoE  # noqa: PLC0415
+  from linen_moe._src.layer.variables import AQT_RNG_STREAM  # noqa: PLC0415
   from linen_moe._src.models.decoder import DecoderBlock  # noqa: PLC0415
-  from linen_moe._src.moe import RoutedMoE  # noqa: PLC0415
-  from linen_moe._src.variables import AQT_RNG_STREAM  # noqa: PLC0415
 
   cfg, (b, s, m) = _model_config(case)
   x = jax.random.normal(jax.random.key(0), (b, s, m), jnp.dtype(case.dtype))

@@ -14,11 +14,11 @@ import numpy as np
 from linen_moe import decoding
 from linen_moe import serving
 from linen_moe import sharding
-from linen_moe._src.config import SERVING_QUANTIZATIONS
-from linen_moe._src.config_files import load_model_config
-from linen_moe._src.model_config import ModelConfig
+from linen_moe._src.config.files import load_model_config
+from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.config.moe_config import SERVING_QUANTIZATIONS
+from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models.decoder import Decoder
-from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe.training import init_train_state

@@ -22,11 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import testing
-from linen_moe._src.config import PATHS
-from linen_moe._src.config import TINY_CONFIGS
-from linen_moe._src.config_files import load_model_config
-from linen_moe._src.quantization_modes import MODES
-from linen_moe._src.quantization_modes import QUANTIZATIONS
+from linen_moe._src.config.files import load_model_config
+from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.config.moe_config import TINY_CONFIGS
+from linen_moe._src.quantization.modes import MODES
+from linen_moe._src.quantization.modes import QUANTIZATIONS
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli.frontends import FRONTENDS

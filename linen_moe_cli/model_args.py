@@ -1,6 +1,6 @@
 """The flags that choose and override a model config, shared by commands.
 
-Imports no jax: `linen_moe._src.config` reads its names without it.
+Imports no jax: `linen_moe._src.config.moe_config` reads its names without it.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import argparse
 
 import yaml
 
-from linen_moe._src.config import QUANTIZATIONS
-from linen_moe._src.config_files import available_configs
+from linen_moe._src.config.files import available_configs
+from linen_moe._src.config.moe_config import QUANTIZATIONS
 
 LAYERS = ("scanned", "unrolled")
 

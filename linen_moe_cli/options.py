@@ -219,7 +219,7 @@ class TrainOptions:
       raise ValueError(f"tokenizer {self.tokenizer}: no such file.")
 
   def _check_init_from_hf(self) -> None:
-    from linen_moe._src.model_config import run_fields  # noqa: PLC0415 (no jax)
+    from linen_moe._src.config.model_config import run_fields  # noqa: PLC0415 (no jax)
 
     where = self.init_from_hf
     if not os.path.isfile(os.path.join(where, "config.json")):

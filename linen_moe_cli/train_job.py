@@ -18,7 +18,7 @@ import tqdm
 from linen_moe import checkpoint
 from linen_moe import distributed
 from linen_moe import sharding
-from linen_moe._src.config_files import load_model_config
+from linen_moe._src.config.files import load_model_config
 from linen_moe.training import default_optimizer
 from linen_moe_cli import host_memory
 from linen_moe_cli import loss_chart

@@ -17,7 +17,7 @@ from typing import Any
 
 from flax import nnx
 
-from linen_moe._src import checkpoint_tree as checkpoint
+from linen_moe._src.checkpoint import tree as checkpoint
 
 if TYPE_CHECKING:  # _train imports this module
   from nnx_adapter._train import TrainState

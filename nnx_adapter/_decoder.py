@@ -11,18 +11,18 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src import layer_stack
-from linen_moe._src import scan
-from linen_moe._src import sharding
-from linen_moe._src.model_config import ModelConfig
+from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer.variables import CACHE
+from linen_moe._src.layer.variables import rng_dict
 from linen_moe._src.models import decoder as linen_decoder
+from linen_moe._src.models import layer_stack
+from linen_moe._src.models import scan
 from linen_moe._src.models.blocks import DecoderBlock
 from linen_moe._src.models.blocks import per_layer_aux
 from linen_moe._src.models.blocks import stack_body
 from linen_moe._src.models.norms import RMSNorm
-from linen_moe._src.tokens import validate_tokens_if_concrete
-from linen_moe._src.variables import CACHE
-from linen_moe._src.variables import rng_dict
+from linen_moe._src.models.tokens import validate_tokens_if_concrete
+from linen_moe._src.parallel import sharding
 from nnx_adapter._adapter import Cache
 from nnx_adapter._adapter import EagerToNNX
 

@@ -21,13 +21,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from linen_moe._src.jit_init import jit_once
-from linen_moe._src.model_config import ModelConfig
+from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer.jit_init import jit_once
+from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.layer.variables import UPDATED_BY_RULE
 from linen_moe._src.models.decoder import routed_bias_rule
 from linen_moe._src.training import skip
 from linen_moe._src.training import step as linen_train
-from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.variables import UPDATED_BY_RULE
 from nnx_adapter import _checkpoint
 from nnx_adapter._adapter import Fp8State
 from nnx_adapter._adapter import RuleState

@@ -31,8 +31,8 @@ import numpy as np  # noqa: E402
 
 from linen_moe import checkpoint  # noqa: E402
 from linen_moe import sharding  # noqa: E402
-from linen_moe._src.config import PATHS  # noqa: E402
-from linen_moe._src.config_files import load_model_config  # noqa: E402
+from linen_moe._src.config.files import load_model_config  # noqa: E402
+from linen_moe._src.config.moe_config import PATHS  # noqa: E402
 from linen_moe.training import default_optimizer  # noqa: E402
 from tests.frontends import FRONTENDS  # noqa: E402
 from tests.frontends import sharded_training  # noqa: E402

@@ -41,9 +41,9 @@ import numpy as np
 from linen_moe import distributed
 from linen_moe import sharding
 from linen_moe import testing
-from linen_moe._src.config import PATHS
-from linen_moe._src.config_files import load_model_config
-from linen_moe._src.config_files import load_moe_config
+from linen_moe._src.config.files import load_model_config
+from linen_moe._src.config.files import load_moe_config
+from linen_moe._src.config.moe_config import PATHS
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import main as cli_main
@@ -114,7 +114,7 @@ def _max_abs(tree) -> float:
 
 def layer(job: dict) -> dict:
   from linen_moe import RoutedMoE  # noqa: PLC0415
-  from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
+  from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
 
   mesh = sharding.make_mesh(job["mesh"])
   replicated = NamedSharding(mesh, P())

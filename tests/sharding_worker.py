@@ -29,7 +29,7 @@ import optax  # noqa: E402
 from linen_moe import load_model_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
 from linen_moe import testing  # noqa: E402
-from linen_moe._src.config import PATHS  # noqa: E402
+from linen_moe._src.config.moe_config import PATHS  # noqa: E402
 from linen_moe.training import MarkovData  # noqa: E402
 from linen_moe.training import default_optimizer  # noqa: E402
 from tests.frontends import FRONTENDS  # noqa: E402
@@ -183,8 +183,8 @@ def layer(job: dict) -> dict:
   (default "auto"), on each of `inputs` ("random", "skewed"; default
   "random"). Errors are absolute; `*_scale` the reference's max."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
-  from linen_moe._src.config_files import load_moe_config  # noqa: PLC0415
-  from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
+  from linen_moe._src.config.files import load_moe_config  # noqa: PLC0415
+  from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
 
   out = {}
   modes = job.get("quantizations", [job.get("quantization", "fp8")])
@@ -247,7 +247,7 @@ def serving(job: dict) -> dict:
   and under each mesh: the expert-parallel path reads the stored kernels."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
   from linen_moe import serving as serving_lib  # noqa: PLC0415
-  from linen_moe._src.config_files import load_moe_config  # noqa: PLC0415
+  from linen_moe._src.config.files import load_moe_config  # noqa: PLC0415
 
   out = {}
   for mode in job["modes"]:

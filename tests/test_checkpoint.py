@@ -27,8 +27,8 @@ import pytest
 
 from linen_moe import checkpoint
 from linen_moe import testing
+from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models.decoder import Decoder
-from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.training import LinenFrontend
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer

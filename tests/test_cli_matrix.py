@@ -16,9 +16,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from linen_moe import testing
-from linen_moe._src.config import FAMILY_CONFIGS
-from linen_moe._src.config import PATHS
-from linen_moe._src.config import QUANTIZATIONS
+from linen_moe._src.config.moe_config import FAMILY_CONFIGS
+from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe_cli import matrix
 
 # Each (quantization, path) cell once, rotating through the configs (each

@@ -19,8 +19,8 @@ import numpy as np
 
 from linen_moe import checkpoint
 from linen_moe import testing
-from linen_moe._src.config import PATHS
-from linen_moe._src.config import QUANTIZATIONS
+from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe_cli import main as cli
 from linen_moe_cli import train_job
 from linen_moe_cli.options import TrainOptions

@@ -17,8 +17,8 @@ from linen_moe import testing
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.decoder import scanned_to_unrolled
 from linen_moe._src.models.decoder import unrolled_to_scanned
-from linen_moe._src.scan import AUTO_UNROLL_MAX_LENGTH
-from linen_moe._src.scan import resolved_unroll
+from linen_moe._src.models.scan import AUTO_UNROLL_MAX_LENGTH
+from linen_moe._src.models.scan import resolved_unroll
 from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import routing
-from linen_moe._src import dense as dense_lib
+from linen_moe._src.layer import dense as dense_lib
 from tests import numpy_reference
 
 B, S, M, H, E, K = 2, 12, 6, 5, 4, 2

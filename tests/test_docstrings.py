@@ -68,7 +68,7 @@ class _Public:
 
   name: str
   obj: Any  # the function (unwrapped) or the class
-  file: str  # relative to _BASE, e.g. "linen_moe/_src/routing.py"
+  file: str  # relative to _BASE, e.g. "linen_moe/_src/layer/routing.py"
   is_method: bool = False
 
 

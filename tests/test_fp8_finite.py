@@ -17,8 +17,8 @@ import numpy as np
 
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
-from linen_moe._src import quantization
-from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT as OWG
+from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT as OWG
+from linen_moe._src.quantization import contractions as quantization
 
 ROLES = ("input", "kernel", "output_grad")
 HISTORY = 4

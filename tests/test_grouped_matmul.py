@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe._src import grouped_matmul as gmm_lib
-from linen_moe._src.grouped_kernels import KernelFallbackWarning
+from linen_moe._src.kernels import grouped_matmul as gmm_lib
+from linen_moe._src.kernels.accelerator import KernelFallbackWarning
 from tests import numpy_reference
 
 M, K, N = 96, 24, 40  # M > K, N: only a dense fallback reaches G * M * N

@@ -14,7 +14,7 @@ class ImportTest(absltest.TestCase):
     script = (
         "import sys\n"
         "import linen_moe, linen_moe.testing\n"
-        "from linen_moe._src import config\n"
+        "from linen_moe._src.config import moe_config as config\n"
         "assert config.QUANTIZATIONS and config.available_configs()\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in"
         " ('jax', 'flax', 'optax', 'aqt', 'orbax')))\n"

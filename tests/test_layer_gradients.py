@@ -23,9 +23,9 @@ import numpy as np
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
 from linen_moe import testing
-from linen_moe._src import dense
-from linen_moe._src.config import PATHS
-from linen_moe._src.variables import UPDATED_BY_RULE
+from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.layer import dense
+from linen_moe._src.layer.variables import UPDATED_BY_RULE
 from tests import numpy_reference
 
 B, S = 2, 8

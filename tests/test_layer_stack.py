@@ -14,9 +14,9 @@ from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import load_model_config
 from linen_moe import testing
-from linen_moe._src import layer_stack
-from linen_moe._src.layer_stack import StackPlan
+from linen_moe._src.models import layer_stack
 from linen_moe._src.models.decoder import routed_bias_rule
+from linen_moe._src.models.layer_stack import StackPlan
 from linen_moe.sharding import unbox
 
 D, M, S, F = "dense", "moe", "sliding", "full"

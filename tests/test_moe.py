@@ -14,9 +14,9 @@ from linen_moe import SharedExpert
 from linen_moe import load_moe_config
 from linen_moe import routing
 from linen_moe import testing
-from linen_moe._src import dense as dense_lib
-from linen_moe._src.config import PATHS as ALL_PATHS
-from linen_moe._src.config import QUANTIZATIONS
+from linen_moe._src.config.moe_config import PATHS as ALL_PATHS
+from linen_moe._src.config.moe_config import QUANTIZATIONS
+from linen_moe._src.layer import dense as dense_lib
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 

@@ -13,12 +13,12 @@ import numpy as np
 
 from linen_moe import RoutedMoE
 from linen_moe import testing
-from linen_moe._src.config import PATHS
-from linen_moe._src.config import QUANTIZATIONS
+from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.config.moe_config import QUANTIZATIONS
+from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models.decoder import Decoder as LinenDecoder
-from linen_moe._src.quantization_modes import FP8_QUANTIZATIONS as FP8_MODES
+from linen_moe._src.quantization.modes import FP8_QUANTIZATIONS as FP8_MODES
 from linen_moe._src.training import step as train_lib
-from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData
 import nnx_adapter

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe._src import permute
+from linen_moe._src.layer import permute
 
 T, K, M = 12, 3, 5
 

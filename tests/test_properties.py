@@ -38,7 +38,7 @@ from linen_moe import MoEConfig
 from linen_moe import RoutedMoE
 from linen_moe import routing
 from linen_moe import testing
-from linen_moe._src.config import ROUTINGS
+from linen_moe._src.config.moe_config import ROUTINGS
 
 EMB, MLP = 8, 16
 SHAPES = ((1, 4), (2, 8))  # [B, S]

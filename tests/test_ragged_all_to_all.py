@@ -2,7 +2,7 @@
 on 8 simulated CPU devices.
 
 XLA:CPU cannot compile `ragged_all_to_all`, so the CPU programs run its
-emulation (`linen_moe._src.ragged_collectives`); the first test proves the
+emulation (`linen_moe._src.kernels.ragged_collectives`); the first test proves the
 emulation is the op's definition, values and transpose, on random ragged
 slices with gaps and empty slices. The layer then runs the same program the
 devices do with that one op swapped (the device program's lowering holds
@@ -22,9 +22,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from linen_moe import testing
-from linen_moe._src import ep_traffic
-from linen_moe._src.quantization_modes import FP8_QUANTIZATIONS
-from linen_moe._src.quantization_modes import QUANTIZATIONS
+from linen_moe._src.layer import ep_traffic
+from linen_moe._src.quantization.modes import FP8_QUANTIZATIONS
+from linen_moe._src.quantization.modes import QUANTIZATIONS
 from tests import workers
 
 RAGGED = "ragged_all_to_all"

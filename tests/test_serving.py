@@ -25,11 +25,11 @@ from linen_moe import load_moe_config
 from linen_moe import scanned_to_unrolled
 from linen_moe import serving
 from linen_moe import testing
-from linen_moe._src import stored_weights
-from linen_moe._src.config import TINY_CONFIGS
-from linen_moe._src.quantization_modes import MODES as FACTS
-from linen_moe._src.quantization_modes import SERVING_QUANTIZATIONS as MODES
-from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT as OWG
+from linen_moe._src.config.moe_config import TINY_CONFIGS
+from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT as OWG
+from linen_moe._src.quantization import stored_weights
+from linen_moe._src.quantization.modes import MODES as FACTS
+from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS as MODES
 from linen_moe.sharding import unbox
 import nnx_adapter
 from tests import workers

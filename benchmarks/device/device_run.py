@@ -48,10 +48,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import testing
-from linen_moe._src import grouped_kernels
-from linen_moe._src import grouped_matmul as gmm_lib
-from linen_moe._src import hlo
-from linen_moe._src.quantization_modes import MODES
+from linen_moe._src.hlo import reading as hlo
+from linen_moe._src.kernels import accelerator as grouped_kernels
+from linen_moe._src.kernels import grouped_matmul as gmm_lib
+from linen_moe._src.quantization.modes import MODES
 from linen_moe_cli import bench
 from linen_moe_cli import matrix
 

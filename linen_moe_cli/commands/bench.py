@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from linen_moe._src.config import QUANTIZATIONS
+from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe_cli import bench_report  # imports jax only to run a case
 from linen_moe_cli import options
 from linen_moe_cli import run_directory

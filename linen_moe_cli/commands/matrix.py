@@ -8,7 +8,7 @@ import argparse
 import os
 import time
 
-from linen_moe._src.config import QUANTIZATIONS
+from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe_cli import frontends
 from linen_moe_cli.model_args import LAYERS
 
@@ -63,7 +63,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
   if args.workers < 1:
     raise ValueError(f"--workers must be at least 1; got {args.workers}.")
-  from linen_moe._src import compile_options  # noqa: PLC0415
+  from linen_moe._src.testing import compile_options  # noqa: PLC0415
 
   if args.fast_compile:
     compile_options.use_fast_compile()

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
-from linen_moe._src import distributed
+from linen_moe._src.parallel import distributed
 
 
 def process_rows(

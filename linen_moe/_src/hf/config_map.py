@@ -18,14 +18,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from linen_moe._src.config import MoEConfig
+from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.config.moe_config import MoEConfig
 from linen_moe._src.hf import fields
 from linen_moe._src.hf.families import FAMILIES
 from linen_moe._src.hf.families import Family
 from linen_moe._src.hf.fields import ACTIVATIONS
 from linen_moe._src.hf.fields import DTYPES  # noqa: F401 (load, save)
 from linen_moe._src.hf.fields import NO_EFFECT as _NO_EFFECT
-from linen_moe._src.model_config import ModelConfig
 
 _error, _int, _zero = fields.error, fields.read_int, fields.zero
 _dtype = fields.dtype_of

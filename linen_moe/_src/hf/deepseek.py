@@ -16,9 +16,9 @@ from collections.abc import Mapping
 import math
 from typing import Any
 
-from linen_moe._src.config import MoEConfig
+from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.config.moe_config import MoEConfig
 from linen_moe._src.hf import fields as f
-from linen_moe._src.model_config import ModelConfig
 
 MODEL_TYPE = "deepseek_v3"
 ARCHITECTURE = "DeepseekV3ForCausalLM"

@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from linen_moe._src.config import MoEConfig
+from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.config.moe_config import MoEConfig
 from linen_moe._src.hf import fields as f
-from linen_moe._src.model_config import ModelConfig
 
 TEXT_MODEL_TYPE = "gemma4_text"
 TEXT_ARCHITECTURE = "Gemma4ForCausalLM"

@@ -31,26 +31,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe._src import layer_stack
-from linen_moe._src import serving as serving_lib
-from linen_moe._src import sharding as sharding_lib
-from linen_moe._src import stored_weights
-from linen_moe._src.config import QUANTIZATIONS
-from linen_moe._src.config import SERVING_QUANTIZATIONS
-from linen_moe._src.expert import KERNELS
-from linen_moe._src.expert import ROUTED_RANK
+from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.config.moe_config import QUANTIZATIONS
+from linen_moe._src.config.moe_config import SERVING_QUANTIZATIONS
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import reading
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.safetensors_io import FLOAT_CODES
 from linen_moe._src.hf.safetensors_io import Checkpoint
-from linen_moe._src.int8_grouped import as_float32
-from linen_moe._src.int8_grouped import quantize_int8_host
-from linen_moe._src.model_config import ModelConfig
+from linen_moe._src.kernels.int8_grouped import as_float32
+from linen_moe._src.kernels.int8_grouped import quantize_int8_host
+from linen_moe._src.layer.expert import KERNELS
+from linen_moe._src.layer.expert import ROUTED_RANK
+from linen_moe._src.layer.variables import CACHE
+from linen_moe._src.layer.variables import PARAMS
+from linen_moe._src.layer.variables import UPDATED_BY_RULE
+from linen_moe._src.models import layer_stack
 from linen_moe._src.models.decoder import Decoder
-from linen_moe._src.variables import CACHE
-from linen_moe._src.variables import PARAMS
-from linen_moe._src.variables import UPDATED_BY_RULE
+from linen_moe._src.parallel import sharding as sharding_lib
+from linen_moe._src.quantization import serving as serving_lib
+from linen_moe._src.quantization import stored_weights
 
 Path = tuple[str, ...]
 CONFIG_FILE = "config.json"

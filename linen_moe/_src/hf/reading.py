@@ -19,7 +19,7 @@ import numpy as np
 
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.safetensors_io import Checkpoint
-from linen_moe._src.int8_grouped import as_float32
+from linen_moe._src.kernels.int8_grouped import as_float32
 
 Index = tuple[slice, ...]
 _ALIGN = 64

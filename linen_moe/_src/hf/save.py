@@ -26,8 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe._src import layer_stack
-from linen_moe._src import sharding as sharding_lib
+from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.load import CONFIG_FILE
@@ -36,9 +35,10 @@ from linen_moe._src.hf.load import _flat_state
 from linen_moe._src.hf.safetensors_io import Planned
 from linen_moe._src.hf.safetensors_io import parse_size
 from linen_moe._src.hf.safetensors_io import write_checkpoint
-from linen_moe._src.model_config import ModelConfig
-from linen_moe._src.variables import PARAMS
-from linen_moe._src.variables import UPDATED_BY_RULE
+from linen_moe._src.layer.variables import PARAMS
+from linen_moe._src.layer.variables import UPDATED_BY_RULE
+from linen_moe._src.models import layer_stack
+from linen_moe._src.parallel import sharding as sharding_lib
 
 Path = tuple[str, ...]
 

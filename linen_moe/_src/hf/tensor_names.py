@@ -29,10 +29,10 @@ from collections.abc import Mapping
 import dataclasses
 import math
 
-from linen_moe._src import expert
-from linen_moe._src import layer_stack
+from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.hf.families import Family
-from linen_moe._src.model_config import ModelConfig
+from linen_moe._src.layer import expert
+from linen_moe._src.models import layer_stack
 
 Path = tuple[str, ...]
 

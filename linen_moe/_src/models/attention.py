@@ -25,13 +25,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src import sharding
-from linen_moe._src.model_config import ModelConfig
+from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer.variables import CACHE
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize
 from linen_moe._src.models.rotary import Rope
 from linen_moe._src.models.rotary import rope_of
-from linen_moe._src.variables import CACHE
+from linen_moe._src.parallel import sharding
 
 
 class Projection(nn.Module):

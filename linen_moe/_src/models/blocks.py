@@ -2,7 +2,7 @@
 
 A block's MLP is the MoE layer (kind "moe") or a dense gated MLP (kind
 "dense", `ModelConfig.dense_layers`). A `BlockGroup` is a run of blocks of
-given kinds, the body a mixed stack scans (`linen_moe._src.layer_stack`).
+given kinds, the body a mixed stack scans (`linen_moe._src.models.layer_stack`).
 Every block returns `(x, aux)`, `aux` the dict of `AUX_FIELDS` for it.
 
 Shapes: B batch, S sequence, M emb_dim, E num_experts.
@@ -14,17 +14,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src import layer_stack
-from linen_moe._src import sharding
-from linen_moe._src import variables
-from linen_moe._src.expert import SharedExpert
-from linen_moe._src.model_config import ModelConfig
+from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer import variables
+from linen_moe._src.layer.expert import SharedExpert
+from linen_moe._src.layer.moe import RoutedAndSharedMoE
+from linen_moe._src.layer.moe import RoutedMoE
+from linen_moe._src.models import layer_stack
 from linen_moe._src.models.attention import CausalSelfAttention
 from linen_moe._src.models.mla import MultiHeadLatentAttention
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize
-from linen_moe._src.moe import RoutedAndSharedMoE
-from linen_moe._src.moe import RoutedMoE
+from linen_moe._src.parallel import sharding
 
 AUX_FIELDS = (
     "load_balance_loss",

@@ -5,7 +5,7 @@ attention, the head width, q/k norms, a sliding window and the RoPE base
 (`attention.py`, `rotary.py`), dense layers among MoE layers (`blocks.py`),
 embedding scaling and a tied or separate output head (here). The layer
 stack, scanned or unrolled, is laid out as `config.stack_plan` says
-(`linen_moe._src.layer_stack`).
+(`linen_moe._src.models.layer_stack`).
 
 Shapes: B batch, S sequence, M emb_dim, N heads, D head_dim, V vocab,
 L num_layers.
@@ -18,11 +18,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src import layer_stack
-from linen_moe._src import routing
-from linen_moe._src import sharding
-from linen_moe._src.jit_init import JitInit
-from linen_moe._src.model_config import ModelConfig
+from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer import routing
+from linen_moe._src.layer.jit_init import JitInit
+from linen_moe._src.layer.variables import CACHE
+from linen_moe._src.models import layer_stack
 from linen_moe._src.models.attention import CausalSelfAttention  # noqa: F401
 from linen_moe._src.models.attention import Projection
 from linen_moe._src.models.blocks import DecoderBlock
@@ -31,11 +31,11 @@ from linen_moe._src.models.blocks import stack_body
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize  # noqa: F401
 from linen_moe._src.models.rotary import apply_rope  # noqa: F401
-from linen_moe._src.scan import resolved_unroll
-from linen_moe._src.scan import scan_blocks
-from linen_moe._src.tokens import TokenEmbed
-from linen_moe._src.tokens import validate_tokens_if_concrete
-from linen_moe._src.variables import CACHE
+from linen_moe._src.models.scan import resolved_unroll
+from linen_moe._src.models.scan import scan_blocks
+from linen_moe._src.models.tokens import TokenEmbed
+from linen_moe._src.models.tokens import validate_tokens_if_concrete
+from linen_moe._src.parallel import sharding
 
 
 def layer_aux(

@@ -36,12 +36,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe._src import layer_stack
-from linen_moe._src import sharding
-from linen_moe._src.model_config import ModelConfig
+from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer.variables import CACHE
+from linen_moe._src.models import layer_stack
 from linen_moe._src.models.decoder import Decoder
-from linen_moe._src.tokens import validate_tokens_if_concrete
-from linen_moe._src.variables import CACHE
+from linen_moe._src.models.tokens import validate_tokens_if_concrete
+from linen_moe._src.parallel import sharding
 
 PyTree = dict
 

@@ -32,8 +32,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src import sharding
-from linen_moe._src.model_config import ModelConfig
+from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.models.attention import Projection
 from linen_moe._src.models.attention import attend
 from linen_moe._src.models.attention import attention_mask
@@ -42,6 +41,7 @@ from linen_moe._src.models.attention import write_cache
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.rotary import rope_of
 from linen_moe._src.models.rotary import yarn_mscale
+from linen_moe._src.parallel import sharding
 
 # transformers' DeepseekV3RMSNorm default, for q_a_layernorm and
 # kv_a_layernorm (it never passes config.rms_norm_eps to them).

@@ -11,8 +11,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.variables import UPDATED_BY_RULE
+from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.layer.variables import UPDATED_BY_RULE
 
 
 def variables_of(frontend: Any, state: Any) -> dict:

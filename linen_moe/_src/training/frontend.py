@@ -15,9 +15,9 @@ from typing import Protocol
 import jax
 import optax
 
-from linen_moe._src import checkpoint_tree as ckpt_tree
-from linen_moe._src.jit_init import jit_once
-from linen_moe._src.model_config import ModelConfig
+from linen_moe._src.checkpoint import tree as ckpt_tree
+from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer.jit_init import jit_once
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.training import step as step_lib
 

@@ -19,8 +19,8 @@ import jax
 from jax.sharding import Mesh
 import optax
 
-from linen_moe._src import sharding
-from linen_moe._src.jit_init import jit_once
+from linen_moe._src.layer.jit_init import jit_once
+from linen_moe._src.parallel import sharding
 from linen_moe._src.training import step as train_lib
 
 

@@ -21,12 +21,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from linen_moe._src import sharding
+from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.layer.variables import UPDATED_BY_RULE
+from linen_moe._src.layer.variables import rng_dict
 from linen_moe._src.models.decoder import routed_bias_rule
+from linen_moe._src.parallel import sharding
 from linen_moe._src.training import skip
-from linen_moe._src.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.variables import UPDATED_BY_RULE
-from linen_moe._src.variables import rng_dict
 
 PyTree = Any
 

@@ -1,0 +1,1 @@
+"""Checkpoints of a run: orbax manager, metadata, the checkpoint tree, serving exports."""

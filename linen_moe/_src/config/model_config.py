@@ -1,0 +1,340 @@
+"""The reference decoder's frozen, validated config: `ModelConfig`.
+
+It holds the MoE layer's `MoEConfig` (`config.py`) and the decoder's own
+fields (attention, norms, the layer stack); `run_fields` names the fields of
+both that a resumed run may change. No jax at import (the command line's
+--help reads the configs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+from typing import Any
+
+from linen_moe._src.config import decoder_fields
+from linen_moe._src.config.moe_config import MoEConfig
+from linen_moe._src.config.moe_config import _check_keys
+from linen_moe._src.config.moe_config import _check_positive_ints
+from linen_moe._src.config.moe_config import _fail
+from linen_moe._src.config.moe_config import _new_names
+from linen_moe._src.config.moe_config import _run
+
+if TYPE_CHECKING:
+  from linen_moe._src.models import layer_stack
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The reference decoder: embedding, N blocks, final norm, logits.
+
+  Attributes:
+    moe: the MoE layer in every block.
+    vocab_size: V.
+    num_layers: number of decoder blocks.
+    num_heads: attention heads; head_dim = moe.emb_dim // num_heads unless set.
+    head_dim: width of one attention head (0 = emb_dim // num_heads).
+    rope_max_wavelength: RoPE base.
+    router_input_norm: Gemma-4 style router input: the router reads
+      `rms_norm(x) * learned_scale * emb_dim ** -0.5` (no norm weight), while
+      the experts read their own RMS-normalised input.
+    post_moe_norms: Gemma-4 style: the routed output and the shared expert
+      output are each RMS-normalised before they are added.
+    scan_layers: True to scan the blocks with `nn.scan`, False to unroll. A
+      stack that mixes dense and MoE layers scans as a repeated group with
+      the layers outside it unrolled (`stack_plan`).
+    scan_unroll: how many layers one iteration of the scanned stack's loop
+      runs (`nn.scan`'s `unroll`), an int >= 1; 0 (the default) compiles a
+      stack of at most 4 layers with no loop (faster steps, as fast a
+      compile) and a longer one a layer per iteration (a compile time flat
+      in depth). It changes the compiled program only, never the
+      variables' layout.
+    norm_eps: RMSNorm epsilon.
+    num_kv_heads: key/value heads of grouped-query attention (0 =
+      num_heads); it divides num_heads, and key/value head j serves the
+      consecutive query heads j * G .. j * G + G - 1, G = num_heads /
+      num_kv_heads.
+    qk_norm: RMS-normalise each query and key head (a learned [head_dim]
+      scale each, eps `norm_eps`) before the rotary embedding (Qwen3).
+    tie_embeddings: the logits are the final hidden state times the
+      embedding (True) or a separate `logits` kernel [M, V] (False).
+    scale_embeddings: multiply the embedded tokens by sqrt(emb_dim).
+    sliding_window: W > 0: query i sees key j only when 0 <= i - j < W (W
+      keys, itself included), in every layer; 0 = causal over the whole
+      sequence.
+    dense_layers: indices of the layers whose MLP is a dense gated MLP of
+      width `dense_mlp_dim` instead of the MoE layer (Qwen3's
+      `mlp_only_layers` and `decoder_sparse_step`, DeepSeek's first dense
+      layers).
+    dense_mlp_dim: F, the hidden width of the dense layers' MLP.
+    kv_lora_rank: R > 0: multi-head latent attention (DeepSeek-V2/V3,
+      `linen_moe._src.models.mla`): keys and values expand from a normed
+      latent of width R that, with one rotary key head, is all the KV cache
+      keeps; 0: the attention of `attention.py`.
+    q_lora_rank: MLA: the query through a normed low-rank latent of this
+      width (0 = one projection).
+    qk_nope_head_dim: MLA: the query / key dims without position.
+    qk_rope_head_dim: MLA: the rotary query / key dims (one key head shared
+      by every head).
+    v_head_dim: MLA: the value head width.
+    rope_interleave: rotate the adjacent lanes (2i, 2i + 1) of a head
+      together (DeepSeek's `rope_interleave`) instead of (i, i + D/2).
+    rope_type: "default" or "yarn" (YaRN's frequencies and cos / sin factor,
+      transformers' `_compute_yarn_parameters`).
+    rope_factor: YaRN's context extension factor (s > 1).
+    rope_original_max_len: YaRN: the pretraining context length.
+    rope_beta_fast: YaRN: rotations below which a frequency is interpolated.
+    rope_beta_slow: YaRN: rotations above which a frequency is kept.
+    rope_mscale: YaRN's `mscale` m and
+    rope_mscale_all_dim: its `mscale_all_dim` m': cos and sin are multiplied
+      by g(m) / g(m') when both are set, else by g(1), g(x) = 0.1 x
+      ln(rope_factor) + 1 (0 = not set). MLA also multiplies its softmax
+      scale by g(m') ** 2 (DeepSeek's correction).
+    attention_scale: the softmax scale of the attention logits (0 = one
+      over the square root of the query / key head width, with MLA's YaRN
+      correction).
+    full_attention_layers: the layers that attend over the whole causal past
+      while the others keep `sliding_window` (Gemma-4's "full_attention"
+      layers), each with the geometry of the `full_` fields.
+    full_head_dim: the head width of the full-attention layers (0 = head_dim).
+    full_kv_heads: their key / value heads (0 = the other layers').
+    full_rope_base: their RoPE base (0 = rope_max_wavelength).
+    full_rope_fraction: their rotary share: Gemma-4's "proportional" RoPE,
+      frequencies base ** (-2i / D) for i < int(fraction * D / 2) and 0 (no
+      rotation) above, D the head width (1 = every pair rotates).
+    full_k_eq_v: the full-attention layers have no value projection: the
+      values are the raw key projection (before its norm and the rotary
+      embedding).
+    value_norm: RMS-normalise each value head, without a weight (Gemma-4).
+    post_attention_norm: RMS-normalise the attention output before the
+      residual (`post_attention_norm`).
+    post_mlp_norm: RMS-normalise a block's MLP output (routed + shared)
+      before the residual (`post_mlp_norm`).
+    shared_pre_norm: with `post_moe_norms`, the shared experts read their own
+      pre-norm of the residual (`pre_shared_norm`; Gemma-4's dense MLP
+      beside the experts) instead of the routed experts'.
+    layer_scalar: multiply each block's output stream by a saved scalar
+      `layer_scalar` [1] (collection `updated_by_rule`, never trained, as
+      Gemma-4's buffer).
+    final_logit_softcap: c > 0: logits = c * tanh(logits / c) (0 = off).
+
+  Example usage:
+    cfg = load_model_config("tiny_mixtral", scan_layers=False)
+    bigger = cfg.replace(num_layers=4, num_experts=16)
+
+  Raises:
+    TypeError: if `moe` is not a `MoEConfig`.
+    ValueError: naming the field, its value and what is allowed: e.g. a
+      non-positive `vocab_size`, `num_layers` or `num_heads`, a negative
+      width, a `num_kv_heads` that does not divide `num_heads`, a `num_heads`
+      that does not divide `emb_dim` (when `head_dim` is 0), an odd head
+      width, `dense_layers` out of range or repeated (or without a
+      `dense_mlp_dim`), a flag that is not a bool, or a non-positive
+      `norm_eps` / `rope_max_wavelength` <= 1.
+  """
+
+  moe: MoEConfig
+  vocab_size: int = 256
+  num_layers: int = 2
+  num_heads: int = 4
+  head_dim: int = 0
+  rope_max_wavelength: float = 10_000.0
+  router_input_norm: bool = False
+  post_moe_norms: bool = False
+  scan_layers: bool = _run(True)
+  scan_unroll: int = _run(0)
+  norm_eps: float = 1e-6
+  num_kv_heads: int = 0
+  qk_norm: bool = False
+  tie_embeddings: bool = True
+  scale_embeddings: bool = True
+  sliding_window: int = 0
+  dense_layers: tuple[int, ...] = ()
+  dense_mlp_dim: int = 0
+  kv_lora_rank: int = 0
+  q_lora_rank: int = 0
+  qk_nope_head_dim: int = 0
+  qk_rope_head_dim: int = 0
+  v_head_dim: int = 0
+  rope_interleave: bool = False
+  rope_type: str = "default"
+  rope_factor: float = 1.0
+  rope_original_max_len: int = 0
+  rope_beta_fast: float = 32.0
+  rope_beta_slow: float = 1.0
+  rope_mscale: float = 0.0
+  rope_mscale_all_dim: float = 0.0
+  attention_scale: float = 0.0
+  full_attention_layers: tuple[int, ...] = ()
+  full_head_dim: int = 0
+  full_kv_heads: int = 0
+  full_rope_base: float = 0.0
+  full_rope_fraction: float = 1.0
+  full_k_eq_v: bool = False
+  value_norm: bool = False
+  post_attention_norm: bool = False
+  post_mlp_norm: bool = False
+  shared_pre_norm: bool = False
+  layer_scalar: bool = False
+  final_logit_softcap: float = 0.0
+
+  def __post_init__(self):
+    if not isinstance(self.moe, MoEConfig):
+      raise TypeError(
+          f"ModelConfig.moe must be a MoEConfig, got {type(self.moe)}"
+      )
+    _check_positive_ints(self, ("vocab_size", "num_layers", "num_heads"))
+    for name in (
+        "head_dim",
+        "num_kv_heads",
+        "sliding_window",
+        "dense_mlp_dim",
+        "scan_unroll",
+    ):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail("ModelConfig", name, value, "expected an integer >= 0")
+    if self.num_heads % self.resolved_kv_heads:
+      _fail(
+          "ModelConfig",
+          "num_kv_heads",
+          self.num_kv_heads,
+          f"must divide num_heads={self.num_heads}",
+      )
+    self._check_dense_layers()
+    decoder_fields.check(self, _fail)
+    mla = self.kv_lora_rank > 0  # MLA has head widths of its own
+    if not mla and self.head_dim == 0 and self.moe.emb_dim % self.num_heads:
+      _fail(
+          "ModelConfig",
+          "num_heads",
+          self.num_heads,
+          f"must divide emb_dim={self.moe.emb_dim} when head_dim is 0",
+      )
+    if not mla and self.resolved_head_dim % 2:
+      _fail(
+          "ModelConfig",
+          "head_dim",
+          self.resolved_head_dim,
+          "RoPE needs an even head_dim",
+      )
+    for name in (
+        "router_input_norm",
+        "post_moe_norms",
+        "scan_layers",
+        "qk_norm",
+        "tie_embeddings",
+        "scale_embeddings",
+    ):
+      if not isinstance(getattr(self, name), bool):
+        _fail("ModelConfig", name, getattr(self, name), "expected a bool")
+    for name, low in (("norm_eps", 0.0), ("rope_max_wavelength", 1.0)):
+      value = getattr(self, name)
+      if (
+          isinstance(value, bool)
+          or not isinstance(value, (int, float))
+          or not math.isfinite(value)
+          or value <= low
+      ):
+        _fail("ModelConfig", name, value, f"expected a number > {low:g}")
+
+  def _check_dense_layers(self) -> None:
+    layers = self.dense_layers
+    if not isinstance(layers, (tuple, list)) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in layers
+    ):
+      _fail("ModelConfig", "dense_layers", layers, "expected layer indices")
+    layers = tuple(sorted(set(layers)))
+    if len(layers) != len(self.dense_layers) or any(
+        not 0 <= i < self.num_layers for i in layers
+    ):
+      _fail(
+          "ModelConfig",
+          "dense_layers",
+          self.dense_layers,
+          f"expected distinct indices in [0, num_layers={self.num_layers})",
+      )
+    object.__setattr__(self, "dense_layers", layers)
+    if layers and self.dense_mlp_dim <= 0:
+      _fail(
+          "ModelConfig",
+          "dense_mlp_dim",
+          self.dense_mlp_dim,
+          "must be positive when dense_layers is not empty",
+      )
+
+  @property
+  def resolved_head_dim(self) -> int:
+    """The attention head width: `head_dim`, or emb_dim // num_heads if 0."""
+    return self.head_dim or self.moe.emb_dim // self.num_heads
+
+  @property
+  def resolved_kv_heads(self) -> int:
+    """The key/value heads: `num_kv_heads`, or `num_heads` if 0."""
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def block_kinds(self) -> tuple[tuple[str, bool], ...]:
+    """Each layer's (MLP kind, full attention): what makes its block's
+    variables differ from another's (`stack_plan` stacks equal ones)."""
+    full = set(self.full_attention_layers)
+    return tuple((k, i in full) for i, k in enumerate(self.layer_kinds))
+
+  @property
+  def layer_kinds(self) -> tuple[str, ...]:
+    """Each layer's block: "dense" (a dense MLP) or "moe"."""
+    dense = set(self.dense_layers)
+    return tuple(
+        "dense" if i in dense else "moe" for i in range(self.num_layers)
+    )
+
+  @property
+  def stack_plan(self) -> layer_stack.StackPlan:
+    """Where each layer's variables sit (`linen_moe._src.models.layer_stack`):
+    scanned (runs of identical blocks stacked) or unrolled, per
+    `scan_layers`."""
+    from linen_moe._src.models import layer_stack  # noqa: PLC0415
+
+    return layer_stack.StackPlan.for_kinds(self.block_kinds, self.scan_layers)
+
+  @property
+  def shared_in_moe(self) -> bool:
+    """Whether a block's `moe` is a `RoutedAndSharedMoE` (shared experts
+    without post-MoE norms, DeepSeek / Qwen: `moe/routed_experts/`,
+    `moe/shared_experts/`), rather than the routed layer itself beside the
+    block's own `shared_experts/` (Gemma-4's post-MoE norms, or none)."""
+    return self.moe.shared_experts > 0 and not self.post_moe_norms
+
+  def replace(self, **changes: Any) -> ModelConfig:
+    """Overrides fields of this config or of its `moe` (flat keyword names).
+
+    Args:
+      **changes: field name -> new value, for `ModelConfig` and `MoEConfig`
+        fields alike (the deprecated names still work, with a warning).
+
+    Returns:
+      The new `ModelConfig`, validated.
+
+    Raises:
+      ValueError: if a key is no field of either config, or the result is
+        invalid.
+      TypeError: as the `ModelConfig` constructor.
+    """
+    changes = _new_names("ModelConfig", changes)
+    moe_fields = {f.name for f in dataclasses.fields(MoEConfig)}
+    moe_changes = {k: v for k, v in changes.items() if k in moe_fields}
+    own = {k: v for k, v in changes.items() if k not in moe_fields}
+    _check_keys(ModelConfig, own, extra=moe_fields)
+    moe = self.moe.replace(**moe_changes) if moe_changes else self.moe
+    return dataclasses.replace(self, moe=moe, **own)
+
+
+def run_fields() -> frozenset[str]:
+  """The `MoEConfig` and `ModelConfig` fields a resumed run may change."""
+  return frozenset(
+      f.name
+      for cls in (MoEConfig, ModelConfig)
+      for f in dataclasses.fields(cls)
+      if f.metadata.get("run")
+  )

@@ -1,0 +1,449 @@
+"""The MoE layer's frozen, validated config, and the facts configs share.
+
+`MoEConfig` is the layer's config; the reference decoder's `ModelConfig`
+(`model_config.py`) holds one; `config_files.py` reads both from YAML. Here
+too: the choices a field may take (`ROUTINGS`, `PATHS`, `TINY_CONFIGS`, ...)
+and the checks and renames both configs use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+from typing import Any
+import warnings
+
+# No jax at import: the command line's --help reads QUANTIZATIONS and
+# available_configs(). The activations and grouped matmuls (which import
+# jax) are read when a config is validated, the layer stack when asked for;
+# the quantization modes' table and the traffic model import none.
+from linen_moe._src.layer import ep_traffic
+from linen_moe._src.quantization.modes import QUANTIZATIONS
+from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS
+
+if TYPE_CHECKING:
+  import jax.numpy as jnp
+
+
+ROUTINGS = ("topk_then_softmax", "softmax_then_topk", "sigmoid_then_topk")
+DROP_POLICIES = ("position", "probability")
+EXPERT_PARALLEL_STRATEGIES = ep_traffic.STRATEGIES
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+# The three matmul paths, as the config overrides that select each one. The
+# dropping path's capacity factor of 1 gives every expert its fair share.
+PATHS: dict[str, dict[str, Any]] = {
+    "sparse": dict(sparse_matmul=True, capacity_factor=0.0),
+    "dense": dict(sparse_matmul=False, capacity_factor=0.0),
+    "dense_dropping": dict(sparse_matmul=False, capacity_factor=1.0),
+}
+# The tiny configs that train in seconds (tests, the matrix); the others are
+# full-size shapes for shape and FLOP accounting.
+TINY_CONFIGS = (
+    "tiny_mixtral",
+    "tiny_gemma4_26b",
+    "tiny_deepseek_v3",
+    "tiny_qwen3_moe",
+)
+# Tiny whole DeepSeek-V3 and Gemma-4 decoders (their attention and blocks,
+# which the MoE-layer shapes above lack), derived from the Hugging Face
+# fixtures (scripts/make_hf_configs.py).
+FAMILY_CONFIGS = ("tiny_deepseek_v3_mla", "tiny_gemma4_text")
+
+
+# Float fields (ints accepted, stored as floats); all must be finite.
+_FLOAT_FIELDS = (
+    "capacity_factor",
+    "load_balance_loss_weight",
+    "routed_scaling_factor",
+    "routed_bias_update_rate",
+    "router_z_loss_weight",
+    "router_jitter",
+)
+_NON_NEGATIVE_FIELDS = (
+    "load_balance_loss_weight",
+    "routed_bias_update_rate",
+    "router_z_loss_weight",
+    "router_jitter",
+)
+
+
+# Old spellings of renamed fields: accepted (with a DeprecationWarning) by the
+# constructors, `replace` and YAML files until linen_moe 0.3.
+_RENAMED_FIELDS = {
+    "weight_dtype": "param_dtype",
+    "n_routing_groups": "num_routing_groups",
+}
+
+
+def _renamed(cls: str, old: str) -> str:
+  new = _RENAMED_FIELDS[old]
+  warnings.warn(
+      f"{cls}.{old} is deprecated and goes in linen_moe 0.3; use {new}.",
+      DeprecationWarning,
+      stacklevel=4,
+  )
+  return new
+
+
+def _new_names(cls: str, changes: dict[str, Any]) -> dict[str, Any]:
+  return {
+      (_renamed(cls, k) if k in _RENAMED_FIELDS else k): v
+      for k, v in changes.items()
+  }
+
+
+# A field made with `_run(default)` says how the model is computed or trained,
+# not what it is: a resumed run may change it (`run_fields()`). Every other
+# field is the model itself (its shapes, routing and state) and must equal
+# the checkpoint's, so a field added later counts as the model unless it says
+# otherwise here.
+def _run(default: Any) -> Any:
+  return dataclasses.field(default=default, metadata={"run": True})
+
+
+def _fail(cls: str, field: str, value: Any, allowed: str) -> None:
+  raise ValueError(f"{cls}.{field}={value!r} is invalid: {allowed}.")
+
+
+def _check_positive_ints(obj: Any, names: tuple[str, ...]) -> None:
+  for name in names:
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+      _fail(type(obj).__name__, name, value, "expected a positive integer")
+
+
+def _check_choice(obj: Any, name: str, allowed: tuple[str, ...]) -> None:
+  value = getattr(obj, name)
+  if value not in allowed:
+    _fail(type(obj).__name__, name, value, f"allowed values are {allowed}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+  """Every knob `RoutedMoE` reads.
+
+  The fields that say how the layer is computed or trained rather than what
+  it is (the path, quantization, dtype, loss weights, ...) are the ones a
+  resumed run may change: `run_fields()` lists them. Every field is checked
+  at construction.
+
+  Example usage:
+    cfg = MoEConfig(num_experts=8, num_experts_per_tok=2, emb_dim=64,
+                    moe_mlp_dim=128, quantization="int8")
+    dense = cfg.replace(**PATHS["dense"])
+
+  Raises:
+    ValueError: naming the field, its value and what is allowed, for any
+      invalid field or combination of fields.
+
+  Attributes:
+    num_experts: E, the number of routed experts.
+    num_experts_per_tok: k, experts chosen per token (1 <= k <= E).
+    emb_dim: M, the model (embedding) width.
+    moe_mlp_dim: H, the hidden width of each routed expert.
+    mlp_activations: (activated branch, linear branch). Experts compute
+      `act(x @ wi_0) * (x @ wi_1) @ wo`; the second entry must be "linear".
+      "gelu" is the tanh approximation (`jax.nn.gelu`), "gelu_exact" the erf.
+    shared_experts: number of shared experts (0 = none). They are fused into
+      one gated MLP of width `shared_experts * shared_mlp_dim`.
+    shared_mlp_dim: hidden width of one shared expert.
+    routing: "topk_then_softmax" (Mixtral: top-k of the logits, softmax over
+      the chosen ones), "softmax_then_topk" (softmax over all experts, then
+      top-k, renormalised when `norm_topk_prob`) or "sigmoid_then_topk"
+      (DeepSeek-V3: sigmoid of each logit, top-k, the chosen sigmoids
+      renormalised when `norm_topk_prob`).
+    norm_topk_prob: renormalise the chosen weights to sum to 1 (read by
+      "softmax_then_topk" and "sigmoid_then_topk"; "topk_then_softmax"
+      always sums to 1).
+    routed_scaling_factor: multiplies every routing weight (after
+      renormalisation), for every routing; DeepSeek-V3 uses 2.5.
+    num_routing_groups: G (was `n_routing_groups`, which still works until
+      0.3, with a DeprecationWarning); the experts form G contiguous groups of E / G and
+      a token may only choose experts in its `topk_routing_group` best groups,
+      a group scoring the sum of its two highest selection scores (1 = off).
+    topk_routing_group: the number of groups a token may choose from
+      (1 <= topk_routing_group <= num_routing_groups).
+    routed_bias: keep a `[E]` selection-only bias `routed_bias` (collection
+      `updated_by_rule`, initialised to 0): added to the selection score
+      (logits, softmax or sigmoid of the routing) to choose experts, never
+      to the weights (aux-loss-free load balancing).
+    routed_bias_update_rate: after each optimizer step the train step moves
+      the bias by `rate * sign(mean_load - load_e)` (0 = frozen).
+    router_z_loss_weight: weight of the ST-MoE router z-loss, the mean over
+      tokens of `logsumexp(logits) ** 2` (0 = off).
+    router_jitter: eps; the router input is multiplied by uniform noise in
+      `[1 - eps, 1 + eps]` drawn from the `router_jitter` RNG stream, only
+      when that stream is given (the train steps give it; 0 = off).
+    per_expert_scale: learn a `[E]` scale multiplied into routing weights.
+    capacity_factor: dense path only; `<= 0` means dropless, else each expert
+      takes at most `ceil(capacity_factor * seq * k / E)` tokens per sequence.
+    drop_policy: which assignments keep an expert's capacity slots on the
+      dropping dense path: "position" (all first choices in token order,
+      then all second choices, ...) or "probability" (highest routing weight
+      first, ties in "position" order).
+    sparse_matmul: True for the sparse (sort + grouped matmul) path, False for
+      the dense einsum path.
+    grouped_matmul: implementation of the sparse path's grouped matmul.
+    expert_parallel: how the sparse path moves tokens to experts under a
+      mesh whose expert axes split the batch: "all_gather" (every token to
+      every expert shard, outputs reduce-scattered), "ragged_all_to_all"
+      (each assignment only to the device holding its expert, and back) or
+      "auto" (the one `linen_moe._src.layer.ep_traffic` models as cheaper; always
+      "all_gather" on a CPU, where the ragged exchange is emulated). Both
+      compute the same outputs and gradients.
+    dtype: activation / compute dtype name.
+    param_dtype: parameter storage dtype name (was `weight_dtype`, which
+      still works until 0.3, with a DeprecationWarning).
+    load_balance_loss_weight: weight of the Switch load-balance loss (0 = off).
+    quantization: "none", "int8" (AQT), "fp8" or "nanoo_fp8"; what each
+      quantizes, stores and needs is `linen_moe._src.quantization.modes`.
+    fp8_amax_history_length: length of each fp8 amax history.
+    serving: True for a serving layer: the expert kernels are stored converted
+      to the storage type of `quantization` (its `storage_dtype`: int8,
+      float8_e4m3fn or float8_e4m3fnuz) with their scales, as `linen_moe.serving.
+      quantize_weights` returns them (and the config it returns sets this),
+      and the layer runs inference from them. Needs a quantized mode.
+  """
+
+  num_experts: int
+  num_experts_per_tok: int
+  emb_dim: int
+  moe_mlp_dim: int
+  mlp_activations: tuple[str, ...] = ("silu", "linear")
+  shared_experts: int = 0
+  shared_mlp_dim: int = 0
+  routing: str = "topk_then_softmax"
+  norm_topk_prob: bool = False
+  routed_scaling_factor: float = 1.0
+  num_routing_groups: int = 1
+  topk_routing_group: int = 1
+  routed_bias: bool = False
+  routed_bias_update_rate: float = _run(0.0)
+  router_z_loss_weight: float = _run(0.0)
+  router_jitter: float = _run(0.0)
+  per_expert_scale: bool = False
+  capacity_factor: float = _run(0.0)
+  drop_policy: str = _run("position")
+  sparse_matmul: bool = _run(True)
+  grouped_matmul: str = _run("auto")
+  expert_parallel: str = _run("auto")
+  dtype: str = _run("float32")
+  param_dtype: str = "float32"
+  load_balance_loss_weight: float = _run(0.01)
+  quantization: str = _run("none")
+  fp8_amax_history_length: int = _run(1024)
+  serving: bool = False
+  # Deprecated spellings, accepted until 0.3 (see _RENAMED_FIELDS).
+  weight_dtype: dataclasses.InitVar[str | None] = None
+  n_routing_groups: dataclasses.InitVar[int | None] = None
+
+  def __post_init__(self, weight_dtype=None, n_routing_groups=None):
+    cls = type(self).__name__
+    for old, value in (
+        ("weight_dtype", weight_dtype),
+        ("n_routing_groups", n_routing_groups),
+    ):
+      if value is not None:
+        object.__setattr__(self, _renamed(cls, old), value)
+    _check_positive_ints(
+        self,
+        (
+            "num_experts",
+            "num_experts_per_tok",
+            "emb_dim",
+            "moe_mlp_dim",
+            "fp8_amax_history_length",
+        ),
+    )
+    if self.num_experts_per_tok > self.num_experts:
+      _fail(
+          cls,
+          "num_experts_per_tok",
+          self.num_experts_per_tok,
+          f"must be <= num_experts={self.num_experts}",
+      )
+    from linen_moe._src.layer import activations  # noqa: PLC0415 (imports jax)
+    from linen_moe._src.kernels import grouped_matmul  # noqa: PLC0415 (imports jax)
+
+    acts = tuple(self.mlp_activations)
+    object.__setattr__(self, "mlp_activations", acts)
+    names = tuple(activations.ACTIVATIONS)
+    if len(acts) != 2 or acts[0] not in names or acts[1] != "linear":
+      _fail(
+          cls,
+          "mlp_activations",
+          acts,
+          f"expected (activation, 'linear') with activation in {names}",
+      )
+    for name in ("shared_experts", "shared_mlp_dim"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        _fail(cls, name, value, "expected a non-negative integer")
+    if self.shared_experts > 0 and self.shared_mlp_dim <= 0:
+      _fail(
+          cls,
+          "shared_mlp_dim",
+          self.shared_mlp_dim,
+          "must be positive when shared_experts > 0",
+      )
+    _check_choice(self, "routing", ROUTINGS)
+    _check_choice(self, "quantization", QUANTIZATIONS)
+    _check_choice(self, "grouped_matmul", grouped_matmul.IMPLEMENTATIONS)
+    _check_choice(self, "expert_parallel", EXPERT_PARALLEL_STRATEGIES)
+    _check_choice(self, "dtype", FLOAT_DTYPES)
+    _check_choice(self, "param_dtype", FLOAT_DTYPES)
+    for name in _FLOAT_FIELDS:
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(cls, name, value, "expected a number")
+      if not math.isfinite(value):
+        _fail(cls, name, value, "expected a finite number")
+      object.__setattr__(self, name, float(value))
+    for name in _NON_NEGATIVE_FIELDS:
+      if getattr(self, name) < 0:
+        _fail(cls, name, getattr(self, name), "expected >= 0")
+    for name in (
+        "norm_topk_prob",
+        "routed_bias",
+        "per_expert_scale",
+        "sparse_matmul",
+        "serving",
+    ):
+      if not isinstance(getattr(self, name), bool):
+        _fail(cls, name, getattr(self, name), "expected a bool")
+    if self.serving and self.quantization not in SERVING_QUANTIZATIONS:
+      _fail(
+          cls,
+          "serving",
+          self.serving,
+          "a serving layer stores its expert weights in a quantized mode "
+          f"{SERVING_QUANTIZATIONS}, but quantization={self.quantization!r}",
+      )
+    self._check_routing()
+    if self.sparse_matmul and self.capacity_factor > 0:
+      _fail(
+          cls,
+          "capacity_factor",
+          self.capacity_factor,
+          "token dropping needs the dense path (sparse_matmul=False); the "
+          "sparse path is always dropless, so use capacity_factor <= 0",
+      )
+
+  def _check_routing(self) -> None:
+    """The routing fields beyond the choice of `routing` (numbers already
+    checked to be finite, flags to be bools)."""
+    cls = type(self).__name__
+    _check_choice(self, "drop_policy", DROP_POLICIES)
+    if self.routed_scaling_factor <= 0:
+      _fail(
+          cls,
+          "routed_scaling_factor",
+          self.routed_scaling_factor,
+          "expected > 0",
+      )
+    if self.router_jitter >= 1:
+      _fail(cls, "router_jitter", self.router_jitter, "expected 0 <= eps < 1")
+    if self.routed_bias_update_rate > 0 and not self.routed_bias:
+      _fail(
+          cls,
+          "routed_bias_update_rate",
+          self.routed_bias_update_rate,
+          "a non-zero rate needs routed_bias=True",
+      )
+    _check_positive_ints(self, ("num_routing_groups", "topk_routing_group"))
+    e, g, t = self.num_experts, self.num_routing_groups, self.topk_routing_group
+    if e % g:
+      _fail(cls, "num_routing_groups", g, f"must divide num_experts={e}")
+    if g > 1 and e // g < 2:
+      _fail(
+          cls,
+          "num_routing_groups",
+          g,
+          "groups need >= 2 experts each (a group scores its two highest); "
+          f"num_experts={e}",
+      )
+    if t > g:
+      _fail(cls, "topk_routing_group", t, f"must be <= num_routing_groups={g}")
+    if self.num_experts_per_tok > t * e // g:
+      _fail(
+          cls,
+          "num_experts_per_tok",
+          self.num_experts_per_tok,
+          "must be <= topk_routing_group * num_experts / num_routing_groups "
+          f"= {t * e // g} (the experts of the chosen groups)",
+      )
+
+  @property
+  def compute_dtype(self) -> jnp.dtype:
+    """Deprecated (until 0.3): `jnp.dtype(config.dtype)`."""
+    warnings.warn(
+        "MoEConfig.compute_dtype is deprecated and goes in linen_moe 0.3; use"
+        " jnp.dtype(config.dtype).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    return jnp.dtype(self.dtype)
+
+  @property
+  def dropping(self) -> bool:
+    """Whether tokens may be dropped: the dense path, capacity_factor > 0."""
+    return not self.sparse_matmul and self.capacity_factor > 0
+
+  @property
+  def path(self) -> str:
+    """One of "sparse", "dense", "dense_dropping"."""
+    if self.sparse_matmul:
+      return "sparse"
+    return "dense_dropping" if self.dropping else "dense"
+
+  def replace(self, **changes: Any) -> MoEConfig:
+    """A copy with some fields changed, validated like a new config.
+
+    Args:
+      **changes: field name -> new value (the deprecated names still work,
+        with a DeprecationWarning).
+
+    Returns:
+      The new `MoEConfig`.
+
+    Raises:
+      ValueError: if a key is not a field, or the result is invalid.
+    """
+    changes = _new_names("MoEConfig", changes)
+    _check_keys(type(self), changes)
+    return dataclasses.replace(self, **changes)
+
+
+def _check_keys(cls: type, changes: dict[str, Any], extra=frozenset()) -> None:
+  allowed = {f.name for f in dataclasses.fields(cls)} | set(extra)
+  unknown = sorted(set(changes) - allowed)
+  if unknown:
+    raise ValueError(
+        f"Unknown {cls.__name__} key(s) {unknown}; allowed keys are "
+        f"{sorted(allowed)}."
+    )
+
+
+# Where `ModelConfig` and the YAML readers lived until they got modules of
+# their own: `linen_moe.config` (0.1's public module, deprecated) and
+# `linen_moe._src.config.moe_config` keep answering for them.
+_MOVED = {
+    "ModelConfig": "linen_moe._src.config.model_config",
+    "run_fields": "linen_moe._src.config.model_config",
+    "available_configs": "linen_moe._src.config.files",
+    "load_config": "linen_moe._src.config.files",
+    "load_model_config": "linen_moe._src.config.files",
+    "load_moe_config": "linen_moe._src.config.files",
+}
+
+
+def __getattr__(name: str) -> Any:
+  if name in _MOVED:
+    import importlib  # noqa: PLC0415
+
+    return getattr(importlib.import_module(_MOVED[name]), name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Reading compiled programs: contractions' element types, collectives, the bytes they send."""

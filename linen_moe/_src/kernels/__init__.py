@@ -1,0 +1,1 @@
+"""Grouped-matmul implementations and kernels, int8 grouped matmul, ragged collectives."""

@@ -1,0 +1,279 @@
+"""Accelerator grouped-matmul kernels behind one seam: Pallas megablox `gmm`
+on TPU, Tokamax `ragged_dot` on GPU. Knows nothing of MoE or quantization.
+
+Each kernel computes the contract of `linen_moe._src.kernels.grouped_matmul` (lhs
+[M, K] sorted by group, rhs [G, K, N], group_sizes <int32>[G] -> [M, N], rows
+past sum(group_sizes) zero, and so are their input gradients), with the
+kernel's own VJP (megablox: `gmm` with the transposed rhs for dlhs, `tgmm`
+for drhs).
+
+Operands. megablox takes float32 and bfloat16 operands
+(`megablox.common.assert_is_supported_dtype`); the Tokamax wrapper is given
+float16, bfloat16 and float32 (its kernels take other types only as qwix
+`QArray`s). Other operands (the int8 forward and input gradient of the
+"int8" mode, the int8 / fp8 kernels of a serving layer) do not reach a
+kernel: `grouped_matmul="kernel"` runs those contractions with
+`jax.lax.ragged_dot` and says so with a `KernelFallbackWarning`
+(`grouped_matmul.resolve_implementation`). The weight gradient of the int8
+mode is float, and does use the kernel. Which operands each mode's grouped
+matmul gets is `quantization_modes.QuantizationMode.grouped_operand_dtype`.
+
+Known bugs guarded here:
+  - openxla/tokamax#887: Tokamax's weight gradient gave non-zero gradients to
+    empty groups. The wrapper's VJP zeroes the weight gradient of every empty
+    group, the input gradient of every row past sum(group_sizes), and those
+    rows of the output.
+  - jax-ml/jax#34168: `ragged_dot`'s `group_offset` is unimplemented on GPU.
+    Nothing here passes one: under expert parallelism each device is given
+    only its own experts' weights, never a group offset into all of them.
+
+On a CPU. `kernels_on_cpu(kind)` (`linen_moe.testing.kernels_on_cpu`) makes
+`grouped_matmul="kernel"` resolve on the CPU backend, inside the context, to:
+  "megablox"        megablox `gmm` in Pallas interpret mode: the TPU
+                    kernel's own program, interpreted (slow: tiny shapes).
+  "tokamax"         `tokamax.ragged_dot` with its XLA implementation, the one
+                    Tokamax runs on a CPU (its Pallas GPU kernels need a GPU).
+  "tokamax_pallas"  Tokamax's Pallas Mosaic TPU kernel in interpret mode,
+                    forward and VJP. Tokamax requires every non-group
+                    dimension >= 128, and reads the TPU generation from the
+                    abstract mesh: trace under `jax.sharding.use_abstract_mesh`
+                    of an `AbstractMesh` whose `abstract_device` is a TPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import contextlib
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+ON_CPU_KINDS = ("megablox", "tokamax", "tokamax_pallas")
+_ON_CPU: list[str | None] = [None]
+
+
+class KernelFallbackWarning(UserWarning):
+  """`grouped_matmul="kernel"` ran a contraction with `jax.lax.ragged_dot`
+  because the kernel does not take its operand types."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """A grouped-matmul kernel usable on this backend.
+
+  Attributes:
+    name: what it is, for messages ("megablox gmm", "tokamax ragged_dot").
+    fn: (lhs, rhs, group_sizes, preferred_element_type) -> [M, N].
+    operand_dtypes: the dtypes it takes for lhs and rhs.
+  """
+
+  name: str
+  fn: Callable[..., jax.Array]
+  operand_dtypes: tuple[Any, ...]
+
+  def takes(self, dtypes: tuple[Any, ...]) -> bool:
+    allowed = {jnp.dtype(d) for d in self.operand_dtypes}
+    return all(jnp.dtype(d) in allowed for d in dtypes)
+
+  def describe_dtypes(self) -> str:
+    return "/".join(jnp.dtype(d).name for d in self.operand_dtypes)
+
+
+def _rows_valid(m: int, group_sizes: jax.Array) -> jax.Array:
+  """<bool>[M]: rows inside some group."""
+  return lax.iota(jnp.int32, m) < jnp.sum(group_sizes)
+
+
+def megablox_gmm(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    preferred_element_type=None,
+    interpret: bool = False,
+) -> jax.Array:
+  """Pallas megablox `gmm` (its own grouped VJP; `tgmm` for drhs).
+
+  megablox needs M to be a multiple of its row tile and leaves the rows past
+  sum(group_sizes) unwritten, in the output and in the lhs gradient; the
+  padding and the two row masks here make it match `ragged_dot`. K and N
+  tiles need not divide K and N (megablox masks the remainder).
+  """
+  from jax.experimental.pallas.ops.tpu import megablox
+
+  m, k = lhs.shape
+  n = rhs.shape[2]
+  tm = min(128, -(-m // 8) * 8)
+  padded_m = -(-m // tm) * tm
+  valid = _rows_valid(m, group_sizes)
+  x = jnp.where(valid[:, None], lhs, 0)  # masks garbage out of dlhs
+  x = jnp.pad(x, ((0, padded_m - m), (0, 0)))
+  out = megablox.gmm(
+      x,
+      rhs,
+      group_sizes.astype(jnp.int32),
+      preferred_element_type or jnp.result_type(lhs, rhs),
+      (tm, min(128, k), min(128, n)),
+      None,
+      None,
+      False,
+      interpret,
+  )
+  return jnp.where(valid[:, None], out[:m], 0)
+
+
+def _tokamax_call(lhs, rhs, group_sizes, preferred_element_type, impl):
+  import tokamax
+
+  return tokamax.ragged_dot(
+      lhs,
+      rhs,
+      group_sizes,
+      preferred_element_type=preferred_element_type,
+      implementation=impl,
+  )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _tokamax_masked(lhs, rhs, group_sizes, preferred_element_type, impl):
+  out = _tokamax_call(lhs, rhs, group_sizes, preferred_element_type, impl)
+  valid = _rows_valid(lhs.shape[0], group_sizes)
+  return jnp.where(valid[:, None], out, 0)
+
+
+def _tokamax_fwd(lhs, rhs, group_sizes, preferred_element_type, impl):
+  out, vjp = jax.vjp(
+      lambda a, b: _tokamax_call(
+          a, b, group_sizes, preferred_element_type, impl
+      ),
+      lhs,
+      rhs,
+  )
+  valid = _rows_valid(lhs.shape[0], group_sizes)
+  return jnp.where(valid[:, None], out, 0), (vjp, group_sizes, valid)
+
+
+def _tokamax_bwd(preferred_element_type, impl, residuals, g):
+  del preferred_element_type, impl
+  vjp, group_sizes, valid = residuals
+  g = jnp.where(valid[:, None], g, 0)
+  dlhs, drhs = vjp(g)
+  dlhs = jnp.where(valid[:, None], dlhs, 0)
+  # openxla/tokamax#887: an empty group contributed nothing, so its weight
+  # gradient is exactly zero, whatever the kernel wrote.
+  drhs = jnp.where((group_sizes > 0)[:, None, None], drhs, 0)
+  return dlhs, drhs, None
+
+
+_tokamax_masked.defvjp(_tokamax_fwd, _tokamax_bwd)
+
+
+def tokamax_ragged_dot(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    preferred_element_type=None,
+    implementation: Any = None,
+) -> jax.Array:
+  """`tokamax.ragged_dot` (Pallas Mosaic GPU / Triton kernels on a GPU; it
+  falls back to XLA itself where its kernels do not support the case), with
+  the masks of the module docstring.
+
+  Args:
+    lhs, rhs, group_sizes, preferred_element_type: as `jax.lax.ragged_dot`.
+    implementation: Tokamax's `implementation` argument (hashable: a name,
+      a tuple of names or an op object); None for its default order.
+  """
+  return _tokamax_masked(
+      lhs,
+      rhs,
+      group_sizes.astype(jnp.int32),
+      preferred_element_type,
+      implementation,
+  )
+
+
+def _tokamax_pallas_interpreted():
+  """Tokamax's Pallas Mosaic TPU ragged dot in interpret mode, forward and
+  VJP (the dlhs and drhs ragged dots are the same kernel). Its default
+  tiles come from the TPU generation, which a CPU lacks, so they are given,
+  and its device check is bypassed, in the VJP's ops too (Tokamax builds
+  those without the bypass: "NotImplementedError: Not supported on cpu")."""
+  from tokamax._src.ops.ragged_dot import base
+  from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as pmt
+
+  config = pmt.Config(tile_m=128, tile_k=128, tile_n=128)
+  inner = pmt.PallasMosaicTpuRaggedDot(
+      interpret=True, config=config, bypass_device_check=True
+  )
+  vjp = functools.partial(
+      base.vjp, dlhs_ragged_dot=inner, drhs_ragged_dot=inner
+  )
+  return (
+      pmt.PallasMosaicTpuRaggedDot(
+          interpret=True, config=config, bypass_device_check=True, vjp=vjp
+      ),
+  )
+
+
+_FLOATS = (jnp.float32, jnp.bfloat16)
+
+
+def _megablox(interpret: bool) -> tuple[Kernel | None, str | None]:
+  try:
+    from jax.experimental.pallas.ops.tpu import megablox  # noqa: F401
+  except ImportError as e:
+    return None, f"jax.experimental.pallas.ops.tpu.megablox: {e}"
+  fn = functools.partial(megablox_gmm, interpret=interpret)
+  return Kernel("megablox gmm", fn, _FLOATS), None
+
+
+def _tokamax(implementation) -> tuple[Kernel | None, str | None]:
+  try:
+    import tokamax  # noqa: F401
+  except ImportError as e:
+    return None, f"tokamax (pip install 'linen_moe[kernels]'): {e}"
+  if callable(implementation):  # built only once tokamax is importable
+    implementation = implementation()
+  fn = functools.partial(tokamax_ragged_dot, implementation=implementation)
+  return Kernel("tokamax ragged_dot", fn, (*_FLOATS, jnp.float16)), None
+
+
+def find_kernel(backend: str) -> tuple[Kernel | None, str | None]:
+  """(the kernel for `backend`, None), or (None, why there is none)."""
+  if backend == "tpu":
+    return _megablox(interpret=False)
+  if backend == "gpu":
+    return _tokamax(None)
+  on_cpu = _ON_CPU[0]
+  if backend == "cpu" and on_cpu == "megablox":
+    return _megablox(interpret=True)
+  if backend == "cpu" and on_cpu == "tokamax":
+    return _tokamax(("xla",))
+  if backend == "cpu" and on_cpu == "tokamax_pallas":
+    return _tokamax(_tokamax_pallas_interpreted)
+  return None, f"no grouped-matmul kernel is known for backend {backend!r}"
+
+
+@contextlib.contextmanager
+def kernels_on_cpu(kind: str):
+  """Inside, `grouped_matmul="kernel"` on the CPU backend runs `kind` (see
+  the module docstring); "auto" still resolves to "blocked" there.
+
+  Resolution happens while a function is traced: trace (call a jitted
+  function for the first time, or lower it) inside the context.
+
+  Raises:
+    ValueError: `kind` is not one of `ON_CPU_KINDS`.
+  """
+  if kind not in ON_CPU_KINDS:
+    raise ValueError(f"kind must be one of {ON_CPU_KINDS}; got {kind!r}.")
+  saved = _ON_CPU[0]
+  _ON_CPU[0] = kind
+  try:
+    yield
+  finally:
+    _ON_CPU[0] = saved

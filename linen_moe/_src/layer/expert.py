@@ -1,0 +1,152 @@
+"""The gated expert MLP, written once: act(x wi_0) * (x wi_1) wo.
+
+Every path computes its experts with `gated_mlp`; what differs between them
+is only how one weight is contracted (a plain matmul for the shared expert,
+a named einsum on the dense paths, a named grouped matmul on the sparse
+path), which the caller passes as `project`. A new activation or a bias is
+one edit here.
+
+Shapes: M emb_dim, F the hidden width (H for a routed expert).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+
+from linen_moe._src.config.moe_config import MoEConfig
+from linen_moe._src.layer.activations import activation
+from linen_moe._src.quantization import stored_weights
+
+# project(site, operand, weight) -> the operand contracted with the weight.
+Project = Callable[[str, jax.Array, jax.Array], jax.Array]
+
+# The one home of the experts' weight names, shapes and logical axes: the
+# routed layer (`moe.RoutedMoE`), the shared expert and the dense MLP below,
+# serving's conversion and the checkpoint formats all read them here.
+KERNELS = ("wi_0", "wi_1", "wo")
+# The routed layer's router (`gate/kernel` [M, E]): a module holding it
+# beside the kernels holds routed experts [E, ...]; without it, one MLP.
+ROUTER = "gate"
+# Axes of one kernel (before any stacked layer axes): routed and MLP.
+ROUTED_RANK, MLP_RANK = 3, 2
+
+
+def kernel_shapes(
+    emb_dim: int, width: int, num_experts: int | None = None
+) -> dict[str, tuple[int, ...]]:
+  """{name: shape} of the kernels: wi_0, wi_1 [M, F], wo [F, M], each with
+  a leading expert axis [E, ...] for routed experts (`num_experts`)."""
+  lead = () if num_experts is None else (num_experts,)
+  return {
+      "wi_0": (*lead, emb_dim, width),
+      "wi_1": (*lead, emb_dim, width),
+      "wo": (*lead, width, emb_dim),
+  }
+
+
+def kernel_axes(routed: bool) -> dict[str, tuple[str, ...]]:
+  """{name: logical axis names} of the kernels (`linen_moe.sharding`)."""
+  lead = ("exp",) if routed else ()
+  return {
+      "wi_0": (*lead, "embed", "mlp"),
+      "wi_1": (*lead, "embed", "mlp"),
+      "wo": (*lead, "mlp", "embed"),
+  }
+
+
+def gated_mlp(
+    project: Project,
+    act: Callable[[jax.Array], jax.Array],
+    x: jax.Array,
+    wi_0: jax.Array,
+    wi_1: jax.Array,
+    wo: jax.Array,
+) -> jax.Array:
+  """act(x wi_0) * (x wi_1) wo, each contraction made by `project`.
+
+  Args:
+    project: `project(site, operand, weight)` with `site` in ("wi_0", "wi_1",
+      "wo"): the operand contracted with that weight.
+    act: the activation of the gate.
+    x: the input, [..., M] (or whatever `project` contracts).
+    wi_0: the gate weight, e.g. [M, F].
+    wi_1: the up-projection weight, e.g. [M, F].
+    wo: the down-projection weight, e.g. [F, M].
+
+  Returns:
+    `project("wo", hidden, wo)`, e.g. [..., M].
+  """
+  hidden = act(project("wi_0", x, wi_0)) * project("wi_1", x, wi_1)
+  return project("wo", hidden, wo)
+
+
+def _matmul(site: str, x: jax.Array, w: jax.Array) -> jax.Array:
+  del site  # in training, the shared expert is never quantized
+  return x @ w.astype(x.dtype)
+
+
+class SharedExpert(nn.Module):
+  """A plain gated MLP every token goes through: act(x wi_0) * (x wi_1) wo.
+
+  The shared experts, and the MLP of a decoder's dense layers (`mlp_dim`).
+  Parameters: `wi_0` [M, F], `wi_1` [M, F], `wo` [F, M], with F = `mlp_dim`
+  or shared_experts * shared_mlp_dim. Serving (`config.serving`), they are
+  stored kernels (`linen_moe.stored_weights`) under the same names, each
+  contracted by its own `{name}_dot` submodule.
+
+  Example usage:
+    cfg = load_moe_config("tiny_deepseek_v3")      # shared_experts: 1
+    shared = SharedExpert(cfg)
+    variables = shared.init(jax.random.key(0), x)  # x: [B, S, emb_dim]
+    y = shared.apply(variables, x)                 # [B, S, emb_dim]
+
+  Attributes:
+    config: the `MoEConfig` (`shared_experts`, `shared_mlp_dim`, activations).
+    mlp_dim: F, the hidden width (0 = shared_experts * shared_mlp_dim).
+  """
+
+  config: MoEConfig
+  mlp_dim: int = 0
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    """Applies the shared expert.
+
+    Args:
+      inputs: [B, S, M], cast to `config.dtype`.
+
+    Returns:
+      [B, S, M] in `config.dtype`.
+    """
+    cfg = self.config
+    width = self.mlp_dim or cfg.shared_experts * cfg.shared_mlp_dim
+    shapes = kernel_shapes(cfg.emb_dim, width)
+    names = kernel_axes(routed=False)
+    x = inputs.astype(cfg.dtype)
+    act = activation(cfg.mlp_activations[0])
+    if cfg.serving:
+      kernels = [
+          stored_weights.stored_kernel(self, w, shapes[w], names[w], cfg)
+          for w in shapes
+      ]
+      return gated_mlp(self._stored_matmul, act, x, *kernels)
+    init = nn.initializers.lecun_normal()
+    kernels = [
+        self.param(
+            w,
+            nn.with_logical_partitioning(init, names[w]),
+            shapes[w],
+            cfg.param_dtype,
+        )
+        for w in shapes
+    ]
+    return gated_mlp(_matmul, act, x, *kernels)  # [B, S, M]
+
+  def _stored_matmul(self, site: str, x: jax.Array, w) -> jax.Array:
+    """x [..., K] @ stored kernel [K, N] -> [..., N]."""
+    flat = x.reshape(-1, x.shape[-1])  # [T, K]
+    out = stored_weights.StoredEinsum(name=f"{site}_dot")("TK,KN->TN", flat, w)
+    return out.reshape(*x.shape[:-1], out.shape[-1])

@@ -1,0 +1,156 @@
+"""The sparse, dropless path on one device: sort, grouped matmuls, unsort.
+
+Shapes: T tokens, M emb_dim, H moe_mlp_dim, k experts per token, E_l the
+experts held here, R = T * min(k, E_l) rows of the sorted buffer.
+
+Every weight is contracted through the layer's named grouped-matmul hook,
+`grouped(site, lhs, rhs, group_sizes)` (`RoutedMoE.grouped`), so each one is
+quantized by the layer's mode and owns its state. Under a mesh,
+`linen_moe.expert_parallel` runs this same function on each device's experts.
+
+At decode sizes (a handful of tokens, `uses_every_expert`) the layer runs
+`every_expert` instead: each expert on every token, through the same hook,
+with the weights of the unchosen pairs 0. Each weight is still read once,
+no assignment is sorted and no row is gathered. With fewer choices than
+experts (`uses_chosen_experts`: one token of top-2 among 8) a float layer
+runs `chosen_experts`: each (token, choice) pair is a group of one row with
+its expert's weights gathered, so only the chosen experts' weights are
+read (a quarter of them at batch 1 of top-2 of 8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from linen_moe._src.layer import permute
+from linen_moe._src.layer.expert import gated_mlp
+
+Grouped = Callable[[str, jax.Array, jax.Array, jax.Array], jax.Array]
+Experts = tuple[jax.Array, jax.Array, jax.Array]  # (wi_0, wi_1, wo)
+
+
+def sparse_experts(
+    grouped: Grouped,
+    x: jax.Array,
+    indices: jax.Array,
+    weights: jax.Array,
+    experts: Experts,
+    act: Callable[[jax.Array], jax.Array],
+    first_expert: jax.Array | int = 0,
+    all_experts: bool = False,
+) -> jax.Array:
+  """The experts [first, first + E_l) that `experts` hold, on their tokens.
+
+  x [T, M]; indices <int32>[T, k] and weights [T, k], the routing; experts =
+  (wi_0, wi_1, wo) with wi_0/wi_1 [E_l, M, H], wo [E_l, H, M]. Returns
+  [T, M]: each token's weighted sum over its choices among these experts (0
+  for the others). With all E experts it is the whole, dropless sparse path;
+  `all_experts` says so (then no sorted row needs masking).
+  """
+  plan = permute.sort_plan(
+      indices, experts[0].shape[0], first_expert, all_local=all_experts
+  )
+  rows = permute.dispatch_rows(x, plan)  # [R, M] sorted by expert
+
+  def project(site, operand, weight):
+    return grouped(site, operand, weight, plan.group_sizes)
+
+  expert_out = gated_mlp(project, act, rows, *experts)  # [R, M]
+  return permute.combine_rows(expert_out, weights.astype(x.dtype), plan)
+
+
+# `every_expert` computes E * T rows where the sorted path needs T * k; at
+# T <= 8 the grouped matmul gives each expert at least min(8, T) slots anyway
+# ("blocked", `grouped_matmul.slot_rows`), so the extra rows cost (nearly)
+# nothing, and the sort, its gathers and the expert-order bookkeeping go.
+EVERY_EXPERT_MAX_TOKENS = 8
+
+
+def uses_every_expert(num_tokens: int, num_experts: int, k: int) -> bool:
+  """Whether the layer computes T tokens with `every_expert`: at most
+  `EVERY_EXPERT_MAX_TOKENS` tokens whose T * k choices can reach every
+  expert (with fewer, the sorted path reads fewer experts' rows)."""
+  return num_tokens <= EVERY_EXPERT_MAX_TOKENS and num_tokens * k >= num_experts
+
+
+def uses_chosen_experts(
+    num_tokens: int, num_experts: int, k: int, quantized: bool
+) -> bool:
+  """Whether the layer computes T tokens with `chosen_experts`: at most
+  `EVERY_EXPERT_MAX_TOKENS` tokens whose T * k choices are fewer than the
+  experts, in float (a quantized contraction scales over all of an
+  expert tensor, so a gathered subset would change its scales)."""
+  return (
+      not quantized
+      and num_tokens <= EVERY_EXPERT_MAX_TOKENS
+      and num_tokens * k < num_experts
+  )
+
+
+def chosen_experts(
+    grouped: Grouped,
+    x: jax.Array,
+    indices: jax.Array,
+    weights: jax.Array,
+    experts: Experts,
+    act: Callable[[jax.Array], jax.Array],
+) -> jax.Array:
+  """The dropless sparse path on the chosen experts' weights alone.
+
+  Arguments and result as for `every_expert` (the routing over all E
+  experts; [T, M] out, the result of `sparse_experts`). Row t * k + j is
+  token t for its choice j, a group of one row whose weights are its
+  expert's, gathered: [T * k, M, H] (the grouped matmuls then read T * k
+  experts' weights, not E). Pass a hook whose `max_group_size` is 1.
+  """
+  t, k = indices.shape
+  rows = jnp.repeat(x, k, axis=0)  # [T * k, M]
+  chosen = indices.reshape(t * k)
+  sizes = jnp.ones((t * k,), jnp.int32)
+
+  def project(site, operand, weight):
+    return grouped(site, operand, jnp.take(weight, chosen, axis=0), sizes)
+
+  expert_out = gated_mlp(project, act, rows, *experts)  # [T * k, M]
+  expert_out = expert_out.reshape(t, k, x.shape[-1])
+  return jnp.einsum("TKM,TK->TM", expert_out, weights.astype(x.dtype))
+
+
+def every_expert(
+    grouped: Grouped,
+    x: jax.Array,
+    indices: jax.Array,
+    weights: jax.Array,
+    experts: Experts,
+    act: Callable[[jax.Array], jax.Array],
+) -> jax.Array:
+  """The dropless sparse path as every expert on every token.
+
+  x [T, M]; indices <int32>[T, k] and weights [T, k], the routing over all E
+  experts; experts = (wi_0, wi_1, wo), wi_0/wi_1 [E, M, H], wo [E, H, M].
+  Returns [T, M], each token's weighted sum over its k choices: the result
+  of `sparse_experts(..., all_experts=True)`. The grouped matmuls see the
+  tokens repeated per expert, [E * T, M] in groups of T rows each. The
+  hidden rows of the (token, expert) pairs not chosen are zeroed before
+  `wo`, and their combine weights are 0: every contraction then sees the
+  values (and a quantized one the absolute maxima) the sorted path's see,
+  plus zero rows.
+  """
+  t, m = x.shape
+  e = experts[0].shape[0]
+  rows = jnp.tile(x, (e, 1))  # [E * T, M], expert-major
+  sizes = jnp.full((e,), t, jnp.int32)
+  chosen = jax.nn.one_hot(indices, e, dtype=x.dtype)  # [T, k, E]
+  pairs = jnp.sum(chosen, axis=1).T.reshape(e * t, 1)  # [E * T, 1]: 1, 0
+
+  def project(site, operand, weight):
+    if site == "wo":
+      operand = operand * pairs.astype(operand.dtype)
+    return grouped(site, operand, weight, sizes)
+
+  expert_out = gated_mlp(project, act, rows, *experts).reshape(e, t, m)
+  combine = jnp.einsum("TKE,TK->ET", chosen, weights.astype(x.dtype))
+  return jnp.sum(expert_out * combine[:, :, None], axis=0)  # [T, M]

@@ -1,0 +1,1 @@
+"""Logical sharding rules and meshes; several processes as one program."""

@@ -1,0 +1,1 @@
+"""Quantization: the modes table, the quantized contraction modules, stored serving weights and their conversion."""

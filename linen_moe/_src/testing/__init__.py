@@ -1,0 +1,1 @@
+"""What tests and benchmarks share: helpers, the slow mark, the compile policy."""
