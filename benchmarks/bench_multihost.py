@@ -33,7 +33,7 @@ from linen_moe import distributed
 from linen_moe import sharding
 from linen_moe import testing
 from linen_moe._src.config.files import load_model_config
-from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.config.moe_config import MATMUL_PATHS as PATHS
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import launch

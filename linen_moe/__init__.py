@@ -1,21 +1,25 @@
 """linen_moe: a routed Mixture-of-Experts layer for JAX, Linen all the way down.
 
-The public API is what `__all__` lists, plus the public modules
-`linen_moe.routing`, `serving`, `sharding`, `decoding`, `distributed`,
-`tokens`, `training`, `data`, `testing`, `checkpoint` and `hf`. Each name
-and module loads on first use: `import linen_moe` alone imports no jax.
-Everything under `linen_moe._src` is private and may move between releases.
+The public API is what `__all__` lists: the layer (`RoutedMoE`, ...), its
+configs, the reference `Decoder`, and the public modules `quantization`,
+`routing`, `variables`, `sharding`, `models`, `training`, `decoding`,
+`checkpoint`, `data`, `distributed`, `hf`, `hlo`, `tokens` and `testing`.
+Each name and module loads on first use: `import linen_moe` alone imports no
+jax. Everything under `linen_moe._src` is private and may move between
+releases; names that moved answer for one release with a
+`DeprecationWarning` naming their new home.
 """
 
 import importlib as _importlib
 from typing import Any as _Any
-import warnings as _warnings
+
+from linen_moe._src import deprecation as _deprecation
 
 # Where each public name is defined. Names load on first use (PEP 562), so
 # that `import linen_moe` alone imports no jax: the command line's --help
 # and a test session's setup (which sets jax's flags) run before jax loads.
 _EXPORTS = {
-    "linen_moe._src.config.moe_config": ("PATHS", "QUANTIZATIONS", "MoEConfig"),
+    "linen_moe._src.config.moe_config": ("MATMUL_PATHS", "MoEConfig"),
     "linen_moe._src.config.files": (
         "available_configs",
         "load_config",  # deprecated: load_moe_config
@@ -23,38 +27,11 @@ _EXPORTS = {
         "load_moe_config",
     ),
     "linen_moe._src.layer.expert": ("SharedExpert",),
-    # grouped_kernels imports jax, so it loads only when the name is asked for.
+    # accelerator imports jax, so it loads only when the name is asked for.
     "linen_moe._src.kernels.accelerator": ("KernelFallbackWarning",),
     "linen_moe._src.config.model_config": ("ModelConfig",),
-    "linen_moe._src.models.decoder": (
-        "Decoder",
-        "scanned_to_unrolled",
-        "unrolled_to_scanned",
-    ),
-    "linen_moe._src.layer.moe": (
-        "CALL_SITES",
-        "MoEAux",
-        "RoutedAndSharedMoE",
-        "RoutedMoE",
-    ),
-    "linen_moe._src.layer.routing": ("RouterResult",),
-    "linen_moe._src.models.scan": ("scan_blocks",),
-    "linen_moe._src.training.markov_data": ("MarkovData",),
-    "linen_moe._src.training.sharded": ("ShardedTraining",),
-    "linen_moe._src.training.step": (
-        "TrainState",
-        "default_optimizer",
-        "init_train_state",
-        "make_train_step",
-    ),
-    "linen_moe._src.layer.variables": (
-        "OVERWRITE_WITH_GRADIENT",
-        "RNG_STREAMS",
-        "ROUTER_JITTER_RNG_STREAM",
-        "STATE_COLLECTIONS",
-        "UPDATED_BY_RULE",
-        "rng_dict",
-    ),
+    "linen_moe._src.models.decoder": ("Decoder",),
+    "linen_moe._src.layer.moe": ("MoEAux", "RoutedAndSharedMoE", "RoutedMoE"),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -65,95 +42,52 @@ _PUBLIC_MODULES = (
     "decoding",
     "distributed",
     "hf",
+    "hlo",
+    "models",
+    "quantization",
     "routing",
     "serving",
     "sharding",
     "testing",
     "tokens",
     "training",
+    "variables",
 )
 
 __version__ = "0.2.0"
 
 __all__ = [
-    "CALL_SITES",
-    "OVERWRITE_WITH_GRADIENT",
-    "PATHS",
-    "QUANTIZATIONS",
-    "RNG_STREAMS",
-    "ROUTER_JITTER_RNG_STREAM",
-    "STATE_COLLECTIONS",
-    "UPDATED_BY_RULE",
+    "MATMUL_PATHS",
     "Decoder",
     "KernelFallbackWarning",
-    "MarkovData",
     "MoEAux",
     "MoEConfig",
     "ModelConfig",
     "RoutedAndSharedMoE",
     "RoutedMoE",
-    "RouterResult",
-    "ShardedTraining",
     "SharedExpert",
-    "TrainState",
     "__version__",
     "available_configs",
     "checkpoint",
     "data",
     "decoding",
-    "default_optimizer",
     "distributed",
     "hf",
-    "init_train_state",
-    "load_moe_config",
+    "hlo",
     "load_model_config",
-    "make_train_step",
-    "rng_dict",
+    "load_moe_config",
+    "models",
+    "quantization",
     "routing",
-    "scan_blocks",
-    "scanned_to_unrolled",
-    "serving",
     "sharding",
     "testing",
     "tokens",
     "training",
-    "unrolled_to_scanned",
+    "variables",
 ]
 
-# Modules that were public in 0.1 and are private since 0.2: the old name
-# still works for one release, with a DeprecationWarning naming the new home.
-_MOVED_MODULES = {
-    "activations": ("linen_moe._src.layer.activations", None),
-    "checkpoint_tree": (
-        "linen_moe._src.checkpoint.tree",
-        "linen_moe.checkpoint",
-    ),
-    "config": (
-        "linen_moe._src.config.moe_config",
-        "linen_moe (MoEConfig, ModelConfig, ...)",
-    ),
-    "decoder": ("linen_moe._src.models.decoder", "linen_moe.Decoder"),
-    "dense": ("linen_moe._src.layer.dense", None),
-    "expert": ("linen_moe._src.layer.expert", "linen_moe.SharedExpert"),
-    "expert_parallel": ("linen_moe._src.layer.expert_parallel", None),
-    "grouped_matmul": ("linen_moe._src.kernels.grouped_matmul", None),
-    "hlo": ("linen_moe._src.hlo.reading", "linen_moe.testing"),
-    "int8_grouped": ("linen_moe._src.kernels.int8_grouped", None),
-    "jit_init": ("linen_moe._src.layer.jit_init", None),
-    "moe": ("linen_moe._src.layer.moe", "linen_moe (RoutedMoE, ...)"),
-    "permute": ("linen_moe._src.layer.permute", None),
-    "quantization": ("linen_moe._src.quantization.contractions", None),
-    "scan": ("linen_moe._src.models.scan", "linen_moe.scan_blocks"),
-    "sparse": ("linen_moe._src.layer.sparse", None),
-    "stored_weights": (
-        "linen_moe._src.quantization.stored_weights",
-        "linen_moe.serving",
-    ),
-    "variables": (
-        "linen_moe._src.layer.variables",
-        "linen_moe (the constants)",
-    ),
-}
+# `import linen_moe.moe` and the other old module paths (see `_deprecation`).
+_deprecation.install()
 
 
 def __getattr__(name: str) -> _Any:
@@ -163,21 +97,9 @@ def __getattr__(name: str) -> _Any:
     return value
   if name in _PUBLIC_MODULES:
     return _importlib.import_module(f"linen_moe.{name}")
-  if name in _MOVED_MODULES:
-    module, instead = _MOVED_MODULES[name]
-    advice = (
-        f"use {instead}"
-        if instead
-        else f"it has no public replacement ({module} may change any time)"
-    )
-    _warnings.warn(
-        f"linen_moe.{name} is private since linen_moe 0.2 and will be removed"
-        f" in 0.3; {advice}.",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return _importlib.import_module(module)
-  raise AttributeError(f"module 'linen_moe' has no attribute {name!r}")
+  if f"linen_moe.{name}" in _deprecation.MOVED_MODULES:
+    return _importlib.import_module(f"linen_moe.{name}")  # warns
+  return _deprecation.moved_name(__name__, name)
 
 
 def __dir__() -> list[str]:

@@ -1,44 +1,35 @@
 """Checkpoints of a training run through orbax: save, resume anywhere, export.
 
-Imported on its own (not by `import linen_moe`), so that orbax loads only
-when asked for."""
+Its names load on first use, so that orbax loads only when asked for."""
 
-from linen_moe._src.checkpoint.export import export
-from linen_moe._src.checkpoint.export import load_export
-from linen_moe._src.checkpoint.export import read_variables
-from linen_moe._src.checkpoint.manager import Checkpoints
-from linen_moe._src.checkpoint.manager import DamagedCheckpointError
-from linen_moe._src.checkpoint.manager import Restored
-from linen_moe._src.checkpoint.meta import RUN_FIELDS
-from linen_moe._src.checkpoint.meta import check_model_config
-from linen_moe._src.checkpoint.meta import config_dict
-from linen_moe._src.checkpoint.meta import config_from_dict
-from linen_moe._src.checkpoint.meta import rng_from_json
-from linen_moe._src.checkpoint.meta import rng_to_json
-from linen_moe._src.checkpoint.tree import VARIABLES
-from linen_moe._src.checkpoint.tree import abstract
-from linen_moe._src.checkpoint.tree import linen_path
-from linen_moe._src.checkpoint.tree import relayout
-from linen_moe._src.checkpoint.tree import state_from
-from linen_moe._src.checkpoint.tree import tree_of
+from linen_moe._src.faces import lazy_face as _lazy_face
 
-__all__ = [
-    "Checkpoints",
-    "DamagedCheckpointError",
-    "RUN_FIELDS",
-    "Restored",
-    "VARIABLES",
-    "abstract",
-    "check_model_config",
-    "config_dict",
-    "config_from_dict",
-    "export",
-    "linen_path",
-    "load_export",
-    "read_variables",
-    "relayout",
-    "rng_from_json",
-    "rng_to_json",
-    "state_from",
-    "tree_of",
-]
+_EXPORTS = {
+    "linen_moe._src.checkpoint.export": (
+        "export",
+        "load_export",
+        "read_variables",
+    ),
+    "linen_moe._src.checkpoint.manager": (
+        "Checkpoints",
+        "DamagedCheckpointError",
+        "Restored",
+    ),
+    "linen_moe._src.checkpoint.meta": (
+        "RUN_FIELDS",
+        "check_model_config",
+        "config_dict",
+        "rng_from_json",
+        "rng_to_json",
+    ),
+    "linen_moe._src.checkpoint.tree": (
+        "VARIABLES",
+        "abstract",
+        "key_name",
+        "state_from",
+        "tree_of",
+    ),
+}
+
+
+_lazy_face(globals(), _EXPORTS)

@@ -11,44 +11,33 @@ resumed run, on any process count with the same global batch, gets the
 batches it would have had.
 """
 
-from linen_moe._src.data.checkpointing import IteratorCheckpointHandler
-from linen_moe._src.data.checkpointing import IteratorRestore
-from linen_moe._src.data.checkpointing import IteratorSave
-from linen_moe._src.data.packing import PACKINGS
-from linen_moe._src.data.packing import Sequences
-from linen_moe._src.data.packing import pack
-from linen_moe._src.data.packing import pad
-from linen_moe._src.data.pipeline import DataPipeline
-from linen_moe._src.data.shards import global_batch
-from linen_moe._src.data.shards import process_rows
-from linen_moe._src.data.sources import BIN_DTYPES
-from linen_moe._src.data.sources import FORMATS
-from linen_moe._src.data.sources import Corpus
-from linen_moe._src.data.sources import find_files
-from linen_moe._src.data.sources import read_corpus
-from linen_moe._src.data.tokenization import end_of_document_id
-from linen_moe._src.data.tokenization import find_tokenizer
-from linen_moe._src.data.tokenization import load_tokenizer
-from linen_moe._src.data.tokenization import train_bpe_tokenizer
+from linen_moe._src.faces import lazy_face as _lazy_face
 
-__all__ = [
-    "BIN_DTYPES",
-    "FORMATS",
-    "PACKINGS",
-    "Corpus",
-    "DataPipeline",
-    "IteratorCheckpointHandler",
-    "IteratorRestore",
-    "IteratorSave",
-    "Sequences",
-    "end_of_document_id",
-    "find_files",
-    "find_tokenizer",
-    "global_batch",
-    "load_tokenizer",
-    "pack",
-    "pad",
-    "process_rows",
-    "read_corpus",
-    "train_bpe_tokenizer",
-]
+_EXPORTS = {
+    "linen_moe._src.data.checkpointing": (
+        "IteratorCheckpointHandler",
+        "IteratorRestore",
+        "IteratorSave",
+    ),
+    "linen_moe._src.data.packing": ("PACKINGS", "Sequences", "pack", "pad"),
+    "linen_moe._src.data.pipeline": ("DataPipeline",),
+    "linen_moe._src.data.shards": ("global_batch", "process_rows"),
+    "linen_moe._src.data.sources": (
+        "BIN_DTYPES",
+        "FORMATS",
+        "Corpus",
+        "find_files",
+        "read_corpus",
+    ),
+    "linen_moe._src.data.tokenization": (
+        "end_of_document_id",
+        "find_tokenizer",
+        "load_tokenizer",
+        "train_bpe_tokenizer",
+    ),
+}
+
+
+# Names load on first use: the command line checks its data flags before
+# jax loads.
+_lazy_face(globals(), _EXPORTS)

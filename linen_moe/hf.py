@@ -12,17 +12,16 @@ logits. `save_checkpoint` writes what transformers loads back.
 `model_config` maps a config.json alone.
 """
 
-from linen_moe._src.hf.config_map import model_config
-from linen_moe._src.hf.families import FAMILIES as _FAMILIES
-from linen_moe._src.hf.load import load_checkpoint
-from linen_moe._src.hf.save import save_checkpoint
+from linen_moe._src.faces import lazy_face as _lazy_face
 
-# The `model_type`s of config.json that load.
-MODEL_TYPES = tuple(sorted(_FAMILIES))
+_EXPORTS = {
+    "linen_moe._src.hf.config_map": ("model_config",),
+    "linen_moe._src.hf.families": ("MODEL_TYPES",),
+    "linen_moe._src.hf.load": ("load_checkpoint",),
+    "linen_moe._src.hf.safetensors_io": ("parse_size",),
+    "linen_moe._src.hf.save": ("save_checkpoint",),
+}
 
-__all__ = [
-    "MODEL_TYPES",
-    "load_checkpoint",
-    "model_config",
-    "save_checkpoint",
-]
+
+# Names load on first use: `import linen_moe.hf` imports no jax.
+_lazy_face(globals(), _EXPORTS)

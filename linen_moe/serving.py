@@ -1,9 +1,13 @@
-"""Quantized serving: expert kernels converted once to their storage type."""
+"""Deprecated: `linen_moe.quantization` holds the serving conversion now.
 
-from linen_moe._src.quantization.serving import expert_weight_bytes
-from linen_moe._src.quantization.serving import quantize_weights
+`linen_moe.serving.quantize_weights` and `expert_weight_bytes` answer until
+linen_moe 0.3, with a `DeprecationWarning`.
+"""
 
-__all__ = [
-    "expert_weight_bytes",
-    "quantize_weights",
-]
+from linen_moe._src import deprecation as _deprecation
+
+__all__ = []
+
+
+def __getattr__(name: str):
+  return _deprecation.moved_name(__name__, name)

@@ -7,8 +7,9 @@ The layer itself does not depend on this module.
 
 import importlib as _importlib
 from typing import Any as _Any
-import warnings as _warnings
 
+from linen_moe._src import deprecation as _deprecation
+from linen_moe._src.models.decoder import routed_bias_rule
 from linen_moe._src.training.evaluation import make_eval_step
 from linen_moe._src.training.evaluation import variables_of
 from linen_moe._src.training.frontend import LinenFrontend
@@ -16,9 +17,10 @@ from linen_moe._src.training.frontend import TrainingFrontend
 from linen_moe._src.training.markov_data import MarkovData
 from linen_moe._src.training.sharded import ShardedRun
 from linen_moe._src.training.sharded import ShardedTraining
+from linen_moe._src.training.skip import all_finite
+from linen_moe._src.training.skip import keep_if_finite
 from linen_moe._src.training.step import TrainState
 from linen_moe._src.training.step import accumulate_gradients
-from linen_moe._src.training.step import combine_overwrite_microbatches
 from linen_moe._src.training.step import cross_entropy
 from linen_moe._src.training.step import decoder_loss
 from linen_moe._src.training.step import default_optimizer
@@ -36,31 +38,28 @@ __all__ = [
     "TrainState",
     "TrainingFrontend",
     "accumulate_gradients",
-    "combine_overwrite_microbatches",
+    "all_finite",
     "cross_entropy",
     "decoder_loss",
     "default_optimizer",
     "init_train_state",
+    "keep_if_finite",
     "loss_weights",
     "make_eval_step",
     "make_train_step",
     "overwrite_with_gradient",
+    "routed_bias_rule",
     "train_state_from_variables",
     "variables_of",
 ]
 
-# The submodules of 0.1's `linen_moe.training` package, private since 0.2.
-_MOVED_MODULES = ("data", "frontend", "sharded", "skip", "step")
+# 0.1's `linen_moe.training` was a package: its submodules' old paths
+# (`import linen_moe.training.step`) still import, with a warning
+# (`linen_moe._src.deprecation.MOVED_MODULES`), which needs a package path.
+__path__ = []
 
 
 def __getattr__(name: str) -> _Any:
-  if name in _MOVED_MODULES:
-    _warnings.warn(
-        f"linen_moe.training.{name} is private since linen_moe 0.2 and will be"
-        " removed in 0.3; use the names linen_moe.training exports.",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    module = "markov_data" if name == "data" else name
-    return _importlib.import_module(f"linen_moe._src.training.{module}")
-  raise AttributeError(f"module 'linen_moe.training' has no attribute {name!r}")
+  if f"{__name__}.{name}" in _deprecation.MOVED_MODULES:
+    return _importlib.import_module(f"{__name__}.{name}")  # warns
+  return _deprecation.moved_name(__name__, name)

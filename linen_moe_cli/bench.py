@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.config.moe_config import MATMUL_PATHS as PATHS
 
 # name -> (batch, seq, emb_dim, moe_mlp_dim, num_experts, top_k)
 SIZES = {

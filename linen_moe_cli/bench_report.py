@@ -7,7 +7,7 @@ import json
 import os
 import time
 
-from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.config.moe_config import MATMUL_PATHS as PATHS
 from linen_moe_cli.bench import SIZES
 from linen_moe_cli.bench import Case
 from linen_moe_cli.bench import run_case_subprocess

@@ -21,24 +21,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import MATMUL_PATHS
+from linen_moe import hlo
+from linen_moe import load_model_config
 from linen_moe import testing
-from linen_moe._src.config.files import load_model_config
-from linen_moe._src.config.moe_config import PATHS
-from linen_moe._src.config.moe_config import TINY_CONFIGS
-from linen_moe._src.quantization.modes import MODES
-from linen_moe._src.quantization.modes import QUANTIZATIONS
+from linen_moe.quantization import MODES
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
-from linen_moe_cli.frontends import FRONTENDS
-from linen_moe_cli.frontends import frontend
 from linen_moe_cli.model_args import LAYERS
+from nnx_adapter import FRONTENDS
+from nnx_adapter import frontend
 
 PATH_TITLES = {
     "sparse": "sparse (gmm)",
     "dense": "dense",
     "dense_dropping": "dense + dropping",
 }
-CONFIGS = TINY_CONFIGS
+CONFIGS = testing.TINY_CONFIGS
 # The whole-model families (`FAMILY_CONFIGS`), each in every quantization
 # mode on one (path, layers, front end): the fewest cells that show every
 # mode trains each (8 beside the 192 of the product; the layer's paths are
@@ -70,7 +69,7 @@ class Cell:
         quantization=self.quantization,
         scan_layers=self.layers == "scanned",
         scan_unroll=1,
-        **PATHS[self.path],
+        **MATMUL_PATHS[self.path],
         **overrides,
     )
 
@@ -160,7 +159,7 @@ def run_cell(
     )
     result.compile_s = time.perf_counter() - start
     result.quantized_types = frozenset(
-        testing.quantized_types_at_contractions(compiled.as_text())
+        hlo.quantized_types_at_contractions(compiled.as_text())
     )
     expected = EXPECTED_TYPES[cell.quantization]
     missing = expected - result.quantized_types
@@ -213,8 +212,8 @@ def run_cells(
 
 def cells(
     configs=CONFIGS,
-    quantizations=QUANTIZATIONS,
-    paths=tuple(PATHS),
+    quantizations=tuple(MODES),
+    paths=tuple(MATMUL_PATHS),
     layers=LAYERS,
     frontends=FRONTENDS,
 ) -> list[Cell]:
@@ -225,7 +224,7 @@ def cells(
   ]
 
 
-def family_cells(quantizations=QUANTIZATIONS) -> list[list[Cell]]:
+def family_cells(quantizations=tuple(MODES)) -> list[list[Cell]]:
   """One group per family config: its cells in every mode (`FAMILY_CELLS`)."""
   return [
       [Cell(config, q, path, layers, fe) for q in quantizations]
@@ -240,12 +239,15 @@ def format_table(results: list[CellResult]) -> str:
       f"config={first.config} frontend={first.frontend} layers={first.layers}"
   ]
   width = max(len(r.summary()) for r in results) + 2
-  header = f"{'':<10}" + "".join(f"{PATH_TITLES[p]:<{width}}" for p in PATHS)
+  header = f"{'':<10}" + "".join(
+      f"{PATH_TITLES[p]:<{width}}" for p in MATMUL_PATHS
+  )
   lines.append(header)
   by_cell = {(r.cell.quantization, r.cell.path): r for r in results}
-  for q in QUANTIZATIONS:
+  for q in MODES:
     row = [
-        by_cell[(q, p)].summary() if (q, p) in by_cell else "-" for p in PATHS
+        by_cell[(q, p)].summary() if (q, p) in by_cell else "-"
+        for p in MATMUL_PATHS
     ]
     if all(r == "-" for r in row):
       continue

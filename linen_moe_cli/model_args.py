@@ -1,6 +1,6 @@
 """The flags that choose and override a model config, shared by commands.
 
-Imports no jax: `linen_moe._src.config.moe_config` reads its names without it.
+Imports no jax: the config names and quantization modes are read without it.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import argparse
 
 import yaml
 
-from linen_moe._src.config.files import available_configs
-from linen_moe._src.config.moe_config import QUANTIZATIONS
+from linen_moe import available_configs
+from linen_moe.quantization import MODES
 
 LAYERS = ("scanned", "unrolled")
 
@@ -28,7 +28,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
   )
   p.add_argument(
       "--quantization",
-      choices=QUANTIZATIONS,
+      choices=tuple(MODES),
       default=None,
       help="override the config's quantization",
   )

@@ -14,11 +14,19 @@ import math
 import os
 from typing import Any
 
-from linen_moe_cli import frontends
 from linen_moe_cli import model_args
+import nnx_adapter
 
 # Optional packages -> the extra of this project that installs them.
 EXTRAS = {"matplotlib": "bench", "hypothesis": "test", "tokamax": "kernels"}
+
+
+def frontend_help() -> str:
+  """ "linen: ..., nnx: ..." for a `--frontend` flag (no jax)."""
+  return "; ".join(
+      f"{name}: {what}"
+      for name, what in nnx_adapter.FRONTEND_DESCRIPTIONS.items()
+  )
 
 
 class RunStopped(Exception):
@@ -57,7 +65,7 @@ class TrainOptions:
     seed: the initialisation and dropout key, and (`seed + 1`) the data.
     mesh: e.g. "data=2,expert=4" (`linen_moe.sharding.make_mesh`); None for
       one device (or "data=<device count>" over several processes).
-    frontend: a name in `frontends.FRONTENDS`.
+    frontend: a name in `nnx_adapter.FRONTENDS`.
     max_consecutive_skips: stop after this many skipped steps in a row.
     progress: show a progress bar (process 0 only).
     checkpoint_dir: save here and resume from the latest checkpoint.
@@ -138,8 +146,10 @@ class TrainOptions:
           "microbatches are equal",
       )
     check_int("seed", self.seed, 0)
-    if self.frontend not in frontends.FRONTENDS:
-      _fail("frontend", self.frontend, f"expected one of {frontends.FRONTENDS}")
+    if self.frontend not in nnx_adapter.FRONTENDS:
+      _fail(
+          "frontend", self.frontend, f"expected one of {nnx_adapter.FRONTENDS}"
+      )
     check_int("max_consecutive_skips", self.max_consecutive_skips, 1)
     if self.save_every is not None:
       check_int("save_every", self.save_every, 1)
@@ -170,8 +180,7 @@ class TrainOptions:
 
   def _check_data(self) -> None:
     """The real-data flags; the files exist (read later, after jax)."""
-    from linen_moe._src.data import packing  # noqa: PLC0415 (no jax)
-    from linen_moe._src.data import sources  # noqa: PLC0415
+    from linen_moe import data  # noqa: PLC0415 (loads no jax until used)
 
     if self.data is None:
       for name in ("tokenizer", "data_format", "data_dtype", "eod_id"):
@@ -184,21 +193,19 @@ class TrainOptions:
             "it needs --data (the synthetic data has a known best loss "
             "instead)",
         )
-    if self.data_format is not None and self.data_format not in sources.FORMATS:
-      _fail(
-          "data_format", self.data_format, f"expected one of {sources.FORMATS}"
-      )
+    if self.data_format is not None and self.data_format not in data.FORMATS:
+      _fail("data_format", self.data_format, f"expected one of {data.FORMATS}")
     if self.data_dtype is not None:
-      if self.data_dtype not in sources.BIN_DTYPES:
+      if self.data_dtype not in data.BIN_DTYPES:
         _fail(
             "data_dtype",
             self.data_dtype,
-            f"expected one of {sources.BIN_DTYPES}",
+            f"expected one of {data.BIN_DTYPES}",
         )
       if self.data_format not in (None, "bin"):
         _fail("data_dtype", self.data_dtype, "only 'bin' data takes a dtype")
-    if self.packing not in packing.PACKINGS:
-      _fail("packing", self.packing, f"expected one of {packing.PACKINGS}")
+    if self.packing not in data.PACKINGS:
+      _fail("packing", self.packing, f"expected one of {data.PACKINGS}")
     if self.eod_id is not None:
       check_int("eod_id", self.eod_id, 0)
     check_int("eval_batches", self.eval_batches, 1)
@@ -214,12 +221,14 @@ class TrainOptions:
       if fraction == 0:
         _fail("eval_every", self.eval_every, "--eval-fraction 0 holds none out")
     if self.data is not None:
-      sources.find_files(self.data)  # a one-line error naming it
+      data.find_files(self.data)  # a one-line error naming it
     if self.tokenizer is not None and not os.path.isfile(self.tokenizer):
       raise ValueError(f"tokenizer {self.tokenizer}: no such file.")
 
   def _check_init_from_hf(self) -> None:
-    from linen_moe._src.config.model_config import run_fields  # noqa: PLC0415 (no jax)
+    from linen_moe import ModelConfig  # noqa: PLC0415 (no jax)
+
+    run_fields = ModelConfig.run_fields
 
     where = self.init_from_hf
     if not os.path.isfile(os.path.join(where, "config.json")):

@@ -5,7 +5,7 @@ weights.
 The model comes from a Hugging Face checkpoint (`linen_moe.hf`; int8 / fp8
 serving weights are quantized as the tensors are read) or from a training
 checkpoint of `linen-moe train` (`checkpoint.read_variables`; converted with
-`serving.quantize_weights`). A text prompt is tokenized with a
+`quantization.quantize_weights`). A text prompt is tokenized with a
 `tokenizer.json` (the `tokenizers` package) and the continuation decoded
 with it.
 """
@@ -19,7 +19,6 @@ import numpy as np
 
 from linen_moe import decoding
 from linen_moe import hf
-from linen_moe import serving
 from linen_moe.tokens import validate_tokens
 
 
@@ -51,7 +50,7 @@ def _model(hf_dir, checkpoint_dir, quantization):
   config, variables, _ = checkpoint.read_variables(checkpoint_dir)
   if not serve:
     return config.replace(quantization="none"), {"params": variables["params"]}
-  return serving.quantize_weights(
+  return quantization.quantize_weights(
       config.replace(quantization=quantization), variables
   )
 

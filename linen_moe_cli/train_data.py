@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import Decoder
 from linen_moe import data
 from linen_moe import sharding
 from linen_moe import training
-from linen_moe._src.models.decoder import Decoder
 from linen_moe.tokens import validate_tokens
 from linen_moe_cli.options import TrainOptions
 

@@ -17,18 +17,17 @@ import tqdm
 
 from linen_moe import checkpoint
 from linen_moe import distributed
+from linen_moe import load_model_config
 from linen_moe import sharding
-from linen_moe._src.config.files import load_model_config
 from linen_moe.training import default_optimizer
 from linen_moe_cli import host_memory
 from linen_moe_cli import loss_chart
 from linen_moe_cli import options
 from linen_moe_cli import train_data
 from linen_moe_cli.checkpointing import RunCheckpoints
-from linen_moe_cli.frontends import frontend as get_frontend
-from linen_moe_cli.frontends import sharded_training
 from linen_moe_cli.options import TrainOptions
 from linen_moe_cli.run_directory import RunLock
+import nnx_adapter
 
 # Steps over which the final loss and expert loads are averaged.
 TAIL_STEPS = 10
@@ -99,7 +98,7 @@ def _set_up(opts: TrainOptions) -> _Setup:
   optimizer = default_optimizer(opts.learning_rate)
   run, feed = None, jnp.asarray
   if device_mesh is not None:
-    run = sharded_training(
+    run = nnx_adapter.sharded_training(
         opts.frontend, cfg, optimizer, device_mesh, opts.grad_accum
     )
     tokens_sharding = run.token_sharding()
@@ -113,7 +112,7 @@ def _set_up(opts: TrainOptions) -> _Setup:
   return _Setup(
       cfg=cfg,
       data=source,
-      fe=get_frontend(opts.frontend),
+      fe=nnx_adapter.frontend(opts.frontend),
       optimizer=optimizer,
       mesh=mesh,
       run=run,

@@ -1,26 +1,58 @@
-"""The NNX adapter: the one place Linen meets NNX."""
+"""The NNX adapter: the one place Linen meets NNX.
 
-from nnx_adapter._adapter import Cache
-from nnx_adapter._adapter import EagerToNNX
-from nnx_adapter._adapter import Fp8State
-from nnx_adapter._adapter import RuleState
-from nnx_adapter._decoder import Decoder
-from nnx_adapter._decoder import init_decoder
-from nnx_adapter._decoder import linen_to_nnx
-from nnx_adapter._decoder import nnx_to_linen
-from nnx_adapter._decoding import decoding_model
-from nnx_adapter._decoding import greedy_generate
-from nnx_adapter._sharding import ShardedNNXTraining
-from nnx_adapter._train import NNXFrontend
-from nnx_adapter._train import TrainState
-from nnx_adapter._train import accumulate_gradients
-from nnx_adapter._train import apply_gradients
-from nnx_adapter._train import decoder_loss
-from nnx_adapter._train import init_train_state
-from nnx_adapter._train import make_train_step
-from nnx_adapter._train import train_step
+`Decoder` is the NNX twin of `linen_moe.Decoder` (the same blocks, so the
+same math and the same variable paths), trained by `train_step` /
+`make_train_step` on a `TrainState`, sharded by `ShardedNNXTraining`, and
+decoded by `greedy_generate`. `EagerToNNX` wraps any Linen module with all
+of its state built at construction. `FRONTENDS` names the two training
+front ends (`frontend`, `sharded_training` build them by name).
+
+Built on `linen_moe`'s public API only. Each name loads on first use:
+`import nnx_adapter` alone imports no jax (the command line's `--help`
+reads `FRONTENDS` and `FRONTEND_DESCRIPTIONS`).
+"""
+
+import importlib as _importlib
+from typing import Any as _Any
+
+_EXPORTS = {
+    "nnx_adapter._adapter": ("Cache", "EagerToNNX", "Fp8State", "RuleState"),
+    "nnx_adapter._decoder": (
+        "Decoder",
+        "init_decoder",
+        "linen_to_nnx",
+        "nnx_to_linen",
+    ),
+    "nnx_adapter._decoding": ("decoding_model", "greedy_generate"),
+    "nnx_adapter._frontend": (
+        "NNXFrontend",
+        "frontend",
+        "sharded_training",
+    ),
+    "nnx_adapter._sharding": ("ShardedNNXTraining",),
+    "nnx_adapter._train": (
+        "accumulate_gradients",
+        "apply_gradients",
+        "decoder_loss",
+        "init_train_state",
+        "make_train_step",
+        "train_step",
+    ),
+    "nnx_adapter._train_state": ("TrainState",),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+
+# The training front ends by name, and a line on each for `--help`; known
+# without importing jax (`frontend(name)` loads one).
+FRONTEND_DESCRIPTIONS = {
+    "linen": "the Linen decoder (linen_moe.Decoder)",
+    "nnx": "the NNX decoder (nnx_adapter.Decoder)",
+}
+FRONTENDS = tuple(FRONTEND_DESCRIPTIONS)
 
 __all__ = [
+    "FRONTENDS",
+    "FRONTEND_DESCRIPTIONS",
     "Cache",
     "Decoder",
     "EagerToNNX",
@@ -33,11 +65,25 @@ __all__ = [
     "apply_gradients",
     "decoder_loss",
     "decoding_model",
-    "init_decoder",
+    "frontend",
     "greedy_generate",
+    "init_decoder",
     "init_train_state",
     "linen_to_nnx",
     "make_train_step",
     "nnx_to_linen",
+    "sharded_training",
     "train_step",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+  if name in _HOME:
+    value = getattr(_importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
+  raise AttributeError(f"module 'nnx_adapter' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(__all__))

@@ -12,20 +12,19 @@ by leaf over whatever the state holds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from typing import Any
 
 from flax import nnx
 
-from linen_moe._src.checkpoint import tree as checkpoint
+from linen_moe import checkpoint
+from nnx_adapter._train_state import TrainState
 
-if TYPE_CHECKING:  # _train imports this module
-  from nnx_adapter._train import TrainState
+Path = tuple[str, ...]
 
 MODEL, OPTIMIZER = 0, 1  # TrainState.state holds (model, optimizer)
 
 
-def _path_fn(state: TrainState) -> Callable[[tuple], checkpoint.Path]:
+def _path_fn(state: TrainState) -> Callable[[tuple], Path]:
   """Checkpoint-tree path of each leaf of `state`, from its jax key path."""
   model = nnx.to_flat_state(state.state[MODEL])
   collections = {
@@ -33,7 +32,7 @@ def _path_fn(state: TrainState) -> Callable[[tuple], checkpoint.Path]:
       for path, variable in model
   }
 
-  def path_of(key_path: tuple) -> checkpoint.Path:
+  def path_of(key_path: tuple) -> Path:
     raw = [checkpoint.key_name(k) for k in key_path]
     if raw[0] != "state":  # another TrainState field
       return tuple(raw)

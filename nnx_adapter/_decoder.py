@@ -11,18 +11,13 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.layer.variables import CACHE
-from linen_moe._src.layer.variables import rng_dict
-from linen_moe._src.models import decoder as linen_decoder
-from linen_moe._src.models import layer_stack
-from linen_moe._src.models import scan
-from linen_moe._src.models.blocks import DecoderBlock
-from linen_moe._src.models.blocks import per_layer_aux
-from linen_moe._src.models.blocks import stack_body
-from linen_moe._src.models.norms import RMSNorm
-from linen_moe._src.models.tokens import validate_tokens_if_concrete
-from linen_moe._src.parallel import sharding
+import linen_moe
+from linen_moe import ModelConfig
+from linen_moe import models
+from linen_moe import sharding
+from linen_moe.tokens import validate_tokens_if_concrete
+from linen_moe.variables import CACHE
+from linen_moe.variables import rng_dict
 from nnx_adapter._adapter import Cache
 from nnx_adapter._adapter import EagerToNNX
 
@@ -30,7 +25,7 @@ PyTree = dict[str, Any]
 # The stacked layer axis carries the logical name "layers" (as under the
 # Linen decoder's `nn.scan`), so the partitioning metadata of stacked
 # variables has one name per array axis.
-LAYERS_AXIS = {nnx.PARTITION_NAME: scan.LAYERS_AXIS}
+LAYERS_AXIS = {nnx.PARTITION_NAME: models.LAYERS_AXIS}
 
 
 class Decoder(nnx.Module):
@@ -46,7 +41,7 @@ class Decoder(nnx.Module):
   the Linen decoder's, so the state paths are its variable paths (see
   `linen_to_nnx`).
 
-  A serving config (`linen_moe.serving`) builds a serving decoder: its MoE
+  A serving config (`linen_moe.quantization`) builds a serving decoder: its MoE
   layers hold stored kernels; `Decoder.from_linen(serve_config,
   serve_variables)` builds it straight from converted Linen variables.
 
@@ -81,7 +76,7 @@ class Decoder(nnx.Module):
 
     Args:
       config: the config the variables are of (a serving config for
-        `linen_moe.serving.quantize_weights`' variables).
+        `linen_moe.quantization.quantize_weights`' variables).
       variables: Linen variables of `linen_moe.Decoder(config)`, without
         `cache`.
       sample_shape: as in `Decoder`.
@@ -116,27 +111,27 @@ class Decoder(nnx.Module):
     positions = jnp.broadcast_to(jnp.arange(sample_shape[1]), sample_shape)
     # The Linen decoder's embedding (initialiser, axis names); input scale
     # in `__call__`.
-    self.embed = EagerToNNX(linen_decoder.embedding(config), tokens, rngs=rngs)
+    self.embed = EagerToNNX(models.embedding(config), tokens, rngs=rngs)
     plan, kinds = config.stack_plan, config.block_kinds
     for i in plan.before + plan.after:
-      block = DecoderBlock(config, decode, *kinds[i])
+      block = models.DecoderBlock(config, decode, *kinds[i])
       setattr(
           self,
-          layer_stack.layer_name(i),
+          models.layer_name(i),
           EagerToNNX(block, x, positions, rngs=rngs),
       )
     if plan.scanned:
-      body, fields = stack_body(config, decode)
+      body, fields = models.stack_body(config, decode)
 
       @nnx.split_rngs(splits=plan.repeats)
       @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=LAYERS_AXIS)
       def stacked(rngs: nnx.Rngs) -> EagerToNNX:
         return EagerToNNX(body(**fields), x, positions, rngs=rngs)
 
-      setattr(self, layer_stack.STACK, stacked(rngs))
-    self.final_norm = EagerToNNX(RMSNorm(config.norm_eps), x, rngs=rngs)
+      setattr(self, models.STACK, stacked(rngs))
+    self.final_norm = EagerToNNX(models.RMSNorm(config.norm_eps), x, rngs=rngs)
     if not config.tie_embeddings:
-      self.logits = EagerToNNX(linen_decoder.output_head(config), x, rngs=rngs)
+      self.logits = EagerToNNX(models.output_head(config), x, rngs=rngs)
 
   def __call__(self, tokens: jax.Array, rng: jax.Array | None = None):
     """Runs the decoder on a batch of token ids.
@@ -156,7 +151,7 @@ class Decoder(nnx.Module):
     """
     cfg = self.config
     tokens = jnp.asarray(validate_tokens_if_concrete(tokens, cfg.vocab_size))
-    x = linen_decoder.scale_embeddings(self.embed(tokens), cfg)  # [B, S, M]
+    x = models.scale_embeddings(self.embed(tokens), cfg)  # [B, S, M]
     start = 0
     if self.decode:
       start = self.index.get_value()
@@ -176,7 +171,7 @@ class Decoder(nnx.Module):
       outs = []
       for i in layers:
         key = None if keys is None else keys[i]
-        x, out = apply_block(getattr(self, layer_stack.layer_name(i)), x, key)
+        x, out = apply_block(getattr(self, models.layer_name(i)), x, key)
         outs.append(out)
       return x, outs
 
@@ -190,7 +185,7 @@ class Decoder(nnx.Module):
         rows = rows[:: plan.period]
 
       @nnx.scan(
-          unroll=scan.resolved_unroll(cfg.scan_unroll, plan.repeats),
+          unroll=models.resolved_unroll(cfg.scan_unroll, plan.repeats),
           in_axes=(0, nnx.Carry, 0),
           out_axes=(nnx.Carry, 0),
           transform_metadata=LAYERS_AXIS,
@@ -198,13 +193,13 @@ class Decoder(nnx.Module):
       def scan_blocks(block, x, key):
         return apply_block(block, x, key)
 
-      x, stacked = scan_blocks(getattr(self, layer_stack.STACK), x, rows)
+      x, stacked = scan_blocks(getattr(self, models.STACK), x, rows)
     x, after = unrolled(x, plan.after)
-    per_layer = per_layer_aux(cfg, before, stacked, after)
+    per_layer = models.per_layer_aux(cfg, before, stacked, after)
     x = self.final_norm(x)
     head = None if cfg.tie_embeddings else self.logits
-    logits = linen_decoder.logits_of(cfg, self.embed, head, x)  # [B, S, V]
-    return logits, linen_decoder.layer_aux(per_layer, cfg)
+    logits = models.logits_of(cfg, self.embed, head, x)  # [B, S, V]
+    return logits, models.layer_aux(per_layer, cfg)
 
 
 def init_decoder(
@@ -233,7 +228,7 @@ def init_decoder(
   # Compiled like the Linen front end's init (`JitInit`, or inside the
   # caller's `jit_once`): an eager init, or one compiled with other options,
   # rounds some initialisers differently (by an ulp).
-  variables = linen_decoder.Decoder(config).init(rng, tokens)
+  variables = linen_moe.Decoder(config).init(rng, tokens)
   return linen_to_nnx(variables, model)
 
 

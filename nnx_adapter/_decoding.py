@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe import decoding
-from linen_moe._src.layer.variables import CACHE
-from linen_moe._src.models.tokens import validate_tokens_if_concrete
+from linen_moe.tokens import validate_tokens_if_concrete
+from linen_moe.variables import CACHE
 from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import linen_to_nnx
 from nnx_adapter._decoder import nnx_to_linen

@@ -20,8 +20,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 import optax
 
-from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.training.sharded import ShardedRun
+from linen_moe import ModelConfig
+from linen_moe.training import ShardedRun
 from nnx_adapter._train import init_train_state
 from nnx_adapter._train import make_train_step
 

@@ -1,39 +1,31 @@
 """The NNX train step: optax on `nnx.Param`, fp8 state overwritten, routed
 biases moved by their rule.
 
-The rule for fp8 state is `linen_moe.training.step`'s, shared with the Linen train
+The rule for fp8 state is `linen_moe.training`'s, shared with the Linen train
 step: differentiate with respect to `Fp8State` too, write its "gradient" back
 as the new value (`overwrite_with_gradient`), and combine microbatches with
 `combine_overwrite_microbatches` (inside `accumulate_gradients`). `RuleState`
-(the routed biases) follows `linen_moe.decoder.routed_bias_rule` after the
+(the routed biases) follows `linen_moe.training.routed_bias_rule` after the
 optimizer update, from the step's expert loads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-import dataclasses
 from typing import Any
 
 from flax import nnx
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
-from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.layer.jit_init import jit_once
-from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.layer.variables import UPDATED_BY_RULE
-from linen_moe._src.models.decoder import routed_bias_rule
-from linen_moe._src.training import skip
-from linen_moe._src.training import step as linen_train
-from nnx_adapter import _checkpoint
+from linen_moe import ModelConfig
+from linen_moe import training as linen_train
+from linen_moe.variables import jit_once
 from nnx_adapter._adapter import Fp8State
 from nnx_adapter._adapter import RuleState
-from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import init_decoder
-from nnx_adapter._decoder import nnx_to_linen
+from nnx_adapter._train_state import TrainState
 
 PyTree = Any
 
@@ -118,7 +110,7 @@ def apply_routed_bias_rule(
   """Moves every `routed_bias` of `model` (a `Decoder`) in place by the rule,
   from the step's expert loads <float32>[L, E]."""
   rule_state = nnx.state(model, RuleState)
-  new = routed_bias_rule(
+  new = linen_train.routed_bias_rule(
       nnx.to_pure_dict(rule_state), expert_load, rate, model.config.stack_plan
   )
   nnx.replace_by_pure_dict(rule_state, new)
@@ -194,61 +186,12 @@ def train_step(
   rate = model.config.moe.routed_bias_update_rate
   if rate > 0:
     apply_routed_bias_rule(model, metrics["expert_load"], rate)
-  ok = skip.all_finite((metrics["loss"], param_grads, fp8_grads))
+  ok = linen_train.all_finite((metrics["loss"], param_grads, fp8_grads))
   steps = optimizer.step.get_value()
   new = nnx.state((model, optimizer))
-  nnx.update((model, optimizer), skip.keep_if_finite(ok, new, old))
+  nnx.update((model, optimizer), linen_train.keep_if_finite(ok, new, old))
   optimizer.step.set_value(steps)
   return {**metrics, "skipped": jnp.logical_not(ok).astype(jnp.int32)}
-
-
-@flax.struct.dataclass
-class TrainState:
-  """The NNX model and its optimizer as one pytree, for `jax.jit`.
-
-  `params` and `fp8_state` read like the Linen `TrainState`'s: Linen-layout
-  trees (`{"layers": {"moe": {"wi_0": ...}}}`), so one check serves both.
-  So do the properties `step` (<int32>[], from the optimizer) and
-  `rule_state` (the routed biases).
-
-  Attributes:
-    graphdef: the `nnx.GraphDef` of `(Decoder, nnx.Optimizer)`, static (not
-      a pytree leaf).
-    state: the `nnx.State` of `(Decoder, nnx.Optimizer)`: parameters, fp8
-      state, routed biases, optimizer moments and step.
-    skipped_steps: <int32>[] steps skipped for a non-finite loss or gradient.
-  """
-
-  graphdef: nnx.GraphDef = flax.struct.field(pytree_node=False)
-  state: nnx.State
-  skipped_steps: jax.Array = dataclasses.field(
-      default_factory=lambda: jnp.zeros((), jnp.int32)
-  )
-
-  def merge(self) -> tuple[Decoder, nnx.Optimizer]:
-    """The live model and optimizer of this state.
-
-    Returns:
-      `(model, optimizer)`, a new `Decoder` and its `nnx.Optimizer` built
-      from `graphdef` and `state`; changing them leaves this state as it is.
-    """
-    return nnx.merge(self.graphdef, self.state)
-
-  @property
-  def step(self) -> jax.Array:
-    return self.merge()[1].step.get_value()
-
-  @property
-  def params(self) -> PyTree:
-    return nnx_to_linen(self.merge()[0]).get("params", {})
-
-  @property
-  def fp8_state(self) -> PyTree:
-    return nnx_to_linen(self.merge()[0]).get(OVERWRITE_WITH_GRADIENT, {})
-
-  @property
-  def rule_state(self) -> PyTree:
-    return nnx_to_linen(self.merge()[0]).get(UPDATED_BY_RULE, {})
 
 
 def init_train_state(
@@ -318,82 +261,3 @@ def make_train_step(grad_accum: int = 1):
     )
 
   return step
-
-
-class NNXFrontend:
-  """The NNX `Decoder` and train step as a `TrainingFrontend`.
-
-  It implements `linen_moe.training.TrainingFrontend` (used by
-  `linen-moe train` and `linen-moe matrix --frontend nnx`) on the NNX
-  `TrainState`.
-  """
-
-  @staticmethod
-  def init(model_config, optimizer, tokens, rng) -> TrainState:
-    """The initial train state of a freshly initialized NNX decoder.
-
-    Args:
-      model_config: the decoder's `ModelConfig`.
-      optimizer: the optax transformation whose state the train state holds.
-      tokens: <int32>[B, S] a sample batch (its shape is what matters).
-      rng: the PRNG key of the parameter init.
-
-    Returns:
-      The NNX `TrainState` at step 0 (`init_train_state`).
-    """
-    return init_train_state(model_config, optimizer, tokens, rng)
-
-  @staticmethod
-  def make_step(model_config, optimizer, grad_accum=1):
-    """A pure, jittable train step over the state `init` returns.
-
-    Args:
-      model_config: unused: the model lives in the `TrainState`.
-      optimizer: unused: the optimizer lives in the `TrainState`.
-      grad_accum: microbatches per step (they must divide B).
-
-    Returns:
-      `make_train_step(grad_accum)`'s function `step(state, tokens, rng,
-      mask=None) -> (state, metrics)`.
-    """
-    del model_config, optimizer  # both live in the TrainState
-    return make_train_step(grad_accum)
-
-  @staticmethod
-  def params(state: TrainState) -> PyTree:
-    """The parameters, in the Linen variable layout.
-
-    Args:
-      state: an NNX `TrainState`.
-
-    Returns:
-      The `params` collection, as `linen_moe.Decoder.apply` takes it.
-    """
-    return state.params
-
-  @staticmethod
-  def fp8_state(state: TrainState) -> PyTree:
-    """The fp8 state, in the Linen layout.
-
-    Args:
-      state: an NNX `TrainState`.
-
-    Returns:
-      The `_overwrite_with_gradient` collection (empty without fp8).
-    """
-    return state.fp8_state
-
-  @staticmethod
-  def rule_state(state: TrainState) -> PyTree:
-    """The routed biases, in the Linen layout.
-
-    Args:
-      state: an NNX `TrainState`.
-
-    Returns:
-      The `updated_by_rule` collection (empty without routed biases).
-    """
-    return state.rule_state
-
-  checkpoint_tree = staticmethod(_checkpoint.tree_of)
-  from_checkpoint_tree = staticmethod(_checkpoint.state_from)

@@ -20,9 +20,9 @@ import sys
 
 import yaml
 
+from linen_moe import ModelConfig
+from linen_moe import MoEConfig
 from linen_moe import hf
-from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.config.moe_config import MoEConfig
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # shipped config name -> (config.json, what it is)

@@ -32,10 +32,10 @@ import numpy as np  # noqa: E402
 from linen_moe import checkpoint  # noqa: E402
 from linen_moe import sharding  # noqa: E402
 from linen_moe._src.config.files import load_model_config  # noqa: E402
-from linen_moe._src.config.moe_config import PATHS  # noqa: E402
+from linen_moe._src.config.moe_config import MATMUL_PATHS  # noqa: E402
 from linen_moe.training import default_optimizer  # noqa: E402
-from tests.frontends import FRONTENDS  # noqa: E402
-from tests.frontends import sharded_training  # noqa: E402
+from nnx_adapter import frontend as get_frontend  # noqa: E402
+from nnx_adapter import sharded_training  # noqa: E402
 
 KILL_TREE_SIZE = 1 << 16
 
@@ -106,7 +106,9 @@ def mesh(job: dict) -> dict:
   restores it onto each target (mesh or None for one device, front end,
   layers) and reports, per target, leaves whose sharding or value differ."""
   base = load_model_config(
-      "tiny_mixtral", quantization=job["quantization"], **PATHS[job["path"]]
+      "tiny_mixtral",
+      quantization=job["quantization"],
+      **MATMUL_PATHS[job["path"]],
   )
   layers = {"scanned": True, "unrolled": False}
   optimizer = default_optimizer()
@@ -117,7 +119,7 @@ def mesh(job: dict) -> dict:
       "linen", cfg, optimizer, sharding.make_mesh(job["save_on"])
   )
   state = _perturbed(run.init(tokens, rng))
-  fe = FRONTENDS["linen"]
+  fe = get_frontend("linen")
   tree = fe.checkpoint_tree(state)
   saved = {
       p: np.asarray(x) for p, x in traverse_util.flatten_dict(tree).items()
@@ -128,7 +130,7 @@ def mesh(job: dict) -> dict:
   out = {}
   for spec, frontend, layout in job["targets"]:
     target_cfg = base.replace(scan_layers=layers[layout])
-    fe = FRONTENDS[frontend]
+    fe = get_frontend(frontend)
     if spec is None:
       target = jax.eval_shape(
           lambda t, r, fe=fe, c=target_cfg: fe.init(c, optimizer, t, r),

@@ -39,11 +39,11 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from linen_moe import distributed
+from linen_moe import hlo
 from linen_moe import sharding
-from linen_moe import testing
 from linen_moe._src.config.files import load_model_config
 from linen_moe._src.config.files import load_moe_config
-from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import main as cli_main
@@ -70,7 +70,9 @@ def bad_mesh(job: dict) -> dict:
 
 def collectives(job: dict) -> dict:
 
-  cfg = load_model_config("tiny_mixtral", **PATHS[job.get("path", "sparse")])
+  cfg = load_model_config(
+      "tiny_mixtral", **MATMUL_PATHS[job.get("path", "sparse")]
+  )
   mesh = sharding.make_mesh(job["mesh"])
   run = train_job.sharded_training(
       job.get("frontend", "linen"),
@@ -83,7 +85,7 @@ def collectives(job: dict) -> dict:
   state = run.init(tokens, jax.random.key(0))
   text = run.lower(state, tokens, jax.random.key(1)).compile().as_text()
   process_of = [d.process_index for d in mesh.devices.flat]
-  summary = testing.collective_summary(text, process_of)
+  summary = hlo.collective_summary(text, process_of)
   return {
       "process_of": process_of,
       "counts": summary,
@@ -124,7 +126,7 @@ def layer(job: dict) -> dict:
         "tiny_mixtral",
         quantization=mode,
         expert_parallel=job["expert_parallel"],
-        **PATHS["sparse"],
+        **MATMUL_PATHS["sparse"],
     )
     moe = RoutedMoE(cfg)
     x = jax.random.normal(jax.random.key(3), (8, 8, cfg.emb_dim))
@@ -173,7 +175,7 @@ def layer(job: dict) -> dict:
         "loss_scale": abs(float(ref_loss)),
         "grad_errs": errs,
         "grad_scales": [_max_abs(g) for g in ref_grads],
-        "collectives": testing.collective_summary(
+        "collectives": hlo.collective_summary(
             compiled.as_text(), out["process_of"]
         ),
     }

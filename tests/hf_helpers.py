@@ -11,7 +11,7 @@ from flax import nnx
 import jax
 import numpy as np
 
-from linen_moe import PATHS
+from linen_moe import MATMUL_PATHS
 from linen_moe import Decoder
 from linen_moe import decoding
 from linen_moe import hf
@@ -40,7 +40,7 @@ def load(name: str, scan: bool, path: str = "sparse", **kwargs):
   config, variables = hf.load_checkpoint(
       FIXTURES / name, scan_layers=scan, **kwargs
   )
-  return config.replace(**PATHS[path]), variables
+  return config.replace(**MATMUL_PATHS[path]), variables
 
 
 def logits(config, variables, frontend: str, ids) -> np.ndarray:

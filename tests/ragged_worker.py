@@ -25,10 +25,10 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import numpy as np  # noqa: E402
 
 from linen_moe import RoutedMoE  # noqa: E402
+from linen_moe import hlo
 from linen_moe import sharding  # noqa: E402
-from linen_moe import testing  # noqa: E402
-from linen_moe._src.kernels import ragged_collectives  # noqa: E402
 from linen_moe._src.config.files import load_moe_config  # noqa: E402
+from linen_moe._src.kernels import ragged_collectives  # noqa: E402
 from tests import sharding_worker  # noqa: E402
 
 
@@ -190,9 +190,9 @@ def device_program(job: dict) -> dict:
       lowered = loss(ragged).lower(variables, x).as_text()
     out["real_op_calls"] = lowered.count("@ragged_all_to_all")
     emulated = loss(ragged).lower(variables, x).compile().as_text()
-    out["emulated_counts"] = testing.collective_counts(emulated)
+    out["emulated_counts"] = hlo.collective_counts(emulated)
     auto = loss(cfg).lower(variables, x).compile().as_text()
-    out["auto_counts"] = testing.collective_counts(auto)
+    out["auto_counts"] = hlo.collective_counts(auto)
   return out
 
 
@@ -218,7 +218,7 @@ def traffic(job: dict) -> dict:
           .compile()
           .as_text()
       )
-    out[strategy] = testing.sent_bytes(text, mesh.size, "shard_map")
+    out[strategy] = hlo.sent_bytes(text, mesh.size, "shard_map")
   return out
 
 

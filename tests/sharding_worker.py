@@ -26,14 +26,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
+from linen_moe import hlo
 from linen_moe import load_model_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
 from linen_moe import testing  # noqa: E402
-from linen_moe._src.config.moe_config import PATHS  # noqa: E402
+from linen_moe._src.config.moe_config import MATMUL_PATHS  # noqa: E402
 from linen_moe.training import MarkovData  # noqa: E402
 from linen_moe.training import default_optimizer  # noqa: E402
-from tests.frontends import FRONTENDS  # noqa: E402
-from tests.frontends import sharded_training  # noqa: E402
+from nnx_adapter import frontend as get_frontend  # noqa: E402
+from nnx_adapter import sharded_training  # noqa: E402
 
 EXPERT_WEIGHTS = ("wi_0", "wi_1", "wo")
 _max_abs_diff = testing.max_abs_diff
@@ -66,10 +67,10 @@ def equivalence(job: dict) -> dict:
       quantization=job.get("quantization", "none"),
       num_layers=job.get("num_layers", 1),
       expert_parallel=job.get("expert_parallel", "auto"),
-      **PATHS[job.get("path", "sparse")],
+      **MATMUL_PATHS[job.get("path", "sparse")],
   )
   frontend = job.get("frontend", "linen")
-  fe = FRONTENDS[frontend]
+  fe = get_frontend(frontend)
   optimizer = optax.sgd(0.1)
   batch = job.get("batch", 8)
   tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, 8, 1)))
@@ -117,9 +118,9 @@ def equivalence(job: dict) -> dict:
     if job.get("hlo"):
       text = compiled.as_text()
       full = {s for w in weights.values() for s in (w.shape, w.shape[1:])}
-      result["collectives"] = testing.collective_counts(text)
+      result["collectives"] = hlo.collective_counts(text)
       result["full_weight_gathers"] = [
-          s for s in testing.all_gather_shapes(text) if s in full
+          s for s in hlo.all_gather_shapes(text) if s in full
       ]
     new, metrics = compiled(state, tokens, step_rng)
     result.update(
@@ -193,7 +194,7 @@ def layer(job: dict) -> dict:
         job.get("config", "tiny_mixtral"),
         quantization=mode,
         expert_parallel=job.get("expert_parallel", "auto"),
-        **PATHS[job.get("path", "sparse")],
+        **MATMUL_PATHS[job.get("path", "sparse")],
     )
     moe = RoutedMoE(cfg)
     x = jax.random.normal(jax.random.key(3), (8, 8, cfg.emb_dim))
@@ -246,7 +247,7 @@ def serving(job: dict) -> dict:
   """Serving forward of a converted `RoutedMoE` (sparse path) on one device
   and under each mesh: the expert-parallel path reads the stored kernels."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
-  from linen_moe import serving as serving_lib  # noqa: PLC0415
+  from linen_moe import quantization  # noqa: PLC0415
   from linen_moe._src.config.files import load_moe_config  # noqa: PLC0415
 
   out = {}
@@ -255,7 +256,7 @@ def serving(job: dict) -> dict:
     x = jax.random.normal(jax.random.key(3), (8, 8, cfg.emb_dim))
     float_layer = RoutedMoE(cfg.replace(quantization="none"))
     variables = sharding.unbox(float_layer.init(jax.random.key(0), x))
-    serve_cfg, served = serving_lib.quantize_weights(cfg, variables)
+    serve_cfg, served = quantization.quantize_weights(cfg, variables)
     apply = jax.jit(RoutedMoE(serve_cfg).apply)
     ref = apply(served, x)[0]
     for spec in job["meshes"]:
@@ -276,10 +277,10 @@ def skip(job: dict) -> dict:
       "tiny_mixtral",
       quantization="fp8",
       num_layers=1,
-      **PATHS[job.get("path", "sparse")],
+      **MATMUL_PATHS[job.get("path", "sparse")],
   )
   frontend = job.get("frontend", "linen")
-  fe = FRONTENDS[frontend]
+  fe = get_frontend(frontend)
   run = sharded_training(
       frontend,
       cfg,

@@ -27,6 +27,7 @@ import pytest
 
 from linen_moe import checkpoint
 from linen_moe import testing
+from linen_moe._src.checkpoint import tree as ckpt_tree
 from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models.decoder import Decoder
 from linen_moe.training import LinenFrontend
@@ -42,7 +43,7 @@ FP8 = (checkpoint.VARIABLES, OVERWRITE_WITH_GRADIENT)
 
 
 def _config(quantization="fp8", path="sparse", **overrides):
-  return testing.model_config("tiny_mixtral", quantization, path, **overrides)
+  return testing.config_on_path("tiny_mixtral", quantization, path, **overrides)
 
 
 def _moved(tree):
@@ -150,7 +151,7 @@ class CheckpointTreeTest(CheckpointTestBase):
 
   def test_relayout_moves_rows(self):
     """Unrolled layer i holds row i of each stack, in every subtree."""
-    unrolled = checkpoint.relayout(self.tree, False, self.cfg.num_layers)
+    unrolled = ckpt_tree.relayout(self.tree, False, self.cfg.num_layers)
     flat = _flat_numpy(unrolled)
     stacked = [p for p in self.saved if "layers" in p]
     self.assertNotEmpty(stacked)
@@ -160,7 +161,7 @@ class CheckpointTreeTest(CheckpointTestBase):
         row = flat[(*path[:j], f"layers_{i}", *path[j + 1 :])]
         np.testing.assert_array_equal(row, self.saved[path][i])
     self.assertLen(flat, len(self.saved) + len(stacked))
-    back = checkpoint.relayout(unrolled, True, self.cfg.num_layers)
+    back = ckpt_tree.relayout(unrolled, True, self.cfg.num_layers)
     self.assert_trees_equal(back, self.tree)
 
 
@@ -179,7 +180,7 @@ class CheckpointRestoreTest(CheckpointTestBase):
     cfg = self.cfg.replace(scan_layers=False)
     target = checkpoint.tree_of(_abstract_linen(cfg))
     restored = self.restore(target, config=cfg)
-    expected = checkpoint.relayout(self.tree, False, cfg.num_layers)
+    expected = ckpt_tree.relayout(self.tree, False, cfg.num_layers)
     self.assert_trees_equal(restored.tree, expected)
     other = os.path.join(self.tmp, "unrolled")
     with checkpoint.Checkpoints(other) as ckpts:
@@ -196,7 +197,7 @@ class CheckpointRestoreTest(CheckpointTestBase):
       )
       restored = self.restore(fe.checkpoint_tree(template), config=cfg)
       state = fe.from_checkpoint_tree(restored.tree, template)
-      expected = checkpoint.relayout(self.tree, scanned, cfg.num_layers)
+      expected = ckpt_tree.relayout(self.tree, scanned, cfg.num_layers)
       self.assert_trees_equal(fe.checkpoint_tree(state), expected)
 
   def test_another_model_config_fails_first(self):

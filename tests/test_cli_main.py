@@ -10,11 +10,14 @@ import sys
 from absl.testing import absltest
 
 from linen_moe_cli import commands
-from linen_moe_cli import frontends
 from linen_moe_cli import main as cli
+from linen_moe_cli import options
 from linen_moe_cli.options import TrainOptions
+import nnx_adapter
 
-HEAVY = ("jax", "flax", "optax", "aqt", "orbax", "nnx_adapter")
+# nnx_adapter's face loads nothing until a name is used (the front ends'
+# names are read without it); its modules import flax.
+HEAVY = ("jax", "flax", "optax", "aqt", "orbax")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -39,7 +42,11 @@ def _imported(importtime_stderr: str) -> list[str]:
 
 
 def _heavy(module_names) -> list[str]:
-  return sorted({m for m in module_names if m.split(".")[0] in HEAVY})
+  return sorted({
+      m
+      for m in module_names
+      if m.split(".")[0] in HEAVY or m.startswith("nnx_adapter.")
+  })
 
 
 class HelpImportsNoJaxTest(absltest.TestCase):
@@ -118,23 +125,9 @@ class StructureTest(absltest.TestCase):
       with self.subTest(**fields), self.assertRaisesRegex(ValueError, message):
         TrainOptions(**fields)
 
-  def test_one_frontend_registry(self):
-    self.assertEqual(frontends.FRONTENDS, ("linen", "nnx"))
-    for name in frontends.FRONTENDS:
-      self.assertIn(f"{name}: ", frontends.help_text())
-    with self.assertRaisesRegex(ValueError, r"'haiku'; allowed: \('linen'"):
-      frontends.sharded_training("haiku", None, None, None)
-    from linen_moe import load_model_config  # noqa: PLC0415 (imports jax)
-    from linen_moe import sharding  # noqa: PLC0415
-    from linen_moe.training import default_optimizer  # noqa: PLC0415
-
-    cfg = load_model_config("tiny_mixtral", num_layers=1)
-    mesh = sharding.make_mesh("data=1")
-    for name in frontends.FRONTENDS:
-      run = frontends.sharded_training(
-          name, cfg, default_optimizer(), mesh, grad_accum=2
-      )
-      self.assertEqual(run.grad_accum, 2, name)
+  def test_frontend_help_names_every_front_end(self):
+    for name in nnx_adapter.FRONTENDS:
+      self.assertIn(f"{name}: ", options.frontend_help())
 
 
 if __name__ == "__main__":

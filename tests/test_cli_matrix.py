@@ -17,7 +17,7 @@ from absl.testing import parameterized
 
 from linen_moe import testing
 from linen_moe._src.config.moe_config import FAMILY_CONFIGS
-from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe_cli import matrix
 
@@ -27,7 +27,9 @@ from linen_moe_cli import matrix
 _N = len(matrix.CONFIGS)
 _DEFAULT = [
     (matrix.CONFIGS[i % _N], quant, path, matrix.LAYERS[(i // _N) % 2])
-    for i, (quant, path) in enumerate(itertools.product(QUANTIZATIONS, PATHS))
+    for i, (quant, path) in enumerate(
+        itertools.product(QUANTIZATIONS, MATMUL_PATHS)
+    )
 ]
 
 
@@ -61,7 +63,7 @@ class MatrixTest(parameterized.TestCase):
   @parameterized.product(
       config=matrix.CONFIGS,
       quant=QUANTIZATIONS,
-      path=tuple(PATHS),
+      path=tuple(MATMUL_PATHS),
       layers=matrix.LAYERS,
       frontend=matrix.FRONTENDS,
   )

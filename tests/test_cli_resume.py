@@ -19,13 +19,13 @@ import numpy as np
 
 from linen_moe import checkpoint
 from linen_moe import testing
-from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe_cli import main as cli
 from linen_moe_cli import train_job
 from linen_moe_cli.options import TrainOptions
+from nnx_adapter import FRONTENDS
 from tests import workers
-from tests.frontends import FRONTENDS
 
 STOP, STEPS = 6, 12
 BATCH, SEQ, GRAD_ACCUM = 4, 8, 2
@@ -135,12 +135,12 @@ class TrainResumeProductTest(parameterized.TestCase):
 
   @testing.slow
   @parameterized.product(
-      frontend=tuple(FRONTENDS), quantization=QUANTIZATIONS, path=tuple(PATHS)
+      frontend=FRONTENDS, quantization=QUANTIZATIONS, path=tuple(MATMUL_PATHS)
   )
   def test_resume_is_exact(self, frontend, quantization, path):
     tmp = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
-    overrides = dict(quantization=quantization, **PATHS[path])
+    overrides = dict(quantization=quantization, **MATMUL_PATHS[path])
     dirs = {}
     for name, stops in (("whole", (STEPS,)), ("split", (STOP, STEPS))):
       dirs[name] = os.path.join(tmp, name)

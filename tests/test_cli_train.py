@@ -15,13 +15,11 @@ import numpy as np
 
 from linen_moe import testing
 from linen_moe.training import MarkovData
-from linen_moe_cli import frontends
 from linen_moe_cli import main as cli
 from linen_moe_cli import model_args
 from linen_moe_cli import options
 from linen_moe_cli import train_job
 from linen_moe_cli.commands import train as train_command
-import nnx_adapter
 from tests import workers
 
 V = 256  # tiny_mixtral's vocabulary
@@ -104,9 +102,6 @@ class TrainOptionsTest(parameterized.TestCase):
     self.assertEqual((args.frontend, args.grad_accum), ("nnx", 4))
     with self.assertRaises(SystemExit):
       cli.build_parser().parse_args(["train", "--frontend", "haiku"])
-    with self.assertRaisesRegex(ValueError, "front end"):
-      frontends.frontend("haiku")
-    self.assertIs(frontends.frontend("nnx"), nnx_adapter.NNXFrontend)
 
   def test_set_overrides(self):
     args = cli.build_parser().parse_args([

@@ -21,7 +21,7 @@ import numpy as np
 
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
-from linen_moe import serving
+from linen_moe import quantization
 from linen_moe import testing
 from linen_moe._src.layer import sparse
 from linen_moe._src.layer.variables import AQT_RNG_STREAM
@@ -144,7 +144,9 @@ class EveryExpertTest(parameterized.TestCase):
     name = "tiny_mixtral"
     config = load_moe_config(name, quantization=mode)
     variables = dict(_variables(name, mode))
-    serve_config, serve_variables = serving.quantize_weights(config, variables)
+    serve_config, serve_variables = quantization.quantize_weights(
+        config, variables
+    )
     x = _x(config, CASES[name])
     apply = RoutedMoE(serve_config).apply
     every = jax.jit(apply)(serve_variables, x)[0]

@@ -12,13 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe import PATHS
+from linen_moe import MATMUL_PATHS
 from linen_moe import Decoder
 from linen_moe import decoding
 from linen_moe import load_model_config
-from linen_moe import scanned_to_unrolled
-from linen_moe import serving
+from linen_moe import quantization
 from linen_moe._src.models import decoding as decoding_impl
+from linen_moe.models import scanned_to_unrolled
 from linen_moe.sharding import unbox
 
 PROMPT, NEW = 5, 4
@@ -39,14 +39,14 @@ ATOL = 1e-4
 def _model(case: str):
   """(config, variables, prompt) of a case, converted when quantized."""
   name, scan, path, mode = CASES[case]
-  config = load_model_config(name, scan_layers=scan, **PATHS[path])
+  config = load_model_config(name, scan_layers=scan, **MATMUL_PATHS[path])
   prompt = jax.random.randint(
       jax.random.key(3), (2, PROMPT), 0, config.vocab_size
   )
   init = jax.jit(Decoder(config).init)
   variables = unbox(init(jax.random.key(0), prompt))
   if mode != "none":
-    config, variables = serving.quantize_weights(
+    config, variables = quantization.quantize_weights(
         config.replace(quantization=mode), variables
     )
   return config, variables, prompt

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from linen_moe import distributed
-from linen_moe import testing
+from linen_moe import hlo
 
 
 class InitializeTest(parameterized.TestCase):
@@ -88,10 +88,10 @@ class InitializeTest(parameterized.TestCase):
 
 
 class CollectivesTest(absltest.TestCase):
-  """`testing.collectives` reads each way HLO writes device groups."""
+  """`hlo.collectives` reads each way HLO writes device groups."""
 
   def _one(self, text):
-    (op,) = testing.collectives(text)
+    (op,) = hlo.collectives(text)
     return op
 
   def test_mesh_axes(self):
@@ -107,8 +107,8 @@ class CollectivesTest(absltest.TestCase):
     )
     self.assertEqual(op.groups, ((0, 4), (1, 5), (2, 6), (3, 7)))
     two_processes = [0] * 4 + [1] * 4
-    self.assertTrue(testing.crosses_processes(op, two_processes))
-    self.assertFalse(testing.crosses_processes(op, [0, 1, 2, 3] * 2))
+    self.assertTrue(hlo.crosses_processes(op, two_processes))
+    self.assertFalse(hlo.crosses_processes(op, [0, 1, 2, 3] * 2))
 
   def test_iota_and_lists(self):
     op = self._one("  %r = f32[2] all-reduce(%x), replica_groups=[2,4]<=[8]")
@@ -124,7 +124,7 @@ class CollectivesTest(absltest.TestCase):
     self.assertEqual(op.groups, ((0, 1), (1, 0)))
     op = self._one("  %r = f32[2] all-reduce(%x), replica_groups={}")
     self.assertIsNone(op.groups)
-    self.assertTrue(testing.crosses_processes(op, [0, 1]))
+    self.assertTrue(hlo.crosses_processes(op, [0, 1]))
 
 
 if __name__ == "__main__":

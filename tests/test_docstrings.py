@@ -38,9 +38,11 @@ import linen_moe
 
 _FACES = (
     "linen_moe",
+    "linen_moe.quantization",
     "linen_moe.routing",
-    "linen_moe.serving",
+    "linen_moe.variables",
     "linen_moe.sharding",
+    "linen_moe.models",
     "linen_moe.checkpoint",
     "linen_moe.data",
     "linen_moe.decoding",
@@ -49,6 +51,7 @@ _FACES = (
     "linen_moe.tokens",
     "linen_moe.training",
     "linen_moe.testing",
+    "linen_moe.hlo",
     "nnx_adapter",
 )
 # The directory holding the linen_moe and nnx_adapter packages (the source

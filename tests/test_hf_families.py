@@ -24,7 +24,7 @@ import numpy as np
 
 from linen_moe import Decoder
 from linen_moe import hf
-from linen_moe import serving
+from linen_moe import quantization
 from linen_moe import testing
 from linen_moe._src.models import mla
 from linen_moe._src.models.rotary import Rope
@@ -86,7 +86,7 @@ class ServingOnLoadTest(parameterized.TestCase):
   def test_stored_kernels_straight_from_the_checkpoint(self, name, scan, mode):
     config, variables = load(name, scan, quantization=mode, serving=True)
     float_config, floats = load(name, scan, quantization=mode)
-    want_config, want = serving.quantize_weights(
+    want_config, want = quantization.quantize_weights(
         float_config,
         {k: v for k, v in floats.items() if k != "_overwrite_with_gradient"},
     )

@@ -21,7 +21,7 @@ from safetensors.numpy import save_file
 from linen_moe import Decoder
 from linen_moe import hf
 from linen_moe import load_model_config
-from linen_moe import serving
+from linen_moe import quantization
 from linen_moe._src.hf.safetensors_io import Checkpoint
 import nnx_adapter
 from tests import workers
@@ -138,7 +138,7 @@ class ServingOnLoadTest(parameterized.TestCase):
         d, scan_layers=scan, quantization=mode
     )
     # What quantize_weights makes of the float weights without fp8 state.
-    want_config, want = serving.quantize_weights(
+    want_config, want = quantization.quantize_weights(
         float_config, {"params": floats["params"]}
     )
     self.assertEqual(config, want_config)

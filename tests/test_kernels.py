@@ -29,7 +29,7 @@ import numpy as np
 
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
-from linen_moe import serving
+from linen_moe import quantization
 from linen_moe import testing
 from linen_moe._src.kernels import accelerator as grouped_kernels
 from linen_moe._src.kernels.accelerator import KernelFallbackWarning
@@ -261,7 +261,7 @@ class LayerKernelTest(LayerKernelChecks):
     )
     x = jax.random.normal(jax.random.key(1), (2, 8, cfg.emb_dim))
     float_vars = unbox(jax.jit(RoutedMoE(cfg).init)(jax.random.key(0), x))
-    serve_cfg, serve_vars = serving.quantize_weights(cfg, float_vars)
+    serve_cfg, serve_vars = quantization.quantize_weights(cfg, float_vars)
     want, _ = jax.jit(RoutedMoE(serve_cfg).apply)(serve_vars, x)
     kernel_cfg = serve_cfg.replace(grouped_matmul="kernel")
     with (

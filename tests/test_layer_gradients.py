@@ -23,7 +23,7 @@ import numpy as np
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
 from linen_moe import testing
-from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.layer import dense
 from linen_moe._src.layer.variables import UPDATED_BY_RULE
 from tests import numpy_reference
@@ -104,7 +104,9 @@ def _reference_grad(cfg):
   per config (paths differ only in `keep`)."""
   return jax.jit(
       jax.grad(
-          functools.partial(reference_loss, cfg=cfg.replace(**PATHS["sparse"])),
+          functools.partial(
+              reference_loss, cfg=cfg.replace(**MATMUL_PATHS["sparse"])
+          ),
           argnums=(0, 1, 2),
       )
   )
@@ -148,10 +150,10 @@ def _oracle_choices(cfg, variables, router_in, capacity):
 
 class WholeLayerGradientTest(parameterized.TestCase):
 
-  @parameterized.product(family=tuple(FAMILIES), path=tuple(PATHS))
+  @parameterized.product(family=tuple(FAMILIES), path=tuple(MATMUL_PATHS))
   def test_matches_per_token_reference(self, family, path):
     base, variables, x, gate_inputs, cotangent = _case(family)
-    cfg = base.replace(**PATHS[path])
+    cfg = base.replace(**MATMUL_PATHS[path])
     router_in = x if gate_inputs is None else gate_inputs
     capacity = dense.expert_capacity(cfg, S) if cfg.dropping else None
     ids, keep = _oracle_choices(cfg, variables, router_in, capacity)

@@ -14,6 +14,7 @@ from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import load_model_config
 from linen_moe import testing
+from linen_moe._src.checkpoint import tree as ckpt_tree
 from linen_moe._src.models import layer_stack
 from linen_moe._src.models.decoder import routed_bias_rule
 from linen_moe._src.models.layer_stack import StackPlan
@@ -123,7 +124,7 @@ class MixedStackCheckpointTest(absltest.TestCase):
     plan = StackPlan.for_kinds(kinds, scan=True)
     self.assertEqual(plan, StackPlan(5, 0, 2, 2))  # and layer 4 unrolled
     scanned = {"params": _tree(plan, kinds)}
-    unrolled = checkpoint.relayout(scanned, False, plan)
+    unrolled = ckpt_tree.relayout(scanned, False, plan)
     tmp = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
     with checkpoint.Checkpoints(tmp) as ckpts:
@@ -154,7 +155,7 @@ class MixedStackDecoderTest(absltest.TestCase):
     self.assertIn("mlp", variables["params"]["layers"]["block_0"])
     self.assertIn("moe", variables["params"]["layers"]["block_1"])
     unrolled_cfg = cfg.replace(scan_layers=False)
-    unrolled = checkpoint.relayout(variables, False, cfg.stack_plan)
+    unrolled = ckpt_tree.relayout(variables, False, cfg.stack_plan)
     scanned_logits, aux = Decoder(cfg).apply(variables, tokens)
     unrolled_logits, _ = Decoder(unrolled_cfg).apply(unrolled, tokens)
     np.testing.assert_allclose(
@@ -163,7 +164,7 @@ class MixedStackDecoderTest(absltest.TestCase):
     load = np.asarray(aux["expert_load"])
     np.testing.assert_array_equal(load[[0, 2]], 0)  # dense layers
     np.testing.assert_allclose(load[[1, 3]].sum(-1), 1, rtol=1e-5)
-    again = checkpoint.relayout(unrolled, True, cfg.stack_plan)
+    again = ckpt_tree.relayout(unrolled, True, cfg.stack_plan)
     jax.tree.map(np.testing.assert_array_equal, again, variables)
     # An unrolled checkpoint restores into the scanned group's layout.
     tmp = tempfile.mkdtemp()

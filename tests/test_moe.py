@@ -11,17 +11,20 @@ import numpy as np
 from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
 from linen_moe import SharedExpert
+from linen_moe import hlo
 from linen_moe import load_moe_config
 from linen_moe import routing
 from linen_moe import testing
-from linen_moe._src.config.moe_config import PATHS as ALL_PATHS
+from linen_moe._src.config.moe_config import MATMUL_PATHS as ALL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe._src.layer import dense as dense_lib
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 
 CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
-PATHS = {p: ALL_PATHS[p] for p in ("sparse", "dense")}  # the dropless ones
+MATMUL_PATHS = {
+    p: ALL_PATHS[p] for p in ("sparse", "dense")
+}  # the dropless ones
 # bfloat16 keeps 8 significant bits: one rounding to nearest is off by at
 # most u = 2^-8 of the value. A bfloat16 layer rounds about 10 times on the
 # way from a float32 one: the three expert weights, the two input
@@ -56,9 +59,9 @@ class MoEReferenceTest(parameterized.TestCase):
         aux.load_balance_loss, cfg.load_balance_loss_weight * lb, rtol=1e-5
     )
 
-  @parameterized.product(config=CONFIGS, path=tuple(PATHS))
+  @parameterized.product(config=CONFIGS, path=tuple(MATMUL_PATHS))
   def test_matches_numpy_reference(self, config, path):
-    cfg = load_moe_config(config, **PATHS[path])
+    cfg = load_moe_config(config, **MATMUL_PATHS[path])
     params = _random_params(cfg)
     x = _inputs(cfg)
     gate_inputs = _inputs(cfg, seed=7) if config == "tiny_gemma4_26b" else None
@@ -83,7 +86,7 @@ class MoEReferenceTest(parameterized.TestCase):
                 {"params": params}, x
             )[0]
         )
-        for path, kw in PATHS.items()
+        for path, kw in MATMUL_PATHS.items()
     }
     np.testing.assert_allclose(ys["dense"], ys["sparse"], rtol=1e-5, atol=1e-6)
 
@@ -295,7 +298,9 @@ class LayerTest(parameterized.TestCase):
 
   @parameterized.product(config=CONFIGS, path=("sparse", "dense", "drop"))
   def test_gradients_finite_and_nonzero(self, config, path):
-    kw = dict(PATHS.get(path, dict(sparse_matmul=False, capacity_factor=1.0)))
+    kw = dict(
+        MATMUL_PATHS.get(path, dict(sparse_matmul=False, capacity_factor=1.0))
+    )
     cfg = load_moe_config(config, **kw)
     params = _random_params(cfg)
     x = _inputs(cfg)
@@ -313,7 +318,9 @@ class LayerTest(parameterized.TestCase):
 
   @parameterized.parameters("sparse", "dense")
   def test_bfloat16_within_its_rounding(self, path):
-    cfg = load_moe_config("tiny_gemma4_26b", dtype="bfloat16", **PATHS[path])
+    cfg = load_moe_config(
+        "tiny_gemma4_26b", dtype="bfloat16", **MATMUL_PATHS[path]
+    )
     params = _random_params(cfg.replace(dtype="float32"))
     x = _inputs(cfg, b=4, s=64).astype(jnp.bfloat16)  # 256 tokens
     y, _ = jax.jit(RoutedMoE(cfg).apply)({"params": params}, x)
@@ -337,7 +344,7 @@ class LayerTest(parameterized.TestCase):
     x = _inputs(cfg).astype(jnp.bfloat16)
     variables = jax.eval_shape(RoutedMoE(cfg).init, jax.random.key(0), x)
     text = jax.jit(RoutedMoE(cfg).apply).lower(variables, x).compile().as_text()
-    gate = [c for c in testing.contractions(text) if "/gate/" in c.op_name]
+    gate = [c for c in hlo.contractions(text) if "/gate/" in c.op_name]
     self.assertNotEmpty(gate)
     for c in gate:
       self.assertEqual(c.result_types, {"f32"}, c)

@@ -12,8 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import RoutedMoE
+from linen_moe import load_model_config
+from linen_moe import sharding
 from linen_moe import testing
-from linen_moe._src.config.moe_config import PATHS
+from linen_moe import training
+from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models.decoder import Decoder as LinenDecoder
@@ -33,7 +36,7 @@ FP8_VARIABLES = ("input", "kernel", "output_grad")
 HISTORY = 1024
 F32 = np.dtype("float32")
 TX = train_lib.default_optimizer(1e-2)
-_config = testing.model_config
+_config = testing.config_on_path
 
 
 def _signature(module: nnx.Module) -> set:
@@ -66,7 +69,7 @@ def _fp8_sites(fp8_state: dict) -> dict:
 
 class AdapterTest(parameterized.TestCase):
 
-  @parameterized.product(mode=QUANTIZATIONS, path=tuple(PATHS))
+  @parameterized.product(mode=QUANTIZATIONS, path=tuple(MATMUL_PATHS))
   def test_all_state_exists_at_construction(self, mode, path):
     cfg = _config(quantization=mode, path=path)
     moe = _adapted_moe(cfg)
@@ -398,6 +401,31 @@ class GradAccumTest(parameterized.TestCase):
       return fp8
 
     return linen_grads
+
+
+class FrontendRegistryTest(absltest.TestCase):
+  """One registry of the training front ends, known without jax."""
+
+  def test_names_and_loaders_agree(self):
+    from nnx_adapter import _frontend  # noqa: PLC0415
+
+    self.assertEqual(nnx_adapter.FRONTENDS, ("linen", "nnx"))
+    self.assertEqual(tuple(_frontend._REGISTRY), nnx_adapter.FRONTENDS)
+    self.assertIs(nnx_adapter.frontend("nnx"), nnx_adapter.NNXFrontend)
+    self.assertIs(nnx_adapter.frontend("linen"), training.LinenFrontend)
+    for bad in (nnx_adapter.frontend, nnx_adapter.sharded_training):
+      args = (None, None, None) if bad is nnx_adapter.sharded_training else ()
+      with self.assertRaisesRegex(ValueError, r"'haiku'; allowed: \('linen'"):
+        bad("haiku", *args)
+
+  def test_sharded_training_of_each(self):
+    cfg = load_model_config("tiny_mixtral", num_layers=1)
+    mesh = sharding.make_mesh("data=1")
+    for name in nnx_adapter.FRONTENDS:
+      run = nnx_adapter.sharded_training(
+          name, cfg, training.default_optimizer(), mesh, grad_accum=2
+      )
+      self.assertEqual(run.grad_accum, 2, name)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import RoutedMoE
+from linen_moe import hlo
 from linen_moe import load_moe_config
 from linen_moe import testing
 from linen_moe._src.config.moe_config import MoEConfig
@@ -34,7 +35,7 @@ from linen_moe.sharding import unbox
 from tests import numpy_reference
 
 CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
-PATHS = {
+MATMUL_PATHS = {
     "sparse": dict(sparse_matmul=True),
     "dense": dict(sparse_matmul=False, capacity_factor=0.0),
     "dense_dropping": dict(sparse_matmul=False, capacity_factor=1.0),
@@ -105,7 +106,7 @@ class Cell:
 
 @functools.cache
 def _cell(config_name: str, path: str, mode: str) -> Cell:
-  config = load_moe_config(config_name, quantization=mode, **PATHS[path])
+  config = load_moe_config(config_name, quantization=mode, **MATMUL_PATHS[path])
   model = RoutedMoE(config)
   x, target = _inputs(config)
   params = _params(config_name)
@@ -136,7 +137,7 @@ def _cell(config_name: str, path: str, mode: str) -> Cell:
 def _reference(config_name: str, path: str):
   """The NumPy oracle's output (float64, unquantized), same params and
   inputs as the cells; with the dropping path's capacity."""
-  config = load_moe_config(config_name, **PATHS[path])
+  config = load_moe_config(config_name, **MATMUL_PATHS[path])
   x = np.asarray(_inputs(config)[0], np.float64)
   capacity = None
   if config.dropping:
@@ -156,7 +157,7 @@ class QuantizedLayerTest(parameterized.TestCase):
 
   @parameterized.product(config=CONFIGS, mode=MODES)
   def test_train_steps(self, config, mode):
-    cells = {path: _cell(config, path, mode) for path in PATHS}
+    cells = {path: _cell(config, path, mode) for path in MATMUL_PATHS}
     for path, cell in cells.items():
       with self.subTest(path=path):
         err = _rel_err(cell.outputs[-1], _reference(config, path))
@@ -177,14 +178,14 @@ class QuantizedLayerTest(parameterized.TestCase):
   def _check_compiled_types(self, text, mode):
     """The quantized types reach the expert contractions of the step."""
     if not FACTS[mode].quantized:
-      self.assertEmpty(testing.quantized_types_in_hlo(text))
+      self.assertEmpty(hlo.quantized_types_in_hlo(text))
       return
     expected = {FWD_TYPE[mode], GRAD_TYPE[mode]}
-    self.assertEqual(testing.quantized_types_at_contractions(text), expected)
+    self.assertEqual(hlo.quantized_types_at_contractions(text), expected)
     by_site = {
         site: [
             c.quantized_inputs
-            for c in testing.contractions(text)
+            for c in hlo.contractions(text)
             if f"/{site}_dot/" in c.op_name
         ]
         for site in ("wi_0", "wi_1", "wo")  # the expert weights
@@ -236,11 +237,11 @@ class QuantizedLayerTest(parameterized.TestCase):
         if a < b:
           self.assertFalse(np.array_equal(state_a, state_b), (a, b))
 
-  @parameterized.product(config=CONFIGS, path=tuple(PATHS))
+  @parameterized.product(config=CONFIGS, path=tuple(MATMUL_PATHS))
   def test_params_layout_same_for_every_mode(self, config, path):
     layouts, collections = {}, {}
     for mode in MODES:
-      cfg = load_moe_config(config, quantization=mode, **PATHS[path])
+      cfg = load_moe_config(config, quantization=mode, **MATMUL_PATHS[path])
       x = _inputs(cfg)[0]
       variables = jax.eval_shape(RoutedMoE(cfg).init, jax.random.key(0), x)
       layouts[mode] = jax.tree_util.tree_map_with_path(
@@ -395,12 +396,10 @@ class HloTest(absltest.TestCase):
 
     args = (jnp.ones((4, 8)), jnp.ones((8, 2)))
     text = jax.jit(qdq_matmul).lower(*args).compile().as_text()
-    self.assertEqual(
-        testing.quantized_types_at_contractions(text), {"f8e4m3fn"}
-    )
+    self.assertEqual(hlo.quantized_types_at_contractions(text), {"f8e4m3fn"})
     text = jax.jit(jnp.matmul).lower(*args).compile().as_text()
-    self.assertEqual(testing.quantized_types_at_contractions(text), set())
-    self.assertLen(testing.contractions(text), 1)
+    self.assertEqual(hlo.quantized_types_at_contractions(text), set())
+    self.assertLen(hlo.contractions(text), 1)
 
   def test_gemm_custom_calls_are_contractions(self):
     # What XLA:GPU writes for an fp8 matmul (cuBLASLt), by hand: the GEMM is
@@ -417,7 +416,7 @@ ENTRY %main (p0: f8e4m3fn[16,64], p1: f8e4m3fn[32,64]) -> f32[16,32] {
   ROOT %sort = f32[16,32]{1,0} custom-call(%out), custom_call_target="TopK"
 }
 """
-    (gemm,) = testing.contractions(text)
+    (gemm,) = hlo.contractions(text)
     self.assertEqual((gemm.name, gemm.opcode), ("gemm", "custom-call"))
     self.assertEqual(gemm.quantized_inputs, {"f8e4m3fn"})
 

@@ -3,7 +3,7 @@
 Every other module reads its facts from `quantization_modes`; these tests
 check the table itself: its HLO names against compiled programs, its state
 and RNG flags against the layer's variables and errors, its storage types
-against what `serving.quantize_weights` writes.
+against what `quantization.quantize_weights` writes.
 """
 
 import functools
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
-from linen_moe import serving
+from linen_moe import quantization
 from linen_moe._src.layer.variables import AQT_RNG_STREAM
 from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.quantization import modes as qm
@@ -83,7 +83,7 @@ class TableTest(parameterized.TestCase):
   @parameterized.parameters(*qm.SERVING_QUANTIZATIONS)
   def test_storage_is_what_serving_writes(self, mode):
     cfg, _, variables = _init(mode)
-    _, served = serving.quantize_weights(cfg, variables)
+    _, served = quantization.quantize_weights(cfg, variables)
     facts = qm.MODES[mode]
     self.assertEqual(served["params"]["wi_0"].dtype, facts.storage_dtype)
     scale = served["params"]["wi_0_scale"].shape

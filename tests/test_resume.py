@@ -22,12 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe import OVERWRITE_WITH_GRADIENT
 from linen_moe import checkpoint
 from linen_moe import testing
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
-from tests.frontends import FRONTENDS
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
+from nnx_adapter import frontend as get_frontend
 
 STOP, STEPS = 6, 12
 BATCH, SEQ, GRAD_ACCUM = 4, 8, 2
@@ -37,8 +37,10 @@ _flat_numpy = testing.flat_numpy
 class ExactResumeMixin(parameterized.TestCase):
 
   def check_exact_resume(self, frontend: str, quantization: str, path: str):
-    cfg = testing.model_config("tiny_mixtral", quantization, path, num_layers=1)
-    fe = FRONTENDS[frontend]
+    cfg = testing.config_on_path(
+        "tiny_mixtral", quantization, path, num_layers=1
+    )
+    fe = get_frontend(frontend)
     tx = default_optimizer()
     data = MarkovData(cfg.vocab_size)
     rng = jax.random.key(0)

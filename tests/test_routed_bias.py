@@ -22,7 +22,7 @@ from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.training import step as step_lib
 from linen_moe.training import MarkovData
 import nnx_adapter
-from tests.frontends import FRONTENDS
+from nnx_adapter import frontend as get_frontend
 
 OPTIMIZER = step_lib.default_optimizer(1e-3)
 
@@ -50,7 +50,7 @@ def _set_bias(frontend, state, bias):
 
 
 def _bias_leaves(frontend, state):
-  return jax.tree.leaves(FRONTENDS[frontend].rule_state(state))
+  return jax.tree.leaves(get_frontend(frontend).rule_state(state))
 
 
 class OverloadedExpertTest(parameterized.TestCase):
@@ -60,7 +60,7 @@ class OverloadedExpertTest(parameterized.TestCase):
     +0.5, above the spread of the sigmoid scores); returns expert 0's bias
     after each step and the loads per step in units of the mean load."""
     cfg = _config(rate, num_layers=1)
-    fe = FRONTENDS[frontend]
+    fe = get_frontend(frontend)
     batches = MarkovData(cfg.vocab_size).batches(4, 16, seed=1)
     state = fe.init(
         cfg, OPTIMIZER, jnp.asarray(next(batches)), jax.random.key(0)
@@ -106,7 +106,7 @@ class GradAccumulationTest(parameterized.TestCase):
     applied to the loads of a forward pass over the whole batch."""
     rate = 0.01
     cfg = _config(rate, scan_layers=scan)
-    fe = FRONTENDS[frontend]
+    fe = get_frontend(frontend)
     tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(4, 8, 2)))
     state = fe.init(cfg, OPTIMIZER, tokens, jax.random.key(0))
     bias0 = 0.05 * jax.random.normal(jax.random.key(1), (16,))
@@ -135,7 +135,7 @@ class SkippedStepTest(parameterized.TestCase):
     """A step with a NaN loss (an out-of-range token id) changes no bias; the
     next, finite step moves them."""
     cfg = _config(0.01, num_layers=1)
-    fe = FRONTENDS[frontend]
+    fe = get_frontend(frontend)
     good = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(2, 8, 4)))
     bad = good.at[1, 3].set(cfg.vocab_size)
     state = fe.init(cfg, OPTIMIZER, good, jax.random.key(0))
@@ -162,7 +162,7 @@ class CheckpointTest(absltest.TestCase):
     bias = jnp.linspace(-0.1, 0.1, 16)
     linen = _set_bias(
         "linen",
-        FRONTENDS["linen"].init(cfg, OPTIMIZER, tokens, jax.random.key(3)),
+        get_frontend("linen").init(cfg, OPTIMIZER, tokens, jax.random.key(3)),
         bias,
     )
     tree = checkpoint.tree_of(linen)

@@ -19,9 +19,9 @@ from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
 from linen_moe import load_model_config
 from linen_moe import load_moe_config
-from linen_moe import serving
+from linen_moe import quantization
 from linen_moe import testing
-from linen_moe._src.config.moe_config import PATHS
+from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe._src.layer import dense as dense_lib
 from linen_moe._src.layer import routing as routing_lib
@@ -69,7 +69,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
   @parameterized.product(config=tuple(CASES), path=("sparse", "dense"))
   def test_matches_numpy_reference(self, config, path):
     overrides, bias_scale = CASES[config]
-    cfg = load_moe_config(config, **overrides, **PATHS[path])
+    cfg = load_moe_config(config, **overrides, **MATMUL_PATHS[path])
     variables = _variables(cfg, bias_scale)
     x = _inputs(cfg)
     y, aux = jax.jit(RoutedMoE(cfg).apply)(variables, x)
@@ -80,7 +80,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
   def test_probability_drop_policy_matches_numpy_reference(self):
     cfg = load_moe_config(
         "tiny_deepseek_v3",
-        **PATHS["dense_dropping"],
+        **MATMUL_PATHS["dense_dropping"],
         drop_policy="probability",
     )
     variables = _variables(cfg, 0.1)
@@ -238,7 +238,7 @@ class DeepSeekDecoderServingTest(absltest.TestCase):
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8)
     variables = unbox(jax.jit(Decoder(cfg).init)(jax.random.key(0), tokens))
     variables[RULE] = jax.tree.map(lambda b: b + 0.05, variables[RULE])
-    serve_cfg, served = serving.quantize_weights(cfg, variables)
+    serve_cfg, served = quantization.quantize_weights(cfg, variables)
     moe = served["params"]["layers"]["moe"]
     for module in ("routed_experts", "shared_experts"):
       self.assertEqual(moe[module]["wi_0"].dtype, jnp.int8, module)
@@ -253,7 +253,7 @@ def _check_trains(test, quantization, path):
   cfg = load_moe_config(
       "tiny_deepseek_v3",
       quantization=quantization,
-      **PATHS[path],
+      **MATMUL_PATHS[path],
       **ALL_OPTIONS,
   )
   variables = _variables(cfg, 0.1)
@@ -284,7 +284,7 @@ class AllOptionsEveryModeTest(parameterized.TestCase):
     _check_trains(self, quantization, path)
 
   @testing.slow
-  @parameterized.product(quantization=QUANTIZATIONS, path=tuple(PATHS))
+  @parameterized.product(quantization=QUANTIZATIONS, path=tuple(MATMUL_PATHS))
   def test_full_product(self, quantization, path):
     _check_trains(self, quantization, path)
 

@@ -16,20 +16,21 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from linen_moe import PATHS
+from linen_moe import MATMUL_PATHS
 from linen_moe import Decoder
 from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
+from linen_moe import hlo
 from linen_moe import load_model_config
 from linen_moe import load_moe_config
-from linen_moe import scanned_to_unrolled
-from linen_moe import serving
+from linen_moe import quantization
 from linen_moe import testing
 from linen_moe._src.config.moe_config import TINY_CONFIGS
 from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.quantization import stored_weights
 from linen_moe._src.quantization.modes import MODES as FACTS
 from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS as MODES
+from linen_moe.models import scanned_to_unrolled
 from linen_moe.sharding import unbox
 import nnx_adapter
 from tests import workers
@@ -86,7 +87,7 @@ def _learned_fp8_state(config, params, x):
 @functools.cache
 def _training_case(name: str, mode: str):
   """(training config, variables incl. fp8 state, training sparse output)."""
-  config = load_moe_config(name, quantization=mode, **PATHS["sparse"])
+  config = load_moe_config(name, quantization=mode, **MATMUL_PATHS["sparse"])
   variables = dict(_float_variables(name))
   x = _x(config)
   if FACTS[mode].keeps_state:
@@ -98,14 +99,14 @@ def _training_case(name: str, mode: str):
 @functools.cache
 def _serving(name: str, mode: str):
   config, variables, _ = _training_case(name, mode)
-  return serving.quantize_weights(config, variables)
+  return quantization.quantize_weights(config, variables)
 
 
 @functools.cache
 def _serve(name: str, mode: str, path: str):
   """(output, compiled HLO text) of the serving forward on `path`."""
   serve_config, serve_variables = _serving(name, mode)
-  model = RoutedMoE(serve_config.replace(**PATHS[path]))
+  model = RoutedMoE(serve_config.replace(**MATMUL_PATHS[path]))
   x = _x(serve_config)
   compiled = jax.jit(model.apply).lower(serve_variables, x).compile()
   return compiled(serve_variables, x)[0], compiled.as_text()
@@ -113,7 +114,7 @@ def _serve(name: str, mode: str, path: str):
 
 @functools.cache
 def _float_output(name: str, path: str):
-  config = load_moe_config(name, **PATHS[path])
+  config = load_moe_config(name, **MATMUL_PATHS[path])
   return jax.jit(RoutedMoE(config).apply)(_float_variables(name), _x(config))[0]
 
 
@@ -125,7 +126,7 @@ class ServingLayerTest(parameterized.TestCase):
     serve_config, serve_variables = _serving(config, mode)
     self.assertTrue(serve_config.serving)
     self._check_stored(serve_config, serve_variables, mode)
-    for path in PATHS:
+    for path in MATMUL_PATHS:
       with self.subTest(path=path):
         y, text = _serve(config, mode, path)
         self._check_compiled(serve_config, text, mode)
@@ -163,7 +164,7 @@ class ServingLayerTest(parameterized.TestCase):
     for site in SITES:
       fed = [
           c.quantized_inputs
-          for c in testing.contractions(text)
+          for c in hlo.contractions(text)
           if f"/{site}_dot/" in c.op_name
       ]
       self.assertTrue(any(kind in t for t in fed), (site, fed))
@@ -190,7 +191,7 @@ class ConversionTest(parameterized.TestCase):
   def test_decoder_scanned_and_unrolled(self):
     config, variables = self.decoder
     before = jax.tree.map(np.array, variables)
-    serve_config, served = serving.quantize_weights(config, variables)
+    serve_config, served = quantization.quantize_weights(config, variables)
     self.assertTrue(serve_config.moe.serving)
     self.assertEqual(serve_config.replace(serving=False), config)
     # The caller's variables are untouched, values and structure.
@@ -211,7 +212,7 @@ class ConversionTest(parameterized.TestCase):
         np.testing.assert_array_equal(leaf, flat[path])
     # Unrolled: the same conversion, layer by layer.
     unrolled_config = config.replace(scan_layers=False)
-    _, served_unrolled = serving.quantize_weights(
+    _, served_unrolled = quantization.quantize_weights(
         unrolled_config, scanned_to_unrolled(variables, config.num_layers)
     )
     jax.tree.map(
@@ -225,7 +226,7 @@ class ConversionTest(parameterized.TestCase):
     # and every weight within half a step of its stored value.
     config = load_moe_config("tiny_mixtral", quantization="int8")
     params = _float_variables("tiny_mixtral")["params"]
-    _, served = serving.quantize_weights(config, {"params": params})
+    _, served = quantization.quantize_weights(config, {"params": params})
     for site in SITES:
       w = np.asarray(params[site], np.float64)  # [E, K, N]
       scale = np.max(np.abs(w), axis=1, keepdims=True) / 127.5
@@ -254,7 +255,9 @@ class ConversionTest(parameterized.TestCase):
     wi_1["kernel_amax_history"] = jnp.zeros_like(wi_1["kernel_amax_history"])
     wi_1["kernel_scale"] = jnp.full((1,), 0.5)
     state["wi_1_dot"] = wi_1
-    _, served = serving.quantize_weights(config, {"params": params, OWG: state})
+    _, served = quantization.quantize_weights(
+        config, {"params": params, OWG: state}
+    )
     stored = served["params"]
     amax_wi_0 = float(np.max(np.abs(params["wi_0"])))
     expected = {"wi_0": amax_wi_0 / fp8_max, "wi_1": 0.5, "wo": 9.0 / fp8_max}
@@ -274,7 +277,7 @@ class ConversionTest(parameterized.TestCase):
           np.asarray(stored[site]).view(np.uint8), w.view(np.uint8)
       )
     # No fp8 state at all: the kernel's own amax, input scale 1.
-    _, served = serving.quantize_weights(config, {"params": params})
+    _, served = quantization.quantize_weights(config, {"params": params})
     for site in SITES:
       amax = float(np.max(np.abs(params[site])))
       np.testing.assert_allclose(
@@ -288,11 +291,13 @@ class ConversionTest(parameterized.TestCase):
     config = load_moe_config("tiny_mixtral", quantization="int8")
     variables = _float_variables("tiny_mixtral")
     e, m, h = config.num_experts, config.emb_dim, config.moe_mlp_dim
-    self.assertEqual(serving.expert_weight_bytes(variables), 3 * e * m * h * 4)
-    _, served = serving.quantize_weights(config, variables)
+    self.assertEqual(
+        quantization.expert_weight_bytes(variables), 3 * e * m * h * 4
+    )
+    _, served = quantization.quantize_weights(config, variables)
     scales = (2 * e * h + e * m) * 4
     self.assertEqual(
-        serving.expert_weight_bytes(served), 3 * e * m * h + scales
+        quantization.expert_weight_bytes(served), 3 * e * m * h + scales
     )
 
   def test_routed_and_shared_layer(self):
@@ -300,7 +305,7 @@ class ConversionTest(parameterized.TestCase):
     x = _x(config)
     float_layer = RoutedAndSharedMoE(config.replace(quantization="none"))
     variables = unbox(jax.jit(float_layer.init)(jax.random.key(0), x))
-    serve_config, served = serving.quantize_weights(config, variables)
+    serve_config, served = quantization.quantize_weights(config, variables)
     for module in ("routed_experts", "shared_experts"):
       for site in SITES:
         self.assertEqual(served["params"][module][site].dtype, jnp.int8)
@@ -328,7 +333,7 @@ class BadInputTest(parameterized.TestCase):
       load_moe_config("tiny_mixtral", quantization="int4")
 
   def test_quantize_weights_rejects(self):
-    q = serving.quantize_weights
+    q = quantization.quantize_weights
     with self.assertRaisesRegex(ValueError, "quantization.*'none'"):
       q(self.config.replace(quantization="none"), self.variables)
     with self.assertRaisesRegex(ValueError, "already a serving config"):
@@ -351,7 +356,9 @@ class BadInputTest(parameterized.TestCase):
     self.assertEqual(self.variables["params"]["wi_0"].dtype, jnp.float32)
 
   def test_serving_layer_rejects(self):
-    serve_config, served = serving.quantize_weights(self.config, self.variables)
+    serve_config, served = quantization.quantize_weights(
+        self.config, self.variables
+    )
     x = _x(self.config)
     apply = RoutedMoE(serve_config).apply
     with self.assertRaisesRegex(ValueError, "wi_0 holds float weights"):
@@ -389,7 +396,7 @@ class NNXServingTest(absltest.TestCase):
     config = load_model_config("tiny_gemma4_26b", quantization="int8")
     tokens = jax.random.randint(jax.random.key(2), (2, 8), 0, config.vocab_size)
     variables = unbox(jax.jit(Decoder(config).init)(jax.random.key(0), tokens))
-    serve_config, served = serving.quantize_weights(config, variables)
+    serve_config, served = quantization.quantize_weights(config, variables)
     model = nnx_adapter.Decoder.from_linen(serve_config, served)
     moe = nnx_adapter.nnx_to_linen(model)["params"]["layers"]["moe"]
     self.assertEqual(moe["wi_0"].dtype, jnp.int8)

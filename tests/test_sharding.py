@@ -39,7 +39,7 @@ from linen_moe._src.quantization.modes import QUANTIZATIONS
 from tests import workers
 
 MESHES = ("data=8", "expert=8", "data=2,expert=4")
-PATHS = ("sparse", "dense", "dense_dropping")
+MATMUL_PATHS = ("sparse", "dense", "dense_dropping")
 FRONTENDS = ("linen", "nnx")
 
 # Of the step's largest update; see the module docstring.
@@ -239,7 +239,7 @@ class EquivalenceTest(EquivalenceMixin):
 
   @testing.slow
   @parameterized.product(
-      path=PATHS, quantization=QUANTIZATIONS, frontend=FRONTENDS
+      path=MATMUL_PATHS, quantization=QUANTIZATIONS, frontend=FRONTENDS
   )
   def test_full_product(self, path, quantization, frontend):
     self.check_equivalent(path, quantization, MESHES, frontend=frontend)

@@ -40,7 +40,7 @@ class ValidateTokensTest(absltest.TestCase):
 class InsideJitTest(absltest.TestCase):
 
   def test_bad_ids_embed_as_nan_and_checked_mode_raises(self):
-    cfg = testing.model_config("tiny_mixtral", num_layers=1)
+    cfg = testing.config_on_path("tiny_mixtral", num_layers=1)
     model = Decoder(cfg)
     good = jnp.ones((1, 4), jnp.int32)
     variables = jax.jit(model.init)(jax.random.key(0), good)

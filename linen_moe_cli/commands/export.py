@@ -53,7 +53,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
   run_directory.creatable(args.out, "--out")
   if args.format == "hf":
-    from linen_moe._src.hf.safetensors_io import parse_size  # noqa: PLC0415
+    from linen_moe.hf import parse_size  # noqa: PLC0415 (no jax)
 
     try:
       parse_size(args.max_shard_size)

@@ -8,9 +8,10 @@ import argparse
 import os
 import time
 
-from linen_moe._src.config.moe_config import QUANTIZATIONS
-from linen_moe_cli import frontends
+from linen_moe.quantization import MODES
+from linen_moe_cli import options
 from linen_moe_cli.model_args import LAYERS
+import nnx_adapter
 
 
 def register(subparsers) -> None:
@@ -20,16 +21,16 @@ def register(subparsers) -> None:
   p.add_argument("--config", default="tiny_mixtral")
   p.add_argument(
       "--quantization",
-      choices=QUANTIZATIONS,
+      choices=tuple(MODES),
       default=None,
       help="one row only (default: all modes)",
   )
   p.add_argument("--layers", choices=LAYERS, default=None)
   p.add_argument(
       "--frontend",
-      choices=frontends.FRONTENDS,
+      choices=nnx_adapter.FRONTENDS,
       default="linen",
-      help=frontends.help_text(),
+      help=options.frontend_help(),
   )
   p.add_argument(
       "--all",
@@ -63,20 +64,20 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
   if args.workers < 1:
     raise ValueError(f"--workers must be at least 1; got {args.workers}.")
-  from linen_moe._src.testing import compile_options  # noqa: PLC0415
+  from linen_moe import testing  # noqa: PLC0415 (imports no jax)
 
   if args.fast_compile:
-    compile_options.use_fast_compile()
-  compile_options.use_compilation_cache()
+    testing.use_fast_compile()
+  testing.use_compilation_cache()
   from linen_moe_cli import matrix  # noqa: PLC0415 (imports jax)
 
   if args.all:
-    configs, fes, layers = matrix.CONFIGS, frontends.FRONTENDS, LAYERS
+    configs, fes, layers = matrix.CONFIGS, nnx_adapter.FRONTENDS, LAYERS
   else:
     configs = (args.config,)
     fes = (args.frontend,)
     layers = (args.layers or "scanned",)
-  quantizations = (args.quantization,) if args.quantization else QUANTIZATIONS
+  quantizations = (args.quantization,) if args.quantization else tuple(MODES)
   start = time.perf_counter()
   groups = [
       matrix.cells((config,), quantizations, frontends=(fe,), layers=(layer,))

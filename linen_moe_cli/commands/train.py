@@ -16,11 +16,11 @@ import os
 import sys
 import time
 
-from linen_moe_cli import frontends
 from linen_moe_cli import model_args
 from linen_moe_cli import options
 from linen_moe_cli.options import TrainOptions
 from linen_moe_cli.options import train_default
+import nnx_adapter
 
 
 def register(subparsers) -> None:
@@ -57,9 +57,9 @@ def register(subparsers) -> None:
   )
   p.add_argument(
       "--frontend",
-      choices=frontends.FRONTENDS,
+      choices=nnx_adapter.FRONTENDS,
       default=train_default("frontend"),
-      help=frontends.help_text(),
+      help=options.frontend_help(),
   )
   p.add_argument(
       "--max-consecutive-skips",

@@ -43,6 +43,15 @@ LINEN_FIELD_ALIASES = {
 
 
 def key_name(key: Any) -> str:
+  """The name of one entry of a jax key path.
+
+  Args:
+    key: a `jax.tree_util` key (`DictKey`, `GetAttrKey`, `SequenceKey`,
+      `FlattenedIndexKey`) or anything else.
+
+  Returns:
+    Its key, attribute name or index as a string (`str(key)` otherwise).
+  """
   for attr in ("name", "key", "idx"):
     if hasattr(key, attr):
       return str(getattr(key, attr))

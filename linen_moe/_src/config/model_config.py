@@ -329,12 +329,20 @@ class ModelConfig:
     moe = self.moe.replace(**moe_changes) if moe_changes else self.moe
     return dataclasses.replace(self, moe=moe, **own)
 
+  @staticmethod
+  def run_fields() -> frozenset[str]:
+    """The fields a resumed run may change (learning rate, steps, ...).
 
-def run_fields() -> frozenset[str]:
-  """The `MoEConfig` and `ModelConfig` fields a resumed run may change."""
-  return frozenset(
-      f.name
-      for cls in (MoEConfig, ModelConfig)
-      for f in dataclasses.fields(cls)
-      if f.metadata.get("run")
-  )
+    Returns:
+      The names of the `ModelConfig` and `MoEConfig` fields marked as run
+      fields; every other field is the model, fixed by its checkpoint.
+    """
+    return frozenset(
+        f.name
+        for cls in (MoEConfig, ModelConfig)
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("run")
+    )
+
+
+run_fields = ModelConfig.run_fields

@@ -2,7 +2,7 @@
 
 `MoEConfig` is the layer's config; the reference decoder's `ModelConfig`
 (`model_config.py`) holds one; `config_files.py` reads both from YAML. Here
-too: the choices a field may take (`ROUTINGS`, `PATHS`, `TINY_CONFIGS`, ...)
+too: the choices a field may take (`ROUTINGS`, `MATMUL_PATHS`, `TINY_CONFIGS`, ...)
 and the checks and renames both configs use.
 """
 
@@ -33,7 +33,7 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 # The three matmul paths, as the config overrides that select each one. The
 # dropping path's capacity factor of 1 gives every expert its fair share.
-PATHS: dict[str, dict[str, Any]] = {
+MATMUL_PATHS: dict[str, dict[str, Any]] = {
     "sparse": dict(sparse_matmul=True, capacity_factor=0.0),
     "dense": dict(sparse_matmul=False, capacity_factor=0.0),
     "dense_dropping": dict(sparse_matmul=False, capacity_factor=1.0),
@@ -132,7 +132,7 @@ class MoEConfig:
   Example usage:
     cfg = MoEConfig(num_experts=8, num_experts_per_tok=2, emb_dim=64,
                     moe_mlp_dim=128, quantization="int8")
-    dense = cfg.replace(**PATHS["dense"])
+    dense = cfg.replace(**MATMUL_PATHS["dense"])
 
   Raises:
     ValueError: naming the field, its value and what is allowed, for any
@@ -264,8 +264,8 @@ class MoEConfig:
           self.num_experts_per_tok,
           f"must be <= num_experts={self.num_experts}",
       )
-    from linen_moe._src.layer import activations  # noqa: PLC0415 (imports jax)
     from linen_moe._src.kernels import grouped_matmul  # noqa: PLC0415 (imports jax)
+    from linen_moe._src.layer import activations  # noqa: PLC0415 (imports jax)
 
     acts = tuple(self.mlp_activations)
     object.__setattr__(self, "mlp_activations", acts)

@@ -139,3 +139,6 @@ FAMILIES = {
     f.model_type: f
     for f in (MIXTRAL, QWEN3_MOE, DEEPSEEK_V3, GEMMA4_TEXT, GEMMA4)
 }
+
+# The `model_type`s of config.json that load.
+MODEL_TYPES = tuple(sorted(FAMILIES))

@@ -417,7 +417,7 @@ def load_checkpoint(
       (each device reads only its slice); None: the default device.
     rules: the logical-axis rules for `mesh` (default
       `linen_moe.sharding.DEFAULT_RULES`).
-    quantization: the config's quantization mode (`linen_moe.QUANTIZATIONS`).
+    quantization: the config's quantization mode (`linen_moe.quantization.MODES`).
     serving: convert the expert kernels to the mode's storage type as they
       are read (`linen_moe.serving.quantize_weights`' layout), for a serving
       config; needs a quantized mode.

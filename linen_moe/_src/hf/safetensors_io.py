@@ -220,8 +220,18 @@ _UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
 
 def parse_size(size: int | str) -> int:
-  """Bytes of `max_shard_size`: an int, or "2GB", "500MB", "1GiB" (decimal
-  units as transformers', KiB..TiB binary)."""
+  """Bytes of a `max_shard_size`, checked (as `save_checkpoint` reads it).
+
+  Args:
+    size: an int of bytes, or "2GB", "500MB", "1GiB" (decimal units as
+      transformers', KiB..TiB binary).
+
+  Returns:
+    The bytes, > 0.
+
+  Raises:
+    ValueError: `size` is neither, or not positive.
+  """
   if isinstance(size, int) and not isinstance(size, bool) and size > 0:
     return size
   match = _SIZE.match(str(size)) if isinstance(size, str) else None

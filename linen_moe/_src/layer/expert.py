@@ -94,7 +94,7 @@ class SharedExpert(nn.Module):
   The shared experts, and the MLP of a decoder's dense layers (`mlp_dim`).
   Parameters: `wi_0` [M, F], `wi_1` [M, F], `wo` [F, M], with F = `mlp_dim`
   or shared_experts * shared_mlp_dim. Serving (`config.serving`), they are
-  stored kernels (`linen_moe.stored_weights`) under the same names, each
+  stored kernels (`quantization/stored_weights.py`) under the same names, each
   contracted by its own `{name}_dot` submodule.
 
   Example usage:

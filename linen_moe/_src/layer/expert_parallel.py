@@ -1,5 +1,5 @@
 """Expert parallelism for the sparse (grouped-matmul) path: the plan and the
-`shard_map` lifting; the per-device computation is `linen_moe.sparse`.
+`shard_map` lifting; the per-device computation is `layer/sparse.py`.
 
 Shapes: B batch, S sequence, M emb_dim, H moe_mlp_dim, E experts, k experts
 per token, D_e expert shards (the product of the mesh axes "exp" maps to),
@@ -17,7 +17,7 @@ per layer:
      "all_gather" strategy, see below for "ragged_all_to_all"),
   2. pick the assignments routed to the local experts, sort them by expert
      into a buffer of R = T_g * min(k, E_l) rows, and run the grouped
-     matmuls (`linen_moe.sparse`, through `RoutedMoE.grouped`, so every
+     matmuls (`layer/sparse.py`, through `RoutedMoE.grouped`, so every
      quantization works),
   3. weight and sum each token's local results, then reduce-scatter over the
      expert axes: each device gets the summed output of its own tokens.

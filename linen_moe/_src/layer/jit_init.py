@@ -34,11 +34,21 @@ _INIT_COMPILER_OPTIONS = {
 
 
 def jit_once(fun: Any, **jit_kwargs: Any):
-  """`jax.jit(fun, **jit_kwargs)` for a program that runs once, such as an
-  initialisation: compiled with the fast options above (seconds less per
+  """`jax.jit(fun, **jit_kwargs)` for a program that runs once.
+
+  Such as an initialisation: compiled with fast options (seconds less per
   program, the same numbers). Inside another trace (`eval_shape`, an outer
   `jit` or `scan`: compiler options are for top-level programs only) it is a
-  plain `jax.jit`, part of that program and compiled with it."""
+  plain `jax.jit`, part of that program and compiled with it.
+
+  Args:
+    fun: the function to compile.
+    **jit_kwargs: as `jax.jit` takes them (e.g. `static_argnums`).
+
+  Returns:
+    The jitted function (its `top_level` attribute is the `jax.jit` object
+    that compiles with the fast options).
+  """
   fast = jax.jit(fun, compiler_options=_INIT_COMPILER_OPTIONS, **jit_kwargs)
   plain = jax.jit(fun, **jit_kwargs)
 
@@ -74,6 +84,15 @@ def compiled_init(module: nn.Module, rngs: Any, *args: Any, **kwargs: Any):
 
   Falls back to Linen's eager `init` when the module is not hashable or an
   argument is not an array (a Python flag would have to be static).
+
+  Args:
+    module: the Linen module (a frozen, hashable dataclass).
+    rngs: a PRNG key or a dict of them, as `init` takes.
+    *args: sample inputs.
+    **kwargs: keyword inputs.
+
+  Returns:
+    The module's variables, the numbers eager `init` gives.
   """
   try:
     hash(module)

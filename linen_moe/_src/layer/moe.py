@@ -324,7 +324,7 @@ class RoutedMoE(JitInit, nn.Module):
     or in float with fewer choices than experts the chosen experts' weights
     gathered (`sparse.uses_chosen_experts`).
 
-    Under a mesh, expert-parallel (see `linen_moe.expert_parallel`).
+    Under a mesh, expert-parallel (see `layer/expert_parallel.py`).
     """
     b, s, m = x.shape
     cfg = self.config

@@ -6,7 +6,7 @@ experts held here, R = T * min(k, E_l) rows of the sorted buffer.
 Every weight is contracted through the layer's named grouped-matmul hook,
 `grouped(site, lhs, rhs, group_sizes)` (`RoutedMoE.grouped`), so each one is
 quantized by the layer's mode and owns its state. Under a mesh,
-`linen_moe.expert_parallel` runs this same function on each device's experts.
+`layer/expert_parallel.py` runs this same function on each device's experts.
 
 At decode sizes (a handful of tokens, `uses_every_expert`) the layer runs
 `every_expert` instead: each expert on every token, through the same hook,

@@ -107,6 +107,20 @@ class DecoderBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array):
+    """One layer: attention, then the MoE (or dense) MLP, each residual.
+
+    Args:
+      x: [B, S, M] the residual stream.
+      positions: <int32>[B, S] each token's position (rotary, masks, cache).
+
+    Returns:
+      The new residual stream [B, S, M] and the layer's aux
+      (`load_balance_loss`, `router_z_loss`, `dropped_fraction`,
+      `expert_load` [E]; zeros for a dense layer).
+
+    Raises:
+      ValueError: the block's `kind` is neither "moe" nor "dense".
+    """
     cfg, moe_cfg = self.config, self.config.moe
     if self.kind not in (MOE, DENSE):
       raise ValueError(f"kind={self.kind!r}; expected {(MOE, DENSE)}.")
@@ -178,9 +192,17 @@ class BlockGroup(nn.Module):
 
 
 def stack_body(config: ModelConfig, decode: bool = False):
-  """(module class, its fields) of what a scanned decoder scans
-  (`config.stack_plan`): one block when the stack repeats one kind, else a
-  `BlockGroup` of one period."""
+  """What a scanned decoder scans (`config.stack_plan`): one block when the
+  stack repeats one kind, else a group of one period of blocks.
+
+  Args:
+    config: the decoder's config (its stack plan scans something).
+    decode: build the blocks with a KV cache.
+
+  Returns:
+    The module class (`DecoderBlock` or the group's) and the keyword
+    arguments that build one row of the stack, as a pair.
+  """
   plan, kinds = config.stack_plan, config.block_kinds
   fields = {"config": config, "decode": decode}
   if plan.period == 1:
@@ -191,9 +213,18 @@ def stack_body(config: ModelConfig, decode: bool = False):
 
 
 def per_layer_aux(config: ModelConfig, before, stacked, after) -> dict:
-  """Each aux field stacked over the layers in order [L, ...], from the
-  unrolled blocks' aux (lists, `before` and `after` the stack) and the
-  stack's (`stacked`: [R, ...], or [R, P, ...] for a group; None)."""
+  """Each aux field of the blocks stacked over the layers, in layer order.
+
+  Args:
+    config: the decoder's config (its `stack_plan`).
+    before: the aux dicts of the unrolled blocks before the stack, in order.
+    stacked: the stack's aux, each field [R, ...] (or [R, P, ...] for a
+      group of P members), or None without a stack.
+    after: the aux dicts of the unrolled blocks after the stack.
+
+  Returns:
+    The aux fields, each [L, ...].
+  """
   plan = config.stack_plan
   parts = [jax.tree.map(lambda x: x[None], a) for a in before]
   if stacked is not None:

@@ -41,11 +41,19 @@ from linen_moe._src.parallel import sharding
 def layer_aux(
     per_layer: dict[str, jax.Array], config: ModelConfig | None = None
 ) -> dict[str, jax.Array]:
-  """The decoder's `aux` from its blocks' aux stacked on a leading layer axis:
-  `load_balance_loss` and `router_z_loss` summed over layers (both join the
-  training loss), `dropped_fraction` their mean over the MoE layers (all
-  layers without `config`), and `expert_load` <float32>[L, E], each layer's
-  share of routed assignments per expert (zeros for a dense layer)."""
+  """The decoder's `aux` from its blocks' aux.
+
+  Args:
+    per_layer: the blocks' aux fields stacked on a leading layer axis [L, ...]
+      (`per_layer_aux`).
+    config: the decoder's config (which layers are MoE); None: all are.
+
+  Returns:
+    `load_balance_loss` and `router_z_loss` summed over layers (both join
+    the training loss), `dropped_fraction` their mean over the MoE layers,
+    and `expert_load` <float32>[L, E], each layer's share of routed
+    assignments per expert (zeros for a dense layer).
+  """
   dropped = per_layer["dropped_fraction"]
   if config is not None and config.dense_layers:
     moe = [k == "moe" for k in config.layer_kinds]
@@ -64,12 +72,22 @@ def routed_bias_rule(
     rate: float,
     plan: layer_stack.StackPlan | None = None,
 ):
-  """The `updated_by_rule` variables of a decoder after one step: every
-  layer's `routed_bias` moved by `routing.routed_bias_update` from its row of
-  `expert_load` <float32>[L, E] (stacked: `layers/.../routed_bias` [R, E],
-  the rows of the stacked layers; unrolled: `layers_{i}/.../routed_bias`
-  [E]). `plan` is the decoder's `config.stack_plan` (default: every layer
-  in one stack, or unrolled). Other leaves are kept."""
+  """The `updated_by_rule` variables of a decoder after one step.
+
+  Every layer's `routed_bias` moves by `routing.routed_bias_update` from its
+  row of `expert_load` (stacked: `layers/.../routed_bias` [R, E], the rows
+  of the stacked layers; unrolled: `layers_{i}/.../routed_bias` [E]).
+
+  Args:
+    rule_state: the decoder's `updated_by_rule` collection.
+    expert_load: <float32>[L, E] the step's `aux["expert_load"]`.
+    rate: the bias update rate.
+    plan: the decoder's `config.stack_plan` (default: every layer in one
+      stack, or unrolled).
+
+  Returns:
+    The new collection; leaves other than `routed_bias` are kept.
+  """
   if plan is None:
     plan = layer_stack.StackPlan.uniform(expert_load.shape[0])
   flat = traverse_util.flatten_dict(rule_state)
@@ -90,6 +108,13 @@ def embedding(cfg: ModelConfig, **kwargs) -> TokenEmbed:
   Rows of unit norm keep the tied logits O(1) at init; the decoders scale
   the input back up by sqrt(emb_dim) so the residual stream has unit RMS.
   An id outside [0, V) embeds as NaN (`linen_moe.tokens`).
+
+  Args:
+    cfg: the decoder's config.
+    **kwargs: other fields of the Linen module (e.g. `name`).
+
+  Returns:
+    The (unbound) Linen embedding module.
   """
   return TokenEmbed(
       cfg.vocab_size,
@@ -103,9 +128,17 @@ def embedding(cfg: ModelConfig, **kwargs) -> TokenEmbed:
 
 
 def scale_embeddings(x: jax.Array, cfg: ModelConfig) -> jax.Array:
-  """Embedded tokens [B, S, M] in the compute dtype, scaled by sqrt(emb_dim)
-  when `cfg.scale_embeddings` (the unit-norm embedding rows then give the
-  residual stream unit RMS)."""
+  """Embedded tokens as the first layer's input.
+
+  Args:
+    x: [B, S, M] the embedding's output.
+    cfg: the decoder's config.
+
+  Returns:
+    `x` in the compute dtype, scaled by sqrt(emb_dim) when
+    `cfg.scale_embeddings` (the unit-norm embedding rows then give the
+    residual stream unit RMS).
+  """
   if cfg.scale_embeddings:
     x = x * cfg.moe.emb_dim**0.5
   return x.astype(cfg.moe.dtype)
@@ -113,7 +146,15 @@ def scale_embeddings(x: jax.Array, cfg: ModelConfig) -> jax.Array:
 
 def output_head(cfg: ModelConfig, **kwargs) -> Projection:
   """The untied head: `logits/kernel` [M, V] ("embed", "vocab"), in
-  float32 as the tied one (`TokenEmbed.attend`)."""
+  float32 as the tied one (`TokenEmbed.attend`).
+
+  Args:
+    cfg: the decoder's config.
+    **kwargs: other fields of the Linen module (e.g. `name`).
+
+  Returns:
+    The (unbound) Linen projection module.
+  """
   return Projection(
       "BSM,MV->BSV",
       (cfg.moe.emb_dim, cfg.vocab_size),
@@ -126,9 +167,17 @@ def output_head(cfg: ModelConfig, **kwargs) -> Projection:
 
 
 def logits_of(cfg: ModelConfig, embed, head, x: jax.Array) -> jax.Array:
-  """Logits <float32>[B, S, V] of the final hidden state x [B, S, M]: the
-  tied embedding's `attend`, or the head; soft-capped with
-  `final_logit_softcap`."""
+  """Logits of the final hidden state.
+
+  Args:
+    cfg: the decoder's config.
+    embed: the (bound) embedding module; its `attend` when tied.
+    head: the (bound) output head, or None when tied.
+    x: [B, S, M] the final normalized hidden state.
+
+  Returns:
+    <float32>[B, S, V], soft-capped with `final_logit_softcap`.
+  """
   x = x.astype(jnp.float32)
   logits = embed.attend(x) if cfg.tie_embeddings else head(x)
   if cfg.final_logit_softcap:  # Gemma-4: c * tanh(logits / c)

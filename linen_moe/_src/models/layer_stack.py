@@ -38,7 +38,14 @@ Path = tuple[str, ...]
 
 
 def layer_name(i: int) -> str:
-  """The subtree name of unrolled layer `i`: `layers_{i}`."""
+  """The subtree name of unrolled layer `i`.
+
+  Args:
+    i: the layer's index.
+
+  Returns:
+    `layers_{i}`.
+  """
   return f"{_LAYER_PREFIX}{i}"
 
 
@@ -70,6 +77,12 @@ class StackPlan:
   of its group (`layers/block_{j}`, or `layers` itself when `period` is
   1). Every other layer is unrolled (`layers_{i}`). `repeats == 0`: all
   unrolled.
+
+  Attributes:
+    num_layers: the decoder's layers, L >= 0.
+    start: the first scanned layer.
+    period: layers per repeated group (1: one block per row).
+    repeats: rows of the stack (0: nothing scanned).
   """
 
   num_layers: int
@@ -92,11 +105,26 @@ class StackPlan:
 
   @classmethod
   def unrolled(cls, num_layers: int) -> StackPlan:
+    """Every layer unrolled (`layers_{i}`), nothing scanned.
+
+    Args:
+      num_layers: L.
+
+    Returns:
+      The plan.
+    """
     return cls(num_layers)
 
   @classmethod
   def uniform(cls, num_layers: int) -> StackPlan:
-    """Every layer of one kind, all scanned: `layers` [num_layers, ...]."""
+    """Every layer of one kind, all scanned: `layers` [num_layers, ...].
+
+    Args:
+      num_layers: L.
+
+    Returns:
+      The plan.
+    """
     return cls(num_layers, 0, 1, num_layers)
 
   @classmethod
@@ -108,6 +136,13 @@ class StackPlan:
     the unrolled layers); ties go to the one that scans the most layers,
     then to the shorter period, then to the earlier start. One kind
     throughout gives `uniform`.
+
+    Args:
+      kinds: each layer's kind (anything hashable, e.g. "moe" / "dense").
+      scan: whether to scan at all.
+
+    Returns:
+      The plan.
     """
     kinds = tuple(kinds)
     n = len(kinds)
@@ -133,11 +168,26 @@ class StackPlan:
     return self.repeats > 0
 
   def layer(self, r: int, j: int = 0) -> int:
-    """The layer index of row `r`, member `j` of the stack."""
+    """The layer index of row `r`, member `j` of the stack.
+
+    Args:
+      r: the row, in [0, repeats).
+      j: the member of the group, in [0, period).
+
+    Returns:
+      The layer's index in [0, num_layers).
+    """
     return self.start + r * self.period + j
 
   def slot(self, i: int) -> tuple[int, int] | None:
-    """(row, member) of layer `i` in the stack, None when it is unrolled."""
+    """Where layer `i` sits in the stack.
+
+    Args:
+      i: a layer index.
+
+    Returns:
+      `(row, member)`, or None when the layer is unrolled.
+    """
     offset = i - self.start
     if self.repeats and 0 <= offset < self.period * self.repeats:
       return divmod(offset, self.period)
@@ -156,8 +206,14 @@ class StackPlan:
     return tuple(range(self.layer(self.repeats), self.num_layers))
 
   def member_path(self, j: int) -> Path:
-    """The path of member `j` in the tree: (`layers`,) or (`layers`,
-    `block_{j}`)."""
+    """The path of member `j` of the group in a variable tree.
+
+    Args:
+      j: the member, in [0, period).
+
+    Returns:
+      (`layers`,) when `period` is 1, else (`layers`, `block_{j}`).
+    """
     return (STACK,) if self.period == 1 else (STACK, member_name(j))
 
 

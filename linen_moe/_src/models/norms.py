@@ -32,6 +32,14 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    """Normalizes `x` [..., width] and scales it.
+
+    Args:
+      x: the input, normalized over its last axis (in float32).
+
+    Returns:
+      `x / rms(x) * scale`, in x's dtype.
+    """
     scale = self.param(
         "scale",
         nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),

@@ -37,7 +37,8 @@ def resolved_unroll(scan_unroll: int, length: int) -> int | bool:
     length: the layers the stack scans over, >= 1.
 
   Returns:
-    True (no loop: every layer in line) or the layers per iteration.
+    The layers per loop iteration, or True for no loop (every layer in
+    line).
   """
   if scan_unroll == 0:
     scan_unroll = length if length <= AUTO_UNROLL_MAX_LENGTH else 1

@@ -11,7 +11,7 @@ Each mode offers two Linen modules with the same call signature across modes:
   "int8"       einsum: AQT `AqtEinsum` in training mode, int8 forward and int8
                input gradient (dlhs) with int32 accumulation, float weight
                gradient (drhs); per-channel absmax scales, computed on the fly.
-               grouped matmul: `linen_moe.int8_grouped` (per-expert,
+               grouped matmul: `kernels/int8_grouped.py` (per-expert,
                per-output-channel weight scales; same int8 fwd/dlhs split).
   "fp8"        Flax delayed scaling (`flax.linen.fp8_ops`): lhs and rhs are
                quantized-dequantized to float8_e4m3fn, the output gradient to
@@ -100,7 +100,7 @@ class GroupedMatmul(_Contraction):
   """Unquantized grouped matmul: module(lhs [M, K], rhs [G, K, N], sizes [G]).
 
   Attributes:
-    implementation: see `linen_moe.grouped_matmul.IMPLEMENTATIONS`.
+    implementation: see `kernels/grouped_matmul.py`'s `IMPLEMENTATIONS`.
     max_group_size: a static bound on every group's size the caller knows,
       or None (see `grouped_matmul.blocked_grouped_matmul`).
   """
@@ -182,7 +182,7 @@ class Int8Einsum(nn.Module):
 
 
 class Int8GroupedMatmul(GroupedMatmul):
-  """Int8 grouped matmul, see `linen_moe.int8_grouped`; keeps no variables."""
+  """Int8 grouped matmul, see `kernels/int8_grouped.py`; keeps no variables."""
 
   def _matmul(self, lhs, rhs, group_sizes) -> jax.Array:
     return int8_grouped_matmul(

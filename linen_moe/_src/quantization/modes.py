@@ -193,6 +193,7 @@ QUANTIZATIONS = tuple(MODES)
 QUANTIZED = tuple(n for n, m in MODES.items() if m.quantized)
 # Modes that store their expert weights converted when `MoEConfig.serving`.
 SERVING_QUANTIZATIONS = tuple(n for n, m in MODES.items() if m.serves)
+SERVING_MODES = SERVING_QUANTIZATIONS  # its public name
 # Modes with fp8 delayed-scaling state.
 FP8_QUANTIZATIONS = tuple(n for n, m in MODES.items() if m.keeps_state)
 
@@ -204,6 +205,12 @@ def storage_dtypes() -> dict[str, Any]:
 
 def get_mode(name: str) -> QuantizationMode:
   """The `QuantizationMode` called `name`.
+
+  Args:
+    name: a mode of `MODES`.
+
+  Returns:
+    Its facts.
 
   Raises:
     ValueError: `name` is no mode.

@@ -8,7 +8,7 @@
 decoder's variables (scanned or unrolled), and returns the serving config
 (`serving=True`) and new variables in which every routed and shared expert
 kernel (`wi_0`, `wi_1`, `wo`) is stored in the mode's storage type beside its
-scales (layout: `linen_moe.stored_weights`). The router, the per-expert
+scales (layout: `quantization/stored_weights.py`). The router, the per-expert
 scale, attention, norms and embeddings stay float and untouched. The fp8
 training state (`_overwrite_with_gradient`) is folded into the stored scales
 and dropped; every other collection is kept. Nothing is modified in place.

@@ -239,7 +239,7 @@ class StoredGroupedMatmul(nn.Module):
   [M, N], from the stored kernel; keeps no variables.
 
   Attributes:
-    implementation: see `linen_moe.grouped_matmul.IMPLEMENTATIONS`.
+    implementation: see `kernels/grouped_matmul.py`'s `IMPLEMENTATIONS`.
     max_group_size: a static bound on every group's size the caller knows,
       or None (see `grouped_matmul.blocked_grouped_matmul`).
   """

@@ -77,7 +77,7 @@ def flat_numpy(tree: Any) -> dict[tuple, np.ndarray]:
   return {p: np.asarray(x) for p, x in traverse_util.flatten_dict(tree).items()}
 
 
-def model_config(
+def config_on_path(
     name: str = "tiny_mixtral",
     quantization: str = "none",
     path: str = "sparse",
@@ -88,16 +88,19 @@ def model_config(
   Args:
     name: a shipped config name (or a YAML path), as `load_model_config`
       takes it.
-    quantization: a mode of `linen_moe.QUANTIZATIONS`.
+    quantization: a mode of `linen_moe.quantization.MODES`.
     path: "sparse", "dense" or "dense_dropping" (a key of
-      `linen_moe.PATHS`).
+      `linen_moe.MATMUL_PATHS`).
     **overrides: other `ModelConfig` / `MoEConfig` fields.
 
   Returns:
     The `ModelConfig`.
   """
   return config_files.load_model_config(
-      name, quantization=quantization, **config_lib.PATHS[path], **overrides
+      name,
+      quantization=quantization,
+      **config_lib.MATMUL_PATHS[path],
+      **overrides,
   )
 
 

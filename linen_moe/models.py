@@ -1,0 +1,52 @@
+"""Building blocks of the reference decoders, for a decoder of your own.
+
+`linen_moe.Decoder` is assembled from these, and so is the NNX decoder of
+`nnx_adapter`: the token embedding and its input scale, a block of
+attention and MoE (or dense MLP) per layer (`DecoderBlock`), the layer stack
+laid out as `ModelConfig.stack_plan` says (`StackPlan`: unrolled layers
+`layers_{i}` around one scanned stack `layers`, of rows of one block or a
+repeated group `stack_body` builds, scanned with `scan_blocks`), the final
+`RMSNorm`, the tied or separate head (`logits_of`), and the per-layer aux
+reduced to the decoder's (`per_layer_aux`, `layer_aux`).
+
+Weights move between a scanned and an unrolled stack with
+`scanned_to_unrolled` / `unrolled_to_scanned`.
+"""
+
+from linen_moe._src.models.blocks import DecoderBlock
+from linen_moe._src.models.blocks import per_layer_aux
+from linen_moe._src.models.blocks import stack_body
+from linen_moe._src.models.decoder import embedding
+from linen_moe._src.models.decoder import layer_aux
+from linen_moe._src.models.decoder import logits_of
+from linen_moe._src.models.decoder import output_head
+from linen_moe._src.models.decoder import scale_embeddings
+from linen_moe._src.models.decoder import scanned_to_unrolled
+from linen_moe._src.models.decoder import unrolled_to_scanned
+from linen_moe._src.models.layer_stack import STACK
+from linen_moe._src.models.layer_stack import StackPlan
+from linen_moe._src.models.layer_stack import layer_name
+from linen_moe._src.models.norms import RMSNorm
+from linen_moe._src.models.scan import LAYERS_AXIS
+from linen_moe._src.models.scan import resolved_unroll
+from linen_moe._src.models.scan import scan_blocks
+
+__all__ = [
+    "LAYERS_AXIS",
+    "STACK",
+    "DecoderBlock",
+    "RMSNorm",
+    "StackPlan",
+    "embedding",
+    "layer_aux",
+    "layer_name",
+    "logits_of",
+    "output_head",
+    "per_layer_aux",
+    "resolved_unroll",
+    "scale_embeddings",
+    "scan_blocks",
+    "scanned_to_unrolled",
+    "stack_body",
+    "unrolled_to_scanned",
+]
