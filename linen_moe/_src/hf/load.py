@@ -33,7 +33,7 @@ import numpy as np
 
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.moe_config import QUANTIZATIONS
-from linen_moe._src.config.moe_config import SERVING_QUANTIZATIONS
+from linen_moe._src.config.moe_config import check_serving
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import reading
 from linen_moe._src.hf import tensor_names as tn
@@ -381,11 +381,7 @@ def _check_arguments(path, scan_layers, dtype, quantization, serving):
     )
   if not isinstance(serving, bool):
     raise TypeError(f"serving={serving!r} must be a bool.")
-  if serving and quantization not in SERVING_QUANTIZATIONS:
-    raise ValueError(
-        f"serving=True needs quantization in {SERVING_QUANTIZATIONS} (the "
-        f"storage type of the expert kernels); got {quantization!r}."
-    )
+  check_serving(serving, quantization)
 
 
 def load_checkpoint(

@@ -55,7 +55,6 @@ from linen_moe._src.models import layer_stack
 from linen_moe._src.parallel import sharding
 from linen_moe._src.quantization import stored_weights
 from linen_moe._src.quantization.modes import MODES
-from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS
 
 PyTree = Any
 KERNELS = expert.KERNELS
@@ -235,7 +234,8 @@ def quantize_weights(
 
   Raises:
     TypeError: `config` is neither config type, or `variables` no mapping.
-    ValueError: the mode is "none" (nothing to convert to), the config is
+    ValueError: the mode stores no weights ("none": nothing to convert to;
+      the config's serving rule, `moe_config.check_serving`), the config is
       already a serving config, a layer the config's stack plan names is
       missing, `params` holds no routed experts, or the kernels are already
       converted, not float, or of another shape than the config says.
@@ -250,12 +250,10 @@ def quantize_weights(
         "config is already a serving config (serving=True): its weights are "
         "converted; quantize_weights converts float weights once."
     )
-  if moe.quantization not in SERVING_QUANTIZATIONS:
-    raise ValueError(
-        "quantize_weights needs config.quantization in "
-        f"{SERVING_QUANTIZATIONS} (the storage type to convert to); got "
-        f"{moe.quantization!r}."
-    )
+  try:  # the config's serving rule: the mode must store weights
+    serve_config = config.replace(serving=True)
+  except ValueError as e:
+    raise ValueError(f"quantize_weights makes a serving config: {e}") from e
   if not isinstance(variables, Mapping) or "params" not in variables:
     raise TypeError(
         "variables must be a mapping with a 'params' collection, as init "
@@ -296,7 +294,7 @@ def quantize_weights(
       if collection not in ("params", OVERWRITE_WITH_GRADIENT)
   }
   serve_variables["params"] = params
-  return config.replace(serving=True), serve_variables
+  return serve_config, serve_variables
 
 
 def _find(tree: Mapping, path: tuple[str, ...]) -> Mapping | None:

@@ -49,7 +49,6 @@ from linen_moe._src.kernels import int8_grouped
 from linen_moe._src.quantization.contractions import Int8Einsum
 from linen_moe._src.quantization.modes import MODES
 from linen_moe._src.quantization.modes import PER_CHANNEL
-from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS
 from linen_moe._src.quantization.modes import storage_dtypes
 
 STORAGE_DTYPES = storage_dtypes()
@@ -155,16 +154,14 @@ def stored_kernel(
   """Declares (at init: zeros and unit scales, to be overwritten by converted
   weights) or reads and checks the stored kernel `name` of `module`.
 
+  `config` is a serving config, so its mode stores weights: `MoEConfig`
+  checks that at construction (`moe_config.check_serving`).
+
   Raises:
     ValueError: outside init, when the params hold no converted weights, or
       float ones, or ones of another mode or shape.
   """
   mode = config.quantization
-  if mode not in SERVING_QUANTIZATIONS:
-    raise ValueError(
-        f"Stored kernels need a quantized mode {SERVING_QUANTIZATIONS}; got "
-        f"quantization={mode!r}."
-    )
   if not module.is_initializing():
     _check_given(module, name, shape, mode)
   zeros, ones = nn.initializers.zeros, nn.initializers.ones
