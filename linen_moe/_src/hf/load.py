@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from collections.abc import Mapping
+import functools
 import json
 import logging
 import os
@@ -39,8 +40,6 @@ from linen_moe._src.hf import reading
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.safetensors_io import FLOAT_CODES
 from linen_moe._src.hf.safetensors_io import Checkpoint
-from linen_moe._src.kernels.int8_grouped import as_float32
-from linen_moe._src.kernels.int8_grouped import quantize_int8_host
 from linen_moe._src.layer.expert import KERNELS
 from linen_moe._src.layer.expert import ROUTED_RANK
 from linen_moe._src.layer.variables import CACHE
@@ -286,41 +285,23 @@ class _Loader:
     return m if e is None else m[0]
 
   def _convert(self, kernel_path: Path, shapes) -> dict[str, np.ndarray]:
-    """{suffix: host array} of a stored kernel (values, scales), made by
-    the programs `serving.quantize_weights` runs, one float [M, F] matrix
-    (an expert's, a layer's MLP) read at a time; fp8 first reads each
-    matrix of a layer for its max |x| (the per-layer scale)."""
+    """{suffix: host array} of a stored kernel (values, scales), every
+    layer's (a stacked kernel's) converted by `serving.convert_kernel_host`
+    (`serving.quantize_weights`' numbers) one float [M, F] matrix (an
+    expert's, a layer's MLP) read at a time."""
     rows, _ = self._layers(kernel_path)
-    mode = self.config.moe.quantization
     out = {k: reading.host_buffer(*v) for k, v in shapes.items()}
-    values, scales = out[""], out[stored_weights.SCALE_SUFFIX]
     for r, i in enumerate(rows if rows is not None else (None,)):
       src_path = kernel_path if i is None else _unrolled(kernel_path, i)
-      routed = len(self.float_shapes[src_path].shape) == ROUTED_RANK
+      float_shape = self.float_shapes[src_path].shape
+      routed = len(float_shape) == ROUTED_RANK
       slot = () if i is None else (r,)
-      experts = (
-          range(self.float_shapes[src_path].shape[0]) if routed else [None]
+      serving_lib.convert_kernel_host(
+          self.config.moe.quantization,
+          functools.partial(self._matrix, src_path),
+          float_shape[0] if routed else None,
+          {suffix: buffer[slot] for suffix, buffer in out.items()},
       )
-      at = lambda e, slot=slot: slot if e is None else (*slot, e)  # noqa: E731
-      if mode == "int8":
-        for e in experts:
-          values[at(e)], scales[at(e)] = quantize_int8_host(
-              self._matrix(src_path, e), axis=0
-          )
-        continue
-      amax = 0.0
-      for e in experts:
-        m = as_float32(self._matrix(src_path, e))
-        amax = max(amax, float(m.max()), -float(m.min()))
-      scale = np.asarray(
-          serving_lib.fp8_scale(mode, jnp.full((1,), amax, jnp.float32))
-      )
-      scales[slot] = scale
-      out[stored_weights.INPUT_SCALE_SUFFIX][slot] = 1.0
-      for e in experts:
-        values[at(e)] = serving_lib.fp8_values_host(
-            mode, self._matrix(src_path, e), scale
-        )
     return out
 
   def params(self, abstract_params: Mapping) -> dict:
