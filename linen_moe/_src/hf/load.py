@@ -40,7 +40,6 @@ from linen_moe._src.hf import reading
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.safetensors_io import FLOAT_CODES
 from linen_moe._src.hf.safetensors_io import Checkpoint
-from linen_moe._src.layer.expert import KERNELS
 from linen_moe._src.layer.expert import ROUTED_RANK
 from linen_moe._src.layer.variables import CACHE
 from linen_moe._src.layer.variables import PARAMS
@@ -98,18 +97,11 @@ def _unrolled_shapes(abstract_params: Mapping, plan) -> dict[Path, Any]:
   """{unrolled params path: leaf with the float parameter's shape} from the
   (scanned, maybe serving) abstract params: a stacked leaf gives each of
   its layers a row; stored kernels' scales are no parameters."""
-  scales = {
-      k + suffix
-      for k in KERNELS
-      for suffix in (
-          stored_weights.SCALE_SUFFIX,
-          stored_weights.INPUT_SCALE_SUFFIX,
-      )
-  }
   flat = traverse_util.flatten_dict(sharding_lib.unbox(dict(abstract_params)))
   out = {}
   for path, leaf in flat.items():
-    if path[-1] in scales:
+    _, suffix = serving_lib.KERNEL_LEAVES.get(path[-1], (None, ""))
+    if suffix:  # a scale
       continue
     rows = layer_stack.layer_rows(path, plan)
     if rows is None or layer_stack.STACK not in path:
@@ -188,20 +180,11 @@ def _shardings(abstract: Mapping, mesh, rules) -> dict[Path, Any]:
 def _stored_kernel(path: Path, node: Mapping) -> tuple[str, str] | None:
   """(kernel name, suffix) when `path` is a stored kernel's values or
   scales (a serving layer's `wi_0`, `wi_0_scale`, ...), else None."""
-  suffixes = (
-      "",
-      stored_weights.SCALE_SUFFIX,
-      stored_weights.INPUT_SCALE_SUFFIX,
-  )
-  for name in KERNELS:
-    for suffix in suffixes:
-      if path[-1] == name + suffix:
-        values = node.get(name)
-        if getattr(values, "dtype", None) in (
-            stored_weights.STORAGE_DTYPES.values()
-        ):
-          return name, suffix
-  return None
+  leaf = serving_lib.KERNEL_LEAVES.get(path[-1])
+  values = None if leaf is None else node.get(leaf[0])
+  if values is None or not stored_weights.converted(values.dtype):
+    return None
+  return leaf
 
 
 class _Loader:

@@ -60,6 +60,15 @@ from linen_moe._src.quantization.modes import MODES
 
 PyTree = Any
 KERNELS = expert.KERNELS
+# {params leaf name: (kernel, suffix)} of every leaf an expert kernel may
+# occupy, float ("wi_0": ("wi_0", "")) or stored in any mode ("wi_0_scale":
+# ("wi_0", "_scale"), ...): the one list of those names, which the byte
+# count here and the checkpoint loader read.
+KERNEL_LEAVES = {
+    kernel + suffix: (kernel, suffix)
+    for kernel in KERNELS
+    for suffix in stored_weights.SUFFIXES
+}
 ROUTED, SHARED = "routed", "shared"
 
 
@@ -115,7 +124,7 @@ def _get(tree: Mapping, path: tuple[str, ...], what: str) -> Mapping:
 
 def _check_kernel(path: str, kernel, rank: int, shape) -> None:
   dtype = jnp.dtype(kernel.dtype)
-  if dtype in stored_weights.STORAGE_DTYPES.values():
+  if stored_weights.converted(dtype):
     raise ValueError(
         f"params/{path} is already converted ({dtype}): quantize_weights "
         "takes float variables and converts them once."
@@ -381,14 +390,6 @@ def expert_weight_bytes(variables: Mapping) -> int:
       sharding.unbox(variables)["params"]
   )[0]
   for path, leaf in flat:
-    name = str(getattr(path[-1], "key", path[-1]))
-    if name in KERNELS or any(
-        name == k + suffix
-        for k in KERNELS
-        for suffix in (
-            stored_weights.SCALE_SUFFIX,
-            stored_weights.INPUT_SCALE_SUFFIX,
-        )
-    ):
+    if str(getattr(path[-1], "key", path[-1])) in KERNEL_LEAVES:
       total += leaf.size * jnp.dtype(leaf.dtype).itemsize
   return total
