@@ -31,8 +31,11 @@ Scales, per mode:
              scale delayed scaling settles on for these weights) and the input
              scale is 1, the value of a fresh fp8 state.
 
-`expert_weight_bytes(variables)` counts the bytes of the expert kernels and
-their scales (arrays or `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape`).
+`convert_kernel` converts one kernel on the device; `convert_kernel_host`
+makes the same numbers on the host, one matrix at a time (the checkpoint
+loader's way). `expert_weight_bytes(variables)` counts the bytes of the
+expert kernels and their scales (arrays or `jax.ShapeDtypeStruct`s, e.g.
+from `jax.eval_shape`).
 """
 
 from __future__ import annotations
