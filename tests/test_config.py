@@ -13,6 +13,8 @@ from linen_moe import MoEConfig
 from linen_moe import available_configs
 from linen_moe import load_model_config
 from linen_moe import load_moe_config
+from linen_moe._src.config.moe_config import check_serving
+from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS
 
 GOOD = dict(num_experts=8, num_experts_per_tok=2, emb_dim=16, moe_mlp_dim=32)
 # The released models' shapes as their Hugging Face config.json files state
@@ -254,6 +256,12 @@ class ConfigValidationTest(parameterized.TestCase):
           dict(routing="sigmoid"),
           r"routing='sigmoid'.*sigmoid_then_topk",
       ),
+      (
+          "serving_unquantized",
+          dict(serving=True),
+          r"MoEConfig.serving=True is invalid: .* quantized mode \('int8',"
+          r" 'fp8', 'nanoo_fp8'\), but quantization='none'",
+      ),
   )
   def test_invalid(self, change, pattern):
     with self.assertRaisesRegex(ValueError, pattern):
@@ -269,6 +277,21 @@ class ConfigValidationTest(parameterized.TestCase):
     )
     with self.assertRaises(dataclasses.FrozenInstanceError):
       cfg.emb_dim = 3  # frozen
+
+  def test_serving_rule_has_one_home(self):
+    # The config's check is the one the loaders and the conversion ask: a
+    # mode that stores weights serves, and the same mode string fails alike
+    # as a config field and as an argument.
+    for mode in SERVING_QUANTIZATIONS:
+      self.assertTrue(MoEConfig(**GOOD, quantization=mode, serving=True))
+      check_serving(True, mode)
+    check_serving(False, "none")
+    with self.assertRaisesRegex(
+        ValueError, r"^serving=True is invalid: .*quantization='none'"
+    ):
+      check_serving(True, "none")
+    with self.assertRaisesRegex(ValueError, r"^MoEConfig.serving=True"):
+      MoEConfig(**GOOD).replace(serving=True)
 
   def test_replace_rejects_unknown(self):
     with self.assertRaisesRegex(ValueError, r"\['num_expert'\].*num_experts"):

@@ -297,7 +297,9 @@ class BadInputTest(absltest.TestCase):
 
   def test_arguments(self):
     d = FIXTURES / "mixtral_gqa_swa"
-    self.assert_fails(d, r"serving=True needs quantization", serving=True)
+    self.assert_fails(
+        d, r"serving=True is invalid: .*quantization='none'", serving=True
+    )
     self.assert_fails(d, r"dtype='fp64' is invalid", dtype="fp64")
     self.assert_fails(d, r"quantization='int4' is invalid", quantization="int4")
 

@@ -19,6 +19,8 @@ from linen_moe import quantization
 from linen_moe._src.layer.variables import AQT_RNG_STREAM
 from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.quantization import modes as qm
+from linen_moe._src.quantization import serving as serving_lib
+from linen_moe._src.quantization import stored_weights as sw
 from linen_moe.sharding import unbox
 
 # Every element type the table names, once.
@@ -93,6 +95,12 @@ class TableTest(parameterized.TestCase):
     else:
       self.assertEqual(scale, (1,))
       self.assertEqual(served["params"]["wi_0_input_scale"].shape, (1,))
+    # The leaves written are the layout's names, all in the one list the
+    # loader and the byte count read.
+    stored = {n for k in serving_lib.KERNELS for n in sw.stored_names(k, mode)}
+    written = set(served["params"]) - {"gate"}
+    self.assertEqual(written, stored)
+    self.assertLessEqual(stored, set(serving_lib.KERNEL_LEAVES))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ from linen_moe import load_moe_config
 from linen_moe import quantization
 from linen_moe import testing
 from linen_moe._src.config.moe_config import TINY_CONFIGS
+from linen_moe._src.layer import expert as expert_lib
 from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT as OWG
+from linen_moe._src.quantization import serving as serving_lib
 from linen_moe._src.quantization import stored_weights
 from linen_moe._src.quantization.modes import MODES as FACTS
 from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS as MODES
@@ -312,6 +314,55 @@ class ConversionTest(parameterized.TestCase):
     y = jax.jit(RoutedAndSharedMoE(serve_config).apply)(served, x)[0]
     y_float = jax.jit(float_layer.apply)(variables, x)[0]
     self.assertLess(_rel_err(y, y_float), BOUND["int8"])
+
+
+class HostConversionTest(parameterized.TestCase):
+  """The checkpoint loader's host conversion makes convert_kernel's stored
+  kernels and scales, bit for bit, in every mode that stores weights."""
+
+  @parameterized.product(mode=MODES, dtype=("float32", "bfloat16"))
+  def test_host_equals_device(self, mode, dtype):
+    rng = np.random.default_rng(0)
+    # Magnitudes over 8 decades (fp8's subnormals and clipping, int8's
+    # small channels); layer 1's expert 0 and channel 0 of every expert
+    # are zero (an all-zero int8 channel, an all-zero fp8 matrix).
+    routed = rng.standard_normal((2, 4, 16, 8)) * 10.0 ** rng.uniform(
+        -4, 4, (2, 4, 16, 8)
+    )
+    routed[1, 0] = 0.0
+    routed[..., 0] = 0.0
+    mlp = rng.standard_normal((16, 8)) * 10.0 ** rng.uniform(-4, 4, (16, 8))
+    zeros = np.zeros((3, 16, 8))
+    cases = (  # (kernel, rank, stacked)
+        (routed, expert_lib.ROUTED_RANK, True),
+        (mlp, expert_lib.MLP_RANK, False),
+        (zeros, expert_lib.ROUTED_RANK, False),
+    )
+    for wide, rank, stacked in cases:
+      kernel = wide.astype(jnp.dtype(dtype))
+      with self.subTest(shape=kernel.shape):
+        device = {
+            suffix: np.asarray(v)
+            for suffix, v in serving_lib.convert_kernel(
+                mode, kernel, rank, None
+            ).items()
+        }
+        host = {k: np.full_like(v, 7) for k, v in device.items()}
+        for layer in range(kernel.shape[0]) if stacked else [None]:
+          one = kernel if layer is None else kernel[layer]
+          slot = () if layer is None else (layer,)
+          serving_lib.convert_kernel_host(
+              mode,
+              lambda e, one=one: one if e is None else one[e],
+              one.shape[0] if rank == expert_lib.ROUTED_RANK else None,
+              {k: v[slot] for k, v in host.items()},
+          )
+        self.assertEqual(sorted(host), sorted(device))
+        for suffix, want in device.items():
+          self.assertEqual(host[suffix].dtype, want.dtype, suffix)
+          np.testing.assert_array_equal(
+              host[suffix].view(np.uint8), want.view(np.uint8), suffix
+          )
 
 
 class BadInputTest(parameterized.TestCase):

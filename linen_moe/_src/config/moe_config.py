@@ -120,6 +120,33 @@ def _check_choice(obj: Any, name: str, allowed: tuple[str, ...]) -> None:
     _fail(type(obj).__name__, name, value, f"allowed values are {allowed}")
 
 
+def check_serving(serving: bool, quantization: str, owner: str = "") -> None:
+  """The serving rule, checked here only: a serving layer stores its expert
+  kernels converted to its mode's storage type, so `serving=True` needs a
+  mode that has one (`SERVING_QUANTIZATIONS`).
+
+  `MoEConfig` checks its fields with it at construction; code that takes the
+  two as arguments (e.g. `load_checkpoint`) asks it before any work.
+
+  Args:
+    serving: the `serving` flag.
+    quantization: a mode name (`QUANTIZATIONS`).
+    owner: whose fields they are in the message ("MoEConfig" names
+      `MoEConfig.serving`); "" for a function's arguments.
+
+  Raises:
+    ValueError: naming `serving`, its value and the modes allowed with it,
+      when `serving` is true and `quantization` stores no weights.
+  """
+  if serving and quantization not in SERVING_QUANTIZATIONS:
+    field = f"{owner}.serving" if owner else "serving"
+    raise ValueError(
+        f"{field}={serving!r} is invalid: a serving layer stores its expert "
+        f"weights in a quantized mode {SERVING_QUANTIZATIONS}, but "
+        f"quantization={quantization!r}."
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class MoEConfig:
   """Every knob `RoutedMoE` reads.
@@ -204,7 +231,8 @@ class MoEConfig:
       to the storage type of `quantization` (its `storage_dtype`: int8,
       float8_e4m3fn or float8_e4m3fnuz) with their scales, as `linen_moe.serving.
       quantize_weights` returns them (and the config it returns sets this),
-      and the layer runs inference from them. Needs a quantized mode.
+      and the layer runs inference from them. Needs a mode that stores
+      weights (`SERVING_QUANTIZATIONS`; the rule is `check_serving`).
   """
 
   num_experts: int
@@ -313,14 +341,7 @@ class MoEConfig:
     ):
       if not isinstance(getattr(self, name), bool):
         _fail(cls, name, getattr(self, name), "expected a bool")
-    if self.serving and self.quantization not in SERVING_QUANTIZATIONS:
-      _fail(
-          cls,
-          "serving",
-          self.serving,
-          "a serving layer stores its expert weights in a quantized mode "
-          f"{SERVING_QUANTIZATIONS}, but quantization={self.quantization!r}",
-      )
+    check_serving(self.serving, self.quantization, cls)
     self._check_routing()
     if self.sparse_matmul and self.capacity_factor > 0:
       _fail(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from collections.abc import Mapping
+import functools
 import json
 import logging
 import os
@@ -33,15 +34,12 @@ import numpy as np
 
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.moe_config import QUANTIZATIONS
-from linen_moe._src.config.moe_config import SERVING_QUANTIZATIONS
+from linen_moe._src.config.moe_config import check_serving
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import reading
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.safetensors_io import FLOAT_CODES
 from linen_moe._src.hf.safetensors_io import Checkpoint
-from linen_moe._src.kernels.int8_grouped import as_float32
-from linen_moe._src.kernels.int8_grouped import quantize_int8_host
-from linen_moe._src.layer.expert import KERNELS
 from linen_moe._src.layer.expert import ROUTED_RANK
 from linen_moe._src.layer.variables import CACHE
 from linen_moe._src.layer.variables import PARAMS
@@ -99,18 +97,11 @@ def _unrolled_shapes(abstract_params: Mapping, plan) -> dict[Path, Any]:
   """{unrolled params path: leaf with the float parameter's shape} from the
   (scanned, maybe serving) abstract params: a stacked leaf gives each of
   its layers a row; stored kernels' scales are no parameters."""
-  scales = {
-      k + suffix
-      for k in KERNELS
-      for suffix in (
-          stored_weights.SCALE_SUFFIX,
-          stored_weights.INPUT_SCALE_SUFFIX,
-      )
-  }
   flat = traverse_util.flatten_dict(sharding_lib.unbox(dict(abstract_params)))
   out = {}
   for path, leaf in flat.items():
-    if path[-1] in scales:
+    _, suffix = serving_lib.KERNEL_LEAVES.get(path[-1], (None, ""))
+    if suffix:  # a scale
       continue
     rows = layer_stack.layer_rows(path, plan)
     if rows is None or layer_stack.STACK not in path:
@@ -189,20 +180,11 @@ def _shardings(abstract: Mapping, mesh, rules) -> dict[Path, Any]:
 def _stored_kernel(path: Path, node: Mapping) -> tuple[str, str] | None:
   """(kernel name, suffix) when `path` is a stored kernel's values or
   scales (a serving layer's `wi_0`, `wi_0_scale`, ...), else None."""
-  suffixes = (
-      "",
-      stored_weights.SCALE_SUFFIX,
-      stored_weights.INPUT_SCALE_SUFFIX,
-  )
-  for name in KERNELS:
-    for suffix in suffixes:
-      if path[-1] == name + suffix:
-        values = node.get(name)
-        if getattr(values, "dtype", None) in (
-            stored_weights.STORAGE_DTYPES.values()
-        ):
-          return name, suffix
-  return None
+  leaf = serving_lib.KERNEL_LEAVES.get(path[-1])
+  values = None if leaf is None else node.get(leaf[0])
+  if values is None or not stored_weights.converted(values.dtype):
+    return None
+  return leaf
 
 
 class _Loader:
@@ -286,41 +268,23 @@ class _Loader:
     return m if e is None else m[0]
 
   def _convert(self, kernel_path: Path, shapes) -> dict[str, np.ndarray]:
-    """{suffix: host array} of a stored kernel (values, scales), made by
-    the programs `serving.quantize_weights` runs, one float [M, F] matrix
-    (an expert's, a layer's MLP) read at a time; fp8 first reads each
-    matrix of a layer for its max |x| (the per-layer scale)."""
+    """{suffix: host array} of a stored kernel (values, scales), every
+    layer's (a stacked kernel's) converted by `serving.convert_kernel_host`
+    (`serving.quantize_weights`' numbers) one float [M, F] matrix (an
+    expert's, a layer's MLP) read at a time."""
     rows, _ = self._layers(kernel_path)
-    mode = self.config.moe.quantization
     out = {k: reading.host_buffer(*v) for k, v in shapes.items()}
-    values, scales = out[""], out[stored_weights.SCALE_SUFFIX]
     for r, i in enumerate(rows if rows is not None else (None,)):
       src_path = kernel_path if i is None else _unrolled(kernel_path, i)
-      routed = len(self.float_shapes[src_path].shape) == ROUTED_RANK
+      float_shape = self.float_shapes[src_path].shape
+      routed = len(float_shape) == ROUTED_RANK
       slot = () if i is None else (r,)
-      experts = (
-          range(self.float_shapes[src_path].shape[0]) if routed else [None]
+      serving_lib.convert_kernel_host(
+          self.config.moe.quantization,
+          functools.partial(self._matrix, src_path),
+          float_shape[0] if routed else None,
+          {suffix: buffer[slot] for suffix, buffer in out.items()},
       )
-      at = lambda e, slot=slot: slot if e is None else (*slot, e)  # noqa: E731
-      if mode == "int8":
-        for e in experts:
-          values[at(e)], scales[at(e)] = quantize_int8_host(
-              self._matrix(src_path, e), axis=0
-          )
-        continue
-      amax = 0.0
-      for e in experts:
-        m = as_float32(self._matrix(src_path, e))
-        amax = max(amax, float(m.max()), -float(m.min()))
-      scale = np.asarray(
-          serving_lib.fp8_scale(mode, jnp.full((1,), amax, jnp.float32))
-      )
-      scales[slot] = scale
-      out[stored_weights.INPUT_SCALE_SUFFIX][slot] = 1.0
-      for e in experts:
-        values[at(e)] = serving_lib.fp8_values_host(
-            mode, self._matrix(src_path, e), scale
-        )
     return out
 
   def params(self, abstract_params: Mapping) -> dict:
@@ -381,11 +345,7 @@ def _check_arguments(path, scan_layers, dtype, quantization, serving):
     )
   if not isinstance(serving, bool):
     raise TypeError(f"serving={serving!r} must be a bool.")
-  if serving and quantization not in SERVING_QUANTIZATIONS:
-    raise ValueError(
-        f"serving=True needs quantization in {SERVING_QUANTIZATIONS} (the "
-        f"storage type of the expert kernels); got {quantization!r}."
-    )
+  check_serving(serving, quantization)
 
 
 def load_checkpoint(

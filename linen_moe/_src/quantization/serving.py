@@ -31,12 +31,16 @@ Scales, per mode:
              scale delayed scaling settles on for these weights) and the input
              scale is 1, the value of a fresh fp8 state.
 
-`expert_weight_bytes(variables)` counts the bytes of the expert kernels and
-their scales (arrays or `jax.ShapeDtypeStruct`s, e.g. from `jax.eval_shape`).
+`convert_kernel` converts one kernel on the device; `convert_kernel_host`
+makes the same numbers on the host, one matrix at a time (the checkpoint
+loader's way). `expert_weight_bytes(variables)` counts the bytes of the
+expert kernels and their scales (arrays or `jax.ShapeDtypeStruct`s, e.g.
+from `jax.eval_shape`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,16 +53,25 @@ from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.moe_config import MoEConfig
 from linen_moe._src.kernels.int8_grouped import as_float32
 from linen_moe._src.kernels.int8_grouped import quantize_int8
+from linen_moe._src.kernels.int8_grouped import quantize_int8_host
 from linen_moe._src.layer import expert
 from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models import layer_stack
 from linen_moe._src.parallel import sharding
 from linen_moe._src.quantization import stored_weights
 from linen_moe._src.quantization.modes import MODES
-from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS
 
 PyTree = Any
 KERNELS = expert.KERNELS
+# {params leaf name: (kernel, suffix)} of every leaf an expert kernel may
+# occupy, float ("wi_0": ("wi_0", "")) or stored in any mode ("wi_0_scale":
+# ("wi_0", "_scale"), ...): the one list of those names, which the byte
+# count here and the checkpoint loader read.
+KERNEL_LEAVES = {
+    kernel + suffix: (kernel, suffix)
+    for kernel in KERNELS
+    for suffix in stored_weights.SUFFIXES
+}
 ROUTED, SHARED = "routed", "shared"
 
 
@@ -114,7 +127,7 @@ def _get(tree: Mapping, path: tuple[str, ...], what: str) -> Mapping:
 
 def _check_kernel(path: str, kernel, rank: int, shape) -> None:
   dtype = jnp.dtype(kernel.dtype)
-  if dtype in stored_weights.STORAGE_DTYPES.values():
+  if stored_weights.converted(dtype):
     raise ValueError(
         f"params/{path} is already converted ({dtype}): quantize_weights "
         "takes float variables and converts them once."
@@ -142,13 +155,16 @@ def _implied_scale(state: Mapping | None, role: str, fallback, fp8_max):
   return fp8_ops.compute_scale(amax, scale, fp8_max)
 
 
+def _fp8_max(mode: str) -> np.float32:
+  """The largest finite value of the mode's storage type, in float32."""
+  dtype = stored_weights.STORAGE_DTYPES[mode]
+  return np.float32(fp8_ops.get_fp8_max(dtype, jnp.float32))
+
+
 def _fp8_scale(mode: str, amax):
   """The scale of a kernel without fp8 state: max|kernel| / fp8_max (1 for
   an all-zero kernel); `amax` [..., 1]."""
-  fp8_max = fp8_ops.get_fp8_max(
-      stored_weights.STORAGE_DTYPES[mode], jnp.float32
-  )
-  return jnp.where(amax > 0, amax / fp8_max, 1.0)
+  return jnp.where(amax > 0, amax / _fp8_max(mode), 1.0)
 
 
 def _fp8_values(mode: str, kernel, scale):
@@ -157,57 +173,109 @@ def _fp8_values(mode: str, kernel, scale):
   return fp8_ops.quantize(kernel, dtype, scale, jnp.float32)
 
 
-def fp8_values_host(mode: str, kernel: np.ndarray, scale) -> np.ndarray:
-  """`_fp8_values` in NumPy (ml_dtypes' round to nearest even, as XLA's
-  conversion), bit for bit (tested through the checkpoint loaders)."""
-  dtype = stored_weights.STORAGE_DTYPES[mode]
-  fp8_max = np.float32(fp8_ops.get_fp8_max(dtype, jnp.float32))
-  scaled = as_float32(kernel) / np.asarray(scale, np.float32)
-  return np.clip(scaled, -fp8_max, fp8_max).astype(dtype)
-
-
 def _amax(kernel, rank: int):
   axes = tuple(range(kernel.ndim - rank, kernel.ndim))
   return jnp.max(jnp.abs(kernel), axis=axes)[..., None]  # [..., 1]
 
 
 def _state_scales(mode: str, state: Mapping | None, own_scale):
-  fp8_max = fp8_ops.get_fp8_max(
-      stored_weights.STORAGE_DTYPES[mode], jnp.float32
-  )
+  fp8_max = _fp8_max(mode)
   scale = _implied_scale(state, "kernel", own_scale, fp8_max)
   ones = jnp.ones_like(own_scale)
   return scale, _implied_scale(state, "input", ones, fp8_max)
 
 
-# The conversion's steps, each jitted on its own: the checkpoint loaders
-# that quantize as they read call the same programs one expert at a time,
-# so their stored values are these, bit for bit (`int8_parts`: values and
-# per-channel scales; `fp8_scale` of a kernel's max |x|; `fp8_values` for
-# a scale).
-int8_parts = jax.jit(lambda kernel: quantize_int8(kernel, axis=kernel.ndim - 2))
-fp8_scale = jax.jit(_fp8_scale, static_argnums=0)
-fp8_values = jax.jit(_fp8_values, static_argnums=0)
+# The conversion's steps, each jitted on its own (`_int8_parts`: values and
+# per-channel scales; `_fp8_scale` of a kernel's max |x|; `_fp8_values` for
+# a scale). `convert_kernel_host` is the same arithmetic in NumPy.
+_int8_parts = jax.jit(
+    lambda kernel: quantize_int8(kernel, axis=kernel.ndim - 2)
+)
+_fp8_scale_jit = jax.jit(_fp8_scale, static_argnums=0)
+_fp8_values_jit = jax.jit(_fp8_values, static_argnums=0)
 _amax_jit = jax.jit(_amax, static_argnums=1)
 _state_scales_jit = jax.jit(_state_scales, static_argnums=0)
 
 
 def convert_kernel(mode: str, kernel, rank: int, state: Mapping | None):
-  """{suffix: array} of one stored kernel (values under "", scales) of a
-  float `kernel` whose last `rank` axes are one kernel (the axes before:
-  stacked layers); `state` the call site's fp8 state, or None."""
+  """The stored form of one float kernel, on the device.
+
+  Args:
+    mode: a mode that stores weights (`SERVING_QUANTIZATIONS`).
+    kernel: float [..., K, N]; its last `rank` axes are one kernel (routed
+      experts [E, K, N] or one MLP's [K, N]), the axes before them stacked
+      layers.
+    rank: `expert.ROUTED_RANK` or `expert.MLP_RANK`.
+    state: the call site's fp8 state (`{role}_scale`, `{role}_amax_history`
+      for roles kernel and input), or None.
+
+  Returns:
+    {suffix: array}: the values under "" and the scales under their
+    suffixes (`stored_weights.stored_names`), shaped as the module docstring
+    of `stored_weights` says.
+  """
   kernel = jnp.asarray(kernel, jnp.float32)
   if stored_weights.per_channel(mode):  # int8
-    values, scale = int8_parts(kernel)
+    values, scale = _int8_parts(kernel)
     return {"": values, stored_weights.SCALE_SUFFIX: scale}
-  own_scale = fp8_scale(mode, _amax_jit(kernel, rank))
+  own_scale = _fp8_scale_jit(mode, _amax_jit(kernel, rank))
   scale, input_scale = _state_scales_jit(mode, state, own_scale)
   per_element = scale.reshape(scale.shape[:-1] + (1,) * rank)
   return {
-      "": fp8_values(mode, kernel, per_element),
+      "": _fp8_values_jit(mode, kernel, per_element),
       stored_weights.SCALE_SUFFIX: scale,
       stored_weights.INPUT_SCALE_SUFFIX: input_scale,
   }
+
+
+def convert_kernel_host(
+    mode: str,
+    read: Callable[[int | None], np.ndarray],
+    num_experts: int | None,
+    out: Mapping[str, np.ndarray],
+) -> None:
+  """`convert_kernel` of one kernel without fp8 state, on the host, one
+  float matrix at a time, into buffers: the same numbers, bit for bit
+  (tested), with no XLA program to compile per shape and one matrix in
+  float32 on the host at a time (the checkpoint loader's way).
+
+  The arithmetic, step for step `convert_kernel`'s: int8 is
+  `int8_grouped.quantize_int8_host` of each matrix over K (the twin of
+  `quantize_int8`); fp8 scales by max |kernel| times the float32 inverse
+  of fp8_max (XLA divides by a constant so), 1 for an all-zero kernel,
+  clips to +-fp8_max and rounds to nearest even, input scale 1.
+
+  Args:
+    mode: a mode that stores weights (`SERVING_QUANTIZATIONS`).
+    read: read(e) -> expert e's float [K, N] (any float dtype) of a routed
+      kernel [E, K, N]; read(None) -> the [K, N] of an MLP's kernel. fp8
+      reads every matrix twice (its scale is the whole kernel's).
+    num_experts: E, or None for an MLP's kernel.
+    out: {suffix: buffer} of the arrays `convert_kernel` returns for this
+      one kernel (no stacked layer axes), of their shapes and dtypes;
+      filled in place.
+  """
+  experts = [None] if num_experts is None else range(num_experts)
+
+  def at(e):
+    return () if e is None else (e,)
+
+  values, scale = out[""], out[stored_weights.SCALE_SUFFIX]
+  if stored_weights.per_channel(mode):  # int8
+    for e in experts:
+      values[at(e)], scale[at(e)] = quantize_int8_host(read(e), axis=0)
+    return
+  amax = np.float32(0)
+  for e in experts:
+    m = as_float32(read(e))
+    amax = max(amax, m.max(), -m.min())
+  fp8_max = _fp8_max(mode)
+  scale[...] = amax * (np.float32(1) / fp8_max) if amax > 0 else 1
+  out[stored_weights.INPUT_SCALE_SUFFIX][...] = 1
+  for e in experts:
+    scaled = as_float32(read(e)) / scale
+    np.clip(scaled, -fp8_max, fp8_max, out=scaled)
+    values[at(e)] = scaled.astype(values.dtype)
 
 
 def _copy(tree: Mapping) -> dict:
@@ -235,7 +303,8 @@ def quantize_weights(
 
   Raises:
     TypeError: `config` is neither config type, or `variables` no mapping.
-    ValueError: the mode is "none" (nothing to convert to), the config is
+    ValueError: the mode stores no weights ("none": nothing to convert to;
+      the config's serving rule, `moe_config.check_serving`), the config is
       already a serving config, a layer the config's stack plan names is
       missing, `params` holds no routed experts, or the kernels are already
       converted, not float, or of another shape than the config says.
@@ -250,12 +319,10 @@ def quantize_weights(
         "config is already a serving config (serving=True): its weights are "
         "converted; quantize_weights converts float weights once."
     )
-  if moe.quantization not in SERVING_QUANTIZATIONS:
-    raise ValueError(
-        "quantize_weights needs config.quantization in "
-        f"{SERVING_QUANTIZATIONS} (the storage type to convert to); got "
-        f"{moe.quantization!r}."
-    )
+  try:  # the config's serving rule: the mode must store weights
+    serve_config = config.replace(serving=True)
+  except ValueError as e:
+    raise ValueError(f"quantize_weights makes a serving config: {e}") from e
   if not isinstance(variables, Mapping) or "params" not in variables:
     raise TypeError(
         "variables must be a mapping with a 'params' collection, as init "
@@ -296,7 +363,7 @@ def quantize_weights(
       if collection not in ("params", OVERWRITE_WITH_GRADIENT)
   }
   serve_variables["params"] = params
-  return config.replace(serving=True), serve_variables
+  return serve_config, serve_variables
 
 
 def _find(tree: Mapping, path: tuple[str, ...]) -> Mapping | None:
@@ -326,14 +393,6 @@ def expert_weight_bytes(variables: Mapping) -> int:
       sharding.unbox(variables)["params"]
   )[0]
   for path, leaf in flat:
-    name = str(getattr(path[-1], "key", path[-1]))
-    if name in KERNELS or any(
-        name == k + suffix
-        for k in KERNELS
-        for suffix in (
-            stored_weights.SCALE_SUFFIX,
-            stored_weights.INPUT_SCALE_SUFFIX,
-        )
-    ):
+    if str(getattr(path[-1], "key", path[-1])) in KERNEL_LEAVES:
       total += leaf.size * jnp.dtype(leaf.dtype).itemsize
   return total

@@ -49,12 +49,19 @@ from linen_moe._src.kernels import int8_grouped
 from linen_moe._src.quantization.contractions import Int8Einsum
 from linen_moe._src.quantization.modes import MODES
 from linen_moe._src.quantization.modes import PER_CHANNEL
-from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS
 from linen_moe._src.quantization.modes import storage_dtypes
 
 STORAGE_DTYPES = storage_dtypes()
 SCALE_SUFFIX = "_scale"
 INPUT_SCALE_SUFFIX = "_input_scale"
+# Every suffix a stored kernel's leaves may carry, in any mode: the values
+# ("") and the scales (`stored_names` says which a mode has).
+SUFFIXES = ("", SCALE_SUFFIX, INPUT_SCALE_SUFFIX)
+
+
+def converted(dtype: Any) -> bool:
+  """`dtype` is one some mode stores kernels in (a converted kernel's)."""
+  return dtype in STORAGE_DTYPES.values()
 
 
 def per_channel(mode: str) -> bool:
@@ -73,8 +80,8 @@ def scale_shape(mode: str, kernel_shape: tuple[int, ...], rank: int):
 
 def stored_names(name: str, mode: str) -> tuple[str, ...]:
   """The `params` names a stored kernel `name` occupies in `mode`."""
-  names = (name, name + SCALE_SUFFIX)
-  return names + (() if per_channel(mode) else (name + INPUT_SCALE_SUFFIX,))
+  suffixes = SUFFIXES[:2] if per_channel(mode) else SUFFIXES
+  return tuple(name + suffix for suffix in suffixes)
 
 
 @flax.struct.dataclass
@@ -114,9 +121,10 @@ def _check_given(module: nn.Module, name: str, shape, mode: str) -> None:
   if module.has_variable("params", name):
     values = nn.unbox(module.get_variable("params", name))
     if values.dtype != storage:
-      converted = values.dtype in STORAGE_DTYPES.values()
       what = (
-          "weights converted for another mode" if converted else "float weights"
+          "weights converted for another mode"
+          if converted(values.dtype)
+          else "float weights"
       )
       raise ValueError(
           f"{path(name)} holds {what} ({values.dtype}), but a serving "
@@ -155,16 +163,14 @@ def stored_kernel(
   """Declares (at init: zeros and unit scales, to be overwritten by converted
   weights) or reads and checks the stored kernel `name` of `module`.
 
+  `config` is a serving config, so its mode stores weights: `MoEConfig`
+  checks that at construction (`moe_config.check_serving`).
+
   Raises:
     ValueError: outside init, when the params hold no converted weights, or
       float ones, or ones of another mode or shape.
   """
   mode = config.quantization
-  if mode not in SERVING_QUANTIZATIONS:
-    raise ValueError(
-        f"Stored kernels need a quantized mode {SERVING_QUANTIZATIONS}; got "
-        f"quantization={mode!r}."
-    )
   if not module.is_initializing():
     _check_given(module, name, shape, mode)
   zeros, ones = nn.initializers.zeros, nn.initializers.ones
