@@ -229,8 +229,8 @@ class MoEConfig:
     fp8_amax_history_length: length of each fp8 amax history.
     serving: True for a serving layer: the expert kernels are stored converted
       to the storage type of `quantization` (its `storage_dtype`: int8,
-      float8_e4m3fn or float8_e4m3fnuz) with their scales, as `linen_moe.serving.
-      quantize_weights` returns them (and the config it returns sets this),
+      float8_e4m3fn or float8_e4m3fnuz) with their scales, as
+      `linen_moe.quantization.quantize_weights` returns them (and the config it returns sets this),
       and the layer runs inference from them. Needs a mode that stores
       weights (`SERVING_QUANTIZATIONS`; the rule is `check_serving`).
   """

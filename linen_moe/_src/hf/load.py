@@ -10,7 +10,7 @@ decoder of that config needs. Then each parameter is made with
 one host copy; per-expert tensors land in their rows of `[E, ...]` and
 layers in their rows of the scanned stack, so no parameter is ever whole on
 the host twice. With `serving=True` the expert kernels are converted to
-their storage type as they arrive (`serving.quantize_weights`' formats and
+their storage type as they arrive (`quantization.quantize_weights`' formats and
 numbers, one layer's float kernel at a time): a bf16 checkpoint becomes
 int8 serving weights with the host holding about the int8 model plus one
 layer's float kernel.
@@ -270,7 +270,7 @@ class _Loader:
   def _convert(self, kernel_path: Path, shapes) -> dict[str, np.ndarray]:
     """{suffix: host array} of a stored kernel (values, scales), every
     layer's (a stacked kernel's) converted by `serving.convert_kernel_host`
-    (`serving.quantize_weights`' numbers) one float [M, F] matrix (an
+    (`quantization.quantize_weights`' numbers) one float [M, F] matrix (an
     expert's, a layer's MLP) read at a time."""
     rows, _ = self._layers(kernel_path)
     out = {k: reading.host_buffer(*v) for k, v in shapes.items()}
@@ -379,7 +379,7 @@ def load_checkpoint(
       `linen_moe.sharding.DEFAULT_RULES`).
     quantization: the config's quantization mode (`linen_moe.quantization.MODES`).
     serving: convert the expert kernels to the mode's storage type as they
-      are read (`linen_moe.serving.quantize_weights`' layout), for a serving
+      are read (`linen_moe.quantization.quantize_weights`' layout), for a serving
       config; needs a quantized mode.
 
   Returns:

@@ -19,7 +19,7 @@ Quantization is AQT's symmetric absmax int8 (`aqt_quantizer.quantizer_make(8)`,
 the numerics of the einsum path's `AqtEinsum`): scale = max|x| / 127.5,
 q = round_half_even(clip(x * (1 / scale), -127, 127)), so both paths put the
 same weights on the same int8 grid (and serving stores that grid, see
-`linen_moe.serving`).
+`linen_moe.quantization`).
 
 `int8_grouped_matmul_stored` is the forward from an already quantized rhs
 (int8 values and their [G, 1, N] scales): the serving path.

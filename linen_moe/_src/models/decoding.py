@@ -6,7 +6,7 @@
 filling every layer's KV cache, and returns the first greedy token; each
 `decode_step` feeds one token per row [B, 1] and returns the next. Both are
 jitted (one program each, for a given batch, prompt length and cache size)
-and work on every path, float or serving (`linen_moe.serving`) configs
+and work on every path, float or serving (`linen_moe.quantization`) configs
 alike. The rows of a batch share their positions (prompts of one length).
 `greedy_generate` is one program: the prefill and a loop of decode steps
 (`jax.lax.fori_loop`), with no dispatch per token.

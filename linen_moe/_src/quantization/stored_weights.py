@@ -15,7 +15,7 @@ grid (`int8_grouped.quantize_int8`): kernel ~= values * scale. fp8 scales are
 per tensor, Flax's delayed-scaling convention: kernel ~= values * scale, and
 the contraction's input is quantized as `fp8_ops.quantize(x, e4m3,
 input_scale)`. Where the training state held those scales, they are its
-(see `linen_moe.serving.quantize_weights`).
+(see `linen_moe.quantization.quantize_weights`).
 
 The contractions take a `StoredKernel` where the float layers take a kernel:
 
@@ -130,7 +130,7 @@ def _check_given(module: nn.Module, name: str, shape, mode: str) -> None:
           f"{path(name)} holds {what} ({values.dtype}), but a serving "
           f"layer with quantization={mode!r} reads {storage} weights: "
           "convert the float variables for this mode with "
-          "linen_moe.serving.quantize_weights."
+          "linen_moe.quantization.quantize_weights."
       )
   expected = {
       name: shape,
@@ -140,10 +140,10 @@ def _check_given(module: nn.Module, name: str, shape, mode: str) -> None:
   for stored in stored_names(name, mode):
     if not module.has_variable("params", stored):
       raise ValueError(
-          f"A serving layer (quantization={mode!r}) reads converted expert "
-          f"weights, but there is no {path(stored)}: convert the float "
-          "variables with linen_moe.serving.quantize_weights and apply the "
-          "serving config it returns to the variables it returns."
+          f"A serving layer (quantization={mode!r}) reads converted expert"
+          f" weights, but there is no {path(stored)}: convert the float"
+          " variables with linen_moe.quantization.quantize_weights and apply"
+          " the serving config it returns to the variables it returns."
       )
     got = tuple(nn.unbox(module.get_variable("params", stored)).shape)
     if got != tuple(expected[stored]):
