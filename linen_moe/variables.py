@@ -18,7 +18,6 @@ from linen_moe._src.layer.jit_init import jit_once
 from linen_moe._src.layer.variables import AQT_RNG_STREAM
 from linen_moe._src.layer.variables import CACHE
 from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.layer.variables import PARAMS
 from linen_moe._src.layer.variables import RNG_STREAMS
 from linen_moe._src.layer.variables import ROUTER_JITTER_RNG_STREAM
 from linen_moe._src.layer.variables import STATE_COLLECTIONS
@@ -29,7 +28,6 @@ __all__ = [
     "AQT_RNG_STREAM",
     "CACHE",
     "OVERWRITE_WITH_GRADIENT",
-    "PARAMS",
     "RNG_STREAMS",
     "ROUTER_JITTER_RNG_STREAM",
     "STATE_COLLECTIONS",

@@ -74,6 +74,11 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
             name: ("linen_moe.hlo", name)
             for name in hlo.READING_NAMES + hlo.TRAFFIC_NAMES
         },
+        **{
+            name: (None, private)
+            for private, names in hlo.PRIVATE_NAMES.items()
+            for name in names
+        },
         "model_config": ("linen_moe.testing", "config_on_path"),
         "SLOW_ATTRIBUTE": (None, "linen_moe._src.testing.marks"),
     },
