@@ -43,7 +43,6 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from linen_moe._src.hf import reading
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.safetensors_io import FLOAT_CODES
 from linen_moe._src.hf.safetensors_io import Checkpoint
@@ -58,6 +57,10 @@ FP8_CODE = "F8_E4M3"
 SCALE_SUFFIX = "_scale_inv"
 DEFAULT_BLOCK = (128, 128)  # FineGrainedFP8Config's default
 FP8_MAX = np.float32(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).max)  # 448
+# Every float8_e4m3fn byte's float32 value (two NaNs).
+_E4M3_TABLE = (
+    np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype("f4")
+)
 # quantization_config fields read here, and the values each may take
 # (None: absent or null). Any other field may change the weights, so it is
 # an error rather than ignored.
@@ -260,14 +263,17 @@ class Dequantized:
           f"{name!r}: rows of a block-fp8 tensor {list(shape)} are read "
           f"with {len(shape) - 2} leading indices; got {lead}."
       )
-    if out is None:
-      out = reading.host_buffer((hi - lo, shape[-1]), np.float32)
     if hi <= lo:
-      return out
-    values = self.base.read_rows(name, lead, lo, hi)
-    bm = self.block[0]
-    scales = self.base.read_rows(scale, lead, lo // bm, (hi - 1) // bm + 1)
-    return dequantize(values, scales, self.block, lo, out)
+      rows = np.zeros((0, shape[-1]), np.float32)
+    else:
+      values = self.base.read_rows(name, lead, lo, hi)
+      bm = self.block[0]
+      scales = self.base.read_rows(scale, lead, lo // bm, (hi - 1) // bm + 1)
+      rows = dequantize(values, scales, self.block, lo)
+    if out is None:
+      return rows
+    out[...] = rows
+    return out
 
 
 def dequantize(
@@ -275,7 +281,6 @@ def dequantize(
     scales: np.ndarray,
     block: tuple[int, int],
     row0: int = 0,
-    out: np.ndarray | None = None,
 ) -> np.ndarray:
   """float32 [r, c] = values * the scale of each element's block.
 
@@ -285,16 +290,14 @@ def dequantize(
       row0 // bm on (n >= the blocks those rows touch).
     block: (bm, bn).
     row0: the first row's index in the tensor.
-    out: a float32 [r, c] array to fill (default a new one).
 
   Returns:
-    `out`, the dequantized rows.
+    The dequantized rows, a new float32 array.
   """
-  r, c = values.shape
+  r, _ = values.shape
   bm, bn = block
-  if out is None:
-    out = np.empty((r, c), np.float32)
-  out[...] = values  # cast in place: no second float buffer
+  # A table read of each byte: several times faster than ml_dtypes' cast.
+  out = _E4M3_TABLE[values.view(np.uint8)]
   rows = (row0 + np.arange(r)) // bm - row0 // bm
   per_row = as_float32(scales)[rows]  # [r, ceil(c / bn)]
   for j in range(per_row.shape[1]):
