@@ -150,7 +150,7 @@ def _mixtral_base() -> dict[str, Any]:
   }
 
 
-def _qwen_base() -> dict[str, Any]:
+def qwen_base() -> dict[str, Any]:
   return {
       'vocab_size': 80,
       'hidden_size': 32,
@@ -176,7 +176,7 @@ def _qwen_base() -> dict[str, Any]:
   }
 
 
-def _deepseek_base() -> dict[str, Any]:
+def deepseek_base() -> dict[str, Any]:
   return {
       'vocab_size': 72,
       'hidden_size': 32,
@@ -356,14 +356,14 @@ def _fixtures() -> list[Fixture]:
               'per_expert_names',
           ],
           config_cls='Qwen3MoeConfig',
-          config=_qwen_base(),
+          config=qwen_base(),
           model_cls='Qwen3MoeForCausalLM',
           naming=QWEN_PER_EXPERT,
           seed=3000,
           ablations={'norm_topk_prob False': {'norm_topk_prob': False}},
       )
   )
-  cfg = _qwen_base()
+  cfg = qwen_base()
   cfg.update({
       'num_hidden_layers': 4,
       'decoder_sparse_step': 2,
@@ -423,7 +423,7 @@ def _fixtures() -> list[Fixture]:
               'per_expert_names',
           ],
           config_cls='DeepseekV3Config',
-          config=_deepseek_base(),
+          config=deepseek_base(),
           model_cls='DeepseekV3ForCausalLM',
           naming=DEEPSEEK_PER_EXPERT,
           seed=5000,
@@ -431,7 +431,7 @@ def _fixtures() -> list[Fixture]:
               'rope_interleave False': {'rope_interleave': False},
               'no mscale_all_dim (no softmax-scale correction)': {
                   'rope_parameters': _without(
-                      _deepseek_base()['rope_parameters'], 'mscale_all_dim'
+                      deepseek_base()['rope_parameters'], 'mscale_all_dim'
                   )
               },
               'routed_scaling_factor 1.0': {'routed_scaling_factor': 1.0},
@@ -439,7 +439,7 @@ def _fixtures() -> list[Fixture]:
           },
       )
   )
-  cfg = _deepseek_base()
+  cfg = deepseek_base()
   cfg.update({
       'q_lora_rank': None,
       'num_hidden_layers': 4,
@@ -586,7 +586,7 @@ def _fixtures() -> list[Fixture]:
   return fixtures
 
 
-def _build(fixture: Fixture, overrides=None) -> torch.nn.Module:
+def build(fixture: Fixture, overrides=None) -> torch.nn.Module:
   config_cls = getattr(transformers, fixture.config_cls)
   kwargs = dict(fixture.config)
   kwargs.update(overrides or {})
@@ -597,7 +597,7 @@ def _build(fixture: Fixture, overrides=None) -> torch.nn.Module:
   return model.eval()
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
+def randomize(model: torch.nn.Module, seed: int) -> None:
   """Draws every parameter and persistent buffer from `seed`.
 
   Weights are N(0, WEIGHT_STD); 1-D parameters that transformers
@@ -704,7 +704,7 @@ def _greedy_uncached(model, prompt) -> tuple[torch.Tensor, float]:
   return seq, margin
 
 
-def _run(model, input_ids) -> dict[str, Any]:
+def run_model(model, input_ids) -> dict[str, Any]:
   margins = _Margins(model)
   with torch.no_grad():
     logits = model(input_ids, use_cache=False).logits
@@ -732,7 +732,7 @@ def _ablate(fixture: Fixture, model, input_ids, logits) -> dict[str, float]:
   """Max abs logit change under each ablation (same weights)."""
   changes = {}
   for label, overrides in fixture.ablations.items():
-    other = _build(fixture, overrides)
+    other = build(fixture, overrides)
     other.load_state_dict(model.state_dict(), strict=True)
     with torch.no_grad():
       moved = other(input_ids, use_cache=False).logits
@@ -742,22 +742,22 @@ def _ablate(fixture: Fixture, model, input_ids, logits) -> dict[str, float]:
   return changes
 
 
-def _input_ids(seed: int, vocab: int) -> torch.Tensor:
+def make_input_ids(seed: int, vocab: int) -> torch.Tensor:
   gen = torch.Generator().manual_seed(seed + 1)
   return torch.randint(0, vocab, (BATCH, SEQ_LEN), generator=gen)
 
 
-def _vocab(model) -> int:
+def vocab_of(model) -> int:
   return model.config.get_text_config().vocab_size
 
 
 def _pick_seed(fixture: Fixture):
   """The first seed from fixture.seed whose decisions all have margins."""
   for seed in range(fixture.seed, fixture.seed + SEED_TRIES):
-    model = _build(fixture)
-    _randomize(model, seed)
-    input_ids = _input_ids(seed, _vocab(model))
-    out = _run(model, input_ids)
+    model = build(fixture)
+    randomize(model, seed)
+    input_ids = make_input_ids(seed, vocab_of(model))
+    out = run_model(model, input_ids)
     if min(out['router_margin'], out['greedy_margin']) >= MIN_MARGIN:
       return seed, model, input_ids, out
   raise RuntimeError(f'{fixture.name}: no seed with margins >= {MIN_MARGIN}')

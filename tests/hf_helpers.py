@@ -66,3 +66,11 @@ def forbid_data_reads(test) -> None:
   )
   patcher.start()
   test.addCleanup(patcher.stop)
+
+
+def equal_trees(test, a, b) -> None:
+  """Asserts two trees of arrays have one structure, dtypes and values."""
+  test.assertEqual(jax.tree.structure(a), jax.tree.structure(b))
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    test.assertEqual(x.dtype, y.dtype)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -93,6 +93,20 @@ class TrainAndExportTest(absltest.TestCase):
         strict=True,
     ):
       np.testing.assert_array_equal(a, b)
+    # The same step with the linear weights in block fp8: each weight
+    # within e4m3's rounding (3 mantissa bits) of the trained one.
+    _cli(
+        "export", "--checkpoint-dir", str(tmp / "run"), "--out",
+        str(tmp / "fp8"), "--format", "hf-fp8",
+    )  # fmt: skip
+    fp8_config, fp8 = hf.load_checkpoint(tmp / "fp8")
+    self.assertEqual(fp8_config, back_config)
+    for a, b in zip(
+        jax.tree.leaves(fp8["params"]),
+        jax.tree.leaves(trained["params"]),
+        strict=True,
+    ):
+      np.testing.assert_allclose(a, b, rtol=2.0**-4, atol=1e-6)
     # And decode from the run's checkpoint.
     out = _cli(
         "generate", "--checkpoint-dir", str(tmp / "run"), "--prompt-ids",

@@ -265,8 +265,8 @@ class BadInputTest(parameterized.TestCase):
       ({"moe_layer_freq": 2}, r"moe_layer_freq=2 is not supported"),
       ({"use_mla_cache": True}, r"field\(s\) \['use_mla_cache'\]"),
       (
-          {"quantization_config": {"quant_method": "fp8"}},
-          r"quantization_config=.* dequantize the checkpoint",
+          {"quantization_config": {"quant_method": "awq"}},
+          r"quantization_config.quant_method='awq' is not supported",
       ),
   )
   def test_deepseek_config_fields(self, change, pattern):

@@ -1,6 +1,7 @@
 """`linen-moe export`: a checkpoint's serving variables, no optimizer state;
 as an orbax directory, or (`--format hf`) as a Hugging Face checkpoint that
-transformers loads.
+transformers loads (`--format hf-fp8`: its linear weights in block fp8
+with `weight_scale_inv`, the DeepSeek-V3 / Qwen3-FP8 layout).
 
 Only reads the run's directory: it needs no lock, and may run beside a
 training run on the same directory.
@@ -12,7 +13,7 @@ import argparse
 
 from linen_moe_cli import run_directory
 
-FORMATS = ("orbax", "hf")
+FORMATS = ("orbax", "hf", "hf-fp8")
 
 
 def register(subparsers) -> None:
@@ -31,8 +32,9 @@ def register(subparsers) -> None:
       default="orbax",
       help=(
           "orbax: the variables (linen_moe.checkpoint.load_export reads "
-          "them); hf: config.json and safetensors in the hub's names, for "
-          "Mixtral / Qwen3-MoE models"
+          "them); hf: config.json and safetensors in the hub's names; "
+          "hf-fp8: the same with the linear weights in block fp8 (128 x 128 "
+          "blocks, weight_scale_inv), as DeepSeek-V3 and Qwen3-FP8 ship"
       ),
   )
   p.add_argument(
@@ -44,7 +46,7 @@ def register(subparsers) -> None:
   p.add_argument(
       "--max-shard-size",
       default="2GB",
-      help="--format hf: the largest safetensors shard, e.g. 2GB, 500MB",
+      help="--format hf/hf-fp8: the largest safetensors shard, e.g. 2GB",
   )
   p.add_argument("--step", type=int, default=None, help="default: the latest")
   p.set_defaults(run=run)
@@ -52,7 +54,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
   run_directory.creatable(args.out, "--out")
-  if args.format == "hf":
+  if args.format in ("hf", "hf-fp8"):
     from linen_moe.hf import parse_size  # noqa: PLC0415 (no jax)
 
     try:
@@ -70,10 +72,12 @@ def run(args: argparse.Namespace) -> int:
         variables,
         args.out,
         max_shard_size=args.max_shard_size,
+        weight_format="block_fp8" if args.format == "hf-fp8" else "float",
     )
     print(
         f"exported step {step} of {args.checkpoint_dir} to {args.out} "
-        f"(Hugging Face, {len(files)} safetensors file(s))"
+        f"(Hugging Face{', block fp8' if args.format == 'hf-fp8' else ''}, "
+        f"{len(files)} safetensors file(s))"
     )
     return 0
   from linen_moe import checkpoint  # noqa: PLC0415 (imports jax)

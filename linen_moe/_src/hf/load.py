@@ -14,6 +14,13 @@ their storage type as they arrive (`quantization.quantize_weights`' formats and
 numbers, one layer's float kernel at a time): a bf16 checkpoint becomes
 int8 serving weights with the host holding about the int8 model plus one
 layer's float kernel.
+
+A block-fp8 checkpoint (DeepSeek-V3, Qwen3-FP8: `quantization_config`
+with `weight_block_size`, fp8 tensors beside `weight_scale_inv`) is read
+through `block_fp8.Dequantized`: each slice is dequantized as it is read
+(float32 rows, then cast), so the host holds the slice's fp8 bytes and one
+float32 copy of them beyond the result; serving conversion reads the same
+float matrices one at a time.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import numpy as np
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe._src.config.moe_config import check_serving
+from linen_moe._src.hf import block_fp8
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import reading
 from linen_moe._src.hf import tensor_names as tn
@@ -366,9 +374,13 @@ def load_checkpoint(
 
   Args:
     path: a directory with `config.json` and `model.safetensors`, or shards
-      named by `model.safetensors.index.json`; Mixtral or Qwen3-MoE, either
-      config.json style, experts per expert (the hub's names) or fused
-      (transformers 5's `gate_up_proj`).
+      named by `model.safetensors.index.json`; Mixtral, Qwen3-MoE,
+      DeepSeek-V3 or Gemma-4, either config.json style, experts per expert
+      (the hub's names) or fused (transformers 5's `gate_up_proj`); float
+      tensors, or block fp8 (`quantization_config` with `quant_method`
+      "fp8" and `weight_block_size`, the fp8 tensors beside their
+      `weight_scale_inv`: DeepSeek-V3's and Qwen3-FP8's released files),
+      dequantized as they are read.
     scan_layers: lay the layers out scanned (`config.stack_plan`) or
       unrolled.
     dtype: the parameters' and the computation's dtype ("float32",
@@ -395,20 +407,19 @@ def load_checkpoint(
       supported ones) or with a field not implemented; a missing, truncated
       or damaged file, an index naming a missing shard; a tensor missing,
       unexpected, not float or of the wrong shape (the message names the
-      file and the tensor).
+      file and the tensor); a `quantization_config` that is not block fp8,
+      an fp8 tensor without its `weight_scale_inv` or whose scales do not
+      match its blocks (the message names the file and the tensor).
   """
   _check_arguments(path, scan_layers, dtype, quantization, serving)
   directory = pathlib.Path(path)
   if not directory.is_dir():
     raise ValueError(f"{directory} is not a checkpoint directory.")
   hf = read_config(directory)
-  if hf.get("quantization_config"):
-    raise ValueError(
-        f"{directory / CONFIG_FILE}: quantization_config="
-        f"{hf['quantization_config']!r} is not supported: quantized weights "
-        "on disk (e.g. DeepSeek-V3's block fp8 with `weight_scale_inv`) are "
-        "not read; dequantize the checkpoint to bfloat16 first."
-    )
+  on_disk = hf.pop("quantization_config", None)  # the files', not the model's
+  block = None
+  if on_disk is not None:
+    block = block_fp8.block_size(on_disk, directory / CONFIG_FILE)
   family = config_map.family_of(hf)
   config = config_map.model_config(hf)
   changes: dict[str, Any] = {"scan_layers": scan_layers}
@@ -417,6 +428,8 @@ def load_checkpoint(
     changes |= {"dtype": dtype, "param_dtype": dtype}
   config = config.replace(**changes)
   ckpt = Checkpoint(directory)
+  if block is not None:
+    ckpt = block_fp8.Dequantized(ckpt, block)
   srcs = tn.sources(family, config, ckpt.tensors)
   state_srcs = tn.state_sources(family, config, ckpt.tensors)
   skipped = skipped_tensors(family, hf, ckpt.tensors)

@@ -1,8 +1,9 @@
 """`save_checkpoint`: the decoder's float weights as a Hugging Face checkpoint.
 
 Writes `config.json` (transformers 5 style) and safetensors in the hub's
-names (per-expert tensors, what `save_pretrained` writes by default),
-sharded with an index past `max_shard_size`, so that
+names (per-expert tensors, what `save_pretrained` writes by default; float,
+or the linear weights in block fp8 beside their `weight_scale_inv`,
+`block_fp8.py`), sharded with an index past `max_shard_size`, so that
 `transformers.AutoModelForCausalLM.from_pretrained(path)` loads it with no
 missing or unexpected key and computes the same logits. Any layout is read
 (scanned or unrolled: the tree says which, `layer_stack.plan_of_tree`),
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.hf import block_fp8
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.load import CONFIG_FILE
@@ -41,6 +43,7 @@ from linen_moe._src.models import layer_stack
 from linen_moe._src.parallel import sharding as sharding_lib
 
 Path = tuple[str, ...]
+WEIGHT_FORMATS = ("float", "block_fp8")
 
 
 def _params_of(variables: Any) -> Mapping:
@@ -190,6 +193,23 @@ def _maker(layers: _Layers, path: Path, source, name: str):
   return make
 
 
+def _block(weight_format: str, block_size) -> tuple[int, int] | None:
+  """The fp8 block of `weight_format`, or None for float weights."""
+  if weight_format not in WEIGHT_FORMATS:
+    raise ValueError(
+        f"weight_format={weight_format!r} is invalid: allowed {WEIGHT_FORMATS}."
+    )
+  if weight_format == "float":
+    if block_size is not None:
+      raise ValueError(
+          f"block_size={block_size!r} is for weight_format='block_fp8'."
+      )
+    return None
+  if block_size is None:
+    return block_fp8.DEFAULT_BLOCK
+  return block_fp8.check_block(block_size, "block_size")
+
+
 def save_checkpoint(
     config: ModelConfig,
     variables: Any,
@@ -197,6 +217,8 @@ def save_checkpoint(
     *,
     dtype: str | None = None,
     max_shard_size: int | str = "2GB",
+    weight_format: str = "float",
+    block_size: tuple[int, int] | None = None,
 ) -> list[pathlib.Path]:
   """Writes the float weights of `variables` as a Hugging Face checkpoint.
 
@@ -215,6 +237,14 @@ def save_checkpoint(
       None: each parameter's.
     max_shard_size: the largest shard, in bytes or as "2GB", "500MB", ...;
       past it the tensors go into shards with `model.safetensors.index.json`.
+    weight_format: "float", or "block_fp8": the linear layers' weights (all
+      but lm_head and the routers) as float8_e4m3fn, each beside a float32
+      `weight_scale_inv` with one scale per block, and config.json's
+      `quantization_config` saying so (the DeepSeek-V3 / Qwen3-FP8
+      layout, which `load_checkpoint` and transformers read); every other
+      tensor in `dtype`.
+    block_size: "block_fp8"'s [rows, cols] of W [out, in] per scale;
+      default (128, 128), the released checkpoints'.
 
   Returns:
     The safetensors files written.
@@ -223,7 +253,8 @@ def save_checkpoint(
     TypeError: `config` is no `ModelConfig`, or `variables` holds no params.
     ValueError: a config no family expresses (the message names the
       fields), a serving config, parameters that are not the config's, a
-      bad `dtype` or `max_shard_size`, or a `path` that holds files.
+      bad `dtype`, `max_shard_size`, `weight_format` or `block_size`, or a
+      `path` that holds files.
   """
   if not isinstance(config, ModelConfig):
     raise TypeError(
@@ -240,6 +271,7 @@ def save_checkpoint(
         f" {sorted(config_map.DTYPES)}."
     )
   limit = parse_size(max_shard_size)
+  block = _block(weight_format, block_size)
   family = config_map.family_for(config)
   target = pathlib.Path(path)
   if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -258,6 +290,9 @@ def save_checkpoint(
     planned += _planned(state_srcs, state, None)
   disk_dtype = dtype or str(config.moe.param_dtype)
   hf = config_map.hf_config(config, disk_dtype)
+  if block is not None:
+    planned = block_fp8.planned(planned, block_fp8.quantized_names(srcs), block)
+    hf["quantization_config"] = block_fp8.hf_quantization_config(srcs, block)
   target.parent.mkdir(parents=True, exist_ok=True)
   staging = pathlib.Path(
       tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent)
