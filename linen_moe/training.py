@@ -16,6 +16,7 @@ from linen_moe._src.training.evaluation import variables_of
 from linen_moe._src.training.frontend import LinenFrontend
 from linen_moe._src.training.frontend import TrainingFrontend
 from linen_moe._src.training.markov_data import MarkovData
+from linen_moe._src.training.optimizer import DEFAULT_FINAL_LR_RATIO
 from linen_moe._src.training.optimizer import SCHEDULES
 from linen_moe._src.training.optimizer import decays
 from linen_moe._src.training.optimizer import default_optimizer
@@ -36,6 +37,7 @@ from linen_moe._src.training.step import overwrite_with_gradient
 from linen_moe._src.training.step import train_state_from_variables
 
 __all__ = [
+    "DEFAULT_FINAL_LR_RATIO",
     "SCHEDULES",
     "LinenFrontend",
     "MarkovData",

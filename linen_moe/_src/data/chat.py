@@ -148,7 +148,7 @@ def loss_mask_of(
     spans: the assistant's [start, end) character spans, in order.
 
   Returns:
-    <bool>[N]: True on every token with a character in a span, and on the
+    <bool>[N] True on every token with a character in a span, and on the
     token after each span's last such token (the turn's end; for an empty
     span, the first token starting at or after it).
   """
