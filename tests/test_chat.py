@@ -19,6 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from linen_moe import data
+from linen_moe._src.data import chat_template
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "chat"
 STYLES = ("qwen3", "mixtral", "qwen3_generation")
@@ -198,6 +199,31 @@ class MaskTest(parameterized.TestCase):
     for message in case["messages"]:
       if message["role"] != "assistant" and message["content"]:
         self.assertIn(message["content"].split()[-1], unmasked)
+
+  @parameterized.parameters(*STYLES)
+  def test_one_rendering_finds_what_one_per_reply_finds(self, name):
+    template, _, expected = _fixture(name)
+    renders = []
+
+    class Counting(data.ChatTemplate):
+
+      def render(self, messages, add_generation_prompt=False):
+        renders.append(1)
+        return super().render(messages, add_generation_prompt)
+
+    counting = Counting(template.source, template.special_tokens)
+    for case in expected["cases"]:
+      if not _has_reply(case) or case["add_generation_prompt"]:
+        continue
+      with self.subTest(case=case["name"]):
+        renders.clear()
+        text, spans = data.assistant_spans(counting, case["messages"])
+        if "<think>" not in text:  # replies rendered by what they hold
+          self.assertLen(renders, 2)  # the conversation, then all replies
+        self.assertEqual(
+            spans,
+            chat_template.spans_one_by_one(template, case["messages"], text),
+        )
 
   def test_qwen3_multi_turn_positions(self):
     # Token by token: ChatML turns are <|im_start|> role \n content
