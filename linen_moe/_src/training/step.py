@@ -461,4 +461,3 @@ def make_train_step(
     return new, {**metrics, **skip_metrics}
 
   return step
-
