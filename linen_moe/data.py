@@ -9,11 +9,35 @@ and the Grain iterator's state goes into a checkpoint (`IteratorSave`,
 `IteratorRestore`; `linen_moe.checkpoint.Checkpoints` does it), so a
 resumed run, on any process count with the same global batch, gets the
 batches it would have had.
+
+Chat data (`read_chat`, `ChatPipeline`): JSONL conversations rendered with
+the tokenizer's chat template as transformers renders it, the loss on what
+the assistant wrote.
 """
 
 from linen_moe._src.faces import lazy_face as _lazy_face
 
 _EXPORTS = {
+    "linen_moe._src.data.chat": (
+        "CHAT_FORMAT",
+        "ChatCorpus",
+        "ROLES",
+        "encode_conversation",
+        "loss_mask_of",
+        "read_chat",
+        "read_conversations",
+    ),
+    "linen_moe._src.data.chat_rows": (
+        "CHAT_PACKINGS",
+        "ChatPipeline",
+        "ChatSequences",
+        "chat_step_mask",
+    ),
+    "linen_moe._src.data.chat_template": (
+        "ChatTemplate",
+        "assistant_spans",
+        "load_chat_template",
+    ),
     "linen_moe._src.data.checkpointing": (
         "IteratorCheckpointHandler",
         "IteratorRestore",

@@ -1,4 +1,5 @@
 """Training the reference decoders: the train step (with an optional loss
+mask), the optimizer (AdamW, learning-rate schedules, the weight-decay
 mask), the held-out loss, the sharded step, synthetic data and the
 front-end protocol (real data: `linen_moe.data`).
 
@@ -15,6 +16,12 @@ from linen_moe._src.training.evaluation import variables_of
 from linen_moe._src.training.frontend import LinenFrontend
 from linen_moe._src.training.frontend import TrainingFrontend
 from linen_moe._src.training.markov_data import MarkovData
+from linen_moe._src.training.optimizer import DEFAULT_FINAL_LR_RATIO
+from linen_moe._src.training.optimizer import SCHEDULES
+from linen_moe._src.training.optimizer import decays
+from linen_moe._src.training.optimizer import default_optimizer
+from linen_moe._src.training.optimizer import learning_rate_schedule
+from linen_moe._src.training.optimizer import weight_decay_mask
 from linen_moe._src.training.sharded import ShardedRun
 from linen_moe._src.training.sharded import ShardedTraining
 from linen_moe._src.training.skip import all_finite
@@ -23,7 +30,6 @@ from linen_moe._src.training.step import TrainState
 from linen_moe._src.training.step import accumulate_gradients
 from linen_moe._src.training.step import cross_entropy
 from linen_moe._src.training.step import decoder_loss
-from linen_moe._src.training.step import default_optimizer
 from linen_moe._src.training.step import init_train_state
 from linen_moe._src.training.step import loss_weights
 from linen_moe._src.training.step import make_train_step
@@ -31,6 +37,8 @@ from linen_moe._src.training.step import overwrite_with_gradient
 from linen_moe._src.training.step import train_state_from_variables
 
 __all__ = [
+    "DEFAULT_FINAL_LR_RATIO",
+    "SCHEDULES",
     "LinenFrontend",
     "MarkovData",
     "ShardedRun",
@@ -40,10 +48,12 @@ __all__ = [
     "accumulate_gradients",
     "all_finite",
     "cross_entropy",
+    "decays",
     "decoder_loss",
     "default_optimizer",
     "init_train_state",
     "keep_if_finite",
+    "learning_rate_schedule",
     "loss_weights",
     "make_eval_step",
     "make_train_step",
@@ -51,6 +61,7 @@ __all__ = [
     "routed_bias_rule",
     "train_state_from_variables",
     "variables_of",
+    "weight_decay_mask",
 ]
 
 # 0.1's `linen_moe.training` was a package: its submodules' old paths

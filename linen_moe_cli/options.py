@@ -17,6 +17,9 @@ from typing import Any
 from linen_moe_cli import model_args
 import nnx_adapter
 
+# `linen_moe.training.SCHEDULES`, here without jax (tests/test_cli_schedule.py
+# checks that they agree).
+LR_SCHEDULES = ("constant", "cosine", "linear")
 # Optional packages -> the extra of this project that installs them.
 EXTRAS = {"matplotlib": "bench", "hypothesis": "test", "tokamax": "kernels"}
 
@@ -37,6 +40,10 @@ class RunStopped(Exception):
 def _fail(name: str, value: Any, allowed: str) -> None:
   flag = "--" + name.replace("_", "-")
   raise ValueError(f"{name}={value!r} ({flag}) is invalid: {allowed}.")
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_int(name: str, value: Any, minimum: int) -> None:
@@ -80,10 +87,14 @@ class TrainOptions:
       `linen_moe.data.find_files`) instead of synthetic Markov tokens.
     tokenizer: the `tokenizer.json` of text data (default: the one in
       `init_from_hf`'s directory, when the run starts from one).
-    data_format: "text", "npy" or "bin" (default: from the extension).
+    data_format: "text", "npy", "bin" or "chat" (JSONL conversations,
+      rendered with the tokenizer's chat template, the loss on the
+      assistant's tokens; `linen_moe.data.read_chat`) (default: from the
+      extension; chat is never inferred).
     data_dtype: the ids' dtype of "bin" files ("uint16" or "uint32").
     packing: "pack" (windows across documents) or "pad" (a document per
-      window, padding masked out of the loss).
+      window, padding masked out of the loss); default "pad" for chat
+      data, else "pack".
     eod_id: the end-of-document id (default: the tokenizer's; none for
       pre-tokenized ids).
     eval_every: at every N-th step, the held-out loss and perplexity
@@ -95,6 +106,15 @@ class TrainOptions:
       (`linen_moe.hf.load_checkpoint`): its config.json is the model
       (`config` is not read), `overrides` may change only the run fields
       and `param_dtype`; a checkpoint in `checkpoint_dir` resumes instead.
+    lr_schedule: "constant", "cosine" or "linear"
+      (`linen_moe.training.learning_rate_schedule`); "cosine" and "linear"
+      decay over `steps` (those of the run that began the schedule).
+    warmup_steps: updates of linear warmup from 0, >= 0 (< `steps` for a
+      decaying schedule).
+    final_lr_ratio: the final rate over `learning_rate`, in [0, 1], for
+      "cosine" and "linear" (default 0.1).
+    weight_decay: AdamW's decoupled weight decay, >= 0, on the kernels
+      (`linen_moe.training.weight_decay_mask`).
   """
 
   config: str = "tiny_mixtral"
@@ -118,12 +138,16 @@ class TrainOptions:
   tokenizer: str | None = None
   data_format: str | None = None
   data_dtype: str | None = None
-  packing: str = "pack"
+  packing: str | None = None
   eod_id: int | None = None
   eval_every: int | None = None
   eval_batches: int = 4
   eval_fraction: float = 0.1
   init_from_hf: str | None = None
+  lr_schedule: str = "constant"
+  warmup_steps: int = 0
+  final_lr_ratio: float | None = None
+  weight_decay: float = 0.0
 
   def __post_init__(self):
     object.__setattr__(self, "overrides", dict(self.overrides))
@@ -177,6 +201,34 @@ class TrainOptions:
     self._check_data()
     if self.init_from_hf is not None:
       self._check_init_from_hf()
+    self._check_optimizer()
+
+  def _check_optimizer(self) -> None:
+    """The schedule and weight-decay flags."""
+    if self.lr_schedule not in LR_SCHEDULES:
+      _fail("lr_schedule", self.lr_schedule, f"expected one of {LR_SCHEDULES}")
+    check_int("warmup_steps", self.warmup_steps, 0)
+    ratio = self.final_lr_ratio
+    if self.lr_schedule == "constant":
+      if ratio is not None:
+        _fail(
+            "final_lr_ratio",
+            ratio,
+            "only --lr-schedule cosine and linear decay to a final rate",
+        )
+    else:
+      if self.warmup_steps >= self.steps:
+        _fail(
+            "warmup_steps",
+            self.warmup_steps,
+            f"expected fewer than --steps {self.steps}: the {self.lr_schedule}"
+            " schedule decays over the steps after the warmup",
+        )
+      if ratio is not None and not (_is_number(ratio) and 0 <= ratio <= 1):
+        _fail("final_lr_ratio", ratio, "expected a number in [0, 1]")
+    decay = self.weight_decay
+    if not (_is_number(decay) and math.isfinite(decay) and decay >= 0):
+      _fail("weight_decay", decay, "expected a finite number >= 0")
 
   def _check_data(self) -> None:
     """The real-data flags; the files exist (read later, after jax)."""
@@ -193,8 +245,9 @@ class TrainOptions:
             "it needs --data (the synthetic data has a known best loss "
             "instead)",
         )
-    if self.data_format is not None and self.data_format not in data.FORMATS:
-      _fail("data_format", self.data_format, f"expected one of {data.FORMATS}")
+    formats = (*data.FORMATS, data.CHAT_FORMAT)
+    if self.data_format is not None and self.data_format not in formats:
+      _fail("data_format", self.data_format, f"expected one of {formats}")
     if self.data_dtype is not None:
       if self.data_dtype not in data.BIN_DTYPES:
         _fail(
@@ -204,6 +257,9 @@ class TrainOptions:
         )
       if self.data_format not in (None, "bin"):
         _fail("data_dtype", self.data_dtype, "only 'bin' data takes a dtype")
+    chat = self.data_format == data.CHAT_FORMAT
+    if self.packing is None:
+      object.__setattr__(self, "packing", "pad" if chat else "pack")
     if self.packing not in data.PACKINGS:
       _fail("packing", self.packing, f"expected one of {data.PACKINGS}")
     if self.eod_id is not None:
@@ -224,6 +280,22 @@ class TrainOptions:
       data.find_files(self.data)  # a one-line error naming it
     if self.tokenizer is not None and not os.path.isfile(self.tokenizer):
       raise ValueError(f"tokenizer {self.tokenizer}: no such file.")
+    if chat:
+      self._check_chat_tokenizer()
+
+  def _check_chat_tokenizer(self) -> None:
+    """Chat data needs a tokenizer, and its chat template."""
+    from linen_moe import data  # noqa: PLC0415
+
+    where = self.tokenizer or self.init_from_hf
+    if where is None:
+      _fail(
+          "data_format",
+          self.data_format,
+          "chat data needs a tokenizer with a chat template: --tokenizer "
+          "DIR/tokenizer.json, or --init-from-hf DIR",
+      )
+    data.load_chat_template(where)  # a one-line error naming the file
 
   def _check_init_from_hf(self) -> None:
     from linen_moe import ModelConfig  # noqa: PLC0415 (no jax)

@@ -2,7 +2,8 @@
 
 `MarkovSource`: the synthetic Markov tokens (the default), batch i a
 function of (seed + 1, i); the data position is the step. `CorpusSource`:
-the user's files (`--data`) through `linen_moe.data.DataPipeline`, each
+the user's files (`--data`) through `linen_moe.data.DataPipeline` (chat
+files through `linen_moe.data.ChatPipeline`), each
 process reading only its rows of each global batch; the Grain iterator's
 state is saved with each checkpoint and restored on resume (on any process
 count with the same global batch). Both offer `sample`, `batches`, `meta`,
@@ -99,23 +100,33 @@ class CorpusSource:
   best_loss = math.nan  # unknown for real data
 
   def __init__(self, cfg, opts: TrainOptions, run: Any):
-    corpus = data.read_corpus(
-        opts.data,
-        format=opts.data_format,
-        tokenizer=tokenizer_path(opts),
-        dtype=opts.data_dtype,
-        vocab_size=cfg.vocab_size,
-        eod_id=opts.eod_id,
-    )
     self.opts = opts
-    self.pipeline = data.DataPipeline(
-        corpus,
-        seq_len=opts.seq_len,
-        batch_size=opts.batch_size,
-        packing=opts.packing,
-        seed=opts.seed + 1,
-        eval_fraction=opts.eval_fraction,
-    )
+    rows = {
+        "seq_len": opts.seq_len,
+        "batch_size": opts.batch_size,
+        "packing": opts.packing,
+        "seed": opts.seed + 1,
+        "eval_fraction": opts.eval_fraction,
+    }
+    self.chat = opts.data_format == data.CHAT_FORMAT
+    if self.chat:  # every row has a mask: the assistant's tokens
+      chat = data.read_chat(
+          opts.data,
+          tokenizer_path(opts),
+          vocab_size=cfg.vocab_size,
+          eod_id=opts.eod_id,
+      )
+      self.pipeline = data.ChatPipeline(chat, **rows)
+    else:
+      corpus = data.read_corpus(
+          opts.data,
+          format=opts.data_format,
+          tokenizer=tokenizer_path(opts),
+          dtype=opts.data_dtype,
+          vocab_size=cfg.vocab_size,
+          eod_id=opts.eod_id,
+      )
+      self.pipeline = data.DataPipeline(corpus, **rows)
     self.sharding = None if run is None else run.token_sharding()
     self.rows = None
     if self.sharding is not None:
@@ -140,18 +151,18 @@ class CorpusSource:
 
   def batches(self, start: int) -> Iterator[Batch]:
     """The training batches from where the iterator is (global batch
-    `start`: 0, or where `restore` put it); packed batches come without a
-    mask (every position is real)."""
+    `start`: 0, or where `restore` put it); packed batches of text or ids
+    come without a mask (every position is real)."""
     position = self.iterator.get_state().get("next_index")
     if position != start:
       raise ValueError(
           f"the data iterator is at global batch {position}, not at step "
           f"{start} where the run resumes."
       )
-    padded = self.opts.packing == "pad"
+    masked = self.opts.packing == "pad" or self.chat
     for local in self.iterator:
       tokens, mask = self.place(local)
-      yield tokens, mask if padded else None
+      yield tokens, mask if masked else None
 
   def sample(self) -> jax.Array:
     return self.place(self.pipeline.train_dataset(self.rows)[0])[0]

@@ -19,10 +19,10 @@ from linen_moe import checkpoint
 from linen_moe import distributed
 from linen_moe import load_model_config
 from linen_moe import sharding
-from linen_moe.training import default_optimizer
 from linen_moe_cli import host_memory
 from linen_moe_cli import loss_chart
 from linen_moe_cli import options
+from linen_moe_cli import schedule
 from linen_moe_cli import train_data
 from linen_moe_cli.checkpointing import RunCheckpoints
 from linen_moe_cli.options import TrainOptions
@@ -81,9 +81,11 @@ class _Setup:
   run: Any  # sharded training, or None on one device
   feed: Callable[[np.ndarray], jax.Array]
   device_mesh: Any = None  # jax.sharding.Mesh, or None on one device
+  optimizer_settings: dict = dataclasses.field(default_factory=dict)
+  lr_schedule: Callable = None  # updates applied -> learning rate
 
 
-def _set_up(opts: TrainOptions) -> _Setup:
+def _set_up(opts: TrainOptions, optimizer_settings: dict) -> _Setup:
   mesh = opts.mesh
   if mesh is None and jax.process_count() > 1:
     mesh = f"data={jax.device_count()}"
@@ -95,7 +97,7 @@ def _set_up(opts: TrainOptions) -> _Setup:
 
     base = hf.model_config(_read_json(opts.init_from_hf))
     cfg = base.replace(**opts.overrides)
-  optimizer = default_optimizer(opts.learning_rate)
+  optimizer, lr_schedule = schedule.optimizer(optimizer_settings)
   run, feed = None, jnp.asarray
   if device_mesh is not None:
     run = nnx_adapter.sharded_training(
@@ -118,6 +120,8 @@ def _set_up(opts: TrainOptions) -> _Setup:
       run=run,
       feed=feed,
       device_mesh=device_mesh,
+      optimizer_settings=optimizer_settings,
+      lr_schedule=lr_schedule,
   )
 
 
@@ -190,6 +194,10 @@ def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
   always its last, keeps the latest `keep`, and appends one JSON line per
   step to `checkpoint_dir/metrics.jsonl` (`checkpointing.RunCheckpoints`).
 
+  The optimizer is AdamW with the schedule and weight decay of the flags
+  (`schedule`); each metrics row has the step's `learning_rate`, and a
+  resumed run continues the schedule of the run it resumes.
+
   A step with a non-finite loss or gradient is skipped (the state stays as
   it was; `linen_moe.training.skip`) and counted; after
   `max_consecutive_skips` skipped steps in a row the run stops with
@@ -199,8 +207,8 @@ def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
   if opts.checkpoint_dir is not None:
     lock = _lock(opts.checkpoint_dir, log)
   try:
-    job = _set_up(opts)
     if opts.checkpoint_dir is None:
+      job = _set_up(opts, schedule.settings(opts))
       return _train_from(opts, job, None, resume=False, log=log)
     ckpts = RunCheckpoints(
         opts.checkpoint_dir,
@@ -213,6 +221,7 @@ def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
       latest = opts.resume_step
       if latest is None:
         latest = ckpts.latest_step()
+      job = _set_up(opts, _optimizer_settings(opts, ckpts, latest, log))
       if latest is not None and latest >= opts.steps:
         log(
             f"{opts.checkpoint_dir} is already at step {latest} (--steps "
@@ -230,6 +239,22 @@ def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
   finally:
     if lock is not None:
       lock.release()
+
+
+def _optimizer_settings(opts, ckpts, latest: int | None, log) -> dict:
+  """The flags' optimizer settings, or those of the run that checkpoint
+  `latest` continues (`schedule.resumed`: the same flags, the schedule's
+  first length)."""
+  wanted = schedule.settings(opts)
+  if latest is None or latest not in ckpts.checkpoints.all_steps():
+    return wanted
+  try:
+    saved = ckpts.checkpoints.meta(latest).get("run", {})
+  except checkpoint.DamagedCheckpointError:
+    return wanted  # the resume skips it, or names it
+  return schedule.resumed(
+      wanted, saved, ckpts.checkpoints.step_dir(latest), log
+  )
 
 
 def _lock(directory: str, log: Callable[[str], None]) -> RunLock | None:
@@ -310,6 +335,7 @@ def _train_from(
                 "frontend": opts.frontend,
                 "mesh": job.mesh,
                 "seed": opts.seed,
+                "optimizer": job.optimizer_settings,
             },
         },
     )
@@ -329,6 +355,10 @@ def _train_from(
     else:
       state, metrics = step(state, tokens, key, mask)
     loss = float(metrics["cross_entropy"])
+    metrics = {
+        **metrics,
+        "learning_rate": schedule.learning_rate(job.lr_schedule, i, metrics),
+    }
     host_memory.settle()  # waits only where host memory is reused
     losses.append(loss)
     loads.append(metrics["expert_load"])

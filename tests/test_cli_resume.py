@@ -113,6 +113,77 @@ class TrainCommandResumeTest(absltest.TestCase):
       self.assertRegex(err, message)
 
 
+def _cosine_lr(n: int, peak=1e-2, warmup=2, total=STEPS, ratio=0.1) -> float:
+  """The rate of `ScheduleResumeTest`'s schedule after n updates, from its
+  definition."""
+  if n < warmup:
+    return peak * n / warmup
+  frac = min(n - warmup, total - warmup) / (total - warmup)
+  return ratio * peak + (1 - ratio) * peak * 0.5 * (1 + np.cos(np.pi * frac))
+
+
+class ScheduleResumeTest(absltest.TestCase):
+  """A run with a cosine schedule, warmup and weight decay: `whole` runs 12
+  steps; `killed` is a copy of it put back at its step 6 (`--resume-step 6`
+  sets the newer checkpoints aside, as a run killed after step 6 leaves its
+  directory) and run again to 12 by the same command."""
+
+  def test_resume_continues_the_schedule(self):
+    tmp = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+    whole, killed = os.path.join(tmp, "whole"), os.path.join(tmp, "killed")
+    argv = [
+        *[a for a in TRAIN if a not in ("--quantization", "fp8")],
+        "--set",
+        "num_layers=1",
+        "--steps",
+        str(STEPS),
+        "--lr-schedule",
+        "cosine",
+        "--warmup-steps",
+        "2",
+        "--weight-decay",
+        "0.1",
+    ]
+    code, out, err = _run_cli(*argv, "--checkpoint-dir", whole)
+    self.assertEqual(code, 0, out + err)
+    shutil.copytree(whole, killed)
+    code, out, err = _run_cli(
+        *argv, "--checkpoint-dir", killed, "--resume-step", str(STOP)
+    )
+    self.assertEqual(code, 0, out + err)
+    self.assertIn(f"resumed from step {STOP}", out)
+    rows = _metrics(whole)
+    self.assertEqual(_metrics(killed), rows)  # every metric, rates included
+    self.assertEqual([m["skipped_steps"] for m in rows], [0] * STEPS)
+    np.testing.assert_allclose(
+        [m["learning_rate"] for m in rows],
+        [_cosine_lr(n) for n in range(STEPS)],
+        rtol=1e-6,
+        atol=1e-12,
+    )
+    with checkpoint.Checkpoints(killed) as ckpts:
+      self.assertEqual(
+          ckpts.meta()["run"]["optimizer"],
+          {
+              "learning_rate": 1e-2,
+              "lr_schedule": "cosine",
+              "warmup_steps": 2,
+              "total_steps": STEPS,
+              "final_lr_ratio": 0.1,
+              "weight_decay": 0.1,
+          },
+      )
+    # Other optimizer flags are refused before any step.
+    plain = [a for a in argv if a not in ("cosine", "--lr-schedule")]
+    code, _, err = _run_cli(*plain, "--steps", "13", "--checkpoint-dir", killed)
+    self.assertEqual(code, 2)
+    self.assertRegex(
+        err, "another optimizer: --lr-schedule 'constant' here, 'cosine' there"
+    )
+    self.assertLen(_metrics(killed), STEPS)
+
+
 def _lines(path: str) -> int:
   if not os.path.exists(path):
     return 0

@@ -166,6 +166,7 @@ class ResumeTest(_Corpus):
     code, _, err = _run_cli(
         "train", "--set", "num_layers=1", "--batch-size", "4", "--seq-len",
         "16", "--steps", "15", "--checkpoint-dir", dirs["split"],
+        "--learning-rate", "3e-3",  # the run's optimizer: only the data differs
     )  # fmt: skip
     self.assertEqual(code, 2)
     self.assertRegex(err, r"was trained on .*00.txt \(and \d+ more files\)")

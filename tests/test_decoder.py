@@ -22,6 +22,7 @@ from linen_moe._src.models.scan import resolved_unroll
 from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData
+from linen_moe.training import default_optimizer
 import nnx_adapter
 
 CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
@@ -227,7 +228,7 @@ class TrainStepTest(parameterized.TestCase):
     data = MarkovData(cfg.vocab_size)
     batches = data.batches(16, 32, seed=2)
     model = Decoder(cfg)
-    opt = train_lib.default_optimizer(1e-2)
+    opt = default_optimizer(1e-2)
     tokens = jnp.asarray(next(batches))
     state = train_lib.init_train_state(model, opt, tokens, jax.random.key(0))
     step = jax.jit(train_lib.make_train_step(model, opt))

@@ -35,7 +35,7 @@ SITES = {
 FP8_VARIABLES = ("input", "kernel", "output_grad")
 HISTORY = 1024
 F32 = np.dtype("float32")
-TX = train_lib.default_optimizer(1e-2)
+TX = training.default_optimizer(1e-2)
 _config = testing.config_on_path
 
 

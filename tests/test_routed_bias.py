@@ -19,12 +19,12 @@ from linen_moe import checkpoint
 from linen_moe import load_model_config
 from linen_moe import routing
 from linen_moe._src.models.decoder import Decoder
-from linen_moe._src.training import step as step_lib
 from linen_moe.training import MarkovData
+from linen_moe.training import default_optimizer
 import nnx_adapter
 from nnx_adapter import frontend as get_frontend
 
-OPTIMIZER = step_lib.default_optimizer(1e-3)
+OPTIMIZER = default_optimizer(1e-3)
 
 
 def _config(rate, **overrides):

@@ -124,6 +124,7 @@ def register(subparsers) -> None:
       ),
   )
   _add_data_args(p)
+  _add_optimizer_args(p)
   _add_process_args(p)
   p.set_defaults(run=run)
 
@@ -155,11 +156,14 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
   )
   group.add_argument(
       "--data-format",
-      choices=("text", "npy", "bin"),
+      choices=("text", "npy", "bin", "chat"),
       default=None,
       help=(
-          "text (tokenized), npy (1-D ids) or bin (flat ids of "
-          "--data-dtype); default: npy / bin by the extension, else text"
+          "text (tokenized), npy (1-D ids), bin (flat ids of --data-dtype) "
+          'or chat (JSONL, one {"messages": [{"role", "content"}, ...]} a '
+          "line, rendered with the tokenizer's chat template, trained on "
+          "the assistant's replies); default: npy / bin by the extension, "
+          "else text"
       ),
   )
   group.add_argument(
@@ -175,7 +179,8 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
       help=(
           "pack: sequences cut across documents (each ends with the "
           "end-of-document token); pad: sequences cut within each document, "
-          "the last one padded, the padding masked out of the loss"
+          "the last one padded, the padding masked out of the loss "
+          "(default: pad for chat data, else pack)"
       ),
   )
   group.add_argument(
@@ -209,6 +214,47 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
       type=float,
       default=train_default("eval_fraction"),
       help="the share of the sequences held out (the last ones)",
+  )
+
+
+def _add_optimizer_args(p: argparse.ArgumentParser) -> None:
+  group = p.add_argument_group(
+      "optimizer",
+      "AdamW (gradients clipped to a global norm of 1) at --learning-rate, "
+      "the peak of the schedule; a resumed run continues the schedule it "
+      "began with",
+  )
+  group.add_argument(
+      "--lr-schedule",
+      choices=options.LR_SCHEDULES,
+      default=train_default("lr_schedule"),
+      help=(
+          "after the warmup: constant, or cosine / linear decay to "
+          "--final-lr-ratio times the peak at --steps"
+      ),
+  )
+  group.add_argument(
+      "--warmup-steps",
+      type=int,
+      default=train_default("warmup_steps"),
+      metavar="N",
+      help="linear warmup from 0 to the peak over the first N updates",
+  )
+  group.add_argument(
+      "--final-lr-ratio",
+      type=float,
+      default=None,
+      metavar="R",
+      help="cosine and linear: the final rate over the peak (default 0.1)",
+  )
+  group.add_argument(
+      "--weight-decay",
+      type=float,
+      default=train_default("weight_decay"),
+      help=(
+          "AdamW's decoupled weight decay, on the kernels only (not on "
+          "embeddings, norm scales or biases)"
+      ),
   )
 
 

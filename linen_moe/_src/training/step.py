@@ -461,20 +461,3 @@ def make_train_step(
     return new, {**metrics, **skip_metrics}
 
   return step
-
-
-def default_optimizer(
-    learning_rate: float = 1e-2,
-) -> optax.GradientTransformation:
-  """AdamW (no weight decay) after clipping the global gradient norm to 1.
-
-  Args:
-    learning_rate: the constant AdamW learning rate.
-
-  Returns:
-    The optax `GradientTransformation`.
-  """
-  return optax.chain(
-      optax.clip_by_global_norm(1.0),
-      optax.adamw(learning_rate, weight_decay=0.0),
-  )

@@ -1,0 +1,409 @@
+"""A tokenizer's chat template, rendered as transformers renders it, and the
+spans of the rendered text that the assistant wrote.
+
+The template is the Jinja text a Hugging Face tokenizer ships:
+`chat_template.jinja` beside its `tokenizer_config.json` (transformers 5
+saves it there), else the config's `chat_template` (a string, or a list of
+named templates of which "default" is used). It renders as
+`PreTrainedTokenizerBase.apply_chat_template(..., tokenize=False)` does:
+a sandboxed Jinja environment (`ImmutableSandboxedEnvironment`,
+`trim_blocks`, `lstrip_blocks`, the loop controls and the `{% generation
+%}` tag), the globals `raise_exception`, `strftime_now`, `dict` and a
+`namespace` that refuses underscore names, the `tojson` filter as
+`json.dumps` (no HTML escaping), and as variables the messages, `tools`
+and `documents` (None), `add_generation_prompt` and the tokenizer's named
+special tokens (`bos_token`, `eos_token`, ...). Each message loses its
+keys whose value is None, and a reasoning field (`reasoning_content`,
+`thinking`, `reasoning`) is given under the names templates read.
+
+Where the assistant wrote (`assistant_spans`): for each assistant message,
+the conversation is rendered again with that message's content (and
+reasoning) replaced by a character the rendered text does not hold; the text before the first
+difference and after the last one is the template's, the rest is what
+that message rendered to. This needs no `{% generation %}` markers (the
+released Qwen3 and Mixtral templates have none), and, unlike rendering the
+prefixes `messages[:i]` and taking differences, it holds when a template
+renders a message by its position: Qwen3's renders the last assistant
+message with an empty `<think>` block and drops the reasoning of earlier
+turns, so a prefix's rendering is not a prefix of the whole. Most
+templates write the same text around any reply, and one more rendering,
+with every reply replaced by its own character, finds all the spans
+(about half the time of one rendering per reply; 2.2 ms for a system
+prompt and three turns of the Qwen3-style fixture, tokenization
+included); where the text around a reply depends on it (Qwen3's
+reasoning), it renders once per reply.
+
+Imports no jax; jinja2 is imported when a template is first rendered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from collections.abc import Sequence
+import dataclasses
+import datetime
+import functools
+import json
+import os
+from typing import Any
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+# transformers' named special tokens (`SPECIAL_TOKENS_ATTRIBUTES`), passed
+# to the template under these names.
+SPECIAL_TOKENS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+# The names a message's reasoning comes under; templates read the first
+# (and gpt-oss's read "thinking").
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# Characters tried as the stand-in content of `assistant_spans` (Unicode's
+# private use area: no tokenizer's template writes them).
+_SENTINELS = range(0xE000, 0xF900)
+
+
+def _token_text(value: Any) -> str | None:
+  """A special token as tokenizer_config.json stores it: a string, or an
+  `AddedToken` dict with its "content"."""
+  if isinstance(value, dict):
+    value = value.get("content")
+  return value if isinstance(value, str) else None
+
+
+def _config_dir(path: str | os.PathLike) -> str:
+  path = os.fspath(path)
+  return path if os.path.isdir(path) else os.path.dirname(path) or "."
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(source: str):
+  """The template compiled in transformers' environment (cached by text)."""
+  import jinja2  # noqa: PLC0415
+  from jinja2 import ext  # noqa: PLC0415
+  from jinja2 import nodes  # noqa: PLC0415
+  from jinja2 import sandbox  # noqa: PLC0415
+
+  class Generation(ext.Extension):
+    """`{% generation %}...{% endgeneration %}`: renders its body as is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+      lineno = next(parser.stream).lineno
+      body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+      call = self.call_method("_body")
+      return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    def _body(self, caller):
+      return caller()
+
+  class Namespace(jinja2.utils.Namespace):
+    """A Jinja namespace that refuses underscore names (as transformers')."""
+
+    def __init__(*args, **kwargs):  # noqa: N805 (Jinja's own signature)
+      self, args = args[0], args[1:]
+      attrs = dict(*args, **kwargs)
+      for name in attrs:
+        Namespace.check(name)
+      jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name, value):
+      Namespace.check(name)
+      jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def check(name):
+      if isinstance(name, str) and name.startswith("_"):
+        raise jinja2.exceptions.SecurityError(
+            f"a chat template namespace cannot hold {name!r}."
+        )
+
+  class Dict:
+    """`dict(...)` and `dict.fromkeys(...)`, and nothing else of the type."""
+
+    def __call__(self, *args, **kwargs):
+      return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+      return dict.fromkeys(*args, **kwargs)
+
+  def raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+  def tojson(
+      x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
+  ):
+    return json.dumps(
+        x,
+        ensure_ascii=ensure_ascii,
+        indent=indent,
+        separators=separators,
+        sort_keys=sort_keys,
+    )
+
+  def strftime_now(fmt):
+    return datetime.datetime.now().strftime(fmt)
+
+  env = sandbox.ImmutableSandboxedEnvironment(
+      trim_blocks=True,
+      lstrip_blocks=True,
+      extensions=[Generation, ext.loopcontrols],
+  )
+  env.filters["tojson"] = tojson
+  env.globals["raise_exception"] = raise_exception
+  env.globals["strftime_now"] = strftime_now
+  env.globals["dict"] = Dict()
+  env.globals["namespace"] = Namespace
+  return env.from_string(source)
+
+
+def _template_message(message: Mapping[str, Any]) -> dict[str, Any]:
+  """A message as transformers hands it to the template: None-valued keys
+  dropped, a reasoning field under every name templates read."""
+  message = {k: v for k, v in message.items() if v is not None}
+  reasoning = next(
+      (message[k] for k in REASONING_FIELDS if message.get(k) is not None),
+      None,
+  )
+  if reasoning is not None:
+    message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+  return message
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatTemplate:
+  """A tokenizer's chat template and the special tokens it reads.
+
+  Attributes:
+    source: the Jinja text.
+    special_tokens: {name: token text} of the named special tokens the
+      tokenizer has (`SPECIAL_TOKENS`), the template's variables.
+    where: the file it was read from, for messages.
+  """
+
+  source: str
+  special_tokens: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  where: str = "the chat template"
+
+  def render(
+      self,
+      messages: Sequence[Mapping[str, Any]],
+      add_generation_prompt: bool = False,
+  ) -> str:
+    """The conversation as text, as transformers renders it.
+
+    Args:
+      messages: the conversation, dicts with "role" and "content" (and
+        whatever else the template reads).
+      add_generation_prompt: end with the header of an assistant turn (to
+        prompt a reply), where the template has one.
+
+    Returns:
+      `apply_chat_template(messages, tokenize=False,
+      add_generation_prompt=...)`'s text.
+
+    Raises:
+      ValueError: the template refuses the conversation
+        (`raise_exception`) or fails to render it; the message says which
+        template and why.
+    """
+    import jinja2  # noqa: PLC0415
+
+    try:
+      return _compiled(self.source).render(
+          messages=[_template_message(m) for m in messages],
+          tools=None,
+          documents=None,
+          add_generation_prompt=add_generation_prompt,
+          **self.special_tokens,
+      )
+    except jinja2.TemplateError as e:
+      raise ValueError(
+          f"{self.where} cannot render the conversation: {e}"
+      ) from None
+
+
+def load_chat_template(path: str | os.PathLike) -> ChatTemplate:
+  """The chat template of a Hugging Face tokenizer.
+
+  Args:
+    path: the tokenizer's directory, or a file in it (its
+      `tokenizer.json` or `tokenizer_config.json`).
+
+  Returns:
+    The `ChatTemplate` of `chat_template.jinja` in that directory if there
+    is one, else of `tokenizer_config.json`'s `chat_template`; with the
+    named special tokens of `tokenizer_config.json`.
+
+  Raises:
+    ValueError: the directory has no `tokenizer_config.json` that reads,
+      or no chat template.
+  """
+  directory = _config_dir(path)
+  config_path = os.path.join(directory, TOKENIZER_CONFIG)
+  needs = "chat data needs a tokenizer with a chat template"
+  try:
+    with open(config_path, encoding="utf-8") as f:
+      config = json.load(f)
+  except FileNotFoundError:
+    raise ValueError(
+        f"tokenizer {directory}: has no {TOKENIZER_CONFIG}; {needs}."
+    ) from None
+  except (OSError, ValueError) as e:
+    raise ValueError(
+        f"tokenizer {config_path}: cannot be read ({type(e).__name__}: {e})."
+    ) from None
+  if not isinstance(config, dict):
+    raise ValueError(f"tokenizer {config_path}: is not a JSON object.")
+  special = {
+      name: text
+      for name in SPECIAL_TOKENS
+      if (text := _token_text(config.get(name))) is not None
+  }
+  file = os.path.join(directory, CHAT_TEMPLATE_FILE)
+  if os.path.isfile(file):
+    with open(file, encoding="utf-8") as f:
+      return ChatTemplate(f.read(), special, file)
+  source = config.get("chat_template")
+  if isinstance(source, list):  # named templates: [{"name", "template"}]
+    named = {
+        t.get("name"): t.get("template") for t in source if isinstance(t, dict)
+    }
+    source = named.get("default")
+  if not isinstance(source, str) or not source.strip():
+    raise ValueError(
+        f"tokenizer {config_path}: has no chat_template (and there is no "
+        f"{CHAT_TEMPLATE_FILE} beside it); {needs}."
+    )
+  return ChatTemplate(source, special, config_path)
+
+
+def _common_prefix(a: str, b: str) -> int:
+  return len(os.path.commonprefix([a, b]))
+
+
+def _with_stand_in(message: Mapping[str, Any], stand_in: str) -> dict:
+  """`message` with its content (and reasoning) replaced by `stand_in`."""
+  fields = {k: stand_in for k in REASONING_FIELDS if k in message}
+  return {**message, **fields, "content": stand_in}
+
+
+def _sentinels(text: str, count: int) -> list[str]:
+  """`count` characters that `text` does not hold."""
+  free = (chr(c) for c in _SENTINELS if chr(c) not in text)
+  return [next(free) for _ in range(count)]
+
+
+def spans_one_by_one(
+    template: ChatTemplate,
+    messages: Sequence[Mapping[str, Any]],
+    text: str,
+) -> list[tuple[int, int]]:
+  """Each assistant message's span, from one more rendering per message
+  (with only its content replaced: where the rendering changes).
+
+  Args:
+    template: the chat template.
+    messages: the conversation.
+    text: `template.render(messages)`.
+
+  Returns:
+    The [start, end) spans in `text`, in order.
+
+  Raises:
+    ValueError: a span overlaps the one before it.
+  """
+  (sentinel,) = _sentinels(text, 1)
+  spans = []
+  for i, message in enumerate(messages):
+    if message.get("role") != "assistant":
+      continue
+    other = list(messages)
+    other[i] = _with_stand_in(message, sentinel)
+    changed = template.render(other)
+    start = _common_prefix(text, changed)
+    end_limit = min(len(text), len(changed)) - start
+    tail = _common_prefix(text[::-1], changed[::-1])
+    end = len(text) - min(tail, end_limit)
+    if spans and start < spans[-1][1]:
+      raise ValueError(
+          f"{template.where} renders assistant message {i} where an earlier "
+          "one is: its span cannot be told apart."
+      )
+    spans.append((start, end))
+  return spans
+
+
+def _spans_at_once(template, messages, text) -> list[tuple[int, int]] | None:
+  """Every span from one more rendering, with each assistant content
+  replaced by its own sentinel: that rendering is T0 s1 T1 ... sk Tk, and
+  `text` must read T0 c1 T1 ... ck Tk, each Tj found once after c(j-1).
+  None where it does not (the template renders a reply by what it holds),
+  or where a Tj could be found in two places."""
+  replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+  marks = _sentinels(text, len(replies))
+  other = list(messages)
+  for i, mark in zip(replies, marks, strict=True):
+    other[i] = _with_stand_in(messages[i], mark)
+  pieces, rest = [], template.render(other)
+  for mark in marks:
+    if rest.count(mark) != 1:
+      return None
+    piece, rest = rest.split(mark)
+    pieces.append(piece)
+  if not text.startswith(pieces[0]) or not text.endswith(rest):
+    return None
+  at, spans = len(pieces[0]), []
+  for between in pieces[1:]:
+    end = text.find(between, at)
+    if end < 0 or text.find(between, end + 1) >= 0:
+      return None
+    spans.append((at, end))
+    at = end + len(between)
+  end = len(text) - len(rest)
+  if end < at:
+    return None
+  spans.append((at, end))
+  return spans
+
+
+def assistant_spans(
+    template: ChatTemplate, messages: Sequence[Mapping[str, Any]]
+) -> tuple[str, list[tuple[int, int]]]:
+  """The rendered conversation and where each assistant message is in it.
+
+  See the module docstring: each assistant message's span is where the
+  rendering changes when only that message's content (and reasoning, if
+  it has a field of `REASONING_FIELDS`) changes. It covers what the
+  template made of them (an empty span for an empty content), not the
+  text the template writes whatever they are (the role header, Qwen3's
+  `<think>` of the last turn). One more rendering, with every reply
+  replaced at once, finds them all where the template writes the same
+  text around any reply; else `spans_one_by_one` renders once per reply.
+
+  Args:
+    template: the chat template.
+    messages: the conversation; every assistant message has a string
+      "content".
+
+  Returns:
+    The pair `(text, spans)`, `template.render(messages)` and, for each
+    assistant message in order, its [start, end) character span in `text`.
+
+  Raises:
+    ValueError: the template cannot render the conversation, or renders
+      one assistant message in more than one place (spans that overlap).
+  """
+  text = template.render(messages)
+  if not any(m.get("role") == "assistant" for m in messages):
+    return text, []
+  spans = _spans_at_once(template, messages, text)
+  if spans is None:
+    spans = spans_one_by_one(template, messages, text)
+  return text, spans

@@ -1,0 +1,150 @@
+"""The optimizer of a `linen-moe train` run: its settings from the flags,
+recorded with every checkpoint and continued by a resume, and the learning
+rate of each step.
+
+The settings (`settings`) are the learning rate, the schedule, its warmup,
+its length (`--steps` of the run that began it), its final ratio and the
+weight decay; they go into each checkpoint's metadata as
+`run.optimizer`. A resumed run (`resumed`) must ask for the same ones, or
+it stops before any step; it keeps the schedule's length as the run began
+it, so a run continued past its first `--steps` goes on at the final rate
+instead of stretching the schedule under the steps already taken. The
+learning rate of step i is the schedule's value at the number of updates
+applied before it (skipped steps apply none): `learning_rate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+
+from linen_moe_cli.options import TrainOptions
+
+# Settings that a resumed run must repeat, with their flags.
+FLAGS = {
+    "learning_rate": "--learning-rate",
+    "lr_schedule": "--lr-schedule",
+    "warmup_steps": "--warmup-steps",
+    "final_lr_ratio": "--final-lr-ratio",
+    "weight_decay": "--weight-decay",
+}
+
+
+def settings(opts: TrainOptions) -> dict[str, Any]:
+  """The optimizer settings of a run's flags (JSON-serialisable).
+
+  Args:
+    opts: the run's options (checked).
+
+  Returns:
+    {"learning_rate", "lr_schedule", "warmup_steps", "total_steps" (the
+    schedule's length, `opts.steps`, for "cosine" and "linear"; else None),
+    "final_lr_ratio" (resolved: `opts.final_lr_ratio` or the default, for
+    "cosine" and "linear"; else None), "weight_decay"}.
+  """
+  from linen_moe import training  # noqa: PLC0415 (imports jax)
+
+  decaying = opts.lr_schedule != "constant"
+  ratio = opts.final_lr_ratio
+  if decaying and ratio is None:
+    ratio = training.DEFAULT_FINAL_LR_RATIO
+  return {
+      "learning_rate": opts.learning_rate,
+      "lr_schedule": opts.lr_schedule,
+      "warmup_steps": opts.warmup_steps,
+      "total_steps": opts.steps if decaying else None,
+      "final_lr_ratio": ratio,
+      "weight_decay": opts.weight_decay,
+  }
+
+
+def resumed(
+    wanted: Mapping[str, Any],
+    saved_run: Mapping[str, Any],
+    where: str,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+  """The settings a resumed run continues with.
+
+  Args:
+    wanted: `settings` of this run's flags.
+    saved_run: the "run" metadata of the checkpoint it resumes.
+    where: that checkpoint, for messages.
+    log: where a note goes when the schedule keeps its saved length.
+
+  Returns:
+    `wanted` with the saved schedule length; `wanted` itself when the
+    checkpoint recorded no optimizer (it predates the schedules).
+
+  Raises:
+    ValueError: naming each flag whose value differs from the saved run's.
+  """
+  saved = saved_run.get("optimizer")
+  if not isinstance(saved, dict):
+    return dict(wanted)
+  diffs = [
+      f"{flag} {wanted.get(key)!r} here, {saved.get(key)!r} there"
+      for key, flag in FLAGS.items()
+      if wanted.get(key) != saved.get(key)
+  ]
+  if diffs:
+    same = " ".join(
+        f"{flag} {saved.get(key)}"
+        for key, flag in FLAGS.items()
+        if saved.get(key) is not None
+    )
+    raise ValueError(
+        f"The run in {where} has another optimizer: {'; '.join(diffs)}. "
+        f"Resume with its flags ({same}) or start a new --checkpoint-dir."
+    )
+  out = {**wanted, "total_steps": saved.get("total_steps")}
+  if out["total_steps"] != wanted["total_steps"]:
+    log(
+        f"the {out['lr_schedule']} schedule keeps the length the run began "
+        f"with, {out['total_steps']} steps (then its final rate)."
+    )
+  return out
+
+
+def optimizer(run_settings: Mapping[str, Any]):
+  """The run's optax optimizer and its learning-rate schedule.
+
+  Args:
+    run_settings: `settings` (or `resumed`) of the run.
+
+  Returns:
+    The pair `(optimizer, schedule)`, `linen_moe.training.default_optimizer` of
+    them, and `learning_rate_schedule` of them (updates -> rate).
+  """
+  from linen_moe import training  # noqa: PLC0415 (imports jax)
+
+  kwargs = {
+      "schedule": run_settings["lr_schedule"],
+      "warmup_steps": run_settings["warmup_steps"],
+      "total_steps": run_settings["total_steps"],
+      "final_lr_ratio": run_settings["final_lr_ratio"],
+  }
+  lr = run_settings["learning_rate"]
+  return (
+      training.default_optimizer(
+          lr, weight_decay=run_settings["weight_decay"], **kwargs
+      ),
+      training.learning_rate_schedule(lr, **kwargs),
+  )
+
+
+def learning_rate(schedule: Callable, step: int, metrics: Mapping) -> float:
+  """The learning rate step `step` (from 0) applied, or would have.
+
+  Args:
+    schedule: the run's schedule (updates applied -> rate).
+    step: the step's index, from 0.
+    metrics: the step's metrics, with "skipped" (0 or 1) and
+      "skipped_steps" (steps skipped so far, this one included).
+
+  Returns:
+    `schedule(updates applied before the step)`, a float.
+  """
+  skipped_before = int(metrics["skipped_steps"]) - int(metrics["skipped"])
+  return float(schedule(step - skipped_before))

@@ -1,0 +1,215 @@
+"""`linen-moe train --data-format chat`: conversations in JSONL through the
+tokenizer's chat template, batches whose loss counts the assistant's
+tokens only, and bad input named in one line (file and line) before any
+step. Rendering and masks against transformers: test_chat.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+
+from absl.testing import absltest
+import jax
+import numpy as np
+
+from linen_moe import load_model_config
+from linen_moe import testing
+from linen_moe import training
+from linen_moe_cli import main as cli
+from linen_moe_cli import train_data
+from linen_moe_cli.options import TrainOptions
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "chat"
+# 200 tokens: it fits the tiny configs' vocabulary of 256.
+TOKENIZER = str(FIXTURES / "mixtral" / "tokenizer.json")
+QUESTIONS = ("What is 2 + 2?", "Name a prime number.", "Say hello.")
+ANSWERS = ("2 + 2 = 4.", "Seven is a prime number.", "Hello!")
+
+
+def _conversation(i: int) -> dict:
+  messages = []
+  if i % 3 == 0:
+    messages.append({"role": "system", "content": "Answer briefly."})
+  for t in range(1 + i % 2):
+    k = (i + t) % 3
+    messages.append({"role": "user", "content": QUESTIONS[k]})
+    messages.append({"role": "assistant", "content": ANSWERS[k]})
+  return {"messages": messages}
+
+
+class _Chats(absltest.TestCase):
+  """A chat file of 40 conversations, shared by the class."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.mkdtemp()
+    cls.chats = os.path.join(cls.tmp, "chats.jsonl")
+    with open(cls.chats, "w", encoding="utf-8") as f:
+      for i in range(40):
+        f.write(json.dumps(_conversation(i)) + "\n")
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.tmp, ignore_errors=True)
+    super().tearDownClass()
+
+  def tempdir(self) -> str:
+    directory = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+    return directory
+
+  def argv(self, *extra: str) -> list[str]:
+    return [
+        "train",
+        "--set",
+        "num_layers=1",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--data",
+        self.chats,
+        "--data-format",
+        "chat",
+        "--tokenizer",
+        TOKENIZER,
+        "--no-progress",
+        *extra,
+    ]
+
+
+class BatchesTest(_Chats):
+
+  def test_the_loss_counts_the_replies(self):
+    opts = TrainOptions(
+        data=self.chats,
+        data_format="chat",
+        tokenizer=TOKENIZER,
+        batch_size=4,
+        seq_len=128,  # a conversation a row
+    )
+    self.assertEqual(opts.packing, "pad")  # chat data is padded by default
+    cfg = load_model_config(opts.config)
+    source = train_data.CorpusSource(cfg, opts, None)
+    tokens, mask = next(source.batches(0))
+    self.assertIsNotNone(mask)
+    weights = np.asarray(training.loss_weights(mask)) > 0  # [B, S - 1]
+    # The targets counted, decoded row by row: the replies and their </s>.
+    from tokenizers import Tokenizer  # noqa: PLC0415
+
+    tok = Tokenizer.from_file(TOKENIZER)
+    tokens = np.asarray(jax.device_get(tokens))
+    for row, counted in zip(tokens, weights, strict=True):
+      text = tok.decode(row[1:][counted].tolist(), skip_special_tokens=False)
+      self.assertTrue(text, row)
+      for piece in text.split("</s>")[:-1]:
+        self.assertIn(piece.strip(), ANSWERS)
+      self.assertTrue(text.endswith("</s>"), text)
+      for question in QUESTIONS:
+        self.assertNotIn(question, text)
+    self.assertEqual(source.meta["pipeline"]["corpus"]["format"], "chat")
+
+
+class BadInputTest(_Chats):
+  """Each bad input is one line naming the file (and line), exit status 2,
+  before any step (no metrics row, no checkpoint)."""
+
+  def test_bad_input_before_any_step(self):
+    tmp = self.tempdir()
+    lines = [json.dumps(_conversation(i)) for i in range(3)]
+
+    def chat_file(name: str, bad_line: dict) -> str:
+      path = os.path.join(tmp, name)
+      with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join([*lines[:2], json.dumps(bad_line), lines[2]]))
+      return path
+
+    no_role = chat_file("no_role.jsonl", {"messages": [{"content": "Hi"}]})
+    robot = chat_file(
+        "robot.jsonl", {"messages": [{"role": "robot", "content": "Hi"}]}
+    )
+    plain = os.path.join(tmp, "plain")  # a tokenizer without a template
+    os.makedirs(plain)
+    shutil.copy(TOKENIZER, os.path.join(plain, "tokenizer.json"))
+    with open(os.path.join(plain, "tokenizer_config.json"), "w") as f:
+      json.dump({"eos_token": "</s>"}, f)
+    alone = os.path.join(tmp, "alone")  # no tokenizer_config.json at all
+    os.makedirs(alone)
+    shutil.copy(TOKENIZER, os.path.join(alone, "tokenizer.json"))
+    cases = [
+        (["--data", no_role], r'no_role.jsonl:3: message 0 has no "role"'),
+        (["--data", robot], "robot.jsonl:3: message 0 has the unknown role"),
+        (
+            ["--tokenizer", os.path.join(plain, "tokenizer.json")],
+            "plain/tokenizer_config.json: has no chat_template",
+        ),
+        (
+            ["--tokenizer", os.path.join(alone, "tokenizer.json")],
+            "alone: has no tokenizer_config.json",
+        ),
+    ]
+    for extra, message in cases:
+      with self.subTest(message=message):
+        directory = os.path.join(tmp, "run")
+        code, out, err = testing.run_capturing(
+            cli.main,
+            [
+                *self.argv("--steps", "2", "--checkpoint-dir", directory),
+                *extra,
+            ],
+        )
+        self.assertEqual(code, 2, out + err)
+        self.assertRegex(err, f"^linen-moe: error: .*{message}")
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertFalse(os.path.exists(os.path.join(directory, "1")))
+        self.assertFalse(
+            os.path.exists(os.path.join(directory, "metrics.jsonl"))
+        )
+
+  def test_chat_needs_a_tokenizer(self):
+    code, _, err = testing.run_capturing(
+        cli.main,
+        ["train", "--data", self.chats, "--data-format", "chat"],
+    )
+    self.assertEqual(code, 2)
+    self.assertRegex(err, "data_format='chat' .* needs a tokenizer with a chat")
+
+
+@testing.slow
+class TrainTest(_Chats):
+
+  def test_held_out_loss_falls(self):
+    directory = self.tempdir()
+    code, out, err = testing.run_capturing(
+        cli.main,
+        self.argv(
+            "--steps",
+            "24",
+            "--learning-rate",
+            "3e-3",
+            "--lr-schedule",
+            "cosine",
+            "--warmup-steps",
+            "4",
+            "--eval-every",
+            "8",
+            "--eval-batches",
+            "1",
+            "--checkpoint-dir",
+            directory,
+        ),
+    )
+    self.assertEqual(code, 0, err)
+    rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+    held_out = [r["eval_loss"] for r in rows if "eval_loss" in r]
+    self.assertLen(held_out, 3)
+    self.assertLess(held_out[-1], held_out[0])
+    self.assertIn("held-out loss", out)
+
+
+if __name__ == "__main__":
+  absltest.main()

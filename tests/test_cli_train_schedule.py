@@ -1,0 +1,113 @@
+"""`linen-moe train --lr-schedule/--warmup-steps/--final-lr-ratio/
+--weight-decay`: the flags checked before jax, the settings a run records
+and a resume continues, and the learning rate of a step with skipped steps
+before it. A resumed run continuing the schedule, every step's rate against
+the formula: test_cli_resume.py."""
+
+from __future__ import annotations
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+
+from linen_moe import testing
+from linen_moe import training
+from linen_moe_cli import main as cli
+from linen_moe_cli import options
+from linen_moe_cli import schedule
+from linen_moe_cli.options import TrainOptions
+
+
+class FlagsTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("negative_warmup", ["--warmup-steps", "-1"], r"warmup_steps=-1 \(--warmup-steps\) is invalid: expected an integer >= 0"),
+      ("warmup_too_long", ["--lr-schedule", "cosine", "--steps", "4", "--warmup-steps", "4"], "warmup_steps=4 .* fewer than --steps 4"),
+      ("ratio_of_constant", ["--final-lr-ratio", "0.1"], r"final_lr_ratio=0.1 .* only --lr-schedule cosine and linear"),
+      ("ratio_above_one", ["--lr-schedule", "linear", "--final-lr-ratio", "2"], r"final_lr_ratio=2.0 .* in \[0, 1\]"),
+      ("negative_decay", ["--weight-decay", "-1"], r"weight_decay=-1.0 \(--weight-decay\) is invalid"),
+  )  # fmt: skip
+  def test_bad_flags(self, argv, message):
+    code, out, err = testing.run_capturing(cli.main, ["train", *argv])
+    self.assertEqual(code, 2, out + err)
+    self.assertRegex(err, f"^linen-moe: error: .*{message}")
+    self.assertEqual(err.count("\n"), 1, err)  # one line, before any step
+
+  def test_unknown_schedule(self):
+    with self.assertRaises(SystemExit) as caught:  # argparse's choices
+      testing.run_capturing(cli.main, ["train", "--lr-schedule", "step"])
+    self.assertEqual(caught.exception.code, 2)
+    with self.assertRaisesRegex(
+        ValueError,
+        r"lr_schedule='step' \(--lr-schedule\) is invalid: expected one of",
+    ):
+      TrainOptions(lr_schedule="step")
+
+  def test_the_command_line_knows_the_schedules(self):
+    self.assertEqual(options.LR_SCHEDULES, training.SCHEDULES)
+
+
+class SettingsTest(absltest.TestCase):
+
+  def test_settings_of_the_flags(self):
+    opts = TrainOptions(steps=40, lr_schedule="cosine", warmup_steps=5)
+    self.assertEqual(
+        schedule.settings(opts),
+        {
+            "learning_rate": 1e-2,
+            "lr_schedule": "cosine",
+            "warmup_steps": 5,
+            "total_steps": 40,
+            "final_lr_ratio": 0.1,
+            "weight_decay": 0.0,
+        },
+    )
+    constant = schedule.settings(TrainOptions(weight_decay=0.1))
+    self.assertIsNone(constant["total_steps"])
+    self.assertIsNone(constant["final_lr_ratio"])
+    self.assertEqual(constant["weight_decay"], 0.1)
+
+  def test_a_resume_keeps_the_schedule(self):
+    began = schedule.settings(TrainOptions(steps=12, lr_schedule="linear"))
+    notes = []
+    longer = schedule.settings(TrainOptions(steps=20, lr_schedule="linear"))
+    kept = schedule.resumed(
+        longer, {"optimizer": began}, "ckpt/12", notes.append
+    )
+    self.assertEqual(kept, began)  # the length the run began with
+    self.assertRegex(notes[0], "keeps the length the run began with, 12")
+    # A checkpoint from before the schedules: the flags' settings.
+    self.assertEqual(schedule.resumed(longer, {"seed": 0}, "ckpt/12"), longer)
+    other = schedule.settings(
+        TrainOptions(steps=12, lr_schedule="linear", learning_rate=3e-3)
+    )
+    with self.assertRaisesRegex(
+        ValueError,
+        r"ckpt/12 has another optimizer: --learning-rate 0.003 here, 0.01 "
+        r"there\. Resume with its flags \(--learning-rate 0.01 --lr-schedule "
+        r"linear --warmup-steps 0 --final-lr-ratio 0.1 --weight-decay 0.0\)",
+    ):
+      schedule.resumed(other, {"optimizer": began}, "ckpt/12")
+
+  def test_skipped_steps_hold_the_schedule(self):
+    # Steps 0..4, step 2 skipped: the updates before each are 0, 1, 2, 2, 3.
+    settings = schedule.settings(
+        TrainOptions(steps=10, lr_schedule="linear", final_lr_ratio=0.0)
+    )
+    _, lr_schedule = schedule.optimizer(settings)
+    skipped = [0, 0, 1, 0, 0]
+    rates = [
+        schedule.learning_rate(
+            lr_schedule,
+            i,
+            {"skipped": s, "skipped_steps": sum(skipped[: i + 1])},
+        )
+        for i, s in enumerate(skipped)
+    ]
+    np.testing.assert_allclose(
+        rates, [1e-2 * (1 - n / 10) for n in (0, 1, 2, 2, 3)], rtol=1e-6
+    )
+
+
+if __name__ == "__main__":
+  absltest.main()
