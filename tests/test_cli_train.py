@@ -70,7 +70,7 @@ class TrainOptionsTest(parameterized.TestCase):
 
     with (
         mock.patch.object(MarkovData, "batches", batches),
-        mock.patch.object(train_job, "get_frontend") as frontend,
+        mock.patch.object(train_job.nnx_adapter, "frontend") as frontend,
     ):
       with self.assertRaisesRegex(
           ValueError, rf"batch\[0, 0\]={V} is invalid: .*vocab_size={V}"
