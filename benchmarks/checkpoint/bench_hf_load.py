@@ -74,8 +74,8 @@ def hf_config(layers: int) -> dict:
 def write_checkpoints(dirs: dict[str, pathlib.Path], layers: int) -> dict:
   """One random Mixtral (`hf_config`) written by `hf.save_checkpoint` into
   each `dirs[dtype]`, in that dtype, in shards of 512 MB; {dtype: bytes on
-  disk}. (This process holds the float32 weights once; each case is
-  measured in a fresh one.)"""
+  disk}. Run in a process of its own (`--write`): it holds the float32
+  weights, and a child started from a process inherits its peak RSS."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
   import linen_moe  # noqa: PLC0415
@@ -125,14 +125,31 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--case", help=argparse.SUPPRESS)
   parser.add_argument("--dir", help=argparse.SUPPRESS)
+  parser.add_argument("--write", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.case:
     print(json.dumps(run_case(args.case, args.dir)))
     return
+  if args.write:
+    directory = pathlib.Path(args.dir)
+    dirs = {
+        "float16": directory / "float16",
+        "bfloat16": directory / "bfloat16",
+    }
+    print(json.dumps(write_checkpoints(dirs, args.layers)))
+    return
   tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_hf_load."))
   try:
     dirs = {"float16": tmp / "float16", "bfloat16": tmp / "bfloat16"}
-    sizes = write_checkpoints(dirs, args.layers)
+    written = subprocess.run(
+        [sys.executable, __file__, "--write", "--dir", str(tmp)]
+        + ["--layers", str(args.layers)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
+    sizes = json.loads(written.stdout.strip().splitlines()[-1])
     for dtype, d in dirs.items():
       shards = len(list(d.glob("*.safetensors")))
       print(

@@ -49,6 +49,7 @@ from typing import Any
 import jax
 from jax import lax
 import jax.numpy as jnp
+import linen_moe
 from linen_moe import testing
 
 # The accelerator kernel's lookup and the modes table have no public names
@@ -191,19 +192,21 @@ _MATRIX_SUMMARY = re.compile(r"(\d+) passed, (\d+) failed \(matrix cells\)")
 
 
 def run_matrix(configs, frontends, deadline: float) -> dict:
-  """`linen-moe matrix` per config and front end (scanned layers, full XLA
-  optimisation, one worker: one process per device), each until
-  `deadline`; its table, and the cells passed and failed."""
+  """`linen-moe matrix` per config, front end and quantization (its three
+  paths; scanned layers, full XLA optimisation, one worker: one process on
+  the device at a time) until `deadline`; each one's table, and the cells
+  passed and failed."""
   groups, totals = [], {"passed": 0, "failed": 0, "skipped": 0}
-  for config, frontend in itertools.product(configs, frontends):
-    group = {"config": config, "frontend": frontend}
+  for config, frontend, mode in itertools.product(configs, frontends, MODES):
+    group = {"config": config, "frontend": frontend, "quantization": mode}
     left = deadline - time.monotonic()
     if left <= 0:
       groups.append({**group, "skipped": "time budget"})
-      totals["skipped"] += 1
+      totals["skipped"] += len(linen_moe.PATHS)  # cells
       continue
     command = [sys.executable, "-m", "linen_moe_cli.main", "matrix"]
     command += ["--config", config, "--frontend", frontend]
+    command += ["--quantization", mode]
     command += ["--layers", "scanned", "--no-fast-compile", "--workers", "1"]
     try:
       done = subprocess.run(
@@ -211,7 +214,7 @@ def run_matrix(configs, frontends, deadline: float) -> dict:
       )
     except subprocess.TimeoutExpired:
       groups.append({**group, "skipped": "time budget (stopped)"})
-      totals["skipped"] += 1
+      totals["skipped"] += len(linen_moe.PATHS)
       continue
     counts = _MATRIX_SUMMARY.search(done.stdout)
     group.update(
@@ -222,8 +225,8 @@ def run_matrix(configs, frontends, deadline: float) -> dict:
     if counts:
       totals["passed"] += int(counts.group(1))
       totals["failed"] += int(counts.group(2))
-    else:
-      totals["failed"] += 1
+    else:  # no table: every cell of the row failed
+      totals["failed"] += len(linen_moe.PATHS)
     groups.append(group)
   return {"groups": groups, **totals}
 
