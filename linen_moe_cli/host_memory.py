@@ -8,8 +8,8 @@ whole temporary buffer in again: about 0.34 M page faults and 0.57-0.61 s
 of kernel time per train step on a 2-core machine. With one arena, no
 `mmap` and no trimming (`TUNABLES`), the freed buffer stays in the heap and
 later calls reuse it: no faults, and that train step takes 0.88-1.18 s
-instead of 1.24-1.55 s (`benchmarks/bench_host_memory.py`, medians per
-step, one process each).
+instead of 1.24-1.55 s (`benchmarks/model/bench_host_memory.py`, medians
+per step, one process each).
 
 The heap never shrinks, and it grows past any buffer still allocated when
 the next is asked for. XLA:CPU frees a call's temporary buffer on its
@@ -31,8 +31,9 @@ for the one arena (that train step compiles in 4.5-6.2 s instead of
 glibc reads its tunables once, when a process starts, so Python cannot set
 them for itself: `reexec_with_reused_memory` restarts the process with them
 in `GLIBC_TUNABLES`. Only entry points call it (`linen-moe train`,
-`generate` and `launch`, the whole-model benchmark), before anything heavy
-is imported. A script of your own gets the same by starting Python with
+`generate` and `launch`; the benchmarks have their own copy,
+`benchmarks/common/host_memory.py`), before anything heavy is imported. A
+script of your own gets the same by starting Python with
 
   GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:\
 glibc.malloc.trim_threshold=68719476736 python train.py
@@ -58,7 +59,7 @@ TUNABLES = (
 # Set to 1 to restart with `TUNABLES`.
 OPT_IN = "LINEN_MOE_REUSE_HOST_MEMORY"
 # Seconds `settle` waits: with it the train step's heap stays flat over 120
-# steps on 2 cores (`benchmarks/bench_host_memory.py`), a margin over the
+# steps on 2 cores (`benchmarks/model/bench_host_memory.py`), a margin over the
 # moment XLA:CPU takes to free a call's buffer.
 SETTLE_S = 0.002
 

@@ -20,8 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="linen-moe",
       description=(
-          "Routed MoE for JAX: train the reference decoder, run the "
-          "quantization x path matrix, benchmark."
+          "Routed MoE for JAX: train the reference decoder, decode from "
+          "a checkpoint, export it, run the quantization x path matrix."
       ),
   )
   subparsers = parser.add_subparsers(dest="command", required=True)

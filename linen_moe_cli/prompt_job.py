@@ -5,9 +5,10 @@ weights.
 The model comes from a Hugging Face checkpoint (`linen_moe.hf`; int8 / fp8
 serving weights are quantized as the tensors are read) or from a training
 checkpoint of `linen-moe train` (`checkpoint.read_variables`; converted with
-`quantization.quantize_weights`). A text prompt is tokenized with a
-`tokenizer.json` (the `tokenizers` package) and the continuation decoded
-with it.
+`quantization.quantize_weights`). Float weights run through the contractions of
+`quantization` (none by default; a training checkpoint's own mode, with its
+fp8 state, or none). A text prompt is tokenized with a `tokenizer.json` (the
+`tokenizers` package) and the continuation decoded with it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from linen_moe import decoding
 from linen_moe import hf
+from linen_moe.quantization import quantize_weights
 from linen_moe.tokens import validate_tokens
 
 
@@ -39,20 +41,30 @@ class Continuation:
   weights: str
 
 
-def _model(hf_dir, checkpoint_dir, quantization):
-  """(config, variables) in float, or as serving weights of
-  `quantization`."""
-  serve = quantization != "none"
+def load_model(hf_dir, checkpoint_dir, serve: str, quantization: str | None):
+  """(config, variables) of the Hugging Face checkpoint `hf_dir`, else of
+  the training checkpoint `checkpoint_dir`: serving weights of `serve`, or
+  ("none") float weights computed in `quantization` (None: "none")."""
+  serving_weights = serve != "none"
+  mode = serve if serving_weights else quantization or "none"
   if hf_dir is not None:
-    return hf.load_checkpoint(hf_dir, quantization=quantization, serving=serve)
+    return hf.load_checkpoint(
+        hf_dir, quantization=mode, serving=serving_weights
+    )
   from linen_moe import checkpoint  # noqa: PLC0415 (loads orbax)
 
   config, variables, _ = checkpoint.read_variables(checkpoint_dir)
-  if not serve:
+  if serving_weights:
+    return quantize_weights(config.replace(quantization=mode), variables)
+  if mode == "none":
     return config.replace(quantization="none"), {"params": variables["params"]}
-  return quantization.quantize_weights(
-      config.replace(quantization=quantization), variables
-  )
+  if mode != config.moe.quantization:
+    raise ValueError(
+        f"--quantization {mode}: {checkpoint_dir} trained in"
+        f" {config.moe.quantization!r}; its float weights decode in that mode"
+        f" or in none (or serve them converted: --serve {mode})."
+    )
+  return config, variables
 
 
 def generate(
@@ -63,10 +75,12 @@ def generate(
     prompt: str | None,
     tokenizer: str | None,
     new_tokens: int,
-    quantization: str,
+    serve: str = "none",
+    quantization: str | None = None,
 ) -> Continuation:
-  """The greedy continuation (see the module docstring); a prompt id
-  outside the model's vocabulary is a ValueError before any decoding."""
+  """The greedy continuation (see the module docstring) from serving weights
+  of `serve` ("none": float weights, computed in `quantization`); a prompt
+  id outside the model's vocabulary is a ValueError before any decoding."""
   tok = None
   if tokenizer is not None:
     from tokenizers import Tokenizer  # noqa: PLC0415
@@ -76,7 +90,7 @@ def generate(
     prompt_ids = tok.encode(prompt).ids
     if not prompt_ids:
       raise ValueError(f"--prompt {prompt!r} encodes to no tokens.")
-  config, variables = _model(hf_dir, checkpoint_dir, quantization)
+  config, variables = load_model(hf_dir, checkpoint_dir, serve, quantization)
   ids = validate_tokens(
       np.asarray([prompt_ids], np.int32), config.vocab_size, name="prompt"
   )
@@ -85,7 +99,9 @@ def generate(
   )
   new = np.asarray(tokens)[0, len(prompt_ids) :]
   text = None if tok is None else tok.decode(new.tolist())
-  weights = "float" if quantization == "none" else quantization
+  weights = "float" if serve == "none" else serve
+  if serve == "none" and quantization not in (None, "none"):
+    weights += f" (in {quantization}'s contractions)"
   return Continuation(np.asarray(prompt_ids), new, text, weights)
 
 

@@ -113,6 +113,14 @@ class TrainAndExportTest(absltest.TestCase):
         "1,2,3", "--new-tokens", "2",
     )  # fmt: skip
     self.assertRegex(out, r"prompt ids: \[1, 2, 3\]\nnew ids: \[\d+, \d+\]")
+    # Its float weights decode in the mode it trained in (none) or none.
+    self.assertRegex(
+        _error(
+            "generate", "--checkpoint-dir", str(tmp / "run"), "--prompt-ids",
+            "1", "--quantization", "fp8",
+        ),
+        r"--quantization fp8: .* trained in 'none'",
+    )  # fmt: skip
 
   def test_bad_flags(self):
     with self.assertRaisesRegex(
@@ -164,7 +172,7 @@ class GenerateTest(absltest.TestCase):
     ids = ",".join(map(str, self.expected[:5]))
     out = _cli(
         "generate", "--hf-dir", str(MIXTRAL), "--prompt-ids", ids,
-        "--new-tokens", "2", "--quantization", "int8",
+        "--new-tokens", "2", "--serve", "int8",
     )  # fmt: skip
     self.assertIn("weights: int8", out)
     d = str(MIXTRAL)
@@ -173,10 +181,11 @@ class GenerateTest(absltest.TestCase):
         (["--hf-dir", d, "--prompt", "hi"], r"--prompt needs a tokenizer"),
         (["--hf-dir", d, "--prompt-ids", "1,x"], r"--prompt-ids '1,x' is inv"),
         (
-            ["--hf-dir", d, "--prompt-ids", "1", "--set", "num_layers=1"],
-            r"\['num_layers'\] cannot be overridden",
+            ["--hf-dir", d, "--prompt-ids", "1", "--serve", "int8"]
+            + ["--quantization", "fp8"],
+            r"--quantization fp8 with --serve int8",
         ),
-        (["--prompt-ids", "1,2"], r"need --hf-dir or --checkpoint-dir"),
+        (["--prompt-ids", "1,2"], r"needs a model: --hf-dir DIR or --check"),
         (["--hf-dir", d, "--prompt-ids", "1,99"], r"prompt.*99"),
     ]
     for argv, pattern in cases:

@@ -9,9 +9,10 @@ the time budget (a step past the budget is recorded as skipped):
   1. environment: jax, the backend, the device kind and its vendor peaks.
   2. peaks measured here: a dense bf16 matmul and an fp8 one (e4m3 x e4m3
      -> f32), TFLOP/s, and whether the fp8 one ran as a native fp8 GEMM.
-  3. the matrix (`linen_moe_cli.matrix`): config x quantization x path x
-     front end, scanned layers; each cell compiles a train step, checks the
-     quantized element types reach its contractions, and trains 2 steps.
+  3. the matrix (`linen-moe matrix`, the installed command, one process per
+     config and front end): config x quantization x path x front end,
+     scanned layers; each cell compiles a train step, checks the quantized
+     element types reach its contractions, and trains 2 steps.
   4. native GEMMs: a train step of the sparse and the dense layer in fp8
      and int8; the GEMMs of the compiled program and their operand types. A
      mode is native when some GEMM takes its forward type directly (XLA:CPU
@@ -21,7 +22,7 @@ the time budget (a step past the budget is recorded as skipped):
      the kernel called directly too (openxla/tokamax#887 on real hardware).
   6. timings: the sparse path with `ragged_dot`, `kernel` and `blocked`,
      and the dropping path, at the medium and gemma-like sizes of
-     `linen-moe bench`, bf16 and fp8: useful TFLOP/s (active experts only),
+     `layer/bench_moe.py`, bf16 and fp8: useful TFLOP/s (active experts only),
      as a fraction of the bf16 (and fp8) peaks measured in step 2 and of
      the vendor's.
 
@@ -33,11 +34,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime
 import functools
 import itertools
 import json
+import pathlib
+import re
+import subprocess
+import sys
 import time
 import traceback
 from typing import Any
@@ -45,15 +49,19 @@ from typing import Any
 import jax
 from jax import lax
 import jax.numpy as jnp
+
+import linen_moe
+from linen_moe import testing
+
+# The accelerator kernel's lookup has no public name.
+from linen_moe._src.kernels import accelerator as grouped_kernels  # noqa: TID251
+from linen_moe.quantization import MODES
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
 import numpy as np
 
-from linen_moe import testing
-from linen_moe._src.hlo import reading as hlo
-from linen_moe._src.kernels import accelerator as grouped_kernels
-from linen_moe._src.kernels import grouped_matmul as gmm_lib
-from linen_moe._src.quantization.modes import MODES
-from linen_moe_cli import bench
-from linen_moe_cli import matrix
+from common import layer_case
 
 # Vendor dense (no sparsity) peaks, FLOP/s, by device kind substring.
 VENDOR_PEAKS = {
@@ -64,6 +72,13 @@ VENDOR_PEAKS = {
     "TPU v6 lite": {"bf16": 918e12, "int8": 1836e12},
 }
 STEPS = ("matrix", "native", "kernels", "timings")
+# The configs of `linen-moe matrix --all`'s product.
+TINY_CONFIGS = (
+    "tiny_mixtral",
+    "tiny_gemma4_26b",
+    "tiny_deepseek_v3",
+    "tiny_qwen3_moe",
+)
 BUDGET_S = 480  # of run.sh's ten minutes: installs and start-up take the rest
 SHARES = {"peaks": 0.05, "matrix": 0.35, "native": 0.1, "kernels": 0.1}
 
@@ -128,22 +143,16 @@ def _timed(fn, args, repeats: int = 5) -> float:
 def native_gemms(text: str) -> list[dict]:
   """The GEMMs of a compiled program (dots, GEMM custom calls, anywhere,
   fusions included) and the element types of their first two operands."""
-  instructions = hlo.parse_hlo(text)
-  found = []
-  for inst in instructions.values():
-    if not hlo.is_contraction(inst):
-      continue
-    types = [
-        sorted(instructions[o].types) if o in instructions else []
-        for o in inst.operands[:2]
-    ]
-    found.append({
-        "name": inst.name,
-        "opcode": inst.opcode,
-        "target": inst.target,
-        "operand_types": types,
-    })
-  return found
+  instructions = testing.parse_hlo(text)
+  return [
+      {
+          "name": c.name,
+          "opcode": c.opcode,
+          "target": instructions[c.name].target,
+          "operand_types": [sorted(t) for t in c.operand_types[:2]],
+      }
+      for c in testing.contractions(text)
+  ]
 
 
 def _is_native(gemms: list[dict], hlo_type: str) -> bool:
@@ -179,31 +188,47 @@ def peaks(n: int) -> dict:
   return out
 
 
+_MATRIX_SUMMARY = re.compile(r"(\d+) passed, (\d+) failed \(matrix cells\)")
+
+
 def run_matrix(configs, frontends, deadline: float) -> dict:
-  cells = matrix.cells(
-      configs=configs, layers=("scanned",), frontends=frontends
-  )
-  rows = []
-  for cell in cells:
-    if time.monotonic() > deadline:
-      rows.append({"cell": dataclasses.asdict(cell), "skipped": "time budget"})
+  """`linen-moe matrix` per config, front end and quantization (its three
+  paths; scanned layers, full XLA optimisation, one worker: one process on
+  the device at a time) until `deadline`; each one's table, and the cells
+  passed and failed."""
+  groups, totals = [], {"passed": 0, "failed": 0, "skipped": 0}
+  for config, frontend, mode in itertools.product(configs, frontends, MODES):
+    group = {"config": config, "frontend": frontend, "quantization": mode}
+    left = deadline - time.monotonic()
+    if left <= 0:
+      groups.append({**group, "skipped": "time budget"})
+      totals["skipped"] += len(linen_moe.MATMUL_PATHS)  # cells
       continue
-    r = matrix.run_cell(cell)
-    rows.append({
-        "cell": dataclasses.asdict(cell),
-        "error": r.error,
-        "quantized_types": sorted(r.quantized_types),
-        "losses": r.losses,
-        "compile_s": r.compile_s,
-        "step_s": r.step_s,
-    })
-  done = [r for r in rows if "skipped" not in r]
-  return {
-      "cells": rows,
-      "passed": sum(1 for r in done if r["error"] is None),
-      "failed": sum(1 for r in done if r["error"] is not None),
-      "skipped": len(rows) - len(done),
-  }
+    command = [sys.executable, "-m", "linen_moe_cli.main", "matrix"]
+    command += ["--config", config, "--frontend", frontend]
+    command += ["--quantization", mode]
+    command += ["--layers", "scanned", "--no-fast-compile", "--workers", "1"]
+    try:
+      done = subprocess.run(
+          command, capture_output=True, text=True, timeout=left, check=False
+      )
+    except subprocess.TimeoutExpired:
+      groups.append({**group, "skipped": "time budget (stopped)"})
+      totals["skipped"] += len(linen_moe.MATMUL_PATHS)
+      continue
+    counts = _MATRIX_SUMMARY.search(done.stdout)
+    group.update(
+        returncode=done.returncode,
+        table=done.stdout.strip().splitlines(),
+        stderr=done.stderr[-2000:],
+    )
+    if counts:
+      totals["passed"] += int(counts.group(1))
+      totals["failed"] += int(counts.group(2))
+    else:  # no table: every cell of the row failed
+      totals["failed"] += len(linen_moe.MATMUL_PATHS)
+    groups.append(group)
+  return {"groups": groups, **totals}
 
 
 def native(size: str, deadline: float) -> dict:
@@ -213,8 +238,8 @@ def native(size: str, deadline: float) -> dict:
     if time.monotonic() > deadline:
       out[key] = {"skipped": "time budget"}
       continue
-    case = bench.Case(size, path, quantization=mode, dtype="bfloat16")
-    compiled, _, _ = bench.compiled_step(case)
+    case = layer_case.Case(size, path, quantization=mode, dtype="bfloat16")
+    compiled, _, _ = layer_case.compiled_step(case)
     text = compiled.as_text()
     gemms = native_gemms(text)
     forward = MODES[mode].hlo_forward_type
@@ -261,7 +286,7 @@ def kernels(dry: bool) -> dict:
       import tokamax  # noqa: PLC0415
 
       candidates["tokamax_direct"] = functools.partial(tokamax.ragged_dot)
-    want = fwd_bwd(gmm_lib.ragged_dot)
+    want = fwd_bwd(jax.lax.ragged_dot)
     out = {"kernel": kernel.name}
     empty = np.asarray(sizes) == 0
     for name, fn in candidates.items():
@@ -300,12 +325,12 @@ def timings(sizes, deadline: float, peak: dict, vendor: dict, dry: bool):
     if time.monotonic() > deadline:
       rows.append({**row, "skipped": "time budget"})
       continue
-    case = bench.Case(
+    case = layer_case.Case(
         size, path, quantization=mode, implementation=impl, dtype="bfloat16"
     )
     try:
       with context():
-        compiled, args, compile_s = bench.compiled_step(case)
+        compiled, args, compile_s = layer_case.compiled_step(case)
       seconds = _timed(compiled, args)
     except Exception as e:  # noqa: BLE001 (one case's failure is reported)
       rows.append({**row, "error": f"{type(e).__name__}: {e}"[:500]})
@@ -353,7 +378,7 @@ def main(argv=None) -> int:
   print(json.dumps(results["environment"]), flush=True)
 
   _step(results, "peaks")(lambda: peaks(512 if dry else 8192))
-  configs = ("tiny_mixtral",) if dry else matrix.CONFIGS
+  configs = ("tiny_mixtral",) if dry else TINY_CONFIGS
   frontends = ("linen",) if dry else ("linen", "nnx")
   if "matrix" in args.steps:
     _step(results, "matrix")(

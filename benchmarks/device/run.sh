@@ -32,7 +32,7 @@ stamp=$(date +%Y-%m-%d)
 
 if [ "$dry" = 1 ]; then
   python=${PYTHON:-.venv/bin/python}
-  PYTHONPATH=. exec timeout 900 "$python" benchmarks/device/device_run.py \
+  exec timeout 900 "$python" benchmarks/device/device_run.py \
     --cpu-dry-run --out "$out_dir/device_cpu-dry-run_$stamp.json"
 fi
 

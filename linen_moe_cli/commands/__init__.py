@@ -6,7 +6,6 @@ no jax: `linen-moe --help` and every `linen-moe COMMAND --help` answer at
 once; a command imports what it needs when it runs.
 """
 
-from linen_moe_cli.commands import bench
 from linen_moe_cli.commands import export
 from linen_moe_cli.commands import generate
 from linen_moe_cli.commands import launch
@@ -14,4 +13,4 @@ from linen_moe_cli.commands import matrix
 from linen_moe_cli.commands import train
 
 # In the order `linen-moe --help` lists them.
-COMMANDS = (train, export, matrix, launch, bench, generate)
+COMMANDS = (train, export, matrix, launch, generate)

@@ -1,12 +1,14 @@
-"""`linen-moe generate`: greedy decoding with a KV cache.
+"""`linen-moe generate`: a model's greedy continuation of a prompt, with the
+KV cache.
 
-With `--hf-dir DIR` (a Hugging Face checkpoint) or `--checkpoint-dir DIR`
-(a `linen-moe train` checkpoint), the model's continuation of `--prompt
-TEXT` (tokenized with DIR/tokenizer.json or `--tokenizer`) or `--prompt-ids
-1,2,3`, from float weights or `--quantization` serving weights
-(`prompt_job`). Without either, the benchmark: train the decoder of
-`--config` briefly, convert its expert weights for serving and decode
-float and converted side by side (`generate_job`).
+The model is a Hugging Face checkpoint (`--hf-dir DIR`) or a `linen-moe
+train` checkpoint (`--checkpoint-dir DIR`); the prompt is `--prompt TEXT`
+(tokenized with DIR/tokenizer.json or `--tokenizer`) or `--prompt-ids
+1,2,3` (`prompt_job`). Two independent choices say how it runs:
+`--serve MODE` converts the expert weights to a quantized storage type
+(float weights when absent), and `--quantization MODE` runs float weights
+through that mode's quantized contractions (none when absent). Timing a
+model: `benchmarks/serving/bench_serving.py`.
 """
 
 from __future__ import annotations
@@ -14,20 +16,22 @@ from __future__ import annotations
 import argparse
 import os
 
-from linen_moe_cli import model_args
+from linen_moe.quantization import MODES
+from linen_moe.quantization import SERVING_MODES
 from linen_moe_cli import options
+
+SERVE = ("none", *SERVING_MODES)
 
 
 def register(subparsers) -> None:
   p = subparsers.add_parser(
       "generate",
       help=(
-          "greedy decoding with a KV cache: a model's continuation of a "
-          "prompt (--hf-dir, --checkpoint-dir), or float vs converted "
-          "serving weights of a briefly trained --config"
+          "greedy decoding with a KV cache: a checkpoint's continuation of "
+          "a prompt (--hf-dir, --checkpoint-dir), from float or serving "
+          "weights"
       ),
   )
-  model_args.add_model_args(p)
   source = p.add_mutually_exclusive_group()
   source.add_argument(
       "--hf-dir", default=None, metavar="DIR", help="a Hugging Face checkpoint"
@@ -52,16 +56,27 @@ def register(subparsers) -> None:
       help="a tokenizer.json (default: DIR/tokenizer.json when there is one)",
   )
   p.add_argument(
-      "--train-steps",
-      type=int,
-      default=50,
-      help="without a DIR: train this many steps first, in the serving mode",
+      "--serve",
+      choices=SERVE,
+      default="none",
+      metavar="MODE",
+      help=(
+          "serve expert weights converted to MODE's storage type "
+          f"({', '.join(SERVING_MODES)}; a Hugging Face checkpoint's "
+          "are converted as they are read); default none: float weights"
+      ),
   )
-  p.add_argument("--batch-size", type=int, default=8)
-  p.add_argument("--prompt-len", type=int, default=16)
+  p.add_argument(
+      "--quantization",
+      choices=tuple(MODES),
+      default=None,
+      help=(
+          "run the float weights through this mode's quantized contractions "
+          "(default none; a --checkpoint-dir allows none or the mode it "
+          "trained in); with --serve, only the served mode"
+      ),
+  )
   p.add_argument("--new-tokens", type=int, default=32)
-  p.add_argument("--repeats", type=int, default=3, help="timed runs")
-  p.add_argument("--seed", type=int, default=0)
   p.set_defaults(run=run)
 
 
@@ -81,6 +96,11 @@ def _prompt_ids(text: str) -> list[int]:
 def _checked(args: argparse.Namespace) -> dict:
   """The prompt job's arguments, checked before jax is imported."""
   directory = args.hf_dir or args.checkpoint_dir
+  if directory is None:
+    raise ValueError(
+        "generate needs a model: --hf-dir DIR or --checkpoint-dir DIR "
+        "(timing a random model: benchmarks/serving/bench_serving.py)."
+    )
   flag = "--hf-dir" if args.hf_dir else "--checkpoint-dir"
   if not os.path.isdir(directory):
     raise ValueError(f"{flag} {directory} is not a directory.")
@@ -89,11 +109,11 @@ def _checked(args: argparse.Namespace) -> dict:
   if args.prompt is None and args.prompt_ids is None:
     raise ValueError(f"{flag} needs --prompt TEXT or --prompt-ids 1,2,3.")
   options.check_int("new_tokens", args.new_tokens, 1)
-  extra = set(model_args.model_overrides(args)) - {"quantization"}
-  if extra:
+  if args.serve != "none" and args.quantization not in (None, args.serve):
     raise ValueError(
-        f"{flag}: the model is the checkpoint's; {sorted(extra)} cannot be "
-        "overridden (--quantization chooses float or serving weights)."
+        f"--quantization {args.quantization} with --serve {args.serve}: "
+        "serving weights run in their own mode; drop --quantization or "
+        f"pass --quantization {args.serve}."
     )
   tokenizer = args.tokenizer
   default = os.path.join(directory, "tokenizer.json")
@@ -119,35 +139,14 @@ def _checked(args: argparse.Namespace) -> dict:
       ),
       "tokenizer": tokenizer if args.prompt is not None or tokenizer else None,
       "new_tokens": args.new_tokens,
-      "quantization": args.quantization or "none",
+      "serve": args.serve,
+      "quantization": args.serve if args.serve != "none" else args.quantization,
   }
 
 
 def run(args: argparse.Namespace) -> int:
-  if args.hf_dir or args.checkpoint_dir:
-    job = _checked(args)
-    from linen_moe_cli import prompt_job  # noqa: PLC0415 (imports jax)
+  job = _checked(args)
+  from linen_moe_cli import prompt_job  # noqa: PLC0415 (imports jax)
 
-    print(prompt_job.format_report(prompt_job.generate(**job)))
-    return 0
-  if args.prompt is not None or args.prompt_ids is not None:
-    raise ValueError(
-        "--prompt and --prompt-ids need --hf-dir or --checkpoint-dir."
-    )
-  from linen_moe_cli import generate_job  # noqa: PLC0415 (imports jax)
-
-  overrides = model_args.model_overrides(args)
-  overrides.pop("quantization", None)
-  result = generate_job.generate(
-      args.config,
-      overrides,
-      quantization=args.quantization or "int8",
-      train_steps=args.train_steps,
-      batch_size=args.batch_size,
-      prompt_len=args.prompt_len,
-      new_tokens=args.new_tokens,
-      seed=args.seed,
-      repeats=args.repeats,
-  )
-  print(generate_job.format_report(result))
+  print(prompt_job.format_report(prompt_job.generate(**job)))
   return 0

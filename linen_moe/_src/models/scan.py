@@ -19,7 +19,7 @@ from linen_moe._src.layer import variables
 
 LAYERS_AXIS = "layers"
 # `resolved_unroll(0, length)` unrolls a stack of at most this many layers.
-# Measured on a 2-core CPU (`benchmarks/bench_scan_unroll.py`: the
+# Measured on a 2-core CPU (`benchmarks/model/bench_scan_unroll.py`: the
 # tiny_mixtral train step), in line against the loop: compile 0.8x /
 # 1.0-1.3x / 2.0x / 3.7-4.3x at 2 / 4 / 8 / 16 layers; and the 4-layer
 # Mixtral-shaped train step (bench_model) runs 1.53 -> 1.45-1.52 s: a loop
