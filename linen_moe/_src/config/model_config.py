@@ -24,6 +24,10 @@ from linen_moe._src.config.moe_config import _run
 if TYPE_CHECKING:
   from linen_moe._src.models import layer_stack
 
+# `ModelConfig.remat`: what each block keeps for the backward pass
+# (`linen_moe._src.models.remat` says which tensors each policy saves).
+REMAT_POLICIES = ("none", "full")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -50,6 +54,11 @@ class ModelConfig:
       compile) and a longer one a layer per iteration (a compile time flat
       in depth). It changes the compiled program only, never the
       variables' layout.
+    remat: what each block keeps for the backward pass
+      (`REMAT_POLICIES`): "none" keeps every activation; "full" only each
+      layer's input, recomputing the rest of the layer in the backward
+      pass. It changes the compiled program only (memory against time),
+      never the numbers or the variables.
     norm_eps: RMSNorm epsilon.
     num_kv_heads: key/value heads of grouped-query attention (0 =
       num_heads); it divides num_heads, and key/value head j serves the
@@ -144,6 +153,7 @@ class ModelConfig:
   post_moe_norms: bool = False
   scan_layers: bool = _run(True)
   scan_unroll: int = _run(0)
+  remat: str = _run("none")
   norm_eps: float = 1e-6
   num_kv_heads: int = 0
   qk_norm: bool = False
@@ -202,6 +212,8 @@ class ModelConfig:
           self.num_kv_heads,
           f"must divide num_heads={self.num_heads}",
       )
+    if not isinstance(self.remat, str) or self.remat not in REMAT_POLICIES:
+      _fail("ModelConfig", "remat", self.remat, f"allowed {REMAT_POLICIES}")
     self._check_dense_layers()
     decoder_fields.check(self, _fail)
     mla = self.kv_lora_rank > 0  # MLA has head widths of its own
