@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.layer.variables import CACHE
+from linen_moe._src.models.kv_cache import write_cache
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize
 from linen_moe._src.models.rotary import Rope
@@ -77,15 +77,22 @@ class Projection(nn.Module):
 
 
 def attention_mask(
-    positions: jax.Array, key_positions: jax.Array, window: int
+    positions: jax.Array,
+    key_positions: jax.Array,
+    window: int,
+    segment_ids: jax.Array | None = None,
+    key_segment_ids: jax.Array | None = None,
 ) -> jax.Array:
   """<bool>[B, S, T]: query at positions [B, S] sees the key at
-  key_positions [B, T] iff 0 <= q - k (causal) and, with a window W > 0,
-  q - k < W."""
+  key_positions [B, T] iff 0 <= q - k (causal), with a window W > 0
+  q - k < W, and with segment ids (<int32>[B, S] and [B, T]) both in the
+  same segment (padding, segment 0, sees padding only, so no row is empty)."""
   distance = positions[:, :, None] - key_positions[:, None, :]  # [B, S, T]
   visible = distance >= 0
   if window > 0:
     visible &= distance < window
+  if segment_ids is not None:
+    visible &= segment_ids[:, :, None] == key_segment_ids[:, None, :]
   return visible
 
 
@@ -106,13 +113,23 @@ def attend(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    visible: jax.Array,
+    *,
+    positions: jax.Array,
+    key_positions: jax.Array,
+    window: int,
     scale: float,
     dtype: jnp.dtype,
+    segment_ids: jax.Array | None = None,
+    key_segment_ids: jax.Array | None = None,
 ) -> jax.Array:
-  """Grouped-query attention: q [B, S, N, Dk], k [B, T, K, Dk], v [B, T,
-  K, Dv], `visible` <bool>[B, S, T] -> [B, S, N, Dv]; query head n reads
-  key / value head n // (N / K). Logits and softmax in float32."""
+  """Causal grouped-query attention: q [B, S, N, Dk], k [B, T, K, Dk], v
+  [B, T, K, Dv] -> [B, S, N, Dv]; query head n reads key / value head
+  n // (N / K). Which keys a query sees: `attention_mask` of the positions
+  (<int32>[B, S], [B, T]), the window and the segment ids. Logits and
+  softmax in float32."""
+  visible = attention_mask(
+      positions, key_positions, window, segment_ids, key_segment_ids
+  )
   b, s, n, dk = q.shape
   kv = k.shape[2]
   q = q.reshape(b, s, kv, n // kv, dk)  # [B, S, K, G, Dk]
@@ -120,32 +137,6 @@ def attend(
   probs = softmax_probs(logits, visible, dtype)  # [B, K, G, S, T]
   out = jnp.einsum("BKGST,BTKD->BSKGD", probs, v)  # [B, S, K, G, Dv]
   return out.reshape(b, s, n, v.shape[-1])
-
-
-def write_cache(module: nn.Module, new: dict, positions: jax.Array):
-  """The cache of a decoding attention: ({name: whole cache [B, max_len,
-  ...]}, key positions [B, max_len]) after writing each `new` [B, S, ...]
-  at positions[0, 0] .. + S - 1 (every row at the same positions) into the
-  `cache` variable `cached_{name}`. At init (no cache yet) the cache is
-  shaped after `new` and `new` is returned as it is."""
-  initialized = module.has_variable(CACHE, f"cached_{next(iter(new))}")
-  cached = {
-      name: module.variable(
-          CACHE, f"cached_{name}", jnp.zeros, x.shape, x.dtype
-      )
-      for name, x in new.items()
-  }
-  if not initialized:
-    return new, positions
-  out = {}
-  for name, x in new.items():
-    start = (0, positions[0, 0]) + (0,) * (x.ndim - 2)
-    cached[name].value = jax.lax.dynamic_update_slice(
-        cached[name].value, x, start
-    )
-    out[name] = cached[name].value
-  b, max_len = positions.shape[0], out[name].shape[1]
-  return out, jnp.broadcast_to(jnp.arange(max_len), (b, max_len))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +210,14 @@ class CausalSelfAttention(nn.Module):
   full: bool = False
 
   @nn.compact
-  def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+  def __call__(
+      self,
+      x: jax.Array,
+      positions: jax.Array,
+      segment_ids: jax.Array | None = None,
+  ) -> jax.Array:
+    """[B, S, M] -> [B, S, M]; positions and segment ids (optional, 0 =
+    padding) <int32>[B, S]."""
     cfg = self.config
     geo = geometry(cfg, self.full)
     n, kv, d, m = geo.heads, geo.kv_heads, geo.head_dim, cfg.moe.emb_dim
@@ -246,15 +244,25 @@ class CausalSelfAttention(nn.Module):
     if cfg.value_norm:
       v = rms_normalize(v, cfg.norm_eps)
     q, k = geo.rope(q, positions), geo.rope(k, positions)
-    key_positions = positions
+    key_positions, key_segment_ids = positions, segment_ids
     if self.decode:
       cached, key_positions = write_cache(
           self, {"key": k, "value": v}, positions
       )
       k, v = cached["key"], cached["value"]
-    visible = attention_mask(positions, key_positions, geo.window)
-    scale = cfg.attention_scale or d**-0.5
-    attended = attend(q, k, v, visible, scale, dt)  # [B, S, N, D]
+      segment_ids = key_segment_ids = None
+    attended = attend(
+        q,
+        k,
+        v,
+        positions=positions,
+        key_positions=key_positions,
+        window=geo.window,
+        scale=cfg.attention_scale or d**-0.5,
+        dtype=dt,
+        segment_ids=segment_ids,
+        key_segment_ids=key_segment_ids,
+    )  # [B, S, N, D]
     out = Projection(
         "BSND,NDM->BSM",
         (n, d, m),
