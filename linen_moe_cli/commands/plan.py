@@ -107,29 +107,22 @@ def register(subparsers) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-  """The config overrides of the flags, `--remat` included (checked by
-  the config, which names the policies there are)."""
-  from linen_moe import ModelConfig  # noqa: PLC0415 (no jax)
-
+  """The config overrides of the flags, `--remat` included (the config
+  checks it, naming the policies there are)."""
   overrides = model_args.model_overrides(args)
   if args.remat is not None:
-    if "remat" in ModelConfig.__dataclass_fields__:
-      overrides["remat"] = args.remat
-    elif args.remat != "none":
-      raise ValueError(
-          f"remat={args.remat!r} (--remat) is invalid: this version of "
-          "linen_moe has no rematerialisation policies; only 'none'."
-      )
+    overrides["remat"] = args.remat
   return overrides
 
 
 def run(args: argparse.Namespace) -> int:
   """Checks the flags, compiles the step for the target, prints the plan;
   exit status 1 when it does not fit."""
+  from linen_moe import load_model_config  # noqa: PLC0415 (no jax)
   from linen_moe import planning  # noqa: PLC0415 (no jax until used)
 
   target = planning.parse_target(args.target)
-  overrides = _overrides(args)
+  cfg = load_model_config(args.config, **_overrides(args))
   memory = None
   if args.device_memory_gib is not None:
     if not args.device_memory_gib > 0:
@@ -143,9 +136,6 @@ def run(args: argparse.Namespace) -> int:
 
   import functools  # noqa: PLC0415
 
-  from linen_moe import load_model_config  # noqa: PLC0415
-
-  cfg = load_model_config(args.config, **overrides)
   result = planning.plan(
       cfg,
       target,
