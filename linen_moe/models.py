@@ -7,7 +7,8 @@ laid out as `ModelConfig.stack_plan` says (`StackPlan`: unrolled layers
 `layers_{i}` around one scanned stack `layers`, of rows of one block or a
 repeated group `stack_body` builds, scanned with `scan_blocks`), the final
 `RMSNorm`, the tied or separate head (`logits_of`), and the per-layer aux
-reduced to the decoder's (`per_layer_aux`, `layer_aux`).
+reduced to the decoder's (`per_layer_aux`, `layer_aux`). `remat_block`
+wraps a block class in the rematerialization `ModelConfig.remat` names.
 
 Weights move between a scanned and an unrolled stack with
 `scanned_to_unrolled` / `unrolled_to_scanned`.
@@ -27,6 +28,7 @@ from linen_moe._src.models.layer_stack import STACK
 from linen_moe._src.models.layer_stack import StackPlan
 from linen_moe._src.models.layer_stack import layer_name
 from linen_moe._src.models.norms import RMSNorm
+from linen_moe._src.models.remat import remat_block
 from linen_moe._src.models.scan import LAYERS_AXIS
 from linen_moe._src.models.scan import resolved_unroll
 from linen_moe._src.models.scan import scan_blocks
@@ -43,6 +45,7 @@ __all__ = [
     "logits_of",
     "output_head",
     "per_layer_aux",
+    "remat_block",
     "resolved_unroll",
     "scale_embeddings",
     "scan_blocks",

@@ -113,8 +113,9 @@ class Decoder(nnx.Module):
     # in `__call__`.
     self.embed = EagerToNNX(models.embedding(config), tokens, rngs=rngs)
     plan, kinds = config.stack_plan, config.block_kinds
+    block_class = models.remat_block(models.DecoderBlock, config, decode)
     for i in plan.before + plan.after:
-      block = models.DecoderBlock(config, decode, *kinds[i])
+      block = block_class(config, decode, *kinds[i])
       setattr(
           self,
           models.layer_name(i),
@@ -122,6 +123,7 @@ class Decoder(nnx.Module):
       )
     if plan.scanned:
       body, fields = models.stack_body(config, decode)
+      body = models.remat_block(body, config, decode)
 
       @nnx.split_rngs(splits=plan.repeats)
       @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=LAYERS_AXIS)

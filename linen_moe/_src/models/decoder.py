@@ -30,6 +30,7 @@ from linen_moe._src.models.blocks import per_layer_aux
 from linen_moe._src.models.blocks import stack_body
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize  # noqa: F401
+from linen_moe._src.models.remat import remat_block
 from linen_moe._src.models.rotary import apply_rope  # noqa: F401
 from linen_moe._src.models.scan import resolved_unroll
 from linen_moe._src.models.scan import scan_blocks
@@ -253,12 +254,13 @@ class Decoder(JitInit, nn.Module):
     x = sharding.constrain(x, sharding.BSM)
     positions = self._positions(tokens)
     plan, kinds = cfg.stack_plan, cfg.block_kinds
+    block_class = remat_block(DecoderBlock, cfg, self.decode)
 
     def unrolled(x, layers):
       outs = []
       for i in layers:
         name = layer_stack.layer_name(i)
-        block = DecoderBlock(cfg, self.decode, *kinds[i], name=name)
+        block = block_class(cfg, self.decode, *kinds[i], name=name)
         x, out = block(x, positions)
         outs.append(out)
       return x, outs
@@ -269,7 +271,10 @@ class Decoder(JitInit, nn.Module):
       body, fields = stack_body(cfg, self.decode)
       unroll = resolved_unroll(cfg.scan_unroll, plan.repeats)
       scanned = scan_blocks(
-          body, plan.repeats, in_axes=(nn.broadcast,), unroll=unroll
+          remat_block(body, cfg, self.decode),
+          plan.repeats,
+          in_axes=(nn.broadcast,),
+          unroll=unroll,
       )
       x, stacked = scanned(**fields, name=layer_stack.STACK)(x, positions)
     x, after = unrolled(x, plan.after)
