@@ -194,7 +194,7 @@ class ModelConfig:
   shared_pre_norm: bool = False
   layer_scalar: bool = False
   final_logit_softcap: float = 0.0
-  attention: str = _run("auto")
+  attention: str = run_field("auto")
 
   def __post_init__(self):
     if not isinstance(self.moe, MoEConfig):
