@@ -127,6 +127,12 @@ class ModelConfig:
       `layer_scalar` [1] (collection `updated_by_rule`, never trained, as
       Gemma-4's buffer).
     final_logit_softcap: c > 0: logits = c * tanh(logits / c) (0 = off).
+    attention: how attention is computed (the same function each way; a
+      run field): "auto" (by platform and shape), "einsum" (the whole score
+      matrix, the reference), "blockwise" (key / value blocks with an
+      online softmax, memory linear in the sequence), "dot_product"
+      (`jax.nn.dot_product_attention`, cuDNN on GPU) or "splash" (Pallas
+      splash attention, TPU). See `linen_moe._src.models.attention`.
 
   Example usage:
     cfg = load_model_config("tiny_mixtral", scan_layers=False)
@@ -188,6 +194,7 @@ class ModelConfig:
   shared_pre_norm: bool = False
   layer_scalar: bool = False
   final_logit_softcap: float = 0.0
+  attention: str = run_field("auto")
 
   def __post_init__(self):
     if not isinstance(self.moe, MoEConfig):
