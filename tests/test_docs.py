@@ -31,6 +31,7 @@ _FACES = (
     "hf",
     "hlo",
     "lora",
+    "planning",
     "tokens",
     "testing",
 )

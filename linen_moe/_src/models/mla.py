@@ -37,7 +37,7 @@ from linen_moe._src.models.attention import Projection
 from linen_moe._src.models.attention import attend
 from linen_moe._src.models.attention import attention_mask
 from linen_moe._src.models.attention import softmax_probs
-from linen_moe._src.models.attention import write_cache
+from linen_moe._src.models.kv_cache import write_cache
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.rotary import rope_of
 from linen_moe._src.models.rotary import yarn_mscale
@@ -125,7 +125,14 @@ class MultiHeadLatentAttention(nn.Module):
     )(lat)
 
   @nn.compact
-  def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+  def __call__(
+      self,
+      x: jax.Array,
+      positions: jax.Array,
+      segment_ids: jax.Array | None = None,
+  ) -> jax.Array:
+    """[B, S, M] -> [B, S, M]; positions and segment ids (optional, 0 =
+    padding) <int32>[B, S]."""
     cfg = self.config
     m, n, r = cfg.moe.emb_dim, cfg.num_heads, cfg.kv_lora_rank
     dn, dr, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
@@ -170,8 +177,20 @@ class MultiHeadLatentAttention(nn.Module):
       k_rot = jnp.broadcast_to(k_rot, (*k_rot.shape[:2], n, dr))
       k = jnp.concatenate([k_nope, k_rot.astype(k_nope.dtype)], axis=-1)
       q = jnp.concatenate([q_nope, q_rot], axis=-1)
-      visible = attention_mask(positions, positions, cfg.sliding_window)
-      attended = attend(q, k, v, visible, scale, dt)  # [B, S, N, Dv]
+      attended = attend(
+          q,
+          k,
+          v,
+          positions=positions,
+          key_positions=positions,
+          window=cfg.sliding_window,
+          scale=scale,
+          dtype=dt,
+          segment_ids=segment_ids,
+          key_segment_ids=segment_ids,
+          implementation=cfg.attention,
+          self_attention=True,
+      )  # [B, S, N, Dv]
     out = self._projection(
         "BSND,NDM->BSM", (n, dv, m), ("heads", "kv", "embed"), (0, 1), "out"
     )
