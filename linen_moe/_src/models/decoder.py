@@ -196,9 +196,12 @@ class Decoder(JitInit, nn.Module):
   `layers_0/`, `layers_1/`, ...
 
   With `decode`, each attention keeps a KV cache and the decoder the number
-  of tokens already in it (`cache/index`); each call appends its tokens at
-  the next positions (prefill with the prompt, then one token at a time; see
-  `linen_moe.decoding`). `init` on a [B, max_len] sample sizes the cache.
+  of tokens already fed (`cache/index`) and each row's left padding
+  (`cache/pad` <int32>[B], zeros unless set): each call appends its tokens
+  at the next positions, index - pad onwards (prefill with the prompt, then
+  one token at a time; see `linen_moe.decoding`); a negative position is
+  padding, never attended to. `init` on a [B, max_len] sample sizes the
+  cache.
 
   Example usage:
     cfg = load_model_config("tiny_mixtral")
@@ -219,15 +222,18 @@ class Decoder(JitInit, nn.Module):
   last_logits_only: bool = False
 
   def _positions(self, tokens: jax.Array) -> jax.Array:
-    """[B, S] positions of `tokens`: 0.. S-1, or after the cached ones."""
+    """[B, S] positions of `tokens`: 0.. S-1, or after the cached ones
+    less each row's left padding (negative: padding)."""
     b, s = tokens.shape
     start = 0
     if self.decode:
       initialized = self.has_variable(CACHE, "index")
       index = self.variable(CACHE, "index", jnp.zeros, (), jnp.int32)
+      pad = self.variable(CACHE, "pad", jnp.zeros, (b,), jnp.int32)
       if initialized:
         start = index.value
         index.value = start + s
+        return start + jnp.arange(s, dtype=jnp.int32) - pad.value[:, None]
     return jnp.broadcast_to(start + jnp.arange(s, dtype=jnp.int32), (b, s))
 
   @nn.compact
