@@ -187,6 +187,8 @@ class MultiHeadLatentAttention(nn.Module):
           dtype=dt,
           segment_ids=segment_ids,
           key_segment_ids=segment_ids,
+          implementation=cfg.attention,
+          self_attention=True,
       )  # [B, S, N, Dv]
     out = self._projection(
         "BSND,NDM->BSM", (n, dv, m), ("heads", "kv", "embed"), (0, 1), "out"
