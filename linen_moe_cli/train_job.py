@@ -136,8 +136,11 @@ def _load_hf(directory: str, cfg, device_mesh):
       dtype=cfg.moe.param_dtype,
       mesh=device_mesh,
       quantization=cfg.moe.quantization,
+      serving=cfg.moe.serving,
   )
-  checkpoint.check_model_config(checkpoint.config_dict(loaded), cfg, directory)
+  # The checkpoint is the base: the run's config without its adapters.
+  base = cfg.replace(lora_rank=0)
+  checkpoint.check_model_config(checkpoint.config_dict(loaded), base, directory)
   return variables
 
 

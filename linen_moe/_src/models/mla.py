@@ -97,7 +97,14 @@ class MultiHeadLatentAttention(nn.Module):
   def _projection(self, eqn, shape, names, fan_in, name):
     cfg = self.config
     return Projection(
-        eqn, shape, names, fan_in, cfg.moe.dtype, cfg.moe.param_dtype, name=name
+        eqn,
+        shape,
+        names,
+        fan_in,
+        cfg.moe.dtype,
+        cfg.moe.param_dtype,
+        cfg.moe.lora_on("attention"),
+        name=name,
     )
 
   def _query(self, x: jax.Array) -> jax.Array:
@@ -200,7 +207,7 @@ class MultiHeadLatentAttention(nn.Module):
     Dr] without expanding them: [B, S, N, Dv]."""
     cfg = self.config
     dn, dt = cfg.qk_nope_head_dim, cfg.moe.dtype
-    w = kv_b.kernel.astype(dt)  # [R, N, Dn + Dv]
+    w = kv_b.merged_kernel().astype(dt)  # [R, N, Dn + Dv], adapted
     w_k, w_v = w[..., :dn], w[..., dn:]
     q_latent = jnp.einsum("BSND,RND->BSNR", q_nope, w_k)  # [B, S, N, R]
     logits = jnp.einsum("BSNR,BTR->BNST", q_latent, latent)
