@@ -119,13 +119,17 @@ class Plan:
       (`linen_moe.planning.model_flops`).
     compiler_flops_per_step: the compiler's count (`cost_analysis`),
       all devices, or None where it gives none. It counts what the
-      program executes: recomputation, the optimizer, and (on XLA:CPU)
-      every expert of a grouped matmul; not FLOPs inside Pallas kernels.
+      program executes (recomputation, the optimizer, every expert of a
+      grouped matmul) but a loop's body once: a scanned stack of more
+      than 4 layers counts about one layer; no FLOPs inside Pallas
+      kernels.
     tokens_per_step: tokens one step trains on (decode: generates).
     estimated_step_s: the roofline time of a step: the slower of the
       model FLOPs at the chip's peak and the bytes the step reads and
-      writes at its memory bandwidth, per device, no communication (a
-      lower bound); None without the chip's figures (CPU).
+      writes (the compiler's count, at least every argument, output and
+      temporary once) at its memory bandwidth, per device, no
+      communication (a lower bound); None without the chip's figures
+      (CPU) or a compiled step.
     estimated_mfu: model FLOPs over the devices' peak in that time (an
       upper bound); None likewise.
     chip: the chip's name, or None.
@@ -481,13 +485,14 @@ def plan(
   step_s = mfu = None
   chip = target.chip
   if chip is not None and compiled is not None:
-    moved = cost.get("bytes accessed")
-    if moved is None or moved <= 0:
-      moved = (
-          per_device.argument_bytes
-          + per_device.output_bytes
-          + per_device.temp_bytes
-      )
+    # The compiler's count takes a loop's body once (a scanned stack's
+    # layers): at least every argument, output and temporary once.
+    moved = max(
+        cost.get("bytes accessed") or 0,
+        per_device.argument_bytes
+        + per_device.output_bytes
+        + per_device.temp_bytes,
+    )
     step_s = max(
         flops / devices / chip.peak_flops, moved / chip.memory_bandwidth
     )
