@@ -123,6 +123,26 @@ def register(subparsers) -> None:
           "tokenized with its tokenizer.json unless --tokenizer)"
       ),
   )
+  p.add_argument(
+      "--profile-steps",
+      default=None,
+      metavar="A:B",
+      help=(
+          "trace steps A to B (from 1, inclusive) with jax.profiler into "
+          "CHECKPOINT_DIR/profile (TensorBoard's profile plugin or Perfetto "
+          "reads it)"
+      ),
+  )
+  p.add_argument(
+      "--tensorboard",
+      default=None,
+      metavar="DIR",
+      help=(
+          "also write each step's scalars (loss, learning_rate, tokens_per_s, "
+          "model_tflops_per_s, mfu, ...) as TensorBoard events into DIR "
+          "(needs tensorboardX: pip install 'linen_moe[tensorboard]')"
+      ),
+  )
   _add_data_args(p)
   _add_lora_args(p)
   _add_optimizer_args(p)
