@@ -216,3 +216,41 @@ def grouped_matmul(lhs, rhs, group_sizes, dout):
         drhs[g] += np.outer(lhs[row], dout[row])
       row += 1
   return out, dlhs, drhs
+
+
+def attention(
+    q,
+    k,
+    v,
+    positions,
+    key_positions,
+    window,
+    scale,
+    segments=None,
+    key_segments=None,
+):
+  """Causal grouped-query attention, one query and head at a time: q [B, S,
+  N, Dk], k [B, T, K, Dk], v [B, T, K, Dv] -> [B, S, N, Dv]. Query (b, i)
+  sees key (b, j) iff 0 <= pos_i - pos_j (< window when window > 0) and,
+  with segments, both are in the same segment."""
+  b, s, n, _ = q.shape
+  t, kv = k.shape[1], k.shape[2]
+  out = np.zeros((b, s, n, v.shape[-1]))
+  for r in range(b):
+    for i in range(s):
+      seen = []
+      for j in range(t):
+        d = positions[r, i] - key_positions[r, j]
+        ok = d >= 0 and (window <= 0 or d < window)
+        if segments is not None:
+          ok = ok and segments[r, i] == key_segments[r, j]
+        if ok:
+          seen.append(j)
+      for h in range(n):
+        g = h // (n // kv)
+        logits = np.array([q[r, i, h] @ k[r, j, g] for j in seen]) * scale
+        p = _softmax(logits)
+        out[r, i, h] = sum(
+            pj * v[r, j, g] for pj, j in zip(p, seen, strict=True)
+        )
+  return out

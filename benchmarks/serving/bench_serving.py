@@ -32,7 +32,7 @@ import numpy as np
 
 import linen_moe
 from linen_moe import decoding
-from linen_moe import serving
+from linen_moe import quantization as serving
 from linen_moe import sharding
 from linen_moe import training
 

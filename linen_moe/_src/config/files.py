@@ -14,10 +14,10 @@ import warnings
 
 import yaml
 
+from linen_moe._src.config.checks import check_keys
+from linen_moe._src.config.checks import new_names
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.moe_config import MoEConfig
-from linen_moe._src.config.moe_config import _check_keys
-from linen_moe._src.config.moe_config import _new_names
 
 
 def available_configs() -> list[str]:
@@ -57,8 +57,8 @@ def _read_yaml(name_or_path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _moe_from_dict(data: dict[str, Any]) -> MoEConfig:
-  data = _new_names("MoEConfig", data)
-  _check_keys(MoEConfig, data)
+  data = new_names("MoEConfig", data)
+  check_keys(MoEConfig, data)
   return MoEConfig(**data)
 
 
@@ -85,7 +85,7 @@ def load_model_config(
   data = _read_yaml(name_or_path)
   moe = _moe_from_dict(dict(data["moe"] or {}))
   decoder = dict(data.get("decoder") or {})
-  _check_keys(ModelConfig, decoder)
+  check_keys(ModelConfig, decoder)
   if "moe" in decoder:
     raise ValueError("The 'decoder' section may not contain 'moe'.")
   return ModelConfig(moe=moe, **decoder).replace(**overrides)
@@ -112,9 +112,9 @@ def load_moe_config(
       value is invalid.
   """
   data = _read_yaml(name_or_path)
-  merged = _new_names("MoEConfig", dict(data["moe"] or {}))
-  overrides = _new_names("MoEConfig", overrides)
-  _check_keys(MoEConfig, overrides)
+  merged = new_names("MoEConfig", dict(data["moe"] or {}))
+  overrides = new_names("MoEConfig", overrides)
+  check_keys(MoEConfig, overrides)
   merged.update(overrides)
   return _moe_from_dict(merged)
 

@@ -14,15 +14,20 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from linen_moe._src.config import decoder_fields
+from linen_moe._src.config.checks import check_keys
+from linen_moe._src.config.checks import check_positive_ints
+from linen_moe._src.config.checks import fail
+from linen_moe._src.config.checks import new_names
+from linen_moe._src.config.checks import run_field
 from linen_moe._src.config.moe_config import MoEConfig
-from linen_moe._src.config.moe_config import _check_keys
-from linen_moe._src.config.moe_config import _check_positive_ints
-from linen_moe._src.config.moe_config import _fail
-from linen_moe._src.config.moe_config import _new_names
-from linen_moe._src.config.moe_config import _run
+from linen_moe._src.lora import config as lora_config
 
 if TYPE_CHECKING:
   from linen_moe._src.models import layer_stack
+
+# `ModelConfig.remat`: what each block keeps for the backward pass
+# (`linen_moe._src.models.remat` says which tensors each policy saves).
+REMAT_POLICIES = ("none", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +55,11 @@ class ModelConfig:
       compile) and a longer one a layer per iteration (a compile time flat
       in depth). It changes the compiled program only, never the
       variables' layout.
+    remat: what each block keeps for the backward pass
+      (`REMAT_POLICIES`): "none" keeps every activation; "full" only each
+      layer's input, recomputing the rest of the layer in the backward
+      pass. It changes the compiled program only (memory against time),
+      never the numbers or the variables.
     norm_eps: RMSNorm epsilon.
     num_kv_heads: key/value heads of grouped-query attention (0 =
       num_heads); it divides num_heads, and key/value head j serves the
@@ -118,6 +128,12 @@ class ModelConfig:
       `layer_scalar` [1] (collection `updated_by_rule`, never trained, as
       Gemma-4's buffer).
     final_logit_softcap: c > 0: logits = c * tanh(logits / c) (0 = off).
+    attention: how attention is computed (the same function each way; a
+      run field): "auto" (by platform and shape), "einsum" (the whole score
+      matrix, the reference), "blockwise" (key / value blocks with an
+      online softmax, memory linear in the sequence), "dot_product"
+      (`jax.nn.dot_product_attention`, cuDNN on GPU) or "splash" (Pallas
+      splash attention, TPU). See `linen_moe._src.models.attention`.
 
   Example usage:
     cfg = load_model_config("tiny_mixtral", scan_layers=False)
@@ -142,8 +158,9 @@ class ModelConfig:
   rope_max_wavelength: float = 10_000.0
   router_input_norm: bool = False
   post_moe_norms: bool = False
-  scan_layers: bool = _run(True)
-  scan_unroll: int = _run(0)
+  scan_layers: bool = run_field(True)
+  scan_unroll: int = run_field(0)
+  remat: str = run_field("none")
   norm_eps: float = 1e-6
   num_kv_heads: int = 0
   qk_norm: bool = False
@@ -178,13 +195,14 @@ class ModelConfig:
   shared_pre_norm: bool = False
   layer_scalar: bool = False
   final_logit_softcap: float = 0.0
+  attention: str = run_field("auto")
 
   def __post_init__(self):
     if not isinstance(self.moe, MoEConfig):
       raise TypeError(
           f"ModelConfig.moe must be a MoEConfig, got {type(self.moe)}"
       )
-    _check_positive_ints(self, ("vocab_size", "num_layers", "num_heads"))
+    check_positive_ints(self, ("vocab_size", "num_layers", "num_heads"))
     for name in (
         "head_dim",
         "num_kv_heads",
@@ -194,26 +212,28 @@ class ModelConfig:
     ):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        _fail("ModelConfig", name, value, "expected an integer >= 0")
+        fail("ModelConfig", name, value, "expected an integer >= 0")
     if self.num_heads % self.resolved_kv_heads:
-      _fail(
+      fail(
           "ModelConfig",
           "num_kv_heads",
           self.num_kv_heads,
           f"must divide num_heads={self.num_heads}",
       )
+    if not isinstance(self.remat, str) or self.remat not in REMAT_POLICIES:
+      fail("ModelConfig", "remat", self.remat, f"allowed {REMAT_POLICIES}")
     self._check_dense_layers()
-    decoder_fields.check(self, _fail)
+    decoder_fields.check(self, fail)
     mla = self.kv_lora_rank > 0  # MLA has head widths of its own
     if not mla and self.head_dim == 0 and self.moe.emb_dim % self.num_heads:
-      _fail(
+      fail(
           "ModelConfig",
           "num_heads",
           self.num_heads,
           f"must divide emb_dim={self.moe.emb_dim} when head_dim is 0",
       )
     if not mla and self.resolved_head_dim % 2:
-      _fail(
+      fail(
           "ModelConfig",
           "head_dim",
           self.resolved_head_dim,
@@ -228,7 +248,7 @@ class ModelConfig:
         "scale_embeddings",
     ):
       if not isinstance(getattr(self, name), bool):
-        _fail("ModelConfig", name, getattr(self, name), "expected a bool")
+        fail("ModelConfig", name, getattr(self, name), "expected a bool")
     for name, low in (("norm_eps", 0.0), ("rope_max_wavelength", 1.0)):
       value = getattr(self, name)
       if (
@@ -237,19 +257,53 @@ class ModelConfig:
           or not math.isfinite(value)
           or value <= low
       ):
-        _fail("ModelConfig", name, value, f"expected a number > {low:g}")
+        fail("ModelConfig", name, value, f"expected a number > {low:g}")
+    self._check_lora_rank()
+
+  def _check_lora_rank(self) -> None:
+    """A LoRA rank no larger than the smaller side of an adapted attention
+    or dense-MLP kernel (the experts' are `MoEConfig`'s check)."""
+    moe = self.moe
+    m, kernels = moe.emb_dim, {}
+    if moe.lora_on("mlp") and self.dense_layers:
+      kernels["the dense MLP's wi_0"] = (m, self.dense_mlp_dim)
+    if moe.lora_on("attention"):
+      if self.kv_lora_rank:
+        dq = self.qk_nope_head_dim + self.qk_rope_head_dim
+        r, dr = self.kv_lora_rank, self.qk_rope_head_dim
+        kernels["MLA's kv_a"] = (m, r + dr)
+        kernels["MLA's kv_b"] = (
+            r,
+            self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),
+        )
+        kernels["MLA's out"] = (self.num_heads * self.v_head_dim, m)
+        if self.q_lora_rank:
+          kernels["MLA's query_a"] = (m, self.q_lora_rank)
+          kernels["MLA's query_b"] = (self.q_lora_rank, self.num_heads * dq)
+        else:
+          kernels["MLA's query"] = (m, self.num_heads * dq)
+      else:
+        d, kv = self.resolved_head_dim, self.resolved_kv_heads
+        kernels["attention's key"] = (m, kv * d)
+        kernels["attention's query"] = (m, self.num_heads * d)
+        if self.full_attention_layers:
+          fd = self.full_head_dim or d
+          fkv = self.full_kv_heads or kv
+          kernels["full attention's key"] = (m, fkv * fd)
+    if kernels:
+      lora_config.check_rank(moe.lora_rank, kernels, "ModelConfig")
 
   def _check_dense_layers(self) -> None:
     layers = self.dense_layers
     if not isinstance(layers, (tuple, list)) or not all(
         isinstance(i, int) and not isinstance(i, bool) for i in layers
     ):
-      _fail("ModelConfig", "dense_layers", layers, "expected layer indices")
+      fail("ModelConfig", "dense_layers", layers, "expected layer indices")
     layers = tuple(sorted(set(layers)))
     if len(layers) != len(self.dense_layers) or any(
         not 0 <= i < self.num_layers for i in layers
     ):
-      _fail(
+      fail(
           "ModelConfig",
           "dense_layers",
           self.dense_layers,
@@ -257,7 +311,7 @@ class ModelConfig:
       )
     object.__setattr__(self, "dense_layers", layers)
     if layers and self.dense_mlp_dim <= 0:
-      _fail(
+      fail(
           "ModelConfig",
           "dense_mlp_dim",
           self.dense_mlp_dim,
@@ -321,11 +375,11 @@ class ModelConfig:
         invalid.
       TypeError: as the `ModelConfig` constructor.
     """
-    changes = _new_names("ModelConfig", changes)
+    changes = new_names("ModelConfig", changes)
     moe_fields = {f.name for f in dataclasses.fields(MoEConfig)}
     moe_changes = {k: v for k, v in changes.items() if k in moe_fields}
     own = {k: v for k, v in changes.items() if k not in moe_fields}
-    _check_keys(ModelConfig, own, extra=moe_fields)
+    check_keys(ModelConfig, own, extra=moe_fields)
     moe = self.moe.replace(**moe_changes) if moe_changes else self.moe
     return dataclasses.replace(self, moe=moe, **own)
 

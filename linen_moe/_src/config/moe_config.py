@@ -18,7 +18,15 @@ import warnings
 # available_configs(). The activations and grouped matmuls (which import
 # jax) are read when a config is validated, the layer stack when asked for;
 # the quantization modes' table and the traffic model import none.
+from linen_moe._src.config.checks import check_choice
+from linen_moe._src.config.checks import check_keys
+from linen_moe._src.config.checks import check_positive_ints
+from linen_moe._src.config.checks import fail
+from linen_moe._src.config.checks import new_names
+from linen_moe._src.config.checks import renamed
+from linen_moe._src.config.checks import run_field
 from linen_moe._src.layer import ep_traffic
+from linen_moe._src.lora import config as lora_config
 from linen_moe._src.quantization.modes import QUANTIZATIONS
 from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS
 
@@ -67,57 +75,6 @@ _NON_NEGATIVE_FIELDS = (
     "router_z_loss_weight",
     "router_jitter",
 )
-
-
-# Old spellings of renamed fields: accepted (with a DeprecationWarning) by the
-# constructors, `replace` and YAML files until linen_moe 0.3.
-_RENAMED_FIELDS = {
-    "weight_dtype": "param_dtype",
-    "n_routing_groups": "num_routing_groups",
-}
-
-
-def _renamed(cls: str, old: str) -> str:
-  new = _RENAMED_FIELDS[old]
-  warnings.warn(
-      f"{cls}.{old} is deprecated and goes in linen_moe 0.3; use {new}.",
-      DeprecationWarning,
-      stacklevel=4,
-  )
-  return new
-
-
-def _new_names(cls: str, changes: dict[str, Any]) -> dict[str, Any]:
-  return {
-      (_renamed(cls, k) if k in _RENAMED_FIELDS else k): v
-      for k, v in changes.items()
-  }
-
-
-# A field made with `_run(default)` says how the model is computed or trained,
-# not what it is: a resumed run may change it (`run_fields()`). Every other
-# field is the model itself (its shapes, routing and state) and must equal
-# the checkpoint's, so a field added later counts as the model unless it says
-# otherwise here.
-def _run(default: Any) -> Any:
-  return dataclasses.field(default=default, metadata={"run": True})
-
-
-def _fail(cls: str, field: str, value: Any, allowed: str) -> None:
-  raise ValueError(f"{cls}.{field}={value!r} is invalid: {allowed}.")
-
-
-def _check_positive_ints(obj: Any, names: tuple[str, ...]) -> None:
-  for name in names:
-    value = getattr(obj, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-      _fail(type(obj).__name__, name, value, "expected a positive integer")
-
-
-def _check_choice(obj: Any, name: str, allowed: tuple[str, ...]) -> None:
-  value = getattr(obj, name)
-  if value not in allowed:
-    _fail(type(obj).__name__, name, value, f"allowed values are {allowed}")
 
 
 def check_serving(serving: bool, quantization: str, owner: str = "") -> None:
@@ -233,6 +190,15 @@ class MoEConfig:
       `linen_moe.quantization.quantize_weights` returns them (and the config it returns sets this),
       and the layer runs inference from them. Needs a mode that stores
       weights (`SERVING_QUANTIZATIONS`; the rule is `check_serving`).
+    lora_rank: r >= 1 puts low-rank adapters on the `lora_targets` kernels
+      (`linen_moe.lora`); 0 (the default): none. At most the smaller side
+      of every adapted kernel.
+    lora_alpha: the adapters' scale is lora_alpha / lora_rank (0 = rank).
+    lora_targets: what gets adapters, names from `linen_moe.lora.TARGETS`:
+      "experts" (the routed experts), "shared" (the shared experts), "mlp"
+      (the dense layers' MLP), "attention" (every attention projection).
+    lora_dropout: dropout rate on the adapters' input, in [0, 1), drawn
+      from the "params" RNG stream (training only).
   """
 
   num_experts: int
@@ -248,22 +214,26 @@ class MoEConfig:
   num_routing_groups: int = 1
   topk_routing_group: int = 1
   routed_bias: bool = False
-  routed_bias_update_rate: float = _run(0.0)
-  router_z_loss_weight: float = _run(0.0)
-  router_jitter: float = _run(0.0)
+  routed_bias_update_rate: float = run_field(0.0)
+  router_z_loss_weight: float = run_field(0.0)
+  router_jitter: float = run_field(0.0)
   per_expert_scale: bool = False
-  capacity_factor: float = _run(0.0)
-  drop_policy: str = _run("position")
-  sparse_matmul: bool = _run(True)
-  grouped_matmul: str = _run("auto")
-  expert_parallel: str = _run("auto")
-  dtype: str = _run("float32")
+  capacity_factor: float = run_field(0.0)
+  drop_policy: str = run_field("position")
+  sparse_matmul: bool = run_field(True)
+  grouped_matmul: str = run_field("auto")
+  expert_parallel: str = run_field("auto")
+  dtype: str = run_field("float32")
   param_dtype: str = "float32"
-  load_balance_loss_weight: float = _run(0.01)
-  quantization: str = _run("none")
-  fp8_amax_history_length: int = _run(1024)
+  load_balance_loss_weight: float = run_field(0.01)
+  quantization: str = run_field("none")
+  fp8_amax_history_length: int = run_field(1024)
   serving: bool = False
-  # Deprecated spellings, accepted until 0.3 (see _RENAMED_FIELDS).
+  lora_rank: int = 0
+  lora_alpha: float = 0.0
+  lora_targets: tuple[str, ...] = lora_config.TARGETS
+  lora_dropout: float = run_field(0.0)
+  # Deprecated spellings, accepted until 0.3 (see RENAMED_FIELDS).
   weight_dtype: dataclasses.InitVar[str | None] = None
   n_routing_groups: dataclasses.InitVar[int | None] = None
 
@@ -274,8 +244,8 @@ class MoEConfig:
         ("n_routing_groups", n_routing_groups),
     ):
       if value is not None:
-        object.__setattr__(self, _renamed(cls, old), value)
-    _check_positive_ints(
+        object.__setattr__(self, renamed(cls, old), value)
+    check_positive_ints(
         self,
         (
             "num_experts",
@@ -286,7 +256,7 @@ class MoEConfig:
         ),
     )
     if self.num_experts_per_tok > self.num_experts:
-      _fail(
+      fail(
           cls,
           "num_experts_per_tok",
           self.num_experts_per_tok,
@@ -299,7 +269,7 @@ class MoEConfig:
     object.__setattr__(self, "mlp_activations", acts)
     names = tuple(activations.ACTIVATIONS)
     if len(acts) != 2 or acts[0] not in names or acts[1] != "linear":
-      _fail(
+      fail(
           cls,
           "mlp_activations",
           acts,
@@ -308,30 +278,30 @@ class MoEConfig:
     for name in ("shared_experts", "shared_mlp_dim"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        _fail(cls, name, value, "expected a non-negative integer")
+        fail(cls, name, value, "expected a non-negative integer")
     if self.shared_experts > 0 and self.shared_mlp_dim <= 0:
-      _fail(
+      fail(
           cls,
           "shared_mlp_dim",
           self.shared_mlp_dim,
           "must be positive when shared_experts > 0",
       )
-    _check_choice(self, "routing", ROUTINGS)
-    _check_choice(self, "quantization", QUANTIZATIONS)
-    _check_choice(self, "grouped_matmul", grouped_matmul.IMPLEMENTATIONS)
-    _check_choice(self, "expert_parallel", EXPERT_PARALLEL_STRATEGIES)
-    _check_choice(self, "dtype", FLOAT_DTYPES)
-    _check_choice(self, "param_dtype", FLOAT_DTYPES)
+    check_choice(self, "routing", ROUTINGS)
+    check_choice(self, "quantization", QUANTIZATIONS)
+    check_choice(self, "grouped_matmul", grouped_matmul.IMPLEMENTATIONS)
+    check_choice(self, "expert_parallel", EXPERT_PARALLEL_STRATEGIES)
+    check_choice(self, "dtype", FLOAT_DTYPES)
+    check_choice(self, "param_dtype", FLOAT_DTYPES)
     for name in _FLOAT_FIELDS:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(cls, name, value, "expected a number")
+        fail(cls, name, value, "expected a number")
       if not math.isfinite(value):
-        _fail(cls, name, value, "expected a finite number")
+        fail(cls, name, value, "expected a finite number")
       object.__setattr__(self, name, float(value))
     for name in _NON_NEGATIVE_FIELDS:
       if getattr(self, name) < 0:
-        _fail(cls, name, getattr(self, name), "expected >= 0")
+        fail(cls, name, getattr(self, name), "expected >= 0")
     for name in (
         "norm_topk_prob",
         "routed_bias",
@@ -340,11 +310,12 @@ class MoEConfig:
         "serving",
     ):
       if not isinstance(getattr(self, name), bool):
-        _fail(cls, name, getattr(self, name), "expected a bool")
+        fail(cls, name, getattr(self, name), "expected a bool")
     check_serving(self.serving, self.quantization, cls)
     self._check_routing()
+    self._check_lora()
     if self.sparse_matmul and self.capacity_factor > 0:
-      _fail(
+      fail(
           cls,
           "capacity_factor",
           self.capacity_factor,
@@ -356,29 +327,29 @@ class MoEConfig:
     """The routing fields beyond the choice of `routing` (numbers already
     checked to be finite, flags to be bools)."""
     cls = type(self).__name__
-    _check_choice(self, "drop_policy", DROP_POLICIES)
+    check_choice(self, "drop_policy", DROP_POLICIES)
     if self.routed_scaling_factor <= 0:
-      _fail(
+      fail(
           cls,
           "routed_scaling_factor",
           self.routed_scaling_factor,
           "expected > 0",
       )
     if self.router_jitter >= 1:
-      _fail(cls, "router_jitter", self.router_jitter, "expected 0 <= eps < 1")
+      fail(cls, "router_jitter", self.router_jitter, "expected 0 <= eps < 1")
     if self.routed_bias_update_rate > 0 and not self.routed_bias:
-      _fail(
+      fail(
           cls,
           "routed_bias_update_rate",
           self.routed_bias_update_rate,
           "a non-zero rate needs routed_bias=True",
       )
-    _check_positive_ints(self, ("num_routing_groups", "topk_routing_group"))
+    check_positive_ints(self, ("num_routing_groups", "topk_routing_group"))
     e, g, t = self.num_experts, self.num_routing_groups, self.topk_routing_group
     if e % g:
-      _fail(cls, "num_routing_groups", g, f"must divide num_experts={e}")
+      fail(cls, "num_routing_groups", g, f"must divide num_experts={e}")
     if g > 1 and e // g < 2:
-      _fail(
+      fail(
           cls,
           "num_routing_groups",
           g,
@@ -386,15 +357,60 @@ class MoEConfig:
           f"num_experts={e}",
       )
     if t > g:
-      _fail(cls, "topk_routing_group", t, f"must be <= num_routing_groups={g}")
+      fail(cls, "topk_routing_group", t, f"must be <= num_routing_groups={g}")
     if self.num_experts_per_tok > t * e // g:
-      _fail(
+      fail(
           cls,
           "num_experts_per_tok",
           self.num_experts_per_tok,
           "must be <= topk_routing_group * num_experts / num_routing_groups "
           f"= {t * e // g} (the experts of the chosen groups)",
       )
+
+  def _check_lora(self) -> None:
+    """The LoRA fields (`lora_config.check`), and a rank no larger than the
+    smaller side of an adapted expert kernel."""
+    cls = type(self).__name__
+    targets = self.lora_targets
+    if isinstance(targets, list):
+      targets = tuple(targets)
+      object.__setattr__(self, "lora_targets", targets)
+    rank = self.lora_rank
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+      fail(cls, "lora_rank", rank, "an integer >= 0 (0 = no adapters)")
+    if rank == 0:
+      return
+    lora_config.check(
+        rank, self.lora_alpha, targets, self.lora_dropout, cls, "lora_"
+    )
+    kernels = {}
+    if "experts" in targets:
+      kernels["the routed experts' wi_0"] = (self.emb_dim, self.moe_mlp_dim)
+    if "shared" in targets and self.shared_experts:
+      width = self.shared_experts * self.shared_mlp_dim
+      kernels["the shared experts' wi_0"] = (self.emb_dim, width)
+    lora_config.check_rank(rank, kernels, cls)
+
+  @property
+  def lora(self) -> lora_config.LoRAConfig | None:
+    """The adapters' `LoRAConfig`, or None when `lora_rank` is 0."""
+    if not self.lora_rank:
+      return None
+    return lora_config.LoRAConfig(
+        self.lora_rank, self.lora_alpha, self.lora_targets, self.lora_dropout
+    )
+
+  def lora_on(self, target: str) -> lora_config.LoRAConfig | None:
+    """The adapters of one target.
+
+    Args:
+      target: a name in `linen_moe.lora.TARGETS`.
+
+    Returns:
+      `lora` when `target` is among `lora_targets`, else None.
+    """
+    lora = self.lora
+    return lora if lora is not None and target in lora.targets else None
 
   @property
   def compute_dtype(self) -> jnp.dtype:
@@ -434,19 +450,9 @@ class MoEConfig:
     Raises:
       ValueError: if a key is not a field, or the result is invalid.
     """
-    changes = _new_names("MoEConfig", changes)
-    _check_keys(type(self), changes)
+    changes = new_names("MoEConfig", changes)
+    check_keys(type(self), changes)
     return dataclasses.replace(self, **changes)
-
-
-def _check_keys(cls: type, changes: dict[str, Any], extra=frozenset()) -> None:
-  allowed = {f.name for f in dataclasses.fields(cls)} | set(extra)
-  unknown = sorted(set(changes) - allowed)
-  if unknown:
-    raise ValueError(
-        f"Unknown {cls.__name__} key(s) {unknown}; allowed keys are "
-        f"{sorted(allowed)}."
-    )
 
 
 # Where `ModelConfig` and the YAML readers lived until they got modules of

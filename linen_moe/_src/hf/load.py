@@ -46,10 +46,12 @@ from linen_moe._src.hf import block_fp8
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import reading
 from linen_moe._src.hf import tensor_names as tn
+from linen_moe._src.hf.layout import SAMPLE_SHAPE
+from linen_moe._src.hf.layout import Path
+from linen_moe._src.hf.layout import abstract_variables
 from linen_moe._src.hf.safetensors_io import FLOAT_CODES
 from linen_moe._src.hf.safetensors_io import Checkpoint
 from linen_moe._src.layer.expert import ROUTED_RANK
-from linen_moe._src.layer.variables import CACHE
 from linen_moe._src.layer.variables import PARAMS
 from linen_moe._src.layer.variables import UPDATED_BY_RULE
 from linen_moe._src.models import layer_stack
@@ -58,10 +60,8 @@ from linen_moe._src.parallel import sharding as sharding_lib
 from linen_moe._src.quantization import serving as serving_lib
 from linen_moe._src.quantization import stored_weights
 
-Path = tuple[str, ...]
 CONFIG_FILE = "config.json"
 _log = logging.getLogger("linen_moe.hf")
-_SAMPLE = (1, 2)  # [B, S] tokens that size nothing
 
 
 def read_config(directory: pathlib.Path) -> dict[str, Any]:
@@ -76,29 +76,6 @@ def read_config(directory: pathlib.Path) -> dict[str, Any]:
   if not isinstance(hf, dict):
     raise ValueError(f"{path} must hold a JSON object.")
   return hf
-
-
-def abstract_variables(config: ModelConfig) -> dict:
-  """The decoder's variables as boxed `ShapeDtypeStruct`s (no cache)."""
-  sample = jax.ShapeDtypeStruct(_SAMPLE, jnp.int32)
-  shapes = jax.eval_shape(
-      lambda t: Decoder(config).init(jax.random.key(0), t), sample
-  )
-  return {k: v for k, v in shapes.items() if k != CACHE}
-
-
-def _flat_params(config: ModelConfig) -> dict[Path, jax.ShapeDtypeStruct]:
-  """Flat unboxed params of the unrolled float decoder of `config`."""
-  unrolled = config.replace(scan_layers=False, serving=False)
-  params = sharding_lib.unbox(abstract_variables(unrolled)[PARAMS])
-  return traverse_util.flatten_dict(params)
-
-
-def _flat_state(config: ModelConfig) -> dict[Path, jax.ShapeDtypeStruct]:
-  """Flat `updated_by_rule` leaves of the unrolled float decoder."""
-  unrolled = config.replace(scan_layers=False, serving=False)
-  state = sharding_lib.unbox(abstract_variables(unrolled).get(UPDATED_BY_RULE))
-  return traverse_util.flatten_dict(state or {})
 
 
 def _unrolled_shapes(abstract_params: Mapping, plan) -> dict[Path, Any]:
@@ -326,7 +303,7 @@ def _fresh_state(config: ModelConfig, abstract: Mapping, shardings) -> dict:
   }
 
   def init():
-    tokens = jnp.zeros(_SAMPLE, jnp.int32)
+    tokens = jnp.zeros(SAMPLE_SHAPE, jnp.int32)
     variables = sharding_lib.unbox(
         Decoder(config).init(jax.random.key(0), tokens)
     )

@@ -31,9 +31,9 @@ from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.hf import block_fp8
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import tensor_names as tn
+from linen_moe._src.hf.layout import flat_params
+from linen_moe._src.hf.layout import flat_state
 from linen_moe._src.hf.load import CONFIG_FILE
-from linen_moe._src.hf.load import _flat_params
-from linen_moe._src.hf.load import _flat_state
 from linen_moe._src.hf.safetensors_io import Planned
 from linen_moe._src.hf.safetensors_io import parse_size
 from linen_moe._src.hf.safetensors_io import write_checkpoint
@@ -277,13 +277,13 @@ def save_checkpoint(
   if target.exists() and (not target.is_dir() or any(target.iterdir())):
     raise ValueError(f"{target} exists and is not an empty directory.")
   layers = _Layers(_params_of(variables))
-  _check_tree(layers, _flat_params(config), "parameters")
+  _check_tree(layers, flat_params(config), "parameters")
   srcs = tn.sources(family, config)
   state_srcs = tn.state_sources(family, config)
   planned = _planned(srcs, layers, dtype)
   if state_srcs:  # the saved buffers, in their own dtype (float32)
     state = _Layers(_rule_state_of(variables), layers.plan)
-    wanted = _flat_state(config)
+    wanted = flat_state(config)
     _check_tree(
         state, {p: wanted[p] for p in state_srcs}, f"{UPDATED_BY_RULE} state"
     )

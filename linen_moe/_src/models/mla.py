@@ -37,7 +37,7 @@ from linen_moe._src.models.attention import Projection
 from linen_moe._src.models.attention import attend
 from linen_moe._src.models.attention import attention_mask
 from linen_moe._src.models.attention import softmax_probs
-from linen_moe._src.models.attention import write_cache
+from linen_moe._src.models.kv_cache import write_cache
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.rotary import rope_of
 from linen_moe._src.models.rotary import yarn_mscale
@@ -82,8 +82,9 @@ class MultiHeadLatentAttention(nn.Module):
   `query_a_norm/scale` [Q] and `query_b/kernel` [Q, N, Dn + Dr]; without,
   `query/kernel` [M, N, Dn + Dr]; `kv_a/kernel` [M, R + Dr],
   `kv_a_norm/scale` [R], `kv_b/kernel` [R, N, Dn + Dv], `out/kernel`
-  [N, Dv, M]. With `decode`, the cache `cached_latent` [B, max_len, R] and
-  `cached_rope_key` [B, max_len, 1, Dr] (see the module docstring).
+  [N, Dv, M]. With `decode`, the cache `cached_latent` [B, C, R] and
+  `cached_rope_key` [B, C, 1, Dr], and `cached_position` (see the module
+  docstring and `kv_cache.py`).
 
   Attributes:
     config: the `ModelConfig`.
@@ -96,7 +97,14 @@ class MultiHeadLatentAttention(nn.Module):
   def _projection(self, eqn, shape, names, fan_in, name):
     cfg = self.config
     return Projection(
-        eqn, shape, names, fan_in, cfg.moe.dtype, cfg.moe.param_dtype, name=name
+        eqn,
+        shape,
+        names,
+        fan_in,
+        cfg.moe.dtype,
+        cfg.moe.param_dtype,
+        cfg.moe.lora_on("attention"),
+        name=name,
     )
 
   def _query(self, x: jax.Array) -> jax.Array:
@@ -118,7 +126,14 @@ class MultiHeadLatentAttention(nn.Module):
     )(lat)
 
   @nn.compact
-  def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+  def __call__(
+      self,
+      x: jax.Array,
+      positions: jax.Array,
+      segment_ids: jax.Array | None = None,
+  ) -> jax.Array:
+    """[B, S, M] -> [B, S, M]; positions and segment ids (optional, 0 =
+    padding) <int32>[B, S]."""
     cfg = self.config
     m, n, r = cfg.moe.emb_dim, cfg.num_heads, cfg.kv_lora_rank
     dn, dr, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
@@ -144,10 +159,15 @@ class MultiHeadLatentAttention(nn.Module):
     )
     scale = softmax_scale(cfg)
     if self.decode:
-      cached, key_positions = write_cache(
-          self, {"latent": latent, "rope_key": k_rot}, positions
+      cached, key_positions, key_valid, valid = write_cache(
+          self,
+          {"latent": latent, "rope_key": k_rot},
+          positions,
+          cfg.sliding_window,
       )
-      visible = attention_mask(positions, key_positions, cfg.sliding_window)
+      visible = attention_mask(
+          positions, key_positions, cfg.sliding_window, valid, key_valid
+      )
       attended = self._absorbed(
           kv_b,
           q_nope,
@@ -163,8 +183,20 @@ class MultiHeadLatentAttention(nn.Module):
       k_rot = jnp.broadcast_to(k_rot, (*k_rot.shape[:2], n, dr))
       k = jnp.concatenate([k_nope, k_rot.astype(k_nope.dtype)], axis=-1)
       q = jnp.concatenate([q_nope, q_rot], axis=-1)
-      visible = attention_mask(positions, positions, cfg.sliding_window)
-      attended = attend(q, k, v, visible, scale, dt)  # [B, S, N, Dv]
+      attended = attend(
+          q,
+          k,
+          v,
+          positions=positions,
+          key_positions=positions,
+          window=cfg.sliding_window,
+          scale=scale,
+          dtype=dt,
+          segment_ids=segment_ids,
+          key_segment_ids=segment_ids,
+          implementation=cfg.attention,
+          self_attention=True,
+      )  # [B, S, N, Dv]
     out = self._projection(
         "BSND,NDM->BSM", (n, dv, m), ("heads", "kv", "embed"), (0, 1), "out"
     )
@@ -175,7 +207,7 @@ class MultiHeadLatentAttention(nn.Module):
     Dr] without expanding them: [B, S, N, Dv]."""
     cfg = self.config
     dn, dt = cfg.qk_nope_head_dim, cfg.moe.dtype
-    w = kv_b.kernel.astype(dt)  # [R, N, Dn + Dv]
+    w = kv_b.merged_kernel().astype(dt)  # [R, N, Dn + Dv], adapted
     w_k, w_v = w[..., :dn], w[..., dn:]
     q_latent = jnp.einsum("BSND,RND->BSNR", q_nope, w_k)  # [B, S, N, R]
     logits = jnp.einsum("BSNR,BTR->BNST", q_latent, latent)

@@ -1,0 +1,68 @@
+"""The checks every config class shares: field names (and their old
+spellings), choices, positive integers, and the one error they raise."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+import warnings
+
+# Old spellings of renamed fields: accepted (with a DeprecationWarning) by the
+# constructors, `replace` and YAML files until linen_moe 0.3.
+RENAMED_FIELDS = {
+    "weight_dtype": "param_dtype",
+    "n_routing_groups": "num_routing_groups",
+}
+
+
+def renamed(cls: str, old: str) -> str:
+  new = RENAMED_FIELDS[old]
+  warnings.warn(
+      f"{cls}.{old} is deprecated and goes in linen_moe 0.3; use {new}.",
+      DeprecationWarning,
+      stacklevel=4,
+  )
+  return new
+
+
+def new_names(cls: str, changes: dict[str, Any]) -> dict[str, Any]:
+  return {
+      (renamed(cls, k) if k in RENAMED_FIELDS else k): v
+      for k, v in changes.items()
+  }
+
+
+# A field made with `run_field(default)` says how the model is computed or trained,
+# not what it is: a resumed run may change it (`run_fields()`). Every other
+# field is the model itself (its shapes, routing and state) and must equal
+# the checkpoint's, so a field added later counts as the model unless it says
+# otherwise here.
+def run_field(default: Any) -> Any:
+  return dataclasses.field(default=default, metadata={"run": True})
+
+
+def fail(cls: str, field: str, value: Any, allowed: str) -> None:
+  raise ValueError(f"{cls}.{field}={value!r} is invalid: {allowed}.")
+
+
+def check_positive_ints(obj: Any, names: tuple[str, ...]) -> None:
+  for name in names:
+    value = getattr(obj, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+      fail(type(obj).__name__, name, value, "expected a positive integer")
+
+
+def check_choice(obj: Any, name: str, allowed: tuple[str, ...]) -> None:
+  value = getattr(obj, name)
+  if value not in allowed:
+    fail(type(obj).__name__, name, value, f"allowed values are {allowed}")
+
+
+def check_keys(cls: type, changes: dict[str, Any], extra=frozenset()) -> None:
+  allowed = {f.name for f in dataclasses.fields(cls)} | set(extra)
+  unknown = sorted(set(changes) - allowed)
+  if unknown:
+    raise ValueError(
+        f"Unknown {cls.__name__} key(s) {unknown}; allowed keys are "
+        f"{sorted(allowed)}."
+    )
