@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.models.kv_cache import write_cache
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize
@@ -251,6 +252,7 @@ class CausalSelfAttention(nn.Module):
       )
       k, v = cached["key"], cached["value"]
       segment_ids = key_segment_ids = None
+    q, k, v = checkpoint_names.tag_qkv(q, k, v)
     attended = attend(
         q,
         k,
