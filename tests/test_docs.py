@@ -30,6 +30,8 @@ _FACES = (
     "distributed",
     "hf",
     "hlo",
+    "lora",
+    "planning",
     "tokens",
     "testing",
 )

@@ -52,6 +52,7 @@ _FACES = (
     "linen_moe.training",
     "linen_moe.testing",
     "linen_moe.hlo",
+    "linen_moe.planning",
     "nnx_adapter",
 )
 # The directory holding the linen_moe and nnx_adapter packages (the source

@@ -11,11 +11,14 @@ covered in each family; `SlowProductTest` runs the whole product. What is
 particular to DeepSeek-V3 and Gemma-4 is in tests/test_hf_families.py.
 """
 
+from unittest import mock
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
 from linen_moe import testing
+from linen_moe._src.models import attention_blockwise
 from tests.hf_helpers import ATOL
 from tests.hf_helpers import fixture as _fixture
 from tests.hf_helpers import generate as _generate
@@ -119,6 +122,63 @@ class LogitsTest(parameterized.TestCase):
         (2, 12, 4),
     )
     self.assertFalse(mixtral.scale_embeddings or mixtral.tie_embeddings)
+
+
+# fixture -> (scanned, front end) of the attention implementations' default
+# run, one a family: GQA with head_dim 12 and a window 4 < S; q/k norms;
+# MLA (Dk = 24 != Dv = 12 here); Gemma-4's sliding and k_eq_v full layers.
+ATTENTION_DEFAULT = {
+    "mixtral_gqa_swa": (False, "linen"),
+    "qwen3_moe_dense0_norm": (True, "nnx"),
+    "deepseek_v3_qlora_yarn_groups": (True, "linen"),
+    "gemma4_text_moe_keqv": (False, "nnx"),
+}
+
+
+def _implementation_logits(test, name, scan, frontend, implementation):
+  """Logits of a fixture with `implementation`, blockwise in blocks of 4
+  queries and 3 keys (the fixtures' 12 positions make several)."""
+  for patcher in (
+      mock.patch.object(attention_blockwise, "BLOCK_Q", 4),
+      mock.patch.object(attention_blockwise, "BLOCK_K", 3),
+  ):
+    patcher.start()
+    test.addCleanup(patcher.stop)
+  ids, expected, _, _ = _fixture(name)
+  config, variables = _load(name, scan)
+  config = config.replace(attention=implementation)
+  return _logits(config, variables, frontend, ids), expected
+
+
+class AttentionImplementationsTest(parameterized.TestCase):
+  """The fixtures with attention="blockwise" (and, under slow, every
+  fixture with "blockwise" and "dot_product", XLA's on CPU) against
+  transformers' logits; the KV-cache decode step runs the
+  einsum whatever the config says, so the greedy continuations are the
+  einsum's (tested above)."""
+
+  @parameterized.parameters(*ATTENTION_DEFAULT.items())
+  def test_blockwise(self, name, case):
+    logits, expected = _implementation_logits(self, name, *case, "blockwise")
+    np.testing.assert_allclose(logits, expected, atol=ATOL, rtol=0)
+
+
+@testing.slow
+class SlowAttentionImplementationsTest(parameterized.TestCase):
+
+  @parameterized.product(
+      name=NAMES,
+      scan=(True, False),
+      frontend=("linen", "nnx"),
+      implementation=("blockwise", "dot_product"),
+  )
+  def test_logits_equal_transformers(
+      self, name, scan, frontend, implementation
+  ):
+    logits, expected = _implementation_logits(
+        self, name, scan, frontend, implementation
+    )
+    np.testing.assert_allclose(logits, expected, atol=ATOL, rtol=0)
 
 
 @testing.slow

@@ -14,6 +14,14 @@ import math
 from typing import Any
 
 ROPE_TYPES = ("default", "yarn")
+# `ModelConfig.attention` (linen_moe._src.models.attention.attend).
+ATTENTION_IMPLEMENTATIONS = (
+    "auto",
+    "einsum",
+    "blockwise",
+    "dot_product",
+    "splash",
+)
 
 _INTS = (
     "kv_lora_rank",
@@ -74,6 +82,13 @@ def _types(cfg, fail: Fail) -> None:
     object.__setattr__(cfg, name, float(value))
   if cfg.rope_type not in ROPE_TYPES:
     fail("ModelConfig", "rope_type", cfg.rope_type, f"allowed {ROPE_TYPES}")
+  if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
+    fail(
+        "ModelConfig",
+        "attention",
+        cfg.attention,
+        f"allowed values are {ATTENTION_IMPLEMENTATIONS}",
+    )
 
 
 def _mla(cfg, fail: Fail) -> None:

@@ -13,6 +13,31 @@ head, and `attention_scale` replaces 1/sqrt(D). Softmax in float32,
 probabilities cast back to the compute dtype before the values (`attend`,
 shared with `mla.py`).
 
+`attend` is one function with several implementations
+(`ModelConfig.attention`), all of the same numbers:
+
+- "einsum": the reference; the whole float32 score matrix [B, K, G, S, T]
+  and a [B, S, T] mask, memory quadratic in S.
+- "blockwise" (`attention_blockwise.py`): key / value blocks with an online
+  softmax and a custom VJP that recomputes each block's probabilities, so
+  forward and backward memory are linear in S; blocks wholly outside the
+  causal past or the window are skipped. Plain JAX, every platform.
+- "dot_product" (`attention_fused.py`): `jax.nn.dot_product_attention`:
+  cuDNN's fused kernel on GPU (bfloat16 / float16, no segment ids), XLA's
+  implementation with the exact mask elsewhere.
+- "splash" (`attention_fused.py`): the Pallas splash attention kernels,
+  TPU only, under `shard_map` when a mesh is set.
+- "auto": on CPU "einsum" below `CPU_BLOCKWISE_FROM` query positions and
+  "blockwise" from there; on GPU "dot_product" where cuDNN takes the call
+  (bfloat16 / float16, no segment ids, head widths multiples of 8 up to
+  `CUDNN_MAX_HEAD_DIM`), on TPU "splash" where S is a multiple of 128, and
+  "blockwise" otherwise.
+
+A request the platform or the call cannot honour is a ValueError naming
+why, never a quiet fallback. The KV-cache decode step always runs the
+einsum (S is one token to a prompt over the cache; MLA's absorbed form has
+its own einsum).
+
 Shapes: B batch, S queries, T keys, M emb_dim, N query heads, K key/value
 heads, G = N / K, D head_dim.
 """
@@ -25,14 +50,26 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src.config.decoder_fields import ATTENTION_IMPLEMENTATIONS
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.layer import checkpoint_names
+from linen_moe._src.lora import adapters as lora_adapters
+from linen_moe._src.lora.config import LoRAConfig
+from linen_moe._src.models import attention_blockwise
+from linen_moe._src.models import attention_fused
 from linen_moe._src.models.kv_cache import write_cache
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize
 from linen_moe._src.models.rotary import Rope
 from linen_moe._src.models.rotary import rope_of
 from linen_moe._src.parallel import sharding
+
+IMPLEMENTATIONS = ATTENTION_IMPLEMENTATIONS
+# "auto" on CPU: blockwise from this query length on, the einsum below it
+# (measured: benchmarks/model/bench_attention.py --crossover).
+CPU_BLOCKWISE_FROM = 1024
+# "auto" on GPU takes cuDNN up to this head width.
+CUDNN_MAX_HEAD_DIM = 128
 
 
 class Projection(nn.Module):
@@ -55,6 +92,7 @@ class Projection(nn.Module):
   fan_in_axes: tuple[int, ...]
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  lora: LoRAConfig | None = None
 
   def setup(self):
     out_axes = tuple(
@@ -71,10 +109,49 @@ class Projection(nn.Module):
         self.shape,
         self.param_dtype,
     )
+    if self.lora is not None:  # `lora_adapters`: A over the fan-in axes
+      n_in = len(self.fan_in_axes)
+      if tuple(self.fan_in_axes) != tuple(range(n_in)):
+        raise ValueError(
+            f"LoRA needs a kernel's fan-in axes first; got {self.fan_in_axes}"
+        )
+      self.lora_a, self.lora_b = lora_adapters.declare(
+          self,
+          "kernel",
+          self.shape,
+          self.names,
+          self.lora,
+          self.param_dtype,
+          n_in=n_in,
+      )
+
+  def merged_kernel(self) -> jax.Array:
+    """The kernel in the compute dtype, with its adapter's delta folded in
+    (for a caller that contracts the kernel itself: MLA's absorbed
+    decoding)."""
+    kernel = self.kernel
+    if self.lora is not None:
+      kernel = lora_adapters.merged_kernel(
+          kernel, self.lora_a, self.lora_b, self.lora.scale
+      )
+    return kernel.astype(self.dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     kernel = self.kernel.astype(self.dtype)
-    return jnp.einsum(self.eqn, x.astype(self.dtype), kernel)
+    x = x.astype(self.dtype)
+    out = jnp.einsum(self.eqn, x, kernel)
+    if self.lora is None:
+      return out
+    delta = lora_adapters.einsum_delta(
+        self,
+        self.eqn,
+        x,
+        self.lora_a,
+        self.lora_b,
+        self.lora.scale,
+        self.lora.dropout,
+    )
+    return lora_adapters.add_delta(out, delta)
 
 
 def attention_mask(
@@ -110,7 +187,7 @@ def softmax_probs(
   return jax.nn.softmax(logits, axis=-1).astype(dtype)
 
 
-def attend(
+def einsum_attend(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
@@ -123,11 +200,8 @@ def attend(
     segment_ids: jax.Array | None = None,
     key_segment_ids: jax.Array | None = None,
 ) -> jax.Array:
-  """Causal grouped-query attention: q [B, S, N, Dk], k [B, T, K, Dk], v
-  [B, T, K, Dv] -> [B, S, N, Dv]; query head n reads key / value head
-  n // (N / K). Which keys a query sees: `attention_mask` of the positions
-  (<int32>[B, S], [B, T]), the window and the segment ids. Logits and
-  softmax in float32."""
+  """The reference: the whole float32 score matrix [B, K, G, S, T] and the
+  [B, S, T] mask (`attend` "einsum")."""
   visible = attention_mask(
       positions, key_positions, window, segment_ids, key_segment_ids
   )
@@ -138,6 +212,129 @@ def attend(
   probs = softmax_probs(logits, visible, dtype)  # [B, K, G, S, T]
   out = jnp.einsum("BKGST,BTKD->BSKGD", probs, v)  # [B, S, K, G, Dv]
   return out.reshape(b, s, n, v.shape[-1])
+
+
+def target_platform() -> str:
+  """The platform the program is traced for: the current mesh's devices'
+  (a TPU topology compiled on a CPU host counts as "tpu"), else
+  `jax.default_backend()`."""
+  mesh = sharding.current_mesh()
+  device = getattr(mesh, "abstract_device", None) if mesh else None
+  platform = getattr(device, "platform", None)
+  return platform or jax.default_backend()
+
+
+def resolve_implementation(
+    implementation: str,
+    *,
+    platform: str,
+    q_len: int,
+    kv_len: int,
+    dtype: jnp.dtype,
+    head_dims: tuple[int, int],
+    has_segments: bool,
+    self_attention: bool,
+) -> str:
+  """The implementation `attend` runs for `implementation` ("auto" picks
+  one; see the module docstring's rule). Raises a ValueError for an unknown
+  name; the platform checks of the fused ones are theirs."""
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+        f"attention={implementation!r} is not an attention implementation; "
+        f"allowed: {IMPLEMENTATIONS}."
+    )
+  if implementation != "auto":
+    return implementation
+  if not self_attention:
+    return "einsum"
+  if platform == "cpu":
+    return "blockwise" if q_len >= CPU_BLOCKWISE_FROM else "einsum"
+  if platform == "gpu":
+    fits = (
+        jnp.dtype(dtype).name in attention_fused.CUDNN_DTYPES
+        and not has_segments
+        and max(head_dims) <= CUDNN_MAX_HEAD_DIM
+        and all(d % 8 == 0 for d in head_dims)
+    )
+    return "dot_product" if fits else "blockwise"
+  if platform == "tpu":
+    fits = q_len == kv_len and q_len % attention_fused.SPLASH_MULTIPLE == 0
+    return "splash" if fits else "blockwise"
+  return "blockwise"
+
+
+def attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    positions: jax.Array,
+    key_positions: jax.Array,
+    window: int,
+    scale: float,
+    dtype: jnp.dtype,
+    segment_ids: jax.Array | None = None,
+    key_segment_ids: jax.Array | None = None,
+    implementation: str = "einsum",
+    self_attention: bool = False,
+) -> jax.Array:
+  """Causal grouped-query attention: q [B, S, N, Dk], k [B, T, K, Dk], v
+  [B, T, K, Dv] -> [B, S, N, Dv]; query head n reads key / value head
+  n // (N / K). Which keys a query sees: `attention_mask` of the positions
+  (<int32>[B, S], [B, T]), the window and the segment ids. Logits and
+  softmax in float32.
+
+  `implementation`: one of `IMPLEMENTATIONS` (`ModelConfig.attention`; see
+  the module docstring). `self_attention`: the keys are the queries' own
+  tokens, and each segment's positions count up by one per token (the
+  decoders' layout, not a KV cache): blockwise skips the blocks no query of
+  a block can see, and the fused kernels mask by index.
+
+  Raises:
+    ValueError: an unknown implementation, or one the platform or this
+      call's layout cannot run (the message says why), before any work.
+  """
+  platform = target_platform()
+  name = resolve_implementation(
+      implementation,
+      platform=platform,
+      q_len=q.shape[1],
+      kv_len=k.shape[1],
+      dtype=dtype,
+      head_dims=(q.shape[-1], v.shape[-1]),
+      has_segments=segment_ids is not None,
+      self_attention=self_attention,
+  )
+  common = dict(
+      positions=positions,
+      key_positions=key_positions,
+      window=window,
+      scale=scale,
+      dtype=dtype,
+      segment_ids=segment_ids,
+      key_segment_ids=key_segment_ids,
+  )
+  if name == "einsum":
+    return einsum_attend(q, k, v, **common)
+  if name == "blockwise":
+    return attention_blockwise.attend(
+        q, k, v, self_attention=self_attention, **common
+    )
+  if name == "dot_product":
+    return attention_fused.dot_product_attend(
+        q, k, v, self_attention=self_attention, platform=platform, **common
+    )
+  return attention_fused.splash_attend(
+      q,
+      k,
+      v,
+      window=window,
+      scale=scale,
+      dtype=dtype,
+      segment_ids=segment_ids,
+      self_attention=self_attention,
+      platform=platform,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,11 +391,13 @@ class CausalSelfAttention(nn.Module):
   the layer's `Geometry`).
 
   With `decode`, the keys and values live in the `cache` collection
-  (`cached_key`, `cached_value`: [B, max_len, K, D], created by `init` on a
-  [B, max_len] sample): a call writes its S new ones at positions[0, 0] ..
-  + S - 1 (every row of the batch at the same positions) and attends over
-  the whole cache, the mask (causal, and the sliding window) reading each
-  slot's position. The parameters are the same in both modes.
+  (`cached_key`, `cached_value`: [B, C, K, D], and `cached_position`,
+  created by `init` on a [B, max_len] sample; C is max_len, or the window
+  for a sliding-window layer's ring buffer, `kv_cache.py`): a call writes
+  its S new ones at their rows' positions (negative: padding, not written)
+  and attends over the cache, the mask (causal, and the sliding window)
+  reading each slot's stored position. The parameters are the same in both
+  modes.
 
   Attributes:
     config: the `ModelConfig`.
@@ -233,6 +432,7 @@ class CausalSelfAttention(nn.Module):
           (0,),
           dt,
           pdt,
+          cfg.moe.lora_on("attention"),
           name=name,
       )
       return sharding.constrain(p(x), bsnd)
@@ -246,12 +446,15 @@ class CausalSelfAttention(nn.Module):
       v = rms_normalize(v, cfg.norm_eps)
     q, k = geo.rope(q, positions), geo.rope(k, positions)
     key_positions, key_segment_ids = positions, segment_ids
-    if self.decode:
-      cached, key_positions = write_cache(
-          self, {"key": k, "value": v}, positions
+    implementation = cfg.attention
+    if self.decode:  # S is 1 .. a prompt: the einsum over the cache
+      implementation = "einsum"
+      cached, key_positions, key_valid, valid = write_cache(
+          self, {"key": k, "value": v}, positions, geo.window
       )
       k, v = cached["key"], cached["value"]
-      segment_ids = key_segment_ids = None
+      segment_ids, key_segment_ids = valid.astype(jnp.int32), key_valid
+      key_segment_ids = key_segment_ids.astype(jnp.int32)
     q, k, v = checkpoint_names.tag_qkv(q, k, v)
     attended = attend(
         q,
@@ -264,6 +467,8 @@ class CausalSelfAttention(nn.Module):
         dtype=dt,
         segment_ids=segment_ids,
         key_segment_ids=key_segment_ids,
+        implementation=implementation,
+        self_attention=not self.decode,
     )  # [B, S, N, D]
     out = Projection(
         "BSND,NDM->BSM",
@@ -272,6 +477,7 @@ class CausalSelfAttention(nn.Module):
         (0, 1),
         dt,
         pdt,
+        cfg.moe.lora_on("attention"),
         name="out",
     )
     return out(attended)

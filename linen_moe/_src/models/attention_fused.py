@@ -1,0 +1,209 @@
+"""Attention through fused kernels: `jax.nn.dot_product_attention` (cuDNN's
+flash attention on NVIDIA GPUs, XLA's implementation elsewhere) and the
+Pallas splash attention kernels on TPU.
+
+Both compute `attention.attend`'s function. What they cannot take is a
+`ValueError` naming why, raised while tracing, before any work (never a
+quiet fallback):
+
+- "dot_product" on a GPU runs cuDNN (`implementation="cudnn"`): bfloat16 or
+  float16 only, a causal mask by index (the keys must be the queries' own
+  tokens whose positions count up by one, `self_attention`), a window as
+  cuDNN's left window, and no segment ids (jax.nn's cuDNN path takes
+  segments only as a dense [S, T] bias, which is what this is meant to
+  avoid). Elsewhere it runs XLA's implementation with the exact
+  position / window / segment mask (`attention.attention_mask`), so any
+  layout works; its scores are [B, N, S, T], as the einsum's.
+- "splash" runs only on TPU, with `self_attention` (its causal and local
+  masks are by index) and S a multiple of 128; segment ids are the kernel's
+  own `SegmentIds`. Under a mesh it runs in `shard_map` over the mesh axes of
+  "activation_batch" and "activation_heads".
+
+Both take Dk != Dv (MLA): "dot_product" pads the narrower side with zeros
+(zeros add nothing to a dot product and the scale is explicit), and splash
+takes a value width of its own.
+
+Shapes as `attention.py`: q [B, S, N, Dk], k [B, T, K, Dk], v [B, T, K, Dv].
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from linen_moe._src.parallel import sharding
+
+CUDNN_DTYPES = ("bfloat16", "float16")
+SPLASH_MULTIPLE = 128
+SPLASH_BLOCK = 512
+
+
+def _pad_last(x: jax.Array, width: int) -> jax.Array:
+  if x.shape[-1] == width:
+    return x
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
+
+
+def check_dot_product(
+    platform: str,
+    dtype: jnp.dtype,
+    has_segments: bool,
+    self_attention: bool,
+) -> None:
+  """Raises a ValueError naming why "dot_product" cannot run this call on
+  `platform`."""
+  if platform != "gpu":
+    return
+  name = jnp.dtype(dtype).name
+  if name not in CUDNN_DTYPES:
+    raise ValueError(
+        "attention='dot_product' on GPU runs cuDNN's fused attention, which "
+        f"takes {CUDNN_DTYPES} only, not dtype={name!r}; use 'blockwise' or "
+        "'einsum'."
+    )
+  if has_segments:
+    raise ValueError(
+        "attention='dot_product' on GPU (cuDNN) cannot take segment_ids "
+        "without a dense [S, T] mask; use 'blockwise' for packed sequences."
+    )
+  if not self_attention:
+    raise ValueError(
+        "attention='dot_product' on GPU (cuDNN) masks by index and needs the "
+        "queries' own keys (self-attention, not a KV cache)."
+    )
+
+
+def dot_product_attend(
+    q,
+    k,
+    v,
+    *,
+    positions,
+    key_positions,
+    window,
+    scale,
+    dtype,
+    segment_ids,
+    key_segment_ids,
+    self_attention,
+    platform,
+):
+  """`jax.nn.dot_product_attention` (see the module docstring)."""
+  from linen_moe._src.models.attention import attention_mask  # noqa: PLC0415
+
+  check_dot_product(platform, dtype, segment_ids is not None, self_attention)
+  dv = v.shape[-1]
+  width = max(q.shape[-1], dv)
+  q, k, v = (_pad_last(x.astype(dtype), width) for x in (q, k, v))
+  if platform == "gpu":
+    out = jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        scale=scale,
+        is_causal=True,
+        local_window_size=(window - 1, 0) if window > 0 else None,
+        implementation="cudnn",
+    )
+  else:
+    visible = attention_mask(
+        positions, key_positions, window, segment_ids, key_segment_ids
+    )
+    out = jax.nn.dot_product_attention(
+        q, k, v, mask=visible[:, None], scale=scale, implementation="xla"
+    )
+  return out[..., :dv]
+
+
+def check_splash(platform: str, s: int, t: int, self_attention: bool) -> None:
+  """Raises a ValueError naming why "splash" cannot run this call."""
+  if platform != "tpu":
+    raise ValueError(
+        "attention='splash' runs the Pallas TPU splash attention kernels; "
+        f"the platform here is {platform!r}. Use 'auto', 'blockwise', "
+        "'dot_product' or 'einsum'."
+    )
+  if not self_attention:
+    raise ValueError(
+        "attention='splash' masks by index and needs the queries' own keys "
+        "(self-attention, not a KV cache)."
+    )
+  if s % SPLASH_MULTIPLE or s != t:
+    raise ValueError(
+        "attention='splash' needs a sequence length that is a multiple of "
+        f"{SPLASH_MULTIPLE}, got S={s} (keys T={t})."
+    )
+
+
+def _splash_kernel(heads: int, s: int, window: int):
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
+
+  if window > 0:
+    one = sa.LocalMask((s, s), window_size=(window - 1, 0), offset=0)
+  else:
+    one = sa.CausalMask((s, s))
+  block = min(SPLASH_BLOCK, s)
+  sizes = sa.BlockSizes(
+      block_q=block,
+      block_kv=block,
+      block_kv_compute=block,
+      block_q_dkv=block,
+      block_kv_dkv=block,
+      block_kv_dkv_compute=block,
+      block_q_dq=block,
+      block_kv_dq=block,
+  )
+  return sa.make_splash_mha(
+      mask=sa.MultiHeadMask([one] * heads),
+      block_sizes=sizes,
+      head_shards=1,
+      q_seq_shards=1,
+  )
+
+
+def splash_attend(
+    q,
+    k,
+    v,
+    *,
+    window,
+    scale,
+    dtype,
+    segment_ids,
+    self_attention,
+    platform,
+):
+  """The splash attention kernels (see the module docstring)."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
+
+  b, s, n, _ = q.shape
+  t = k.shape[1]
+  check_splash(platform, s, t, self_attention)
+  if segment_ids is None:
+    segment_ids = jnp.zeros((b, s), jnp.int32)
+  q = (q.astype(jnp.float32) * scale).astype(dtype)
+  # [B, heads, S, D], as the kernel reads one row's heads
+  q, k, v = (jnp.swapaxes(x.astype(dtype), 1, 2) for x in (q, k, v))
+
+  def body(q, k, v, seg):
+    kernel = _splash_kernel(q.shape[1], s, window)
+
+    def one(q, k, v, seg):
+      return kernel(q, k, v, segment_ids=sa.SegmentIds(q=seg, kv=seg))
+
+    return jax.vmap(one)(q, k, v, seg.astype(jnp.int32))
+
+  mesh = sharding.current_mesh()
+  if mesh is None:
+    out = body(q, k, v, segment_ids)
+  else:
+    batch = sharding.mesh_axes("activation_batch", mesh) or None
+    heads = sharding.mesh_axes("activation_heads", mesh) or None
+    spec = jax.sharding.PartitionSpec(batch, heads, None, None)
+    out = jax.shard_map(
+        body,
+        in_specs=(spec, spec, spec, jax.sharding.PartitionSpec(batch, None)),
+        out_specs=spec,
+        check_vma=False,
+    )(q, k, v, segment_ids)
+  return jnp.swapaxes(out, 1, 2)  # [B, S, N, Dv]

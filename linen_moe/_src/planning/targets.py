@@ -1,0 +1,265 @@
+"""Plan targets: a simulated CPU mesh (`cpu:N`) or a Cloud TPU slice
+(`tpu:v5p-64`, compiled through libtpu's topology description without a
+TPU), parsed without jax.
+
+`parse_target` checks a target name (a `ValueError` naming the ones there
+are); `prepare_process` sets what the compiler reads when it starts
+(`--xla_force_host_platform_device_count` for `cpu:N`, libtpu's variables
+for a TPU slice) and must run before jax starts its backends;
+`target_devices` returns the devices a mesh is laid out over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+import re
+import sys
+
+from linen_moe._src.planning.chips import CHIPS
+from linen_moe._src.planning.chips import Chip
+
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+# Chips -> topology (chips laid out x by y [by z]) of the slice sizes offered.
+_TWO_D = {
+    1: "1x1",
+    4: "2x2",
+    8: "2x4",
+    16: "4x4",
+    32: "4x8",
+    64: "8x8",
+    128: "8x16",
+    256: "16x16",
+}
+_THREE_D = {
+    4: "2x2x1",
+    8: "2x2x2",
+    16: "2x2x4",
+    32: "2x4x4",
+    64: "4x4x4",
+    128: "4x4x8",
+    256: "4x8x8",
+    512: "8x8x8",
+    1024: "8x8x16",
+    2048: "8x16x16",
+    4096: "16x16x16",
+    6144: "16x16x24",
+}
+# Slice family -> (chip, topology prefix of libtpu, the slice's number counts
+# TensorCores per chip, chips -> topology). A v5p-N slice has N TensorCores,
+# two per chip (one JAX device); v5e-N and v6e-N have N chips.
+_SLICES = {
+    "v5e": ("v5e", "v5e", 1, _TWO_D),
+    "v5litepod": ("v5e", "v5e", 1, _TWO_D),
+    "v6e": ("v6e", "v6e", 1, _TWO_D),
+    "v5p": ("v5p", "v5p", 2, _THREE_D),
+}
+_TPU = re.compile(r"^tpu:([a-z0-9]+)-(\d+)$")
+_CPU = re.compile(r"^cpu:(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """What a plan compiles for.
+
+  Attributes:
+    name: as given, e.g. "cpu:8" or "tpu:v5p-64".
+    platform: "cpu" or "tpu".
+    num_devices: the JAX devices of the target (TPU: chips).
+    chip: the accelerator's figures (`CHIPS`), None for the CPU.
+    topology: libtpu's topology name, e.g. "v5p:2x4x4" (TPU only).
+  """
+
+  name: str
+  platform: str
+  num_devices: int
+  chip: Chip | None = None
+  topology: str | None = None
+
+  @property
+  def device_memory_bytes(self) -> int:
+    """One device's memory: the chip's; for `cpu:N`, the host's memory
+    over N (the simulated devices share it)."""
+    if self.chip is not None:
+      return self.chip.memory_bytes
+    return _host_memory_bytes() // self.num_devices
+
+
+def _host_memory_bytes() -> int:
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _slice_names() -> str:
+  names = []
+  for family, (_, _, per_chip, shapes) in _SLICES.items():
+    if family == "v5litepod":
+      continue
+    sizes = [n * per_chip for n in shapes]
+    names.append(f"tpu:{family}-{{{','.join(map(str, sizes))}}}")
+  return ", ".join(names)
+
+
+def parse_target(name: str) -> Target:
+  """The target called `name`; no jax.
+
+  Args:
+    name: "cpu:N" (N >= 1 simulated CPU devices) or "tpu:<slice>" with a
+      Cloud TPU slice name: v5e-N, v6e-N (N chips) or v5p-N (N TensorCores,
+      N / 2 chips), e.g. "tpu:v5p-64".
+
+  Returns:
+    The `Target`.
+
+  Raises:
+    ValueError: `name` is none of those, naming the ones there are.
+  """
+  if not isinstance(name, str):
+    raise ValueError(f"target={name!r} is invalid: expected a string.")
+  spec = name.strip().lower()
+  match = _CPU.match(spec)
+  if match and int(match.group(1)) >= 1:
+    return Target(name, "cpu", int(match.group(1)))
+  match = _TPU.match(spec)
+  if match and match.group(1) in _SLICES:
+    chip, prefix, per_chip, shapes = _SLICES[match.group(1)]
+    size = int(match.group(2))
+    chips = size // per_chip
+    if size % per_chip == 0 and chips in shapes:
+      return Target(
+          name, "tpu", chips, CHIPS[chip], f"{prefix}:{shapes[chips]}"
+      )
+  raise ValueError(
+      f"target={name!r} is invalid: expected cpu:N (N >= 1 simulated CPU "
+      f"devices) or a TPU slice, one of {_slice_names()}."
+  )
+
+
+def check_mesh(mesh, target: Target) -> dict[str, int]:
+  """The axis sizes of `mesh` on `target`; starts no jax backend.
+
+  Args:
+    mesh: a mesh spec ("fsdp=8,expert=2", a mapping, or None for
+      "data=<devices>"; `linen_moe.sharding.parse_mesh_spec`).
+    target: from `parse_target`.
+
+  Returns:
+    The size of each axis of `linen_moe.sharding.MESH_AXES`.
+
+  Raises:
+    ValueError: a malformed spec, or sizes that do not multiply to the
+      target's device count.
+  """
+  from linen_moe._src.parallel import sharding  # noqa: PLC0415 (imports jax)
+
+  sizes = sharding.parse_mesh_spec(
+      mesh if mesh is not None else f"data={target.num_devices}"
+  )
+  if math.prod(sizes.values()) != target.num_devices:
+    shown = ",".join(f"{k}={v}" for k, v in sizes.items() if v > 1) or "1"
+    raise ValueError(
+        f"mesh={shown!r} has {math.prod(sizes.values())} devices, but "
+        f"target {target.name!r} has {target.num_devices}: the axis sizes "
+        "must multiply to the target's device count."
+    )
+  return sizes
+
+
+def libtpu_available() -> bool:
+  """Whether libtpu is installed (`pip install 'linen_moe[tpu-plan]'`)."""
+  return importlib.util.find_spec("libtpu") is not None
+
+
+def _backends_started() -> bool:
+  if "jax" not in sys.modules:
+    return False
+  from jax._src import xla_bridge  # noqa: PLC0415
+
+  return xla_bridge.backends_are_initialized()
+
+
+def prepare_process(target: Target) -> None:
+  """Sets up this process to compile for `target`, before jax's backends
+  start (a no-op once they have).
+
+  `cpu:N`: XLA's host platform gets N devices
+  (`--xla_force_host_platform_device_count`, replacing any count in
+  `XLA_FLAGS`) and its backend optimisation level 0 unless one is set (a
+  plan never runs the program: LLVM's optimisation only slows the
+  compile; the buffers and their sizes are decided before it), and jax
+  on the CPU alone (`JAX_PLATFORMS=cpu` unless set). A TPU
+  slice: libtpu is told not to look for a TPU of its own
+  (`TPU_SKIP_MDS_QUERY`, `ALLOW_MULTIPLE_LIBTPU_LOAD`,
+  `TPU_WORKER_HOSTNAMES`), and jax runs on the CPU (`JAX_PLATFORMS=cpu`
+  unless set): the compile for the slice goes through its topology.
+
+  Args:
+    target: from `parse_target`.
+  """
+  if _backends_started():
+    return
+  if target.platform == "cpu":
+    flags = [
+        f
+        for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith(DEVICE_COUNT_FLAG)
+    ]
+    flags.append(f"{DEVICE_COUNT_FLAG}={target.num_devices}")
+    if not any("xla_backend_optimization_level" in f for f in flags):
+      flags.append("--xla_backend_optimization_level=0")
+    os.environ["XLA_FLAGS"] = " ".join(flags)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  else:
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "true")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def target_devices(target: Target) -> list:
+  """The devices of `target`, to lay a mesh out over.
+
+  Args:
+    target: from `parse_target`.
+
+  Returns:
+    The target's devices (this process's first N CPU devices, or the
+    devices of a TPU slice's topology description from libtpu,
+    compile-only: nothing runs on them, and arrays placed there cannot
+    exist).
+
+  Raises:
+    ValueError: this process has fewer than N CPU devices (its backend
+      started before `prepare_process`), or libtpu is not installed.
+  """
+  import jax  # noqa: PLC0415
+
+  if target.platform == "cpu":
+    devices = jax.devices("cpu")
+    if len(devices) < target.num_devices:
+      raise ValueError(
+          f"target={target.name!r} needs {target.num_devices} CPU devices, "
+          f"but this process has {len(devices)}: start it with XLA_FLAGS="
+          f"{DEVICE_COUNT_FLAG}={target.num_devices} (or call "
+          "linen_moe.planning.prepare_process before jax starts; linen-moe "
+          "plan does)."
+      )
+    return devices[: target.num_devices]
+  if not libtpu_available():
+    raise ValueError(
+        f"target={target.name!r} needs libtpu to compile for a TPU without "
+        "one: pip install 'linen_moe[tpu-plan]' (jax[tpu]), in a virtual "
+        "environment of its own."
+    )
+  from jax.experimental import topologies  # noqa: PLC0415
+
+  topology = topologies.get_topology_desc(target.topology, "tpu")
+  devices = list(topology.devices)
+  if len(devices) != target.num_devices:  # a libtpu that lays it out anew
+    raise ValueError(
+        f"libtpu's topology {target.topology!r} has {len(devices)} devices, "
+        f"not the {target.num_devices} chips of {target.name!r}."
+    )
+  return devices

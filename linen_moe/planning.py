@@ -1,0 +1,29 @@
+"""Planning a run before renting the hardware: compile (never run) a
+config's train or decode step for a target (`cpu:N` simulated devices, a
+Cloud TPU slice through libtpu) and read its per-device memory, its FLOPs
+and a roofline step time.
+
+`plan` returns a `Plan` (what `linen-moe plan` prints); `CHIPS` is the
+table of accelerators it knows; `model_flops` counts a step's model FLOPs
+from the config. Its names load on first use: importing it imports no jax
+(`parse_target` and `prepare_process` must run before jax starts).
+
+Example usage:
+
+  planning.prepare_process(planning.parse_target("cpu:8"))  # before jax
+  p = planning.plan(load_model_config("tiny_mixtral"), "cpu:8",
+                    mesh="fsdp=8", batch_size=16, seq_len=32)
+  print(p.per_device.peak_bytes, p.fits, p.flops_per_step)
+"""
+
+from linen_moe._src import planning as _planning
+from linen_moe._src.faces import lazy_face as _lazy_face
+
+_EXPORTS = {
+    "linen_moe._src.planning.chips": _planning.CHIP_NAMES,
+    "linen_moe._src.planning.targets": _planning.TARGET_NAMES,
+    "linen_moe._src.planning.flops": _planning.FLOP_NAMES,
+    "linen_moe._src.planning.plan": _planning.PLAN_NAMES,
+}
+
+_lazy_face(globals(), _EXPORTS)

@@ -1,0 +1,207 @@
+"""`linen-moe plan` and `linen_moe.planning`: a compiled (never run) step's
+bytes per device, FLOPs and verdict, and the command's one-line errors.
+
+One child process runs `linen-moe plan --config tiny_mixtral --target
+cpu:8 --json` (the device count must be set before jax starts) with a
+device memory too small for the step, so that it also shows the plan that
+does not fit (exit 1, one line naming the biggest consumer). The FLOPs are
+checked against the count written out by hand from the config's fields,
+the parameter bytes against its parameter count, the attention pairs of a
+sliding-window config against an explicit mask. CI runs the fitting plan
+(`.ci/run`).
+"""
+
+import functools
+import json
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+
+from linen_moe import load_model_config
+from linen_moe import planning
+from linen_moe import testing
+from linen_moe_cli import main as cli
+from tests import workers
+
+PLAN_KEYS = (
+    "target",
+    "devices",
+    "per_device",
+    "device_memory_bytes",
+    "fits",
+    "flops_per_step",
+    "tokens_per_step",
+    "estimated_step_s",
+    "estimated_mfu",
+)
+PER_DEVICE_KEYS = ("argument_bytes", "output_bytes", "temp_bytes", "peak_bytes")
+B, S = 16, 32  # linen-moe train's default batch and sequence
+
+
+def _cli(*argv) -> tuple[int, str, str]:
+  return testing.run_capturing(cli.main, list(argv))
+
+
+def tiny_mixtral_train_flops(batch: int, seq: int) -> int:
+  """Model FLOPs of a tiny_mixtral train step, from its YAML fields by
+  hand: 6 B S (active matmul parameters) + 3 (forward attention)."""
+  m, heads, head_dim, layers = 64, 4, 16, 2
+  experts, top_k, mlp, vocab = 8, 2, 128, 256
+  per_layer = (
+      4 * m * heads * head_dim  # query, key, value, out
+      + m * experts  # router
+      + top_k * 3 * m * mlp  # two of eight gated experts: wi_0, wi_1, wo
+  )
+  active = layers * per_layer + vocab * m  # logits by the tied embedding
+  pairs = seq * (seq + 1) // 2  # causal
+  attention = layers * 2 * batch * pairs * heads * (2 * head_dim)
+  return 6 * batch * seq * active + 3 * attention
+
+
+def tiny_mixtral_parameters() -> int:
+  m, heads, head_dim, layers = 64, 4, 16, 2
+  experts, mlp, vocab = 8, 128, 256
+  per_layer = 4 * m * heads * head_dim + m * experts + 3 * experts * m * mlp
+  return vocab * m + layers * (per_layer + 2 * m) + m  # + norms
+
+
+@functools.cache
+def _plan_run():
+  """(status, plan JSON, stderr) of the child `linen-moe plan` that does
+  not fit in 1 MiB per device."""
+  proc = workers.run(
+      "linen_moe_cli.main",
+      "plan",
+      "--config",
+      "tiny_mixtral",
+      "--target",
+      "cpu:8",
+      "--json",
+      "--device-memory-gib",
+      str(1 / 1024),
+  )
+  lines = proc.stdout.strip().splitlines()
+  if not lines:
+    raise AssertionError(f"linen-moe plan printed nothing:\n{proc.stderr}")
+  return proc.returncode, json.loads(lines[-1]), proc.stderr
+
+
+class PlanCommandTest(parameterized.TestCase):
+
+  def test_json_keys_and_bytes(self):
+    _, plan, _ = _plan_run()
+    for key in PLAN_KEYS:
+      self.assertIn(key, plan)
+    self.assertEqual(plan["target"], "cpu:8")
+    self.assertEqual(plan["devices"], 8)
+    self.assertEqual(plan["mesh"]["data"], 8)  # the default mesh
+    device = plan["per_device"]
+    for key in PER_DEVICE_KEYS:
+      self.assertGreater(device[key], 0, key)
+    self.assertGreaterEqual(
+        device["peak_bytes"], device["argument_bytes"] + device["temp_bytes"]
+    )
+    # data=8 replicates the float32 parameters; AdamW keeps two moments.
+    self.assertEqual(device["parameter_bytes"], 4 * tiny_mixtral_parameters())
+    self.assertGreaterEqual(
+        device["optimizer_state_bytes"], 2 * device["parameter_bytes"]
+    )
+    self.assertLessEqual(
+        device["parameter_bytes"] + device["optimizer_state_bytes"],
+        device["argument_bytes"],
+    )
+
+  def test_flops_and_tokens(self):
+    _, plan, _ = _plan_run()
+    self.assertEqual(plan["tokens_per_step"], B * S)
+    self.assertEqual(plan["flops_per_step"], tiny_mixtral_train_flops(B, S))
+    # XLA:CPU counts every expert of the grouped matmul, and the optimizer.
+    self.assertGreater(plan["compiler_flops_per_step"], plan["flops_per_step"])
+    self.assertIsNone(plan["estimated_step_s"])  # no peak for a CPU
+    self.assertIsNone(plan["estimated_mfu"])
+
+  def test_a_plan_that_does_not_fit(self):
+    status, plan, err = _plan_run()
+    self.assertEqual(status, 1, err)
+    self.assertFalse(plan["fits"])
+    self.assertEqual(plan["device_memory_bytes"], 2**20)
+    self.assertEqual(err.count("\n"), 1, err)
+    self.assertNotIn("Traceback", err)
+    self.assertRegex(
+        err,
+        "^linen-moe: error: the train step does not fit on cpu:8: .* the "
+        "biggest consumer is the activations and temporaries",
+    )
+
+  @parameterized.parameters(
+      (["--target", "tpu:v9-8"], r"target='tpu:v9-8' is invalid: .*v5p-"),
+      (["--target", "cpu:0"], r"target='cpu:0' is invalid: expected cpu:N"),
+      (["--remat", "bogus"], r"ModelConfig.remat='bogus' is invalid: allowed"),
+      (
+          ["--target", "cpu:8", "--mesh", "data=2,expert=2"],
+          r"mesh='data=2,expert=2' has 4 devices, but target 'cpu:8' has 8",
+      ),
+  )
+  def test_bad_target_or_mesh_is_one_line_before_any_work(self, argv, line):
+    with (
+        mock.patch.object(planning, "prepare_process") as prepare,
+        mock.patch.object(planning, "plan") as plan,
+    ):
+      status, out, err = _cli("plan", *argv)
+    prepare.assert_not_called()  # nothing reached jax's backends
+    plan.assert_not_called()
+    self.assertEqual((status, out), (2, ""))
+    self.assertRegex(err, "^linen-moe: error: " + line)
+    self.assertEqual(err.count("\n"), 1, err)
+
+
+class FlopsTest(absltest.TestCase):
+
+  def test_attention_pairs_of_a_sliding_window_match_the_mask(self):
+    cfg = load_model_config("tiny_gemma4_text")  # sliding and full layers
+    self.assertGreater(cfg.sliding_window, 0)
+    self.assertNotEqual(cfg.full_head_dim, cfg.resolved_head_dim)
+    seq = 3 * cfg.sliding_window + 5
+    i, j = np.meshgrid(np.arange(seq), np.arange(seq), indexing="ij")
+    causal = j <= i
+    windowed = causal & (i - j < cfg.sliding_window)
+    expected = 0
+    for layer in range(cfg.num_layers):
+      full = layer in cfg.full_attention_layers
+      heads = cfg.num_heads
+      width = cfg.full_head_dim if full else cfg.resolved_head_dim
+      pairs = int((causal if full else windowed).sum())
+      expected += 2 * 3 * pairs * heads * 2 * width
+    self.assertEqual(planning.attention_flops(cfg, 3, seq), expected)
+
+  def test_decode_counts_one_token_per_row(self):
+    cfg = load_model_config("tiny_mixtral")
+    _, active = planning.matmul_parameters(cfg)
+    seq = 40
+    attention = cfg.num_layers * 2 * B * seq * cfg.num_heads * 2 * 16
+    self.assertEqual(
+        planning.model_flops(cfg, B, seq, decode=True),
+        round(2 * B * active + attention),
+    )
+
+  def test_chips_have_their_figures(self):
+    for name in ("v5e", "v5p", "v6e", "h100", "h200"):
+      chip = planning.CHIPS[name]
+      self.assertGreater(chip.peak_flops, 1e14)
+      self.assertGreater(chip.memory_bytes, 1e10)
+      self.assertGreater(chip.memory_bandwidth, 5e11)
+      self.assertTrue(chip.source.startswith("https://"))
+
+  def test_tpu_slices_count_chips(self):
+    self.assertEqual(planning.parse_target("tpu:v5p-64").num_devices, 32)
+    self.assertEqual(planning.parse_target("tpu:v5p-64").topology, "v5p:2x4x4")
+    self.assertEqual(planning.parse_target("tpu:v5e-256").num_devices, 256)
+    self.assertEqual(planning.parse_target("tpu:v6e-8").topology, "v6e:2x4")
+    with self.assertRaisesRegex(ValueError, r"target='tpu:v5p-6' is invalid"):
+      planning.parse_target("tpu:v5p-6")
+
+
+if __name__ == "__main__":
+  absltest.main()
