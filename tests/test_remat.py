@@ -246,14 +246,20 @@ class SavedTensorsTest(parameterized.TestCase):
     self.assertEqual(found, set(names.ALL))
 
 
-def _train_step_result(cfg, rng, grad_accum=1):
-  model = Decoder(cfg)
-  tokens = testing.markov_tokens(cfg.vocab_size, 4, 16, 1)
+@functools.cache
+def _train_step(cfg, grad_accum):
   optimizer = optax.sgd(0.1)
   state = train_lib.train_state_from_variables(
       _variables(cfg.replace(remat="none")), optimizer
   )
-  step = jax.jit(train_lib.make_train_step(model, optimizer, grad_accum))
+  step = train_lib.make_train_step(Decoder(cfg), optimizer, grad_accum)
+  return state, jax.jit(step)
+
+
+def _train_step_result(cfg, rng, grad_accum=1):
+  """(state before, state after) one train step of `cfg` (4 x 16 tokens)."""
+  state, step = _train_step(cfg, grad_accum)
+  tokens = testing.markov_tokens(cfg.vocab_size, 4, 16, 1)
   return state, step(state, tokens, rng)[0]
 
 
@@ -293,6 +299,35 @@ class RematQuantizationTest(parameterized.TestCase):
         testing.max_abs_diff(other.params, want.params),
         1e3 * testing.max_abs_diff(got.params, want.params) + 1e-7,
     )
+
+
+class RematOnMeshTest(absltest.TestCase):
+
+  @testing.slow
+  def test_mesh_and_microbatches_equal_one_device(self):
+    """fp8, sparse (expert parallel), "save_experts", 2 layers, 2
+    microbatches on data=2,expert=4 and fsdp=8: loss, params and fp8 state
+    as one device's step (whose remat equals no remat, above)."""
+    from tests import workers  # noqa: PLC0415
+
+    (result,) = workers.sharding_jobs({
+        "check": "equivalence",
+        "path": "sparse",
+        "quantization": "fp8",
+        "num_layers": 2,
+        "remat": "save_experts",
+        "meshes": ["data=2,expert=4", "fsdp=8"],
+        "grad_accum": 2,
+    })
+    self.assertGreater(result["update"], 0.0)
+    self.assertGreater(result["fp8_moved"], 0.0)
+    for spec, r in result["meshes"].items():
+      with self.subTest(mesh=spec):
+        self.assertAlmostEqual(
+            r["loss"], result["loss"], delta=1e-5 * abs(result["loss"])
+        )
+        self.assertLessEqual(r["param_err"], 1e-4 * result["update"])
+        self.assertLessEqual(r["fp8_err"], 1e-5 * result["fp8_moved"])
 
 
 # A decoder of the user's own around `RoutedMoE`, its block under the user's
