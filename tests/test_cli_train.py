@@ -143,7 +143,7 @@ class TrainOptionsTest(parameterized.TestCase):
     train.assert_not_called()
     self.assertEqual(status, 2)
     self.assertRegex(
-        err, r"^linen-moe: error: ModelConfig.remat='dots' .*'full'"
+        err, r"^linen-moe: error: remat='dots' \(--remat\) .*'full'"
     )
 
 

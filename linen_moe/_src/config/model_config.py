@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import ClassVar
 
 from linen_moe._src.config import decoder_fields
 from linen_moe._src.config.checks import check_keys
@@ -171,6 +172,7 @@ class ModelConfig:
   scan_layers: bool = run_field(True)
   scan_unroll: int = run_field(0)
   remat: str = run_field("none")
+  REMAT_POLICIES: ClassVar[tuple[str, ...]] = REMAT_POLICIES
   norm_eps: float = 1e-6
   num_kv_heads: int = 0
   qk_norm: bool = False
