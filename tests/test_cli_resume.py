@@ -128,6 +128,7 @@ def _cosine_lr(n: int, peak=1e-2, warmup=2, total=STEPS, ratio=0.1) -> float:
   return ratio * peak + (1 - ratio) * peak * 0.5 * (1 + np.cos(np.pi * frac))
 
 
+@testing.slow  # 2 more runs; TrainCommandResumeTest is the default's resume
 class ScheduleResumeTest(absltest.TestCase):
   """A run with a cosine schedule, warmup and weight decay: `whole` runs 12
   steps; `killed` is a copy of it put back at its step 6 (`--resume-step 6`
