@@ -21,7 +21,12 @@ import nnx_adapter
 # checks that they agree).
 LR_SCHEDULES = ("constant", "cosine", "linear")
 # Optional packages -> the extra of this project that installs them.
-EXTRAS = {"matplotlib": "bench", "hypothesis": "test", "tokamax": "kernels"}
+EXTRAS = {
+    "matplotlib": "bench",
+    "hypothesis": "test",
+    "tokamax": "kernels",
+    "tensorboardX": "tensorboard",
+}
 
 
 def frontend_help() -> str:
@@ -115,6 +120,11 @@ class TrainOptions:
       "cosine" and "linear" (default 0.1).
     weight_decay: AdamW's decoupled weight decay, >= 0, on the kernels
       (`linen_moe.training.weight_decay_mask`).
+    profile_steps: "A:B": trace steps A to B (1-based, inclusive) with
+      `jax.profiler` into `checkpoint_dir/profile` (needs `checkpoint_dir`;
+      B at most `steps`).
+    tensorboard: a directory to write each step's scalar metrics to as
+      TensorBoard events (needs tensorboardX: the `tensorboard` extra).
     lora_rank: r >= 1 trains low-rank adapters alone, the base frozen
       (`linen_moe.lora`); 0: every parameter trains.
     lora_alpha: the adapters' alpha (scale alpha / r; 0 = r).
@@ -156,6 +166,8 @@ class TrainOptions:
   warmup_steps: int = 0
   final_lr_ratio: float | None = None
   weight_decay: float = 0.0
+  profile_steps: str | None = None
+  tensorboard: str | None = None
   lora_rank: int = 0
   lora_alpha: float | None = None
   lora_targets: str | None = None
@@ -184,6 +196,7 @@ class TrainOptions:
           "microbatches are equal",
       )
     check_int("seed", self.seed, 0)
+    self._check_remat()
     if self.frontend not in nnx_adapter.FRONTENDS:
       _fail(
           "frontend", self.frontend, f"expected one of {nnx_adapter.FRONTENDS}"
@@ -216,6 +229,40 @@ class TrainOptions:
     if self.init_from_hf is not None:
       self._check_init_from_hf()
     self._check_optimizer()
+    self._check_observers()
+
+  def _check_remat(self) -> None:
+    """--remat names a policy (the config checks it too, after jax)."""
+    from linen_moe import ModelConfig  # noqa: PLC0415 (no jax)
+
+    remat = self.overrides.get("remat")
+    if remat is not None and remat not in ModelConfig.REMAT_POLICIES:
+      _fail("remat", remat, f"allowed {ModelConfig.REMAT_POLICIES}")
+
+  def _check_observers(self) -> None:
+    """The profiler and TensorBoard flags."""
+    if self.profile_steps is not None:
+      from linen_moe_cli import throughput  # noqa: PLC0415 (no jax)
+
+      _, last = throughput.parse_steps(self.profile_steps)
+      if self.checkpoint_dir is None:
+        _fail(
+            "profile_steps",
+            self.profile_steps,
+            "it writes into the run directory: give --checkpoint-dir",
+        )
+      if last > self.steps:
+        _fail(
+            "profile_steps",
+            self.profile_steps,
+            f"the last step traced must be at most --steps {self.steps}",
+        )
+    if self.tensorboard is not None:
+      needed = missing_optional(
+          "tensorboardX", "--tensorboard cannot write its events"
+      )
+      if needed:
+        raise ValueError(needed)
 
   def _check_lora(self) -> None:
     """The LoRA flags, folded into the config overrides (`lora_*` fields,

@@ -47,6 +47,15 @@ def register(subparsers) -> None:
   )
   p.add_argument("--seed", type=int, default=train_default("seed"))
   p.add_argument(
+      "--remat",
+      default=None,
+      help=(
+          "what each layer keeps for the backward pass (the config's "
+          "remat field): none, full, save_experts, save_attention_experts "
+          "or offload (default: the config's)"
+      ),
+  )
+  p.add_argument(
       "--mesh",
       default=None,
       help=(
@@ -121,6 +130,26 @@ def register(subparsers) -> None:
           "--layers, the path flags and --set of run fields apply), on "
           "synthetic data over its vocabulary unless --data is given (text "
           "tokenized with its tokenizer.json unless --tokenizer)"
+      ),
+  )
+  p.add_argument(
+      "--profile-steps",
+      default=None,
+      metavar="A:B",
+      help=(
+          "trace steps A to B (from 1, inclusive) with jax.profiler into "
+          "CHECKPOINT_DIR/profile (TensorBoard's profile plugin or Perfetto "
+          "reads it)"
+      ),
+  )
+  p.add_argument(
+      "--tensorboard",
+      default=None,
+      metavar="DIR",
+      help=(
+          "also write each step's scalars (loss, learning_rate, tokens_per_s, "
+          "model_tflops_per_s, mfu, ...) as TensorBoard events into DIR "
+          "(needs tensorboardX: pip install 'linen_moe[tensorboard]')"
       ),
   )
   _add_data_args(p)

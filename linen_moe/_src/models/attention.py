@@ -52,6 +52,7 @@ import jax.numpy as jnp
 
 from linen_moe._src.config.decoder_fields import ATTENTION_IMPLEMENTATIONS
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.lora import adapters as lora_adapters
 from linen_moe._src.lora.config import LoRAConfig
 from linen_moe._src.models import attention_blockwise
@@ -390,11 +391,13 @@ class CausalSelfAttention(nn.Module):
   the layer's `Geometry`).
 
   With `decode`, the keys and values live in the `cache` collection
-  (`cached_key`, `cached_value`: [B, max_len, K, D], created by `init` on a
-  [B, max_len] sample): a call writes its S new ones at positions[0, 0] ..
-  + S - 1 (every row of the batch at the same positions) and attends over
-  the whole cache, the mask (causal, and the sliding window) reading each
-  slot's position. The parameters are the same in both modes.
+  (`cached_key`, `cached_value`: [B, C, K, D], and `cached_position`,
+  created by `init` on a [B, max_len] sample; C is max_len, or the window
+  for a sliding-window layer's ring buffer, `kv_cache.py`): a call writes
+  its S new ones at their rows' positions (negative: padding, not written)
+  and attends over the cache, the mask (causal, and the sliding window)
+  reading each slot's stored position. The parameters are the same in both
+  modes.
 
   Attributes:
     config: the `ModelConfig`.
@@ -446,11 +449,13 @@ class CausalSelfAttention(nn.Module):
     implementation = cfg.attention
     if self.decode:  # S is 1 .. a prompt: the einsum over the cache
       implementation = "einsum"
-      cached, key_positions = write_cache(
-          self, {"key": k, "value": v}, positions
+      cached, key_positions, key_valid, valid = write_cache(
+          self, {"key": k, "value": v}, positions, geo.window
       )
       k, v = cached["key"], cached["value"]
-      segment_ids = key_segment_ids = None
+      segment_ids, key_segment_ids = valid.astype(jnp.int32), key_valid
+      key_segment_ids = key_segment_ids.astype(jnp.int32)
+    q, k, v = checkpoint_names.tag_qkv(q, k, v)
     attended = attend(
         q,
         k,
