@@ -18,10 +18,13 @@ from absl.testing import parameterized
 import numpy as np
 
 from linen_moe import checkpoint
+from linen_moe import load_model_config
+from linen_moe import planning
 from linen_moe import testing
 from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe_cli import main as cli
+from linen_moe_cli import throughput
 from linen_moe_cli import train_job
 from linen_moe_cli.options import TrainOptions
 from nnx_adapter import FRONTENDS
@@ -37,7 +40,10 @@ def _run_cli(*argv) -> tuple[int, str, str]:
 
 
 def _metrics(directory: str) -> list[dict]:
-  return testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  """The rows of DIR/metrics.jsonl without the step times' metrics."""
+  rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  timing = throughput.TIMING_METRICS
+  return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
 TRAIN = (
@@ -59,10 +65,18 @@ TRAIN = (
 class TrainCommandResumeTest(absltest.TestCase):
   """`linen-moe train`: `whole` runs 12 steps in one command (Linen),
   `split` 6 and then the same command with 12, `in_nnx` resumes a copy of
-  `split` at step 6 to 12 with `--frontend nnx`. One test, so that the four
-  runs are not repeated per test process."""
+  `split` at step 6 to 12 with `--frontend nnx` (slow: the default run
+  resumes into NNX in the library, test_checkpoint.py). One test each, so
+  that the runs are not repeated per test process."""
 
   def test_resume_from_the_command_line(self):
+    self.check_resume(in_nnx=False)
+
+  @testing.slow
+  def test_resume_from_the_command_line_into_nnx(self):
+    self.check_resume(in_nnx=True)
+
+  def check_resume(self, in_nnx: bool):
     tmp = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
     dirs = {k: os.path.join(tmp, k) for k in ("whole", "split", "in_nnx")}
@@ -77,20 +91,22 @@ class TrainCommandResumeTest(absltest.TestCase):
 
     run("whole", STEPS)
     run("split", STOP)
-    shutil.copytree(dirs["split"], dirs["in_nnx"])
+    if in_nnx:
+      shutil.copytree(dirs["split"], dirs["in_nnx"])
     run("split", STEPS)
-    run("in_nnx", STEPS, "--frontend", "nnx")
+    if in_nnx:
+      run("in_nnx", STEPS, "--frontend", "nnx")
 
     whole, split = _metrics(dirs["whole"]), _metrics(dirs["split"])
     self.assertEqual([m["step"] for m in split], list(range(1, STEPS + 1)))
     self.assertEqual(split, whole)  # every metric of every step, exactly
     self.assertNotIn("resumed", outputs["split"][0])
     self.assertIn("resumed from step 6", outputs["split"][1])
-    # A Linen run resumed in NNX matches too.
-    in_nnx = _metrics(dirs["in_nnx"])
-    self.assertIn("resumed from step 6", outputs["in_nnx"][0])
-    self.assertEqual(in_nnx[-1]["step"], STEPS)
-    self.assertEqual(in_nnx[-1]["loss"], whole[-1]["loss"])
+    if in_nnx:  # a Linen run resumed in NNX matches too
+      resumed = _metrics(dirs["in_nnx"])
+      self.assertIn("resumed from step 6", outputs["in_nnx"][0])
+      self.assertEqual(resumed[-1]["step"], STEPS)
+      self.assertEqual(resumed[-1]["loss"], whole[-1]["loss"])
     with checkpoint.Checkpoints(dirs["split"]) as ckpts:
       self.assertEqual(ckpts.all_steps(), [6, 9, 12])  # --keep 3
       self.assertEqual(ckpts.meta()["data"]["position"], STEPS)
@@ -122,6 +138,7 @@ def _cosine_lr(n: int, peak=1e-2, warmup=2, total=STEPS, ratio=0.1) -> float:
   return ratio * peak + (1 - ratio) * peak * 0.5 * (1 + np.cos(np.pi * frac))
 
 
+@testing.slow  # 2 more runs; TrainCommandResumeTest is the default's resume
 class ScheduleResumeTest(absltest.TestCase):
   """A run with a cosine schedule, warmup and weight decay: `whole` runs 12
   steps; `killed` is a copy of it put back at its step 6 (`--resume-step 6`
@@ -145,8 +162,18 @@ class ScheduleResumeTest(absltest.TestCase):
         "--weight-decay",
         "0.1",
     ]
-    code, out, err = _run_cli(*argv, "--checkpoint-dir", whole)
+    board = os.path.join(tmp, "board")
+    code, out, err = _run_cli(
+        *argv,
+        "--checkpoint-dir",
+        whole,
+        "--profile-steps",
+        "2:3",
+        "--tensorboard",
+        board,
+    )
     self.assertEqual(code, 0, out + err)
+    _check_throughput(self, whole, board)
     shutil.copytree(whole, killed)
     code, out, err = _run_cli(
         *argv, "--checkpoint-dir", killed, "--resume-step", str(STOP)
@@ -182,6 +209,36 @@ class ScheduleResumeTest(absltest.TestCase):
         err, "another optimizer: --lr-schedule 'constant' here, 'cosine' there"
     )
     self.assertLen(_metrics(killed), STEPS)
+
+
+def _check_throughput(test, run: str, board: str) -> None:
+  """Every row of RUN/metrics.jsonl has the step's throughput, whose
+  TFLOP/s over tokens/s is the model FLOPs per token of the run's config
+  (no MFU on a CPU: no peak known); RUN/profile holds the trace of the
+  profiled steps, BOARD the TensorBoard events of the same scalars."""
+  rows = testing.read_jsonl(os.path.join(run, "metrics.jsonl"))
+  cfg = load_model_config("tiny_mixtral", num_layers=1)
+  per_token = planning.model_flops(cfg, 2, 8) / (2 * 8)
+  for row in rows:
+    test.assertGreater(row["tokens_per_s"], 0)
+    test.assertNotIn("mfu", row)
+    np.testing.assert_allclose(
+        row["model_tflops_per_s"] * 1e12 / row["tokens_per_s"],
+        per_token,
+        rtol=1e-9,
+    )
+  profiles = [
+      name
+      for _, _, names in os.walk(os.path.join(run, throughput.PROFILE_DIR))
+      for name in names
+      if name.endswith(".xplane.pb")
+  ]
+  test.assertLen(profiles, 1)
+  (events,) = os.listdir(board)
+  with open(os.path.join(board, events), "rb") as f:
+    written = f.read()
+  for tag in ("cross_entropy", "learning_rate", *throughput.TIMING_METRICS[:2]):
+    test.assertIn(tag.encode(), written)
 
 
 def _lines(path: str) -> int:

@@ -48,6 +48,11 @@ class TrainOptionsTest(parameterized.TestCase):
           ["--batch-size", "4", "--grad-accum", "3"],
           r"grad_accum=3 .*divisor of batch_size=4 \(\[1, 2, 4\]\)",
       ),
+      (["--profile-steps", "3-4"], r"profile_steps='3-4' .*expected A:B"),
+      (
+          ["--profile-steps", "2:3"],
+          r"profile_steps='2:3' .*give --checkpoint-dir",
+      ),
   )
   def test_bad_flag_is_one_line_before_any_work(self, argv, message):
     with mock.patch.object(train_job, "train") as train:
@@ -127,6 +132,19 @@ class TrainOptionsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "'routed_bias': expected FIELD"):
       model_args.parse_set(["routed_bias"])
     self.assertEqual(cli.main(["train", "--set", "num_routing_groups=3"]), 2)
+
+  def test_remat_flag_sets_the_config_field(self):
+    args = cli.build_parser().parse_args(["train", "--remat", "save_experts"])
+    self.assertEqual(
+        model_args.model_overrides(args), {"remat": "save_experts"}
+    )
+    with mock.patch.object(train_job, "train") as train:
+      status, _, err = _cli("train", "--remat", "dots")
+    train.assert_not_called()
+    self.assertEqual(status, 2)
+    self.assertRegex(
+        err, r"^linen-moe: error: remat='dots' \(--remat\) .*'full'"
+    )
 
 
 class ResultLineTest(absltest.TestCase):

@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import ClassVar
 
 from linen_moe._src.config import decoder_fields
 from linen_moe._src.config.checks import check_keys
@@ -20,13 +21,20 @@ from linen_moe._src.config.checks import fail
 from linen_moe._src.config.checks import new_names
 from linen_moe._src.config.checks import run_field
 from linen_moe._src.config.moe_config import MoEConfig
+from linen_moe._src.lora import config as lora_config
 
 if TYPE_CHECKING:
   from linen_moe._src.models import layer_stack
 
 # `ModelConfig.remat`: what each block keeps for the backward pass
 # (`linen_moe._src.models.remat` says which tensors each policy saves).
-REMAT_POLICIES = ("none", "full")
+REMAT_POLICIES = (
+    "none",
+    "full",
+    "save_experts",
+    "save_attention_experts",
+    "offload",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +65,12 @@ class ModelConfig:
     remat: what each block keeps for the backward pass
       (`REMAT_POLICIES`): "none" keeps every activation; "full" only each
       layer's input, recomputing the rest of the layer in the backward
-      pass. It changes the compiled program only (memory against time),
-      never the numbers or the variables.
+      pass; "save_experts" also the router logits, the expert matmuls'
+      outputs and the MLP output (the MoE is not recomputed);
+      "save_attention_experts" those and the attention's q, k, v and
+      output; "offload" keeps each layer's input in host memory (pinned
+      host) instead of the device's. It changes the compiled program only
+      (memory against time), never the numbers or the variables.
     norm_eps: RMSNorm epsilon.
     num_kv_heads: key/value heads of grouped-query attention (0 =
       num_heads); it divides num_heads, and key/value head j serves the
@@ -160,6 +172,7 @@ class ModelConfig:
   scan_layers: bool = run_field(True)
   scan_unroll: int = run_field(0)
   remat: str = run_field("none")
+  REMAT_POLICIES: ClassVar[tuple[str, ...]] = REMAT_POLICIES
   norm_eps: float = 1e-6
   num_kv_heads: int = 0
   qk_norm: bool = False
@@ -257,6 +270,40 @@ class ModelConfig:
           or value <= low
       ):
         fail("ModelConfig", name, value, f"expected a number > {low:g}")
+    self._check_lora_rank()
+
+  def _check_lora_rank(self) -> None:
+    """A LoRA rank no larger than the smaller side of an adapted attention
+    or dense-MLP kernel (the experts' are `MoEConfig`'s check)."""
+    moe = self.moe
+    m, kernels = moe.emb_dim, {}
+    if moe.lora_on("mlp") and self.dense_layers:
+      kernels["the dense MLP's wi_0"] = (m, self.dense_mlp_dim)
+    if moe.lora_on("attention"):
+      if self.kv_lora_rank:
+        dq = self.qk_nope_head_dim + self.qk_rope_head_dim
+        r, dr = self.kv_lora_rank, self.qk_rope_head_dim
+        kernels["MLA's kv_a"] = (m, r + dr)
+        kernels["MLA's kv_b"] = (
+            r,
+            self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),
+        )
+        kernels["MLA's out"] = (self.num_heads * self.v_head_dim, m)
+        if self.q_lora_rank:
+          kernels["MLA's query_a"] = (m, self.q_lora_rank)
+          kernels["MLA's query_b"] = (self.q_lora_rank, self.num_heads * dq)
+        else:
+          kernels["MLA's query"] = (m, self.num_heads * dq)
+      else:
+        d, kv = self.resolved_head_dim, self.resolved_kv_heads
+        kernels["attention's key"] = (m, kv * d)
+        kernels["attention's query"] = (m, self.num_heads * d)
+        if self.full_attention_layers:
+          fd = self.full_head_dim or d
+          fkv = self.full_kv_heads or kv
+          kernels["full attention's key"] = (m, fkv * fd)
+    if kernels:
+      lora_config.check_rank(moe.lora_rank, kernels, "ModelConfig")
 
   def _check_dense_layers(self) -> None:
     layers = self.dense_layers

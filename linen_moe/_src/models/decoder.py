@@ -217,9 +217,12 @@ class Decoder(JitInit, nn.Module):
   `layers_0/`, `layers_1/`, ...
 
   With `decode`, each attention keeps a KV cache and the decoder the number
-  of tokens already in it (`cache/index`); each call appends its tokens at
-  the next positions (prefill with the prompt, then one token at a time; see
-  `linen_moe.decoding`). `init` on a [B, max_len] sample sizes the cache.
+  of tokens already fed (`cache/index`) and each row's left padding
+  (`cache/pad` <int32>[B], zeros unless set): each call appends its tokens
+  at the next positions, index - pad onwards (prefill with the prompt, then
+  one token at a time; see `linen_moe.decoding`); a negative position is
+  padding, never attended to. `init` on a [B, max_len] sample sizes the
+  cache.
 
   Example usage:
     cfg = load_model_config("tiny_mixtral")
@@ -245,14 +248,18 @@ class Decoder(JitInit, nn.Module):
   hidden_only: bool = False
 
   def _start(self, tokens: jax.Array):
-    """The first position of `tokens`: 0, or after the cached ones."""
+    """The first position of `tokens`: 0, or after the cached ones less
+    each row's left padding ([B, 1] when decoding; negative: padding)."""
     start = 0
     if self.decode:
       initialized = self.has_variable(CACHE, "index")
       index = self.variable(CACHE, "index", jnp.zeros, (), jnp.int32)
+      pad = self.variable(
+          CACHE, "pad", jnp.zeros, (tokens.shape[0],), jnp.int32
+      )
       if initialized:
-        start = index.value
-        index.value = start + tokens.shape[1]
+        start = index.value - pad.value[:, None]
+        index.value = index.value + tokens.shape[1]
     return start
 
   @nn.compact

@@ -24,6 +24,7 @@ import optax
 from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.layer.variables import UPDATED_BY_RULE
 from linen_moe._src.layer.variables import rng_dict
+from linen_moe._src.lora import tree as lora_tree
 from linen_moe._src.models.decoder import output_kernel
 from linen_moe._src.models.decoder import routed_bias_rule
 from linen_moe._src.models.segments import same_segment_targets
@@ -411,6 +412,14 @@ class TrainState:
   rule_state: PyTree = dataclasses.field(default_factory=dict)
 
 
+def trainable_params(params: PyTree) -> PyTree:
+  """The part of `params` the optimizer trains: the adapters alone when
+  there are any (LoRA: `linen_moe.lora`; the base is frozen), else all."""
+  if lora_tree.has_adapters(params):
+    return lora_tree.split(params)[0]
+  return params
+
+
 def boxed_train_state(
     model: nn.Module,
     optimizer: optax.GradientTransformation,
@@ -454,7 +463,7 @@ def _state_at_step_0(
       step=jnp.zeros((), jnp.int32),
       params=params,
       fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
-      opt_state=optimizer.init(params),
+      opt_state=optimizer.init(trainable_params(params)),
       rule_state=variables.get(UPDATED_BY_RULE, {}),
   )
 
@@ -516,9 +525,20 @@ def make_train_step(
   """
   rate = model.config.moe.routed_bias_update_rate
   hidden_model = model.clone(hidden_only=True)  # the loss owns the head
+  # LoRA: only the adapters are differentiated and optimised; the frozen
+  # base enters the loss as a constant, so the step has no weight-gradient
+  # contraction of a base kernel (and a serving base's int8 / fp8 kernels
+  # are never asked for a gradient).
+  lora = model.config.moe.lora is not None
 
   def grad_fn(batch, rng, params, fp8_state, rule_state):
+    frozen = None
+    if lora:
+      params, frozen = lora_tree.split(params)
+
     def loss_fn(params, fp8_state):
+      if frozen is not None:
+        params = lora_tree.join(params, frozen)
       variables = {"params": params}
       if fp8_state:
         variables[OVERWRITE_WITH_GRADIENT] = fp8_state
@@ -562,16 +582,22 @@ def make_train_step(
     )
 
     def update(state: TrainState) -> TrainState:
+      trained, frozen = state.params, None
+      if lora:
+        trained, frozen = lora_tree.split(state.params)
       updates, opt_state = optimizer.update(
-          param_grads, state.opt_state, state.params
+          param_grads, state.opt_state, trained
       )
+      params = optax.apply_updates(trained, updates)
+      if frozen is not None:
+        params = lora_tree.join(params, frozen)
       rule_state = state.rule_state
       if rate > 0:
         rule_state = routed_bias_rule(
             rule_state, metrics["expert_load"], rate, model.config.stack_plan
         )
       return state.replace(
-          params=optax.apply_updates(state.params, updates),
+          params=params,
           fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
           opt_state=opt_state,
           rule_state=rule_state,
