@@ -299,9 +299,10 @@ class RematOnMeshTest(absltest.TestCase):
 
   @testing.slow
   def test_mesh_and_microbatches_equal_one_device(self):
-    """fp8, sparse (expert parallel), "save_experts", 2 layers, 2
-    microbatches on data=2,expert=4 and fsdp=8: loss, params and fp8 state
-    as one device's step (whose remat equals no remat, above)."""
+    """fp8, sparse (expert parallel), "save_experts", 2 layers, on
+    data=2,expert=4 and fsdp=8: loss, params and fp8 state as one device's
+    step (whose remat equals no remat, above; microbatches are the fp8
+    step's test)."""
     from tests import workers  # noqa: PLC0415
 
     (result,) = workers.sharding_jobs({
@@ -311,7 +312,6 @@ class RematOnMeshTest(absltest.TestCase):
         "num_layers": 2,
         "remat": "save_experts",
         "meshes": ["data=2,expert=4", "fsdp=8"],
-        "grad_accum": 2,
     })
     self.assertGreater(result["update"], 0.0)
     self.assertGreater(result["fp8_moved"], 0.0)
