@@ -111,6 +111,7 @@ class FamilyMatrixFullTest(parameterized.TestCase):
     _check(self, cell)
 
 
+@testing.slow  # a whole cell's compile to see a check fail
 class MatrixChecksCanFailTest(absltest.TestCase):
 
   def test_missing_quantized_types_fail_the_cell(self):
