@@ -97,9 +97,10 @@ class TrainOptions:
       assistant's tokens; `linen_moe.data.read_chat`) (default: from the
       extension; chat is never inferred).
     data_dtype: the ids' dtype of "bin" files ("uint16" or "uint32").
-    packing: "pack" (windows across documents) or "pad" (a document per
-      window, padding masked out of the loss); default "pad" for chat
-      data, else "pack".
+    packing: "pack" (windows across documents), "pad" (a document per
+      window, padding masked out of the loss) or "first_fit" (documents
+      packed whole into rows as segments, `linen_moe.data.first_fit`);
+      default "pad" for chat data, else "pack".
     eod_id: the end-of-document id (default: the tokenizer's; none for
       pre-tokenized ids).
     eval_every: at every N-th step, the held-out loss and perplexity
@@ -196,6 +197,7 @@ class TrainOptions:
           "microbatches are equal",
       )
     check_int("seed", self.seed, 0)
+    self._check_remat()
     if self.frontend not in nnx_adapter.FRONTENDS:
       _fail(
           "frontend", self.frontend, f"expected one of {nnx_adapter.FRONTENDS}"
@@ -229,6 +231,14 @@ class TrainOptions:
       self._check_init_from_hf()
     self._check_optimizer()
     self._check_observers()
+
+  def _check_remat(self) -> None:
+    """--remat names a policy (the config checks it too, after jax)."""
+    from linen_moe import ModelConfig  # noqa: PLC0415 (no jax)
+
+    remat = self.overrides.get("remat")
+    if remat is not None and remat not in ModelConfig.REMAT_POLICIES:
+      _fail("remat", remat, f"allowed {ModelConfig.REMAT_POLICIES}")
 
   def _check_observers(self) -> None:
     """The profiler and TensorBoard flags."""

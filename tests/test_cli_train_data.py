@@ -126,6 +126,9 @@ class _Corpus(absltest.TestCase):
         np.testing.assert_array_equal(b[p], a[p], err_msg=str(p))
 
 
+# Slow: 4 runs. The default run resumes the command in test_cli_resume.py
+# and a data iterator in test_data.py (IteratorCheckpointTest).
+@testing.slow
 class ResumeTest(_Corpus):
 
   def test_resume_is_exact(self):
@@ -175,6 +178,19 @@ class ResumeTest(_Corpus):
     self.assertEqual(code, 2)
     self.assertRegex(err, r"was trained on .*00.txt \(and \d+ more files\)")
     self.assertLen(_metrics(dirs["split"]), STEPS)
+
+
+@testing.slow
+class FirstFitTest(_Corpus):
+
+  def test_first_fit_rows_train_with_segments(self):
+    # Two steps of two microbatches and one held-out loss, on rows packed
+    # first fit: the fill is reported, the losses are finite.
+    out = self.train(
+        self.tempdir(), 2, "--eval-every", "2", "--packing", "first_fit"
+    )
+    self.assertRegex(out, r"packing first_fit: \d+\.\d% of positions hold")
+    self.assertRegex(out, r"step 2: held-out loss \d+\.\d+")
 
 
 class BadInputTest(_Corpus):

@@ -47,6 +47,15 @@ def register(subparsers) -> None:
   )
   p.add_argument("--seed", type=int, default=train_default("seed"))
   p.add_argument(
+      "--remat",
+      default=None,
+      help=(
+          "what each layer keeps for the backward pass (the config's "
+          "remat field): none, full, save_experts, save_attention_experts "
+          "or offload (default: the config's)"
+      ),
+  )
+  p.add_argument(
       "--mesh",
       default=None,
       help=(
@@ -195,13 +204,16 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
   )
   group.add_argument(
       "--packing",
-      choices=("pack", "pad"),
+      choices=("pack", "pad", "first_fit"),
       default=train_default("packing"),
       help=(
           "pack: sequences cut across documents (each ends with the "
-          "end-of-document token); pad: sequences cut within each document, "
-          "the last one padded, the padding masked out of the loss "
-          "(default: pad for chat data, else pack)"
+          "end-of-document token), a continuous stream; pad: sequences cut "
+          "within each document, the last one padded, the padding masked "
+          "out of the loss; first_fit: the documents (cut as for pad) "
+          "packed whole into rows, first fit decreasing, each a segment "
+          "that attends only to itself, its positions from 0, the fill "
+          "fraction reported (default: pad for chat data, else pack)"
       ),
   )
   group.add_argument(
