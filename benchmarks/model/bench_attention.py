@@ -27,8 +27,17 @@ speed      the whole-model benchmark's train step (`common/whole_model.Ours`,
            batch 8 x 256) with attention "auto" and "einsum", alternating in
            one run; then "blockwise" and "einsum" at batch 1 x 4096.
 
-CPU only as written (it reads `jax.default_backend()` for "auto"); nice it,
-a compile at 32768 takes minutes.
+  python benchmarks/model/bench_attention.py tpu [--target tpu:v5e-4]
+      [--seqs 8192]   (under a venv with libtpu: pip install 'jax[tpu]')
+
+tpu        compiles (never runs) the attention alone, as `memory --part
+           attention`, for a TPU slice through libtpu's topology
+           (`linen_moe.planning`), the batch (one row a chip) sharded over
+           a data=N mesh, with "splash" (its kernels in shard_map) and
+           "blockwise", and prints each one's temp bytes per device.
+
+The rest runs on the CPU (it reads `jax.default_backend()` for "auto");
+nice it, a compile at 32768 takes minutes.
 """
 
 from __future__ import annotations
@@ -88,17 +97,19 @@ def train_temp_bytes(cfg, seq: int, batch: int = 1) -> int:
   return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
-def attention_temp_bytes(impl: str, seq: int) -> int:
+def attention_temp_bytes(
+    impl: str, seq: int, batch: int = 1, sharding=None
+) -> int:
   """`memory_analysis()` temp bytes of jit(grad(sum(attend))) alone at the
   Qwen3-30B-A3B attention (32 query / 4 KV heads of 128, bf16, causal),
-  batch 1."""
+  per device with `sharding` (of the batch axis)."""
   cfg = _qwen3_layers(1, 256, impl)
   n, kv, d = cfg.num_heads, cfg.resolved_kv_heads, cfg.resolved_head_dim
-  q = jax.ShapeDtypeStruct((1, seq, n, d), jnp.bfloat16)
-  k = jax.ShapeDtypeStruct((1, seq, kv, d), jnp.bfloat16)
+  q = jax.ShapeDtypeStruct((batch, seq, n, d), jnp.bfloat16, sharding=sharding)
+  k = jax.ShapeDtypeStruct((batch, seq, kv, d), jnp.bfloat16, sharding=sharding)
 
   def loss(q, k, v):
-    pos = jnp.arange(seq)[None]
+    pos = jnp.broadcast_to(jnp.arange(seq), (batch, seq))
     out = attention_lib.attend(
         q,
         k,
@@ -154,6 +165,33 @@ def memory(args) -> None:
           f"  ({time.perf_counter() - start:.0f} s)",
           flush=True,
       )
+
+
+def tpu(args) -> None:
+  from linen_moe import planning  # noqa: PLC0415
+
+  target = planning.parse_target(args.target)
+  planning.prepare_process(target)
+  devices = planning.target_devices(target)
+  n = len(devices)
+  mesh = linen_moe.sharding.make_mesh(f"data={n}", devices)
+  batch = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  print(
+      f"{args.target} ({devices[0].device_kind}, {n} devices), compiled through"
+      " libtpu's topology: Qwen3-30B-A3B attention alone, batch"
+      f" {n} (one row a device), jit(grad(sum(attend))) temp bytes a device"
+  )
+  print(f"{'attention':>10} {'S':>6} {'temp GB':>8} {'compile s':>10}")
+  with linen_moe.sharding.mesh_context(mesh):
+    for impl in args.implementations:
+      for seq in args.seqs:
+        start = time.perf_counter()
+        temp = attention_temp_bytes(impl, seq, n, batch)
+        print(
+            f"{impl:>10} {seq:>6} {temp / GB:>8.3f}"
+            f" {time.perf_counter() - start:>10.0f}",
+            flush=True,
+        )
 
 
 def _attention_step(impl: str, batch: int, seq: int):
@@ -262,10 +300,18 @@ def main() -> None:
       "--seqs", type=int, nargs="+", default=[256, 512, 1024, 2048]
   )
   cross.add_argument("--repeats", type=int, default=5)
+  on_tpu = sub.add_parser("tpu")
+  on_tpu.add_argument("--target", default="tpu:v5e-4")
+  on_tpu.add_argument("--seqs", type=int, nargs="+", default=[8192, 32768])
+  on_tpu.add_argument(
+      "--implementations", nargs="+", default=["splash", "blockwise"]
+  )
   fast = sub.add_parser("speed")
   fast.add_argument("--repeats", type=int, default=5)
   args = parser.parse_args()
-  {"memory": memory, "crossover": crossover, "speed": speed}[args.command](args)
+  commands = {"memory": memory, "crossover": crossover, "speed": speed}
+  commands["tpu"] = tpu
+  commands[args.command](args)
 
 
 if __name__ == "__main__":
