@@ -3,8 +3,8 @@
 The public API is what `__all__` lists: the layer (`RoutedMoE`, ...), its
 configs, the reference `Decoder`, and the public modules `quantization`,
 `routing`, `variables`, `sharding`, `models`, `training`, `decoding`,
-`checkpoint`, `data`, `distributed`, `hf`, `hlo`, `planning`, `tokens` and
-`testing`.
+`checkpoint`, `data`, `distributed`, `hf`, `hlo`, `lora`, `planning`, `tokens`
+and `testing`.
 Each name and module loads on first use: `import linen_moe` alone imports no
 jax. Everything under `linen_moe._src` is private and may move between
 releases; names that moved answer for one release with a
@@ -44,6 +44,7 @@ _PUBLIC_MODULES = (
     "distributed",
     "hf",
     "hlo",
+    "lora",
     "models",
     "planning",
     "quantization",
@@ -78,6 +79,7 @@ __all__ = [
     "hlo",
     "load_model_config",
     "load_moe_config",
+    "lora",
     "models",
     "planning",
     "quantization",

@@ -9,6 +9,10 @@ repeated group `stack_body` builds, scanned with `scan_blocks`), the final
 `RMSNorm`, the tied or separate head (`logits_of`), and the per-layer aux
 reduced to the decoder's (`per_layer_aux`, `layer_aux`). `remat_block`
 wraps a block class in the rematerialization `ModelConfig.remat` names.
+Packed rows: `segment_positions` (positions restarting per segment),
+`resolve_positions` and `validate_segments` (what the decoders run on their
+`segment_ids` and `positions`), `same_segment_targets` (the targets a loss
+counts).
 
 Weights move between a scanned and an unrolled stack with
 `scanned_to_unrolled` / `unrolled_to_scanned`.
@@ -32,6 +36,10 @@ from linen_moe._src.models.remat import remat_block
 from linen_moe._src.models.scan import LAYERS_AXIS
 from linen_moe._src.models.scan import resolved_unroll
 from linen_moe._src.models.scan import scan_blocks
+from linen_moe._src.models.segments import resolve_positions
+from linen_moe._src.models.segments import same_segment_targets
+from linen_moe._src.models.segments import segment_positions
+from linen_moe._src.models.segments import validate_segments
 
 __all__ = [
     "LAYERS_AXIS",
@@ -46,10 +54,14 @@ __all__ = [
     "output_head",
     "per_layer_aux",
     "remat_block",
+    "resolve_positions",
     "resolved_unroll",
+    "same_segment_targets",
     "scale_embeddings",
     "scan_blocks",
     "scanned_to_unrolled",
+    "segment_positions",
     "stack_body",
     "unrolled_to_scanned",
+    "validate_segments",
 ]

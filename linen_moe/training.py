@@ -34,6 +34,7 @@ from linen_moe._src.training.step import init_train_state
 from linen_moe._src.training.step import loss_weights
 from linen_moe._src.training.step import make_train_step
 from linen_moe._src.training.step import overwrite_with_gradient
+from linen_moe._src.training.step import train_batch
 from linen_moe._src.training.step import train_state_from_variables
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "make_train_step",
     "overwrite_with_gradient",
     "routed_bias_rule",
+    "train_batch",
     "train_state_from_variables",
     "variables_of",
     "weight_decay_mask",

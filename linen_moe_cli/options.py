@@ -21,7 +21,12 @@ import nnx_adapter
 # checks that they agree).
 LR_SCHEDULES = ("constant", "cosine", "linear")
 # Optional packages -> the extra of this project that installs them.
-EXTRAS = {"matplotlib": "bench", "hypothesis": "test", "tokamax": "kernels"}
+EXTRAS = {
+    "matplotlib": "bench",
+    "hypothesis": "test",
+    "tokamax": "kernels",
+    "tensorboardX": "tensorboard",
+}
 
 
 def frontend_help() -> str:
@@ -115,6 +120,19 @@ class TrainOptions:
       "cosine" and "linear" (default 0.1).
     weight_decay: AdamW's decoupled weight decay, >= 0, on the kernels
       (`linen_moe.training.weight_decay_mask`).
+    profile_steps: "A:B": trace steps A to B (1-based, inclusive) with
+      `jax.profiler` into `checkpoint_dir/profile` (needs `checkpoint_dir`;
+      B at most `steps`).
+    tensorboard: a directory to write each step's scalar metrics to as
+      TensorBoard events (needs tensorboardX: the `tensorboard` extra).
+    lora_rank: r >= 1 trains low-rank adapters alone, the base frozen
+      (`linen_moe.lora`); 0: every parameter trains.
+    lora_alpha: the adapters' alpha (scale alpha / r; 0 = r).
+    lora_targets: comma-separated `linen_moe.lora.TARGETS` (default all).
+    lora_dropout: dropout on the adapters' input, in [0, 1).
+    frozen_base_serving: QLoRA: the frozen base's expert kernels stored
+      in the `--quantization` mode's type (int8 / fp8), the serving
+      weights (`serving=True`).
   """
 
   config: str = "tiny_mixtral"
@@ -148,9 +166,17 @@ class TrainOptions:
   warmup_steps: int = 0
   final_lr_ratio: float | None = None
   weight_decay: float = 0.0
+  profile_steps: str | None = None
+  tensorboard: str | None = None
+  lora_rank: int = 0
+  lora_alpha: float | None = None
+  lora_targets: str | None = None
+  lora_dropout: float | None = None
+  frozen_base_serving: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "overrides", dict(self.overrides))
+    self._check_lora()
     check_int("steps", self.steps, 1)
     check_int("batch_size", self.batch_size, 1)
     check_int("seq_len", self.seq_len, 2)
@@ -202,6 +228,85 @@ class TrainOptions:
     if self.init_from_hf is not None:
       self._check_init_from_hf()
     self._check_optimizer()
+    self._check_observers()
+
+  def _check_observers(self) -> None:
+    """The profiler and TensorBoard flags."""
+    if self.profile_steps is not None:
+      from linen_moe_cli import throughput  # noqa: PLC0415 (no jax)
+
+      _, last = throughput.parse_steps(self.profile_steps)
+      if self.checkpoint_dir is None:
+        _fail(
+            "profile_steps",
+            self.profile_steps,
+            "it writes into the run directory: give --checkpoint-dir",
+        )
+      if last > self.steps:
+        _fail(
+            "profile_steps",
+            self.profile_steps,
+            f"the last step traced must be at most --steps {self.steps}",
+        )
+    if self.tensorboard is not None:
+      needed = missing_optional(
+          "tensorboardX", "--tensorboard cannot write its events"
+      )
+      if needed:
+        raise ValueError(needed)
+
+  def _check_lora(self) -> None:
+    """The LoRA flags, folded into the config overrides (`lora_*` fields,
+    `serving` for a frozen serving base)."""
+    from linen_moe import lora as lora_face  # noqa: PLC0415 (no jax)
+    from linen_moe.quantization import SERVING_MODES  # noqa: PLC0415 (no jax)
+
+    check_int("lora_rank", self.lora_rank, 0)
+    extra = {
+        "lora_alpha": self.lora_alpha,
+        "lora_targets": self.lora_targets,
+        "lora_dropout": self.lora_dropout,
+    }
+    if not self.lora_rank:
+      for name, value in extra.items():
+        if value is not None:
+          _fail(name, value, "it needs --lora-rank >= 1")
+      if self.frozen_base_serving:
+        _fail(
+            "frozen_base_serving",
+            True,
+            "a frozen base trains nothing without adapters: add --lora-rank",
+        )
+      return
+    targets = lora_face.TARGETS
+    if self.lora_targets is not None:
+      targets = tuple(t.strip() for t in self.lora_targets.split(",") if t)
+    alpha = 0.0 if self.lora_alpha is None else self.lora_alpha
+    dropout = 0.0 if self.lora_dropout is None else self.lora_dropout
+    try:
+      lora_face.LoRAConfig(self.lora_rank, alpha, targets, dropout)
+    except ValueError as e:  # said with the flag's name
+      field = str(e).split("=", 1)[0].removeprefix("LoRAConfig.")
+      given = {"alpha": alpha, "targets": targets, "dropout": dropout}
+      allowed = str(e).split(" is invalid: ", 1)[-1].rstrip(".")
+      _fail(f"lora_{field}", given.get(field), allowed)
+    lora = {
+        "lora_rank": self.lora_rank,
+        "lora_alpha": alpha,
+        "lora_targets": targets,
+        "lora_dropout": dropout,
+    }
+    if self.frozen_base_serving:
+      mode = self.overrides.get("quantization")
+      if mode not in SERVING_MODES:
+        _fail(
+            "frozen_base_serving",
+            True,
+            "it needs --quantization with a stored type, one of "
+            f"{tuple(SERVING_MODES)} (got {mode!r})",
+        )
+      lora["serving"] = True
+    self.overrides.update(lora)
 
   def _check_optimizer(self) -> None:
     """The schedule and weight-decay flags."""
@@ -309,7 +414,10 @@ class TrainOptions:
           where,
           "expected a Hugging Face checkpoint directory (with config.json)",
       )
-    fixed = sorted(set(self.overrides) - run_fields() - {"param_dtype"})
+    adapters = {"lora_rank", "lora_alpha", "lora_targets", "serving"}
+    fixed = sorted(
+        set(self.overrides) - run_fields() - {"param_dtype"} - adapters
+    )
     if fixed:
       _fail(
           "init_from_hf",

@@ -1,6 +1,7 @@
-"""`linen-moe generate --hf-dir DIR | --checkpoint-dir DIR`: a model's greedy
-continuation of a prompt, with the KV cache, from float or quantized serving
-weights.
+"""`linen-moe generate --hf-dir DIR | --checkpoint-dir DIR`: a model's
+continuation of a prompt (greedy or sampled, streamed to the terminal as it
+is drawn) or of every prompt of a file (JSONL results), with the KV cache,
+from float or quantized serving weights.
 
 The model comes from a Hugging Face checkpoint (`linen_moe.hf`; int8 / fp8
 serving weights are quantized as the tensors are read) or from a training
@@ -8,14 +9,26 @@ checkpoint of `linen-moe train` (`checkpoint.read_variables`; converted with
 `quantization.quantize_weights`). Float weights run through the contractions of
 `quantization` (none by default; a training checkpoint's own mode, with its
 fp8 state, or none). A text prompt is tokenized with a `tokenizer.json` (the
-`tokenizers` package) and the continuation decoded with it.
+`tokenizers` package), wrapped first in the tokenizer's chat template with
+`--chat`, and the continuation decoded with it.
+
+One prompt streams: `decoding.generate_stream` is a Python loop over the
+compiled prefill and decode step, each token fetched as it is drawn and its
+text printed at once (a host callback inside `generate`'s one program
+would print too, but ties the program to the terminal; a step's dispatch
+is small beside a step of a real model). A prompts file runs through
+`decoding.generate` in batches of `batch_size`: one program per batch
+bucket, no dispatch per token.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import sys
+import time
 
-import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import decoding
@@ -23,22 +36,28 @@ from linen_moe import hf
 from linen_moe.quantization import quantize_weights
 from linen_moe.tokens import validate_tokens
 
+GENERATION_CONFIG = "generation_config.json"
+
 
 @dataclasses.dataclass(frozen=True)
 class Continuation:
-  """A prompt and its greedy continuation.
+  """A prompt and its continuation.
 
   Attributes:
     prompt_ids: <int32>[P], the prompt's token ids.
-    new_ids: <int32>[N], the generated ones.
+    new_ids: <int32>[N], the generated ones (up to a stop id, inclusive).
     text: the continuation decoded with the tokenizer (None without one).
     weights: "float" or the serving mode.
+    finish_reason: "stop" or "length".
+    seconds: from the first call to the last token (load excluded).
   """
 
   prompt_ids: np.ndarray
   new_ids: np.ndarray
   text: str | None
   weights: str
+  finish_reason: str = "length"
+  seconds: float = 0.0
 
 
 def load_model(hf_dir, checkpoint_dir, serve: str, quantization: str | None):
@@ -67,6 +86,71 @@ def load_model(hf_dir, checkpoint_dir, serve: str, quantization: str | None):
   return config, variables
 
 
+def stop_ids_of(hf_dir: str | None, stop_ids: list[int] | None) -> list[int]:
+  """`stop_ids` when given, else the checkpoint's `generation_config.json`
+  `eos_token_id` (an int or a list; none without the file or the field)."""
+  if stop_ids is not None:
+    return list(stop_ids)
+  if hf_dir is None:
+    return []
+  path = os.path.join(hf_dir, GENERATION_CONFIG)
+  if not os.path.isfile(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    eos = json.load(f).get("eos_token_id")
+  if eos is None:
+    return []
+  return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+
+
+def _tokenizer(path: str | None):
+  if path is None:
+    return None
+  from tokenizers import Tokenizer  # noqa: PLC0415
+
+  return Tokenizer.from_file(path)
+
+
+def _encode(tok, tokenizer: str, text: str, chat: bool, system: str | None):
+  """The ids of `text`, rendered first with the tokenizer's chat template
+  (a user turn after an optional system turn, then the assistant's header)
+  when `chat`."""
+  if not chat:
+    return tok.encode(text).ids
+  from linen_moe.data import load_chat_template  # noqa: PLC0415
+
+  template = load_chat_template(tokenizer)
+  messages = [{"role": "system", "content": system}] if system else []
+  messages.append({"role": "user", "content": text})
+  rendered = template.render(messages, add_generation_prompt=True)
+  return tok.encode(rendered, add_special_tokens=False).ids
+
+
+def _weights(serve: str, quantization: str | None) -> str:
+  weights = "float" if serve == "none" else serve
+  if serve == "none" and quantization not in (None, "none"):
+    weights += f" (in {quantization}'s contractions)"
+  return weights
+
+
+class _TextStream:
+  """Prints a continuation's text as its tokens come: the decoded text of
+  all the ids so far, less what is printed (held back while it ends in an
+  incomplete character)."""
+
+  def __init__(self, tok, out):
+    self.tok, self.out, self.ids, self.printed = tok, out, [], ""
+
+  def add(self, token: int) -> None:
+    self.ids.append(token)
+    text = self.tok.decode(self.ids)
+    if text.endswith("\ufffd") or not text.startswith(self.printed):
+      return
+    self.out.write(text[len(self.printed) :])
+    self.out.flush()
+    self.printed = text
+
+
 def generate(
     *,
     hf_dir: str | None,
@@ -77,40 +161,189 @@ def generate(
     new_tokens: int,
     serve: str = "none",
     quantization: str | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    seed: int = 0,
+    stop_ids: list[int] | None = None,
+    chat: bool = False,
+    system: str | None = None,
+    out=None,
 ) -> Continuation:
-  """The greedy continuation (see the module docstring) from serving weights
-  of `serve` ("none": float weights, computed in `quantization`); a prompt
-  id outside the model's vocabulary is a ValueError before any decoding."""
-  tok = None
-  if tokenizer is not None:
-    from tokenizers import Tokenizer  # noqa: PLC0415
-
-    tok = Tokenizer.from_file(tokenizer)
+  """One prompt's continuation (see the module docstring), its text
+  written to `out` as it is drawn (after "weights:", "prompt ids:" and
+  "text: " lines; stdout by default); a prompt id outside the model's
+  vocabulary is a ValueError before any decoding."""
+  out = sys.stdout if out is None else out
+  tok = _tokenizer(tokenizer)
   if prompt is not None:
-    prompt_ids = tok.encode(prompt).ids
+    prompt_ids = _encode(tok, tokenizer, prompt, chat, system)
     if not prompt_ids:
       raise ValueError(f"--prompt {prompt!r} encodes to no tokens.")
   config, variables = load_model(hf_dir, checkpoint_dir, serve, quantization)
-  ids = validate_tokens(
+  validate_tokens(
       np.asarray([prompt_ids], np.int32), config.vocab_size, name="prompt"
   )
-  tokens = decoding.greedy_generate(
-      config, variables, jnp.asarray(ids), new_tokens
+  stops = stop_ids_of(hf_dir, stop_ids)
+  weights = _weights(serve, quantization)
+  stream = decoding.generate_stream(
+      config,
+      variables,
+      prompt_ids,
+      max_new_tokens=new_tokens,
+      temperature=temperature,
+      top_k=top_k,
+      top_p=top_p,
+      min_p=min_p,
+      stop_ids=stops,
+      seed=seed,
   )
-  new = np.asarray(tokens)[0, len(prompt_ids) :]
-  text = None if tok is None else tok.decode(new.tolist())
-  weights = "float" if serve == "none" else serve
-  if serve == "none" and quantization not in (None, "none"):
-    weights += f" (in {quantization}'s contractions)"
-  return Continuation(np.asarray(prompt_ids), new, text, weights)
+  out.write(f"weights: {weights}\nprompt ids: {list(prompt_ids)}\n")
+  text = None if tok is None else _TextStream(tok, out)
+  if text is not None:
+    out.write("text: ")
+    out.flush()
+  start, new = time.perf_counter(), []
+  for token in stream:
+    new.append(token)
+    if text is not None:
+      text.add(token)
+  seconds = time.perf_counter() - start
+  if text is not None:
+    out.write("\n")
+  reason = "stop" if new and new[-1] in stops else "length"
+  decoded = None if tok is None else tok.decode(new)
+  return Continuation(
+      np.asarray(prompt_ids), np.asarray(new), decoded, weights, reason, seconds
+  )
 
 
 def format_report(result: Continuation) -> str:
-  lines = [
-      f"weights: {result.weights}",
-      f"prompt ids: {result.prompt_ids.tolist()}",
+  """The lines after the streamed text: the new ids, why the row ended,
+  and the tokens per second (the prefill and compile included)."""
+  n = len(result.new_ids)
+  rate = n / result.seconds if result.seconds > 0 else float("inf")
+  return "\n".join([
       f"new ids: {result.new_ids.tolist()}",
-  ]
-  if result.text is not None:
-    lines.append(f"text: {result.text}")
-  return "\n".join(lines)
+      f"finish: {result.finish_reason}",
+      f"{n} new tokens in {result.seconds:.2f} s: {rate:.1f} tokens/s",
+  ])
+
+
+def read_prompts(path: str) -> list[dict]:
+  """The prompts of a file: one per line, as text, or JSONL objects with
+  "prompt" (text) or "prompt_ids" (token ids); blank lines are skipped.
+
+  Raises:
+    ValueError: a JSON line that is not an object with one of them (named
+      by its line number), or a file without prompts.
+  """
+  prompts = []
+  with open(path, encoding="utf-8") as f:
+    for number, raw in enumerate(f, 1):
+      text = raw.rstrip("\n")
+      if not text.strip():
+        continue
+      if text.lstrip().startswith("{"):
+        try:
+          record = json.loads(text)
+        except json.JSONDecodeError as e:
+          raise ValueError(f"--prompts-file {path}:{number}: {e}") from None
+        if not isinstance(
+            record.get("prompt_ids", record.get("prompt")), (str, list)
+        ):
+          raise ValueError(
+              f'--prompts-file {path}:{number}: a JSON line needs "prompt"'
+              ' (text) or "prompt_ids" (token ids).'
+          )
+        prompts.append(record)
+      else:
+        prompts.append({"prompt": text})
+  if not prompts:
+    raise ValueError(f"--prompts-file {path} holds no prompts.")
+  return prompts
+
+
+def generate_file(
+    *,
+    hf_dir: str | None,
+    checkpoint_dir: str | None,
+    prompts_file: str,
+    tokenizer: str | None,
+    new_tokens: int,
+    output: str | None = None,
+    batch_size: int = 8,
+    serve: str = "none",
+    quantization: str | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    seed: int = 0,
+    stop_ids: list[int] | None = None,
+    chat: bool = False,
+    system: str | None = None,
+) -> str:
+  """Every prompt of `prompts_file` (`read_prompts`), decoded in batches of
+  `batch_size` by `decoding.generate`; one JSONL line per prompt, in order,
+  to `output` (stdout when None): "prompt", "prompt_ids", "new_ids",
+  "text" (with a tokenizer), "finish_reason". The i-th prompt of the file
+  (from 0) draws with the seed `seed + i` (`generate`'s per-prompt seeds),
+  whatever the batch size. Returns the summary line (count, tokens/s)."""
+  records = read_prompts(prompts_file)
+  tok = _tokenizer(tokenizer)
+  rows = []
+  for i, record in enumerate(records):
+    if "prompt_ids" in record:
+      rows.append([int(t) for t in record["prompt_ids"]])
+      continue
+    if tok is None:
+      raise ValueError(
+          f"--prompts-file line {i + 1} is text: it needs a tokenizer "
+          "(--tokenizer FILE, or DIR/tokenizer.json), or give prompt_ids."
+      )
+    rows.append(_encode(tok, tokenizer, record["prompt"], chat, system))
+  config, variables = load_model(hf_dir, checkpoint_dir, serve, quantization)
+  stops = stop_ids_of(hf_dir, stop_ids)
+  sink = sys.stdout if output is None else open(output, "w", encoding="utf-8")
+  start, total = time.perf_counter(), 0
+  try:
+    for first in range(0, len(rows), batch_size):
+      batch = rows[first : first + batch_size]
+      seeds = [seed + first + j for j in range(len(batch))]
+      result = decoding.generate(
+          config,
+          variables,
+          batch,
+          max_new_tokens=new_tokens,
+          temperature=temperature,
+          top_k=top_k,
+          top_p=top_p,
+          min_p=min_p,
+          stop_ids=stops,
+          seed=seeds,
+      )
+      for j, (new, reason) in enumerate(
+          zip(result.tokens, result.finish_reasons, strict=True)
+      ):
+        record = records[first + j]
+        line = {
+            "prompt": record.get("prompt"),
+            "prompt_ids": batch[j],
+            "new_ids": list(new),
+            "finish_reason": reason,
+        }
+        if tok is not None:
+          line["text"] = tok.decode(list(new))
+        sink.write(json.dumps(line) + "\n")
+        total += len(new)
+      sink.flush()
+  finally:
+    if output is not None:
+      sink.close()
+  seconds = time.perf_counter() - start
+  return (
+      f"{len(rows)} prompts, {total} new tokens in {seconds:.2f} s: "
+      f"{total / seconds:.1f} tokens/s"
+  )

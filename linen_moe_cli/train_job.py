@@ -23,6 +23,7 @@ from linen_moe_cli import host_memory
 from linen_moe_cli import loss_chart
 from linen_moe_cli import options
 from linen_moe_cli import schedule
+from linen_moe_cli import throughput
 from linen_moe_cli import train_data
 from linen_moe_cli.checkpointing import RunCheckpoints
 from linen_moe_cli.options import TrainOptions
@@ -136,8 +137,11 @@ def _load_hf(directory: str, cfg, device_mesh):
       dtype=cfg.moe.param_dtype,
       mesh=device_mesh,
       quantization=cfg.moe.quantization,
+      serving=cfg.moe.serving,
   )
-  checkpoint.check_model_config(checkpoint.config_dict(loaded), cfg, directory)
+  # The checkpoint is the base: the run's config without its adapters.
+  base = cfg.replace(lora_rank=0)
+  checkpoint.check_model_config(checkpoint.config_dict(loaded), base, directory)
   return variables
 
 
@@ -347,57 +351,81 @@ def _train_from(
   loads = collections.deque(maxlen=TAIL_STEPS)
   show = opts.progress and distributed.is_main_process()
   bar = tqdm.trange(start, opts.steps, disable=not show, desc="train")
-  for i in bar:
-    tokens, mask = next(stream)
-    key = jax.random.fold_in(rng, i)
-    if mask is None:  # every position real: the unmasked loss
-      state, metrics = step(state, tokens, key)
-    else:
-      state, metrics = step(state, tokens, key, mask)
-    loss = float(metrics["cross_entropy"])
-    metrics = {
-        **metrics,
-        "learning_rate": schedule.learning_rate(job.lr_schedule, i, metrics),
-    }
-    host_memory.settle()  # waits only where host memory is reused
-    losses.append(loss)
-    loads.append(metrics["expert_load"])
-    done = i + 1
-    if evaluate is not None and done % opts.eval_every == 0:
-      eval_loss = evaluate(state)
-      held_out.append((done, eval_loss))
-      perplexity = math.exp(min(eval_loss, 700.0))
+  meter = throughput.Throughput(
+      cfg, opts.batch_size, opts.seq_len, _run_devices(job)
+  )
+  profiler = throughput.Profiler(
+      opts.profile_steps and throughput.parse_steps(opts.profile_steps),
+      opts.checkpoint_dir
+      and os.path.join(opts.checkpoint_dir, throughput.PROFILE_DIR),
+  )
+  board = throughput.TensorBoard(
+      opts.tensorboard if distributed.is_main_process() else None
+  )
+  try:
+    for i in bar:
+      profiler.before(i + 1)
+      meter.start()
+      tokens, mask = next(stream)
+      key = jax.random.fold_in(rng, i)
+      if mask is None:  # every position real: the unmasked loss
+        state, metrics = step(state, tokens, key)
+      else:
+        state, metrics = step(state, tokens, key, mask)
+      loss = float(metrics["cross_entropy"])
+      speed = meter.stop()
+      profiler.after(i + 1)
       metrics = {
           **metrics,
-          "eval_loss": eval_loss,
-          "eval_perplexity": perplexity,
+          "learning_rate": schedule.learning_rate(job.lr_schedule, i, metrics),
+          **speed,
       }
-      if distributed.is_main_process():
-        line = (
-            f"step {done}: held-out loss {eval_loss:.4f}, perplexity "
-            f"{perplexity:.2f} (train loss {loss:.4f})"
+      host_memory.settle()  # waits only where host memory is reused
+      losses.append(loss)
+      loads.append(metrics["expert_load"])
+      done = i + 1
+      if evaluate is not None and done % opts.eval_every == 0:
+        eval_loss = evaluate(state)
+        held_out.append((done, eval_loss))
+        perplexity = math.exp(min(eval_loss, 700.0))
+        metrics = {
+            **metrics,
+            "eval_loss": eval_loss,
+            "eval_perplexity": perplexity,
+        }
+        if distributed.is_main_process():
+          line = (
+              f"step {done}: held-out loss {eval_loss:.4f}, perplexity "
+              f"{perplexity:.2f} (train loss {loss:.4f})"
+          )
+          if show:
+            bar.write(line)
+          else:
+            log(line)
+      board.write(done, metrics)
+      if ckpts is not None:
+        ckpts.after_step(
+            done, metrics, fe.checkpoint_tree, state, data=source.iterator
         )
-        if show:
-          bar.write(line)
-        else:
-          log(line)
-    if ckpts is not None:
-      ckpts.after_step(
-          done, metrics, fe.checkpoint_tree, state, data=source.iterator
+      in_a_row = in_a_row + 1 if int(metrics["skipped"]) else 0
+      skipped += in_a_row > 0
+      if in_a_row >= opts.max_consecutive_skips:
+        raise options.RunStopped(
+            f"stopped at step {i + 1} of {opts.steps}: the last {in_a_row} "
+            f"steps ({i + 2 - in_a_row} to {i + 1}) were all skipped for a "
+            "non-finite loss or gradient (--max-consecutive-skips "
+            f"{opts.max_consecutive_skips}; {skipped} skipped in all). The run "
+            "is not recovering: lower --learning-rate, or check the data."
+        )
+      bar.set_postfix(
+          loss=f"{loss:.3f}",
+          best=f"{source.best_loss:.3f}",
+          skipped=skipped,
+          **_speed_postfix(speed),
       )
-    in_a_row = in_a_row + 1 if int(metrics["skipped"]) else 0
-    skipped += in_a_row > 0
-    if in_a_row >= opts.max_consecutive_skips:
-      raise options.RunStopped(
-          f"stopped at step {i + 1} of {opts.steps}: the last {in_a_row} "
-          f"steps ({i + 2 - in_a_row} to {i + 1}) were all skipped for a "
-          "non-finite loss or gradient (--max-consecutive-skips "
-          f"{opts.max_consecutive_skips}; {skipped} skipped in all). The run "
-          "is not recovering: lower --learning-rate, or check the data."
-      )
-    bar.set_postfix(
-        loss=f"{loss:.3f}", best=f"{source.best_loss:.3f}", skipped=skipped
-    )
+  finally:
+    profiler.close()
+    board.close()
   if ckpts is not None and opts.data is not None and ckpts.main_process:
     loss_chart.chart_beside(ckpts.metrics_path, log)
   return TrainResult(
@@ -408,3 +436,18 @@ def _train_from(
       start_step=start,
       eval_losses=held_out,
   )
+
+
+def _run_devices(job: _Setup) -> list:
+  """The devices a step runs on: the mesh's, or the one default device."""
+  if job.device_mesh is not None:
+    return list(job.device_mesh.devices.flat)
+  return jax.devices()[:1]
+
+
+def _speed_postfix(speed: dict[str, float]) -> dict[str, str]:
+  """The progress bar's throughput fields."""
+  out = {"tok/s": f"{speed['tokens_per_s']:.3g}"}
+  if "mfu" in speed:
+    out["mfu"] = f"{speed['mfu']:.1%}"
+  return out

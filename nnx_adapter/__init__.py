@@ -23,7 +23,7 @@ _EXPORTS = {
         "linen_to_nnx",
         "nnx_to_linen",
     ),
-    "nnx_adapter._decoding": ("decoding_model", "greedy_generate"),
+    "nnx_adapter._decoding": ("decoding_model", "generate", "greedy_generate"),
     "nnx_adapter._frontend": (
         "NNXFrontend",
         "frontend",
@@ -66,6 +66,7 @@ __all__ = [
     "decoder_loss",
     "decoding_model",
     "frontend",
+    "generate",
     "greedy_generate",
     "init_decoder",
     "init_train_state",

@@ -10,6 +10,7 @@ from typing import Any
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import linen_moe
 from linen_moe import ModelConfig
@@ -135,7 +136,13 @@ class Decoder(nnx.Module):
     if not config.tie_embeddings:
       self.logits = EagerToNNX(models.output_head(config), x, rngs=rngs)
 
-  def __call__(self, tokens: jax.Array, rng: jax.Array | None = None):
+  def __call__(
+      self,
+      tokens: jax.Array,
+      rng: jax.Array | None = None,
+      segment_ids: jax.Array | None = None,
+      positions: jax.Array | None = None,
+  ):
     """Runs the decoder on a batch of token ids.
 
     Args:
@@ -143,23 +150,33 @@ class Decoder(nnx.Module):
       rng: feeds every RNG stream the blocks draw from at apply time (AQT
         int8 needs it whenever gradients are taken), split into one key
         per layer; None: no stream (deterministic, no router jitter).
+      segment_ids: optional <int>[B, S] packed documents (0 = padding), as
+        in `linen_moe.Decoder`.
+      positions: optional <int>[B, S] positions >= 0; None: restarting at
+        0 in each segment, as in `linen_moe.Decoder`.
 
     Returns:
       A pair (logits <float32>[B, S, V], aux), the Linen decoder's.
 
     Raises:
       TypeError: if `tokens` is not an integer array of rank 2.
-      ValueError: if a concrete id is outside [0, vocab_size).
+      ValueError: if a concrete id is outside [0, vocab_size); if
+        `segment_ids` or `positions` is not an integer array of the tokens'
+        shape or holds a negative value, or is given with `decode`.
     """
     cfg = self.config
-    tokens = jnp.asarray(validate_tokens_if_concrete(tokens, cfg.vocab_size))
+    tokens = validate_tokens_if_concrete(tokens, cfg.vocab_size)
+    models.validate_segments(
+        np.shape(tokens), segment_ids, positions, self.decode
+    )
+    tokens = jnp.asarray(tokens)
     x = models.scale_embeddings(self.embed(tokens), cfg)  # [B, S, M]
     start = 0
     if self.decode:
       start = self.index.get_value()
       self.index.set_value(start + tokens.shape[1])
-    positions = jnp.broadcast_to(
-        start + jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape
+    positions = models.resolve_positions(
+        tokens.shape, segment_ids, positions, start
     )
     plan = cfg.stack_plan
     keys = None if rng is None else jax.random.split(rng, cfg.num_layers)
@@ -167,7 +184,7 @@ class Decoder(nnx.Module):
 
     def apply_block(block, x, key):
       rngs = None if key is None else nnx.Rngs(**rng_dict(key))
-      return block(x, positions, rngs=rngs, mutable=mutable)
+      return block(x, positions, segment_ids, rngs=rngs, mutable=mutable)
 
     def unrolled(x, layers):
       outs = []

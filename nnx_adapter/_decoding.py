@@ -1,10 +1,13 @@
-"""Greedy decoding of the NNX decoder with its KV cache.
+"""Decoding of the NNX decoder with its KV cache.
 
     tokens = greedy_generate(model, prompt, num_tokens)
+    result = generate(model, prompts, max_new_tokens=n, temperature=0.8)
 
-`greedy_generate` hands the model's variables to the Linen decoder's
-(`linen_moe.decoding.greedy_generate`: one program, the layers unrolled,
-no copy of a scanned stack's weights): the same blocks, the same math.
+`generate` (prompts of any lengths, sampling, stop ids) and
+`greedy_generate` hand the model's variables to the Linen decoder's
+(`linen_moe.decoding.generate`, `greedy_generate`: one program, the
+layers unrolled, no copy of a scanned stack's weights): the same blocks,
+the same math.
 `decoding_model` builds a decoding twin (`Decoder(config, decode=True)`,
 built abstractly, with a zero cache of [B, max_len]) for stepping an NNX
 model token by token.
@@ -102,4 +105,59 @@ def greedy_generate(
   variables.pop(CACHE, None)
   return decoding.greedy_generate(
       model.config, variables, prompt, num_tokens, max_len
+  )
+
+
+def generate(
+    model: Decoder,
+    prompts,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    stop_ids=(),
+    seed=0,
+) -> decoding.GenerationResult:
+  """New tokens for prompts of any lengths, greedy or sampled.
+
+  The NNX face of `linen_moe.decoding.generate`: the model's variables run
+  through the same program (left-padded rows, one `lax.while_loop`, stop
+  ids, the same keys), so the tokens are the Linen decoder's.
+
+  Args:
+    model: an NNX `Decoder` (float or serving), not itself decoding.
+    prompts: a non-empty sequence of non-empty token-id sequences.
+    max_new_tokens: the most new tokens per prompt, >= 1.
+    temperature: >= 0; 0 is greedy.
+    top_k: >= 0 (0: all tokens).
+    top_p: in (0, 1].
+    min_p: in [0, 1].
+    stop_ids: token ids that end a row (included in its tokens).
+    seed: an int, or one int per prompt.
+
+  Returns:
+    A `linen_moe.decoding.GenerationResult`.
+
+  Raises:
+    TypeError: as `linen_moe.decoding.generate`.
+    ValueError: as `linen_moe.decoding.generate`, and for a decoding
+      `model`.
+  """
+  if getattr(model, "decode", False):
+    raise ValueError("model must be a plain Decoder, not a decoding one.")
+  variables = nnx_to_linen(model)
+  variables.pop(CACHE, None)
+  return decoding.generate(
+      model.config,
+      variables,
+      prompts,
+      max_new_tokens=max_new_tokens,
+      temperature=temperature,
+      top_k=top_k,
+      top_p=top_p,
+      min_p=min_p,
+      stop_ids=stop_ids,
+      seed=seed,
   )

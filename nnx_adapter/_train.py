@@ -121,9 +121,12 @@ def decoder_loss(model: nnx.Module, batch, rng: jax.Array):
   """`linen_moe.training.decoder_loss` of the NNX decoder on `batch`.
 
   Args:
-    model: the NNX `Decoder`, called as `model(tokens, rng=rng)`.
-    batch: tokens <int32>[B, S], or `(tokens, weights)` with weights
-      <float32>[B, S - 1] from `linen_moe.training.loss_weights`.
+    model: the NNX `Decoder`, called as `model(tokens, rng=rng,
+      segment_ids=..., positions=...)`.
+    batch: tokens <int32>[B, S]; `(tokens, weights)` with weights
+      <float32>[B, S - 1] from `linen_moe.training.loss_weights`; or a dict
+      of `linen_moe.training.train_batch` (`tokens`, optional `weights`,
+      `segment_ids`, `positions`).
     rng: the PRNG key of the decoder's RNG streams (e.g. router jitter).
 
   Returns:
@@ -134,9 +137,18 @@ def decoder_loss(model: nnx.Module, batch, rng: jax.Array):
   Raises:
     ValueError: (from `cross_entropy`) for fewer than 2 tokens per row.
   """
-  tokens, weights = batch if isinstance(batch, tuple) else (batch, None)
-  logits, aux = model(tokens, rng=rng)
-  return linen_train.decoder_loss(logits, aux, tokens, weights)
+  if isinstance(batch, tuple):
+    batch = dict(zip(("tokens", "weights"), batch, strict=True))
+  elif not isinstance(batch, dict):
+    batch = {"tokens": batch}
+  tokens = batch["tokens"]
+  logits, aux = model(
+      tokens,
+      rng=rng,
+      segment_ids=batch.get("segment_ids"),
+      positions=batch.get("positions"),
+  )
+  return linen_train.decoder_loss(logits, aux, tokens, batch.get("weights"))
 
 
 def train_step(
@@ -146,13 +158,17 @@ def train_step(
     rng: jax.Array,
     grad_accum: int = 1,
     mask: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
 ) -> dict[str, jax.Array]:
   """One training step of `model` (a `Decoder`) in place; returns metrics.
 
   Optimizer update of the params, fp8 state overwritten, routed biases
   moved by their rule (when `config.moe.routed_bias_update_rate > 0`).
   With `mask` the cross-entropy counts only real targets
-  (`linen_moe.training.loss_weights`), as in the Linen step.
+  (`linen_moe.training.loss_weights`), as in the Linen step; with
+  `segment_ids` (and `positions`) the rows are packed documents, as in the
+  Linen step.
 
   A step whose loss or any gradient is non-finite leaves the model and the
   optimizer as they were, but for `optimizer.step` (advanced);
@@ -168,6 +184,9 @@ def train_step(
     grad_accum: microbatches per step, >= 1 and dividing B.
     mask: optional <bool>[B, S], True at real ids; None: every target
       counts.
+    segment_ids: optional <int32>[B, S] packed documents (0 = padding).
+    positions: optional <int32>[B, S] positions (default: restarting at 0
+      in each segment).
 
   Returns:
     The metrics of `linen_moe.training.decoder_loss` (averaged over the
@@ -178,7 +197,7 @@ def train_step(
   """
   # A copy of the values: `nnx.state` holds the live Variables.
   old = jax.tree.map(lambda x: x, nnx.state((model, optimizer)))
-  batch = tokens if mask is None else (tokens, linen_train.loss_weights(mask))
+  batch = linen_train.train_batch(tokens, mask, segment_ids, positions)
   (param_grads, fp8_grads), metrics = accumulate_gradients(
       model, decoder_loss, batch, rng, grad_accum
   )
@@ -230,8 +249,9 @@ def init_train_state(
 def make_train_step(grad_accum: int = 1):
   """A jittable train step on a `TrainState`: the pure form of `train_step`.
 
-  The step, `step(state, tokens, rng, mask=None) -> (state, metrics)`,
-  takes tokens <int32>[B, S] and an optional mask <bool>[B, S] as
+  The step, `step(state, tokens, rng, mask=None, segment_ids=None,
+  positions=None) -> (state, metrics)`, takes tokens <int32>[B, S], an
+  optional mask <bool>[B, S] and packed rows' segment ids and positions as
   `train_step` does, returns a new state (the given one is left as it is)
   and also counts skipped steps (`TrainState.skipped_steps`,
   `metrics["skipped_steps"]`).
@@ -249,9 +269,13 @@ def make_train_step(grad_accum: int = 1):
       tokens: jax.Array,
       rng: jax.Array,
       mask: jax.Array | None = None,
+      segment_ids: jax.Array | None = None,
+      positions: jax.Array | None = None,
   ):
     model, optimizer = state.merge()
-    metrics = train_step(model, optimizer, tokens, rng, grad_accum, mask)
+    metrics = train_step(
+        model, optimizer, tokens, rng, grad_accum, mask, segment_ids, positions
+    )
     skipped_steps = state.skipped_steps + metrics["skipped"]
     return (
         state.replace(

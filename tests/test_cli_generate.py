@@ -5,9 +5,13 @@ float against serving weights: benchmarks/serving/bench_serving.py."""
 
 import contextlib
 import io
+import json
 import pathlib
+import shutil
+import tempfile
 
 from absl.testing import absltest
+import numpy as np
 
 from linen_moe import testing
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
@@ -84,6 +88,111 @@ class GenerateModelTest(absltest.TestCase):
     self.assertEqual(status, 0, err)
     self.assertIn("weights: float (in fp8's contractions)", out)
     self.assertRegex(out, r"new ids: \[\d+, \d+\]")
+
+
+def _model_dir(test, eos=None) -> pathlib.Path:
+  """The Mixtral fixture with a word-level tokenizer (w0 .. w63), a chat
+  template that renders words, and `eos` as generation_config's
+  eos_token_id."""
+  from tokenizers import Tokenizer  # noqa: PLC0415
+  from tokenizers.models import WordLevel  # noqa: PLC0415
+  from tokenizers.pre_tokenizers import Whitespace  # noqa: PLC0415
+
+  root = pathlib.Path(tempfile.mkdtemp())
+  test.addCleanup(shutil.rmtree, root, ignore_errors=True)
+  d = root / "model"
+  shutil.copytree(MIXTRAL, d)
+  tok = Tokenizer(WordLevel({f"w{i}": i for i in range(64)}, unk_token="w0"))
+  tok.pre_tokenizer = Whitespace()
+  tok.save(str(d / "tokenizer.json"))
+  template = (
+      "{% for m in messages %}{{ 'w10' if m.role == 'system' else 'w11' }} "
+      "{{ m.content }} {% endfor %}{% if add_generation_prompt %}w12{% endif %}"
+  )
+  (d / "tokenizer_config.json").write_text(
+      json.dumps({"chat_template": template})
+  )
+  if eos is not None:
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+  return d
+
+
+def _words(ids) -> str:
+  return " ".join(f"w{i}" for i in ids)
+
+
+class GenerateRunTest(absltest.TestCase):
+  """Streaming one prompt, a prompts file, chat, stop ids (small runs on
+  the Mixtral fixture; its greedy tokens are transformers')."""
+
+  def setUp(self):
+    super().setUp()
+    self.expected = np.load(MIXTRAL / "generate.npy")[0]  # prompt 5, new 8
+
+  def test_streams_text_and_stops_at_the_eos_of_generation_config(self):
+    new = self.expected[5:].tolist()
+    eos = new[2]
+    d = _model_dir(self, eos=[63, eos] if eos != 63 else eos)
+    status, out, err = testing.run_capturing(
+        main,
+        ["generate", "--hf-dir", str(d), "--prompt", _words(self.expected[:5])],
+    )
+    self.assertEqual(status, 0, err)
+    stopped = new[: new.index(eos) + 1]
+    self.assertIn(f"text: {_words(stopped)}\n", out)
+    self.assertIn(f"new ids: {stopped}", out)
+    self.assertIn("finish: stop", out)
+    self.assertRegex(
+        out, rf"{len(stopped)} new tokens in [\d.]+ s: [\d.]+ tokens/s"
+    )
+    # --stop-id overrides generation_config.json; --chat wraps the prompt
+    # (6 ids + 7 new: the cache of the first run, one decode step program).
+    status, out, err = testing.run_capturing(
+        main,
+        ["generate", "--hf-dir", str(d), "--prompt", "w1 w2", "--chat"]
+        + ["--system", "w3", "--stop-id", "5", "--max-new-tokens", "7"],
+    )
+    self.assertEqual(status, 0, err)
+    self.assertIn("prompt ids: [10, 3, 11, 1, 2, 12]", out)
+    self.assertRegex(out, r"finish: (stop|length)")
+
+  def test_prompts_file_writes_jsonl(self):
+    d = _model_dir(self)
+    prompts = d / "prompts.txt"
+    prompts.write_text(
+        _words(self.expected[:5])
+        + "\n\n"
+        + json.dumps({"prompt_ids": [1, 2, 3]})
+        + "\n"
+    )
+    results = d / "out.jsonl"
+    status, out, err = testing.run_capturing(
+        main,
+        ["generate", "--hf-dir", str(d), "--prompts-file", str(prompts)]
+        + ["--output", str(results), "--max-new-tokens", "8"],
+    )
+    self.assertEqual(status, 0, err)
+    self.assertRegex(out, r"2 prompts, \d+ new tokens in .* tokens/s")
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    self.assertLen(rows, 2)
+    self.assertEqual(rows[0]["new_ids"], self.expected[5:].tolist())
+    self.assertEqual(rows[0]["text"], _words(self.expected[5:]))
+    self.assertEqual(rows[1]["prompt_ids"], [1, 2, 3])
+    self.assertEqual(rows[1]["finish_reason"], "length")
+
+  def test_bad_sampling_flags(self):
+    d = str(MIXTRAL)
+    for argv, pattern in (
+        (["--top-p", "0"], r"--top-p 0.0 must be in \(0, 1\]"),
+        (["--temperature", "-1"], r"--temperature -1.0 must be >= 0"),
+        (["--min-p", "2"], r"--min-p 2.0 must be in \[0, 1\]"),
+        (["--system", "hi"], r"--system needs --chat"),
+        (["--output", "x"], r"--output is for --prompts-file"),
+    ):
+      with self.subTest(argv=argv):
+        self.assertRegex(
+            _error("--hf-dir", d, "--prompt-ids", "1", *argv), pattern
+        )
 
 
 if __name__ == "__main__":

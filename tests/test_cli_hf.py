@@ -177,7 +177,10 @@ class GenerateTest(absltest.TestCase):
     self.assertIn("weights: int8", out)
     d = str(MIXTRAL)
     cases = [
-        (["--hf-dir", d], r"needs --prompt TEXT or --prompt-ids"),
+        (
+            ["--hf-dir", d],
+            r"needs --prompt TEXT, --prompt-ids 1,2,3 or --prompts-file",
+        ),
         (["--hf-dir", d, "--prompt", "hi"], r"--prompt needs a tokenizer"),
         (["--hf-dir", d, "--prompt-ids", "1,x"], r"--prompt-ids '1,x' is inv"),
         (

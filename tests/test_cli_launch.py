@@ -12,12 +12,12 @@ initialises differently or a missing cross-process reduction moves them in
 the first or second decimal.
 
 The default run holds the launcher's own checks, one two-process `train`
-(Linen, sparse path) beside its one-process reference, one checkpoint handed
-from 2 processes to 1 and back, one two-process group in which a process
-kills itself, and the ragged all-to-all layer across the process boundary
-(none and fp8; int8 and nanoo_fp8 are slow). The front end x path product,
-expert parallelism across the process boundary (also through a checkpoint)
-and the compiled collectives are slow.
+(Linen, sparse path) beside its one-process reference, and one two-process
+group in which a process kills itself. Slow (each starts several jax
+processes): a checkpoint handed from 2 processes to 1 and back, the ragged
+all-to-all layer across the process boundary (every mode), the front end x
+path product, expert parallelism across the process boundary (also through
+a checkpoint) and the compiled collectives.
 """
 
 from __future__ import annotations
@@ -232,6 +232,7 @@ class _CheckpointAcrossProcesses(absltest.TestCase):
     )
 
 
+@testing.slow  # 6 jax processes; TwoProcessTrainTest is the default's
 class CheckpointAcrossProcessesTest(_CheckpointAcrossProcesses):
 
   def test_two_one_two(self):
@@ -335,6 +336,7 @@ class _RaggedAcrossProcesses(absltest.TestCase):
         self.assertNotIn(("reduce-scatter", "expert"), crossing)
 
 
+@testing.slow  # a 2-process group; test_ragged_all_to_all.py in one process
 class RaggedAcrossProcessesTest(_RaggedAcrossProcesses):
 
   def test_none_and_fp8(self):

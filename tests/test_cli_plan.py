@@ -22,6 +22,7 @@ import numpy as np
 from linen_moe import load_model_config
 from linen_moe import planning
 from linen_moe import testing
+from linen_moe._src.planning import plan as plan_lib
 from linen_moe_cli import main as cli
 from tests import workers
 
@@ -155,6 +156,67 @@ class PlanCommandTest(parameterized.TestCase):
     self.assertEqual((status, out), (2, ""))
     self.assertRegex(err, "^linen-moe: error: " + line)
     self.assertEqual(err.count("\n"), 1, err)
+
+
+@testing.slow
+class FrontEndsAndDecodeTest(absltest.TestCase):
+  """The NNX front end's train step plans the bytes of the Linen one's
+  state; the decode step holds the KV cache in place of the optimizer."""
+
+  def _plan(self, *argv) -> dict:
+    proc = workers.run(
+        "linen_moe_cli.main",
+        "plan",
+        "--target",
+        "cpu:2",
+        "--mesh",
+        "fsdp=2",
+        "--json",
+        *argv,
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+  def test_nnx_and_decode(self):
+    linen = self._plan()["per_device"]
+    nnx = self._plan("--frontend", "nnx")["per_device"]
+    for key in ("parameter_bytes", "optimizer_state_bytes", "batch_bytes"):
+      self.assertEqual(nnx[key], linen[key], key)
+    decode = self._plan("--serve", "--batch-size", "4", "--seq-len", "64")
+    self.assertEqual(decode["step"], "decode")
+    self.assertEqual(decode["tokens_per_step"], 4)
+    device = decode["per_device"]
+    self.assertEqual(device["parameter_bytes"], linen["parameter_bytes"])
+    self.assertEqual(device["optimizer_state_bytes"], 0)
+    # Keys and values [B, 64, K, D] per layer, float32, the batch split in 2.
+    kv = 2 * 2 * (4 // 2) * 64 * 4 * 16 * 4
+    self.assertEqual(device["cache_bytes"] // kv, 1)  # and the index
+    cfg = load_model_config("tiny_mixtral")
+    self.assertEqual(
+        decode["flops_per_step"],
+        planning.model_flops(cfg, 4, 64, decode=True),
+    )
+
+
+class OutOfMemoryTest(absltest.TestCase):
+  """A TPU compile that runs out of memory is a plan that does not fit:
+  the bytes come from libtpu's message (as libtpu 0.0.50.1 wrote it for
+  qwen3_30b_a3b's first two layers, batch 8 x 4096, on tpu:v5e-1)."""
+
+  def test_libtpu_messages(self):
+    text = (
+        "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on "
+        "HBM, the total memory required for HLO temporaries (44.15G) exceeds "
+        "available HBM (15.75G). HLO module: jit_step.\nmore lines"
+    )
+    oom = plan_lib._out_of_memory(RuntimeError(text))
+    self.assertEqual(oom.temp_bytes, int(44.15 * 2**30))
+    self.assertEqual(oom.message, text.splitlines()[0])
+    oom = plan_lib._out_of_memory(
+        RuntimeError("RESOURCE_EXHAUSTED: Used 123.5G of 95.74G hbm.")
+    )
+    self.assertEqual(oom.used_bytes, int(123.5 * 2**30))
+    self.assertIsNone(plan_lib._out_of_memory(RuntimeError("INTERNAL: x")))
 
 
 class FlopsTest(absltest.TestCase):

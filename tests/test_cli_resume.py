@@ -18,10 +18,13 @@ from absl.testing import parameterized
 import numpy as np
 
 from linen_moe import checkpoint
+from linen_moe import load_model_config
+from linen_moe import planning
 from linen_moe import testing
 from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe_cli import main as cli
+from linen_moe_cli import throughput
 from linen_moe_cli import train_job
 from linen_moe_cli.options import TrainOptions
 from nnx_adapter import FRONTENDS
@@ -37,7 +40,10 @@ def _run_cli(*argv) -> tuple[int, str, str]:
 
 
 def _metrics(directory: str) -> list[dict]:
-  return testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  """The rows of DIR/metrics.jsonl without the step times' metrics."""
+  rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  timing = throughput.TIMING_METRICS
+  return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
 TRAIN = (
@@ -145,8 +151,18 @@ class ScheduleResumeTest(absltest.TestCase):
         "--weight-decay",
         "0.1",
     ]
-    code, out, err = _run_cli(*argv, "--checkpoint-dir", whole)
+    board = os.path.join(tmp, "board")
+    code, out, err = _run_cli(
+        *argv,
+        "--checkpoint-dir",
+        whole,
+        "--profile-steps",
+        "2:3",
+        "--tensorboard",
+        board,
+    )
     self.assertEqual(code, 0, out + err)
+    _check_throughput(self, whole, board)
     shutil.copytree(whole, killed)
     code, out, err = _run_cli(
         *argv, "--checkpoint-dir", killed, "--resume-step", str(STOP)
@@ -182,6 +198,36 @@ class ScheduleResumeTest(absltest.TestCase):
         err, "another optimizer: --lr-schedule 'constant' here, 'cosine' there"
     )
     self.assertLen(_metrics(killed), STEPS)
+
+
+def _check_throughput(test, run: str, board: str) -> None:
+  """Every row of RUN/metrics.jsonl has the step's throughput, whose
+  TFLOP/s over tokens/s is the model FLOPs per token of the run's config
+  (no MFU on a CPU: no peak known); RUN/profile holds the trace of the
+  profiled steps, BOARD the TensorBoard events of the same scalars."""
+  rows = testing.read_jsonl(os.path.join(run, "metrics.jsonl"))
+  cfg = load_model_config("tiny_mixtral", num_layers=1)
+  per_token = planning.model_flops(cfg, 2, 8) / (2 * 8)
+  for row in rows:
+    test.assertGreater(row["tokens_per_s"], 0)
+    test.assertNotIn("mfu", row)
+    np.testing.assert_allclose(
+        row["model_tflops_per_s"] * 1e12 / row["tokens_per_s"],
+        per_token,
+        rtol=1e-9,
+    )
+  profiles = [
+      name
+      for _, _, names in os.walk(os.path.join(run, throughput.PROFILE_DIR))
+      for name in names
+      if name.endswith(".xplane.pb")
+  ]
+  test.assertLen(profiles, 1)
+  (events,) = os.listdir(board)
+  with open(os.path.join(board, events), "rb") as f:
+    written = f.read()
+  for tag in ("cross_entropy", "learning_rate", *throughput.TIMING_METRICS[:2]):
+    test.assertIn(tag.encode(), written)
 
 
 def _lines(path: str) -> int:

@@ -39,6 +39,7 @@ from linen_moe import testing
 from linen_moe_cli import launch
 from linen_moe_cli import main as cli
 from linen_moe_cli import run_directory
+from linen_moe_cli import throughput
 from linen_moe_cli import train_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,7 +65,11 @@ def _cli(*argv) -> tuple[int, str, str]:
 
 
 def _rows(directory: str) -> list[dict]:
-  return testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  """The rows of DIR/metrics.jsonl without the step times' metrics (a step
+  run again computes the same row, but not in the same time)."""
+  rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  timing = throughput.TIMING_METRICS
+  return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
 def _steps(directory: str) -> list[int]:

@@ -48,6 +48,11 @@ class TrainOptionsTest(parameterized.TestCase):
           ["--batch-size", "4", "--grad-accum", "3"],
           r"grad_accum=3 .*divisor of batch_size=4 \(\[1, 2, 4\]\)",
       ),
+      (["--profile-steps", "3-4"], r"profile_steps='3-4' .*expected A:B"),
+      (
+          ["--profile-steps", "2:3"],
+          r"profile_steps='2:3' .*give --checkpoint-dir",
+      ),
   )
   def test_bad_flag_is_one_line_before_any_work(self, argv, message):
     with mock.patch.object(train_job, "train") as train:

@@ -30,6 +30,7 @@ from linen_moe import testing
 from linen_moe_cli import launch
 from linen_moe_cli import loss_chart
 from linen_moe_cli import main as cli
+from linen_moe_cli import throughput
 from linen_moe_cli import train_data
 from linen_moe_cli.options import TrainOptions
 
@@ -43,7 +44,10 @@ def _run_cli(*argv) -> tuple[int, str, str]:
 
 
 def _metrics(directory: str) -> list[dict]:
-  return testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  """The rows of DIR/metrics.jsonl without the step times' metrics."""
+  rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  timing = throughput.TIMING_METRICS
+  return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
 def _final_tree(directory: str) -> dict:

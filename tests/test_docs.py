@@ -30,6 +30,7 @@ _FACES = (
     "distributed",
     "hf",
     "hlo",
+    "lora",
     "planning",
     "tokens",
     "testing",

@@ -107,8 +107,22 @@ class RealSizesTest(parameterized.TestCase):
         {"latent": 512 + 64, "expanded": 128 * (128 + 64 + 128)},
     )
     cache = jax.eval_shape(lambda: decoding.init_cache(config, 1, 16))
-    per_token = _count(cache) / 16  # `index` rounds away
-    self.assertEqual(int(per_token), 61 * 576)
+    self.assertEqual(_kv_values(cache) // 16, 61 * 576)
+
+
+def _kv_leaves(cache) -> list:
+  """The cached keys and values (or latents) of a cache, without each
+  slot's stored position and the decoder's `index` and `pad`."""
+  return [
+      x
+      for path, x in jax.tree_util.tree_leaves_with_path(cache)
+      if getattr(path[-1], "key", "").startswith("cached_")
+      and getattr(path[-1], "key", "") != "cached_position"
+  ]
+
+
+def _kv_values(cache) -> int:
+  return sum(math.prod(x.shape) for x in _kv_leaves(cache))
 
 
 # The row of each model in the page's parameter-count table.
@@ -135,10 +149,8 @@ def _cache_bytes_per_token(config) -> int:
   `decoding.init_cache`'s shapes, in the config's dtype)."""
   length = 16
   cache = jax.eval_shape(lambda: decoding.init_cache(config, 1, length))
-  total = sum(
-      math.prod(x.shape) * x.dtype.itemsize
-      for x in jax.tree.leaves(cache)
-      if x.ndim  # the scalar `index`
+  total = sum(  # the keys and values; below every window, all slots
+      math.prod(x.shape) * x.dtype.itemsize for x in _kv_leaves(cache)
   )
   assert total % length == 0
   return total // length

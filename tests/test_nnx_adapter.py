@@ -37,6 +37,17 @@ HISTORY = 1024
 F32 = np.dtype("float32")
 TX = training.default_optimizer(1e-2)
 _config = testing.config_on_path
+# (mode, path) of the construction test's default run: fp8 on every path
+# (each registers other call sites), each other mode on one; the rest of
+# the product is slow.
+CONSTRUCTION = (
+    ("fp8", "sparse"),
+    ("fp8", "dense"),
+    ("fp8", "dense_dropping"),
+    ("none", "sparse"),
+    ("int8", "dense"),
+    ("nanoo_fp8", "dense_dropping"),
+)
 
 
 def _signature(module: nnx.Module) -> set:
@@ -69,8 +80,20 @@ def _fp8_sites(fp8_state: dict) -> dict:
 
 class AdapterTest(parameterized.TestCase):
 
-  @parameterized.product(mode=QUANTIZATIONS, path=tuple(MATMUL_PATHS))
+  @parameterized.parameters(*CONSTRUCTION)
   def test_all_state_exists_at_construction(self, mode, path):
+    self.check_construction(mode, path)
+
+  @testing.slow
+  @parameterized.parameters(*(
+      case
+      for case in itertools.product(QUANTIZATIONS, MATMUL_PATHS)
+      if case not in CONSTRUCTION
+  ))
+  def test_all_state_exists_at_construction_slow(self, mode, path):
+    self.check_construction(mode, path)
+
+  def check_construction(self, mode, path):
     cfg = _config(quantization=mode, path=path)
     moe = _adapted_moe(cfg)
     before = _signature(moe)

@@ -25,6 +25,12 @@ Requests (`op` and its fields) and replies:
       greedy `generate` of exactly N new tokens (no stop token), and the
       prefill alone (one forward of the prompt with a cache).
       -> {"generate_s": [...], "prefill_s": [...]}
+  {"op": "sample", "lengths": [P0, P1, ...], "new": N, "temperature": t,
+   "top_p": p, "repeats": n}
+      sampled `generate` of exactly N new tokens for a batch of prompts of
+      the given lengths, left padded with an attention mask (the padding
+      transformers' decoder-only models expect), `do_sample=True` with the
+      temperature and top-p given (top-k off). -> {"generate_s": [...]}
   {"op": "quit"}
 
 Timings are wall seconds of each call, measured here.
@@ -152,9 +158,53 @@ class Peer:
     return {"generate_s": generate_s, "prefill_s": prefill_s}
 
 
+def sample(
+    peer: Peer,
+    lengths: list[int],
+    new: int,
+    temperature: float,
+    top_p: float,
+    repeats: int,
+) -> dict:
+  """The `sample` op (see the module docstring)."""
+  peer.model.eval()
+  width = max(lengths)
+  tokens = torch.zeros((len(lengths), width), dtype=torch.long)
+  mask = torch.zeros_like(tokens)
+  for i, n in enumerate(lengths):
+    tokens[i, width - n :] = torch.randint(1, peer.vocab, (n,))
+    mask[i, width - n :] = 1
+  generate_s = []
+  for r in range(repeats):
+    torch.manual_seed(r)
+    start = time.perf_counter()
+    with torch.no_grad():
+      out = peer.model.generate(
+          tokens,
+          attention_mask=mask,
+          max_new_tokens=new,
+          min_new_tokens=new,
+          do_sample=True,
+          temperature=temperature,
+          top_p=top_p,
+          top_k=None,
+          eos_token_id=None,
+          pad_token_id=0,
+      )
+    generate_s.append(time.perf_counter() - start)
+    if out.shape != (len(lengths), width + new):
+      raise RuntimeError(f"generate returned {tuple(out.shape)}")
+  return {"generate_s": generate_s}
+
+
 def main() -> int:
   peer = Peer()
-  ops = {"setup": peer.setup, "train": peer.train, "generate": peer.generate}
+  ops = {
+      "setup": peer.setup,
+      "train": peer.train,
+      "generate": peer.generate,
+      "sample": lambda **kw: sample(peer, **kw),
+  }
   for line in sys.stdin:
     request = json.loads(line)
     op = request.pop("op")

@@ -13,7 +13,7 @@ import argparse
 
 from linen_moe_cli import run_directory
 
-FORMATS = ("orbax", "hf", "hf-fp8")
+FORMATS = ("orbax", "hf", "hf-fp8", "adapters")
 
 
 def register(subparsers) -> None:
@@ -34,7 +34,10 @@ def register(subparsers) -> None:
           "orbax: the variables (linen_moe.checkpoint.load_export reads "
           "them); hf: config.json and safetensors in the hub's names; "
           "hf-fp8: the same with the linear weights in block fp8 (128 x 128 "
-          "blocks, weight_scale_inv), as DeepSeek-V3 and Qwen3-FP8 ship"
+          "blocks, weight_scale_inv), as DeepSeek-V3 and Qwen3-FP8 ship; "
+          "a LoRA run's hf export is the merged model "
+          "(linen_moe.lora.merge); adapters: a LoRA run's adapters alone "
+          "(adapters.safetensors, adapter_config.json)"
       ),
   )
   p.add_argument(
@@ -67,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     config, variables, step = checkpoint.read_variables(
         args.checkpoint_dir, dtype=args.dtype, step=args.step
     )
+    if config.moe.lora is not None:  # the adapters folded in
+      from linen_moe import lora  # noqa: PLC0415
+
+      config, variables = lora.merge(config, variables)
     files = hf.save_checkpoint(
         config.replace(quantization="none"),
         variables,
@@ -82,6 +89,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
   from linen_moe import checkpoint  # noqa: PLC0415 (imports jax)
 
+  if args.format == "adapters":
+    from linen_moe import lora  # noqa: PLC0415
+
+    config, variables, step = checkpoint.read_variables(
+        args.checkpoint_dir, dtype=args.dtype, step=args.step
+    )
+    if config.moe.lora is None:
+      raise ValueError(
+          f"--format adapters: {args.checkpoint_dir} is not a LoRA run "
+          "(its config has lora_rank 0): there are no adapters to write."
+      )
+    lora.save_adapters(config, variables, args.out)
+    print(
+        f"exported the adapters of step {step} of {args.checkpoint_dir} to "
+        f"{args.out} (rank {config.moe.lora_rank})"
+    )
+    return 0
   step = checkpoint.export(
       args.checkpoint_dir, args.out, dtype=args.dtype, step=args.step
   )

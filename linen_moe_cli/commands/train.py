@@ -123,7 +123,28 @@ def register(subparsers) -> None:
           "tokenized with its tokenizer.json unless --tokenizer)"
       ),
   )
+  p.add_argument(
+      "--profile-steps",
+      default=None,
+      metavar="A:B",
+      help=(
+          "trace steps A to B (from 1, inclusive) with jax.profiler into "
+          "CHECKPOINT_DIR/profile (TensorBoard's profile plugin or Perfetto "
+          "reads it)"
+      ),
+  )
+  p.add_argument(
+      "--tensorboard",
+      default=None,
+      metavar="DIR",
+      help=(
+          "also write each step's scalars (loss, learning_rate, tokens_per_s, "
+          "model_tflops_per_s, mfu, ...) as TensorBoard events into DIR "
+          "(needs tensorboardX: pip install 'linen_moe[tensorboard]')"
+      ),
+  )
   _add_data_args(p)
+  _add_lora_args(p)
   _add_optimizer_args(p)
   _add_process_args(p)
   p.set_defaults(run=run)
@@ -254,6 +275,50 @@ def _add_optimizer_args(p: argparse.ArgumentParser) -> None:
       help=(
           "AdamW's decoupled weight decay, on the kernels only (not on "
           "embeddings, norm scales or biases)"
+      ),
+  )
+
+
+def _add_lora_args(p: argparse.ArgumentParser) -> None:
+  group = p.add_argument_group(
+      "LoRA and QLoRA",
+      "train low-rank adapters alone, the base frozen (linen_moe.lora); "
+      "`linen-moe export --format hf` writes the merged model, --format "
+      "adapters the adapters alone",
+  )
+  group.add_argument(
+      "--lora-rank",
+      type=int,
+      default=train_default("lora_rank"),
+      metavar="R",
+      help="adapter rank r >= 1 (0: train every parameter)",
+  )
+  group.add_argument(
+      "--lora-alpha",
+      type=float,
+      default=None,
+      metavar="A",
+      help="the adapters' scale is A / r (default A = r)",
+  )
+  group.add_argument(
+      "--lora-targets",
+      default=None,
+      metavar="T,...",
+      help="what gets adapters: experts, shared, mlp, attention (default all)",
+  )
+  group.add_argument(
+      "--lora-dropout",
+      type=float,
+      default=None,
+      metavar="P",
+      help="dropout on the adapters' input (default 0)",
+  )
+  group.add_argument(
+      "--frozen-base-serving",
+      action="store_true",
+      help=(
+          "QLoRA: keep the frozen expert kernels in the --quantization "
+          "mode's storage type (int8, fp8), as serving does"
       ),
   )
 

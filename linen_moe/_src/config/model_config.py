@@ -20,6 +20,7 @@ from linen_moe._src.config.checks import fail
 from linen_moe._src.config.checks import new_names
 from linen_moe._src.config.checks import run_field
 from linen_moe._src.config.moe_config import MoEConfig
+from linen_moe._src.lora import config as lora_config
 
 if TYPE_CHECKING:
   from linen_moe._src.models import layer_stack
@@ -257,6 +258,40 @@ class ModelConfig:
           or value <= low
       ):
         fail("ModelConfig", name, value, f"expected a number > {low:g}")
+    self._check_lora_rank()
+
+  def _check_lora_rank(self) -> None:
+    """A LoRA rank no larger than the smaller side of an adapted attention
+    or dense-MLP kernel (the experts' are `MoEConfig`'s check)."""
+    moe = self.moe
+    m, kernels = moe.emb_dim, {}
+    if moe.lora_on("mlp") and self.dense_layers:
+      kernels["the dense MLP's wi_0"] = (m, self.dense_mlp_dim)
+    if moe.lora_on("attention"):
+      if self.kv_lora_rank:
+        dq = self.qk_nope_head_dim + self.qk_rope_head_dim
+        r, dr = self.kv_lora_rank, self.qk_rope_head_dim
+        kernels["MLA's kv_a"] = (m, r + dr)
+        kernels["MLA's kv_b"] = (
+            r,
+            self.num_heads * (self.qk_nope_head_dim + self.v_head_dim),
+        )
+        kernels["MLA's out"] = (self.num_heads * self.v_head_dim, m)
+        if self.q_lora_rank:
+          kernels["MLA's query_a"] = (m, self.q_lora_rank)
+          kernels["MLA's query_b"] = (self.q_lora_rank, self.num_heads * dq)
+        else:
+          kernels["MLA's query"] = (m, self.num_heads * dq)
+      else:
+        d, kv = self.resolved_head_dim, self.resolved_kv_heads
+        kernels["attention's key"] = (m, kv * d)
+        kernels["attention's query"] = (m, self.num_heads * d)
+        if self.full_attention_layers:
+          fd = self.full_head_dim or d
+          fkv = self.full_kv_heads or kv
+          kernels["full attention's key"] = (m, fkv * fd)
+    if kernels:
+      lora_config.check_rank(moe.lora_rank, kernels, "ModelConfig")
 
   def _check_dense_layers(self) -> None:
     layers = self.dense_layers

@@ -26,6 +26,7 @@ from linen_moe._src.config.checks import new_names
 from linen_moe._src.config.checks import renamed
 from linen_moe._src.config.checks import run_field
 from linen_moe._src.layer import ep_traffic
+from linen_moe._src.lora import config as lora_config
 from linen_moe._src.quantization.modes import QUANTIZATIONS
 from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS
 
@@ -189,6 +190,15 @@ class MoEConfig:
       `linen_moe.quantization.quantize_weights` returns them (and the config it returns sets this),
       and the layer runs inference from them. Needs a mode that stores
       weights (`SERVING_QUANTIZATIONS`; the rule is `check_serving`).
+    lora_rank: r >= 1 puts low-rank adapters on the `lora_targets` kernels
+      (`linen_moe.lora`); 0 (the default): none. At most the smaller side
+      of every adapted kernel.
+    lora_alpha: the adapters' scale is lora_alpha / lora_rank (0 = rank).
+    lora_targets: what gets adapters, names from `linen_moe.lora.TARGETS`:
+      "experts" (the routed experts), "shared" (the shared experts), "mlp"
+      (the dense layers' MLP), "attention" (every attention projection).
+    lora_dropout: dropout rate on the adapters' input, in [0, 1), drawn
+      from the "params" RNG stream (training only).
   """
 
   num_experts: int
@@ -219,6 +229,10 @@ class MoEConfig:
   quantization: str = run_field("none")
   fp8_amax_history_length: int = run_field(1024)
   serving: bool = False
+  lora_rank: int = 0
+  lora_alpha: float = 0.0
+  lora_targets: tuple[str, ...] = lora_config.TARGETS
+  lora_dropout: float = run_field(0.0)
   # Deprecated spellings, accepted until 0.3 (see RENAMED_FIELDS).
   weight_dtype: dataclasses.InitVar[str | None] = None
   n_routing_groups: dataclasses.InitVar[int | None] = None
@@ -299,6 +313,7 @@ class MoEConfig:
         fail(cls, name, getattr(self, name), "expected a bool")
     check_serving(self.serving, self.quantization, cls)
     self._check_routing()
+    self._check_lora()
     if self.sparse_matmul and self.capacity_factor > 0:
       fail(
           cls,
@@ -351,6 +366,51 @@ class MoEConfig:
           "must be <= topk_routing_group * num_experts / num_routing_groups "
           f"= {t * e // g} (the experts of the chosen groups)",
       )
+
+  def _check_lora(self) -> None:
+    """The LoRA fields (`lora_config.check`), and a rank no larger than the
+    smaller side of an adapted expert kernel."""
+    cls = type(self).__name__
+    targets = self.lora_targets
+    if isinstance(targets, list):
+      targets = tuple(targets)
+      object.__setattr__(self, "lora_targets", targets)
+    rank = self.lora_rank
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+      fail(cls, "lora_rank", rank, "an integer >= 0 (0 = no adapters)")
+    if rank == 0:
+      return
+    lora_config.check(
+        rank, self.lora_alpha, targets, self.lora_dropout, cls, "lora_"
+    )
+    kernels = {}
+    if "experts" in targets:
+      kernels["the routed experts' wi_0"] = (self.emb_dim, self.moe_mlp_dim)
+    if "shared" in targets and self.shared_experts:
+      width = self.shared_experts * self.shared_mlp_dim
+      kernels["the shared experts' wi_0"] = (self.emb_dim, width)
+    lora_config.check_rank(rank, kernels, cls)
+
+  @property
+  def lora(self) -> lora_config.LoRAConfig | None:
+    """The adapters' `LoRAConfig`, or None when `lora_rank` is 0."""
+    if not self.lora_rank:
+      return None
+    return lora_config.LoRAConfig(
+        self.lora_rank, self.lora_alpha, self.lora_targets, self.lora_dropout
+    )
+
+  def lora_on(self, target: str) -> lora_config.LoRAConfig | None:
+    """The adapters of one target.
+
+    Args:
+      target: a name in `linen_moe.lora.TARGETS`.
+
+    Returns:
+      `lora` when `target` is among `lora_targets`, else None.
+    """
+    lora = self.lora
+    return lora if lora is not None and target in lora.targets else None
 
   @property
   def compute_dtype(self) -> jnp.dtype:

@@ -12,12 +12,14 @@ Shapes: M emb_dim, F the hidden width (H for a routed expert).
 from __future__ import annotations
 
 from collections.abc import Callable
+import functools
 
 import flax.linen as nn
 import jax
 
 from linen_moe._src.config.moe_config import MoEConfig
 from linen_moe._src.layer.activations import activation
+from linen_moe._src.lora import adapters as lora_adapters
 from linen_moe._src.quantization import stored_weights
 
 # project(site, operand, weight) -> the operand contracted with the weight.
@@ -132,18 +134,37 @@ class SharedExpert(nn.Module):
           stored_weights.stored_kernel(self, w, shapes[w], names[w], cfg)
           for w in shapes
       ]
-      return gated_mlp(self._stored_matmul, act, x, *kernels)
-    init = nn.initializers.lecun_normal()
-    kernels = [
-        self.param(
-            w,
-            nn.with_logical_partitioning(init, names[w]),
-            shapes[w],
-            cfg.param_dtype,
-        )
-        for w in shapes
-    ]
-    return gated_mlp(_matmul, act, x, *kernels)  # [B, S, M]
+      project = self._stored_matmul
+    else:
+      init = nn.initializers.lecun_normal()
+      kernels = [
+          self.param(
+              w,
+              nn.with_logical_partitioning(init, names[w]),
+              shapes[w],
+              cfg.param_dtype,
+          )
+          for w in shapes
+      ]
+      project = _matmul
+    lora = cfg.lora_on("mlp" if self.mlp_dim else "shared")
+    if lora is not None:
+      kernels = [
+          lora_adapters.adapted(
+              self, w, k, shapes[w], names[w], lora, cfg.param_dtype, cfg.dtype
+          )
+          for w, k in zip(shapes, kernels, strict=True)
+      ]
+      project = functools.partial(self._adapted, project)
+    return gated_mlp(project, act, x, *kernels)  # [B, S, M]
+
+  def _adapted(self, project: Project, site: str, x: jax.Array, w):
+    """`project` of the base kernel plus the adapter's delta."""
+    out = project(site, x, w.base)
+    delta = lora_adapters.einsum_delta(
+        self, "...K,KN->...N", x, w.a, w.b, w.scale, w.dropout
+    )
+    return lora_adapters.add_delta(out, delta)
 
   def _stored_matmul(self, site: str, x: jax.Array, w) -> jax.Array:
     """x [..., K] @ stored kernel [K, N] -> [..., N]."""

@@ -24,6 +24,7 @@ from linen_moe._src.layer import variables
 from linen_moe._src.layer.activations import activation
 from linen_moe._src.layer.expert import SharedExpert
 from linen_moe._src.layer.jit_init import JitInit
+from linen_moe._src.lora import adapters as lora_adapters
 from linen_moe._src.parallel import sharding
 from linen_moe._src.quantization import stored_weights
 from linen_moe._src.quantization.contractions import Einsum
@@ -124,12 +125,22 @@ class RoutedMoE(JitInit, nn.Module):
       ValueError: if `site` is not in `CALL_SITES`.
     """
     name = self._submodule_name(site)
+    adapter = rhs if isinstance(rhs, lora_adapters.AdaptedKernel) else None
+    if adapter is not None:
+      rhs = adapter.base
     if self.config.serving:
       stored = site in WEIGHT_SITES
       module = stored_weights.StoredEinsum if stored else Einsum
-      return module(name=name)(eqn, lhs, rhs)
-    modules = self._contractions()
-    return modules.einsum(name=name, **modules.einsum_kwargs)(eqn, lhs, rhs)
+      out = module(name=name)(eqn, lhs, rhs)
+    else:
+      modules = self._contractions()
+      out = modules.einsum(name=name, **modules.einsum_kwargs)(eqn, lhs, rhs)
+    if adapter is None:
+      return out
+    delta = lora_adapters.einsum_delta(
+        self, eqn, lhs, adapter.a, adapter.b, adapter.scale, adapter.dropout, 1
+    )
+    return lora_adapters.add_delta(out, delta)
 
   def grouped(
       self,
@@ -165,16 +176,30 @@ class RoutedMoE(JitInit, nn.Module):
       ValueError: if `site` is not in `CALL_SITES`.
     """
     name = self._submodule_name(site)
+    adapter = rhs if isinstance(rhs, lora_adapters.AdaptedKernel) else None
+    if adapter is not None:
+      rhs = adapter.base
     if self.config.serving:
       module = stored_weights.StoredGroupedMatmul(
           self.config.grouped_matmul, max_group_size, name=name
       )
-      return module(lhs, rhs, group_sizes)
-    modules = self._contractions()
-    module = modules.grouped_matmul(
-        name=name, max_group_size=max_group_size, **modules.grouped_kwargs
+    else:
+      modules = self._contractions()
+      module = modules.grouped_matmul(
+          name=name, max_group_size=max_group_size, **modules.grouped_kwargs
+      )
+    out = module(lhs, rhs, group_sizes)
+    if adapter is None:
+      return out
+    delta = lora_adapters.grouped_delta(
+        self,
+        lhs,
+        adapter,
+        group_sizes,
+        self.config.grouped_matmul,
+        max_group_size,
     )
-    return module(lhs, rhs, group_sizes)
+    return lora_adapters.add_delta(out, delta)
 
   @nn.compact
   def __call__(
@@ -304,18 +329,28 @@ class RoutedMoE(JitInit, nn.Module):
     shapes = expert.kernel_shapes(cfg.emb_dim, cfg.moe_mlp_dim, cfg.num_experts)
     names = expert.kernel_axes(routed=True)
     if cfg.serving:
-      return tuple(
+      kernels = tuple(
           stored_weights.stored_kernel(self, w, shapes[w], names[w], cfg)
           for w in WEIGHT_SITES
       )
+    else:
+      kernels = tuple(
+          self.param(
+              w,
+              nn.with_logical_partitioning(init, names[w]),
+              shapes[w],
+              cfg.param_dtype,
+          ).astype(cfg.dtype)
+          for w in WEIGHT_SITES
+      )
+    lora = cfg.lora_on("experts")
+    if lora is None:
+      return kernels
     return tuple(
-        self.param(
-            w,
-            nn.with_logical_partitioning(init, names[w]),
-            shapes[w],
-            cfg.param_dtype,
-        ).astype(cfg.dtype)
-        for w in WEIGHT_SITES
+        lora_adapters.adapted(
+            self, w, k, shapes[w], names[w], lora, cfg.param_dtype, cfg.dtype, 1
+        )
+        for w, k in zip(WEIGHT_SITES, kernels, strict=True)
     )
 
   def _sparse(self, x, router, experts, act):

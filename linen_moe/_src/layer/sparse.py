@@ -112,7 +112,9 @@ def chosen_experts(
   sizes = jnp.ones((t * k,), jnp.int32)
 
   def project(site, operand, weight):
-    return grouped(site, operand, jnp.take(weight, chosen, axis=0), sizes)
+    # A tree: a kernel with its adapter gathers its A and B rows too.
+    gathered = jax.tree.map(lambda w: jnp.take(w, chosen, axis=0), weight)
+    return grouped(site, operand, gathered, sizes)
 
   expert_out = gated_mlp(project, act, rows, *experts)  # [T * k, M]
   expert_out = expert_out.reshape(t, k, x.shape[-1])

@@ -52,6 +52,8 @@ import jax.numpy as jnp
 
 from linen_moe._src.config.decoder_fields import ATTENTION_IMPLEMENTATIONS
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.lora import adapters as lora_adapters
+from linen_moe._src.lora.config import LoRAConfig
 from linen_moe._src.models import attention_blockwise
 from linen_moe._src.models import attention_fused
 from linen_moe._src.models.kv_cache import write_cache
@@ -89,6 +91,7 @@ class Projection(nn.Module):
   fan_in_axes: tuple[int, ...]
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  lora: LoRAConfig | None = None
 
   def setup(self):
     out_axes = tuple(
@@ -105,10 +108,49 @@ class Projection(nn.Module):
         self.shape,
         self.param_dtype,
     )
+    if self.lora is not None:  # `lora_adapters`: A over the fan-in axes
+      n_in = len(self.fan_in_axes)
+      if tuple(self.fan_in_axes) != tuple(range(n_in)):
+        raise ValueError(
+            f"LoRA needs a kernel's fan-in axes first; got {self.fan_in_axes}"
+        )
+      self.lora_a, self.lora_b = lora_adapters.declare(
+          self,
+          "kernel",
+          self.shape,
+          self.names,
+          self.lora,
+          self.param_dtype,
+          n_in=n_in,
+      )
+
+  def merged_kernel(self) -> jax.Array:
+    """The kernel in the compute dtype, with its adapter's delta folded in
+    (for a caller that contracts the kernel itself: MLA's absorbed
+    decoding)."""
+    kernel = self.kernel
+    if self.lora is not None:
+      kernel = lora_adapters.merged_kernel(
+          kernel, self.lora_a, self.lora_b, self.lora.scale
+      )
+    return kernel.astype(self.dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     kernel = self.kernel.astype(self.dtype)
-    return jnp.einsum(self.eqn, x.astype(self.dtype), kernel)
+    x = x.astype(self.dtype)
+    out = jnp.einsum(self.eqn, x, kernel)
+    if self.lora is None:
+      return out
+    delta = lora_adapters.einsum_delta(
+        self,
+        self.eqn,
+        x,
+        self.lora_a,
+        self.lora_b,
+        self.lora.scale,
+        self.lora.dropout,
+    )
+    return lora_adapters.add_delta(out, delta)
 
 
 def attention_mask(
@@ -348,11 +390,13 @@ class CausalSelfAttention(nn.Module):
   the layer's `Geometry`).
 
   With `decode`, the keys and values live in the `cache` collection
-  (`cached_key`, `cached_value`: [B, max_len, K, D], created by `init` on a
-  [B, max_len] sample): a call writes its S new ones at positions[0, 0] ..
-  + S - 1 (every row of the batch at the same positions) and attends over
-  the whole cache, the mask (causal, and the sliding window) reading each
-  slot's position. The parameters are the same in both modes.
+  (`cached_key`, `cached_value`: [B, C, K, D], and `cached_position`,
+  created by `init` on a [B, max_len] sample; C is max_len, or the window
+  for a sliding-window layer's ring buffer, `kv_cache.py`): a call writes
+  its S new ones at their rows' positions (negative: padding, not written)
+  and attends over the cache, the mask (causal, and the sliding window)
+  reading each slot's stored position. The parameters are the same in both
+  modes.
 
   Attributes:
     config: the `ModelConfig`.
@@ -387,6 +431,7 @@ class CausalSelfAttention(nn.Module):
           (0,),
           dt,
           pdt,
+          cfg.moe.lora_on("attention"),
           name=name,
       )
       return sharding.constrain(p(x), bsnd)
@@ -403,11 +448,12 @@ class CausalSelfAttention(nn.Module):
     implementation = cfg.attention
     if self.decode:  # S is 1 .. a prompt: the einsum over the cache
       implementation = "einsum"
-      cached, key_positions = write_cache(
-          self, {"key": k, "value": v}, positions
+      cached, key_positions, key_valid, valid = write_cache(
+          self, {"key": k, "value": v}, positions, geo.window
       )
       k, v = cached["key"], cached["value"]
-      segment_ids = key_segment_ids = None
+      segment_ids, key_segment_ids = valid.astype(jnp.int32), key_valid
+      key_segment_ids = key_segment_ids.astype(jnp.int32)
     attended = attend(
         q,
         k,
@@ -429,6 +475,7 @@ class CausalSelfAttention(nn.Module):
         (0, 1),
         dt,
         pdt,
+        cfg.moe.lora_on("attention"),
         name="out",
     )
     return out(attended)

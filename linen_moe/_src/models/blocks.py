@@ -62,7 +62,8 @@ class DecoderBlock(nn.Module):
   (of the full-attention geometry when `full`). Gemma-4's sandwich norms
   (`post_attention_norm`, `post_mlp_norm`) normalise a branch's output
   before its residual, and `layer_scalar` scales the block's output.
-  The signature fits `nn.scan` (carry, broadcast positions).
+  The signature fits `nn.scan` (carry, broadcast positions and segment
+  ids).
   `decode` keeps a KV cache in the attention.
 
   Attributes:
@@ -77,7 +78,12 @@ class DecoderBlock(nn.Module):
   kind: str = MOE
   full: bool = False
 
-  def _attention(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+  def _attention(
+      self,
+      x: jax.Array,
+      positions: jax.Array,
+      segment_ids: jax.Array | None,
+  ) -> jax.Array:
     cfg = self.config
     if cfg.kv_lora_rank:
       attention = MultiHeadLatentAttention(cfg, self.decode, name="attention")
@@ -86,7 +92,7 @@ class DecoderBlock(nn.Module):
           cfg, self.decode, self.full, name="attention"
       )
     h = RMSNorm(cfg.norm_eps, name="pre_attention_norm")(x)
-    out = attention(h, positions)
+    out = attention(h, positions, segment_ids)
     if cfg.post_attention_norm:
       out = RMSNorm(cfg.norm_eps, name="post_attention_norm")(out)
     return x + out
@@ -106,12 +112,19 @@ class DecoderBlock(nn.Module):
     return sharding.constrain(x, sharding.BSM)
 
   @nn.compact
-  def __call__(self, x: jax.Array, positions: jax.Array):
+  def __call__(
+      self,
+      x: jax.Array,
+      positions: jax.Array,
+      segment_ids: jax.Array | None = None,
+  ):
     """One layer: attention, then the MoE (or dense) MLP, each residual.
 
     Args:
       x: [B, S, M] the residual stream.
       positions: <int32>[B, S] each token's position (rotary, masks, cache).
+      segment_ids: optional <int32>[B, S] packed documents (0 = padding): a
+        query attends only to keys of its own segment.
 
     Returns:
       The new residual stream [B, S, M] and the layer's aux
@@ -124,7 +137,7 @@ class DecoderBlock(nn.Module):
     cfg, moe_cfg = self.config, self.config.moe
     if self.kind not in (MOE, DENSE):
       raise ValueError(f"kind={self.kind!r}; expected {(MOE, DENSE)}.")
-    x = self._attention(x, positions)
+    x = self._attention(x, positions, segment_ids)
     if self.kind == DENSE:
       h = RMSNorm(cfg.norm_eps, name="pre_mlp_norm")(x)
       mlp = SharedExpert(moe_cfg, mlp_dim=cfg.dense_mlp_dim, name="mlp")
@@ -180,13 +193,18 @@ class BlockGroup(nn.Module):
   kinds: tuple[tuple[str, bool], ...] = ()
 
   @nn.compact
-  def __call__(self, x: jax.Array, positions: jax.Array):
+  def __call__(
+      self,
+      x: jax.Array,
+      positions: jax.Array,
+      segment_ids: jax.Array | None = None,
+  ):
     outs = []
     for j, (kind, full) in enumerate(self.kinds):
       block = DecoderBlock(
           self.config, self.decode, kind, full, name=layer_stack.member_name(j)
       )
-      x, aux = block(x, positions)
+      x, aux = block(x, positions, segment_ids)
       outs.append(aux)
     return x, jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
 

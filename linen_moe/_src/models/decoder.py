@@ -17,6 +17,7 @@ from flax import traverse_util
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.layer import routing
@@ -34,6 +35,8 @@ from linen_moe._src.models.remat import remat_block
 from linen_moe._src.models.rotary import apply_rope  # noqa: F401
 from linen_moe._src.models.scan import resolved_unroll
 from linen_moe._src.models.scan import scan_blocks
+from linen_moe._src.models.segments import resolve_positions
+from linen_moe._src.models.segments import validate_segments
 from linen_moe._src.models.tokens import TokenEmbed
 from linen_moe._src.models.tokens import validate_tokens_if_concrete
 from linen_moe._src.parallel import sharding
@@ -197,9 +200,12 @@ class Decoder(JitInit, nn.Module):
   `layers_0/`, `layers_1/`, ...
 
   With `decode`, each attention keeps a KV cache and the decoder the number
-  of tokens already in it (`cache/index`); each call appends its tokens at
-  the next positions (prefill with the prompt, then one token at a time; see
-  `linen_moe.decoding`). `init` on a [B, max_len] sample sizes the cache.
+  of tokens already fed (`cache/index`) and each row's left padding
+  (`cache/pad` <int32>[B], zeros unless set): each call appends its tokens
+  at the next positions, index - pad onwards (prefill with the prompt, then
+  one token at a time; see `linen_moe.decoding`); a negative position is
+  padding, never attended to. `init` on a [B, max_len] sample sizes the
+  cache.
 
   Example usage:
     cfg = load_model_config("tiny_mixtral")
@@ -219,25 +225,40 @@ class Decoder(JitInit, nn.Module):
   decode: bool = False
   last_logits_only: bool = False
 
-  def _positions(self, tokens: jax.Array) -> jax.Array:
-    """[B, S] positions of `tokens`: 0.. S-1, or after the cached ones."""
-    b, s = tokens.shape
+  def _start(self, tokens: jax.Array):
+    """The first position of `tokens`: 0, or after the cached ones less
+    each row's left padding ([B, 1] when decoding; negative: padding)."""
     start = 0
     if self.decode:
       initialized = self.has_variable(CACHE, "index")
       index = self.variable(CACHE, "index", jnp.zeros, (), jnp.int32)
+      pad = self.variable(
+          CACHE, "pad", jnp.zeros, (tokens.shape[0],), jnp.int32
+      )
       if initialized:
-        start = index.value
-        index.value = start + s
-    return jnp.broadcast_to(start + jnp.arange(s, dtype=jnp.int32), (b, s))
+        start = index.value - pad.value[:, None]
+        index.value = index.value + tokens.shape[1]
+    return start
 
   @nn.compact
-  def __call__(self, tokens: jax.Array):
+  def __call__(
+      self,
+      tokens: jax.Array,
+      segment_ids: jax.Array | None = None,
+      positions: jax.Array | None = None,
+  ):
     """Runs the decoder on a batch of token ids.
 
     Args:
       tokens: <int>[B, S] ids in [0, vocab_size); an id outside it embeds as
         NaN when traced (`linen_moe.tokens`).
+      segment_ids: optional <int>[B, S] packed documents: 1, 2, ... the
+        documents of a row (each a contiguous run), 0 padding. A token
+        attends only to its own segment. None: one document per row.
+      positions: optional <int>[B, S] positions >= 0 (rotary, causal
+        mask). None: restarting at 0 in each segment
+        (`linen_moe.models.segment_positions`), or 0 .. S - 1 without
+        segments.
 
     Returns:
       A pair (logits <float32>[B, S, V], aux), `aux` as in the class
@@ -245,14 +266,20 @@ class Decoder(JitInit, nn.Module):
 
     Raises:
       TypeError: if `tokens` is not an integer array of rank 2.
-      ValueError: if a concrete id is outside [0, vocab_size).
+      ValueError: if a concrete id is outside [0, vocab_size); if
+        `segment_ids` or `positions` is not an integer array of the tokens'
+        shape or holds a negative value, or is given with `decode`.
     """
     cfg = self.config
-    tokens = jnp.asarray(validate_tokens_if_concrete(tokens, cfg.vocab_size))
+    tokens = validate_tokens_if_concrete(tokens, cfg.vocab_size)
+    validate_segments(np.shape(tokens), segment_ids, positions, self.decode)
+    tokens = jnp.asarray(tokens)
     embed = embedding(cfg, name="embed")
     x = scale_embeddings(embed(tokens), cfg)
     x = sharding.constrain(x, sharding.BSM)
-    positions = self._positions(tokens)
+    positions = resolve_positions(
+        tokens.shape, segment_ids, positions, self._start(tokens)
+    )
     plan, kinds = cfg.stack_plan, cfg.block_kinds
     block_class = remat_block(DecoderBlock, cfg, self.decode)
 
@@ -261,7 +288,7 @@ class Decoder(JitInit, nn.Module):
       for i in layers:
         name = layer_stack.layer_name(i)
         block = block_class(cfg, self.decode, *kinds[i], name=name)
-        x, out = block(x, positions)
+        x, out = block(x, positions, segment_ids)
         outs.append(out)
       return x, outs
 
@@ -273,10 +300,12 @@ class Decoder(JitInit, nn.Module):
       scanned = scan_blocks(
           remat_block(body, cfg, self.decode),
           plan.repeats,
-          in_axes=(nn.broadcast,),
+          in_axes=(nn.broadcast, nn.broadcast),
           unroll=unroll,
       )
-      x, stacked = scanned(**fields, name=layer_stack.STACK)(x, positions)
+      x, stacked = scanned(**fields, name=layer_stack.STACK)(
+          x, positions, segment_ids
+      )
     x, after = unrolled(x, plan.after)
     per_layer = per_layer_aux(cfg, before, stacked, after)
     if self.last_logits_only:

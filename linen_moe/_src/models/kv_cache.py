@@ -1,9 +1,18 @@
 """The key/value cache of a decoding attention layer.
 
 A layer in decode mode keeps its keys and values (or MLA's latent and
-rotary key) in the `cache` collection as `cached_{name}` [B, max_len, ...],
-created by `init` on a [B, max_len] sample, and writes each call's new
-entries at their positions.
+rotary key) in the `cache` collection as `cached_{name}` [B, C, ...] and,
+per slot, the position of the token it holds: `cached_position`
+<int32>[B, C], position + 1, 0 for an empty slot. `init` on a [B, max_len]
+sample creates them with C = `cache_length(window, max_len)`: `max_len` for
+a layer that sees the whole causal past, and for a sliding-window layer
+(window W) a ring buffer of min(W, max_len) slots, the token at position p
+in slot p mod C, so a long generation's cache is bounded by the window.
+
+Each row has positions of its own (`Decoder` in decode mode gives a
+left-padded prompt's padding negative positions): a token at a negative
+position is padding, never written and never seen; the mask reads each
+slot's stored position, so the slots' order does not matter.
 """
 
 from __future__ import annotations
@@ -14,28 +23,74 @@ import jax.numpy as jnp
 
 from linen_moe._src.layer.variables import CACHE
 
+POSITION = "position"
 
-def write_cache(module: nn.Module, new: dict, positions: jax.Array):
-  """The cache of a decoding attention: ({name: whole cache [B, max_len,
-  ...]}, key positions [B, max_len]) after writing each `new` [B, S, ...]
-  at positions[0, 0] .. + S - 1 (every row at the same positions) into the
-  `cache` variable `cached_{name}`. At init (no cache yet) the cache is
-  shaped after `new` and `new` is returned as it is."""
-  initialized = module.has_variable(CACHE, f"cached_{next(iter(new))}")
+
+def cache_length(window: int, max_len: int) -> int:
+  """Slots of one layer's cache: `max_len`, or min(W, max_len) for a
+  sliding-window layer (W > 0), a ring buffer of the window."""
+  return min(window, max_len) if window > 0 else max_len
+
+
+def write_cache(
+    module: nn.Module, new: dict, positions: jax.Array, window: int = 0
+):
+  """Writes a decoding attention's new entries; returns what it attends to.
+
+  Args:
+    module: the attention module (its `cache` collection holds the cache).
+    new: {name: [B, S, ...]} the call's new keys and values (or latent),
+      stored as `cached_{name}`.
+    positions: <int32>[B, S] their positions; negative = padding (not
+      written, not seen).
+    window: the layer's sliding window W (0: none); W > 0 makes the cache
+      a ring buffer of `cache_length(W, max_len)` slots.
+
+  Returns:
+    (keys {name: [B, T, ...]}, key positions <int32>[B, T], key validity
+    <bool>[B, T], query validity <bool>[B, S]). T is the cache length
+    after the write; for a sliding-window layer given S > 1 tokens, the
+    cache before the write followed by the S new entries (the ring may
+    overwrite keys that the call's first queries still see). At `init` (no
+    cache yet) the cache is shaped after `new` and `new` is returned.
+  """
+  initialized = module.has_variable(CACHE, f"cached_{POSITION}")
+  b, s = positions.shape
+  slots = cache_length(window, s)
   cached = {
       name: module.variable(
-          CACHE, f"cached_{name}", jnp.zeros, x.shape, x.dtype
+          CACHE,
+          f"cached_{name}",
+          jnp.zeros,
+          (b, slots) + x.shape[2:],
+          x.dtype,
       )
       for name, x in new.items()
   }
+  stored = module.variable(
+      CACHE, f"cached_{POSITION}", jnp.zeros, (b, slots), jnp.int32
+  )
+  valid = positions >= 0
   if not initialized:
-    return new, positions
-  out = {}
+    return new, positions, valid, valid
+  c = stored.value.shape[1]
+  before = ({n: v.value for n, v in cached.items()}, stored.value)
+  m = min(s, c)  # only the last C of the new tokens stay in a ring
+  slot = jnp.where(valid[:, -m:], positions[:, -m:] % c, c)  # c: dropped
+  rows = jnp.arange(b)[:, None]
   for name, x in new.items():
-    start = (0, positions[0, 0]) + (0,) * (x.ndim - 2)
-    cached[name].value = jax.lax.dynamic_update_slice(
-        cached[name].value, x, start
+    cached[name].value = (
+        cached[name].value.at[rows, slot].set(x[:, -m:], mode="drop")
     )
-    out[name] = cached[name].value
-  b, max_len = positions.shape[0], out[name].shape[1]
-  return out, jnp.broadcast_to(jnp.arange(max_len), (b, max_len))
+  stored.value = stored.value.at[rows, slot].set(
+      positions[:, -m:] + 1, mode="drop"
+  )
+  if window > 0 and s > 1:
+    keys = {
+        n: jnp.concatenate([before[0][n], x], axis=1) for n, x in new.items()
+    }
+    held = jnp.concatenate([before[1], jnp.where(valid, positions + 1, 0)], 1)
+  else:
+    keys = {n: v.value for n, v in cached.items()}
+    held = stored.value
+  return keys, held - 1, held > 0, valid

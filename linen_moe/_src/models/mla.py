@@ -82,8 +82,9 @@ class MultiHeadLatentAttention(nn.Module):
   `query_a_norm/scale` [Q] and `query_b/kernel` [Q, N, Dn + Dr]; without,
   `query/kernel` [M, N, Dn + Dr]; `kv_a/kernel` [M, R + Dr],
   `kv_a_norm/scale` [R], `kv_b/kernel` [R, N, Dn + Dv], `out/kernel`
-  [N, Dv, M]. With `decode`, the cache `cached_latent` [B, max_len, R] and
-  `cached_rope_key` [B, max_len, 1, Dr] (see the module docstring).
+  [N, Dv, M]. With `decode`, the cache `cached_latent` [B, C, R] and
+  `cached_rope_key` [B, C, 1, Dr], and `cached_position` (see the module
+  docstring and `kv_cache.py`).
 
   Attributes:
     config: the `ModelConfig`.
@@ -96,7 +97,14 @@ class MultiHeadLatentAttention(nn.Module):
   def _projection(self, eqn, shape, names, fan_in, name):
     cfg = self.config
     return Projection(
-        eqn, shape, names, fan_in, cfg.moe.dtype, cfg.moe.param_dtype, name=name
+        eqn,
+        shape,
+        names,
+        fan_in,
+        cfg.moe.dtype,
+        cfg.moe.param_dtype,
+        cfg.moe.lora_on("attention"),
+        name=name,
     )
 
   def _query(self, x: jax.Array) -> jax.Array:
@@ -151,10 +159,15 @@ class MultiHeadLatentAttention(nn.Module):
     )
     scale = softmax_scale(cfg)
     if self.decode:
-      cached, key_positions = write_cache(
-          self, {"latent": latent, "rope_key": k_rot}, positions
+      cached, key_positions, key_valid, valid = write_cache(
+          self,
+          {"latent": latent, "rope_key": k_rot},
+          positions,
+          cfg.sliding_window,
       )
-      visible = attention_mask(positions, key_positions, cfg.sliding_window)
+      visible = attention_mask(
+          positions, key_positions, cfg.sliding_window, valid, key_valid
+      )
       attended = self._absorbed(
           kv_b,
           q_nope,
@@ -194,7 +207,7 @@ class MultiHeadLatentAttention(nn.Module):
     Dr] without expanding them: [B, S, N, Dv]."""
     cfg = self.config
     dn, dt = cfg.qk_nope_head_dim, cfg.moe.dtype
-    w = kv_b.kernel.astype(dt)  # [R, N, Dn + Dv]
+    w = kv_b.merged_kernel().astype(dt)  # [R, N, Dn + Dv], adapted
     w_k, w_v = w[..., :dn], w[..., dn:]
     q_latent = jnp.einsum("BSND,RND->BSNR", q_nope, w_k)  # [B, S, N, R]
     logits = jnp.einsum("BSNR,BTR->BNST", q_latent, latent)

@@ -5,7 +5,7 @@ The names each module gives the public face `linen_moe.planning`. Imports
 no jax.
 """
 
-CHIP_NAMES = ("CHIPS", "Chip")
+CHIP_NAMES = ("CHIPS", "Chip", "chip_of")
 TARGET_NAMES = (
     "Target",
     "check_mesh",

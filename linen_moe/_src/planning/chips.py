@@ -80,3 +80,33 @@ CHIPS: dict[str, Chip] = {
         ),
     )
 }
+
+
+# `jax.Device.device_kind` -> chip name (the kinds JAX reports; a kind
+# that starts with one of these, e.g. "NVIDIA H100 80GB HBM3").
+_KINDS = (
+    ("TPU v5 lite", "v5e"),
+    ("TPU v5e", "v5e"),
+    ("TPU v5p", "v5p"),
+    ("TPU v5", "v5p"),
+    ("TPU v6 lite", "v6e"),
+    ("TPU v6e", "v6e"),
+    ("NVIDIA H100", "h100"),
+    ("NVIDIA H200", "h200"),
+)
+
+
+def chip_of(device_kind: str) -> Chip | None:
+  """The chip of a JAX device kind, or None for one not in `CHIPS`.
+
+  Args:
+    device_kind: `jax.Device.device_kind`, e.g. "TPU v5 lite" or "NVIDIA
+      H100 80GB HBM3" (a CPU's: None).
+
+  Returns:
+    The `Chip`, or None.
+  """
+  for prefix, name in _KINDS:
+    if device_kind.startswith(prefix):
+      return CHIPS[name]
+  return None

@@ -200,25 +200,42 @@ def _cost(compiled) -> dict[str, float]:
   return dict(cost or {})
 
 
-# libtpu's out-of-memory message: "Used 123.45G of 95.74G hbm. Exceeded ...".
-_OOM_USED = re.compile(
-    r"Used\s+([\d.]+)([KMGT]?)\s+of\s+([\d.]+)([KMGT]?)\s+hbm"
-)
+# libtpu's out-of-memory messages: "... the total memory required for HLO
+# temporaries (44.15G) exceeds available HBM (15.75G)", or "Used 123.45G of
+# 95.74G hbm. Exceeded hbm capacity by ...".
+_SIZE = r"([\d.]+)([KMGT]?)"
+_OOM_TEMP = re.compile(rf"HLO temporaries \({_SIZE}\) exceeds available HBM")
+_OOM_USED = re.compile(rf"Used\s+{_SIZE}\s+of\s+{_SIZE}\s+hbm")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-def _out_of_memory(error: Exception) -> tuple[int, str] | None:
-  """(bytes used, the message's first line) of a compile that ran out of
-  device memory, or None for any other error."""
+def _bytes(match, group: int = 1) -> int:
+  return int(float(match.group(group)) * _UNITS[match.group(group + 1)])
+
+
+@dataclasses.dataclass(frozen=True)
+class _OutOfMemory:
+  """What a compile that ran out of device memory reported."""
+
+  message: str  # its first line
+  temp_bytes: int | None = None  # the temporaries it needed
+  used_bytes: int | None = None  # everything it needed
+
+
+def _out_of_memory(error: Exception) -> _OutOfMemory | None:
+  """What the error of a compile that ran out of device memory says, or
+  None for any other error."""
   text = str(error)
   if not re.search(r"RESOURCE_EXHAUSTED|HbmOom|[Oo]ut of memory", text):
     return None
-  first = text.strip().splitlines()[0][:300] if text.strip() else ""
-  match = _OOM_USED.search(text)
-  used = 0
-  if match:
-    used = int(float(match.group(1)) * _UNITS[match.group(2)])
-  return used, first
+  first = text.strip().splitlines()[0][:400] if text.strip() else ""
+  temp = _OOM_TEMP.search(text)
+  used = _OOM_USED.search(text)
+  return _OutOfMemory(
+      first,
+      temp_bytes=_bytes(temp) if temp else None,
+      used_bytes=_bytes(used) if used else None,
+  )
 
 
 def _default_sharded(cfg, optimizer, mesh, *, grad_accum: int = 1):
@@ -432,7 +449,7 @@ def plan(
     oom = _out_of_memory(e)
     if oom is None:
       raise
-    used, note = oom
+    note = oom.message
     compiled = None
   compile_s = time.perf_counter() - start
 
@@ -441,13 +458,16 @@ def plan(
     stats = compiled.memory_analysis()
     per_device = _per_device(stats, split)
     cost = _cost(compiled)
-  else:
+  else:  # the compiler's figures, where its message has them
+    temp = oom.temp_bytes
+    if temp is None and oom.used_bytes is not None:
+      temp = max(0, oom.used_bytes - arguments)
     per_device = PerDevice(
         argument_bytes=arguments,
         output_bytes=0,
         alias_bytes=0,
-        temp_bytes=max(0, used - arguments),
-        peak_bytes=max(used, arguments, memory + 1),
+        temp_bytes=temp or 0,
+        peak_bytes=max(arguments + (temp or 0), memory + 1),
         **split,
     )
     cost = {}
@@ -460,7 +480,7 @@ def plan(
     compiler_flops = None
   step_s = mfu = None
   chip = target.chip
-  if chip is not None:
+  if chip is not None and compiled is not None:
     moved = cost.get("bytes accessed")
     if moved is None or moved <= 0:
       moved = (

@@ -159,20 +159,19 @@ class ShardedRun:
         [jax.device_put(x, s) for x, s in zip(leaves, shardings, strict=True)],
     )
 
-  def _jitted_step(self, state, masked: bool = False):
+  def _jitted_step(self, state, extras: int = 0):
     """The jitted step, built once with the shardings of the first state;
-    `masked`: the one that takes a loss mask (a fourth argument, sharded
-    like the tokens), the other exactly the step without one."""
-    key = "masked_step" if masked else "step"
+    `extras`: how many of (mask, segment_ids, positions) it takes (each a
+    further argument sharded like the tokens; None where not given), 0 the
+    step exactly without them."""
+    key = ("step", extras)
     if key not in self._cache:
       shardings = jax.tree.map(lambda x: x.sharding, state)
       in_shardings = (
           shardings,
           self.token_sharding(),
           sharding.replicated(self.mesh),
-      )
-      if masked:
-        in_shardings += (self.token_sharding(),)
+      ) + (self.token_sharding(),) * extras
       self._cache[key] = jax.jit(
           self._train_step(),
           in_shardings=in_shardings,
@@ -181,14 +180,19 @@ class ShardedRun:
       )
     return self._cache[key]
 
-  def _args(self, state, tokens, rng, mask):
-    return (state, tokens, rng) + (() if mask is None else (mask,))
+  def _args(self, state, tokens, rng, *extras):
+    extras = list(extras)
+    while extras and extras[-1] is None:
+      extras.pop()
+    return (state, tokens, rng, *extras)
 
-  def step(self, state, tokens, rng, mask=None):
+  def step(
+      self, state, tokens, rng, mask=None, segment_ids=None, positions=None
+  ):
     """One jitted step; the state keeps its shardings (and is donated).
 
     The step is compiled on the first call, for the first state's
-    shardings (once without a mask, once with one).
+    shardings (once for each set of the optional arguments given).
 
     Args:
       state: the train state, in the shardings of `init` / `place`; donated.
@@ -196,16 +200,22 @@ class ShardedRun:
       rng: the step's PRNG key.
       mask: <bool>[B, S] True at real ids, in `token_sharding()`; the loss
         counts only real targets (None: every position counts).
+      segment_ids: <int32>[B, S] packed documents (0 = padding), in
+        `token_sharding()`, or None.
+      positions: <int32>[B, S] positions, in `token_sharding()`, or None
+        (restarting at 0 in each segment).
 
     Returns:
       A pair (new state, metrics); the metrics (loss terms, `expert_load`
       [L, E], `skipped`, `skipped_steps`) are replicated.
     """
-    args = self._args(state, tokens, rng, mask)
+    args = self._args(state, tokens, rng, mask, segment_ids, positions)
     with self.context():
-      return self._jitted_step(state, mask is not None)(*args)
+      return self._jitted_step(state, len(args) - 3)(*args)
 
-  def lower(self, state, tokens, rng, mask=None) -> jax.stages.Lowered:
+  def lower(
+      self, state, tokens, rng, mask=None, segment_ids=None, positions=None
+  ) -> jax.stages.Lowered:
     """The lowered step (`.compile().as_text()` for its HLO).
 
     Args:
@@ -213,14 +223,16 @@ class ShardedRun:
       tokens: <int32>[B, S] the batch.
       rng: a PRNG key.
       mask: <bool>[B, S] a loss mask, or None (see `step`).
+      segment_ids: <int32>[B, S] or None (see `step`).
+      positions: <int32>[B, S] or None (see `step`).
 
     Returns:
       The `jax.stages.Lowered` step; its compiled form takes the same
       arguments.
     """
-    args = self._args(state, tokens, rng, mask)
+    args = self._args(state, tokens, rng, mask, segment_ids, positions)
     with self.context():
-      return self._jitted_step(state, mask is not None).lower(*args)
+      return self._jitted_step(state, len(args) - 3).lower(*args)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,9 @@ import optax
 from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.layer.variables import UPDATED_BY_RULE
 from linen_moe._src.layer.variables import rng_dict
+from linen_moe._src.lora import tree as lora_tree
 from linen_moe._src.models.decoder import routed_bias_rule
+from linen_moe._src.models.segments import same_segment_targets
 from linen_moe._src.parallel import sharding
 from linen_moe._src.training import skip
 
@@ -73,25 +75,37 @@ def combine_overwrite_microbatches(a: PyTree, b: PyTree) -> PyTree:
   return jax.tree.map(jnp.maximum, a, b)
 
 
-def loss_weights(mask: jax.Array) -> jax.Array:
+def loss_weights(
+    mask: jax.Array | None, segment_ids: jax.Array | None = None
+) -> jax.Array:
   """<float32>[B, S - 1] next-token weights of a <bool>[B, S] token mask.
 
   The target at position t + 1 counts where the mask is True at t and at
-  t + 1 (both ids real), and the weights are scaled to average 1 over the
-  batch, so that `cross_entropy`'s weighted mean is the mean over the real
-  targets, also when gradient accumulation averages the means of
-  microbatches that hold different numbers of them. All 0 when no target
-  is real.
+  t + 1 (both ids real) and, with `segment_ids`, where t and t + 1 are in
+  the same segment and not padding (the last token of a packed document
+  does not predict the next document's first). The weights are scaled to
+  average 1 over the batch, so that `cross_entropy`'s weighted mean is the
+  mean over the real targets, also when gradient accumulation averages the
+  means of microbatches that hold different numbers of them. All 0 when
+  no target is real.
 
   Args:
-    mask: <bool>[B, S] True at real ids (any dtype, cast to bool).
+    mask: <bool>[B, S] True at real ids (any dtype, cast to bool); None:
+      every id is real (then `segment_ids` must be given).
+    segment_ids: optional <int>[B, S] packed documents, 0 = padding
+      (`linen_moe.models.same_segment_targets`).
 
   Returns:
     <float32>[B, S - 1], weight of the target at position t + 1 (the
     prediction of position t): 0 or `B * (S - 1) / (number of real targets)`.
   """
+  if mask is None:
+    mask = jnp.ones(jnp.shape(segment_ids), jnp.bool_)
   mask = jnp.asarray(mask, jnp.bool_)
-  real = jnp.logical_and(mask[:, :-1], mask[:, 1:]).astype(jnp.float32)
+  real = jnp.logical_and(mask[:, :-1], mask[:, 1:])
+  if segment_ids is not None:
+    real &= same_segment_targets(segment_ids)
+  real = real.astype(jnp.float32)
   return real * (real.size / jnp.maximum(jnp.sum(real), 1.0))
 
 
@@ -178,6 +192,7 @@ def decoder_loss(
     aux: dict[str, jax.Array],
     tokens: jax.Array,
     weights: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """The decoder's training loss and its metrics.
 
@@ -195,6 +210,12 @@ def decoder_loss(
     tokens: <int>[B, S] the input ids (also the shifted targets).
     weights: optional <float32>[B, S - 1] target weights (`loss_weights` of
       a mask); None weighs every target 1.
+    segment_ids: optional <int>[B, S] packed documents (0 = padding): a
+      target that crosses into the next segment, or lies in padding, never
+      counts. Without `weights`, the weights are `loss_weights(None,
+      segment_ids)` (the mean over the counted targets); with them, they
+      are zeroed there and not rescaled (`loss_weights(mask, segment_ids)`
+      has them zero already, scaled over the whole batch).
 
   Returns:
     `(loss, metrics)`, the float32 scalar loss and a dict of `loss`,
@@ -204,6 +225,11 @@ def decoder_loss(
   Raises:
     ValueError: (from `cross_entropy`) for fewer than 2 tokens per row.
   """
+  if segment_ids is not None:
+    if weights is None:
+      weights = loss_weights(None, segment_ids)
+    else:
+      weights = weights * same_segment_targets(segment_ids)
   ce = cross_entropy(logits, tokens, weights)
   loss = ce + aux["load_balance_loss"] + aux["router_z_loss"]
   return loss, {
@@ -214,6 +240,35 @@ def decoder_loss(
       "dropped_fraction": aux["dropped_fraction"],
       "expert_load": aux["expert_load"],
   }
+
+
+def train_batch(
+    tokens: jax.Array,
+    mask: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
+) -> dict[str, jax.Array]:
+  """What a train step's microbatches are split from: a dict of `tokens`,
+  and `weights` (`loss_weights(mask, segment_ids)`, scaled over the whole
+  batch), `segment_ids` and `positions` where given.
+
+  Args:
+    tokens: <int32>[B, S] ids.
+    mask: optional <bool>[B, S], True at real ids.
+    segment_ids: optional <int32>[B, S] packed documents (0 = padding).
+    positions: optional <int32>[B, S] positions.
+
+  Returns:
+    The dict; each value has B rows.
+  """
+  batch = {"tokens": tokens}
+  if mask is not None or segment_ids is not None:
+    batch["weights"] = loss_weights(mask, segment_ids)
+  if segment_ids is not None:
+    batch["segment_ids"] = segment_ids
+  if positions is not None:
+    batch["positions"] = positions
+  return batch
 
 
 def split_microbatches(tokens: PyTree, grad_accum: int) -> PyTree:
@@ -305,6 +360,14 @@ class TrainState:
   rule_state: PyTree = dataclasses.field(default_factory=dict)
 
 
+def trainable_params(params: PyTree) -> PyTree:
+  """The part of `params` the optimizer trains: the adapters alone when
+  there are any (LoRA: `linen_moe.lora`; the base is frozen), else all."""
+  if lora_tree.has_adapters(params):
+    return lora_tree.split(params)[0]
+  return params
+
+
 def boxed_train_state(
     model: nn.Module,
     optimizer: optax.GradientTransformation,
@@ -348,7 +411,7 @@ def _state_at_step_0(
       step=jnp.zeros((), jnp.int32),
       params=params,
       fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
-      opt_state=optimizer.init(params),
+      opt_state=optimizer.init(trainable_params(params)),
       rule_state=variables.get(UPDATED_BY_RULE, {}),
   )
 
@@ -382,12 +445,16 @@ def make_train_step(
 ):
   """A jittable train step for `model` (a `Decoder`).
 
-  The step, `step(state, tokens, rng, mask=None) -> (state, metrics)`:
-  optimizer update of params, fp8 state overwritten, routed biases moved by
-  their rule from the step's expert loads (`decoder.routed_bias_rule`).
-  `tokens` are <int32>[B, S] ids; with `mask` (<bool>[B, S], True at real
-  ids) the cross-entropy counts only real targets (`loss_weights`); without
-  it, every position counts. `rng` feeds the model's RNG streams.
+  The step, `step(state, tokens, rng, mask=None, segment_ids=None,
+  positions=None) -> (state, metrics)`: optimizer update of params, fp8
+  state overwritten, routed biases moved by their rule from the step's
+  expert loads (`decoder.routed_bias_rule`). `tokens` are <int32>[B, S]
+  ids; with `mask` (<bool>[B, S], True at real ids) the cross-entropy
+  counts only real targets (`loss_weights`); without it, every position
+  counts. `segment_ids` and `positions` (<int32>[B, S], packed documents)
+  go to the decoder, and the loss skips the targets that cross from one
+  segment into the next (`loss_weights(mask, segment_ids)`, over the whole
+  batch). `rng` feeds the model's RNG streams.
 
   A step whose loss or any gradient is non-finite leaves the state as it was
   but for `step` (advanced) and `skipped_steps` (counted); see
@@ -405,18 +472,33 @@ def make_train_step(
     The step function (not jitted; wrap it in `jax.jit`).
   """
   rate = model.config.moe.routed_bias_update_rate
+  # LoRA: only the adapters are differentiated and optimised; the frozen
+  # base enters the loss as a constant, so the step has no weight-gradient
+  # contraction of a base kernel (and a serving base's int8 / fp8 kernels
+  # are never asked for a gradient).
+  lora = model.config.moe.lora is not None
 
   def grad_fn(batch, rng, params, fp8_state, rule_state):
-    tokens, weights = batch if isinstance(batch, tuple) else (batch, None)
+    frozen = None
+    if lora:
+      params, frozen = lora_tree.split(params)
 
     def loss_fn(params, fp8_state):
+      if frozen is not None:
+        params = lora_tree.join(params, frozen)
       variables = {"params": params}
       if fp8_state:
         variables[OVERWRITE_WITH_GRADIENT] = fp8_state
       if rule_state:
         variables[UPDATED_BY_RULE] = rule_state
-      logits, aux = model.apply(variables, tokens, rngs=rng_dict(rng))
-      return decoder_loss(logits, aux, tokens, weights)
+      logits, aux = model.apply(
+          variables,
+          batch["tokens"],
+          batch.get("segment_ids"),
+          batch.get("positions"),
+          rngs=rng_dict(rng),
+      )
+      return decoder_loss(logits, aux, batch["tokens"], batch.get("weights"))
 
     grads, metrics = jax.grad(loss_fn, argnums=(0, 1), has_aux=True)(
         params, fp8_state
@@ -428,26 +510,34 @@ def make_train_step(
       tokens: jax.Array,
       rng: jax.Array,
       mask: jax.Array | None = None,
+      segment_ids: jax.Array | None = None,
+      positions: jax.Array | None = None,
   ):
     fn = lambda t, r: grad_fn(  # noqa: E731
         t, r, state.params, state.fp8_state, state.rule_state
     )
-    batch = tokens if mask is None else (tokens, loss_weights(mask))
+    batch = train_batch(tokens, mask, segment_ids, positions)
     (param_grads, fp8_grads), metrics = accumulate_gradients(
         fn, batch, grad_accum, rng
     )
 
     def update(state: TrainState) -> TrainState:
+      trained, frozen = state.params, None
+      if lora:
+        trained, frozen = lora_tree.split(state.params)
       updates, opt_state = optimizer.update(
-          param_grads, state.opt_state, state.params
+          param_grads, state.opt_state, trained
       )
+      params = optax.apply_updates(trained, updates)
+      if frozen is not None:
+        params = lora_tree.join(params, frozen)
       rule_state = state.rule_state
       if rate > 0:
         rule_state = routed_bias_rule(
             rule_state, metrics["expert_load"], rate, model.config.stack_plan
         )
       return state.replace(
-          params=optax.apply_updates(state.params, updates),
+          params=params,
           fp8_state=overwrite_with_gradient(state.fp8_state, fp8_grads),
           opt_state=opt_state,
           rule_state=rule_state,

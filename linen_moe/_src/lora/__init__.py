@@ -1,0 +1,1 @@
+"""LoRA adapters on the named contractions (see `adapters.py`)."""

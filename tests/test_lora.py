@@ -1,0 +1,347 @@
+"""LoRA and QLoRA (`linen_moe.lora`): B = 0 changes no logit, merging gives
+the adapted logits, the gradients of A and B are the formula's, counts come
+from shapes, the QLoRA step differentiates no frozen kernel, bad input.
+
+The per-family fixture cases share one loaded checkpoint and one compiled
+forward each; the default run holds one case per axis value (family, path,
+front end, layer layout), the full product is `slow`.
+"""
+
+import functools
+import itertools
+import re
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import traverse_util
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from linen_moe import MATMUL_PATHS
+from linen_moe import Decoder
+from linen_moe import MoEConfig
+from linen_moe import RoutedMoE
+from linen_moe import hlo
+from linen_moe import load_model_config
+from linen_moe import lora
+from linen_moe import quantization
+from linen_moe import training
+from linen_moe.sharding import unbox
+from linen_moe.testing import slow
+from tests import hf_helpers
+from tests import numpy_reference
+
+FAMILIES = {
+    "qwen3": "qwen3_moe_dense0_norm",
+    "mixtral": "mixtral_gqa_swa",
+    "deepseek": "deepseek_v3_plain_nogroup",
+    "gemma4": "gemma4_text_moe_untied",
+}
+# (family, path, front end, scanned): the default run's one case (about 7 s
+# of compiling on CI's machine); the product of every axis is `slow`.
+DEFAULT_CASES = (("qwen3", "sparse", "linen", True),)
+ALL_CASES = tuple(
+    itertools.product(FAMILIES, MATMUL_PATHS, ("linen", "nnx"), (True, False))
+)
+SLOW_CASES = tuple(c for c in ALL_CASES if c not in DEFAULT_CASES)
+RANK = 2
+
+
+@functools.cache
+def _adapted(family: str, path: str, scan: bool):
+  """(base config, base variables, LoRA config, variables with adapters)."""
+  config, variables = hf_helpers.load(FAMILIES[family], scan, path)
+  cfg = config.replace(lora_rank=RANK, lora_alpha=4)
+  return config, variables, cfg, lora.init_adapters(cfg, variables, _key(1))
+
+
+def _key(i: int) -> jax.Array:
+  return jax.random.key(i)
+
+
+def _ids(family: str) -> np.ndarray:
+  return hf_helpers.fixture(FAMILIES[family])[0]
+
+
+def _perturbed(variables, scale: float = 0.5):
+  """The variables with every adapter leaf (B included) random."""
+  adapters, frozen = lora.split(variables["params"])
+  leaves, tree = jax.tree.flatten(adapters)
+  keys = jax.random.split(_key(7), len(leaves))
+  leaves = [
+      scale * jax.random.normal(k, x.shape, x.dtype)
+      for k, x in zip(keys, leaves, strict=True)
+  ]
+  adapters = jax.tree.unflatten(tree, leaves)
+  return {**variables, "params": lora.join(adapters, frozen)}
+
+
+class ZeroBTest(parameterized.TestCase):
+  """B = 0: the adapted decoder's logits are the base's, bit for bit."""
+
+  def _check(self, family, path, frontend, scan):
+    config, variables, cfg, adapted = _adapted(family, path, scan)
+    ids = _ids(family)
+    base = hf_helpers.logits(config, variables, frontend, ids)
+    got = hf_helpers.logits(cfg, adapted, frontend, ids)
+    np.testing.assert_array_equal(got, base)
+
+  @parameterized.parameters(*DEFAULT_CASES)
+  def test_zero_b_is_the_base(self, family, path, frontend, scan):
+    self._check(family, path, frontend, scan)
+
+  @slow
+  @parameterized.parameters(*SLOW_CASES)
+  def test_zero_b_is_the_base_everywhere(self, family, path, frontend, scan):
+    self._check(family, path, frontend, scan)
+
+
+class MergeTest(parameterized.TestCase):
+  """merge(config, variables) then the plain decoder == the adapted one."""
+
+  def _check(self, family, path, scan):
+    _, _, cfg, adapted = _adapted(family, path, scan)
+    adapted = _perturbed(adapted)
+    ids = _ids(family)
+    want = hf_helpers.logits(cfg, adapted, "linen", ids)
+    plain_cfg, plain = lora.merge(cfg, adapted)
+    self.assertIsNone(plain_cfg.moe.lora)
+    self.assertFalse(lora.has_adapters(plain["params"]))
+    got = hf_helpers.logits(plain_cfg, plain, "linen", ids)
+    base = hf_helpers.logits(*_adapted(family, path, scan)[:2], "linen", ids)
+    self.assertGreater(np.abs(want - base).max(), 1e-2)  # adapters matter
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+  def test_merge_equals_adapted(self):
+    self._check("qwen3", "sparse", True)
+
+  @slow
+  @parameterized.parameters(
+      *itertools.product(FAMILIES, MATMUL_PATHS, (True, False))
+  )
+  def test_merge_equals_adapted_everywhere(self, family, path, scan):
+    self._check(family, path, scan)
+
+
+def _layer_config(path: str, **changes) -> MoEConfig:
+  return MoEConfig(
+      num_experts=4,
+      num_experts_per_tok=2,
+      emb_dim=8,
+      moe_mlp_dim=6,
+      lora_rank=3,
+      lora_alpha=6,
+      load_balance_loss_weight=0.0,
+      **MATMUL_PATHS[path],
+      **changes,
+  )
+
+
+def _reference_loss(params, adapters, x, cotangent, cfg):
+  """sum(cotangent * y), y the routed layer from the formula, per token:
+  y_t = sum_j w_tj (act(x_t W0') * (x_t W1')) W2', W' = W + (alpha / r) A B
+  applied as x W + s (x A) B; the routing from the NumPy oracle (the
+  adapters do not touch it)."""
+  s = cfg.lora.scale
+  gate = np.asarray(params["gate"]["kernel"], np.float64)
+  total = 0.0
+  for t in range(x.shape[0]):
+    ids, weights = numpy_reference.route_token(
+        np.asarray(x[t], np.float64) @ gate, cfg, None
+    )
+    y = jnp.zeros(x.shape[-1])
+    for e, w in zip(ids, weights, strict=True):
+
+      def proj(name, v, e=e):
+        a, b = adapters[name + "_lora_a"][e], adapters[name + "_lora_b"][e]
+        return v @ params[name][e] + s * ((v @ a) @ b)
+
+      h = jax.nn.silu(proj("wi_0", x[t])) * proj("wi_1", x[t])
+      y = y + np.float32(w) * proj("wo", h)
+    total = total + jnp.sum(cotangent[t] * y)
+  return total
+
+
+class GradientTest(parameterized.TestCase):
+  """dA, dB of the routed layer against the per-token formula."""
+
+  @parameterized.parameters("sparse", "dense")
+  def test_adapter_gradients(self, path):
+    cfg = _layer_config(path)
+    x = jax.random.normal(_key(0), (2, 5, 8), jnp.float32)
+    layer = RoutedMoE(cfg)
+    params = unbox(_perturbed(unbox(layer.init(_key(1), x)), 0.3))["params"]
+    adapters, frozen = lora.split(params)
+    cotangent = jax.random.normal(_key(2), (10, 8), jnp.float32)
+
+    def loss(adapters):
+      y, _ = layer.apply({"params": lora.join(adapters, frozen)}, x)
+      return jnp.sum(cotangent * y.reshape(10, 8))
+
+    got = jax.grad(loss)(adapters)
+    want = jax.grad(
+        lambda a: _reference_loss(frozen, a, x.reshape(10, 8), cotangent, cfg)
+    )(adapters)
+    self.assertLen(jax.tree.leaves(got), 6)
+    for (path_, g), w in zip(
+        traverse_util.flatten_dict(got).items(),
+        jax.tree.leaves(want),
+        strict=True,
+    ):
+      self.assertGreater(np.abs(w).max(), 1e-3, path_)
+      np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5, err_msg=path_)
+
+
+def _rank_count(cfg) -> int:
+  """Adapter parameters from the config's shapes, in NumPy: r (K + N) per
+  adapted kernel (times E per routed expert), summed over layers."""
+  m, r = cfg.moe.emb_dim, cfg.moe.lora_rank
+  e, h = cfg.moe.num_experts, cfg.moe.moe_mlp_dim
+  d, n, kv = cfg.resolved_head_dim, cfg.num_heads, cfg.resolved_kv_heads
+  per_layer = np.int64(0)
+  per_layer += 3 * e * r * (m + h)  # wi_0, wi_1, wo of each expert
+  per_layer += r * (m + n * d) * 2 + r * (m + kv * d) * 2  # q, out; k, v
+  return int(per_layer * cfg.num_layers)
+
+
+class CountTest(absltest.TestCase):
+
+  def test_trainable_count_from_shapes(self):
+    cfg = load_model_config("tiny_qwen3_moe").replace(lora_rank=4)
+    shapes = jax.eval_shape(
+        Decoder(cfg).init, _key(0), jnp.zeros((1, 2), jnp.int32)
+    )
+    self.assertEqual(lora.count_trainable(shapes["params"]), _rank_count(cfg))
+
+
+def _dot_shapes(text: str) -> set[tuple[int, ...]]:
+  """The result shapes of the compiled program's contractions
+  (`linen_moe.hlo.contractions` names them)."""
+  names = {c.name for c in hlo.contractions(text)}
+  shapes = set()
+  for line in text.splitlines():
+    found = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*\w+\[([\d,]*)\]", line)
+    if found and found.group(1) in names:
+      dims = found.group(2)
+      shapes.add(tuple(int(d) for d in dims.split(",")) if dims else ())
+  return shapes
+
+
+def _kernel_shapes(params) -> set[tuple[int, ...]]:
+  """Every frozen kernel's shape, per layer and as the 2-D matrix a dot
+  would produce ([K, N] of its contracted and output axes)."""
+  shapes = set()
+  for path, v in traverse_util.flatten_dict(params).items():
+    if lora.is_adapter(path) or v.ndim < 2 or path[-1].endswith("_scale"):
+      continue
+    shape = v.shape[1:] if path[0] == "layers" else v.shape
+    shapes.add(tuple(shape))
+    if len(shape) == 3 and path[-2] in ("query", "key", "value"):
+      shapes.add((shape[0], shape[1] * shape[2]))
+    if len(shape) == 3 and path[-2] == "out":
+      shapes.add((shape[0] * shape[1], shape[2]))
+  return shapes
+
+
+@functools.cache
+def _qlora_run(mode: str = "int8", lora_rank: int = 3):
+  """A QLoRA decoder (int8 serving base, float adapters), its train state,
+  its compiled step and that program's text."""
+  float_cfg = load_model_config("tiny_qwen3_moe").replace(quantization=mode)
+  tokens = jax.random.randint(_key(3), (2, 5), 0, float_cfg.vocab_size)
+  float_vars = Decoder(float_cfg).init(_key(0), tokens)
+  serve_cfg, serve_vars = quantization.quantize_weights(float_cfg, float_vars)
+  cfg = serve_cfg.replace(lora_rank=lora_rank)
+  variables = lora.init_adapters(cfg, serve_vars, _key(1))
+  optimizer = optax.adam(1e-2)
+  state = training.train_state_from_variables(variables, optimizer)
+  step = jax.jit(training.make_train_step(Decoder(cfg), optimizer))
+  compiled = step.lower(state, tokens, _key(4)).compile()
+  return cfg, state, tokens, compiled
+
+
+class QLoRATest(absltest.TestCase):
+
+  def test_only_adapters_train(self):
+    cfg, state, tokens, compiled = _qlora_run()
+    adapters, frozen = lora.split(state.params)
+    # The optimizer's moments are the adapters' (Adam: two of each).
+    moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
+    self.assertEqual(
+        sum(x.size for x in moments), 2 * lora.count_trainable(state.params)
+    )
+    losses = []
+    for i in range(4):
+      state, metrics = compiled(state, tokens, _key(10 + i))
+      losses.append(float(metrics["loss"]))
+    self.assertLess(losses[-1], losses[0])
+    new_adapters, new_frozen = lora.split(state.params)
+    jax.tree.map(np.testing.assert_array_equal, new_frozen, frozen)
+    moved = jax.tree.map(
+        lambda a, b: bool(np.any(a != b)), new_adapters, adapters
+    )
+    self.assertTrue(all(jax.tree.leaves(moved)))
+    self.assertEqual(
+        jnp.dtype(new_frozen["layers"]["moe"]["wi_0"].dtype), jnp.int8
+    )
+
+  def test_no_frozen_kernel_gradient_contraction(self):
+    cfg, state, _, compiled = _qlora_run()
+    frozen_shapes = _kernel_shapes(lora.split(state.params)[1])
+    self.assertIn((32, 64, 16), frozen_shapes)  # the experts' wi_0
+    produced = _dot_shapes(compiled.as_text())
+    self.assertNotEmpty(produced)
+    self.assertEmpty(produced & frozen_shapes)
+
+  @slow
+  def test_full_fine_tuning_has_those_contractions(self):
+    """The check above can fail: a full fine-tuning step of the same
+    (float) decoder produces its kernels' gradients."""
+    cfg = load_model_config("tiny_qwen3_moe")
+    tokens = jax.random.randint(_key(3), (2, 5), 0, cfg.vocab_size)
+    optimizer = optax.adam(1e-2)
+    state = training.init_train_state(Decoder(cfg), optimizer, tokens, _key(0))
+    step = jax.jit(training.make_train_step(Decoder(cfg), optimizer))
+    text = step.lower(state, tokens, _key(4)).compile().as_text()
+    self.assertNotEmpty(_dot_shapes(text) & _kernel_shapes(state.params))
+
+
+class BadInputTest(absltest.TestCase):
+  """One clear error each, before any work."""
+
+  def test_rank_not_positive(self):
+    cfg = load_model_config("tiny_qwen3_moe")
+    with self.assertRaisesRegex(ValueError, r"lora_rank=-1 .*>= 0"):
+      cfg.replace(lora_rank=-1)
+    with self.assertRaisesRegex(ValueError, r"LoRAConfig.rank=0 .*>= 1"):
+      lora.LoRAConfig(0)
+
+  def test_rank_above_a_kernel_side(self):
+    cfg = load_model_config("tiny_qwen3_moe")
+    with self.assertRaisesRegex(
+        ValueError, r"lora_rank=17 .*routed experts' wi_0 is \[64, 16\]"
+    ):
+      cfg.replace(lora_rank=17)
+    with self.assertRaisesRegex(ValueError, r"lora_rank=65 .*attention"):
+      cfg.replace(lora_rank=65, lora_targets=("attention",))
+
+  def test_unknown_target(self):
+    cfg = load_model_config("tiny_qwen3_moe")
+    with self.assertRaisesRegex(
+        ValueError, r"lora_targets=\('experts', 'ffn'\).*unknown: \['ffn'\]"
+    ):
+      cfg.replace(lora_rank=2, lora_targets=("experts", "ffn"))
+
+  def test_merge_without_adapters(self):
+    cfg = load_model_config("tiny_qwen3_moe")
+    variables = {"params": {"embedding": np.zeros((2, 2))}}
+    with self.assertRaisesRegex(ValueError, "lora_rank is 0"):
+      lora.merge(cfg, variables)
+    with self.assertRaisesRegex(ValueError, "merge found no adapters"):
+      lora.merge(cfg.replace(lora_rank=2), variables)
+
+
+if __name__ == "__main__":
+  absltest.main()
