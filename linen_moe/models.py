@@ -8,7 +8,10 @@ laid out as `ModelConfig.stack_plan` says (`StackPlan`: unrolled layers
 repeated group `stack_body` builds, scanned with `scan_blocks`), the final
 `RMSNorm`, the tied or separate head (`logits_of`), and the per-layer aux
 reduced to the decoder's (`per_layer_aux`, `layer_aux`). `remat_block`
-wraps a block class in the rematerialization `ModelConfig.remat` names.
+wraps a block class in the rematerialization `ModelConfig.remat` names
+(`remat_policy`, its `jax.checkpoint` policy); `CHECKPOINT_NAMES` are the
+names the blocks and the MoE layer give their tensors
+(`jax.ad_checkpoint.checkpoint_name`), for a policy of your own.
 Packed rows: `segment_positions` (positions restarting per segment),
 `resolve_positions` and `validate_segments` (what the decoders run on their
 `segment_ids` and `positions`), `same_segment_targets` (the targets a loss
@@ -18,6 +21,7 @@ Weights move between a scanned and an unrolled stack with
 `scanned_to_unrolled` / `unrolled_to_scanned`.
 """
 
+from linen_moe._src.layer.checkpoint_names import ALL as CHECKPOINT_NAMES
 from linen_moe._src.models.blocks import DecoderBlock
 from linen_moe._src.models.blocks import per_layer_aux
 from linen_moe._src.models.blocks import stack_body
@@ -32,6 +36,7 @@ from linen_moe._src.models.layer_stack import STACK
 from linen_moe._src.models.layer_stack import StackPlan
 from linen_moe._src.models.layer_stack import layer_name
 from linen_moe._src.models.norms import RMSNorm
+from linen_moe._src.models.remat import policy as remat_policy
 from linen_moe._src.models.remat import remat_block
 from linen_moe._src.models.scan import LAYERS_AXIS
 from linen_moe._src.models.scan import resolved_unroll
@@ -42,6 +47,7 @@ from linen_moe._src.models.segments import segment_positions
 from linen_moe._src.models.segments import validate_segments
 
 __all__ = [
+    "CHECKPOINT_NAMES",
     "LAYERS_AXIS",
     "STACK",
     "DecoderBlock",
@@ -54,6 +60,7 @@ __all__ = [
     "output_head",
     "per_layer_aux",
     "remat_block",
+    "remat_policy",
     "resolve_positions",
     "resolved_unroll",
     "same_segment_targets",

@@ -87,4 +87,6 @@ def model_overrides(args: argparse.Namespace) -> dict:
     overrides["capacity_factor"] = args.capacity_factor
   if args.layers is not None:
     overrides["scan_layers"] = args.layers == "scanned"
+  if getattr(args, "remat", None) is not None:  # train's and plan's flag
+    overrides["remat"] = args.remat
   return overrides

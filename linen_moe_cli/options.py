@@ -196,6 +196,7 @@ class TrainOptions:
           "microbatches are equal",
       )
     check_int("seed", self.seed, 0)
+    self._check_remat()
     if self.frontend not in nnx_adapter.FRONTENDS:
       _fail(
           "frontend", self.frontend, f"expected one of {nnx_adapter.FRONTENDS}"
@@ -229,6 +230,14 @@ class TrainOptions:
       self._check_init_from_hf()
     self._check_optimizer()
     self._check_observers()
+
+  def _check_remat(self) -> None:
+    """--remat names a policy (the config checks it too, after jax)."""
+    from linen_moe import ModelConfig  # noqa: PLC0415 (no jax)
+
+    remat = self.overrides.get("remat")
+    if remat is not None and remat not in ModelConfig.REMAT_POLICIES:
+      _fail("remat", remat, f"allowed {ModelConfig.REMAT_POLICIES}")
 
   def _check_observers(self) -> None:
     """The profiler and TensorBoard flags."""

@@ -67,6 +67,7 @@ def equivalence(job: dict) -> dict:
       quantization=job.get("quantization", "none"),
       num_layers=job.get("num_layers", 1),
       expert_parallel=job.get("expert_parallel", "auto"),
+      remat=job.get("remat", "none"),
       **MATMUL_PATHS[job.get("path", "sparse")],
   )
   frontend = job.get("frontend", "linen")

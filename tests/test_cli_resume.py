@@ -65,10 +65,18 @@ TRAIN = (
 class TrainCommandResumeTest(absltest.TestCase):
   """`linen-moe train`: `whole` runs 12 steps in one command (Linen),
   `split` 6 and then the same command with 12, `in_nnx` resumes a copy of
-  `split` at step 6 to 12 with `--frontend nnx`. One test, so that the four
-  runs are not repeated per test process."""
+  `split` at step 6 to 12 with `--frontend nnx` (slow: the default run
+  resumes into NNX in the library, test_checkpoint.py). One test each, so
+  that the runs are not repeated per test process."""
 
   def test_resume_from_the_command_line(self):
+    self.check_resume(in_nnx=False)
+
+  @testing.slow
+  def test_resume_from_the_command_line_into_nnx(self):
+    self.check_resume(in_nnx=True)
+
+  def check_resume(self, in_nnx: bool):
     tmp = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
     dirs = {k: os.path.join(tmp, k) for k in ("whole", "split", "in_nnx")}
@@ -83,20 +91,22 @@ class TrainCommandResumeTest(absltest.TestCase):
 
     run("whole", STEPS)
     run("split", STOP)
-    shutil.copytree(dirs["split"], dirs["in_nnx"])
+    if in_nnx:
+      shutil.copytree(dirs["split"], dirs["in_nnx"])
     run("split", STEPS)
-    run("in_nnx", STEPS, "--frontend", "nnx")
+    if in_nnx:
+      run("in_nnx", STEPS, "--frontend", "nnx")
 
     whole, split = _metrics(dirs["whole"]), _metrics(dirs["split"])
     self.assertEqual([m["step"] for m in split], list(range(1, STEPS + 1)))
     self.assertEqual(split, whole)  # every metric of every step, exactly
     self.assertNotIn("resumed", outputs["split"][0])
     self.assertIn("resumed from step 6", outputs["split"][1])
-    # A Linen run resumed in NNX matches too.
-    in_nnx = _metrics(dirs["in_nnx"])
-    self.assertIn("resumed from step 6", outputs["in_nnx"][0])
-    self.assertEqual(in_nnx[-1]["step"], STEPS)
-    self.assertEqual(in_nnx[-1]["loss"], whole[-1]["loss"])
+    if in_nnx:  # a Linen run resumed in NNX matches too
+      resumed = _metrics(dirs["in_nnx"])
+      self.assertIn("resumed from step 6", outputs["in_nnx"][0])
+      self.assertEqual(resumed[-1]["step"], STEPS)
+      self.assertEqual(resumed[-1]["loss"], whole[-1]["loss"])
     with checkpoint.Checkpoints(dirs["split"]) as ckpts:
       self.assertEqual(ckpts.all_steps(), [6, 9, 12])  # --keep 3
       self.assertEqual(ckpts.meta()["data"]["position"], STEPS)
@@ -128,6 +138,7 @@ def _cosine_lr(n: int, peak=1e-2, warmup=2, total=STEPS, ratio=0.1) -> float:
   return ratio * peak + (1 - ratio) * peak * 0.5 * (1 + np.cos(np.pi * frac))
 
 
+@testing.slow  # 2 more runs; TrainCommandResumeTest is the default's resume
 class ScheduleResumeTest(absltest.TestCase):
   """A run with a cosine schedule, warmup and weight decay: `whole` runs 12
   steps; `killed` is a copy of it put back at its step 6 (`--resume-step 6`

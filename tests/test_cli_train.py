@@ -133,6 +133,19 @@ class TrainOptionsTest(parameterized.TestCase):
       model_args.parse_set(["routed_bias"])
     self.assertEqual(cli.main(["train", "--set", "num_routing_groups=3"]), 2)
 
+  def test_remat_flag_sets_the_config_field(self):
+    args = cli.build_parser().parse_args(["train", "--remat", "save_experts"])
+    self.assertEqual(
+        model_args.model_overrides(args), {"remat": "save_experts"}
+    )
+    with mock.patch.object(train_job, "train") as train:
+      status, _, err = _cli("train", "--remat", "dots")
+    train.assert_not_called()
+    self.assertEqual(status, 2)
+    self.assertRegex(
+        err, r"^linen-moe: error: remat='dots' \(--remat\) .*'full'"
+    )
+
 
 class ResultLineTest(absltest.TestCase):
 

@@ -126,6 +126,9 @@ class _Corpus(absltest.TestCase):
         np.testing.assert_array_equal(b[p], a[p], err_msg=str(p))
 
 
+# Slow: 4 runs. The default run resumes the command in test_cli_resume.py
+# and a data iterator in test_data.py (IteratorCheckpointTest).
+@testing.slow
 class ResumeTest(_Corpus):
 
   def test_resume_is_exact(self):

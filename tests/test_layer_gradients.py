@@ -13,6 +13,7 @@ they carry no gradient.
 """
 
 import functools
+import itertools
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -148,10 +149,27 @@ def _oracle_choices(cfg, variables, router_in, capacity):
   return ids.reshape(-1, k).astype(np.int32), keep.reshape(-1, k)
 
 
+# (family, path) of the default run: each family and each path once; the
+# rest of the product is slow.
+DEFAULT = tuple(zip(FAMILIES, MATMUL_PATHS, strict=True))
+
+
 class WholeLayerGradientTest(parameterized.TestCase):
 
-  @parameterized.product(family=tuple(FAMILIES), path=tuple(MATMUL_PATHS))
+  @parameterized.parameters(*DEFAULT)
   def test_matches_per_token_reference(self, family, path):
+    self.check(family, path)
+
+  @testing.slow
+  @parameterized.parameters(*(
+      case
+      for case in itertools.product(FAMILIES, MATMUL_PATHS)
+      if case not in DEFAULT
+  ))
+  def test_matches_per_token_reference_slow(self, family, path):
+    self.check(family, path)
+
+  def check(self, family, path):
     base, variables, x, gate_inputs, cotangent = _case(family)
     cfg = base.replace(**MATMUL_PATHS[path])
     router_in = x if gate_inputs is None else gate_inputs

@@ -1,28 +1,50 @@
 """Rematerialization (`ModelConfig.remat`): same numbers, less kept.
 
 Every policy gives the loss and the gradients of no remat (float32, CPU:
-bitwise, or within 1e-6 of each leaf's largest value), scanned and
-unrolled, in both front ends. Compiled programs are shared per module
-(`_loss_and_grads` caches them).
+within 1e-6 of each leaf's largest value), scanned and unrolled, in both
+front ends, in every quantization mode (fp8 state moved once per step, AQT
+int8's stochastic rounding drawing the same values in the recompute); each
+policy saves exactly the tensors it names (read from the saved residuals
+of the traced program, so a renamed tensor fails here, unlike
+maxtext#4005); and a decoder of the user's own that wraps its block in
+`nn.remat` / `nnx.remat` gets the gradients it gets without. Compiled
+programs are shared per module (`functools.cache`); the products are slow.
 """
 
+import collections
 import functools
 
 from absl.testing import absltest
 from absl.testing import parameterized
 from flax import nnx
+import flax.linen as nn
 import jax
+from jax._src.ad_checkpoint import saved_residuals
+import jax.extend
+import jax.numpy as jnp
 import numpy as np
+import optax
 
+from linen_moe import MATMUL_PATHS
+from linen_moe import RoutedMoE
 from linen_moe import load_model_config
+from linen_moe import load_moe_config
+from linen_moe import models
 from linen_moe import testing
 from linen_moe._src.config.model_config import REMAT_POLICIES
+from linen_moe._src.layer import checkpoint_names as names
 from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.models.remat import OFFLOADED_NAMES
+from linen_moe._src.models.remat import SAVED_NAMES
+from linen_moe._src.quantization.modes import QUANTIZATIONS
 from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe.variables import rng_dict
 import nnx_adapter
 
 POLICIES = tuple(p for p in REMAT_POLICIES if p != "none")
+CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b", "tiny_deepseek_v3_mla")
 
 
 def _tokens(cfg):
@@ -34,10 +56,9 @@ def _variables(cfg):
   return unbox(Decoder(cfg).init(jax.random.key(0), _tokens(cfg)))
 
 
-@functools.cache
-def _loss_and_grads(cfg):
-  """(loss, grads of the params) of the Linen decoder at `cfg` (whose
-  `remat` is ignored by the variables: they are the same for every one)."""
+def _loss_fn(cfg):
+  """loss(params) of the Linen decoder at `cfg`, at the variables of its
+  config without remat (every policy has the same variables)."""
   tokens = _tokens(cfg)
   variables = _variables(cfg.replace(remat="none"))
 
@@ -45,7 +66,13 @@ def _loss_and_grads(cfg):
     logits, aux = Decoder(cfg).apply({**variables, "params": p}, tokens)
     return train_lib.decoder_loss(logits, aux, tokens)[0]
 
-  return jax.jit(jax.value_and_grad(loss))(variables["params"])
+  return loss, variables["params"]
+
+
+@functools.cache
+def _loss_and_grads(cfg):
+  loss, params = _loss_fn(cfg)
+  return jax.jit(jax.value_and_grad(loss))(params)
 
 
 def _nnx_loss_and_grads(cfg):
@@ -92,24 +119,373 @@ class RematConfigTest(parameterized.TestCase):
     self.assertIn("remat", ModelConfig.run_fields())
     self.assertEqual(load_model_config("tiny_mixtral").remat, "none")
 
+  def test_decoding_blocks_are_never_wrapped(self):
+    cfg = load_model_config("tiny_mixtral", remat="full")
+    self.assertIs(
+        models.remat_block(models.DecoderBlock, cfg, decode=True),
+        models.DecoderBlock,
+    )
+
 
 class RematGradientsTest(parameterized.TestCase):
 
-  @parameterized.product(remat=POLICIES, scan=(True, False))
-  def test_linen_loss_and_grads_equal_no_remat(self, remat, scan):
-    cfg = load_model_config("tiny_mixtral", scan_layers=scan)
-    want_loss, want = _loss_and_grads(cfg)
-    got_loss, got = _loss_and_grads(cfg.replace(remat=remat))
-    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
-    assert_close_per_leaf(self, got, want)
+  def check(self, got, want):
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    assert_close_per_leaf(self, got[1], want[1])
 
-  @parameterized.parameters(True, False)
-  def test_nnx_loss_and_grads_equal_linen_no_remat(self, scan):
-    cfg = load_model_config("tiny_mixtral", scan_layers=scan)
-    want_loss, want = _loss_and_grads(cfg)
-    got_loss, got = _nnx_loss_and_grads(cfg.replace(remat="full"))
-    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
-    assert_close_per_leaf(self, got, want)
+  # Each policy once in the default run (the rest of the product is slow):
+  # "save_attention_experts" unrolled, "offload" in the NNX decoder.
+  @parameterized.parameters("full", "save_experts")
+  def test_scanned_linen_equals_no_remat(self, remat):
+    cfg = load_model_config("tiny_mixtral")
+    self.check(_loss_and_grads(cfg.replace(remat=remat)), _loss_and_grads(cfg))
+
+  def test_unrolled_linen_equals_no_remat(self):
+    cfg = load_model_config("tiny_mixtral", scan_layers=False)
+    self.check(
+        _loss_and_grads(cfg.replace(remat="save_attention_experts")),
+        _loss_and_grads(cfg),
+    )
+
+  def test_nnx_equals_linen_without_remat(self):
+    cfg = load_model_config("tiny_mixtral")
+    self.check(
+        _nnx_loss_and_grads(cfg.replace(remat="offload")),
+        _loss_and_grads(cfg),
+    )
+
+  @testing.slow
+  @parameterized.product(
+      config=CONFIGS, remat=POLICIES, scan=(True, False), nnx_=(False, True)
+  )
+  def test_product(self, config, remat, scan, nnx_):
+    cfg = load_model_config(config, scan_layers=scan)
+    got = cfg.replace(remat=remat)
+    got = _nnx_loss_and_grads(got) if nnx_ else _loss_and_grads(got)
+    self.check(got, _loss_and_grads(cfg))
+
+
+def _residuals(cfg):
+  """The saved residuals of the decoder's loss, not its arguments: a
+  Counter of names (named ones), "host <shape>" (offloaded) and
+  "<shape>" (the rest)."""
+  loss, params = _loss_fn(cfg)
+  out = collections.Counter()
+  for aval, where in saved_residuals(loss, params):
+    if "from the argument" in where:
+      continue
+    if where.startswith("named '"):
+      out[where.split("'")[1]] += 1
+    elif aval.memory_space == jax.memory.Space.Host:
+      out[f"host {aval.shape}"] += 1
+    else:
+      out[str(aval.shape)] += 1
+  return out
+
+
+class SavedTensorsTest(parameterized.TestCase):
+  """Each policy saves exactly the tensors it names: a block's tensor that
+  loses its name (or a policy naming one no block tags) fails here.
+
+  Unrolled tiny Mixtral with a post-MLP norm, so that the backward pass
+  reads every named tensor (the MLP output feeds a norm); tracing only.
+  """
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.cfg = load_model_config(
+        "tiny_mixtral", scan_layers=False, post_mlp_norm=True
+    )
+    cls.full = _residuals(cls.cfg.replace(remat="full"))
+
+  def test_full_saves_no_named_tensor(self):
+    self.assertFalse(set(self.full) & set(names.ALL))
+    none = _residuals(self.cfg)
+    self.assertLess(self.full.total(), none.total() // 2)
+
+  @parameterized.parameters("save_experts", "save_attention_experts")
+  def test_save_policies_save_their_names_and_nothing_else(self, remat):
+    got = _residuals(self.cfg.replace(remat=remat))
+    layers = self.cfg.num_layers
+    want = {name: layers for name in SAVED_NAMES[remat]}
+    self.assertEqual({k: v for k, v in got.items() if k in names.ALL}, want)
+    self.assertEqual(
+        {k: v for k, v in got.items() if k not in names.ALL}, self.full
+    )
+
+  def test_offload_moves_every_layer_input_to_host(self):
+    got = _residuals(self.cfg.replace(remat="offload"))
+    self.assertEqual(OFFLOADED_NAMES["offload"], (names.LAYER_INPUT,))
+    shape = (2, 16, self.cfg.moe.emb_dim)
+    self.assertEqual(got[f"host {shape}"], self.cfg.num_layers)
+    want = self.full.copy()
+    want[str(shape)] -= self.cfg.num_layers  # now on the host
+    self.assertEqual({k: v for k, v in got.items() if "host" not in k}, want)
+
+  @parameterized.parameters("tiny_mixtral", "tiny_deepseek_v3_mla")
+  def test_every_name_is_tagged(self, config):
+    """Each name of `checkpoint_names.ALL` is on a tensor of the traced
+    decoder (MLA's query, key and value too)."""
+    cfg = load_model_config(config, scan_layers=False)
+    loss, params = _loss_fn(cfg)
+    found = set()
+
+    def walk(jaxpr):
+      for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "name":
+          found.add(eqn.params["name"])
+        for value in eqn.params.values():
+          for sub in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(sub, jax.extend.core.ClosedJaxpr):
+              walk(sub.jaxpr)
+            elif isinstance(sub, jax.extend.core.Jaxpr):
+              walk(sub)
+
+    walk(jax.make_jaxpr(loss)(params).jaxpr)
+    self.assertEqual(found, set(names.ALL))
+
+
+@functools.cache
+def _train_step(cfg, grad_accum):
+  optimizer = optax.sgd(0.1)
+  state = train_lib.train_state_from_variables(
+      _variables(cfg.replace(remat="none")), optimizer
+  )
+  step = train_lib.make_train_step(Decoder(cfg), optimizer, grad_accum)
+  return state, jax.jit(step)
+
+
+def _train_step_result(cfg, rng, grad_accum=1):
+  """(state before, state after) one train step of `cfg` (4 x 16 tokens)."""
+  state, step = _train_step(cfg, grad_accum)
+  tokens = testing.markov_tokens(cfg.vocab_size, 4, 16, 1)
+  return state, step(state, tokens, rng)[0]
+
+
+class RematQuantizationTest(parameterized.TestCase):
+
+  def test_fp8_state_moves_once_per_step(self):
+    """fp8, scanned, two microbatches: params and the fp8 scales and amax
+    histories after one step equal no remat's (moved once: a second move
+    would roll the histories again)."""
+    cfg = load_model_config("tiny_mixtral", quantization="fp8")
+    rng = jax.random.key(3)
+    before, want = _train_step_result(cfg, rng, grad_accum=2)
+    _, got = _train_step_result(cfg.replace(remat="full"), rng, grad_accum=2)
+    self.assertGreater(
+        testing.max_abs_diff(want.fp8_state, before.fp8_state), 0.0
+    )
+    assert_close_per_leaf(self, got.fp8_state, want.fp8_state)
+    assert_close_per_leaf(self, got.params, want.params)
+
+  def test_int8_recompute_draws_the_same_rounding(self):
+    """AQT int8 (its einsums round stochastically), unrolled: the
+    recompute's rounding replays the forward's keys, so the step equals no
+    remat's, while another key moves the params by far more than the
+    tolerance."""
+    cfg = load_model_config(
+        "tiny_mixtral",
+        quantization="int8",
+        scan_layers=False,
+        **MATMUL_PATHS["dense"],
+    )
+    rng = jax.random.key(3)
+    _, want = _train_step_result(cfg, rng)
+    _, got = _train_step_result(cfg.replace(remat="save_experts"), rng)
+    assert_close_per_leaf(self, got.params, want.params)
+    _, other = _train_step_result(cfg, jax.random.key(4))
+    self.assertGreater(
+        testing.max_abs_diff(other.params, want.params),
+        1e3 * testing.max_abs_diff(got.params, want.params) + 1e-7,
+    )
+
+
+class RematOnMeshTest(absltest.TestCase):
+
+  @testing.slow
+  def test_mesh_and_microbatches_equal_one_device(self):
+    """fp8, sparse (expert parallel), "save_experts", 2 layers, 2
+    microbatches on data=2,expert=4 and fsdp=8: loss, params and fp8 state
+    as one device's step (whose remat equals no remat, above)."""
+    from tests import workers  # noqa: PLC0415
+
+    (result,) = workers.sharding_jobs({
+        "check": "equivalence",
+        "path": "sparse",
+        "quantization": "fp8",
+        "num_layers": 2,
+        "remat": "save_experts",
+        "meshes": ["data=2,expert=4", "fsdp=8"],
+        "grad_accum": 2,
+    })
+    self.assertGreater(result["update"], 0.0)
+    self.assertGreater(result["fp8_moved"], 0.0)
+    for spec, r in result["meshes"].items():
+      with self.subTest(mesh=spec):
+        self.assertAlmostEqual(
+            r["loss"], result["loss"], delta=1e-5 * abs(result["loss"])
+        )
+        self.assertLessEqual(r["param_err"], 1e-4 * result["update"])
+        self.assertLessEqual(r["fp8_err"], 1e-5 * result["fp8_moved"])
+
+
+# A decoder of the user's own around `RoutedMoE`, its block under the user's
+# remat: "remat" (nothing saved), "policy" (the experts' named tensors
+# saved) or "none".
+_USER_POLICY = jax.checkpoint_policies.save_only_these_names(
+    names.EXPERT_GATE, names.EXPERT_UP, names.EXPERT_DOWN
+)
+
+
+class _UserBlock(nn.Module):
+  config: object
+
+  @nn.compact
+  def __call__(self, x):
+    y, aux = RoutedMoE(self.config, name="moe")(nn.RMSNorm()(x))
+    return x + y, aux.load_balance_loss
+
+
+def _user_block(wrap):
+  if wrap == "none":
+    return _UserBlock
+  policy = _USER_POLICY if wrap == "policy" else None
+  return nn.remat(_UserBlock, policy=policy, prevent_cse=wrap == "remat")
+
+
+class _UserDecoder(nn.Module):
+  config: object
+  wrap: str = "none"
+  scan: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    block = _user_block(self.wrap)
+    if self.scan:
+      x, lb = models.scan_blocks(block, length=2)(self.config, name="layers")(x)
+      return x, jnp.sum(lb)
+    lb = 0.0
+    for i in range(2):
+      x, aux = block(self.config, name=f"layers_{i}")(x)
+      lb = lb + aux
+    return x, lb
+
+
+def _user_grads(mode, path, wrap, scan):
+  cfg = load_moe_config("tiny_mixtral", quantization=mode, **MATMUL_PATHS[path])
+  model = _UserDecoder(cfg, wrap, scan)
+  x = jax.random.normal(jax.random.key(0), (2, 8, cfg.emb_dim))
+  variables = unbox(_UserDecoder(cfg, "none", scan).init(jax.random.key(1), x))
+  params = variables["params"]
+  fp8 = variables.get(OVERWRITE_WITH_GRADIENT, {})
+
+  def loss(params, fp8):
+    v = {"params": params}
+    if fp8:
+      v[OVERWRITE_WITH_GRADIENT] = fp8
+    y, lb = model.apply(v, x, rngs=rng_dict(jax.random.key(2)))
+    return jnp.mean(y**2) + lb
+
+  return jax.jit(jax.value_and_grad(loss, (0, 1)))(params, fp8)
+
+
+class _NNXUserDecoder(nnx.Module):
+
+  def __init__(self, cfg, sample, remat, rngs):
+    @nnx.split_rngs(splits=2)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=models_layers())
+    def make(rngs):
+      return nnx_adapter.EagerToNNX(RoutedMoE(cfg), sample, rngs=rngs)
+
+    self.moe = make(rngs)
+    self.remat = remat
+
+  def __call__(self, x, rng):
+    def layer(moe, x, key):
+      y, aux = moe(x, rngs=key)
+      return x + y, aux.load_balance_loss
+
+    if self.remat:
+      layer = nnx.remat(layer)
+
+    @nnx.scan(
+        in_axes=(0, nnx.Carry, 0),
+        out_axes=(nnx.Carry, 0),
+        transform_metadata=models_layers(),
+    )
+    def layers(moe, x, key):
+      return layer(moe, x, key)
+
+    x, lb = layers(self.moe, x, jax.random.split(rng, 2))
+    return x, jnp.sum(lb)
+
+
+def models_layers():
+  return {nnx.PARTITION_NAME: models.LAYERS_AXIS}
+
+
+def _nnx_user_grads(mode, path, remat):
+  cfg = load_moe_config("tiny_mixtral", quantization=mode, **MATMUL_PATHS[path])
+  x = jax.random.normal(jax.random.key(0), (2, 8, cfg.emb_dim))
+  model = _NNXUserDecoder(cfg, x, remat, nnx.Rngs(1))
+
+  def loss(model):
+    y, lb = model(x, jax.random.key(2))
+    return jnp.mean(y**2) + lb
+
+  value, grads = nnx.jit(
+      nnx.value_and_grad(
+          loss,
+          argnums=nnx.DiffState(0, nnx.Any(nnx.Param, nnx_adapter.Fp8State)),
+      )
+  )(model)
+  return value, nnx.to_pure_dict(grads)
+
+
+# The default run: fp8, sparse, a policy, scanned (Linen) and nanoo_fp8,
+# dense_dropping (NNX); the decoder's tests above have int8 on the dense
+# path under remat and no quantization. The products are slow.
+
+
+class UserRematTest(parameterized.TestCase):
+  """The layer under the user's own `nn.remat` / `nnx.remat`."""
+
+  def check(self, got, want):
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+    assert_close_per_leaf(self, got[1], want[1])
+
+  def test_linen_user_remat_equals_no_remat(self):
+    self.check(
+        _user_grads("fp8", "sparse", "policy", True),
+        _user_grads("fp8", "sparse", "none", True),
+    )
+
+  def test_nnx_user_remat_equals_no_remat(self):
+    mode, path = "nanoo_fp8", "dense_dropping"
+    self.check(
+        _nnx_user_grads(mode, path, True), _nnx_user_grads(mode, path, False)
+    )
+
+  @testing.slow
+  @parameterized.product(
+      mode=QUANTIZATIONS,
+      path=tuple(MATMUL_PATHS),
+      wrap=("remat", "policy"),
+      scan=(True, False),
+  )
+  def test_linen_product(self, mode, path, wrap, scan):
+    self.check(
+        _user_grads(mode, path, wrap, scan),
+        _user_grads(mode, path, "none", scan),
+    )
+
+  @testing.slow
+  @parameterized.product(mode=QUANTIZATIONS, path=tuple(MATMUL_PATHS))
+  def test_nnx_product(self, mode, path):
+    self.check(
+        _nnx_user_grads(mode, path, True), _nnx_user_grads(mode, path, False)
+    )
 
 
 if __name__ == "__main__":

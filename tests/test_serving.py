@@ -6,6 +6,7 @@ both run and inspected; the float references are shared across modes.
 """
 
 import functools
+import itertools
 import re
 
 from absl.testing import absltest
@@ -120,11 +121,30 @@ def _float_output(name: str, path: str):
   return jax.jit(RoutedMoE(config).apply)(_float_variables(name), _x(config))[0]
 
 
-class ServingLayerTest(parameterized.TestCase):
-  """Serving `RoutedMoE` per config x mode, on all three paths."""
+# (config, mode) of the default run: every config and every mode once.
+SERVING_DEFAULT = tuple(
+    (config, MODES[i % len(MODES)]) for i, config in enumerate(TINY_CONFIGS)
+)
 
-  @parameterized.product(config=TINY_CONFIGS, mode=MODES)
+
+class ServingLayerTest(parameterized.TestCase):
+  """Serving `RoutedMoE` per config x mode, on all three paths: every config
+  and mode once by default, the rest of the product slow."""
+
+  @parameterized.parameters(*SERVING_DEFAULT)
   def test_serving_layer(self, config, mode):
+    self.check_serving_layer(config, mode)
+
+  @testing.slow
+  @parameterized.parameters(*(
+      case
+      for case in itertools.product(TINY_CONFIGS, MODES)
+      if case not in SERVING_DEFAULT
+  ))
+  def test_serving_layer_slow(self, config, mode):
+    self.check_serving_layer(config, mode)
+
+  def check_serving_layer(self, config, mode):
     serve_config, serve_variables = _serving(config, mode)
     self.assertTrue(serve_config.serving)
     self._check_stored(serve_config, serve_variables, mode)

@@ -47,6 +47,15 @@ def register(subparsers) -> None:
   )
   p.add_argument("--seed", type=int, default=train_default("seed"))
   p.add_argument(
+      "--remat",
+      default=None,
+      help=(
+          "what each layer keeps for the backward pass (the config's "
+          "remat field): none, full, save_experts, save_attention_experts "
+          "or offload (default: the config's)"
+      ),
+  )
+  p.add_argument(
       "--mesh",
       default=None,
       help=(

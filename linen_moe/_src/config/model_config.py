@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import ClassVar
 
 from linen_moe._src.config import decoder_fields
 from linen_moe._src.config.checks import check_keys
@@ -27,7 +28,13 @@ if TYPE_CHECKING:
 
 # `ModelConfig.remat`: what each block keeps for the backward pass
 # (`linen_moe._src.models.remat` says which tensors each policy saves).
-REMAT_POLICIES = ("none", "full")
+REMAT_POLICIES = (
+    "none",
+    "full",
+    "save_experts",
+    "save_attention_experts",
+    "offload",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +65,12 @@ class ModelConfig:
     remat: what each block keeps for the backward pass
       (`REMAT_POLICIES`): "none" keeps every activation; "full" only each
       layer's input, recomputing the rest of the layer in the backward
-      pass. It changes the compiled program only (memory against time),
-      never the numbers or the variables.
+      pass; "save_experts" also the router logits, the expert matmuls'
+      outputs and the MLP output (the MoE is not recomputed);
+      "save_attention_experts" those and the attention's q, k, v and
+      output; "offload" keeps each layer's input in host memory (pinned
+      host) instead of the device's. It changes the compiled program only
+      (memory against time), never the numbers or the variables.
     norm_eps: RMSNorm epsilon.
     num_kv_heads: key/value heads of grouped-query attention (0 =
       num_heads); it divides num_heads, and key/value head j serves the
@@ -161,6 +172,7 @@ class ModelConfig:
   scan_layers: bool = run_field(True)
   scan_unroll: int = run_field(0)
   remat: str = run_field("none")
+  REMAT_POLICIES: ClassVar[tuple[str, ...]] = REMAT_POLICIES
   norm_eps: float = 1e-6
   num_kv_heads: int = 0
   qk_norm: bool = False

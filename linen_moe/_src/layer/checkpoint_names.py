@@ -13,6 +13,7 @@ head width, T tokens (B * S), E experts, F an MLP's hidden width.
 from __future__ import annotations
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 
 # A block's input, the residual stream [B, S, M] (what "full" keeps).
 LAYER_INPUT = "layer_input"
@@ -58,4 +59,9 @@ def tag(x: jax.Array, name: str) -> jax.Array:
   Returns:
     `x`, marked with `jax.ad_checkpoint.checkpoint_name`.
   """
-  return jax.ad_checkpoint.checkpoint_name(x, name)
+  return checkpoint_name(x, name)
+
+
+def tag_qkv(q: jax.Array, k: jax.Array, v: jax.Array):
+  """(q, k, v), each `tag`ged with its name (`QUERY`, `KEY`, `VALUE`)."""
+  return tag(q, QUERY), tag(k, KEY), tag(v, VALUE)

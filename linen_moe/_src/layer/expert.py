@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 
 from linen_moe._src.config.moe_config import MoEConfig
+from linen_moe._src.layer import checkpoint_names as names
 from linen_moe._src.layer.activations import activation
 from linen_moe._src.lora import adapters as lora_adapters
 from linen_moe._src.quantization import stored_weights
@@ -81,8 +82,9 @@ def gated_mlp(
   Returns:
     `project("wo", hidden, wo)`, e.g. [..., M].
   """
-  hidden = act(project("wi_0", x, wi_0)) * project("wi_1", x, wi_1)
-  return project("wo", hidden, wo)
+  gate = names.tag(project("wi_0", x, wi_0), names.EXPERT_GATE)
+  up = names.tag(project("wi_1", x, wi_1), names.EXPERT_UP)
+  return names.tag(project("wo", act(gate) * up, wo), names.EXPERT_DOWN)
 
 
 def _matmul(site: str, x: jax.Array, w: jax.Array) -> jax.Array:

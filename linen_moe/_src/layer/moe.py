@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src.config.moe_config import MoEConfig
+from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.layer import dense
 from linen_moe._src.layer import expert
 from linen_moe._src.layer import expert_parallel
@@ -257,7 +258,9 @@ class RoutedMoE(JitInit, nn.Module):
       router_in = routing.jitter(
           router_in, cfg.router_jitter, self.make_rng(stream)
       )
-    logits = gate(router_in)  # [T, E]
+    logits = checkpoint_names.tag(
+        gate(router_in), checkpoint_names.ROUTER_LOGITS
+    )  # [T, E]
     scale = None
     if cfg.per_expert_scale:
       scale = self.param(

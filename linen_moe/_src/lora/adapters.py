@@ -48,10 +48,10 @@ class AdaptedKernel:
   """A kernel and its adapter, as one operand of a contraction hook.
 
   Attributes:
-    base: the kernel [*lead, K, N]: an array, or a serving layer's
+    base: the kernel ``[*lead, K, N]``: an array, or a serving layer's
       `StoredKernel`.
-    a: [*lead, K, r] the adapter's down-projection.
-    b: [*lead, r, N] its up-projection.
+    a: ``[*lead, K, r]``, the adapter's down-projection.
+    b: ``[*lead, r, N]``, its up-projection.
     scale: alpha / r.
     dropout: the dropout rate of the adapter's input.
   """

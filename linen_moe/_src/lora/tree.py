@@ -70,7 +70,7 @@ def join(adapters: Mapping, frozen: Mapping) -> dict:
 
 def count_trainable(params: Mapping) -> int:
   """The number of adapter parameters in a `params` tree (arrays or
-  `jax.ShapeDtypeStruct`s, boxed or not)."""
+  `jax.ShapeDtypeStruct` leaves, boxed or not)."""
   params = sharding.unbox(dict(params))
   return sum(
       int(np.prod(v.shape)) for p, v in _flat(params).items() if is_adapter(p)

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 
 from linen_moe._src.config.decoder_fields import ATTENTION_IMPLEMENTATIONS
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.lora import adapters as lora_adapters
 from linen_moe._src.lora.config import LoRAConfig
 from linen_moe._src.models import attention_blockwise
@@ -454,6 +455,7 @@ class CausalSelfAttention(nn.Module):
       k, v = cached["key"], cached["value"]
       segment_ids, key_segment_ids = valid.astype(jnp.int32), key_valid
       key_segment_ids = key_segment_ids.astype(jnp.int32)
+    q, k, v = checkpoint_names.tag_qkv(q, k, v)
     attended = attend(
         q,
         k,

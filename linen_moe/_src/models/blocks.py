@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.layer import variables
 from linen_moe._src.layer.expert import SharedExpert
 from linen_moe._src.layer.moe import RoutedAndSharedMoE
@@ -92,7 +93,9 @@ class DecoderBlock(nn.Module):
           cfg, self.decode, self.full, name="attention"
       )
     h = RMSNorm(cfg.norm_eps, name="pre_attention_norm")(x)
-    out = attention(h, positions, segment_ids)
+    out = checkpoint_names.tag(
+        attention(h, positions, segment_ids), checkpoint_names.ATTENTION_OUT
+    )
     if cfg.post_attention_norm:
       out = RMSNorm(cfg.norm_eps, name="post_attention_norm")(out)
     return x + out
@@ -101,6 +104,7 @@ class DecoderBlock(nn.Module):
     """x + the MLP's output (normed with `post_mlp_norm`), times the
     layer's scalar."""
     cfg = self.config
+    mlp_out = checkpoint_names.tag(mlp_out, checkpoint_names.MOE_OUTPUT)
     if cfg.post_mlp_norm:
       mlp_out = RMSNorm(cfg.norm_eps, name="post_mlp_norm")(mlp_out)
     x = x + mlp_out.astype(x.dtype)
@@ -137,6 +141,7 @@ class DecoderBlock(nn.Module):
     cfg, moe_cfg = self.config, self.config.moe
     if self.kind not in (MOE, DENSE):
       raise ValueError(f"kind={self.kind!r}; expected {(MOE, DENSE)}.")
+    x = checkpoint_names.tag(x, checkpoint_names.LAYER_INPUT)
     x = self._attention(x, positions, segment_ids)
     if self.kind == DENSE:
       h = RMSNorm(cfg.norm_eps, name="pre_mlp_norm")(x)

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.models.attention import Projection
 from linen_moe._src.models.attention import attend
 from linen_moe._src.models.attention import attention_mask
@@ -183,6 +184,7 @@ class MultiHeadLatentAttention(nn.Module):
       k_rot = jnp.broadcast_to(k_rot, (*k_rot.shape[:2], n, dr))
       k = jnp.concatenate([k_nope, k_rot.astype(k_nope.dtype)], axis=-1)
       q = jnp.concatenate([q_nope, q_rot], axis=-1)
+      q, k, v = checkpoint_names.tag_qkv(q, k, v)
       attended = attend(
           q,
           k,

@@ -3,12 +3,24 @@
 Each block is wrapped in `nn.remat` (`jax.checkpoint`) with a policy that
 says which of its tensors the backward pass keeps; the rest of the block is
 recomputed from them. The tensors are named in the blocks
-(`linen_moe._src.layer.checkpoint_names`):
+(`linen_moe._src.layer.checkpoint_names`); `SAVED_NAMES` lists each
+policy's:
 
-  "none"   no remat: every activation the backward pass reads is kept.
-  "full"   nothing inside the block: only its input (the residual stream,
-           [B, S, M] per layer) is kept, and the whole block runs again in
-           the backward pass.
+  "none"                    no remat: every activation the backward pass
+                            reads is kept.
+  "full"                    nothing inside the block: only its input (the
+                            residual stream, [B, S, M] per layer) is kept,
+                            and the whole block runs again in the backward
+                            pass.
+  "save_experts"            the router logits, the gated MLPs' three
+                            contractions (x wi_0, x wi_1, h wo) and the
+                            MLP output: the attention and the norms are
+                            recomputed, no expert matmul is.
+  "save_attention_experts"  those and the attention's q, k, v and output:
+                            the projections are not recomputed either.
+  "offload"                 as "full", with each layer's input moved to
+                            host memory ("pinned_host") after the forward
+                            pass and back for the backward pass.
 
 A block's variables, its RNG streams and its numbers are the same under
 every policy: Linen's lifted remat replays the same RNG keys in the
@@ -23,15 +35,36 @@ from collections.abc import Callable
 import functools
 
 import flax.linen as nn
+import jax
 
 from linen_moe._src.config.model_config import REMAT_POLICIES
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.layer import checkpoint_names as names
 
-# The names each policy saves on the device (None: no remat).
+_EXPERTS = (
+    names.ROUTER_LOGITS,
+    names.EXPERT_GATE,
+    names.EXPERT_UP,
+    names.EXPERT_DOWN,
+    names.MOE_OUTPUT,
+)
+# The names each policy keeps on the device (None: no remat).
 SAVED_NAMES: dict[str, tuple[str, ...] | None] = {
     "none": None,
     "full": (),
+    "save_experts": _EXPERTS,
+    "save_attention_experts": (
+        names.QUERY,
+        names.KEY,
+        names.VALUE,
+        names.ATTENTION_OUT,
+        *_EXPERTS,
+    ),
+    "offload": (),
 }
+# The names each policy moves to host memory.
+OFFLOADED_NAMES: dict[str, tuple[str, ...]] = {"offload": (names.LAYER_INPUT,)}
+HOST_MEMORY = "pinned_host"
 assert set(SAVED_NAMES) == set(REMAT_POLICIES)
 
 
@@ -42,13 +75,24 @@ def policy(remat: str) -> Callable | None:
     remat: one of `REMAT_POLICIES`.
 
   Returns:
-    The policy, or None for "none" (no remat) and "full" (save nothing).
+    The policy: None for "none" (no remat at all) and for "full" (save
+    nothing, `jax.checkpoint`'s default).
 
   Raises:
     ValueError: if `remat` is not one of `REMAT_POLICIES`.
   """
   if remat not in SAVED_NAMES:
     raise ValueError(f"remat={remat!r} is invalid: allowed {REMAT_POLICIES}.")
+  saved, offloaded = SAVED_NAMES[remat], OFFLOADED_NAMES.get(remat, ())
+  if offloaded:
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=list(saved),
+        names_which_can_be_offloaded=list(offloaded),
+        offload_src="device",
+        offload_dst=HOST_MEMORY,
+    )
+  if saved:
+    return jax.checkpoint_policies.save_only_these_names(*saved)
   return None
 
 
