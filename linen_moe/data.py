@@ -2,7 +2,8 @@
 
 Files become a `Corpus` (`read_corpus`: text tokenized with a Hugging Face
 `tokenizer.json`, or pre-tokenized `.npy` / flat uint16 / uint32 ids), cut
-into packed or padded sequences with a loss mask, shuffled with a seed and
+into packed or padded sequences with a loss mask (or whole documents packed
+first fit into rows, with segment ids and positions: `first_fit`), shuffled with a seed and
 split into training and held-out batches (`DataPipeline`); each process
 reads only its rows of each global batch (`process_rows`, `global_batch`),
 and the Grain iterator's state goes into a checkpoint (`IteratorSave`,
@@ -43,7 +44,14 @@ _EXPORTS = {
         "IteratorRestore",
         "IteratorSave",
     ),
-    "linen_moe._src.data.packing": ("PACKINGS", "Sequences", "pack", "pad"),
+    "linen_moe._src.data.packing": (
+        "PACKINGS",
+        "Sequences",
+        "first_fit",
+        "first_fit_rows",
+        "pack",
+        "pad",
+    ),
     "linen_moe._src.data.pipeline": ("DataPipeline",),
     "linen_moe._src.data.shards": ("global_batch", "process_rows"),
     "linen_moe._src.data.sources": (

@@ -29,6 +29,7 @@ from linen_moe._src.models.decoder import embedding
 from linen_moe._src.models.decoder import layer_aux
 from linen_moe._src.models.decoder import logits_of
 from linen_moe._src.models.decoder import output_head
+from linen_moe._src.models.decoder import output_kernel
 from linen_moe._src.models.decoder import scale_embeddings
 from linen_moe._src.models.decoder import scanned_to_unrolled
 from linen_moe._src.models.decoder import unrolled_to_scanned
@@ -58,6 +59,7 @@ __all__ = [
     "layer_name",
     "logits_of",
     "output_head",
+    "output_kernel",
     "per_layer_aux",
     "remat_block",
     "remat_policy",

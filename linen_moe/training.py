@@ -11,6 +11,8 @@ from typing import Any as _Any
 
 from linen_moe._src import deprecation as _deprecation
 from linen_moe._src.models.decoder import routed_bias_rule
+from linen_moe._src.training.chunked_loss import chunked_cross_entropy
+from linen_moe._src.training.chunked_loss import vocab_chunk_size
 from linen_moe._src.training.evaluation import make_eval_step
 from linen_moe._src.training.evaluation import variables_of
 from linen_moe._src.training.frontend import LinenFrontend
@@ -30,6 +32,7 @@ from linen_moe._src.training.step import TrainState
 from linen_moe._src.training.step import accumulate_gradients
 from linen_moe._src.training.step import cross_entropy
 from linen_moe._src.training.step import decoder_loss
+from linen_moe._src.training.step import hidden_decoder_loss
 from linen_moe._src.training.step import init_train_state
 from linen_moe._src.training.step import loss_weights
 from linen_moe._src.training.step import make_train_step
@@ -48,10 +51,12 @@ __all__ = [
     "TrainingFrontend",
     "accumulate_gradients",
     "all_finite",
+    "chunked_cross_entropy",
     "cross_entropy",
     "decays",
     "decoder_loss",
     "default_optimizer",
+    "hidden_decoder_loss",
     "init_train_state",
     "keep_if_finite",
     "learning_rate_schedule",
@@ -63,6 +68,7 @@ __all__ = [
     "train_batch",
     "train_state_from_variables",
     "variables_of",
+    "vocab_chunk_size",
     "weight_decay_mask",
 ]
 

@@ -97,9 +97,10 @@ class TrainOptions:
       assistant's tokens; `linen_moe.data.read_chat`) (default: from the
       extension; chat is never inferred).
     data_dtype: the ids' dtype of "bin" files ("uint16" or "uint32").
-    packing: "pack" (windows across documents) or "pad" (a document per
-      window, padding masked out of the loss); default "pad" for chat
-      data, else "pack".
+    packing: "pack" (windows across documents), "pad" (a document per
+      window, padding masked out of the loss) or "first_fit" (documents
+      packed whole into rows as segments, `linen_moe.data.first_fit`);
+      default "pad" for chat data, else "pack".
     eod_id: the end-of-document id (default: the tokenizer's; none for
       pre-tokenized ids).
     eval_every: at every N-th step, the held-out loss and perplexity

@@ -29,9 +29,11 @@ from linen_moe import training
 from linen_moe.tokens import validate_tokens
 from linen_moe_cli.options import TrainOptions
 
-# One step's batch: tokens <int32>[B, S] and the loss mask <bool>[B, S]
-# (None: every position is real, the step's unmasked loss).
-Batch = tuple[jax.Array, jax.Array | None]
+# One step's batch: tokens <int32>[B, S], the loss mask <bool>[B, S] (None:
+# every position is real, the step's unmasked loss), and for rows packed
+# first fit the segment ids and positions <int32>[B, S] (else None).
+Batch = tuple[jax.Array, jax.Array | None, jax.Array | None, jax.Array | None]
+BATCH_FIELDS = ("tokens", "mask", "segment_ids", "positions")
 
 
 def tokenizer_path(opts: TrainOptions) -> str | None:
@@ -74,7 +76,8 @@ class MarkovSource:
     for b in self.data.batches(
         self.opts.batch_size, self.opts.seq_len, self.seed, start=start
     ):
-      yield self.place(validate_tokens(b, self.vocab_size, name="batch")), None
+      tokens = self.place(validate_tokens(b, self.vocab_size, name="batch"))
+      yield tokens, None, None, None
 
   def sample(self) -> jax.Array:
     return next(self.batches(0))[0]
@@ -109,6 +112,7 @@ class CorpusSource:
         "eval_fraction": opts.eval_fraction,
     }
     self.chat = opts.data_format == data.CHAT_FORMAT
+    self.segmented = opts.packing == "first_fit"
     if self.chat:  # every row has a mask: the assistant's tokens
       chat = data.read_chat(
           opts.data,
@@ -140,29 +144,37 @@ class CorpusSource:
     self.iterator = self.pipeline.train_iterator(self.rows)
     self.meta = {"kind": "corpus", "pipeline": self.pipeline.describe()}
 
-  def place(self, local: dict[str, np.ndarray]) -> tuple[jax.Array, jax.Array]:
-    """(tokens, mask) global arrays from this process's rows."""
+  def place(self, local: dict[str, np.ndarray]) -> Batch:
+    """(tokens, mask, segment_ids, positions) global arrays from this
+    process's rows; the last two None unless the rows are packed first
+    fit."""
+    names = ["tokens", "mask"]
+    if self.segmented:
+      names += ["segment_ids", "positions"]
+    local = {k: local[k] for k in names}
     if self.sharding is None:
-      return jnp.asarray(local["tokens"]), jnp.asarray(local["mask"])
-    batch = data.global_batch(
-        local, self.rows, self.sharding, self.opts.batch_size
-    )
-    return batch["tokens"], batch["mask"]
+      batch = {k: jnp.asarray(v) for k, v in local.items()}
+    else:
+      batch = data.global_batch(
+          local, self.rows, self.sharding, self.opts.batch_size
+      )
+    return tuple(batch.get(k) for k in BATCH_FIELDS)
 
   def batches(self, start: int) -> Iterator[Batch]:
     """The training batches from where the iterator is (global batch
     `start`: 0, or where `restore` put it); packed batches of text or ids
-    come without a mask (every position is real)."""
+    come without a mask (every position is real); rows packed first fit
+    with their segment ids and positions."""
     position = self.iterator.get_state().get("next_index")
     if position != start:
       raise ValueError(
           f"the data iterator is at global batch {position}, not at step "
           f"{start} where the run resumes."
       )
-    masked = self.opts.packing == "pad" or self.chat
+    masked = self.opts.packing != "pack" or self.chat
     for local in self.iterator:
-      tokens, mask = self.place(local)
-      yield tokens, mask if masked else None
+      tokens, mask, segment_ids, positions = self.place(local)
+      yield tokens, mask if masked else None, segment_ids, positions
 
   def sample(self) -> jax.Array:
     return self.place(self.pipeline.train_dataset(self.rows)[0])[0]
@@ -184,8 +196,10 @@ class Evaluator:
   def __init__(self, cfg, fe, run, source: CorpusSource):
     eval_step = training.make_eval_step(Decoder(cfg))
 
-    def fn(state, tokens, mask):
-      return eval_step(training.variables_of(fe, state), tokens, mask)
+    def fn(state, tokens, mask, segment_ids, positions):
+      return eval_step(
+          training.variables_of(fe, state), tokens, mask, segment_ids, positions
+      )
 
     self.run = run
     if run is None:
@@ -196,11 +210,11 @@ class Evaluator:
 
   def __call__(self, state) -> float:
     total, count = 0.0, 0.0
-    for tokens, mask in self.batches:
+    for batch in self.batches:
       if self.run is None:
-        s, c = self._fn(state, tokens, mask)
+        s, c = self._fn(state, *batch)
       else:
         with self.run.context():
-          s, c = self._fn(state, tokens, mask)
+          s, c = self._fn(state, *batch)
       total, count = total + float(s), count + float(c)
     return total / max(count, 1.0)

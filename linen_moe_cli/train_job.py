@@ -292,6 +292,9 @@ def _train_from(
   """Restores a checkpoint (`resume`) or initialises, and trains to the
   end."""
   fe, run, cfg, source = job.fe, job.run, job.cfg, job.data
+  fill = source.meta.get("pipeline", {}).get("fill_fraction")
+  if fill is not None:
+    log(f"packing first_fit: {100 * fill:.1f}% of positions hold tokens.")
   # The state's shapes (and a fresh one's values) come from any batch.
   sample = source.sample()
   start, state, rng = 0, None, jax.random.key(opts.seed)
@@ -366,12 +369,11 @@ def _train_from(
     for i in bar:
       profiler.before(i + 1)
       meter.start()
-      tokens, mask = next(stream)
+      tokens, *extras = next(stream)
       key = jax.random.fold_in(rng, i)
-      if mask is None:  # every position real: the unmasked loss
-        state, metrics = step(state, tokens, key)
-      else:
-        state, metrics = step(state, tokens, key, mask)
+      while extras and extras[-1] is None:  # e.g. every position real: the
+        extras.pop()  # unmasked loss, the step without a mask
+      state, metrics = step(state, tokens, key, *extras)
       loss = float(metrics["cross_entropy"])
       speed = meter.stop()
       profiler.after(i + 1)

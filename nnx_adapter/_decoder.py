@@ -142,6 +142,7 @@ class Decoder(nnx.Module):
       rng: jax.Array | None = None,
       segment_ids: jax.Array | None = None,
       positions: jax.Array | None = None,
+      hidden_only: bool = False,
   ):
     """Runs the decoder on a batch of token ids.
 
@@ -154,6 +155,9 @@ class Decoder(nnx.Module):
         in `linen_moe.Decoder`.
       positions: optional <int>[B, S] positions >= 0; None: restarting at
         0 in each segment, as in `linen_moe.Decoder`.
+      hidden_only: return the final normalized hidden state [B, S, M] in
+        place of the logits (the loss applies the head, `output_kernel`,
+        chunk by chunk: `linen_moe.training.hidden_decoder_loss`).
 
     Returns:
       A pair (logits <float32>[B, S, V], aux), the Linen decoder's.
@@ -216,9 +220,22 @@ class Decoder(nnx.Module):
     x, after = unrolled(x, plan.after)
     per_layer = models.per_layer_aux(cfg, before, stacked, after)
     x = self.final_norm(x)
+    if hidden_only:
+      return x, models.layer_aux(per_layer, cfg)
     head = None if cfg.tie_embeddings else self.logits
     logits = models.logits_of(cfg, self.embed, head, x)  # [B, S, V]
     return logits, models.layer_aux(per_layer, cfg)
+
+  def output_kernel(self) -> jax.Array:
+    """The output head as one matrix.
+
+    Returns:
+      [M, V], the tied embedding's transpose or the head's kernel (as
+      `linen_moe.models.output_kernel`).
+    """
+    if self.config.tie_embeddings:
+      return self.embed.embedding.get_value().T
+    return self.logits.kernel.get_value()
 
 
 def init_decoder(

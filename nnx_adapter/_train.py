@@ -120,6 +120,9 @@ def apply_routed_bias_rule(
 def decoder_loss(model: nnx.Module, batch, rng: jax.Array):
   """`linen_moe.training.decoder_loss` of the NNX decoder on `batch`.
 
+  The head is applied chunk by chunk (`hidden_decoder_loss`): no [B, S, V]
+  logits are held.
+
   Args:
     model: the NNX `Decoder`, called as `model(tokens, rng=rng,
       segment_ids=..., positions=...)`.
@@ -142,13 +145,21 @@ def decoder_loss(model: nnx.Module, batch, rng: jax.Array):
   elif not isinstance(batch, dict):
     batch = {"tokens": batch}
   tokens = batch["tokens"]
-  logits, aux = model(
+  hidden, aux = model(
       tokens,
       rng=rng,
       segment_ids=batch.get("segment_ids"),
       positions=batch.get("positions"),
+      hidden_only=True,
   )
-  return linen_train.decoder_loss(logits, aux, tokens, batch.get("weights"))
+  return linen_train.hidden_decoder_loss(
+      hidden,
+      model.output_kernel(),
+      aux,
+      tokens,
+      batch.get("weights"),
+      softcap=model.config.final_logit_softcap,
+  )
 
 
 def train_step(

@@ -345,6 +345,30 @@ class RowsTest(absltest.TestCase):
     loss_tokens = pipeline.describe()["corpus"]["loss_tokens"]
     self.assertEqual(loss_tokens, int(chat.loss_mask.sum()))
 
+  def test_first_fit_rows_count_the_assistant_tokens(self):
+    # Whole conversations as segments of rows of 128: the targets counted
+    # (mask at t and t + 1, one segment) are the assistant's tokens but
+    # each conversation's first, never one across two conversations.
+    chat, pipeline = self._chat("first_fit", 128)
+    learned, packed = 0, 0
+    for rows in (pipeline.train, pipeline.eval):
+      for i in range(len(rows)):
+        item, pieces = rows[i], rows.windows.pieces(i)
+        packed += len(pieces) > 1
+        seg = item["segment_ids"]
+        counted = item["mask"][:-1] & item["mask"][1:] & (seg[:-1] == seg[1:])
+        want, at = np.zeros(127, bool), 0
+        for start, length in pieces:
+          want[at : at + length - 1] = chat.loss_mask[
+              start + 1 : start + length
+          ]
+          at += length
+        np.testing.assert_array_equal(counted, want)
+        learned += int(want.sum())
+    self.assertGreater(packed, 0)
+    firsts = chat.loss_mask[chat.corpus.documents[:, 0]].sum()
+    self.assertEqual(learned, int(chat.loss_mask.sum() - firsts))
+
   def test_rows_refuse_what_the_mask_cannot_say(self):
     chat, _ = self._chat()
     mask = chat.loss_mask.copy()

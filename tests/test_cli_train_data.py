@@ -180,6 +180,19 @@ class ResumeTest(_Corpus):
     self.assertLen(_metrics(dirs["split"]), STEPS)
 
 
+@testing.slow
+class FirstFitTest(_Corpus):
+
+  def test_first_fit_rows_train_with_segments(self):
+    # Two steps of two microbatches and one held-out loss, on rows packed
+    # first fit: the fill is reported, the losses are finite.
+    out = self.train(
+        self.tempdir(), 2, "--eval-every", "2", "--packing", "first_fit"
+    )
+    self.assertRegex(out, r"packing first_fit: \d+\.\d% of positions hold")
+    self.assertRegex(out, r"step 2: held-out loss \d+\.\d+")
+
+
 class BadInputTest(_Corpus):
   """Each bad input is one line naming the file and the problem, exit
   status 2, before any step (no metrics row, no checkpoint)."""

@@ -24,6 +24,7 @@ from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import data
 from linen_moe import load_model_config
+from linen_moe import models
 from linen_moe import testing
 from linen_moe import training
 
@@ -102,6 +103,62 @@ class PackingTest(absltest.TestCase):
     # [1 2 3 4 0] in windows of 4: the second window would hold only "0".
     tokens, _ = _rows(data.pad(_stream_corpus(self, [1, 2, 3, 4, 0]), 4))
     self.assertEqual(tokens, [[1, 2, 3, 4]])
+
+  def test_first_fit_packs_whole_documents_as_segments(self):
+    # seq 7: windows [5 6 7 0] [8 9 0] [3 4 5 6 7 0]; longest first, the
+    # 6 opens row A, the 4 row B, the 3 fits in B; B starts first.
+    rows = data.first_fit(_stream_corpus(self), 7, pad_id=15)
+    items = [rows[i] for i in range(len(rows))]
+    self.assertEqual(
+        [x["tokens"].tolist() for x in items],
+        [[5, 6, 7, 0, 8, 9, 0], [3, 4, 5, 6, 7, 0, 15]],
+    )
+    self.assertEqual(
+        [x["segment_ids"].tolist() for x in items],
+        [[1, 1, 1, 1, 2, 2, 2], [1, 1, 1, 1, 1, 1, 0]],
+    )
+    self.assertEqual(
+        [x["positions"].tolist() for x in items],
+        [[0, 1, 2, 3, 0, 1, 2], [0, 1, 2, 3, 4, 5, 0]],
+    )
+    self.assertEqual(items[1]["mask"].tolist(), [1] * 6 + [0])
+    self.assertAlmostEqual(rows.fill_fraction, 13 / 14)
+    first, second = rows.split(1)
+    self.assertEqual(first[0]["tokens"].tolist(), items[0]["tokens"].tolist())
+    self.assertEqual(second[0]["tokens"].tolist(), items[1]["tokens"].tolist())
+    for x in items:  # the positions the decoders would derive
+      np.testing.assert_array_equal(
+          models.segment_positions(x["segment_ids"][None])[0], x["positions"]
+      )
+
+  def test_first_fit_rows_match_a_plain_loop(self):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 33, 300)
+    rows, room = [], []  # the definition, one row at a time
+    for p in np.argsort(-lengths, kind="stable"):
+      r = next((r for r, left in enumerate(room) if left >= lengths[p]), None)
+      if r is None:
+        rows.append([]), room.append(32)
+        r = len(rows) - 1
+      rows[r].append(int(p))
+      room[r] -= int(lengths[p])
+    self.assertEqual(data.first_fit_rows(lengths, 32), rows)
+
+  def test_first_fit_fills_the_license_texts(self):
+    corpus = data.read_corpus(
+        testing.license_texts(), tokenizer=_Tokenizer.get(), vocab_size=256
+    )
+    rows = data.first_fit(corpus, 1024)
+    self.assertGreaterEqual(rows.fill_fraction, 0.95)
+    self.assertLess(data.pad(corpus, 1024).fill_fraction, 0.95)
+    pipeline = data.DataPipeline(
+        corpus, seq_len=1024, batch_size=2, packing="first_fit"
+    )
+    self.assertGreaterEqual(pipeline.describe()["fill_fraction"], 0.95)
+    self.assertEqual(
+        sorted(next(pipeline.train_iterator())),
+        ["mask", "positions", "segment_ids", "tokens"],
+    )
 
   def test_files_concatenate_in_sorted_order(self):
     directory = _tempdir(self)

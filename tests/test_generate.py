@@ -7,7 +7,8 @@ length-5 prompts have transformers' greedy continuations (generate.npy);
 the other rows are checked against decoding them alone. Every call by
 default shares two compiled programs: the batch (8 rows) and a row alone,
 both with prompts bucketed to 32 columns and a cache of 64. Serving
-weights, longer prompts and greedy_generate's equality are @slow.
+weights, longer prompts, the other families' fixtures, the NNX front end
+on each, and greedy_generate's equality are @slow.
 """
 
 import functools
@@ -32,9 +33,18 @@ SLOW_LENGTHS = (64, 300)
 SAMPLING = dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.02)
 
 
+# Every family's fixture, for the @slow products.
+FAMILIES = (
+    "mixtral_gqa_swa",
+    "gemma4_text_moe_keqv",
+    "deepseek_v3_plain_nogroup",
+    "qwen3_moe_dense0_norm",
+)
+
+
 @functools.cache
-def _model(mode: str = "none"):
-  config, variables = hf_helpers.load(FIXTURE, False)
+def _model(mode: str = "none", fixture: str = FIXTURE):
+  config, variables = hf_helpers.load(fixture, False)
   if mode != "none":
     config, variables = quantization.quantize_weights(
         config.replace(quantization=mode), variables
@@ -52,8 +62,8 @@ def _prompts(lengths=LENGTHS):
   return [ids[0, :p].tolist(), ids[1, :p].tolist()] + extra
 
 
-def _generate(prompts, mode="none", **kwargs):
-  config, variables = _model(mode)
+def _generate(prompts, mode="none", fixture=FIXTURE, **kwargs):
+  config, variables = _model(mode, fixture)
   return decoding.generate(
       config, variables, prompts, max_new_tokens=NEW, **kwargs
   )
@@ -144,16 +154,24 @@ class MixedLengthsTest(absltest.TestCase):
       )
 
   @slow
-  def test_long_mixed_lengths_float_and_serving(self):
+  def test_long_mixed_lengths_families_front_ends_and_serving(self):
     prompts = _prompts(LENGTHS + SLOW_LENGTHS)
     seeds = list(range(len(prompts)))
-    for mode in ("none", "int8", "fp8"):
-      for kwargs in ({}, dict(seed=seeds, **SAMPLING)):
-        batch = _generate(prompts, mode, **kwargs)
-        for i, prompt in enumerate(prompts):
-          one = {"seed": [seeds[i]]} if kwargs else {}
-          alone = _generate([prompt], mode, **(kwargs | one))
-          self.assertEqual(batch.tokens[i], alone.tokens[0], (mode, i))
+    for fixture in FAMILIES:
+      vocab = _model("none", fixture)[0].vocab_size
+      rows = [[t % vocab for t in p] for p in prompts]
+      for mode in ("none", "int8", "fp8"):
+        for kwargs in ({}, dict(seed=seeds, **SAMPLING)):
+          case = (fixture, mode, bool(kwargs))
+          batch = _generate(rows, mode, fixture, **kwargs)
+          for i, prompt in enumerate(rows):
+            one = {"seed": [seeds[i]]} if kwargs else {}
+            alone = _generate([prompt], mode, fixture, **(kwargs | one))
+            self.assertEqual(batch.tokens[i], alone.tokens[0], (case, i))
+          config, variables = _model(mode, fixture)
+          model = nnx_adapter.Decoder.from_linen(config, variables)
+          nnx = nnx_adapter.generate(model, rows, max_new_tokens=NEW, **kwargs)
+          self.assertEqual(nnx, batch, case)
 
 
 class StopIdsTest(absltest.TestCase):

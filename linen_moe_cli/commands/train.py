@@ -204,13 +204,16 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
   )
   group.add_argument(
       "--packing",
-      choices=("pack", "pad"),
+      choices=("pack", "pad", "first_fit"),
       default=train_default("packing"),
       help=(
           "pack: sequences cut across documents (each ends with the "
-          "end-of-document token); pad: sequences cut within each document, "
-          "the last one padded, the padding masked out of the loss "
-          "(default: pad for chat data, else pack)"
+          "end-of-document token), a continuous stream; pad: sequences cut "
+          "within each document, the last one padded, the padding masked "
+          "out of the loss; first_fit: the documents (cut as for pad) "
+          "packed whole into rows, first fit decreasing, each a segment "
+          "that attends only to itself, its positions from 0, the fill "
+          "fraction reported (default: pad for chat data, else pack)"
       ),
   )
   group.add_argument(

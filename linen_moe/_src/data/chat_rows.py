@@ -19,9 +19,10 @@ assistant reply in one token, and `ChatPipeline` refuses data where it
 happens. So the step counts exactly the assistant's tokens, in both front
 ends, on any mesh and in the held-out loss, with no other change to them.
 
-A packing that places several conversations in a row with segment ids
-plugs in the same way: its rows are ranges of the stream, and their masks
-are read from the loss mask over those ranges.
+"first_fit" places several conversations (or windows of them) in a row,
+each its own segment: the row's mask is read piece by piece from the loss
+mask over each piece's range, and the segment ids keep the loss from the
+target that crosses from one piece into the next.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from linen_moe._src.data import packing as packing_lib
 from linen_moe._src.data import pipeline
 from linen_moe._src.data.chat import ChatCorpus
 
-# The packings whose rows are single ranges of the stream.
-CHAT_PACKINGS = ("pad", "pack")
+# The packings of chat rows (each row's pieces are ranges of the stream).
+CHAT_PACKINGS = ("pad", "pack", "first_fit")
 
 
 def chat_step_mask(loss_mask: np.ndarray) -> np.ndarray:
@@ -70,11 +71,18 @@ class ChatSequences:
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
     item = self.windows[index]
-    start = int(self.windows.starts[index])
-    length = int(self.windows.lengths[index])
     mask = np.zeros_like(item["mask"])
-    mask[:length] = chat_step_mask(self.loss_mask[start : start + length])
-    return {"tokens": item["tokens"], "mask": mask}
+    at = 0
+    for start, length in self.windows.pieces(index):
+      piece = self.loss_mask[start : start + length]
+      mask[at : at + length] = chat_step_mask(piece)
+      at += length
+    return {**item, "mask": mask}
+
+  @property
+  def fill_fraction(self) -> float:
+    """The share of the rows' positions that hold ids."""
+    return self.windows.fill_fraction
 
   def __repr__(self) -> str:
     return f"ChatSequences({self.windows!r})"
@@ -146,7 +154,9 @@ class ChatPipeline(pipeline.DataPipeline):
     seq_len: S >= 2.
     batch_size: B >= 1, the global batch.
     packing: one of `CHAT_PACKINGS`: "pad" (default), a conversation's
-      ids in its own rows; "pack", across rows.
+      ids in its own rows; "pack", across rows; "first_fit",
+      conversations packed whole into rows as segments (rows carry
+      `segment_ids` and `positions`).
     seed: the shuffle's seed.
     eval_fraction: the share of the rows held out (the last ones).
     pad_id: the id of padded positions (default: `chat.corpus.eod_id`).

@@ -50,7 +50,7 @@ class DataPipeline:
     corpus = data.read_corpus("notes/*.txt", tokenizer="tokenizer.json")
     pipeline = data.DataPipeline(corpus, seq_len=128, batch_size=8)
     batches = pipeline.train_iterator()
-    batch = next(batches)  # {"tokens": <int32>[8, 128], "mask": <bool>[8, 128]}
+    batch = next(batches)  # tokens, mask, segment_ids, positions: [8, 128]
 
   Attributes:
     corpus: the corpus.
@@ -67,7 +67,7 @@ class DataPipeline:
     corpus: see `sources.read_corpus`.
     seq_len: S >= 2.
     batch_size: B >= 1, the global batch.
-    packing: "pack" or "pad" (see `packing`).
+    packing: "pack", "pad" or "first_fit" (see `packing`).
     seed: the shuffle's seed, in [0, 2**32).
     eval_fraction: in [0, 1): the share held out, rounded up to whole
       sequences (0: none).
@@ -130,7 +130,9 @@ class DataPipeline:
 
     Returns:
       A `grain.MapDataset` whose element k is `rows` of global batch k,
-      `{"tokens": <int32>[rows, S], "mask": <bool>[rows, S]}`.
+      `{"tokens": <int32>[rows, S], "mask": <bool>[rows, S],
+      "segment_ids": <int32>[rows, S], "positions": <int32>[rows, S]}`
+      (`packing.Sequences`).
 
     Raises:
       ValueError: if `rows` is not an equal block of the batch.
@@ -190,9 +192,15 @@ class DataPipeline:
     Returns:
       A JSON-serialisable dict of the corpus (`Corpus.describe`), seq_len,
       batch_size, packing, seed, eval_fraction and the sequence counts (a
-      run resumes only on the same, `check_same`).
+      run resumes only on the same, `check_same`); for "first_fit" also
+      `fill_fraction`, the share of the training rows' positions that hold
+      ids.
     """
+    extra = {}
+    if self.packing == "first_fit":
+      extra["fill_fraction"] = round(self.train.fill_fraction, 6)
     return {
+        **extra,
         "corpus": self.corpus.describe(),
         "seq_len": self.seq_len,
         "batch_size": self.batch_size,

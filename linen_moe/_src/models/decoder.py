@@ -190,6 +190,23 @@ def logits_of(cfg: ModelConfig, embed, head, x: jax.Array) -> jax.Array:
   return sharding.constrain(logits, sharding.BSM[:2] + ("activation_vocab",))
 
 
+def output_kernel(cfg: ModelConfig, params: dict) -> jax.Array:
+  """The output head as one matrix [M, V], from a decoder's params.
+
+  Args:
+    cfg: the decoder's config.
+    params: its `params` collection (unboxed).
+
+  Returns:
+    `embed/embedding` transposed when the head is tied, else
+    `logits/kernel`: what `linen_moe.training.chunked_cross_entropy`
+    multiplies the hidden state by (logits = hidden @ kernel, in float32).
+  """
+  if cfg.tie_embeddings:
+    return params["embed"]["embedding"].T
+  return params["logits"]["kernel"]
+
+
 class Decoder(JitInit, nn.Module):
   """The reference decoder: tokens <int32>[B, S] -> (logits [B, S, V], aux).
 
@@ -219,11 +236,16 @@ class Decoder(JitInit, nn.Module):
     last_logits_only: logits of the last position only, [B, 1, V]: what
       decoding needs, so that a prompt of S tokens costs one row of the
       output head, not S (and no [B, S, V] buffer).
+    hidden_only: return the final normalized hidden state [B, S, M] in
+      place of the logits, and apply no head: the loss owns the head
+      (`linen_moe.training.chunked_cross_entropy` with `output_kernel`),
+      so no [B, S, V] logits are ever held.
   """
 
   config: ModelConfig
   decode: bool = False
   last_logits_only: bool = False
+  hidden_only: bool = False
 
   def _start(self, tokens: jax.Array):
     """The first position of `tokens`: 0, or after the cached ones less
@@ -262,7 +284,9 @@ class Decoder(JitInit, nn.Module):
 
     Returns:
       A pair (logits <float32>[B, S, V], aux), `aux` as in the class
-      docstring; logits [B, 1, V] with `last_logits_only`.
+      docstring; logits [B, 1, V] with `last_logits_only`; with
+      `hidden_only` (when not initializing) the final normalized hidden
+      state [B, S, M] in place of the logits.
 
     Raises:
       TypeError: if `tokens` is not an integer array of rank 2.
@@ -311,6 +335,8 @@ class Decoder(JitInit, nn.Module):
     if self.last_logits_only:
       x = x[:, -1:]
     x = RMSNorm(cfg.norm_eps, name="final_norm")(x)
+    if self.hidden_only and not self.is_initializing():
+      return x, layer_aux(per_layer, cfg)
     head = None if cfg.tie_embeddings else output_head(cfg, name="logits")
     logits = logits_of(cfg, embed, head, x)  # [B, S, V]
     return logits, layer_aux(per_layer, cfg)

@@ -136,8 +136,8 @@ def resolve_positions(
       index when decoding).
 
   Returns:
-    <int32>[B, S]: `positions`; else `segment_positions(segment_ids)`;
-    else start, start + 1, ... in every row.
+    <int32>[B, S], `positions` if given, else `segment_positions` of the
+    segment ids if given, else start, start + 1, ... in every row.
   """
   if positions is not None:
     return jnp.asarray(positions, jnp.int32)

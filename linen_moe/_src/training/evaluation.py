@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.layer.variables import UPDATED_BY_RULE
+from linen_moe._src.models.segments import same_segment_targets
 
 
 def variables_of(frontend: Any, state: Any) -> dict:
@@ -39,10 +40,13 @@ def variables_of(frontend: Any, state: Any) -> dict:
 def make_eval_step(model: nn.Module):
   """The held-out loss of `model`, as a jittable function.
 
-  `eval_step(variables, tokens, mask=None)` takes the decoder's variables
-  (`variables_of` a train state), tokens <int32>[B, S] and a mask <bool>[B, S]
-  True at real ids (None: all real; the target at t + 1 counts where t and
-  t + 1 are both real), and returns (<float32>[] the summed cross-entropy in
+  `eval_step(variables, tokens, mask=None, segment_ids=None,
+  positions=None)` takes the decoder's variables (`variables_of` a train
+  state), tokens <int32>[B, S] and a mask <bool>[B, S] True at real ids
+  (None: all real; the target at t + 1 counts where t and t + 1 are both
+  real), and for packed rows their segment ids and positions <int32>[B, S]
+  (the decoder's; the target at t + 1 counts only where t and t + 1 are in
+  one segment, not padding), and returns (<float32>[] the summed cross-entropy in
   nats of the counted targets, <float32>[] how many there are): the mean
   over many batches is the sum of the first over the sum of the second. It
   is deterministic (no router jitter).
@@ -54,16 +58,17 @@ def make_eval_step(model: nn.Module):
     `eval_step`.
   """
 
-  def eval_step(variables, tokens, mask=None):
-    logits, _ = model.apply(variables, tokens)
+  def eval_step(variables, tokens, mask=None, segment_ids=None, positions=None):
+    logits, _ = model.apply(variables, tokens, segment_ids, positions)
     logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
     picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-    if mask is None:
-      weights = jnp.ones_like(picked)
-    else:
+    weights = jnp.ones(picked.shape, jnp.bool_)
+    if mask is not None:
       mask = jnp.asarray(mask, jnp.bool_)
       weights = jnp.logical_and(mask[:, :-1], mask[:, 1:])
-      weights = weights.astype(jnp.float32)
+    if segment_ids is not None:
+      weights &= same_segment_targets(segment_ids)
+    weights = weights.astype(jnp.float32)
     return -jnp.sum(picked * weights), jnp.sum(weights)  # [B, S-1] -> []
 
   return eval_step

@@ -22,8 +22,10 @@ from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.training import step as step_lib
 
 PyTree = Any
-# step(state, tokens <int32>[B, S], rng, mask <bool>[B, S] | None = None)
-#   -> (state, metrics); the mask (True at real ids) weights the loss.
+# step(state, tokens <int32>[B, S], rng, mask <bool>[B, S] | None = None,
+#   segment_ids <int32>[B, S] | None = None, positions ... = None)
+#   -> (state, metrics); the mask (True at real ids) weights the loss, the
+#   segment ids and positions describe packed rows.
 TrainStep = Callable[..., tuple[Any, dict]]
 
 
@@ -64,9 +66,11 @@ class TrainingFrontend(Protocol):
       grad_accum: microbatches per step (they must divide B).
 
     Returns:
-      The function `step(state, tokens, rng, mask=None) -> (state,
-      metrics)`, tokens <int32>[B, S]; a mask <bool>[B, S] makes the loss count only the
-      targets it marks real (`loss_weights`).
+      The function `step(state, tokens, rng, mask=None, segment_ids=None,
+      positions=None) -> (state, metrics)`, tokens <int32>[B, S]; a mask
+      <bool>[B, S] makes the loss count only the targets it marks real
+      (`loss_weights`); segment ids and positions <int32>[B, S] are those
+      of packed rows (`Decoder`'s).
     """
     ...
 

@@ -25,10 +25,12 @@ from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.layer.variables import UPDATED_BY_RULE
 from linen_moe._src.layer.variables import rng_dict
 from linen_moe._src.lora import tree as lora_tree
+from linen_moe._src.models.decoder import output_kernel
 from linen_moe._src.models.decoder import routed_bias_rule
 from linen_moe._src.models.segments import same_segment_targets
 from linen_moe._src.parallel import sharding
 from linen_moe._src.training import skip
+from linen_moe._src.training.chunked_loss import chunked_cross_entropy
 
 PyTree = Any
 
@@ -225,12 +227,62 @@ def decoder_loss(
   Raises:
     ValueError: (from `cross_entropy`) for fewer than 2 tokens per row.
   """
-  if segment_ids is not None:
-    if weights is None:
-      weights = loss_weights(None, segment_ids)
-    else:
-      weights = weights * same_segment_targets(segment_ids)
-  ce = cross_entropy(logits, tokens, weights)
+  weights = _segment_weights(weights, segment_ids)
+  return _with_aux(cross_entropy(logits, tokens, weights), aux)
+
+
+def _segment_weights(weights, segment_ids):
+  if segment_ids is None:
+    return weights
+  if weights is None:
+    return loss_weights(None, segment_ids)
+  return weights * same_segment_targets(segment_ids)
+
+
+def hidden_decoder_loss(
+    hidden: jax.Array,
+    kernel: jax.Array,
+    aux: dict[str, jax.Array],
+    tokens: jax.Array,
+    weights: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    *,
+    softcap: float = 0.0,
+    chunk_size: int | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """`decoder_loss` from the final hidden state: the head applied chunk by
+  chunk (`chunked_cross_entropy`), so no [B, S, V] logits are held.
+
+  The numbers and gradients are `decoder_loss`'s of the logits
+  `hidden @ kernel` (soft-capped) to float rounding.
+
+  Args:
+    hidden: [B, S, M] the decoder's final normalized hidden state
+      (`Decoder(..., hidden_only=True)`).
+    kernel: [M, V] its output head (`output_kernel(config, params)`).
+    aux: the decoder's auxiliary dict (see `decoder_loss`).
+    tokens: <int>[B, S] the input ids (also the shifted targets).
+    weights: optional <float32>[B, S - 1] target weights.
+    segment_ids: optional <int>[B, S] packed documents (see
+      `decoder_loss`).
+    softcap: `ModelConfig.final_logit_softcap` (0: none).
+    chunk_size: vocabulary entries per block (None: about 128 MiB of
+      float32 logits a block).
+
+  Returns:
+    `(loss, metrics)` as `decoder_loss`.
+
+  Raises:
+    ValueError: for fewer than 2 tokens per row.
+  """
+  weights = _segment_weights(weights, segment_ids)
+  ce = chunked_cross_entropy(
+      hidden, kernel, tokens, weights, softcap=softcap, chunk_size=chunk_size
+  )
+  return _with_aux(ce, aux)
+
+
+def _with_aux(ce, aux):
   loss = ce + aux["load_balance_loss"] + aux["router_z_loss"]
   return loss, {
       "loss": loss,
@@ -472,6 +524,7 @@ def make_train_step(
     The step function (not jitted; wrap it in `jax.jit`).
   """
   rate = model.config.moe.routed_bias_update_rate
+  hidden_model = model.clone(hidden_only=True)  # the loss owns the head
   # LoRA: only the adapters are differentiated and optimised; the frozen
   # base enters the loss as a constant, so the step has no weight-gradient
   # contraction of a base kernel (and a serving base's int8 / fp8 kernels
@@ -491,14 +544,21 @@ def make_train_step(
         variables[OVERWRITE_WITH_GRADIENT] = fp8_state
       if rule_state:
         variables[UPDATED_BY_RULE] = rule_state
-      logits, aux = model.apply(
+      hidden, aux = hidden_model.apply(
           variables,
           batch["tokens"],
           batch.get("segment_ids"),
           batch.get("positions"),
           rngs=rng_dict(rng),
       )
-      return decoder_loss(logits, aux, batch["tokens"], batch.get("weights"))
+      return hidden_decoder_loss(
+          hidden,
+          output_kernel(model.config, params),
+          aux,
+          batch["tokens"],
+          batch.get("weights"),
+          softcap=model.config.final_logit_softcap,
+      )
 
     grads, metrics = jax.grad(loss_fn, argnums=(0, 1), has_aux=True)(
         params, fp8_state
