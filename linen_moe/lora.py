@@ -27,7 +27,7 @@ from linen_moe._src.faces import lazy_face as _lazy_face
 _EXPORTS = {
     "linen_moe._src.lora.config": ("TARGETS", "LoRAConfig"),
     "linen_moe._src.lora.adapters": ("AdaptedKernel",),
-    "linen_moe._src.lora.files": ("save_adapters",),
+    "linen_moe._src.lora.files": ("load_adapters", "save_adapters"),
     "linen_moe._src.lora.tree": (
         "count_trainable",
         "has_adapters",
@@ -36,6 +36,7 @@ _EXPORTS = {
         "join",
         "merge",
         "split",
+        "without_adapters",
     ),
 }
 

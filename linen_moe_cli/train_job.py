@@ -140,7 +140,9 @@ def _load_hf(directory: str, cfg, device_mesh):
       serving=cfg.moe.serving,
   )
   # The checkpoint is the base: the run's config without its adapters.
-  base = cfg.replace(lora_rank=0)
+  from linen_moe import lora  # noqa: PLC0415
+
+  base = lora.without_adapters(cfg)
   checkpoint.check_model_config(checkpoint.config_dict(loaded), base, directory)
   return variables
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from linen_moe import ModelConfig
+from linen_moe import lora
 from linen_moe import training as linen_train
 from linen_moe.variables import jit_once
 from nnx_adapter._adapter import Fp8State
@@ -28,6 +29,19 @@ from nnx_adapter._decoder import init_decoder
 from nnx_adapter._train_state import TrainState
 
 PyTree = Any
+
+
+def _is_adapter(path, _value) -> bool:
+  return lora.is_adapter(tuple(str(k) for k in path))
+
+
+def trained(config: ModelConfig) -> Any:
+  """The `nnx` filter of the variables the optimizer trains: every
+  `nnx.Param`, or with LoRA (`config.moe.lora`) the adapters alone (the
+  base is frozen and never differentiated, as in the Linen step)."""
+  if config.moe.lora is None:
+    return nnx.Param
+  return nnx.All(nnx.Param, _is_adapter)
 
 
 def accumulate_gradients(
@@ -62,7 +76,9 @@ def accumulate_gradients(
   Raises:
     ValueError: if `grad_accum` is < 1 or does not divide B.
   """
-  graphdef, params, fp8_state, rest = nnx.split(model, nnx.Param, Fp8State, ...)
+  graphdef, params, fp8_state, rest = nnx.split(
+      model, trained(model.config), Fp8State, ...
+  )
 
   def grad_fn(microbatch, rng):
     def loss(params, fp8_state):
@@ -249,7 +265,7 @@ def init_train_state(
 
   def build(rng):
     model = init_decoder(config, rng, sample_shape=tokens.shape)
-    return model, nnx.Optimizer(model, optimizer, wrt=nnx.Param)
+    return model, nnx.Optimizer(model, optimizer, wrt=trained(config))
 
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: build(rng)))
   # One compiled program, not an eager op per optimizer leaf.

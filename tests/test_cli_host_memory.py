@@ -112,6 +112,7 @@ class RestartTest(absltest.TestCase):
         imports = done.stderr.count(" linen_moe_cli.commands.train\n")
         self.assertEqual(imports, processes, done.stderr[-2000:])
 
+  @testing.slow  # two jax workers; the restart itself is the test above
   def test_the_restarted_process_reuses_its_temporary_buffer(self):
     tuned = workers.run_json("tests.cli_host_memory_worker", "tuned")
     default = workers.run_json("tests.cli_host_memory_worker", "default")

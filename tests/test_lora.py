@@ -22,6 +22,7 @@ import optax
 from linen_moe import MATMUL_PATHS
 from linen_moe import Decoder
 from linen_moe import MoEConfig
+from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
 from linen_moe import hlo
 from linen_moe import load_model_config
@@ -30,6 +31,7 @@ from linen_moe import quantization
 from linen_moe import training
 from linen_moe.sharding import unbox
 from linen_moe.testing import slow
+import nnx_adapter
 from tests import hf_helpers
 from tests import numpy_reference
 
@@ -84,8 +86,12 @@ class ZeroBTest(parameterized.TestCase):
   def _check(self, family, path, frontend, scan):
     config, variables, cfg, adapted = _adapted(family, path, scan)
     ids = _ids(family)
-    base = hf_helpers.logits(config, variables, frontend, ids)
-    got = hf_helpers.logits(cfg, adapted, frontend, ids)
+    if frontend == "linen":  # compiled once per config, shared
+      base = np.asarray(_forward(config)(variables, ids))
+      got = np.asarray(_forward(cfg)(adapted, ids))
+    else:
+      base = hf_helpers.logits(config, variables, frontend, ids)
+      got = hf_helpers.logits(cfg, adapted, frontend, ids)
     np.testing.assert_array_equal(got, base)
 
   @parameterized.parameters(*DEFAULT_CASES)
@@ -98,24 +104,46 @@ class ZeroBTest(parameterized.TestCase):
     self._check(family, path, frontend, scan)
 
 
+LORA_FIXTURE = hf_helpers.FIXTURES.parent / "lora" / FAMILIES["qwen3"]
+
+
+@functools.cache
+def _forward(config):
+  """One compiled forward per config (the base's serves the merged model:
+  merging gives back the base's config)."""
+  return jax.jit(lambda v, t: Decoder(config).apply(v, t)[0])
+
+
 class MergeTest(parameterized.TestCase):
   """merge(config, variables) then the plain decoder == the adapted one."""
 
-  def _check(self, family, path, scan):
-    _, _, cfg, adapted = _adapted(family, path, scan)
-    adapted = _perturbed(adapted)
+  def _check(self, family, path, scan, adapted_variables=None):
+    config, variables, cfg, adapted = _adapted(family, path, scan)
+    if adapted_variables is None:
+      adapted = _perturbed(adapted)
+    else:
+      cfg, adapted = adapted_variables
     ids = _ids(family)
-    want = hf_helpers.logits(cfg, adapted, "linen", ids)
+    want = np.asarray(_forward(cfg)(adapted, ids))
     plain_cfg, plain = lora.merge(cfg, adapted)
-    self.assertIsNone(plain_cfg.moe.lora)
+    self.assertEqual(plain_cfg, config)
     self.assertFalse(lora.has_adapters(plain["params"]))
-    got = hf_helpers.logits(plain_cfg, plain, "linen", ids)
-    base = hf_helpers.logits(*_adapted(family, path, scan)[:2], "linen", ids)
+    got = np.asarray(_forward(plain_cfg)(plain, ids))
+    base = np.asarray(_forward(config)(variables, ids))
     self.assertGreater(np.abs(want - base).max(), 1e-2)  # adapters matter
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    return want
 
-  def test_merge_equals_adapted(self):
-    self._check("qwen3", "sparse", True)
+  def test_merge_equals_adapted_and_transformers(self):
+    """The committed adapters (scripts/make_lora_fixture.py) on the Qwen3
+    fixture: merged == adapted to 1e-5, and the adapted logits are those
+    transformers computes from our merged export, to 1e-4."""
+    config, variables = hf_helpers.load(FAMILIES["qwen3"], True)
+    adapted = lora.load_adapters(config, variables, LORA_FIXTURE)
+    self.assertEqual(adapted[0].moe.lora, lora.LoRAConfig(4, 8.0))
+    want = self._check("qwen3", "sparse", True, adapted)
+    theirs = np.load(LORA_FIXTURE / "transformers_logits.npy")
+    np.testing.assert_allclose(want, theirs, atol=hf_helpers.ATOL, rtol=0)
 
   @slow
   @parameterized.parameters(
@@ -192,6 +220,67 @@ class GradientTest(parameterized.TestCase):
     ):
       self.assertGreater(np.abs(w).max(), 1e-3, path_)
       np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5, err_msg=path_)
+
+
+def _dequantized(node):
+  """A serving `params` tree with its int8 kernels dequantized (values
+  times their per-channel scales) and the scales dropped."""
+  out = {}
+  for name, value in node.items():
+    if isinstance(value, dict):
+      out[name] = _dequantized(value)
+    elif value.dtype == jnp.int8:
+      out[name] = value.astype(jnp.float32) * node[name + "_scale"]
+    elif not name.endswith("_scale"):
+      out[name] = value
+  return out
+
+
+class QLoRAGradientTest(parameterized.TestCase):
+  """Through a frozen int8 serving base, the adapters' gradients are those
+  of the float base it stores (the dequantized kernels), up to the int8
+  forward's rounding: QLoRA's rule, the input's gradient from the
+  dequantized kernel (int8's own backward would lose it)."""
+
+  def test_gradients_through_int8_base(self):
+    self._check("sparse")
+
+  @slow
+  def test_gradients_through_int8_base_dense(self):
+    self._check("dense")
+
+  def _check(self, path):
+    cfg = _layer_config(
+        path, shared_experts=1, shared_mlp_dim=6, quantization="int8"
+    ).replace(lora_rank=0)
+    x = jax.random.normal(_key(0), (2, 6, 8), jnp.float32)
+    layer = RoutedAndSharedMoE(cfg)
+    serve_cfg, serve = quantization.quantize_weights(
+        cfg, unbox(layer.init(_key(1), x))
+    )
+    qlora_cfg = serve_cfg.replace(lora_rank=3, lora_alpha=6)
+    fresh = unbox(RoutedAndSharedMoE(qlora_cfg).init(_key(2), x))
+    adapters = lora.split(_perturbed(fresh, 0.3)["params"])[0]
+    frozen = lora.split(serve["params"])[1]
+    float_cfg = cfg.replace(quantization="none", lora_rank=3, lora_alpha=6)
+    cotangent = jax.random.normal(_key(3), x.shape, jnp.float32)
+
+    def grads(config, frozen):
+      def loss(a):
+        y, _ = RoutedAndSharedMoE(config).apply(
+            {"params": lora.join(a, frozen)}, x, rngs={"params": _key(4)}
+        )
+        return jnp.sum(y * cotangent)
+
+      return traverse_util.flatten_dict(jax.grad(loss)(adapters))
+
+    got = grads(qlora_cfg, frozen)
+    want = grads(float_cfg, _dequantized(frozen))
+    self.assertLen(got, 12)
+    for name, g in got.items():
+      w = want[name]
+      err = float(jnp.linalg.norm(g - w) / jnp.linalg.norm(w))
+      self.assertLess(err, 0.02, name)
 
 
 def _rank_count(cfg) -> int:
@@ -306,6 +395,38 @@ class QLoRATest(absltest.TestCase):
     step = jax.jit(training.make_train_step(Decoder(cfg), optimizer))
     text = step.lower(state, tokens, _key(4)).compile().as_text()
     self.assertNotEmpty(_dot_shapes(text) & _kernel_shapes(state.params))
+
+
+class NNXTrainTest(absltest.TestCase):
+
+  @slow
+  def test_nnx_step_trains_the_adapters_alone(self):
+    """The NNX front end's step: the base unchanged, the adapters moved,
+    the optimizer's moments the adapters' alone."""
+    cfg = load_model_config("tiny_qwen3_moe").replace(lora_rank=2)
+    tokens = jax.random.randint(_key(3), (2, 5), 0, cfg.vocab_size)
+    optimizer = optax.adam(1e-2)
+    frontend = nnx_adapter.frontend("nnx")
+    state = frontend.init(cfg, optimizer, tokens, _key(0))
+    before = frontend.params(state)
+    step = jax.jit(frontend.make_step(cfg, optimizer))
+    state, _ = step(state, tokens, _key(1))
+    after = frontend.params(state)
+    old_a, old_f = lora.split(before)
+    new_a, new_f = lora.split(after)
+    jax.tree.map(np.testing.assert_array_equal, new_f, old_f)
+    # One step from B = 0 moves every B (A's gradient is 0 until B is not).
+    moved = {
+        p: bool(np.any(a != b))
+        for (p, a), b in zip(
+            traverse_util.flatten_dict(new_a).items(),
+            traverse_util.flatten_dict(old_a).values(),
+            strict=True,
+        )
+        if p[-1].endswith("_lora_b")
+    }
+    self.assertNotEmpty(moved)
+    self.assertTrue(all(moved.values()), moved)
 
 
 class BadInputTest(absltest.TestCase):

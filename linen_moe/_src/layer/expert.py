@@ -163,6 +163,9 @@ class SharedExpert(nn.Module):
   def _adapted(self, project: Project, site: str, x: jax.Array, w):
     """`project` of the base kernel plus the adapter's delta."""
     out = project(site, x, w.base)
+    if self.config.serving:  # QLoRA: train through the stored kernel
+      kernel = lora_adapters.dequantized(w.base, x.dtype)
+      out = lora_adapters.frozen_input_gradient(out, x, lambda v: v @ kernel)
     delta = lora_adapters.einsum_delta(
         self, "...K,KN->...N", x, w.a, w.b, w.scale, w.dropout
     )

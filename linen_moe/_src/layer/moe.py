@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src.config.moe_config import MoEConfig
+from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.layer import dense
 from linen_moe._src.layer import expert
@@ -133,6 +134,11 @@ class RoutedMoE(JitInit, nn.Module):
       stored = site in WEIGHT_SITES
       module = stored_weights.StoredEinsum if stored else Einsum
       out = module(name=name)(eqn, lhs, rhs)
+      if adapter is not None and stored:  # QLoRA: train through it
+        w = lora_adapters.dequantized(rhs, lhs.dtype)
+        out = lora_adapters.frozen_input_gradient(
+            out, lhs, lambda x: jnp.einsum(eqn, x, w)
+        )
     else:
       modules = self._contractions()
       out = modules.einsum(name=name, **modules.einsum_kwargs)(eqn, lhs, rhs)
@@ -192,6 +198,19 @@ class RoutedMoE(JitInit, nn.Module):
     out = module(lhs, rhs, group_sizes)
     if adapter is None:
       return out
+    if self.config.serving:  # QLoRA: train through the stored kernel
+      w = lora_adapters.dequantized(rhs, lhs.dtype)
+      out = lora_adapters.frozen_input_gradient(
+          out,
+          lhs,
+          lambda x: gmm_lib.grouped_matmul(
+              x,
+              w,
+              group_sizes,
+              implementation=self.config.grouped_matmul,
+              max_group_size=max_group_size,
+          ),
+      )
     delta = lora_adapters.grouped_delta(
         self,
         lhs,

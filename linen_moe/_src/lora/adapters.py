@@ -178,6 +178,32 @@ def add_delta(out: jax.Array, delta: jax.Array) -> jax.Array:
   return jax.lax.optimization_barrier(out + delta)
 
 
+def dequantized(kernel: Any, dtype: Any) -> jax.Array:
+  """A stored kernel's float value in `dtype` (values times scale), or a
+  float kernel as it is."""
+  values = getattr(kernel, "values", None)
+  if values is None:
+    return kernel.astype(dtype)
+  return (values.astype(jnp.float32) * kernel.scale).astype(dtype)
+
+
+def frozen_input_gradient(
+    out: jax.Array, lhs: jax.Array, float_contract
+) -> jax.Array:
+  """`out`, a frozen stored kernel's contraction of `lhs`, whose gradient
+  with respect to `lhs` is the float contraction's with the dequantized
+  kernel (`float_contract(x)`, linear in x).
+
+  The stored contractions' own backward is not the one to train adapters
+  through: int8's grouped matmul has none (its rounding has a zero
+  derivative) and AQT poisons a served weight's. This is QLoRA's rule: the
+  forward reads the stored kernel, the input's gradient the dequantized one.
+  `float_contract(lhs - stop_gradient(lhs))` is exactly 0 in value (a
+  product of zeros) and carries that gradient."""
+  zero = float_contract(lhs - jax.lax.stop_gradient(lhs))
+  return jax.lax.stop_gradient(out) + zero.astype(out.dtype)
+
+
 def _fresh_letter(used: str) -> str:
   return next(c for c in string.ascii_letters if c not in used)
 

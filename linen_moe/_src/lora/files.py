@@ -13,6 +13,8 @@ import numpy as np
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.layer.variables import PARAMS
 from linen_moe._src.lora import tree
+from linen_moe._src.lora.adapters import SUFFIX_A
+from linen_moe._src.lora.adapters import SUFFIX_B
 from linen_moe._src.parallel import sharding
 
 ADAPTERS_FILE = "adapters.safetensors"
@@ -72,3 +74,53 @@ def save_adapters(
     json.dump(meta, f, indent=2)
     f.write("\n")
   return paths
+
+
+def load_adapters(
+    config: ModelConfig, variables: Mapping, directory: str | os.PathLike
+) -> tuple[ModelConfig, dict]:
+  """Adds the adapters `save_adapters` wrote in `directory` to a base.
+
+  Args:
+    config: the base decoder's `ModelConfig` (its LoRA fields are replaced
+      by the directory's).
+    variables: the base's variables, without adapters (boxed or not).
+    directory: a directory `save_adapters` wrote.
+
+  Returns:
+    (config, variables): the config with the adapters' rank, alpha,
+    targets and dropout, and the variables with the adapters in `params`.
+
+  Raises:
+    ValueError: if the files are missing, or an adapter does not fit the
+      base (no such kernel, another layer layout or shape).
+  """
+  directory = os.fspath(directory)
+  paths = [os.path.join(directory, f) for f in (ADAPTERS_FILE, CONFIG_FILE)]
+  for path in paths:
+    if not os.path.isfile(path):
+      raise ValueError(f"load_adapters: no {path} (see save_adapters).")
+  with open(paths[1], encoding="utf-8") as f:
+    meta = json.load(f)
+  from safetensors.numpy import load_file  # noqa: PLC0415
+
+  config = config.replace(
+      lora_rank=int(meta["rank"]),
+      lora_alpha=float(meta["alpha"]),
+      lora_targets=tuple(meta["targets"]),
+      lora_dropout=float(meta["dropout"]),
+  )
+  variables = sharding.unbox(dict(variables))
+  params = traverse_util.flatten_dict(dict(variables[PARAMS]), sep="/")
+  adapters = load_file(paths[0])
+  for name, value in adapters.items():
+    kernel = name.removesuffix(SUFFIX_A).removesuffix(SUFFIX_B)
+    if kernel not in params:
+      raise ValueError(
+          f"load_adapters: the adapter {name} has no kernel {kernel} in the "
+          f"base's params (saved with scan_layers={meta.get('scan_layers')}; "
+          f"the base has scan_layers={config.scan_layers})."
+      )
+    params[name] = value
+  variables[PARAMS] = traverse_util.unflatten_dict(params, sep="/")
+  return config, variables

@@ -12,6 +12,7 @@ checkpoint already reads; the trainable set is selected by name
 from __future__ import annotations
 
 from collections.abc import Mapping
+import dataclasses
 from typing import Any
 
 from flax import traverse_util
@@ -20,14 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.config.moe_config import MoEConfig
 from linen_moe._src.layer.variables import PARAMS
 from linen_moe._src.lora.adapters import SUFFIX_A
 from linen_moe._src.lora.adapters import SUFFIX_B
 from linen_moe._src.lora.adapters import merged_kernel
 from linen_moe._src.parallel import sharding
 from linen_moe._src.quantization import stored_weights
-
-PyTree = Any
 
 
 def is_adapter(path: tuple[str, ...]) -> bool:
@@ -75,6 +75,23 @@ def count_trainable(params: Mapping) -> int:
   return sum(
       int(np.prod(v.shape)) for p, v in _flat(params).items() if is_adapter(p)
   )
+
+
+LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
+
+
+def without_adapters(config: ModelConfig) -> ModelConfig:
+  """`config` with every LoRA field at its default (no adapters): the base
+  model's config.
+
+  Args:
+    config: a `ModelConfig`, with or without LoRA.
+
+  Returns:
+    The config without adapters.
+  """
+  fields = {f.name: f.default for f in dataclasses.fields(MoEConfig)}
+  return config.replace(**{name: fields[name] for name in LORA_FIELDS})
 
 
 def _check_lora(config: ModelConfig, what: str) -> None:
@@ -179,7 +196,8 @@ def merge(config: ModelConfig, variables: Mapping) -> tuple[ModelConfig, dict]:
     out = dict(node)
     if serving:
       for name, value in node.items():
-        if stored_weights.converted(jnp.asarray(value).dtype):
+        stored = getattr(value, "dtype", None)
+        if stored is not None and stored_weights.converted(stored):
           out[name] = _dequantized(node, name).astype(dtype)
           for suffix in stored_weights.SUFFIXES[1:]:
             out.pop(name + suffix, None)
@@ -193,7 +211,7 @@ def merge(config: ModelConfig, variables: Mapping) -> tuple[ModelConfig, dict]:
     return out
 
   merged = {**variables, PARAMS: fold(variables[PARAMS])}
-  changes: dict[str, Any] = {"lora_rank": 0}
+  plain = without_adapters(config)
   if serving:
-    changes |= {"serving": False, "quantization": "none"}
-  return config.replace(**changes), merged
+    plain = plain.replace(serving=False, quantization="none")
+  return plain, merged

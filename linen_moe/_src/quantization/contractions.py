@@ -125,14 +125,21 @@ class GroupedMatmul(_Contraction):
 
 
 def _int8_aqt_config() -> aqt_config.DotGeneral:
-  """AQT int8 training config: 8-bit fwd and dlhs, int32 accumulation."""
-  return aqt_config.config_v4(
+  """AQT int8 training config: 8-bit fwd and dlhs, int32 accumulation.
+
+  Stored (serving) weights come in as a `QTensor`; AQT would poison their
+  backward, but a frozen int8 base under trained adapters (QLoRA) needs the
+  gradient of the input through it. The weights' own gradient is never
+  asked for (the train step closes over a frozen base)."""
+  cfg = aqt_config.config_v4(
       fwd_bits=8,
       dlhs_bits=8,
       drhs_bits=None,
       fwd_accumulator_dtype=jnp.int32,
       dlhs_accumulator_dtype=jnp.int32,
   )
+  cfg.fwd.allow_dummy_gradient_into_qtensor = True
+  return cfg
 
 
 def _forward_only(out: jax.Array, where: str) -> jax.Array:

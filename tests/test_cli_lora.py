@@ -1,0 +1,222 @@
+"""`linen-moe train --lora-rank` (QLoRA on a Hugging Face base, chat data),
+resumed bit for bit; `linen-moe export --format hf` of it is the merged
+model, `--format adapters` its adapters; the LoRA flags' bad input, named
+before jax."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+
+from absl.testing import absltest
+import jax
+import numpy as np
+
+from linen_moe import Decoder
+from linen_moe import checkpoint
+from linen_moe import hf
+from linen_moe import lora
+from linen_moe import testing
+from linen_moe.sharding import unbox
+from linen_moe.testing import slow
+from linen_moe_cli import main as cli
+from linen_moe_cli.options import TrainOptions
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+QUESTIONS = ("What is 2 + 2?", "Name a prime number.", "Say hello.")
+ANSWERS = ("2 + 2 = 4.", "Seven is a prime number.", "Hello!")
+
+
+class LoRAFlagsTest(absltest.TestCase):
+  """One line naming the flag, before jax is imported."""
+
+  def test_bad_flags(self):
+    cases = (
+        (dict(lora_rank=-1), r"lora_rank=-1 \(--lora-rank\)"),
+        (dict(lora_alpha=8.0), r"--lora-alpha.*needs --lora-rank"),
+        (
+            dict(lora_rank=4, lora_targets="experts,ffn"),
+            r"--lora-targets.*unknown: \['ffn'\]",
+        ),
+        (dict(lora_rank=4, lora_dropout=1.0), r"--lora-dropout.*\[0, 1\)"),
+        (
+            dict(frozen_base_serving=True),
+            r"--frozen-base-serving.*add --lora-rank",
+        ),
+        (
+            dict(lora_rank=4, frozen_base_serving=True),
+            r"--frozen-base-serving.*needs --quantization",
+        ),
+    )
+    for kwargs, message in cases:
+      with self.subTest(**{k: str(v) for k, v in kwargs.items()}):
+        with self.assertRaisesRegex(ValueError, message):
+          TrainOptions(**kwargs)
+
+  def test_flags_become_config_fields(self):
+    opts = TrainOptions(
+        lora_rank=16,
+        lora_alpha=32.0,
+        lora_targets="experts,attention",
+        frozen_base_serving=True,
+        overrides={"quantization": "int8"},
+    )
+    self.assertEqual(
+        opts.overrides,
+        {
+            "quantization": "int8",
+            "lora_rank": 16,
+            "lora_alpha": 32.0,
+            "lora_targets": ("experts", "attention"),
+            "lora_dropout": 0.0,
+            "serving": True,
+        },
+    )
+
+
+def _base_directory(tmp: str) -> str:
+  """A Hugging Face checkpoint of the Qwen3-MoE fixture's architecture with
+  a vocabulary of 256 (random weights) and the Mixtral-style chat
+  tokenizer fixture (200 tokens) beside it."""
+  base = os.path.join(tmp, "base")
+  config_json = json.loads(
+      (FIXTURES / "hf" / "qwen3_moe_dense0_norm" / "config.json").read_text()
+  )
+  cfg = hf.model_config(config_json).replace(vocab_size=256)
+  tokens = np.zeros((1, 2), np.int32)
+  variables = unbox(Decoder(cfg).init(jax.random.key(0), tokens))
+  hf.save_checkpoint(cfg, variables, base)
+  for name in (
+      "tokenizer.json",
+      "tokenizer_config.json",
+      "chat_template.jinja",
+  ):
+    shutil.copy(FIXTURES / "chat" / "mixtral" / name, base)
+  return base
+
+
+@slow
+class QLoRARunTest(absltest.TestCase):
+  """One QLoRA run from a base directory, its resume and its exports."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.mkdtemp()
+    cls.base = _base_directory(cls.tmp)
+    cls.chats = os.path.join(cls.tmp, "chats.jsonl")
+    with open(cls.chats, "w", encoding="utf-8") as f:
+      for i in range(24):
+        messages = [
+            {"role": "user", "content": QUESTIONS[i % 3]},
+            {"role": "assistant", "content": ANSWERS[i % 3]},
+        ]
+        f.write(json.dumps({"messages": messages}) + "\n")
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.tmp, ignore_errors=True)
+    super().tearDownClass()
+
+  def argv(self, directory: str) -> list[str]:
+    return [
+        "train",
+        "--init-from-hf",
+        self.base,
+        "--data",
+        self.chats,
+        "--data-format",
+        "chat",
+        "--lora-rank",
+        "4",
+        "--lora-alpha",
+        "8",
+        "--quantization",
+        "int8",
+        "--frozen-base-serving",
+        "--lr-schedule",
+        "cosine",
+        "--warmup-steps",
+        "1",
+        "--steps",
+        "4",
+        "--save-every",
+        "2",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--no-progress",
+        "--checkpoint-dir",
+        directory,
+    ]
+
+  def test_resume_and_export(self):
+    whole = os.path.join(self.tmp, "whole")
+    code, out, err = testing.run_capturing(cli.main, self.argv(whole))
+    self.assertEqual(code, 0, out + err)
+    rows = testing.read_jsonl(os.path.join(whole, "metrics.jsonl"))
+    self.assertLess(rows[-1]["loss"], rows[0]["loss"])
+    resumed = os.path.join(self.tmp, "resumed")
+    shutil.copytree(whole, resumed)
+    code, out, err = testing.run_capturing(
+        cli.main, [*self.argv(resumed), "--resume-step", "2"]
+    )
+    self.assertEqual(code, 0, out + err)
+    self.assertEqual(
+        testing.read_jsonl(os.path.join(resumed, "metrics.jsonl")), rows
+    )
+
+    config, variables, _ = checkpoint.read_variables(whole)
+    self.assertTrue(config.moe.serving and config.moe.lora_rank == 4)
+    plain_cfg, plain = lora.merge(config, variables)
+    merged = os.path.join(self.tmp, "merged")
+    code, out, err = testing.run_capturing(
+        cli.main,
+        [
+            "export",
+            "--checkpoint-dir",
+            whole,
+            "--out",
+            merged,
+            "--format",
+            "hf",
+        ],
+    )
+    self.assertEqual(code, 0, out + err)
+    loaded_cfg, loaded = hf.load_checkpoint(merged)
+    ids = np.arange(16, dtype=np.int32).reshape(2, 8) + 3
+    want = Decoder(plain_cfg).apply(plain, ids)[0]
+    got = Decoder(loaded_cfg).apply(loaded, ids)[0]
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+    out_dir = os.path.join(self.tmp, "adapters")
+    code, out, err = testing.run_capturing(
+        cli.main,
+        [
+            "export",
+            "--checkpoint-dir",
+            whole,
+            "--out",
+            out_dir,
+            "--format",
+            "adapters",
+        ],
+    )
+    self.assertEqual(code, 0, out + err)
+    meta = json.loads(pathlib.Path(out_dir, "adapter_config.json").read_text())
+    self.assertEqual((meta["rank"], meta["alpha"]), (4, 8.0))
+    base_cfg = lora.without_adapters(config)
+    _, back = lora.load_adapters(base_cfg, variables, out_dir)
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        lora.split(back["params"])[0],
+        lora.split(unbox(variables)["params"])[0],
+    )
+
+
+if __name__ == "__main__":
+  absltest.main()
