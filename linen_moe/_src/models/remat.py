@@ -75,7 +75,7 @@ def policy(remat: str) -> Callable | None:
     remat: one of `REMAT_POLICIES`.
 
   Returns:
-    The policy: None for "none" (no remat at all) and for "full" (save
+    The checkpoint policy, None for "none" (no remat at all) and for "full" (save
     nothing, `jax.checkpoint`'s default).
 
   Raises:
