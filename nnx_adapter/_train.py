@@ -35,11 +35,12 @@ def _is_adapter(path, _value) -> bool:
   return lora.is_adapter(tuple(str(k) for k in path))
 
 
-def trained(config: ModelConfig) -> Any:
+def trained(config: ModelConfig | None) -> Any:
   """The `nnx` filter of the variables the optimizer trains: every
   `nnx.Param`, or with LoRA (`config.moe.lora`) the adapters alone (the
-  base is frozen and never differentiated, as in the Linen step)."""
-  if config.moe.lora is None:
+  base is frozen and never differentiated, as in the Linen step). A model
+  without a `config` (a user's own decoder) trains every `nnx.Param`."""
+  if config is None or config.moe.lora is None:
     return nnx.Param
   return nnx.All(nnx.Param, _is_adapter)
 
@@ -77,7 +78,7 @@ def accumulate_gradients(
     ValueError: if `grad_accum` is < 1 or does not divide B.
   """
   graphdef, params, fp8_state, rest = nnx.split(
-      model, trained(model.config), Fp8State, ...
+      model, trained(getattr(model, "config", None)), Fp8State, ...
   )
 
   def grad_fn(microbatch, rng):

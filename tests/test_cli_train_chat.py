@@ -95,7 +95,7 @@ class BatchesTest(_Chats):
     self.assertEqual(opts.packing, "pad")  # chat data is padded by default
     cfg = load_model_config(opts.config)
     source = train_data.CorpusSource(cfg, opts, None)
-    tokens, mask = next(source.batches(0))
+    tokens, mask, *_ = next(source.batches(0))  # and segment ids, positions
     self.assertIsNotNone(mask)
     weights = np.asarray(training.loss_weights(mask)) > 0  # [B, S - 1]
     # The targets counted, decoded row by row: the replies and their </s>.
