@@ -455,6 +455,53 @@ def train_default(name: str) -> Any:
   return TrainOptions.__dataclass_fields__[name].default
 
 
+def add_step_args(
+    p: argparse.ArgumentParser, *names: str, **helps: str
+) -> None:
+  """Registers the flags of a train step's shape and placement that `train`
+  and `plan` share, those of `names` in that order: batch_size, seq_len,
+  grad_accum, remat, mesh, frontend (`--batch-size`, ...; parsed under the
+  same names, with `TrainOptions`' defaults). `helps` (name=text) rewords
+  a flag's help for one command."""
+  flags = {
+      "batch_size": {"type": int, "default": train_default("batch_size")},
+      "seq_len": {"type": int, "default": train_default("seq_len")},
+      "grad_accum": {
+          "type": int,
+          "default": train_default("grad_accum"),
+          "help": "microbatches per step",
+      },
+      "remat": {
+          "default": None,
+          "help": (
+              "what each layer keeps for the backward pass (the config's "
+              "remat field): none, full, save_experts, save_attention_experts "
+              "or offload (default: the config's)"
+          ),
+      },
+      "mesh": {
+          "default": train_default("mesh"),
+          "help": (
+              "train sharded on a device mesh, e.g. data=2,expert=4 (axes "
+              "data, fsdp, expert, tensor; missing axes have size 1; the sizes "
+              "must multiply to the device count)"
+          ),
+      },
+      "frontend": {
+          "choices": nnx_adapter.FRONTENDS,
+          "default": train_default("frontend"),
+          "help": frontend_help(),
+      },
+  }
+  if set(helps) - set(names):
+    raise TypeError(
+        f"help for flags not added: {sorted(set(helps) - set(names))}"
+    )
+  for name in names:
+    kwargs = flags[name] | ({"help": helps[name]} if name in helps else {})
+    p.add_argument("--" + name.replace("_", "-"), **kwargs)
+
+
 def missing_optional(module: str, needed_for: str) -> str | None:
   """None when `module` imports; else a one-line notice saying how to
   install it (`needed_for` says what goes without it)."""

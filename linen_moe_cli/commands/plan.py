@@ -24,7 +24,6 @@ import sys
 
 from linen_moe_cli import model_args
 from linen_moe_cli import options
-from linen_moe_cli.options import train_default
 import nnx_adapter
 
 GIB = 2**30
@@ -50,37 +49,22 @@ def register(subparsers) -> None:
           "'linen_moe[tpu-plan]')"
       ),
   )
-  p.add_argument(
-      "--mesh",
-      default=None,
-      help=(
+  options.add_step_args(
+      p,
+      "mesh",
+      "batch_size",
+      "seq_len",
+      "grad_accum",
+      "remat",
+      "frontend",
+      mesh=(
           "the device mesh, as for train, e.g. fsdp=16,expert=4 (default: "
           "data=<devices>); the sizes must multiply to the target's devices"
       ),
-  )
-  for name in ("batch_size", "seq_len"):
-    p.add_argument(
-        "--" + name.replace("_", "-"), type=int, default=train_default(name)
-    )
-  p.add_argument(
-      "--grad-accum",
-      type=int,
-      default=train_default("grad_accum"),
-      help="microbatches per step",
-  )
-  p.add_argument(
-      "--remat",
-      default=None,
-      help=(
+      remat=(
           "the rematerialisation policy (the config's remat field; "
           "default: the config's)"
       ),
-  )
-  p.add_argument(
-      "--frontend",
-      choices=nnx_adapter.FRONTENDS,
-      default=train_default("frontend"),
-      help=options.frontend_help(),
   )
   p.add_argument(
       "--serve",

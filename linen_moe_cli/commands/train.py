@@ -20,7 +20,6 @@ from linen_moe_cli import model_args
 from linen_moe_cli import options
 from linen_moe_cli.options import TrainOptions
 from linen_moe_cli.options import train_default
-import nnx_adapter
 
 
 def register(subparsers) -> None:
@@ -32,44 +31,14 @@ def register(subparsers) -> None:
       ),
   )
   model_args.add_model_args(p)
-  for name in ("steps", "batch_size", "seq_len"):
-    p.add_argument(
-        "--" + name.replace("_", "-"), type=int, default=train_default(name)
-    )
+  p.add_argument("--steps", type=int, default=train_default("steps"))
+  options.add_step_args(p, "batch_size", "seq_len")
   p.add_argument(
       "--learning-rate", type=float, default=train_default("learning_rate")
   )
-  p.add_argument(
-      "--grad-accum",
-      type=int,
-      default=train_default("grad_accum"),
-      help="microbatches per step",
-  )
+  options.add_step_args(p, "grad_accum")
   p.add_argument("--seed", type=int, default=train_default("seed"))
-  p.add_argument(
-      "--remat",
-      default=None,
-      help=(
-          "what each layer keeps for the backward pass (the config's "
-          "remat field): none, full, save_experts, save_attention_experts "
-          "or offload (default: the config's)"
-      ),
-  )
-  p.add_argument(
-      "--mesh",
-      default=None,
-      help=(
-          "train sharded on a device mesh, e.g. data=2,expert=4 (axes data, "
-          "fsdp, expert, tensor; missing axes have size 1; the sizes must "
-          "multiply to the device count)"
-      ),
-  )
-  p.add_argument(
-      "--frontend",
-      choices=nnx_adapter.FRONTENDS,
-      default=train_default("frontend"),
-      help=options.frontend_help(),
-  )
+  options.add_step_args(p, "remat", "mesh", "frontend")
   p.add_argument(
       "--max-consecutive-skips",
       type=int,
