@@ -35,6 +35,7 @@ from linen_moe import decoding
 from linen_moe import hf
 from linen_moe.quantization import quantize_weights
 from linen_moe.tokens import validate_tokens
+from linen_moe_cli.sampling_options import SamplingOptions
 
 GENERATION_CONFIG = "generation_config.json"
 
@@ -111,19 +112,32 @@ def _tokenizer(path: str | None):
   return Tokenizer.from_file(path)
 
 
-def _encode(tok, tokenizer: str, text: str, chat: bool, system: str | None):
+def _encode(tok, tokenizer: str, text: str, sampling: SamplingOptions):
   """The ids of `text`, rendered first with the tokenizer's chat template
   (a user turn after an optional system turn, then the assistant's header)
-  when `chat`."""
-  if not chat:
+  when `sampling.chat`."""
+  if not sampling.chat:
     return tok.encode(text).ids
   from linen_moe.data import load_chat_template  # noqa: PLC0415
 
   template = load_chat_template(tokenizer)
+  system = sampling.system
   messages = [{"role": "system", "content": system}] if system else []
   messages.append({"role": "user", "content": text})
   rendered = template.render(messages, add_generation_prompt=True)
   return tok.encode(rendered, add_special_tokens=False).ids
+
+
+def _decoding_args(sampling: SamplingOptions, stops: list[int]) -> dict:
+  """`decoding.generate`'s and `generate_stream`'s keywords, but the seed."""
+  return {
+      "max_new_tokens": sampling.max_new_tokens,
+      "temperature": sampling.temperature,
+      "top_k": sampling.top_k,
+      "top_p": sampling.top_p,
+      "min_p": sampling.min_p,
+      "stop_ids": stops,
+  }
 
 
 def _weights(serve: str, quantization: str | None) -> str:
@@ -158,46 +172,34 @@ def generate(
     prompt_ids: list[int] | None,
     prompt: str | None,
     tokenizer: str | None,
-    new_tokens: int,
+    sampling: SamplingOptions,
     serve: str = "none",
     quantization: str | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
-    seed: int = 0,
-    stop_ids: list[int] | None = None,
-    chat: bool = False,
-    system: str | None = None,
     out=None,
 ) -> Continuation:
-  """One prompt's continuation (see the module docstring), its text
-  written to `out` as it is drawn (after "weights:", "prompt ids:" and
-  "text: " lines; stdout by default); a prompt id outside the model's
-  vocabulary is a ValueError before any decoding."""
+  """One prompt's continuation (see the module docstring), drawn as
+  `sampling` says, its text written to `out` as it is drawn (after
+  "weights:", "prompt ids:" and "text: " lines; stdout by default); a
+  prompt id outside the model's vocabulary is a ValueError before any
+  decoding."""
   out = sys.stdout if out is None else out
   tok = _tokenizer(tokenizer)
   if prompt is not None:
-    prompt_ids = _encode(tok, tokenizer, prompt, chat, system)
+    prompt_ids = _encode(tok, tokenizer, prompt, sampling)
     if not prompt_ids:
       raise ValueError(f"--prompt {prompt!r} encodes to no tokens.")
   config, variables = load_model(hf_dir, checkpoint_dir, serve, quantization)
   validate_tokens(
       np.asarray([prompt_ids], np.int32), config.vocab_size, name="prompt"
   )
-  stops = stop_ids_of(hf_dir, stop_ids)
+  stops = stop_ids_of(hf_dir, sampling.stop_ids)
   weights = _weights(serve, quantization)
   stream = decoding.generate_stream(
       config,
       variables,
       prompt_ids,
-      max_new_tokens=new_tokens,
-      temperature=temperature,
-      top_k=top_k,
-      top_p=top_p,
-      min_p=min_p,
-      stop_ids=stops,
-      seed=seed,
+      seed=sampling.seed,
+      **_decoding_args(sampling, stops),
   )
   out.write(f"weights: {weights}\nprompt ids: {list(prompt_ids)}\n")
   text = None if tok is None else _TextStream(tok, out)
@@ -271,26 +273,19 @@ def generate_file(
     checkpoint_dir: str | None,
     prompts_file: str,
     tokenizer: str | None,
-    new_tokens: int,
+    sampling: SamplingOptions,
     output: str | None = None,
     batch_size: int = 8,
     serve: str = "none",
     quantization: str | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
-    seed: int = 0,
-    stop_ids: list[int] | None = None,
-    chat: bool = False,
-    system: str | None = None,
 ) -> str:
   """Every prompt of `prompts_file` (`read_prompts`), decoded in batches of
-  `batch_size` by `decoding.generate`; one JSONL line per prompt, in order,
-  to `output` (stdout when None): "prompt", "prompt_ids", "new_ids",
-  "text" (with a tokenizer), "finish_reason". The i-th prompt of the file
-  (from 0) draws with the seed `seed + i` (`generate`'s per-prompt seeds),
-  whatever the batch size. Returns the summary line (count, tokens/s)."""
+  `batch_size` by `decoding.generate` as `sampling` says; one JSONL line
+  per prompt, in order, to `output` (stdout when None): "prompt",
+  "prompt_ids", "new_ids", "text" (with a tokenizer), "finish_reason". The
+  i-th prompt of the file (from 0) draws with the seed `sampling.seed + i`
+  (`generate`'s per-prompt seeds), whatever the batch size. Returns the
+  summary line (count, tokens/s)."""
   records = read_prompts(prompts_file)
   tok = _tokenizer(tokenizer)
   rows = []
@@ -303,26 +298,21 @@ def generate_file(
           f"--prompts-file line {i + 1} is text: it needs a tokenizer "
           "(--tokenizer FILE, or DIR/tokenizer.json), or give prompt_ids."
       )
-    rows.append(_encode(tok, tokenizer, record["prompt"], chat, system))
+    rows.append(_encode(tok, tokenizer, record["prompt"], sampling))
   config, variables = load_model(hf_dir, checkpoint_dir, serve, quantization)
-  stops = stop_ids_of(hf_dir, stop_ids)
+  stops = stop_ids_of(hf_dir, sampling.stop_ids)
   sink = sys.stdout if output is None else open(output, "w", encoding="utf-8")
   start, total = time.perf_counter(), 0
   try:
     for first in range(0, len(rows), batch_size):
       batch = rows[first : first + batch_size]
-      seeds = [seed + first + j for j in range(len(batch))]
+      seeds = [sampling.seed + first + j for j in range(len(batch))]
       result = decoding.generate(
           config,
           variables,
           batch,
-          max_new_tokens=new_tokens,
-          temperature=temperature,
-          top_k=top_k,
-          top_p=top_p,
-          min_p=min_p,
-          stop_ids=stops,
           seed=seeds,
+          **_decoding_args(sampling, stops),
       )
       for j, (new, reason) in enumerate(
           zip(result.tokens, result.finish_reasons, strict=True)

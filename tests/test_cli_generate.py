@@ -16,8 +16,10 @@ import numpy as np
 from linen_moe import testing
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe_cli import prompt_job
+from linen_moe_cli.commands import generate
 from linen_moe_cli.main import build_parser
 from linen_moe_cli.main import main
+from linen_moe_cli.sampling_options import SamplingOptions
 
 MIXTRAL = pathlib.Path(__file__).parent / "fixtures" / "hf" / "mixtral_gqa_swa"
 
@@ -44,6 +46,30 @@ class GenerateFlagsTest(absltest.TestCase):
         contextlib.redirect_stderr(io.StringIO()),
     ):
       parser.parse_args(["generate", "--hf-dir", "d", "--serve", "bogus"])
+
+  def test_the_flags_make_one_sampling_options(self):
+    parser = build_parser()
+    model = ["generate", "--hf-dir", str(MIXTRAL), "--prompt-ids", "1,2"]
+    job = generate._checked(parser.parse_args(model))
+    self.assertEqual(job["sampling"], SamplingOptions())  # the flags' defaults
+    args = parser.parse_args(
+        model
+        + ["--temperature", "0.5", "--top-k", "4", "--top-p", "0.9"]
+        + ["--min-p", "0.1", "--seed", "7", "--stop-id", "3", "--stop-id", "5"]
+        + ["--max-new-tokens", "6"]
+    )
+    self.assertEqual(
+        generate._checked(args)["sampling"],
+        SamplingOptions(
+            max_new_tokens=6,
+            temperature=0.5,
+            top_k=4,
+            top_p=0.9,
+            min_p=0.1,
+            seed=7,
+            stop_ids=(3, 5),
+        ),
+    )
 
   def test_a_model_is_needed(self):
     err = _error("--prompt-ids", "1,2")

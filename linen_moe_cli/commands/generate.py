@@ -27,6 +27,7 @@ import sys
 from linen_moe.quantization import MODES
 from linen_moe.quantization import SERVING_MODES
 from linen_moe_cli import options
+from linen_moe_cli.sampling_options import SamplingOptions
 
 SERVE = ("none", *SERVING_MODES)
 
@@ -224,21 +225,24 @@ def _checked(args: argparse.Namespace) -> dict:
       raise ValueError(notice)
   if tokenizer is not None and not os.path.isfile(tokenizer):
     raise ValueError(f"--tokenizer {tokenizer} does not exist.")
+  sampling = SamplingOptions(
+      max_new_tokens=args.new_tokens,
+      temperature=args.temperature,
+      top_k=args.top_k,
+      top_p=args.top_p,
+      min_p=args.min_p,
+      seed=args.seed,
+      stop_ids=None if args.stop_id is None else tuple(args.stop_id),
+      chat=args.chat,
+      system=args.system,
+  )
   job = {
       "hf_dir": args.hf_dir,
       "checkpoint_dir": args.checkpoint_dir,
       "tokenizer": tokenizer,
-      "new_tokens": args.new_tokens,
+      "sampling": sampling,
       "serve": args.serve,
       "quantization": args.serve if args.serve != "none" else args.quantization,
-      "temperature": args.temperature,
-      "top_k": args.top_k,
-      "top_p": args.top_p,
-      "min_p": args.min_p,
-      "seed": args.seed,
-      "stop_ids": args.stop_id,
-      "chat": args.chat,
-      "system": args.system,
   }
   if args.prompts_file:
     return job | {
