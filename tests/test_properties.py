@@ -19,6 +19,7 @@ inputs, and checks what must hold whatever the numbers:
     the top k of the selection scores.
 
 The default profile ("ci", in conftest.py) runs a few derandomized examples
+(the layer test `LAYER_EXAMPLES` of them: each compiles its own programs)
 plus an explicit one per routing x renormalisation; the slow set runs the
 same tests under the "slow" profile (`SlowProfileTest`), as does
 `pytest tests/test_properties.py --hypothesis-profile=slow`.
@@ -211,8 +212,14 @@ def check_weights(test, config, tokens, logit_scale, seed):
   np.testing.assert_allclose(np.asarray(result.probs).sum(-1), 1, rtol=1e-5)
 
 
+# Derandomized examples of the layer test in the default run: each draws a
+# new config and compiles four programs of it.
+LAYER_EXAMPLES = 3
+
+
 class LayerPropertiesTest(absltest.TestCase):
 
+  @settings(max_examples=LAYER_EXAMPLES)
   @given(**LAYER_DRAWS)
   def test_paths_agree_and_stay_in_range(self, **draws):
     check_layer(self, **draws)
