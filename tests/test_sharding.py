@@ -261,23 +261,24 @@ class RulesTest(absltest.TestCase):
 
 class EquivalenceTest(EquivalenceMixin):
   """A representative subset: with `SparseExpertParallelTest` (sparse, no
-  quantization, every mesh, both front ends), `RulesTest` and
-  `SkipStepOnMeshTest` (sparse fp8), each path, mode, mesh and front end at
-  least once. The full product is `test_full_product` (slow), the rest of
-  the old subset `test_more`."""
+  quantization, every mesh, both front ends), `RulesTest` (sparse fp8
+  layer) and `SkipStepOnMeshTest` (sparse fp8 step), each path, mode, mesh
+  and front end at least once. The full product is `test_full_product`
+  (slow), the rest of the old subset `test_more`."""
 
   def test_matches_one_device(self):
     """The default cases, in one worker (one start-up)."""
     self.check_cases(
         ("dense_dropping", "int8", ("data=2,expert=4",)),
-        ("dense", "nanoo_fp8", ("expert=8",)),
-        ("dense", "fp8", ("data=2,expert=4",), "nnx"),
+        ("dense", "nanoo_fp8", ("expert=8",), "nnx"),
     )
 
   @testing.slow
   @parameterized.parameters(
       ("dense_dropping", "none", ("data=2,expert=4",)),
       ("sparse", "int8", ("expert=8",)),
+      ("dense", "nanoo_fp8", ("expert=8",)),
+      ("dense", "fp8", ("data=2,expert=4",), "nnx"),
       ("dense", "none", ("expert=8", "data=2,expert=4")),
       ("sparse", "fp8", ("data=2,expert=4",)),
       ("dense", "int8", ("data=2,expert=4",)),
