@@ -5,11 +5,10 @@ transformers 5.24) hold tiny random Mixtral, Qwen3-MoE, DeepSeek-V3 and
 Gemma-4 checkpoints and transformers' logits and greedy continuations for
 them; neither torch nor transformers runs here.
 
-The default run checks one fixture a family in `LogitsTest` (the
-fixtures the attention, greedy and bfloat16 tests do not hold), spread over
-the (layers x front end x path) combinations so that every value of every
-axis is covered; `SlowProductTest` runs the whole product over every
-fixture. What is
+The default run checks one fixture a family in `LogitsTest` (fixtures the
+attention and bfloat16 tests do not hold), spread over the (layers x front
+end x path) combinations so that every value of every axis is covered;
+`SlowProductTest` runs the whole product over every fixture. What is
 particular to DeepSeek-V3 and Gemma-4 is in tests/test_hf_families.py.
 """
 
@@ -42,10 +41,9 @@ NAMES = (
 # fixture -> (scanned, front end, path) of the default run: one fixture a
 # family, together scanned and unrolled, Linen and NNX, sparse and dense;
 # each is a fixture no other default test holds against transformers' logits
-# (`ATTENTION_DEFAULT` and the bfloat16 test hold five more; the untied
-# Gemma-4 fixture is in the slow set's, and tests/test_hf_families.py's): the
-# Mixtral checkpoint with fused expert weights, the scanned Qwen3 (dense,
-# MoE) group, the plain DeepSeek-V3 attention (an unrolled dense layer + MoE
+# (`ATTENTION_DEFAULT` and the bfloat16 test hold three more): the Mixtral
+# checkpoint with fused expert weights, the scanned Qwen3 (dense, MoE)
+# group, the plain DeepSeek-V3 attention (an unrolled dense layer + MoE
 # layers), the multimodal Gemma-4 checkpoint's text model. `SlowProductTest`
 # runs every fixture in every combination.
 DEFAULT = {
@@ -85,13 +83,20 @@ class LogitsTest(parameterized.TestCase):
 
   @parameterized.parameters(
       ("mixtral_gqa_swa", "linen"),  # the sliding window over the cache
-      ("qwen3_moe_step2_nonorm_tied", "nnx"),  # a scanned (dense, MoE) group
       # MLA's latent cache read in the absorbed form; YaRN.
       ("deepseek_v3_qlora_yarn_groups", "linen"),
       # sliding layers over the cache, k_eq_v full layers, a scanned group.
       ("gemma4_text_moe_keqv", "nnx"),
   )
   def test_greedy_with_cache_equals_generate(self, name, frontend):
+    self.check_greedy(name, frontend)
+
+  @testing.slow  # the NNX cache is gemma4_text_moe_keqv's above
+  def test_greedy_with_cache_equals_generate_qwen3_nnx(self):
+    # a scanned (dense, MoE) group, decoded unrolled
+    self.check_greedy("qwen3_moe_step2_nonorm_tied", "nnx")
+
+  def check_greedy(self, name, frontend):
     _, _, expected, prompt_len = _fixture(name)
     config, variables = _load(name, True)
     prompt = expected[:, :prompt_len]
@@ -123,13 +128,13 @@ class LogitsTest(parameterized.TestCase):
 
 
 # fixture -> (scanned, front end) of the attention implementations' default
-# run, one a family: GQA with head_dim 12 and a window 4 < S; q/k norms;
-# MLA (Dk = 24 != Dv = 12 here); Gemma-4's sliding and k_eq_v full layers.
+# run: GQA with head_dim 12 and a window 4 < S; MLA (Dk = 24 != Dv = 12
+# here). The blocks see q, k and v after the q/k norms (Qwen3) and with
+# k = v (Gemma-4's k_eq_v layers): those fixtures, and every other, are in
+# `SlowAttentionImplementationsTest`.
 ATTENTION_DEFAULT = {
-    "mixtral_gqa_swa": (False, "linen"),
-    "qwen3_moe_dense0_norm": (True, "nnx"),
+    "mixtral_gqa_swa": (False, "nnx"),
     "deepseek_v3_qlora_yarn_groups": (True, "linen"),
-    "gemma4_text_moe_keqv": (False, "nnx"),
 }
 
 
@@ -149,11 +154,11 @@ def _implementation_logits(test, name, scan, frontend, implementation):
 
 
 class AttentionImplementationsTest(parameterized.TestCase):
-  """The fixtures with attention="blockwise" (and, under slow, every
-  fixture with "blockwise" and "dot_product", XLA's on CPU) against
-  transformers' logits; the KV-cache decode step runs the
-  einsum whatever the config says, so the greedy continuations are the
-  einsum's (tested above)."""
+  """`ATTENTION_DEFAULT`'s fixtures with attention="blockwise" (under slow,
+  every fixture with "blockwise" and "dot_product", XLA's on CPU) against
+  transformers' logits; the KV-cache decode step runs the einsum whatever
+  the config says, so the greedy continuations are the einsum's (tested
+  above)."""
 
   @parameterized.parameters(*ATTENTION_DEFAULT.items())
   def test_blockwise(self, name, case):
