@@ -7,7 +7,8 @@ moved and every fp8 call site's state moved and differs from the others'.
 The default run holds four cells, together every mode, every path, both
 layer modes and both front ends (three Linen, one NNX); the other cells of
 the old subset (`test_cell_trains_slow`) and the full products are slow.
-CI also runs the Linen product through `linen-moe matrix --all`.
+CI also runs `linen-moe matrix` (every mode x path of tiny_mixtral);
+`linen-moe matrix --all` is the whole product on demand.
 """
 
 import itertools

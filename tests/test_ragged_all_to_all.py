@@ -10,7 +10,8 @@ the real op), and its loss, parameter, fp8-state and input gradients equal
 the one-device layer's in every quantization mode, on meshes and rule tables
 that exchange over one axis, over two, and exchange over one while summing
 over another; a train step of the reference decoder equals one device's in
-both front ends. One worker runs every job (one start-up, shared compiles).
+both front ends. One worker runs every default job (one start-up, shared
+compiles), all asserted in one test; another runs the slow ones.
 """
 
 from __future__ import annotations
@@ -113,9 +114,25 @@ class Checks(parameterized.TestCase):
 
 
 class RaggedAllToAllTest(Checks):
+  """The default checks, one subtest each, in one test: a parallel run
+  (`pytest -n`) hands each test to any of its processes, so checks that
+  share one worker run must share one test to start it once."""
 
-  def test_emulation_is_the_definition(self):
-    results = dict(_results()[0])
+  def test_default_checks(self):
+    checks = (
+        self.check_emulation_is_the_definition,
+        self.check_devices_get_the_real_op_and_auto_is_all_gather_here,
+        self.check_layer_equals_one_device_in_every_mode,
+        self.check_layer_equals_one_device_under_other_rules,
+        self.check_train_step,  # the NNX decoder's
+        self.check_traffic_model_is_the_compiled_programs,
+    )
+    for check, result in zip(checks, _results(), strict=True):
+      with self.subTest(check=check.__name__):
+        check(result)
+
+  def check_emulation_is_the_definition(self, results):
+    results = dict(results)
     self.assertEqual(
         results.pop("docstring_example"), [[1, 3, 0, 0], [2, 2, 4, 0]]
     )
@@ -126,8 +143,7 @@ class RaggedAllToAllTest(Checks):
         self.assertEqual(r["operand_grad_err"], 0.0)
         self.assertEqual(r["output_grad_err"], 0.0)
 
-  def test_devices_get_the_real_op_and_auto_is_all_gather_here(self):
-    r = _results()[1]
+  def check_devices_get_the_real_op_and_auto_is_all_gather_here(self, r):
     # Forward: tokens out, results back; backward (no input gradient
     # asked): the results' transpose.
     self.assertEqual(r["real_op_calls"], 3)
@@ -137,21 +153,17 @@ class RaggedAllToAllTest(Checks):
     self.assertEqual(r["auto_counts"]["all-to-all"], 0)
     self.assertGreater(r["auto_counts"]["reduce-scatter"], 0)
 
-  def test_layer_equals_one_device_in_every_mode(self):
-    self.check_layer(_results()[2], 2 * len(QUANTIZATIONS) * len(MESHES))
+  def check_layer_equals_one_device_in_every_mode(self, results):
+    self.check_layer(results, 2 * len(QUANTIZATIONS) * len(MESHES))
 
-  def test_layer_equals_one_device_under_other_rules(self):
-    self.check_layer(_results()[3], len(RULE_MESHES))
+  def check_layer_equals_one_device_under_other_rules(self, results):
+    self.check_layer(results, len(RULE_MESHES))
 
-  def test_nnx_train_step_equals_one_device(self):
-    self.check_train_step(_results()[4])
-
-  def test_traffic_model_is_the_compiled_programs(self):
+  def check_traffic_model_is_the_compiled_programs(self, measured):
     """The bytes each device sends in the expert-parallel body, read from
     the compiled HLO of the layer's forward and backward on expert=8,
     equal `ep_traffic`'s model: the all-gather's, and the ragged
     exchange's as emulated here (the real op's bytes depend on the data)."""
-    measured = _results()[5]
     # tiny_mixtral: 64 tokens over 8 devices, emb 64, top-2, float32.
     problem = ep_traffic.Problem(
         tokens=8, emb=64, k=2, ep=8, act_bytes=4, experts_per_device=1

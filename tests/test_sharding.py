@@ -2,10 +2,11 @@
 
 The multi-device checks run in subprocesses (`tests/sharding_worker.py`),
 which set `--xla_force_host_platform_device_count=8` before importing jax;
-each test batches several meshes into one subprocess, since compiling
-dominates. The default run holds a representative subset of
+each test batches several meshes (and cases) into one subprocess, since
+compiling dominates. The default run holds a representative subset of
 {sparse, dense, dense + dropping} x {none, int8, fp8, nanoo_fp8} x meshes x
-{Linen, NNX}; the full product is marked slow.
+{Linen, NNX}, each value at least once; the full product, and each
+default check's other front end or meshes, are marked slow.
 
 Tolerances. One SGD step (lr 0.1) from the same init, tokens and RNG, on one
 device and on a mesh. The sharded program multiplies and reduces in other
@@ -49,19 +50,40 @@ PARAM_TOL = {"none": 1e-4, "int8": 1e-4, "fp8": 1e-4, "nanoo_fp8": 1e-3}
 run_worker = workers.sharding_jobs
 
 
+def equivalence_job(path: str, quantization: str, meshes, **options) -> dict:
+  return {
+      "check": "equivalence",
+      "path": path,
+      "quantization": quantization,
+      "meshes": list(meshes),
+      **options,
+  }
+
+
 class EquivalenceMixin(parameterized.TestCase):
 
   def check_equivalent(
       self, path: str, quantization: str, meshes, **options
   ) -> dict:
     """Every mesh: same loss, params and fp8 state as one device."""
-    (result,) = run_worker({
-        "check": "equivalence",
-        "path": path,
-        "quantization": quantization,
-        "meshes": list(meshes),
-        **options,
-    })
+    (result,) = run_worker(
+        equivalence_job(path, quantization, meshes, **options)
+    )
+    self.assert_equivalent(result, quantization)
+    return result
+
+  def check_cases(self, *cases: tuple) -> None:
+    """`check_equivalent` for each (path, quantization, meshes[, frontend])
+    case, all in one worker (one start-up)."""
+    jobs = [
+        equivalence_job(path, mode, meshes, frontend=fe)
+        for path, mode, meshes, fe in ((*case, "linen")[:4] for case in cases)
+    ]
+    for case, job, result in zip(cases, jobs, run_worker(*jobs), strict=True):
+      with self.subTest(case=case):
+        self.assert_equivalent(result, job["quantization"])
+
+  def assert_equivalent(self, result: dict, quantization: str) -> None:
     rtol = 1e-5
     tol = PARAM_TOL[quantization] * result["update"]
     self.assertGreater(result["update"], 0.0)
@@ -74,7 +96,6 @@ class EquivalenceMixin(parameterized.TestCase):
         )
         self.assertLessEqual(r["param_err"], tol)
         self.assertLessEqual(r["fp8_err"], 1e-5 * result["fp8_moved"])
-    return result
 
 
 class MeshSpecTest(absltest.TestCase):
@@ -167,21 +188,37 @@ class ParameterShardingTest(absltest.TestCase):
 
 
 class SparseExpertParallelTest(EquivalenceMixin):
+  """Sparse path, no quantization: one step on a mesh equals one device's,
+  each expert weight lives on its shard only and the compiled step gathers
+  tokens, never a full expert weight. By default Linen on every mesh (NNX
+  steps on a mesh in `EquivalenceTest` and `SkipStepOnMeshTest`); NNX on
+  the expert meshes is `test_nnx` (slow)."""
 
-  @parameterized.parameters(
-      ("linen", MESHES), ("nnx", ("expert=8", "data=2,expert=4"))
-  )
-  def test_sparse_matches_one_device_and_keeps_experts_local(
-      self, frontend, meshes
-  ):
-    result = self.check_equivalent(
-        "sparse",
-        "none",
-        meshes,
-        frontend=frontend,
-        hlo=True,
-        check_init=True,
-    )
+  def test_sparse_matches_one_device_and_keeps_experts_local(self):
+    self.check_sparse(("linen", MESHES))
+
+  @testing.slow
+  def test_nnx(self):
+    self.check_sparse(("nnx", MESHES[1:]))
+
+  def check_sparse(self, *cases: tuple[str, tuple[str, ...]]) -> None:
+    jobs = [
+        equivalence_job(
+            "sparse",
+            "none",
+            meshes,
+            frontend=frontend,
+            hlo=True,
+            check_init=True,
+        )
+        for frontend, meshes in cases
+    ]
+    for (frontend, _), result in zip(cases, run_worker(*jobs), strict=True):
+      with self.subTest(frontend=frontend):
+        self.assert_equivalent(result, "none")
+        self.assert_experts_local(result)
+
+  def assert_experts_local(self, result: dict) -> None:
     self.assertEqual(result["init_err"], 0.0)
     for spec, r in result["meshes"].items():
       shards = sharding.parse_mesh_spec(spec)["expert"]
@@ -223,22 +260,25 @@ class RulesTest(absltest.TestCase):
 
 
 class EquivalenceTest(EquivalenceMixin):
-  """A representative subset: with `SparseExpertParallelTest` (sparse, every
-  mesh, both front ends), `RulesTest` and `SkipStepOnMeshTest` (sparse
-  fp8), each path, mode, mesh and front end at least once. The full product
-  is `test_full_product` (slow), the rest of the old subset `test_more`."""
+  """A representative subset: with `SparseExpertParallelTest` (sparse, no
+  quantization, every mesh), `RulesTest` (sparse fp8
+  layer) and `SkipStepOnMeshTest` (sparse fp8 step), each path, mode, mesh
+  and front end at least once. The full product is `test_full_product`
+  (slow), the rest of the old subset `test_more`."""
 
+  def test_matches_one_device(self):
+    """The default cases, in one worker (one start-up)."""
+    self.check_cases(
+        ("dense_dropping", "int8", ("data=2,expert=4",)),
+        ("dense", "nanoo_fp8", ("expert=8",), "nnx"),
+    )
+
+  @testing.slow
   @parameterized.parameters(
       ("dense_dropping", "none", ("data=2,expert=4",)),
       ("sparse", "int8", ("expert=8",)),
       ("dense", "nanoo_fp8", ("expert=8",)),
       ("dense", "fp8", ("data=2,expert=4",), "nnx"),
-  )
-  def test_matches_one_device(self, path, quantization, meshes, fe="linen"):
-    self.check_equivalent(path, quantization, meshes, frontend=fe)
-
-  @testing.slow
-  @parameterized.parameters(
       ("dense", "none", ("expert=8", "data=2,expert=4")),
       ("sparse", "fp8", ("data=2,expert=4",)),
       ("dense", "int8", ("data=2,expert=4",)),
@@ -255,52 +295,65 @@ class EquivalenceTest(EquivalenceMixin):
 
 
 class RoutedBiasMeshTest(EquivalenceMixin):
+  """tiny_deepseek_v3 (sigmoid, groups, shared expert, routed bias): one
+  step on 8 devices with 2 microbatches moves every routed bias exactly as
+  one step on one device with the whole batch. Linen by default (NNX runs
+  this file's other multi-device steps); NNX is slow."""
 
   def test_rule_update_equals_one_device_one_batch(self):
-    """tiny_deepseek_v3 (sigmoid, groups, shared expert, routed bias): one
-    step on 8 devices with 2 microbatches moves every routed bias exactly as
-    one step on one device with the whole batch, in both front ends (one
-    worker, shared start-up)."""
-    job = {
-        "check": "equivalence",
-        "config": "tiny_deepseek_v3",
-        "path": "sparse",
-        "quantization": "none",
-        "meshes": ["data=2,expert=4"],
-        "grad_accum": 2,
-        "batch": 16,
-    }
-    results = run_worker(job, {**job, "frontend": "nnx"})
-    for frontend, result in zip(FRONTENDS, results, strict=True):
-      with self.subTest(frontend=frontend):
-        self.assertGreater(result["rule_moved"], 0.0)
-        for r in result["meshes"].values():
-          self.assertEqual(r["rule_err"], 0.0)
-          self.assertLessEqual(r["param_err"], 1e-4 * result["update"])
-          self.assertAlmostEqual(
-              r["loss"], result["loss"], delta=1e-5 * result["loss"]
-          )
+    self.check_rule_update("linen")
+
+  @testing.slow
+  def test_rule_update_nnx(self):
+    """NNX keeps the rule state in its own variables."""
+    self.check_rule_update("nnx")
+
+  def check_rule_update(self, frontend: str) -> None:
+    (result,) = run_worker(
+        equivalence_job(
+            "sparse",
+            "none",
+            ["data=2,expert=4"],
+            config="tiny_deepseek_v3",
+            grad_accum=2,
+            batch=16,
+            frontend=frontend,
+        )
+    )
+    self.assertGreater(result["rule_moved"], 0.0)
+    for r in result["meshes"].values():
+      self.assertEqual(r["rule_err"], 0.0)
+      self.assertLessEqual(r["param_err"], 1e-4 * result["update"])
+      self.assertAlmostEqual(
+          r["loss"], result["loss"], delta=1e-5 * result["loss"]
+      )
 
 
 class SkipStepOnMeshTest(absltest.TestCase):
+  """fp8, sparse (expert parallel), two microbatches, the second step's
+  last one poisoned. NNX by default (RoutedBiasMeshTest steps Linen with
+  microbatches on this mesh); Linen is slow."""
 
   def test_poisoned_microbatch_skips_the_sharded_step(self):
-    """fp8, sparse (expert parallel), two microbatches, both front ends."""
-    results = run_worker(*(
-        {"check": "skip", "mesh": "data=2,expert=4", "frontend": fe}
-        for fe in FRONTENDS
-    ))
-    for fe, r in zip(FRONTENDS, results, strict=True):
-      with self.subTest(frontend=fe):
-        self.assertEqual([m["skipped"] for m in r["metrics"]], [0, 1, 0])
-        self.assertEqual(r["skipped_steps"], 1)
-        self.assertEqual(r["steps"], [0, 1, 2, 3])
-        self.assertGreater(r["fp8_leaves"], 0)
-        self.assertEqual(r["skip_diff"], 0.0)  # params, fp8, optimizer
-        self.assertTrue(r["finite"])
-        self.assertGreater(r["moved_after"], 0.0)
-        losses = [m["loss"] for m in r["metrics"]]
-        self.assertLess(losses[2], losses[0])
+    self.check_skip("nnx")
+
+  @testing.slow
+  def test_poisoned_microbatch_skips_the_sharded_linen_step(self):
+    self.check_skip("linen")
+
+  def check_skip(self, frontend: str) -> None:
+    (r,) = run_worker(
+        {"check": "skip", "mesh": "data=2,expert=4", "frontend": frontend}
+    )
+    self.assertEqual([m["skipped"] for m in r["metrics"]], [0, 1, 0])
+    self.assertEqual(r["skipped_steps"], 1)
+    self.assertEqual(r["steps"], [0, 1, 2, 3])
+    self.assertGreater(r["fp8_leaves"], 0)
+    self.assertEqual(r["skip_diff"], 0.0)  # params, fp8, optimizer
+    self.assertTrue(r["finite"])
+    self.assertGreater(r["moved_after"], 0.0)
+    losses = [m["loss"] for m in r["metrics"]]
+    self.assertLess(losses[2], losses[0])
 
 
 if __name__ == "__main__":

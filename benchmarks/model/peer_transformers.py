@@ -190,6 +190,9 @@ def sample(
           top_k=None,
           eos_token_id=None,
           pad_token_id=0,
+          # The load-balance loss (on for `train`) would weigh each decode
+          # step's router logits by the whole attention mask: no aux loss.
+          output_router_logits=False,
       )
     generate_s.append(time.perf_counter() - start)
     if out.shape != (len(lengths), width + new):
