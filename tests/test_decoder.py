@@ -169,15 +169,15 @@ class ScanUnrollTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "scan_unroll"):
       load_model_config("tiny_mixtral").replace(scan_unroll=value)
 
-  # Each unroll once in the default run: the automatic one (in line) and 2
-  # in the Linen decoder's gradients, 1 in the NNX decoder's forward; the
-  # rest are `_slow`.
+  # Each unroll once in the default run: 2 in the Linen decoder's gradients,
+  # the automatic one (in line, every other scanned test's) and 1 in the NNX
+  # decoder's forward (cheaper to compile); the rest are `_slow`.
   def test_loss_and_grads_equal_the_unrolled_layout(self):
-    self.check_loss_and_grads((0, 2), {0: [], 2: [2, 2]})
+    self.check_loss_and_grads((2,), {2: [2, 2]})
 
   @testing.slow
   def test_loss_and_grads_equal_the_unrolled_layout_slow(self):
-    self.check_loss_and_grads((1,), {1: [4, 4]})
+    self.check_loss_and_grads((0, 1), {0: [], 1: [4, 4]})
 
   def check_loss_and_grads(self, unrolls, want_loops):
     """4 layers: each of `unrolls` (0: the automatic unroll, in line; 1: a
@@ -220,11 +220,11 @@ class ScanUnrollTest(parameterized.TestCase):
     self.assertEqual(loops, want_loops)
 
   def test_nnx_decoder_unrolls_alike(self):
-    self.check_nnx_unrolls((1,), {1: [4]})
+    self.check_nnx_unrolls((0, 1), {0: [], 1: [4]})
 
   @testing.slow
   def test_nnx_decoder_unrolls_alike_slow(self):
-    self.check_nnx_unrolls((0, 2), {0: [], 2: [2]})
+    self.check_nnx_unrolls((2,), {2: [2]})
 
   def check_nnx_unrolls(self, unrolls, want_loops):
     """The NNX decoder's forward at each of `unrolls`: the Linen logits,
