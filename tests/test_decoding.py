@@ -1,7 +1,8 @@
 """Greedy decoding with the KV cache against the full forward.
 
 Per case: one compiled prefill, one compiled decode step, one compiled full
-forward over the final sequence length (the causality check reuses it).
+forward over the final sequence length (the causality check reuses it). The
+other tests reuse the float case's model and cache size, so its programs.
 """
 
 import functools
@@ -151,14 +152,15 @@ class DecodingTest(parameterized.TestCase):
 
   def test_a_scanned_cache_is_accepted_and_kept_scanned(self):
     config, variables, prompt = _model("mixtral_float_sparse")
+    # PROMPT + NEW: the per-layer prefill is `test_cache_equals_full_forward`'s.
     scanned = Decoder(config, decode=True).init(
-        jax.random.key(0), jnp.zeros((2, PROMPT + 1), jnp.int32)
+        jax.random.key(0), jnp.zeros((2, PROMPT + NEW), jnp.int32)
     )["cache"]
     scanned = jax.tree.map(jnp.zeros_like, scanned)
     self.assertIn("layers", scanned)
     token, logits, cache = decoding.prefill(config, variables, scanned, prompt)
     self.assertEqual(jax.tree.structure(cache), jax.tree.structure(scanned))
-    per_layer = decoding.init_cache(config, 2, PROMPT + 1)
+    per_layer = decoding.init_cache(config, 2, PROMPT + NEW)
     self.assertNotIn("layers", per_layer)
     token_u, logits_u, cache_u = decoding.prefill(
         config, variables, per_layer, prompt
@@ -190,11 +192,15 @@ class DecodingTest(parameterized.TestCase):
       decoding.prefill(
           config, variables, decoding.init_cache(config, 2, p - 1), prompt
       )
-    cache = decoding.init_cache(config, 2, p + 1)
+    # The cache of `test_cache_equals_full_forward` (its compiled steps),
+    # filled by the prefill and NEW steps.
+    max_len = p + NEW
+    cache = decoding.init_cache(config, 2, max_len)
     token, _, cache = decoding.prefill(config, variables, cache, prompt)
-    token, _, cache = decoding.decode_step(config, variables, cache, token)
+    for _ in range(NEW):
+      token, _, cache = decoding.decode_step(config, variables, cache, token)
     with self.assertRaisesRegex(
-        ValueError, f"holds {p + 1} of its max_len={p + 1} tokens"
+        ValueError, f"holds {max_len} of its max_len={max_len} tokens"
     ):
       decoding.decode_step(config, variables, cache, token)
 

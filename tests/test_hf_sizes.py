@@ -6,6 +6,7 @@ the meta device: tests/fixtures/hf/param_counts.json), and the shipped
 YAML configs of these models are those configs.
 """
 
+import functools
 import importlib.resources
 import json
 import math
@@ -106,8 +107,21 @@ class RealSizesTest(parameterized.TestCase):
         mla.cache_values_per_token(config),
         {"latent": 512 + 64, "expanded": 128 * (128 + 64 + 128)},
     )
-    cache = jax.eval_shape(lambda: decoding.init_cache(config, 1, 16))
-    self.assertEqual(_kv_values(cache) // 16, 61 * 576)
+    cache = _abstract_cache("deepseek_v3")
+    self.assertEqual(_kv_values(cache) // CACHE_LEN, 61 * 576)
+
+
+# The cache length of the shapes below (no window of these models is
+# shorter, so every slot of every layer is a token's).
+CACHE_LEN = 16
+
+
+@functools.cache
+def _abstract_cache(name: str):
+  """The shapes of `decoding.init_cache` of a released model, one row of
+  `CACHE_LEN` tokens (tracing the unrolled decoder: shared by the tests)."""
+  config = hf.model_config(_released(name))
+  return jax.eval_shape(lambda: decoding.init_cache(config, 1, CACHE_LEN))
 
 
 def _kv_leaves(cache) -> list:
@@ -144,16 +158,15 @@ def _table_rows(page: str) -> dict[str, list[str]]:
   return rows
 
 
-def _cache_bytes_per_token(config) -> int:
-  """Bytes one token adds to the KV cache of every layer (measured on
-  `decoding.init_cache`'s shapes, in the config's dtype)."""
-  length = 16
-  cache = jax.eval_shape(lambda: decoding.init_cache(config, 1, length))
+def _cache_bytes_per_token(name: str) -> int:
+  """Bytes one token adds to the KV cache of every layer of a released
+  model (measured on `decoding.init_cache`'s shapes, in its dtype)."""
   total = sum(  # the keys and values; below every window, all slots
-      math.prod(x.shape) * x.dtype.itemsize for x in _kv_leaves(cache)
+      math.prod(x.shape) * x.dtype.itemsize
+      for x in _kv_leaves(_abstract_cache(name))
   )
-  assert total % length == 0
-  return total // length
+  assert total % CACHE_LEN == 0
+  return total // CACHE_LEN
 
 
 class DocsFiguresTest(absltest.TestCase):
@@ -178,7 +191,7 @@ class DocsFiguresTest(absltest.TestCase):
     rows = _table_rows(page)
     deepseek = hf.model_config(_released("deepseek_v3"))
     per_layer = mla.cache_values_per_token(deepseek)
-    kept = _cache_bytes_per_token(deepseek)
+    kept = _cache_bytes_per_token("deepseek_v3")
     self.assertEqual(kept, deepseek.num_layers * per_layer["latent"] * 2)
     latent = rows["latent + rotary key (what is kept)"]
     self.assertTrue(latent[1].endswith(f"= {per_layer['latent']:,}"))
@@ -189,8 +202,7 @@ class DocsFiguresTest(absltest.TestCase):
     self.assertTrue(expanded[2].startswith(f"{expanded_bytes:,} "))
     flat = " ".join(page.split())
     self.assertIn(f"{round(expanded_bytes / kept)} times less", flat)
-    gemma = hf.model_config(_released("gemma4_26b_a4b"))
-    gemma_bytes = _cache_bytes_per_token(gemma)
+    gemma_bytes = _cache_bytes_per_token("gemma4_26b_a4b")
     self.assertIn(
         f"= {gemma_bytes // 2:,} values a token ({gemma_bytes:,} bf16 bytes)",
         flat,

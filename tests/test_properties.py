@@ -19,9 +19,11 @@ inputs, and checks what must hold whatever the numbers:
     the top k of the selection scores.
 
 The default profile ("ci", in conftest.py) runs a few derandomized examples
-plus an explicit one per routing x renormalisation; the slow set runs the
-same tests under the "slow" profile (`SlowProfileTest`), as does
-`pytest tests/test_properties.py --hypothesis-profile=slow`.
+(`LAYER_EXAMPLES` and `ROUTING_EXAMPLES` of them: each layer example
+compiles its own programs) plus an explicit one per routing x
+renormalisation; the slow set runs the same tests under the "slow" profile
+(`SlowProfileTest`), as does `pytest tests/test_properties.py
+--hypothesis-profile=slow`.
 """
 
 import functools
@@ -211,8 +213,24 @@ def check_weights(test, config, tokens, logit_scale, seed):
   np.testing.assert_allclose(np.asarray(result.probs).sum(-1), 1, rtol=1e-5)
 
 
+# Derandomized examples of the layer test in the default run (each draws a
+# new config and compiles four programs of it), and of the routing test
+# beyond its explicit ones.
+LAYER_EXAMPLES = 3
+ROUTING_EXAMPLES = 4
+
+
+def _in_the_default_profile(examples: int):
+  """`examples` examples under the default "ci" profile; another loaded
+  profile (--hypothesis-profile=slow) keeps its own count."""
+  loaded = settings.default.max_examples
+  ci = settings.get_profile("ci").max_examples
+  return settings(max_examples=examples if loaded == ci else loaded)
+
+
 class LayerPropertiesTest(absltest.TestCase):
 
+  @_in_the_default_profile(LAYER_EXAMPLES)
   @given(**LAYER_DRAWS)
   def test_paths_agree_and_stay_in_range(self, **draws):
     check_layer(self, **draws)
@@ -220,6 +238,7 @@ class LayerPropertiesTest(absltest.TestCase):
 
 class RoutingPropertiesTest(absltest.TestCase):
 
+  @_in_the_default_profile(ROUTING_EXAMPLES)
   @given(**ROUTING_DRAWS)
   @_every_routing_and_renormalisation
   def test_weights(self, **draws):

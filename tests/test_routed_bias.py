@@ -3,7 +3,8 @@
 An overloaded expert's `routed_bias` falls and the loads even out with no
 load-balance loss; with a frozen rule they do not. One step with gradient
 accumulation moves the biases exactly as the rule on the whole batch's
-loads (the 8-device case is `test_sharding.RoutedBiasMeshTest`).
+loads (the 8-device case is `test_sharding.RoutedBiasMeshTest`). The
+default run holds each front end at least once; the slow set the rest.
 """
 
 import tempfile
@@ -107,9 +108,18 @@ class OverloadedExpertTest(parameterized.TestCase):
 
 
 class GradAccumulationTest(parameterized.TestCase):
+  """The default run holds the NNX front end, unrolled (the Linen rule
+  update is `OverloadedExpertTest`'s, Linen's accumulated step
+  `tests/test_skip_steps.py`'s); Linen on a scanned stack is slow."""
 
-  @parameterized.parameters(("linen", True), ("nnx", False))
-  def test_update_equals_the_rule_on_the_whole_batch(self, frontend, scan):
+  def test_update_equals_the_rule_on_the_whole_batch(self):
+    self.check_update("nnx", False)
+
+  @testing.slow
+  def test_update_equals_the_rule_on_the_whole_batch_scanned_linen(self):
+    self.check_update("linen", True)
+
+  def check_update(self, frontend, scan):
     """One step with 2 microbatches; the expected biases come from the rule
     applied to the loads of a forward pass over the whole batch."""
     rate = 0.01
@@ -121,9 +131,12 @@ class GradAccumulationTest(parameterized.TestCase):
     state = _set_bias(frontend, state, bias0)
     if frontend == "linen":
       variables = {"params": state.params, "updated_by_rule": state.rule_state}
-      _, aux = Decoder(cfg).apply(variables, tokens)
-    else:
-      _, aux = state.merge()[0](tokens)
+      _, aux = jax.jit(Decoder(cfg).apply)(variables, tokens)
+    else:  # the model's forward, jitted (a copy: `state` stays as it is)
+      graphdef, model_state = nnx.split(state.merge()[0])
+      _, aux = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t))(
+          model_state, tokens
+      )
     load = aux["expert_load"]  # [L, E], the whole batch
     self.assertEqual(load.shape, (2, 16))
     new, _ = jax.jit(fe.make_step(cfg, OPTIMIZER, grad_accum=2))(
@@ -137,9 +150,18 @@ class GradAccumulationTest(parameterized.TestCase):
 
 
 class SkippedStepTest(parameterized.TestCase):
+  """Linen by default (its rule state is a field of its own, which the skip
+  must keep); NNX (the rule state inside the model's state, which
+  `tests/test_skip_steps.py` compares whole) in the slow set."""
 
-  @parameterized.parameters("linen", "nnx")
-  def test_skipped_step_keeps_the_biases(self, frontend):
+  def test_skipped_step_keeps_the_biases(self):
+    self.check_skipped("linen")
+
+  @testing.slow
+  def test_skipped_step_keeps_the_biases_in_nnx(self):
+    self.check_skipped("nnx")
+
+  def check_skipped(self, frontend):
     """A step with a NaN loss (an out-of-range token id) changes no bias; the
     next, finite step moves them."""
     cfg = _config(0.01, num_layers=1)
