@@ -1,5 +1,11 @@
-"""The reference Linen decoder and its train step."""
+"""The reference Linen decoder and its train step.
 
+The default run holds each config, layer layout, `scan_unroll` value and
+front end once; `_slow` methods beside a test hold the rest of its cases.
+Variables of a config are initialized once per module (`_variables`).
+"""
+
+import functools
 import re
 
 from absl.testing import absltest
@@ -32,6 +38,12 @@ def _tokens(cfg, batch=4, seq=16, seed=1):
   return testing.markov_tokens(cfg.vocab_size, batch, seq, seed)
 
 
+@functools.cache
+def _variables(cfg):
+  """The decoder's variables at `cfg` on `_tokens(cfg)`, key 0 (shared)."""
+  return unbox(Decoder(cfg).init(jax.random.key(0), _tokens(cfg)))
+
+
 class DecoderTest(parameterized.TestCase):
 
   @parameterized.parameters(*CONFIGS)
@@ -40,7 +52,7 @@ class DecoderTest(parameterized.TestCase):
     tokens = _tokens(cfg)
     scanned = Decoder(cfg)
     unrolled = Decoder(cfg.replace(scan_layers=False))
-    variables = unbox(scanned.init(jax.random.key(0), tokens))
+    variables = _variables(cfg)
     self.assertEqual(
         variables["params"]["layers"]["moe"]["wi_0"].shape,
         (
@@ -53,11 +65,13 @@ class DecoderTest(parameterized.TestCase):
     as_unrolled = scanned_to_unrolled(variables, cfg.num_layers)
     self.assertEqual(
         jax.tree.structure(as_unrolled),
-        jax.tree.structure(unbox(unrolled.init(jax.random.key(0), tokens))),
+        jax.tree.structure(
+            unbox(jax.eval_shape(unrolled.init, jax.random.key(0), tokens))
+        ),
     )
     (l1, a1), (l2, a2) = (
-        scanned.apply(variables, tokens),
-        unrolled.apply(as_unrolled, tokens),
+        jax.jit(scanned.apply)(variables, tokens),
+        jax.jit(unrolled.apply)(as_unrolled, tokens),
     )
     np.testing.assert_allclose(l1, l2, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(
@@ -69,8 +83,7 @@ class DecoderTest(parameterized.TestCase):
   def test_gemma_block_uses_gate_inputs(self):
     cfg = load_model_config("tiny_gemma4_26b")
     tokens = _tokens(cfg)
-    model = Decoder(cfg)
-    variables = unbox(model.init(jax.random.key(0), tokens))
+    variables = _variables(cfg)
     block = variables["params"]["layers"]
     self.assertIn("router_input_scale", block)
     self.assertIn("post_routed_norm", block)
@@ -85,6 +98,7 @@ class DecoderTest(parameterized.TestCase):
     layer_0 = changed["params"]["layers_0"]
     layer_0["router_input_scale"] = layer_0["router_input_scale"] * -3.0
 
+    @jax.jit  # one compile for both variables
     def moe_calls(variables):
       """(logits, [(experts' input, router input, output)] per layer)."""
       calls = []
@@ -155,13 +169,25 @@ class ScanUnrollTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "scan_unroll"):
       load_model_config("tiny_mixtral").replace(scan_unroll=value)
 
+  # Each unroll once in the default run: 2 in the Linen decoder's gradients,
+  # the automatic one (in line, every other scanned test's) and 1 in the NNX
+  # decoder's forward (cheaper to compile); the rest are `_slow`.
   def test_loss_and_grads_equal_the_unrolled_layout(self):
-    # 4 layers: the automatic unroll (in line), 1 (a loop of 4 iterations)
-    # and 2 (a loop of 2 iterations of 2 layers) against the unrolled layout,
-    # which builds every layer as its own module.
+    self.check_loss_and_grads((2,), {2: [2, 2]})
+
+  @testing.slow
+  def test_loss_and_grads_equal_the_unrolled_layout_slow(self):
+    self.check_loss_and_grads((0, 1), {0: [], 1: [4, 4]})
+
+  def check_loss_and_grads(self, unrolls, want_loops):
+    """4 layers: each of `unrolls` (0: the automatic unroll, in line; 1: a
+    loop of 4 iterations; 2: a loop of 2 iterations of 2 layers) against the
+    unrolled layout, which builds every layer as its own module; the stack's
+    forward and backward loops exist only when asked for, with a trip per
+    layer, or per two (`want_loops`)."""
     cfg = load_model_config("tiny_mixtral").replace(num_layers=4)
     tokens = _tokens(cfg)
-    variables = unbox(Decoder(cfg).init(jax.random.key(0), tokens))
+    variables = _variables(cfg)
 
     def loss_and_grads(config, variables):
       """((loss, grads of the params), compiled HLO text): one compile."""
@@ -179,7 +205,7 @@ class ScanUnrollTest(parameterized.TestCase):
         cfg.replace(scan_layers=False), as_unrolled
     )
     loops = {}
-    for unroll in (0, 1, 2):
+    for unroll in unrolls:
       (got_loss, got_grads), hlo = loss_and_grads(
           cfg.replace(scan_unroll=unroll), variables
       )
@@ -191,17 +217,26 @@ class ScanUnrollTest(parameterized.TestCase):
           got_grads["params"],
           want_grads,
       )
-    # The stack's forward and backward loops exist only when asked for, with
-    # a trip per layer, or per two.
-    self.assertEqual(loops, {0: [], 1: [4, 4], 2: [2, 2]})
+    self.assertEqual(loops, want_loops)
 
   def test_nnx_decoder_unrolls_alike(self):
+    self.check_nnx_unrolls((0, 1), {0: [], 1: [4]})
+
+  @testing.slow
+  def test_nnx_decoder_unrolls_alike_slow(self):
+    self.check_nnx_unrolls((2,), {2: [2]})
+
+  def check_nnx_unrolls(self, unrolls, want_loops):
+    """The NNX decoder's forward at each of `unrolls`: the Linen logits,
+    and the stack's loop only when asked for (`want_loops`)."""
     cfg = load_model_config("tiny_mixtral").replace(num_layers=4)
     tokens = _tokens(cfg)
-    variables = unbox(Decoder(cfg).init(jax.random.key(0), tokens))
-    want, _ = Decoder(cfg.replace(scan_unroll=1)).apply(variables, tokens)
+    variables = _variables(cfg)
+    want, _ = jax.jit(Decoder(cfg.replace(scan_unroll=1)).apply)(
+        variables, tokens
+    )
     loops = {}
-    for unroll in (0, 1, 2):
+    for unroll in unrolls:
       model = nnx_adapter.Decoder(
           cfg.replace(scan_unroll=unroll), rngs=nnx.Rngs(0)
       )
@@ -211,15 +246,22 @@ class ScanUnrollTest(parameterized.TestCase):
       loops[unroll] = _stack_loop_trips(
           forward.lower(model).compile().as_text()
       )
-    self.assertEqual(loops, {0: [], 1: [4], 2: [2]})
+    self.assertEqual(loops, want_loops)
 
 
 class TrainStepTest(parameterized.TestCase):
 
-  # Each config once, each layer mode once (scanned == unrolled is
-  # DecoderTest.test_scanned_equals_unrolled).
-  @parameterized.parameters(("tiny_mixtral", True), ("tiny_gemma4_26b", False))
-  def test_training_approaches_the_optimum(self, config, scan):
+  # Each config once (tiny_gemma4_26b's scanned and unrolled layouts are
+  # DecoderTest.test_scanned_equals_unrolled); tiny_gemma4_26b unrolled is
+  # `_slow`.
+  def test_training_approaches_the_optimum(self):
+    self.check_approaches_the_optimum("tiny_mixtral", scan=True)
+
+  @testing.slow
+  def test_training_approaches_the_optimum_slow(self):
+    self.check_approaches_the_optimum("tiny_gemma4_26b", scan=False)
+
+  def check_approaches_the_optimum(self, config, scan):
     """The Markov data's best loss is known: every next token is one of 4
     equally likely successors, so a model that learned the table scores
     exactly log(4) on every batch; one below it (beyond noise) sees the
@@ -245,35 +287,44 @@ class TrainStepTest(parameterized.TestCase):
         np.mean(losses[-5:]), data.best_loss - 0.05, data.best_loss + MARGIN
     )
 
-  def test_grad_accum_equals_full_batch(self):
-    cfg = load_model_config("tiny_mixtral")
+  def _full_and_accumulated(self, load_balance_loss_weight):
+    """(state, metrics) of one full-batch step and of one of 4 microbatches,
+    tiny_mixtral at `load_balance_loss_weight`, from the same state."""
+    cfg = load_model_config("tiny_mixtral").replace(
+        load_balance_loss_weight=load_balance_loss_weight
+    )
     model = Decoder(cfg)
     opt = optax.sgd(0.1)
     tokens = _tokens(cfg, batch=8)
     state = train_lib.init_train_state(model, opt, tokens, jax.random.key(0))
-    full, m_full = jax.jit(train_lib.make_train_step(model, opt))(
-        state, tokens, jax.random.key(1)
+    return tuple(
+        jax.jit(train_lib.make_train_step(model, opt, grad_accum=n))(
+            state, tokens, jax.random.key(1)
+        )
+        for n in (1, 4)
     )
-    acc, m_acc = jax.jit(train_lib.make_train_step(model, opt, grad_accum=4))(
-        state, tokens, jax.random.key(1)
-    )
-    # The load-balance loss is nonlinear in the batch composition, so compare
-    # with it off.
+
+  def test_grad_accum_equals_full_batch(self):
+    # The load-balance loss is nonlinear in the batch composition, so the
+    # params are compared with it off; the cross entropy is compared with it
+    # on in `_slow`.
+    (full, m_full), (acc, m_acc) = self._full_and_accumulated(0.0)
     np.testing.assert_allclose(
         m_full["cross_entropy"], m_acc["cross_entropy"], rtol=1e-5
-    )
-    cfg0 = cfg.replace(load_balance_loss_weight=0.0)
-    model0 = Decoder(cfg0)
-    full, _ = jax.jit(train_lib.make_train_step(model0, opt))(
-        state, tokens, jax.random.key(1)
-    )
-    acc, _ = jax.jit(train_lib.make_train_step(model0, opt, grad_accum=4))(
-        state, tokens, jax.random.key(1)
     )
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6),
         full.params,
         acc.params,
+    )
+
+  @testing.slow
+  def test_grad_accum_equals_full_batch_slow(self):
+    weight = load_model_config("tiny_mixtral").moe.load_balance_loss_weight
+    self.assertGreater(weight, 0.0)
+    (_, m_full), (_, m_acc) = self._full_and_accumulated(weight)
+    np.testing.assert_allclose(
+        m_full["cross_entropy"], m_acc["cross_entropy"], rtol=1e-5
     )
 
   def test_grad_accum_must_divide_batch(self):

@@ -29,10 +29,12 @@ from linen_moe._src.quantization.modes import QUANTIZATIONS
 from tests import workers
 
 RAGGED = "ragged_all_to_all"
-# The default run: every mode on a mesh that exchanges over `expert` inside
-# each `data` row; two rule tables (two exchange axes; exchange over one
-# axis, sum over another); the NNX decoder's train step. The slow run adds
-# `expert=8` for every mode, the other rule tables and the Linen train step.
+# The default run: every mode but fp8 on a mesh that exchanges over `expert`
+# inside each `data` row; fp8 under two rule tables (two exchange axes;
+# exchange over one axis, sum over another); the NNX decoder's fp8 train
+# step. The slow run adds `expert=8` for every mode, fp8 on the first mesh,
+# the other rule tables and the Linen train step.
+DEFAULT_MODES = [m for m in QUANTIZATIONS if m != "fp8"]
 MESHES = [("data=2,expert=4", "default")]
 RULE_MESHES = [
     ("fsdp=2,expert=4", "two_exchange_axes"),
@@ -45,11 +47,11 @@ SLOW_RULE_MESHES = [
 ]
 
 
-def _jobs(meshes, rule_meshes, frontends) -> tuple[dict, ...]:
+def _jobs(meshes, rule_meshes, frontends, modes) -> tuple[dict, ...]:
   return (
       {
           "check": "layer",
-          "quantizations": list(QUANTIZATIONS),
+          "quantizations": list(modes),
           "expert_parallel": RAGGED,
           "meshes": meshes,
           "inputs": ["random", "skewed"],
@@ -76,12 +78,15 @@ def _jobs(meshes, rule_meshes, frontends) -> tuple[dict, ...]:
 
 @functools.cache
 def _results(slow: bool = False) -> list:
-  jobs = _jobs(SLOW_MESHES, SLOW_RULE_MESHES, ("linen",))
+  jobs = (
+      *_jobs(SLOW_MESHES, SLOW_RULE_MESHES, ("linen",), QUANTIZATIONS),
+      *_jobs(MESHES, [], (), ["fp8"])[:1],
+  )
   if not slow:
     jobs = (
         {"check": "emulation"},
         {"check": "device_program"},
-        *_jobs(MESHES, RULE_MESHES, ("nnx",)),
+        *_jobs(MESHES, RULE_MESHES, ("nnx",), DEFAULT_MODES),
         {"check": "traffic", "mesh": "expert=8"},
     )
   return workers.run_json("tests.ragged_worker", json.dumps(jobs))
@@ -122,7 +127,7 @@ class RaggedAllToAllTest(Checks):
     checks = (
         self.check_emulation_is_the_definition,
         self.check_devices_get_the_real_op_and_auto_is_all_gather_here,
-        self.check_layer_equals_one_device_in_every_mode,
+        self.check_layer_equals_one_device_in_every_other_mode,
         self.check_layer_equals_one_device_under_other_rules,
         self.check_train_step,  # the NNX decoder's
         self.check_traffic_model_is_the_compiled_programs,
@@ -153,8 +158,8 @@ class RaggedAllToAllTest(Checks):
     self.assertEqual(r["auto_counts"]["all-to-all"], 0)
     self.assertGreater(r["auto_counts"]["reduce-scatter"], 0)
 
-  def check_layer_equals_one_device_in_every_mode(self, results):
-    self.check_layer(results, 2 * len(QUANTIZATIONS) * len(MESHES))
+  def check_layer_equals_one_device_in_every_other_mode(self, results):
+    self.check_layer(results, 2 * len(DEFAULT_MODES) * len(MESHES))
 
   def check_layer_equals_one_device_under_other_rules(self, results):
     self.check_layer(results, len(RULE_MESHES))
@@ -188,6 +193,9 @@ class RaggedAllToAllSlowTest(Checks):
 
   def test_linen_train_step_equals_one_device(self):
     self.check_train_step(_results(True)[2])
+
+  def test_fp8_layer_on_the_default_mesh(self):
+    self.check_layer(_results(True)[3], 2 * len(MESHES))
 
 
 if __name__ == "__main__":
