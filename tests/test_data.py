@@ -282,6 +282,7 @@ class MaskedLossTest(absltest.TestCase):
     np.testing.assert_allclose(losses[0], expected, rtol=1e-5)
     self.assertEqual(losses[1], losses[0])
 
+  @testing.slow  # the steps share train_batch and the loss weights
   def test_nnx_step_ignores_padding(self):
     """The NNX step counts the same targets (the tokens and weights of
     `test_train_step_ignores_padding`)."""

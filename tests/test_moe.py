@@ -87,9 +87,7 @@ class MoEReferenceTest(parameterized.TestCase):
     params = _random_params(load_moe_config(config))
     x = _inputs(load_moe_config(config), b=3, s=16)
     ys = {
-        path: (
-            _apply(load_moe_config(config, **kw))({"params": params}, x)[0]
-        )
+        path: _apply(load_moe_config(config, **kw))({"params": params}, x)[0]
         for path, kw in MATMUL_PATHS.items()
     }
     np.testing.assert_allclose(ys["dense"], ys["sparse"], rtol=1e-5, atol=1e-6)

@@ -198,9 +198,7 @@ class QuantizedLayerTest(parameterized.TestCase):
           self._check_fp8_state(cell.states, config, path, mode)
     if {"sparse", "dense"} <= set(cells):
       with self.subTest(path="sparse vs dense"):
-        err = _rel_err(
-            cells["sparse"].outputs[-1], cells["dense"].outputs[-1]
-        )
+        err = _rel_err(cells["sparse"].outputs[-1], cells["dense"].outputs[-1])
         self.assertLess(err, BOUND[mode])
 
   def _check_gradients_finite(self, grads):

@@ -10,7 +10,7 @@ the real op), and its loss, parameter, fp8-state and input gradients equal
 the one-device layer's in every quantization mode, on meshes and rule tables
 that exchange over one axis, over two, and exchange over one while summing
 over another; a train step of the reference decoder equals one device's in
-both front ends. One worker runs every default job (one start-up, shared
+both front ends (slow). One worker runs every default job (one start-up, shared
 compiles), all asserted in one test; another runs the slow ones.
 """
 
@@ -31,9 +31,10 @@ from tests import workers
 RAGGED = "ragged_all_to_all"
 # The default run: every mode but fp8 on a mesh that exchanges over `expert`
 # inside each `data` row; fp8 under two rule tables (two exchange axes;
-# exchange over one axis, sum over another); the NNX decoder's fp8 train
-# step. The slow run adds `expert=8` for every mode, fp8 on the first mesh,
-# the other rule tables and the Linen train step.
+# exchange over one axis, sum over another). The slow run adds `expert=8`
+# for every mode, fp8 on the first mesh, the other rule tables and the
+# decoders' train steps (Linen and NNX; the layer's loss, parameter, fp8
+# and input gradients are the default run's, the step adds the optimizer).
 DEFAULT_MODES = [m for m in QUANTIZATIONS if m != "fp8"]
 MESHES = [("data=2,expert=4", "default")]
 RULE_MESHES = [
@@ -79,14 +80,14 @@ def _jobs(meshes, rule_meshes, frontends, modes) -> tuple[dict, ...]:
 @functools.cache
 def _results(slow: bool = False) -> list:
   jobs = (
-      *_jobs(SLOW_MESHES, SLOW_RULE_MESHES, ("linen",), QUANTIZATIONS),
+      *_jobs(SLOW_MESHES, SLOW_RULE_MESHES, ("linen", "nnx"), QUANTIZATIONS),
       *_jobs(MESHES, [], (), ["fp8"])[:1],
   )
   if not slow:
     jobs = (
         {"check": "emulation"},
         {"check": "device_program"},
-        *_jobs(MESHES, RULE_MESHES, ("nnx",), DEFAULT_MODES),
+        *_jobs(MESHES, RULE_MESHES, (), DEFAULT_MODES),
         {"check": "traffic", "mesh": "expert=8"},
     )
   return workers.run_json("tests.ragged_worker", json.dumps(jobs))
@@ -129,7 +130,6 @@ class RaggedAllToAllTest(Checks):
         self.check_devices_get_the_real_op_and_auto_is_all_gather_here,
         self.check_layer_equals_one_device_in_every_other_mode,
         self.check_layer_equals_one_device_under_other_rules,
-        self.check_train_step,  # the NNX decoder's
         self.check_traffic_model_is_the_compiled_programs,
     )
     for check, result in zip(checks, _results(), strict=True):
@@ -194,8 +194,11 @@ class RaggedAllToAllSlowTest(Checks):
   def test_linen_train_step_equals_one_device(self):
     self.check_train_step(_results(True)[2])
 
+  def test_nnx_train_step_equals_one_device(self):
+    self.check_train_step(_results(True)[3])
+
   def test_fp8_layer_on_the_default_mesh(self):
-    self.check_layer(_results(True)[3], 2 * len(MESHES))
+    self.check_layer(_results(True)[4], 2 * len(MESHES))
 
 
 if __name__ == "__main__":

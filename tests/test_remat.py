@@ -449,6 +449,7 @@ class UserRematTest(parameterized.TestCase):
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
     assert_close_per_leaf(self, got[1], want[1])
 
+  @testing.slow  # nn.remat around a block: RematGradientsTest by default
   def test_linen_user_remat_equals_no_remat(self):
     self.check(
         _user_grads("fp8", "sparse", "policy", True),
