@@ -9,6 +9,8 @@ import re
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from linen_moe import testing
+
 # CI runs the suite from a copy of tests/ with README.md and docs/ beside it.
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 _PAGES = ["README.md"] + sorted(
@@ -52,8 +54,18 @@ class ExamplesTest(parameterized.TestCase):
     self.assertGreaterEqual(len(_python_blocks("README.md")), 2)
     self.assertGreater(len(_PAGES), 10)
 
-  @parameterized.parameters(*_PAGES)
-  def test_examples_run(self, page):
+  def test_readme_examples_run(self):
+    self.check_examples_run("README.md")
+
+  # The guides' examples (each compiles its own models: ~100 s of the
+  # default run's time on 2 cores) are slow; .ci/run runs them on the
+  # installed wheel, beside the docs build.
+  @testing.slow
+  @parameterized.parameters(*_PAGES[1:])
+  def test_examples_run_slow(self, page):
+    self.check_examples_run(page)
+
+  def check_examples_run(self, page):
     for i, block in enumerate(_python_blocks(page)):
       with self.subTest(block=i):
         exec(compile(block, f"{page}[python block {i}]", "exec"), {})  # noqa: S102
