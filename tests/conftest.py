@@ -17,6 +17,7 @@ import pytest
 
 import linen_moe
 from linen_moe import testing
+from linen_moe._src.testing.compile_options import add_xla_flag
 from linen_moe.testing import use_compilation_cache
 from linen_moe.testing import use_fast_compile
 
@@ -62,10 +63,7 @@ use_fast_compile()
 # the suite's tiny programs, and makes the processes (and their 8-device
 # workers, which inherit XLA_FLAGS) fight for the cores: 9 % less wall time
 # measured on test_sharding + test_serving (83 s -> 75 s, -n 2).
-if "xla_cpu_multi_thread_eigen" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (
-      os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
-  ).strip()
+add_xla_flag("xla_cpu_multi_thread_eigen", "false")
 # Shared with `linen-moe matrix` on this machine (see use_compilation_cache).
 # Every program is written, not only those over a second: at level 0 most of
 # the suite's programs compile in less, and a warm run should load them all.

@@ -54,8 +54,13 @@ def use_fast_compile() -> None:
   Must run before the first computation (XLA reads `XLA_FLAGS` when its
   backend starts); a level already set in `XLA_FLAGS` is kept.
   """
+  add_xla_flag("xla_backend_optimization_level", "0")
+
+
+def add_xla_flag(name: str, value: str) -> None:
+  """Appends `--name=value` to this process's `XLA_FLAGS` (inherited by
+  child processes) unless `XLA_FLAGS` already sets `name`. Takes effect
+  only before XLA's backend starts."""
   flags = os.environ.get("XLA_FLAGS", "")
-  if "xla_backend_optimization_level" not in flags:
-    os.environ["XLA_FLAGS"] = (
-        f"{flags} --xla_backend_optimization_level=0".strip()
-    )
+  if name not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} --{name}={value}".strip()
