@@ -496,16 +496,35 @@ def _kernel_shapes(params) -> set[tuple[int, ...]]:
   return shapes
 
 
+# The serving modes a frozen QLoRA base can be stored in, and their storage
+# dtypes; int8 in the default run, the fp8 modes (about 35 s of compiling
+# each on CI's machine) `slow`.
+QLORA_MODES = {
+    "int8": jnp.int8,
+    "fp8": jnp.float8_e4m3fn,
+    "nanoo_fp8": jnp.float8_e4m3fnuz,
+}
+
+
 @functools.cache
-def _qlora_run(mode: str = "int8", lora_rank: int = 3):
-  """A QLoRA decoder (int8 serving base, float adapters), its train state,
-  its compiled step and that program's text."""
+def _qlora_base(mode: str, lora_rank: int = 3):
+  """(serving config, serving variables, QLoRA config, its variables with
+  fresh adapters (B = 0), tokens): tiny_qwen3_moe's weights stored in
+  `mode`, float adapters on them."""
   float_cfg = load_model_config("tiny_qwen3_moe").replace(quantization=mode)
   tokens = jax.random.randint(_key(3), (2, 5), 0, float_cfg.vocab_size)
   float_vars = Decoder(float_cfg).init(_key(0), tokens)
   serve_cfg, serve_vars = quantization.quantize_weights(float_cfg, float_vars)
   cfg = serve_cfg.replace(lora_rank=lora_rank)
   variables = lora.init_adapters(cfg, serve_vars, _key(1))
+  return serve_cfg, serve_vars, cfg, variables, tokens
+
+
+@functools.cache
+def _qlora_run(mode: str = "int8", lora_rank: int = 3):
+  """A QLoRA decoder (a `mode` serving base, float adapters), its train
+  state, tokens and its compiled step."""
+  _, _, cfg, variables, tokens = _qlora_base(mode, lora_rank)
   optimizer = optax.adam(1e-2)
   state = training.train_state_from_variables(variables, optimizer)
   step = jax.jit(training.make_train_step(Decoder(cfg), optimizer))
@@ -513,10 +532,41 @@ def _qlora_run(mode: str = "int8", lora_rank: int = 3):
   return cfg, state, tokens, compiled
 
 
-class QLoRATest(absltest.TestCase):
+class QLoRATest(parameterized.TestCase):
+  """A frozen serving base (int8, fp8, nanoo_fp8) with float adapters:
+  fresh adapters change no logit of the serving model, a step trains the
+  adapters alone (the optimizer's moments are theirs, the stored kernels
+  unchanged, no contraction producing a frozen kernel's gradient in the
+  compiled program) and a few steps lower the loss."""
 
-  def test_only_adapters_train(self):
-    cfg, state, tokens, compiled = _qlora_run()
+  def test_int8_base(self):
+    self._check("int8")
+
+  @slow
+  @parameterized.parameters("fp8", "nanoo_fp8")
+  def test_fp8_bases(self, mode):
+    self._check(mode)
+
+  def _check(self, mode):
+    with self.subTest("zero_b"):
+      self._check_zero_b(mode)
+    with self.subTest("training"):
+      self._check_training(mode)
+    with self.subTest("contractions"):
+      self._check_contractions(mode)
+
+  def _check_zero_b(self, mode):
+    serve_cfg, serve_vars, cfg, variables, tokens = _qlora_base(mode)
+    stored = serve_vars["params"]["layers"]["moe"]["wi_0"]
+    self.assertEqual(jnp.dtype(stored.dtype), QLORA_MODES[mode])
+    self.assertTrue(lora.has_adapters(variables["params"]))
+    base = np.asarray(_forward(serve_cfg)(serve_vars, tokens))
+    got = np.asarray(_forward(cfg)(variables, tokens))
+    self.assertTrue(np.isfinite(base).all())
+    np.testing.assert_array_equal(got, base)
+
+  def _check_training(self, mode):
+    cfg, state, tokens, compiled = _qlora_run(mode)
     adapters, frozen = lora.split(state.params)
     # The optimizer's moments are the adapters' (Adam: two of each).
     moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
@@ -535,11 +585,11 @@ class QLoRATest(absltest.TestCase):
     )
     self.assertTrue(all(jax.tree.leaves(moved)))
     self.assertEqual(
-        jnp.dtype(new_frozen["layers"]["moe"]["wi_0"].dtype), jnp.int8
+        jnp.dtype(new_frozen["layers"]["moe"]["wi_0"].dtype), QLORA_MODES[mode]
     )
 
-  def test_no_frozen_kernel_gradient_contraction(self):
-    cfg, state, _, compiled = _qlora_run()
+  def _check_contractions(self, mode):
+    cfg, state, _, compiled = _qlora_run(mode)
     frozen_shapes = _kernel_shapes(lora.split(state.params)[1])
     self.assertIn((32, 64, 16), frozen_shapes)  # the experts' wi_0
     produced = _dot_shapes(compiled.as_text())
