@@ -7,9 +7,11 @@ forward each; the default run holds one case per axis value (family, path,
 front end, layer layout), the full product is `slow`.
 """
 
+import contextlib
 import functools
 import itertools
 import re
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -24,16 +26,19 @@ from linen_moe import Decoder
 from linen_moe import MoEConfig
 from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
+from linen_moe import SharedExpert
 from linen_moe import hlo
 from linen_moe import load_model_config
 from linen_moe import lora
 from linen_moe import quantization
 from linen_moe import training
+from linen_moe._src.lora import adapters as lora_adapters
 from linen_moe.sharding import unbox
 from linen_moe.testing import slow
 import nnx_adapter
 from tests import hf_helpers
 from tests import numpy_reference
+from tests import workers
 
 FAMILIES = {
     "qwen3": "qwen3_moe_dense0_norm",
@@ -222,6 +227,162 @@ class GradientTest(parameterized.TestCase):
       np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5, err_msg=path_)
 
 
+P_DROP = 0.25
+
+
+@contextlib.contextmanager
+def _recorded_adapter_inputs():
+  """Records each (input, what the adapter branch got) pair of
+  `_adapter_input`, in call order, unchanged."""
+  original = lora_adapters._adapter_input  # noqa: SLF001
+  pairs = []
+
+  def recording(module, x, rate):
+    out = original(module, x, rate)
+    pairs.append((np.asarray(x), np.asarray(out)))
+    return out
+
+  with mock.patch.object(lora_adapters, "_adapter_input", recording):
+    yield pairs
+
+
+def _silu(v):
+  return v / (1.0 + np.exp(-v))
+
+
+def _dropped(v, mask):
+  """Inverted dropout from the formula: kept entries scaled 1 / (1 - p)."""
+  return np.where(mask, v / np.float32(1.0 - P_DROP), 0).astype(np.float32)
+
+
+class DropoutTest(parameterized.TestCase):
+  """lora_dropout p: with a "params" RNG (a train step's) the adapter
+  branch gets its input with each entry dropped with probability p and the
+  kept ones scaled 1 / (1 - p), the base branch the input unchanged:
+  x W + s (D(x) A) B; without one (evaluation) no dropout. The output
+  against a NumPy reference of that formula with the masks the layer drew
+  (each a per-entry Bernoulli: its dropped fraction within 4 sigma of p)."""
+
+  def _layer(self, kind, rate=P_DROP):
+    """(config, layer): "shared" a shared expert, else the routed layer on
+    that matmul path."""
+    if kind == "shared":
+      cfg = _layer_config("dense", shared_experts=1, shared_mlp_dim=6)
+      cfg = cfg.replace(lora_dropout=rate)
+      return cfg, SharedExpert(cfg)
+    cfg = _layer_config(kind, lora_dropout=rate)
+    return cfg, RoutedMoE(cfg)
+
+  def _variables(self, kind, x, zero_b=False):
+    _, layer = self._layer(kind)
+    variables = unbox(_perturbed(unbox(layer.init(_key(1), x)), 0.3))
+    if zero_b:
+      variables = jax.tree_util.tree_map_with_path(
+          lambda p, v: jnp.zeros_like(v)
+          if p[-1].key.endswith("_lora_b")
+          else v,
+          variables,
+      )
+    return variables
+
+  def _apply(self, kind, variables, x, rng=None, rate=P_DROP):
+    _, layer = self._layer(kind, rate)
+    rngs = None if rng is None else {"params": rng}
+    y = layer.apply(variables, x, rngs=rngs)
+    return np.asarray(y[0] if isinstance(y, tuple) else y)
+
+  def _check_masks(self, pairs):
+    """Every recorded adapter input is the input with entries zeroed and
+    the rest scaled 1 / (1 - p); returns the masks."""
+    masks = []
+    for x, got in pairs:
+      mask = got != 0
+      # To one rounding: XLA may divide by 1 - p as a product by 1/(1 - p).
+      np.testing.assert_allclose(got, _dropped(x, mask), rtol=3e-7, atol=0)
+      sigma = np.sqrt(P_DROP * (1 - P_DROP) / mask.size)
+      self.assertLess(abs(1 - mask.mean() - P_DROP), 4 * sigma)
+      masks.append(mask)
+    return masks
+
+  def test_shared_expert_against_the_formula(self):
+    cfg, _ = self._layer("shared")
+    x = jax.random.normal(_key(0), (2, 40, 8), jnp.float32)
+    variables = self._variables("shared", x)
+    with _recorded_adapter_inputs() as pairs:
+      got = self._apply("shared", variables, x, _key(5))
+    self.assertLen(pairs, 3)  # wi_0, wi_1, wo
+    m0, m1, m2 = self._check_masks(pairs)
+    p = {k: np.asarray(v) for k, v in variables["params"].items()}
+    s = cfg.lora.scale
+    xn = np.asarray(x)
+
+    def proj(name, v, mask):
+      a, b = p[name + "_lora_a"], p[name + "_lora_b"]
+      return v @ p[name] + s * ((_dropped(v, mask) @ a) @ b)
+
+    h = _silu(proj("wi_0", xn, m0)) * proj("wi_1", xn, m1)
+    want = proj("wo", h, m2)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+  def test_routed_dense_against_the_formula(self):
+    """Dense path: the gate and up projections drop each token's input
+    [B, S, M] (one mask per token for every expert), the down projection
+    each expert's hidden [B, S, E, H]."""
+    cfg, _ = self._layer("dense")
+    x = jax.random.normal(_key(0), (2, 20, 8), jnp.float32)
+    variables = self._variables("dense", x)
+    with _recorded_adapter_inputs() as pairs:
+      got = self._apply("dense", variables, x, _key(5))
+    self.assertLen(pairs, 3)
+    m0, m1, m2 = self._check_masks(pairs)
+    p = {
+        k: np.asarray(v)
+        for k, v in traverse_util.flatten_dict(variables["params"]).items()
+    }
+    s = cfg.lora.scale
+    xt = np.asarray(x).reshape(-1, 8)
+    m0, m1 = m0.reshape(-1, 8), m1.reshape(-1, 8)
+    m2 = m2.reshape(xt.shape[0], cfg.num_experts, -1)
+    want = np.zeros_like(xt)
+    for t in range(xt.shape[0]):
+      ids, weights = numpy_reference.route_token(
+          xt[t].astype(np.float64) @ p[("gate", "kernel")], cfg, None
+      )
+      for e, w in zip(ids, weights, strict=True):
+
+        def proj(name, v, mask, e=e):
+          a, b = p[(name + "_lora_a",)][e], p[(name + "_lora_b",)][e]
+          return v @ p[(name,)][e] + s * ((_dropped(v, mask) @ a) @ b)
+
+        h = _silu(proj("wi_0", xt[t], m0[t])) * proj("wi_1", xt[t], m1[t])
+        want[t] += np.float32(w) * proj("wo", h, m2[t, e])
+    np.testing.assert_allclose(got.reshape(-1, 8), want, atol=1e-5, rtol=1e-5)
+
+  @parameterized.parameters("shared", "dense", "sparse")
+  def test_when_dropout_applies(self, kind):
+    """With an RNG: the same key gives the same bits, another key others,
+    and B = 0 gives the base's output bit for bit (dropout touches the
+    adapter branch alone). Without one, or at rate 0, no dropout: the
+    output is rate 0's bit for bit. The sparse path's adapter inputs (its
+    sorted rows, one mask per routed assignment) are dropped and scaled
+    as the formula says."""
+    x = jax.random.normal(_key(0), (2, 20, 8), jnp.float32)
+    variables = self._variables(kind, x)
+    apply = functools.partial(self._apply, kind, variables, x)
+    with _recorded_adapter_inputs() as pairs:
+      dropped = apply(_key(5))
+    self._check_masks(pairs)
+    np.testing.assert_array_equal(apply(_key(5)), dropped)
+    self.assertGreater(np.abs(apply(_key(6)) - dropped).max(), 1e-3)
+    plain = apply(rate=0.0)
+    self.assertGreater(np.abs(dropped - plain).max(), 1e-3)
+    np.testing.assert_array_equal(apply(), plain)
+    np.testing.assert_array_equal(apply(_key(5), rate=0.0), plain)
+    zero_b = self._variables(kind, x, zero_b=True)
+    base = self._apply(kind, zero_b, x, rate=0.0)
+    np.testing.assert_array_equal(self._apply(kind, zero_b, x, _key(5)), base)
+
+
 def _dequantized(node):
   """A serving `params` tree with its int8 kernels dequantized (values
   times their per-channel scales) and the scales dropped."""
@@ -396,6 +557,84 @@ class QLoRATest(absltest.TestCase):
     step = jax.jit(training.make_train_step(Decoder(cfg), optimizer))
     text = step.lower(state, tokens, _key(4)).compile().as_text()
     self.assertNotEmpty(_dot_shapes(text) & _kernel_shapes(state.params))
+
+
+# The default rule table's placement of the routed experts' kernels and
+# their adapters: A and B split on the expert axis as their kernel, each on
+# the kernel's mesh axis of the side it shares with it, the rank unsplit.
+EP_SPECS = {
+    "wi_0": "P('expert', 'fsdp', 'tensor')",
+    "wi_0_lora_a": "P('expert', 'fsdp', None)",
+    "wi_0_lora_b": "P('expert', None, 'tensor')",
+    "wo": "P('expert', 'tensor', 'fsdp')",
+    "wo_lora_a": "P('expert', 'tensor', None)",
+    "wo_lora_b": "P('expert', None, 'fsdp')",
+}
+
+
+class ExpertParallelTest(parameterized.TestCase):
+  """Adapters under expert parallelism (8 simulated devices, in
+  `tests/sharding_worker.py`'s "lora" check): A and B carry their kernel's
+  expert axis, are placed split on it, and the routed layer's output and
+  the gradients of every A and B on the mesh are the single device's, to
+  1e-5 of each one's largest magnitude (measured: 2.5e-7 at most, dense
+  path; 1.5e-7 sparse, any strategy or serving base). The default run: the
+  sparse path on a mesh that gathers tokens over `expert` and one with
+  FSDP and tensor axes; the rest is slow."""
+
+  def test_adapters_split_with_their_experts(self):
+    self._check({
+        "meshes": [
+            ("data=2,expert=4", "default"),
+            ("fsdp=2,expert=2,tensor=2", "default"),
+        ]
+    })
+
+  @slow
+  def test_adapters_split_with_their_experts_more(self):
+    """Every expert on its own device, tokens replicated over `expert`
+    (outputs summed), the ragged all-to-all exchange, the dense path under
+    the same mesh, and QLoRA: frozen int8 / fp8 / nanoo_fp8 serving bases."""
+    mesh = [("data=2,expert=4", "default")]
+    self._check(
+        {
+            "meshes": [
+                ("expert=8", "default"),
+                ("data=2,expert=4", "batch_on_data"),
+            ]
+        },
+        {"meshes": mesh, "expert_parallel": "ragged_all_to_all"},
+        {"meshes": mesh, "path": "dense"},
+        *(
+            {"meshes": mesh, "quantization": m}
+            for m in ("int8", "fp8", "nanoo_fp8")
+        ),
+    )
+
+  def _check(self, *jobs):
+    jobs = [{"check": "lora", **job} for job in jobs]
+    for job, result in zip(jobs, workers.sharding_jobs(*jobs), strict=True):
+      logical = result["logical"]
+      for w in ("wi_0", "wi_1", "wo"):
+        self.assertEqual(logical[w][0], "exp")
+        self.assertEqual(logical[w + "_lora_a"], [*logical[w][:2], None])
+        self.assertEqual(
+            logical[w + "_lora_b"], [logical[w][0], None, logical[w][2]]
+        )
+      self.assertGreater(result["y_scale"], 0.0)
+      self.assertLen(result["grad_scale"], 6)
+      for spec, r in result["meshes"].items():
+        with self.subTest(job=job, mesh=spec):
+          specs = r["specs"]
+          self.assertEqual({w: specs[w] for w in EP_SPECS}, EP_SPECS)
+          self.assertEqual(specs["wi_1_lora_a"], specs["wi_0_lora_a"])
+          self.assertEqual(specs["wi_1_lora_b"], specs["wi_0_lora_b"])
+          self.assertLessEqual(r["y_err"], 1e-5 * result["y_scale"])
+          self.assertEqual(r["grad_err"].keys(), result["grad_scale"].keys())
+          for name, err in r["grad_err"].items():
+            scale = result["grad_scale"][name]
+            self.assertGreater(scale, 0.0, name)
+            self.assertLessEqual(err, 1e-5 * scale, name)
 
 
 class NNXTrainTest(absltest.TestCase):
