@@ -1,6 +1,9 @@
 """LoRA and QLoRA (`linen_moe.lora`): B = 0 changes no logit, merging gives
-the adapted logits, the gradients of A and B are the formula's, counts come
-from shapes, the QLoRA step differentiates no frozen kernel, bad input.
+the adapted logits, the gradients of A and B are the formula's, dropout is
+the formula's in training and absent in evaluation, counts come from
+shapes, the QLoRA step (int8, fp8, nanoo_fp8 bases) differentiates no
+frozen kernel, expert parallelism gives one device's output and gradients,
+bad input.
 
 The per-family fixture cases share one loaded checkpoint and one compiled
 forward each; the default run holds one case per axis value (family, path,
