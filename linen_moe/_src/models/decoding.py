@@ -43,6 +43,7 @@ from linen_moe._src.layer.variables import CACHE
 from linen_moe._src.models import layer_stack
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.kv_cache import POSITION
+from linen_moe._src.models.sampling import sample_tokens
 from linen_moe._src.models.tokens import validate_tokens_if_concrete
 from linen_moe._src.parallel import sharding
 
@@ -444,74 +445,6 @@ def bucket(n: int, minimum: int = 1) -> int:
   bucket of `generate`."""
   n = max(n, minimum)
   return 1 << (n - 1).bit_length()
-
-
-def filter_logits(
-    logits: jax.Array,
-    temperature: jax.Array,
-    top_k: jax.Array,
-    top_p: jax.Array,
-    min_p: jax.Array,
-) -> jax.Array:
-  """The logits a draw samples from, in float32: -inf outside the kept set.
-
-  In order, as transformers' samplers: logits / temperature; top-k keeps
-  the k largest (k = 0: all; ties with the k-th are kept); top-p keeps the
-  most likely tokens, renormalized, until their mass reaches p (the
-  smallest such set, at least one token; p = 1: all); min-p keeps the
-  tokens whose renormalized probability is at least min_p times the
-  largest.
-
-  Args:
-    logits: [..., V].
-    temperature: > 0 (scalar).
-    top_k: >= 0 (scalar, int).
-    top_p: in (0, 1] (scalar).
-    min_p: in [0, 1] (scalar).
-
-  Returns:
-    <float32>[..., V], the scaled logits of the kept tokens, -inf elsewhere.
-  """
-  x = logits.astype(jnp.float32) / temperature
-  v = x.shape[-1]
-  ordered = -jnp.sort(-x, axis=-1)  # descending, one sort for k and p
-  kth = jnp.take(ordered, jnp.clip(top_k - 1, 0, v - 1), axis=-1)[..., None]
-  cut = jnp.where(top_k > 0, kth, -jnp.inf)
-  x = jnp.where(x < cut, -jnp.inf, x)
-  ordered = jnp.where(ordered < cut, -jnp.inf, ordered)
-  sorted_probs = jax.nn.softmax(ordered, axis=-1)
-  before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-  kept = (before < top_p) | (top_p >= 1.0)
-  kept = kept.at[..., 0].set(True)
-  floor = jnp.min(jnp.where(kept, ordered, jnp.inf), axis=-1, keepdims=True)
-  x = jnp.where(x < floor, -jnp.inf, x)
-  probs = jax.nn.softmax(x, axis=-1)
-  floor = min_p * jnp.max(probs, axis=-1, keepdims=True)
-  return jnp.where(probs < floor, -jnp.inf, x)
-
-
-def sample_tokens(
-    logits: jax.Array,
-    keys: jax.Array,
-    temperature: jax.Array,
-    top_k: jax.Array,
-    top_p: jax.Array,
-    min_p: jax.Array,
-) -> jax.Array:
-  """One token per row: <int32>[B] from logits [B, V] and keys [B].
-
-  Temperature 0 is greedy (argmax; the filters are not computed); above,
-  a draw with each row's own key from `filter_logits`.
-  """
-
-  def greedy(_):
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-  def draw(_):
-    kept = filter_logits(logits, temperature, top_k, top_p, min_p)
-    return jax.vmap(jax.random.categorical)(keys, kept).astype(jnp.int32)
-
-  return jax.lax.cond(temperature == 0, greedy, draw, None)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
