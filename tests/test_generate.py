@@ -215,7 +215,8 @@ class RingBufferTest(absltest.TestCase):
     cache = jax.eval_shape(lambda: decoding.init_cache(config, 2, 64))
     for i in range(config.num_layers):
       layer = cache[f"layers_{i}"]["attention"]
-      self.assertEqual(layer["cached_key"].shape[:2], (2, 4))
+      kv, d = config.resolved_kv_heads, config.resolved_head_dim
+      self.assertEqual(layer["cached_key"].shape, (2, kv, 4, d))
       self.assertEqual(layer["cached_position"].shape, (2, 4))
     per_token = decoding.cache_bytes_per_token(config, 64)
     kv, d = config.resolved_kv_heads, config.resolved_head_dim

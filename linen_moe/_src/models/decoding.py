@@ -29,6 +29,7 @@ depends on the length of the sequence it is computed over.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 from collections.abc import Mapping
 import dataclasses
@@ -65,7 +66,8 @@ def init_cache(config: ModelConfig, batch: int, max_len: int) -> PyTree:
     The `cache` collection, laid out per layer (`layers_{i}/...`) whether
     or not `config` scans its layers, as decoding runs them
     (`unrolled_config`): every attention's `cached_key` and `cached_value`
-    [B, C, K, D] (MLA: `cached_latent`, `cached_rope_key`) and
+    [B, K, C, D] (MLA: `cached_latent` [B, C, R], `cached_rope_key`
+    [B, 1, C, Dr]) and
     `cached_position` <int32>[B, C], C = max_len, or min(W, max_len) for
     a sliding-window layer (a ring buffer, `kv_cache.py`); the decoder's
     `index` <int32>[] and `pad` <int32>[B]. `cache_bytes_per_token`
@@ -400,17 +402,19 @@ def cache_bytes_per_token(
     A layer's cache is C * n bytes per row.
   """
   shapes = jax.eval_shape(lambda: init_cache(config, 1, max_len))
-  out = {}
+  cached = collections.defaultdict(list)  # layer -> [(name, leaf)]
   for path, leaf in jax.tree_util.tree_leaves_with_path(shapes):
     keys = [getattr(k, "key", str(k)) for k in path]
-    if len(keys) < 2 or not keys[-1].startswith("cached_"):
-      continue
-    layer = keys[0]
-    per = int(np.prod(leaf.shape[2:], dtype=np.int64)) * leaf.dtype.itemsize
-    entry = out.setdefault(
-        layer, {"slots": leaf.shape[1], "bytes_per_token": 0}
-    )
-    entry["bytes_per_token"] += per
+    if len(keys) >= 2 and keys[-1].startswith("cached_"):
+      cached[keys[0]].append((keys[-1], leaf))
+  out = {}
+  for layer, leaves in cached.items():
+    # The slots are the positions' [1, C]; the keys and values are stored
+    # heads-major ([1, K, C, D]), so each leaf's bytes per slot is its size
+    # over C.
+    slots = dict(leaves)[f"cached_{POSITION}"].shape[1]
+    per = sum(leaf.size * leaf.dtype.itemsize for _, leaf in leaves)
+    out[layer] = {"slots": slots, "bytes_per_token": per // slots}
   return out
 
 
