@@ -35,6 +35,7 @@ from linen_moe import load_model_config
 from linen_moe import lora
 from linen_moe import quantization
 from linen_moe import training
+from linen_moe import variables as variables_lib
 from linen_moe._src.lora import adapters as lora_adapters
 from linen_moe.sharding import unbox
 from linen_moe.testing import slow
@@ -241,7 +242,7 @@ P_DROP = 0.25
 @contextlib.contextmanager
 def _recorded_adapter_inputs():
   """Records each (input, what the adapter branch got) pair of
-  `_adapter_input`, in call order, unchanged."""
+  `_adapter_input`, in call order, unchanged (run eagerly: no scan)."""
   original = lora_adapters._adapter_input  # noqa: SLF001
   pairs = []
 
@@ -365,6 +366,43 @@ class DropoutTest(parameterized.TestCase):
         h = _silu(proj("wi_0", xt[t], m0[t])) * proj("wi_1", xt[t], m1[t])
         want[t] += np.float32(w) * proj("wo", h, m2[t, e])
     np.testing.assert_allclose(got.reshape(-1, 8), want, atol=1e-5, rtol=1e-5)
+
+  @slow
+  def test_decoder_drops_with_the_train_steps_rngs(self):
+    """A decoder given `rng_dict` (what the train step passes) drops in
+    every layer, given no RNG (the eval step) it does not. Unrolled, two
+    layers: the recorded adapter inputs are the formula's and no two masks
+    are the same (each layer and kernel draws its own). Scanned and
+    unrolled: with the RNG the logits move; without, they are rate 0's bit
+    for bit. Slow: eager, about 12 s; the layers' tests above are the
+    default run's."""
+    cfg = load_model_config("tiny_qwen3_moe").replace(
+        lora_rank=2, lora_dropout=P_DROP, num_layers=2
+    )
+    tokens = jax.random.randint(_key(3), (2, 8), 0, cfg.vocab_size)
+    rngs = variables_lib.rng_dict(_key(5))
+    for scan in (False, True):
+      config = cfg.replace(scan_layers=scan)
+      variables = _perturbed(unbox(Decoder(config).init(_key(0), tokens)), 0.1)
+
+      def logits(config, rngs=None, variables=variables):
+        out = Decoder(config).apply(variables, tokens, rngs=rngs)
+        return np.asarray(out[0])
+
+      if scan:
+        dropped = logits(config, rngs)
+      else:
+        with _recorded_adapter_inputs() as pairs:
+          dropped = logits(config, rngs)
+        # Per layer: query, key, value, out; the experts' wi_0, wi_1, wo.
+        self.assertLen(pairs, 2 * 7)
+        masks = self._check_masks(pairs)
+        for i, j in itertools.combinations(range(len(masks)), 2):
+          if masks[i].shape == masks[j].shape:
+            self.assertFalse(np.array_equal(masks[i], masks[j]), (i, j))
+      plain = logits(config.replace(lora_dropout=0.0))
+      self.assertGreater(np.abs(dropped - plain).max(), 1e-3, scan)
+      np.testing.assert_array_equal(logits(config), plain)
 
   @parameterized.parameters("shared", "dense", "sparse")
   def test_when_dropout_applies(self, kind):
