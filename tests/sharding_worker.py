@@ -30,6 +30,7 @@ import optax  # noqa: E402
 
 from linen_moe import hlo
 from linen_moe import load_model_config  # noqa: E402
+from linen_moe import models  # noqa: E402
 from linen_moe import sharding  # noqa: E402
 from linen_moe import testing  # noqa: E402
 from linen_moe._src.config.moe_config import MATMUL_PATHS  # noqa: E402
@@ -62,7 +63,9 @@ def equivalence(job: dict) -> dict:
   reference and the other meshes start from copies of it (with
   `check_init`, an independent single-device init must equal it too). With
   `grad_accum`, the meshes split the batch into that many microbatches; the
-  reference always takes it whole.
+  reference always takes it whole. With `packed`, the batch carries
+  segment ids (two or three documents a row, some padding) and their
+  restarting positions, on one device and on every mesh alike.
   """
   cfg = load_model_config(
       job.get("config", "tiny_mixtral"),
@@ -78,6 +81,11 @@ def equivalence(job: dict) -> dict:
   batch = job.get("batch", 8)
   tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, 8, 1)))
   rng, step_rng = jax.random.key(0), jax.random.key(1)
+  extras = ()  # (mask, segment_ids, positions) after the step's rng
+  if job.get("packed"):
+    rows = ([1, 1, 1, 2, 2, 2, 2, 0], [1, 1, 2, 2, 3, 3, 3, 3])
+    segment_ids = jnp.asarray([rows[i % 2] for i in range(batch)], jnp.int32)
+    extras = (None, segment_ids, models.segment_positions(segment_ids))
   runs = {
       spec: sharded_training(
           frontend,
@@ -96,7 +104,7 @@ def equivalence(job: dict) -> dict:
     out["init_err"] = _max_abs_diff(first, init(tokens, rng))
   state0 = jax.device_put(host, jax.devices()[0])
   ref, ref_metrics = jax.jit(fe.make_step(cfg, optimizer))(
-      state0, tokens, step_rng
+      state0, tokens, step_rng, *extras
   )
   out.update(
       loss=float(ref_metrics["loss"]),
@@ -117,7 +125,7 @@ def equivalence(job: dict) -> dict:
             for name, w in weights.items()
         },
     }
-    compiled = run.lower(state, tokens, step_rng).compile()
+    compiled = run.lower(state, tokens, step_rng, *extras).compile()
     if job.get("hlo"):
       text = compiled.as_text()
       full = {s for w in weights.values() for s in (w.shape, w.shape[1:])}
@@ -125,7 +133,7 @@ def equivalence(job: dict) -> dict:
       result["full_weight_gathers"] = [
           s for s in hlo.all_gather_shapes(text) if s in full
       ]
-    new, metrics = compiled(state, tokens, step_rng)
+    new, metrics = compiled(state, tokens, step_rng, *extras)
     result.update(
         loss=float(metrics["loss"]),
         param_err=_max_abs_diff(new.params, ref.params),
