@@ -21,6 +21,8 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 from flax import nnx  # noqa: E402
+from flax import traverse_util  # noqa: E402
+import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -28,6 +30,7 @@ import optax  # noqa: E402
 
 from linen_moe import hlo
 from linen_moe import load_model_config  # noqa: E402
+from linen_moe import models  # noqa: E402
 from linen_moe import sharding  # noqa: E402
 from linen_moe import testing  # noqa: E402
 from linen_moe._src.config.moe_config import MATMUL_PATHS  # noqa: E402
@@ -60,7 +63,9 @@ def equivalence(job: dict) -> dict:
   reference and the other meshes start from copies of it (with
   `check_init`, an independent single-device init must equal it too). With
   `grad_accum`, the meshes split the batch into that many microbatches; the
-  reference always takes it whole.
+  reference always takes it whole. With `packed`, the batch carries
+  segment ids (two or three documents a row, some padding) and their
+  restarting positions, on one device and on every mesh alike.
   """
   cfg = load_model_config(
       job.get("config", "tiny_mixtral"),
@@ -76,6 +81,11 @@ def equivalence(job: dict) -> dict:
   batch = job.get("batch", 8)
   tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, 8, 1)))
   rng, step_rng = jax.random.key(0), jax.random.key(1)
+  extras = ()  # (mask, segment_ids, positions) after the step's rng
+  if job.get("packed"):
+    rows = ([1, 1, 1, 2, 2, 2, 2, 0], [1, 1, 2, 2, 3, 3, 3, 3])
+    segment_ids = jnp.asarray([rows[i % 2] for i in range(batch)], jnp.int32)
+    extras = (None, segment_ids, models.segment_positions(segment_ids))
   runs = {
       spec: sharded_training(
           frontend,
@@ -94,7 +104,7 @@ def equivalence(job: dict) -> dict:
     out["init_err"] = _max_abs_diff(first, init(tokens, rng))
   state0 = jax.device_put(host, jax.devices()[0])
   ref, ref_metrics = jax.jit(fe.make_step(cfg, optimizer))(
-      state0, tokens, step_rng
+      state0, tokens, step_rng, *extras
   )
   out.update(
       loss=float(ref_metrics["loss"]),
@@ -115,7 +125,7 @@ def equivalence(job: dict) -> dict:
             for name, w in weights.items()
         },
     }
-    compiled = run.lower(state, tokens, step_rng).compile()
+    compiled = run.lower(state, tokens, step_rng, *extras).compile()
     if job.get("hlo"):
       text = compiled.as_text()
       full = {s for w in weights.values() for s in (w.shape, w.shape[1:])}
@@ -123,7 +133,7 @@ def equivalence(job: dict) -> dict:
       result["full_weight_gathers"] = [
           s for s in hlo.all_gather_shapes(text) if s in full
       ]
-    new, metrics = compiled(state, tokens, step_rng)
+    new, metrics = compiled(state, tokens, step_rng, *extras)
     result.update(
         loss=float(metrics["loss"]),
         param_err=_max_abs_diff(new.params, ref.params),
@@ -319,12 +329,109 @@ def skip(job: dict) -> dict:
   }
 
 
+def lora(job: dict) -> dict:
+  """A `RoutedMoE` with adapters on its experts (sparse path), every
+  adapter leaf random (B too): its output and the gradients of A and B of
+  `sum(y * cotangent)` on one device and under each (mesh, rules name of
+  `RULES`), with the frozen kernels and the adapters placed as their
+  logical axes say; and each placed leaf's spec. Errors are absolute;
+  `*_scale` the reference's max (per leaf for the gradients)."""
+  from linen_moe import RoutedMoE  # noqa: PLC0415
+  from linen_moe import lora as lora_lib  # noqa: PLC0415
+  from linen_moe import quantization  # noqa: PLC0415
+  from linen_moe._src.config.files import load_moe_config  # noqa: PLC0415
+
+  cfg = load_moe_config(
+      job.get("config", "tiny_mixtral"),
+      load_balance_loss_weight=0.0,
+      expert_parallel=job.get("expert_parallel", "auto"),
+      **MATMUL_PATHS[job.get("path", "sparse")],
+  )
+  x = jax.random.normal(jax.random.key(3), (8, 8, cfg.emb_dim))
+  base = None
+  mode = job.get("quantization", "none")
+  if mode != "none":  # QLoRA: a frozen serving base of that mode
+    float_vars = RoutedMoE(cfg).init(jax.random.key(0), x)
+    cfg, base = quantization.quantize_weights(
+        cfg.replace(quantization=mode), sharding.unbox(float_vars)
+    )
+  cfg = cfg.replace(lora_rank=4, lora_alpha=8)
+  moe = RoutedMoE(cfg)
+  boxed = moe.init(jax.random.key(0), x)
+  if base is not None:  # the served kernels, boxed as the init's
+    flat = traverse_util.flatten_dict(boxed["params"])
+    for path, value in traverse_util.flatten_dict(base["params"]).items():
+      box = flat[path]
+      flat[path] = box.replace_boxed(value) if hasattr(box, "names") else value
+    boxed = {"params": traverse_util.unflatten_dict(flat)}
+  params = sharding.unbox(boxed)["params"]
+  adapters, frozen = lora_lib.split(params)
+  leaves, tree = jax.tree.flatten(adapters)
+  keys = jax.random.split(jax.random.key(5), len(leaves))
+  adapters = jax.tree.unflatten(
+      tree,
+      [
+          0.3 * jax.random.normal(k, a.shape, a.dtype)
+          for k, a in zip(keys, leaves, strict=True)
+      ],
+  )
+  cotangent = jax.random.normal(jax.random.key(4), x.shape)
+
+  def loss(adapters, frozen, x):
+    y, _ = moe.apply({"params": lora_lib.join(adapters, frozen)}, x)
+    return jnp.sum(y * cotangent), y
+
+  step = jax.value_and_grad(loss, has_aux=True)
+  (_, ref_y), ref_grads = jax.jit(step)(adapters, frozen, x)
+  ref_grads = {
+      "/".join(p): g for p, g in traverse_util.flatten_dict(ref_grads).items()
+  }
+  out = {
+      "logical": {
+          "/".join(p): list(s)
+          for p, s in traverse_util.flatten_dict(
+              nn.get_partition_spec(boxed)["params"]
+          ).items()
+      },
+      "grad_scale": {p: _max_abs(g) for p, g in ref_grads.items()},
+      "y_scale": _max_abs(ref_y),
+      "meshes": {},
+  }
+  for spec, rules_name in job["meshes"]:
+    mesh, rules = sharding.make_mesh(spec), RULES[rules_name]
+    placed = jax.device_put(
+        sharding.unbox(boxed)["params"],
+        sharding.logical_shardings(boxed, mesh, rules)["params"],
+    )
+    placed_adapters, placed_frozen = lora_lib.split(placed)
+    placed_adapters = jax.tree.map(
+        lambda a, p: jax.device_put(a, p.sharding), adapters, placed_adapters
+    )
+    with sharding.mesh_context(mesh, rules):
+      (_, y), grads = jax.jit(step)(placed_adapters, placed_frozen, x)
+    grads = {
+        "/".join(p): g for p, g in traverse_util.flatten_dict(grads).items()
+    }
+    out["meshes"][f"{spec}/{rules_name}"] = {
+        "specs": {
+            "/".join(p): str(a.sharding.spec)
+            for p, a in traverse_util.flatten_dict(placed).items()
+        },
+        "y_err": _max_abs_diff(y, ref_y),
+        "grad_err": {
+            p: _max_abs_diff(g, ref_grads[p]) for p, g in grads.items()
+        },
+    }
+  return out
+
+
 CHECKS = {
     "skip": skip,
     "equivalence": equivalence,
     "shardings": shardings,
     "layer": layer,
     "serving": serving,
+    "lora": lora,
 }
 
 

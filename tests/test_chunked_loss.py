@@ -17,6 +17,7 @@ from linen_moe.training import cross_entropy
 from linen_moe.training import decoder_loss
 from linen_moe.training import hidden_decoder_loss
 from linen_moe.training import loss_weights
+from linen_moe.training import make_eval_step
 
 
 def _inputs(seed=0, b=2, s=9, m=8, v=37):
@@ -95,6 +96,55 @@ class ChunkedCrossEntropyTest(parameterized.TestCase):
         g2,
         g1,
     )
+
+  def test_eval_step_sums_the_logits_terms(self):
+    # The held-out loss: an untied, soft-capped head, a mask and packed
+    # segments; the sum and count against NumPy on the decoder's logits.
+    cfg = load_model_config("tiny_mixtral").replace(
+        tie_embeddings=False, final_logit_softcap=2.0, num_layers=1
+    )
+    tokens = testing.markov_tokens(cfg.vocab_size, 2, 12, 4)
+    seg = jnp.asarray([[1] * 5 + [2] * 7, [1] * 10 + [0] * 2], jnp.int32)
+    mask = np.ones((2, 12), bool)
+    mask[0, 9:] = False
+    variables = unbox(Decoder(cfg).init(jax.random.key(0), tokens))
+    logits, _ = Decoder(cfg).apply(variables, tokens, seg)
+    x = np.asarray(logits, np.float64)[:, :-1]
+    logp = x - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1))[..., None]
+    logp -= x.max(-1, keepdims=True)
+    nll = -np.take_along_axis(logp, np.asarray(tokens)[:, 1:, None], -1)[..., 0]
+    seg_np = np.asarray(seg)
+    counted = mask[:, :-1] & mask[:, 1:] & (seg_np[:, :-1] == seg_np[:, 1:])
+    counted &= seg_np[:, 1:] > 0
+    total, count = jax.jit(make_eval_step(Decoder(cfg)))(
+        variables, tokens, mask, seg
+    )
+    self.assertEqual(float(count), counted.sum())
+    np.testing.assert_allclose(float(total), nll[counted].sum(), rtol=1e-5)
+
+  def test_eval_step_holds_no_full_logits(self):
+    # Compiled, never run, at two vocabularies past a block (S = 1024:
+    # a block holds 32,768 entries): full float32 logits would grow the
+    # temporaries by 4 * S * (V2 - V1) = 805 MB; blocks keep them flat.
+    b, s = 1, 1024
+
+    def temp(v):
+      cfg = load_model_config("tiny_mixtral").replace(
+          num_layers=1, vocab_size=v
+      )
+      model = Decoder(cfg)
+      sample = jnp.zeros((b, 8), jnp.int32)
+      variables = jax.eval_shape(
+          lambda: unbox(model.init(jax.random.key(0), sample))
+      )
+      tokens = jax.ShapeDtypeStruct((b, s), jnp.int32)
+      step = jax.jit(make_eval_step(model))
+      compiled = step.lower(variables, tokens).compile()
+      return compiled.memory_analysis().temp_size_in_bytes
+
+    v1, v2 = 1 << 16, 1 << 18
+    growth = temp(v2) - temp(v1)
+    self.assertLess(growth, 0.1 * 4 * s * (v2 - v1), growth)
 
 
 if __name__ == "__main__":

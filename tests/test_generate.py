@@ -215,7 +215,8 @@ class RingBufferTest(absltest.TestCase):
     cache = jax.eval_shape(lambda: decoding.init_cache(config, 2, 64))
     for i in range(config.num_layers):
       layer = cache[f"layers_{i}"]["attention"]
-      self.assertEqual(layer["cached_key"].shape[:2], (2, 4))
+      kv, d = config.resolved_kv_heads, config.resolved_head_dim
+      self.assertEqual(layer["cached_key"].shape, (2, kv, 4, d))
       self.assertEqual(layer["cached_position"].shape, (2, 4))
     per_token = decoding.cache_bytes_per_token(config, 64)
     kv, d = config.resolved_kv_heads, config.resolved_head_dim
@@ -315,6 +316,28 @@ class SamplingTest(absltest.TestCase):
     self.assertEqual(kept(1.0, 0, 0.5, 0.0), [True, False, False, False])
     self.assertEqual(kept(1.0, 0, 1.0, 0.1), [True, True, True, False])
     self.assertEqual(kept(1.0, 0, 1.0, 0.0), [True] * 4)
+
+  def test_kept_sets_equal_the_sorting_reference(self):
+    # Random logits over a vocabulary of 1,000 (no ties) and a few with
+    # ties at the cut-offs: the filters' sets against `_reference`'s, which
+    # sorts; scaled, shifted and negative logits reach every part of the
+    # float keys the cut-offs are bisected over.
+    rng = np.random.default_rng(0)
+    keep = jax.jit(decoding.filter_logits)
+    rows = [
+        rng.standard_normal(1000) * s + c for s in (0.5, 3) for c in (-40, 0)
+    ]
+    rows.append(np.repeat([2.0, 1.0, 0.0, -1.0], 25))  # ties at every cut
+    cases = [(1.0, 0, 0.9, 0.0), (0.8, 17, 1.0, 0.0), (1.2, 40, 0.5, 0.05)]
+    cases += [(1.0, 30, 0.3, 0.0), (1.0, 1, 1.0, 0.0), (1.0, 0, 0.999, 0.0)]
+    for row in rows:
+      logits = jnp.asarray(row, jnp.float32)
+      for t, k, p, m in cases:
+        got = np.isfinite(np.asarray(keep(logits, t, k, p, m)))
+        want = _reference(np.asarray(logits), t, k, p, m) > 0
+        if row[0] == row[1]:  # ties: the reference keeps one of a tie
+          want = np.isin(row, row[want])
+        np.testing.assert_array_equal(got, want, str((row[:2], t, k, p, m)))
 
 
 class BadInputTest(absltest.TestCase):

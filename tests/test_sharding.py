@@ -73,12 +73,15 @@ class EquivalenceMixin(parameterized.TestCase):
     return result
 
   def check_cases(self, *cases: tuple) -> None:
-    """`check_equivalent` for each (path, quantization, meshes[, frontend])
-    case, all in one worker (one start-up)."""
-    jobs = [
-        equivalence_job(path, mode, meshes, frontend=fe)
-        for path, mode, meshes, fe in ((*case, "linen")[:4] for case in cases)
-    ]
+    """`check_equivalent` for each (path, quantization, meshes[, frontend[,
+    packed]]) case, all in one worker (one start-up)."""
+
+    def job(path, mode, meshes, frontend="linen", packed=False):
+      return equivalence_job(
+          path, mode, meshes, frontend=frontend, packed=packed
+      )
+
+    jobs = [job(*case) for case in cases]
     for case, job, result in zip(cases, jobs, run_worker(*jobs), strict=True):
       with self.subTest(case=case):
         self.assert_equivalent(result, job["quantization"])
@@ -267,9 +270,10 @@ class EquivalenceTest(EquivalenceMixin):
   (slow), the rest of the old subset `test_more`."""
 
   def test_matches_one_device(self):
-    """The default cases, in one worker (one start-up)."""
+    """The default cases, in one worker (one start-up); the first trains
+    packed documents (segment ids and their positions)."""
     self.check_cases(
-        ("dense_dropping", "int8", ("data=2,expert=4",)),
+        ("dense_dropping", "int8", ("data=2,expert=4",), "linen", True),
         ("dense", "nanoo_fp8", ("expert=8",), "nnx"),
     )
 

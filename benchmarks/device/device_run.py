@@ -17,9 +17,12 @@ the time budget (a step past the budget is recorded as skipped):
      and int8; the GEMMs of the compiled program and their operand types. A
      mode is native when some GEMM takes its forward type directly (XLA:CPU
      converts to f32 first, so the dry run says False).
-  5. kernels: `grouped_matmul="kernel"` (Tokamax on GPU, megablox on TPU)
-     against `ragged_dot`, forward and both gradients, with empty groups,
-     the kernel called directly too (openxla/tokamax#887 on real hardware).
+  5. kernels: a sparse `RoutedMoE` with `grouped_matmul="kernel"`
+     (Tokamax on GPU, megablox on TPU) against "ragged_dot", output and
+     input and weight gradients, half its experts routed no token (empty
+     groups, whose weight gradients must be 0); on GPU Tokamax's
+     `ragged_dot` called directly too (openxla/tokamax#887 on real
+     hardware).
   6. timings: the sparse path with `ragged_dot`, `kernel` and `blocked`,
      and the dropping path, at the medium and gemma-like sizes of
      `layer/bench_moe.py`, bf16 and fp8: useful TFLOP/s (active experts only),
@@ -35,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import functools
 import itertools
 import json
 import pathlib
@@ -45,16 +47,15 @@ import sys
 import time
 import traceback
 from typing import Any
+import warnings
 
 import jax
 from jax import lax
 import jax.numpy as jnp
 
 import linen_moe
+from linen_moe import hlo
 from linen_moe import testing
-
-# The accelerator kernel's lookup has no public name.
-from linen_moe._src.kernels import accelerator as grouped_kernels  # noqa: TID251
 from linen_moe.quantization import MODES
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -140,18 +141,26 @@ def _timed(fn, args, repeats: int = 5) -> float:
   return sorted(times)[len(times) // 2]
 
 
+# An HLO instruction's name and, for a custom call, its target.
+_CUSTOM_CALL = re.compile(
+    r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=.*\bcustom_call_target="([^"]*)"',
+    re.MULTILINE,
+)
+
+
 def native_gemms(text: str) -> list[dict]:
   """The GEMMs of a compiled program (dots, GEMM custom calls, anywhere,
-  fusions included) and the element types of their first two operands."""
-  instructions = testing.parse_hlo(text)
+  fusions included), each with its custom call's target ("" for a dot) and
+  the element types of its first two operands."""
+  targets = dict(_CUSTOM_CALL.findall(text))
   return [
       {
           "name": c.name,
           "opcode": c.opcode,
-          "target": instructions[c.name].target,
+          "target": targets.get(c.name, ""),
           "operand_types": [sorted(t) for t in c.operand_types[:2]],
       }
-      for c in testing.contractions(text)
+      for c in hlo.contractions(text)
   ]
 
 
@@ -252,23 +261,114 @@ def native(size: str, deadline: float) -> dict:
             for g in gemms
         }),
         "quantized_at_contractions": sorted(
-            testing.quantized_types_at_contractions(text)
+            hlo.quantized_types_at_contractions(text)
         ),
     }
   return out
 
 
+# What `grouped_matmul="kernel"` runs on each backend (the dry run: megablox
+# interpreted on the CPU, `testing.kernels_on_cpu`).
+KERNELS = {"gpu": "tokamax ragged_dot", "tpu": "megablox gmm"}
+
+
+def _max_diff(got, want) -> float:
+  return float(np.max(np.abs(np.asarray(got, np.float32) - np.asarray(want))))
+
+
+def _layer_with_empty_experts(dry: bool):
+  """(config, params, x, output cotangent) of a sparse bf16 layer whose odd
+  experts no token picks: feature 0 of every token is 8, and row 0 of the
+  gate kernel is +1 for an even expert, -1 for an odd one, so an odd
+  expert's logit is ~16 below every even one's (the rest of the row is
+  noise of std ~1) and top-2 of 8 picks only even experts."""
+  e, k, m, h, t = (8, 2, 64, 128, 32) if dry else (8, 2, 1024, 512, 2048)
+  cfg = linen_moe.MoEConfig(
+      num_experts=e,
+      num_experts_per_tok=k,
+      emb_dim=m,
+      moe_mlp_dim=h,
+      dtype="bfloat16",
+      param_dtype="bfloat16",
+      **linen_moe.MATMUL_PATHS["sparse"],
+  )
+  keys = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(keys[0], (1, t, m), jnp.bfloat16).at[..., 0].set(8)
+  dout = jax.random.normal(keys[1], (1, t, m), jnp.bfloat16)
+  params = linen_moe.sharding.unbox(linen_moe.RoutedMoE(cfg).init(keys[2], x))[
+      "params"
+  ]
+  sign = jnp.where(jnp.arange(e) % 2 == 0, 1.0, -1.0)
+  gate = params["gate"]["kernel"]
+  params["gate"]["kernel"] = gate.at[0].set(sign.astype(gate.dtype))
+  return cfg, params, x, dout
+
+
 def kernels(dry: bool) -> dict:
-  """The backend's kernel against ragged_dot; empty groups get exactly 0."""
-  m, k, n = (200, 160, 48) if dry else (4096, 1024, 512)
+  """The backend's kernel against ragged_dot in the sparse layer, and on a
+  GPU Tokamax itself; empty groups get exactly 0."""
+  cfg, params, x, dout = _layer_with_empty_experts(dry)
+  context = (
+      testing.kernels_on_cpu("megablox") if dry else contextlib.nullcontext()
+  )
+
+  def fwd_bwd(implementation):
+    layer = linen_moe.RoutedMoE(cfg.replace(grouped_matmul=implementation))
+
+    def f(params, x):
+      out, vjp = jax.vjp(
+          lambda p, x: layer.apply({"params": p}, x)[0], params, x
+      )
+      return (out, *vjp(dout))
+
+    return jax.jit(f)(params, x)
+
+  want = fwd_bwd("ragged_dot")
+  # The experts no token reached: their reference weight gradients are 0.
+  weights = ("wi_0", "wi_1", "wo")
+  empty = np.all(
+      [np.all(np.asarray(want[1][w]) == 0, axis=(1, 2)) for w in weights],
+      axis=0,
+  )
+  with context, warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always", linen_moe.KernelFallbackWarning)
+    got = fwd_bwd("kernel")
+  out = {
+      "kernel": KERNELS.get(
+          jax.default_backend(), "megablox gmm (interpreted)"
+      ),
+      "empty_experts": int(empty.sum()),
+      "fallbacks": [
+          str(w.message)
+          for w in caught
+          if issubclass(w.category, linen_moe.KernelFallbackWarning)
+      ],
+      "layer": {
+          "out": _max_diff(got[0], want[0]),
+          "dlhs": _max_diff(got[2], want[2]),
+          "drhs": max(_max_diff(got[1][w], want[1][w]) for w in weights),
+          "empty_group_drhs_max": max(
+              float(np.max(np.abs(np.asarray(got[1][w], np.float32)[empty])))
+              for w in weights
+          ),
+      },
+  }
+  if jax.default_backend() == "gpu":  # Tokamax itself, no mask (#887)
+    out["tokamax_direct"] = _tokamax_direct()
+  return out
+
+
+def _tokamax_direct() -> dict:
+  """`tokamax.ragged_dot` against `jax.lax.ragged_dot` on operands with
+  empty groups, forward and both gradients (no wrapper of ours)."""
+  import tokamax  # noqa: PLC0415
+
+  m, k, n = 4096, 1024, 512
   sizes = jnp.array([m // 5, 0, m // 2, 0, m // 5, 0], jnp.int32)
   keys = jax.random.split(jax.random.key(0), 3)
   lhs = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
   rhs = jax.random.normal(keys[1], (sizes.shape[0], k, n), jnp.bfloat16)
   dout = jax.random.normal(keys[2], (m, n), jnp.bfloat16)
-  context = (
-      testing.kernels_on_cpu("megablox") if dry else contextlib.nullcontext()
-  )
 
   def fwd_bwd(matmul):
     def f(lhs, rhs, dout):
@@ -277,27 +377,15 @@ def kernels(dry: bool) -> dict:
 
     return jax.jit(f)(lhs, rhs, dout)
 
-  with context:
-    kernel, why = grouped_kernels.find_kernel(jax.default_backend())
-    if kernel is None:
-      return {"error": why}
-    candidates = {"wrapper": kernel.fn}
-    if jax.default_backend() == "gpu":  # Tokamax itself, no mask (#887)
-      import tokamax  # noqa: PLC0415
-
-      candidates["tokamax_direct"] = functools.partial(tokamax.ragged_dot)
-    want = fwd_bwd(jax.lax.ragged_dot)
-    out = {"kernel": kernel.name}
-    empty = np.asarray(sizes) == 0
-    for name, fn in candidates.items():
-      got = fwd_bwd(fn)
-      out[name] = {
-          what: float(np.max(np.abs(np.asarray(g, np.float32) - np.asarray(w))))
-          for what, g, w in zip(("out", "dlhs", "drhs"), got, want, strict=True)
-      }
-      out[name]["empty_group_drhs_max"] = float(
-          np.max(np.abs(np.asarray(got[2], np.float32)[empty]))
-      )
+  want, got = fwd_bwd(jax.lax.ragged_dot), fwd_bwd(tokamax.ragged_dot)
+  out = {
+      what: _max_diff(g, w)
+      for what, g, w in zip(("out", "dlhs", "drhs"), got, want, strict=True)
+  }
+  empty = np.asarray(sizes) == 0
+  out["empty_group_drhs_max"] = float(
+      np.max(np.abs(np.asarray(got[2], np.float32)[empty]))
+  )
   return out
 
 

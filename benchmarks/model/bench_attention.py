@@ -57,7 +57,9 @@ import numpy as np
 import linen_moe
 from linen_moe import training
 
-# The auto rule's threshold has no public name.
+# The attention function alone (`crossover`, `memory --part attention`,
+# `tpu`) and the CPU threshold of "auto" have no public name: the public face
+# is `ModelConfig.attention`, through which `memory` and `speed` measure.
 from linen_moe._src.models import attention as attention_lib  # noqa: TID251
 
 from common import whole_model

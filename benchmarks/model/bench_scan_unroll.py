@@ -8,10 +8,11 @@ with the default optimizer, batch 4 x 64 random tokens, built as
 `bench_model.py` builds it, `common/whole_model.Ours`) of `--model` with L layers twice
 over, a loop of one layer per iteration (`scan_unroll=1`) and every layer in
 line (`scan_unroll=L`), alternating, and prints the best compile seconds of
-each, their ratio, and the median step of each. The variables are the same
-stacked ones either way. `scan_unroll=0` (the default) picks in line up to
-`AUTO_UNROLL_MAX_LENGTH` layers. Programs are compiled from scratch: the
-persistent compilation cache is not used here.
+each, their ratio, the median step of each, and what `scan_unroll=0` (the
+default) picks for L (`linen_moe.models.resolved_unroll`: in line up to a
+threshold, read off that rule). The variables are the same stacked ones
+either way. Programs are compiled from scratch: the persistent compilation
+cache is not used here.
 """
 
 from __future__ import annotations
@@ -24,13 +25,24 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import linen_moe
-
-# The default's threshold has no public name.
-from linen_moe._src.models.scan import AUTO_UNROLL_MAX_LENGTH  # noqa: TID251
+from linen_moe import models
 
 from common import whole_model
 
 BATCH, SEQ = 4, 64
+
+
+def default_unroll(layers: int) -> str:
+  """What `scan_unroll=0` runs for a stack of `layers`: "in line" (no
+  loop), or the layers per loop iteration."""
+  unroll = models.resolved_unroll(0, layers)
+  return "in line" if unroll is True else f"loop of {unroll}"
+
+
+def in_line_up_to(limit: int = 1024) -> int:
+  """The deepest stack `scan_unroll=0` puts in line (the rule's threshold,
+  read off `models.resolved_unroll`): in line up to it, a loop beyond."""
+  return max(n for n in range(1, limit) if models.resolved_unroll(0, n) is True)
 
 
 def _compile_and_step(cfg) -> tuple[float, float]:
@@ -51,11 +63,11 @@ def main() -> None:
   base = linen_moe.load_model_config(args.model)
   print(
       f"{args.model} train step, batch {BATCH} x {SEQ}; best of {args.repeats}"
-      f" compiles; in line by default up to {AUTO_UNROLL_MAX_LENGTH} layers"
+      f" compiles; in line by default up to {in_line_up_to()} layers"
   )
   print(
       f"{'layers':>6} {'loop compile':>13} {'in line':>8} {'ratio':>6}"
-      f" {'loop step':>10} {'in line':>8}"
+      f" {'loop step':>10} {'in line':>8} {'default':>12}"
   )
   for layers in args.layers:
     cfg = base.replace(num_layers=layers)
@@ -69,6 +81,7 @@ def main() -> None:
     print(
         f"{layers:>6} {loop_c:>12.2f}s {line_c:>7.2f}s {line_c / loop_c:>5.2f}x"
         f" {loop_s * 1e3:>8.1f}ms {line_s * 1e3:>6.1f}ms"
+        f" {default_unroll(layers):>12}"
     )
 
 

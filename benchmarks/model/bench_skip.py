@@ -15,8 +15,10 @@ import jax.numpy as jnp
 from linen_moe import Decoder
 from linen_moe import load_model_config
 
-# Patched around a compile to build the step without its skip: the skip's
-# pieces are private.
+# The step without its skip is the library's own step with the skip's pieces
+# patched out around its compile: no public switch turns the skip off (it is
+# the train step's guarantee), and a copy of the step built here from public
+# pieces would time the copy, not the library's step.
 from linen_moe._src.training import skip  # noqa: TID251
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
@@ -25,15 +27,17 @@ from linen_moe.training import make_train_step
 
 
 def _compile(cfg, optimizer, state, tokens, with_skip: bool):
-  keep, finite = skip.keep_if_finite, skip.all_finite
+  """The compiled train step; without the skip, its finite check and its
+  `lax.cond` are patched out (the update always applies)."""
+  finite, apply = skip.all_finite, skip.apply_if_finite
   if not with_skip:  # traced once, so patching around the compile suffices
-    skip.keep_if_finite = lambda ok, new, old: new
     skip.all_finite = lambda tree: jnp.array(True)
+    skip.apply_if_finite = lambda ok, update, state: update(state)
   try:
     step = jax.jit(make_train_step(Decoder(cfg), optimizer))
     return step.lower(state, tokens, jax.random.key(1)).compile()
   finally:
-    skip.keep_if_finite, skip.all_finite = keep, finite
+    skip.all_finite, skip.apply_if_finite = finite, apply
 
 
 def main() -> None:

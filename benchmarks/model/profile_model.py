@@ -24,14 +24,12 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from linen_moe import decoding
-
-# The layers' host-side views that `prefill` and `decode_step` build have no
-# public name.
-from linen_moe._src.models.decoding import host_unrolled  # noqa: TID251
+from linen_moe import models
 
 from common import profiling
 from common import whole_model
@@ -98,6 +96,15 @@ def part(op: str, source: str) -> str:
   return name
 
 
+def per_layer(cfg, variables):
+  """`variables` laid out per layer (`layers_{i}/`), as `prefill` and
+  `decode_step` hand them to their program on one CPU device: each layer's
+  leaves views of the stacked host buffers (`models.scanned_to_unrolled` of
+  NumPy arrays), not slices made inside the program."""
+  host = jax.tree.map(np.asarray, dict(variables))
+  return jax.device_put(models.scanned_to_unrolled(host, cfg.stack_plan))
+
+
 def _program(what: str, cfg, args):
   """(compiled program, run() -> outputs) of one step, its inputs kept."""
   ours = whole_model.Ours(cfg, None)
@@ -118,9 +125,9 @@ def _program(what: str, cfg, args):
     fn, arg = decoding.prefill, prompt
   else:
     fn, arg = decoding.decode_step, prompt[:, 0]
-  # The layers' views that prefill and decode_step hand their program (a
+  # The per-layer variables prefill and decode_step hand their program (a
   # traced stack would be sliced inside it, which those calls never do).
-  variables = host_unrolled(cfg, ours.variables)
+  variables = per_layer(cfg, ours.variables)
   step = jax.jit(functools.partial(fn, cfg), donate_argnums=1)
   compiled = step.lower(variables, state["cache"], arg).compile()
 

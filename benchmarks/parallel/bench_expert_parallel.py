@@ -5,7 +5,7 @@ Measured: one sparse `RoutedMoE` layer, forward and backward (parameter and
 input gradients), compiled on 8 simulated CPU devices (`expert=8`) with each
 `expert_parallel` strategy. The bytes each device sends through the
 collectives of the expert-parallel body are read from the compiled HLO
-(`linen_moe.testing.sent_bytes`) and set beside `ep_traffic`'s model of the
+(`linen_moe.hlo.sent_bytes`) and set beside `ep_traffic`'s model of the
 same layer. XLA:CPU runs the ragged exchange emulated (an all-to-all of
 padded buffers), so for it the table also gives what the real op would send
 for this routing (the rows that leave each device, from the router's
@@ -45,12 +45,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from linen_moe import RoutedMoE  # noqa: E402
+from linen_moe import hlo  # noqa: E402
 from linen_moe import load_moe_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
-from linen_moe import testing  # noqa: E402
 
-# The traffic model and the switch that emulates the ragged exchange have no
-# public names.
+# What this checks is private: the traffic model `expert_parallel="auto"`
+# decides by (set here beside the compiled programs' bytes), and the switch
+# that lowers the real ragged exchange on a CPU instead of its emulation.
 from linen_moe._src.kernels import ragged_collectives  # noqa: E402, TID251
 from linen_moe._src.layer import ep_traffic  # noqa: E402, TID251
 
@@ -146,7 +147,7 @@ def measure(name: str) -> dict:
     with sharding.mesh_context(mesh):
       text = _grad(c).lower(variables, x).compile().as_text()
     row[strategy] = {
-        "hlo": testing.sent_bytes(text, DEVICES, "shard_map"),
+        "hlo": hlo.sent_bytes(text, DEVICES, "shard_map"),
         "model": vars(
             ep_traffic.traffic(problem, strategy, strategy != "all_gather")
         ),

@@ -37,8 +37,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import linen_moe
 from linen_moe import distributed
+from linen_moe import hlo
 from linen_moe import sharding
-from linen_moe import testing
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 
@@ -78,7 +78,7 @@ def child(args: argparse.Namespace) -> None:
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - start)
   process_of = [d.process_index for d in mesh.devices.flat]
-  summary = testing.collective_summary(text, process_of)
+  summary = hlo.collective_summary(text, process_of)
   if distributed.is_main_process():
     print(
         json.dumps({

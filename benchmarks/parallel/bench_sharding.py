@@ -37,9 +37,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from linen_moe import Decoder  # noqa: E402
+from linen_moe import hlo  # noqa: E402
 from linen_moe import load_model_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
-from linen_moe import testing  # noqa: E402
 from linen_moe.training import MarkovData  # noqa: E402
 from linen_moe.training import ShardedTraining  # noqa: E402
 from linen_moe.training import default_optimizer  # noqa: E402
@@ -92,7 +92,7 @@ def measure(cfg, mesh_spec: str, batch: int, seq: int, steps: int) -> dict:
       "experts_mib": (
           device0_bytes([moe[n] for n in ("wi_0", "wi_1", "wo")]) / MIB
       ),
-      "collectives": testing.collective_counts(compiled.as_text()),
+      "collectives": hlo.collective_counts(compiled.as_text()),
   }
   times = []
   for i in range(steps + 1):

@@ -16,10 +16,18 @@ peer's alternating so both see the same machine load:
   peer      transformers' `generate` of the same lengths, left padded with an
             attention mask, `do_sample=True` with the same temperature and
             top-p (`peer_transformers.py`'s `sample`), timed the same way.
-  step      one decode step of the same batch (`decoding.decode_step`), and
-            the weight-read limit: one read of every parameter (the faster of
-            a compiled sum and a NumPy sum), the least a decode step reads;
-            the step is reported as a fraction of it (>= 0.7 wanted).
+  loop      the decode step as `generate` runs it, inside its program's
+            while loop (sampling included, no dispatch): the same call with
+            2 new tokens, timed beside the one above (the same compiled
+            program: the cache's bucket holds both), and the difference
+            over the `--new` - 2 extra steps.
+  step      one decode step of the same batch as a call of its own
+            (`decoding.decode_step`, dispatch included: what a caller that
+            streams pays).
+  read      the weight-read limit: one read of every parameter (the faster
+            of a compiled sum and a NumPy sum), the least a decode step
+            reads; both steps are reported as fractions of it (>= 0.7
+            wanted).
 
 Medians over `--rounds`; on a shared machine read the ratios.
 """
@@ -64,6 +72,12 @@ def parse_args(argv=None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
+def _bucket(n: int, minimum: int = 1) -> int:
+  """The power of two >= max(n, minimum): `generate`'s buckets (its
+  docstring; prompts bucket from 32 columns)."""
+  return 1 << (max(n, minimum) - 1).bit_length()
+
+
 def run(opts: argparse.Namespace) -> dict:
   cfg = whole_model.model_config(opts.model)
   ours = whole_model.Ours(cfg, None)
@@ -72,19 +86,26 @@ def run(opts: argparse.Namespace) -> dict:
   prompts = [rng.integers(1, cfg.vocab_size, n).tolist() for n in lengths]
   sampling = dict(temperature=opts.temperature, top_p=opts.top_p)
 
-  def ours_generate(seed: int) -> float:
+  def ours_generate(seed: int, new: int = opts.new) -> float:
     start = time.perf_counter()
     result = decoding.generate(
         ours.cfg,
         ours.variables,
         prompts,
-        max_new_tokens=opts.new,
+        max_new_tokens=new,
         seed=seed,
         **sampling,
     )
     seconds = time.perf_counter() - start
-    assert all(len(t) == opts.new for t in result.tokens)
+    assert all(len(t) == new for t in result.tokens)
     return seconds
+
+  longest = _bucket(int(max(lengths)), 32)
+  if _bucket(longest + 2) != _bucket(longest + opts.new):
+    raise ValueError(
+        f"--new {opts.new}: the 2-token call would compile another cache"
+        " size; pick --new so that both fit the same bucket."
+    )
 
   out = {
       "model": opts.model,
@@ -104,9 +125,18 @@ def run(opts: argparse.Namespace) -> dict:
   square = [prompts[0][: opts.min_prompt]] * opts.batch
   prompt = jax.numpy.asarray(square, jax.numpy.int32)
   ours.prefill_and_steps(prompt, opts.steps + 1, opts.steps)  # compile
-  rows = {"ours_s": [], "peer_s": [], "step_s": [], "read_s": []}
+  rows = {
+      "ours_s": [],
+      "peer_s": [],
+      "loop_step_s": [],
+      "step_s": [],
+      "read_s": [],
+  }
   for r in range(opts.rounds):
-    rows["ours_s"].append(ours_generate(r + 1))
+    ours_s = ours_generate(r + 1)
+    rows["ours_s"].append(ours_s)
+    short_s = ours_generate(r + 1, new=2)
+    rows["loop_step_s"].append((ours_s - short_s) / (opts.new - 2))
     if peer is not None:
       reply = peer.request(
           "sample", lengths=out["lengths"], new=opts.new, repeats=1, **sampling
@@ -127,6 +157,8 @@ def run(opts: argparse.Namespace) -> dict:
   out["step_tokens_per_s"] = opts.batch / med["step_s"]
   out["limit_tokens_per_s"] = opts.batch / med["read_s"]
   out["step_fraction_of_limit"] = med["read_s"] / med["step_s"]
+  out["loop_step_tokens_per_s"] = opts.batch / med["loop_step_s"]
+  out["loop_step_fraction_of_limit"] = med["read_s"] / med["loop_step_s"]
   return out
 
 
@@ -152,10 +184,17 @@ def format_report(out: dict, opts: argparse.Namespace) -> str:
   else:
     lines.append("  transformers: not run (--peer PYTHON)")
   lines.append(
-      f"  decode step: {out['step_tokens_per_s']:.1f} tokens/s, weight-read "
-      f"limit {out['limit_tokens_per_s']:.1f} tokens/s "
-      f"({out['read_bytes'] / 2**20:.0f} MiB): "
-      f"{out['step_fraction_of_limit']:.2f} of it"
+      f"  weight-read limit: {out['limit_tokens_per_s']:.1f} tokens/s "
+      f"({out['read_bytes'] / 2**20:.0f} MiB a step)"
+  )
+  lines.append(
+      f"  decode step in generate's loop: {out['loop_step_tokens_per_s']:.1f}"
+      f" tokens/s, {out['loop_step_fraction_of_limit']:.2f} of the limit"
+  )
+  lines.append(
+      "  decode step as a call (decode_step): "
+      f"{out['step_tokens_per_s']:.1f} tokens/s, "
+      f"{out['step_fraction_of_limit']:.2f} of the limit"
   )
   return "\n".join(lines)
 

@@ -35,7 +35,8 @@ class LoRAConfig:
       (0 = rank, a scale of 1).
     targets: a non-empty subset of `TARGETS`.
     dropout: the dropout rate on the adapter's input (0 <= p < 1; applied
-      only when `apply` gets a "dropout" RNG).
+      only when `apply` gets an RNG in the "params" stream, as a train
+      step's `rng_dict` gives it; without one, e.g. evaluating, none).
   """
 
   rank: int

@@ -391,7 +391,7 @@ class CausalSelfAttention(nn.Module):
   the layer's `Geometry`).
 
   With `decode`, the keys and values live in the `cache` collection
-  (`cached_key`, `cached_value`: [B, C, K, D], and `cached_position`,
+  (`cached_key`, `cached_value`: [B, K, C, D], and `cached_position`,
   created by `init` on a [B, max_len] sample; C is max_len, or the window
   for a sliding-window layer's ring buffer, `kv_cache.py`): a call writes
   its S new ones at their rows' positions (negative: padding, not written)

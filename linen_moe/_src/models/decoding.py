@@ -29,6 +29,7 @@ depends on the length of the sequence it is computed over.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator
 from collections.abc import Mapping
 import dataclasses
@@ -43,6 +44,7 @@ from linen_moe._src.layer.variables import CACHE
 from linen_moe._src.models import layer_stack
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.kv_cache import POSITION
+from linen_moe._src.models.sampling import sample_tokens
 from linen_moe._src.models.tokens import validate_tokens_if_concrete
 from linen_moe._src.parallel import sharding
 
@@ -64,7 +66,8 @@ def init_cache(config: ModelConfig, batch: int, max_len: int) -> PyTree:
     The `cache` collection, laid out per layer (`layers_{i}/...`) whether
     or not `config` scans its layers, as decoding runs them
     (`unrolled_config`): every attention's `cached_key` and `cached_value`
-    [B, C, K, D] (MLA: `cached_latent`, `cached_rope_key`) and
+    [B, K, C, D] (MLA: `cached_latent` [B, C, R], `cached_rope_key`
+    [B, 1, C, Dr]) and
     `cached_position` <int32>[B, C], C = max_len, or min(W, max_len) for
     a sliding-window layer (a ring buffer, `kv_cache.py`); the decoder's
     `index` <int32>[] and `pad` <int32>[B]. `cache_bytes_per_token`
@@ -399,17 +402,19 @@ def cache_bytes_per_token(
     A layer's cache is C * n bytes per row.
   """
   shapes = jax.eval_shape(lambda: init_cache(config, 1, max_len))
-  out = {}
+  cached = collections.defaultdict(list)  # layer -> [(name, leaf)]
   for path, leaf in jax.tree_util.tree_leaves_with_path(shapes):
     keys = [getattr(k, "key", str(k)) for k in path]
-    if len(keys) < 2 or not keys[-1].startswith("cached_"):
-      continue
-    layer = keys[0]
-    per = int(np.prod(leaf.shape[2:], dtype=np.int64)) * leaf.dtype.itemsize
-    entry = out.setdefault(
-        layer, {"slots": leaf.shape[1], "bytes_per_token": 0}
-    )
-    entry["bytes_per_token"] += per
+    if len(keys) >= 2 and keys[-1].startswith("cached_"):
+      cached[keys[0]].append((keys[-1], leaf))
+  out = {}
+  for layer, leaves in cached.items():
+    # The slots are the positions' [1, C]; the keys and values are stored
+    # heads-major ([1, K, C, D]), so each leaf's bytes per slot is its size
+    # over C.
+    slots = dict(leaves)[f"cached_{POSITION}"].shape[1]
+    per = sum(leaf.size * leaf.dtype.itemsize for _, leaf in leaves)
+    out[layer] = {"slots": slots, "bytes_per_token": per // slots}
   return out
 
 
@@ -444,74 +449,6 @@ def bucket(n: int, minimum: int = 1) -> int:
   bucket of `generate`."""
   n = max(n, minimum)
   return 1 << (n - 1).bit_length()
-
-
-def filter_logits(
-    logits: jax.Array,
-    temperature: jax.Array,
-    top_k: jax.Array,
-    top_p: jax.Array,
-    min_p: jax.Array,
-) -> jax.Array:
-  """The logits a draw samples from, in float32: -inf outside the kept set.
-
-  In order, as transformers' samplers: logits / temperature; top-k keeps
-  the k largest (k = 0: all; ties with the k-th are kept); top-p keeps the
-  most likely tokens, renormalized, until their mass reaches p (the
-  smallest such set, at least one token; p = 1: all); min-p keeps the
-  tokens whose renormalized probability is at least min_p times the
-  largest.
-
-  Args:
-    logits: [..., V].
-    temperature: > 0 (scalar).
-    top_k: >= 0 (scalar, int).
-    top_p: in (0, 1] (scalar).
-    min_p: in [0, 1] (scalar).
-
-  Returns:
-    <float32>[..., V], the scaled logits of the kept tokens, -inf elsewhere.
-  """
-  x = logits.astype(jnp.float32) / temperature
-  v = x.shape[-1]
-  ordered = -jnp.sort(-x, axis=-1)  # descending, one sort for k and p
-  kth = jnp.take(ordered, jnp.clip(top_k - 1, 0, v - 1), axis=-1)[..., None]
-  cut = jnp.where(top_k > 0, kth, -jnp.inf)
-  x = jnp.where(x < cut, -jnp.inf, x)
-  ordered = jnp.where(ordered < cut, -jnp.inf, ordered)
-  sorted_probs = jax.nn.softmax(ordered, axis=-1)
-  before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-  kept = (before < top_p) | (top_p >= 1.0)
-  kept = kept.at[..., 0].set(True)
-  floor = jnp.min(jnp.where(kept, ordered, jnp.inf), axis=-1, keepdims=True)
-  x = jnp.where(x < floor, -jnp.inf, x)
-  probs = jax.nn.softmax(x, axis=-1)
-  floor = min_p * jnp.max(probs, axis=-1, keepdims=True)
-  return jnp.where(probs < floor, -jnp.inf, x)
-
-
-def sample_tokens(
-    logits: jax.Array,
-    keys: jax.Array,
-    temperature: jax.Array,
-    top_k: jax.Array,
-    top_p: jax.Array,
-    min_p: jax.Array,
-) -> jax.Array:
-  """One token per row: <int32>[B] from logits [B, V] and keys [B].
-
-  Temperature 0 is greedy (argmax; the filters are not computed); above,
-  a draw with each row's own key from `filter_logits`.
-  """
-
-  def greedy(_):
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-  def draw(_):
-    kept = filter_logits(logits, temperature, top_k, top_p, min_p)
-    return jax.vmap(jax.random.categorical)(keys, kept).astype(jnp.int32)
-
-  return jax.lax.cond(temperature == 0, greedy, draw, None)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))

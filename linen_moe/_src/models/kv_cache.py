@@ -1,8 +1,9 @@
 """The key/value cache of a decoding attention layer.
 
 A layer in decode mode keeps its keys and values (or MLA's latent and
-rotary key) in the `cache` collection as `cached_{name}` [B, C, ...] and,
-per slot, the position of the token it holds: `cached_position`
+rotary key) in the `cache` collection as `cached_{name}`, per-head entries
+[B, S, K, D] stored heads-major [B, K, C, D] (3-d ones [B, C, R] as they
+are), and, per slot, the position of the token it holds: `cached_position`
 <int32>[B, C], position + 1, 0 for an empty slot. `init` on a [B, max_len]
 sample creates them with C = `cache_length(window, max_len)`: `max_len` for
 a layer that sees the whole causal past, and for a sliding-window layer
@@ -13,6 +14,11 @@ Each row has positions of its own (`Decoder` in decode mode gives a
 left-padded prompt's padding negative positions): a token at a negative
 position is padding, never written and never seen; the mask reads each
 slot's stored position, so the slots' order does not matter.
+
+Heads-major because attention contracts each (row, head)'s [C, D] block:
+stored [B, C, K, D], XLA:CPU copied the whole cache into that layout at
+every decode step (1.74 against 0.19 ms a layer-step at B 8, K 8, D 64,
+C 256; 48 against 16 ms at C 4,096).
 """
 
 from __future__ import annotations
@@ -24,6 +30,20 @@ import jax.numpy as jnp
 from linen_moe._src.layer.variables import CACHE
 
 POSITION = "position"
+
+
+def _heads_major(x: jax.Array) -> jax.Array:
+  """[B, C, K, D] <-> [B, K, C, D] (its own inverse); 3-d entries as they
+  are."""
+  return jnp.swapaxes(x, 1, 2) if x.ndim == 4 else x
+
+
+def _heads_major_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+  """`_heads_major`'s result shape."""
+  if len(shape) != 4:
+    return shape
+  b, c, k, d = shape
+  return (b, k, c, d)
 
 
 def cache_length(window: int, max_len: int) -> int:
@@ -62,7 +82,7 @@ def write_cache(
           CACHE,
           f"cached_{name}",
           jnp.zeros,
-          (b, slots) + x.shape[2:],
+          _heads_major_shape((b, slots) + x.shape[2:]),
           x.dtype,
       )
       for name, x in new.items()
@@ -74,14 +94,18 @@ def write_cache(
   if not initialized:
     return new, positions, valid, valid
   c = stored.value.shape[1]
-  before = ({n: v.value for n, v in cached.items()}, stored.value)
+  before = (
+      {n: _heads_major(v.value) for n, v in cached.items()},
+      stored.value,
+  )
   m = min(s, c)  # only the last C of the new tokens stay in a ring
   slot = jnp.where(valid[:, -m:], positions[:, -m:] % c, c)  # c: dropped
   rows = jnp.arange(b)[:, None]
   for name, x in new.items():
-    cached[name].value = (
-        cached[name].value.at[rows, slot].set(x[:, -m:], mode="drop")
-    )
+    at = cached[name].value.at
+    # [rows, :, slot] broadcasts to [B, m, K, D]: the new entries' shape.
+    at = at[rows, :, slot] if x.ndim == 4 else at[rows, slot]
+    cached[name].value = at.set(x[:, -m:], mode="drop")
   stored.value = stored.value.at[rows, slot].set(
       positions[:, -m:] + 1, mode="drop"
   )
@@ -91,6 +115,6 @@ def write_cache(
     }
     held = jnp.concatenate([before[1], jnp.where(valid, positions + 1, 0)], 1)
   else:
-    keys = {n: v.value for n, v in cached.items()}
+    keys = {n: _heads_major(v.value) for n, v in cached.items()}
     held = stored.value
   return keys, held - 1, held > 0, valid

@@ -84,7 +84,7 @@ class MultiHeadLatentAttention(nn.Module):
   `query/kernel` [M, N, Dn + Dr]; `kv_a/kernel` [M, R + Dr],
   `kv_a_norm/scale` [R], `kv_b/kernel` [R, N, Dn + Dv], `out/kernel`
   [N, Dv, M]. With `decode`, the cache `cached_latent` [B, C, R] and
-  `cached_rope_key` [B, C, 1, Dr], and `cached_position` (see the module
+  `cached_rope_key` [B, 1, C, Dr], and `cached_position` (see the module
   docstring and `kv_cache.py`).
 
   Attributes:

@@ -8,12 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.layer.variables import UPDATED_BY_RULE
+from linen_moe._src.models.decoder import output_kernel
 from linen_moe._src.models.segments import same_segment_targets
+from linen_moe._src.training.chunked_loss import chunked_cross_entropy
 
 
 def variables_of(frontend: Any, state: Any) -> dict:
@@ -49,7 +50,9 @@ def make_eval_step(model: nn.Module):
   one segment, not padding), and returns (<float32>[] the summed cross-entropy in
   nats of the counted targets, <float32>[] how many there are): the mean
   over many batches is the sum of the first over the sum of the second. It
-  is deterministic (no router jitter).
+  is deterministic (no router jitter). Like the train step's loss it
+  applies the output head block by block of the vocabulary
+  (`chunked_cross_entropy`), never holding [B, S, V] logits.
 
   Args:
     model: a `Decoder`.
@@ -58,17 +61,27 @@ def make_eval_step(model: nn.Module):
     `eval_step`.
   """
 
+  hidden_model = model.clone(hidden_only=True)  # the loss owns the head
+
   def eval_step(variables, tokens, mask=None, segment_ids=None, positions=None):
-    logits, _ = model.apply(variables, tokens, segment_ids, positions)
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-    weights = jnp.ones(picked.shape, jnp.bool_)
+    hidden, _ = hidden_model.apply(variables, tokens, segment_ids, positions)
+    b, s = tokens.shape
+    weights = jnp.ones((b, s - 1), jnp.bool_)
     if mask is not None:
       mask = jnp.asarray(mask, jnp.bool_)
       weights = jnp.logical_and(mask[:, :-1], mask[:, 1:])
     if segment_ids is not None:
       weights &= same_segment_targets(segment_ids)
     weights = weights.astype(jnp.float32)
-    return -jnp.sum(picked * weights), jnp.sum(weights)  # [B, S-1] -> []
+    # The head block by block of the vocabulary, as the train step's loss:
+    # no [B, S, V] logits. It returns the mean over B * (S - 1) targets.
+    mean = chunked_cross_entropy(
+        hidden,
+        output_kernel(model.config, variables["params"]),
+        tokens,
+        weights,
+        softcap=model.config.final_logit_softcap,
+    )
+    return mean * (b * (s - 1)), jnp.sum(weights)  # [] and []
 
   return eval_step
