@@ -424,8 +424,8 @@ def _blocked_vjp_fwd(lhs, rhs, group_sizes, c, bm, out_dtype, bound):
 def _blocked_vjp_bwd(c, bm, out_dtype, bound, residuals, dout):
   del c, out_dtype, bound
   # The barrier keeps XLA from merging the backward's slots (and, for
-  # narrow floats on CPU, their float32 copy, `float32_accumulation`) with
-  # the forward's: merged, [G, C, K] would live from the forward to the
+  # narrow floats on CPU, the float32 copy XLA:CPU makes of them for a
+  # dot) with the forward's: merged, [G, C, K] would live from the forward to the
   # backward beside lhs itself (at Qwen3-30B-A3B's shape, S = 8192, 0.67 GB
   # a layer for wi_0 / wi_1 and 0.25 GB for wo, in float32). Gathered
   # again here, the slots live only in this backward.
