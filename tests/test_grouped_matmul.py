@@ -406,3 +406,35 @@ class ValidationTest(parameterized.TestCase):
 
 if __name__ == "__main__":
   absltest.main()
+
+
+class BackwardMemoryTest(absltest.TestCase):
+  """What the bfloat16 blocked backward keeps and makes: the forward's
+  slots are not saved for it (they are gathered again there, so that XLA
+  cannot keep their float32 copy from the forward), and dlhs is rounded
+  to bfloat16 per dot, never a float32 [M, K]."""
+
+  def setUp(self):
+    super().setUp()
+    lhs, rhs, _ = _operands(4, dtype=jnp.bfloat16)
+    self.operands = lhs, rhs
+    self.group_sizes = jnp.array([10, 30, 0, 40], jnp.int32)
+    self.matmul = _blocked(16)  # C = 32 slots a group, overflow tiles
+
+  def test_saves_no_slots(self):
+    _, vjp = jax.vjp(
+        lambda x, w: self.matmul(x, w, self.group_sizes), *self.operands
+    )
+    saved = {(x.shape, x.dtype) for x in jax.tree.leaves(vjp)}
+    self.assertIn(((M, K), jnp.dtype(jnp.bfloat16)), saved)  # lhs itself
+    self.assertFalse([s for s in saved if s[0] == (4, 32, K)], saved)
+
+  def test_no_float32_rows_of_lhs(self):
+    def loss(x, w):
+      out = self.matmul(x, w, self.group_sizes)
+      return jnp.sum(out.astype(jnp.float32))
+
+    compiled = jax.jit(jax.grad(loss, (0, 1))).lower(*self.operands).compile()
+    dlhs = jax.eval_shape(jax.grad(loss), *self.operands)
+    self.assertEqual(dlhs.dtype, jnp.bfloat16)
+    self.assertNotIn(f"f32[{M},{K}]", compiled.as_text())

@@ -263,17 +263,19 @@ def _over_tiles(plan: _Plan, g: jax.Array, tile_body, init):
 
 
 def _dot(x: jax.Array, w: jax.Array, dims, out_dtype) -> jax.Array:
-  """`lax.dot_general` with a float32 accumulator for narrow floats; the
-  result in `out_dtype`."""
-  narrow = jnp.issubdtype(out_dtype, jnp.floating) and _grad_dtype(
-      out_dtype
-  ) != jnp.dtype(out_dtype)
-  if narrow:
-    a, b, acc = float32_accumulation(x, w)
-    return lax.dot_general(a, b, dims, preferred_element_type=acc).astype(
-        out_dtype
-    )
-  return lax.dot_general(x, w, dims, preferred_element_type=out_dtype).astype(
+  """`lax.dot_general` with a float32 accumulator for narrow floats
+  (`_grad_dtype`); the result in `out_dtype`.
+
+  Narrow operands go into the dot as they are, on CPU too (not upcast as
+  `float32_accumulation` does there): an upcast weight is a float32 copy
+  of all of rhs that depends on the parameters alone, which XLA:CPU
+  computes early, so the copies of several layers' experts were live at
+  once (0.8 GB each at Qwen3-30B-A3B's shape); its dot fusion converts
+  the bfloat16 operands itself, no slower (measured: fwd+bwd of a
+  [16384, 512] x [32, 512, 384] problem, 0.39 s against 0.41 s).
+  """
+  acc = _grad_dtype(out_dtype)
+  return lax.dot_general(x, w, dims, preferred_element_type=acc).astype(
       out_dtype
   )
 
@@ -286,8 +288,14 @@ def _blocked_rows(
     transpose_rhs: bool,
     out_dtype,
     lhs_slots: jax.Array | None = None,
+    result_dtype=None,
 ) -> jax.Array:
   """[M, K] x [G, K, N] -> [M, N], or x [G, N, K] -> [M, N] if transposed.
+
+  Each dot yields `out_dtype` (`_dot`), rounded at once to `result_dtype`
+  (default `out_dtype`): every output row comes from one dot, so rounding
+  there equals rounding the whole [M, N], without an [M, N] buffer of
+  `out_dtype`.
 
   The slots (`lhs_slots`, `_to_slots(lhs)` if not given) in one batched
   matmul; then one [bm, K] x [K, N] matmul per overflow tile, rhs[g] sliced
@@ -295,15 +303,17 @@ def _blocked_rows(
   not per tile.
   """
   m = lhs.shape[0]
+  result_dtype = result_dtype or out_dtype
   contract = 1 if transpose_rhs else 0
   batched = (((2,), (1 + contract,)), ((0,), (0,)))
   if plan.slot_row.shape[1]:
     if lhs_slots is None:
       lhs_slots = _to_slots(lhs, plan)
-    out = _from_slots(_dot(lhs_slots, rhs, batched, out_dtype), plan)
+    y = _dot(lhs_slots, rhs, batched, out_dtype).astype(result_dtype)
+    out = _from_slots(y, plan)
   else:
     n = rhs.shape[2 - contract]
-    out = _zeros_varying_like((m, n), out_dtype, lhs, rhs, plan.starts)
+    out = _zeros_varying_like((m, n), result_dtype, lhs, rhs, plan.starts)
 
   def group_body(g, out):  # out: [M, N]
     w = lax.dynamic_index_in_dim(rhs, g, keepdims=False)  # [K, N] or [N, K]
@@ -312,6 +322,7 @@ def _blocked_rows(
       offset, mask = _tile(plan, g, t, m, bm)
       x = lax.dynamic_slice_in_dim(lhs, offset, bm)  # [bm, K]
       y = _dot(x, w, _DIMS_NT if transpose_rhs else _DIMS_NN, out_dtype)
+      y = y.astype(result_dtype)
       kept = lax.dynamic_slice_in_dim(out, offset, bm)
       y = jnp.where(mask[:, None], y, kept)
       return lax.dynamic_update_slice_in_dim(out, y, offset, 0)
@@ -406,23 +417,39 @@ def _blocked_vjp(lhs, rhs, group_sizes, c, bm, out_dtype, bound):
 
 def _blocked_vjp_fwd(lhs, rhs, group_sizes, c, bm, out_dtype, bound):
   plan = _plan(group_sizes, lhs.shape[0], c, bm, bound)
-  lhs_slots = _to_slots(lhs, plan)  # kept for drhs: one gather, not two
-  out = _blocked_rows(lhs, rhs, plan, bm, False, out_dtype, lhs_slots)
-  return out, (lhs, rhs, plan, lhs_slots)
+  out = _blocked_rows(lhs, rhs, plan, bm, False, out_dtype)
+  return out, (lhs, rhs, plan)
 
 
 def _blocked_vjp_bwd(c, bm, out_dtype, bound, residuals, dout):
   del c, out_dtype, bound
-  lhs, rhs, plan, lhs_slots = residuals
+  # The barrier keeps XLA from merging the backward's slots (and, for
+  # narrow floats on CPU, their float32 copy, `float32_accumulation`) with
+  # the forward's: merged, [G, C, K] would live from the forward to the
+  # backward beside lhs itself (at Qwen3-30B-A3B's shape, S = 8192, 0.67 GB
+  # a layer for wi_0 / wi_1 and 0.25 GB for wo, in float32). Gathered
+  # again here, the slots live only in this backward.
+  lhs, rhs, plan = residuals
+  lhs, plan = jax.lax.optimization_barrier((lhs, plan))
+  lhs_slots = _to_slots(lhs, plan)
   dout_slots = _to_slots(dout, plan)
-  # dlhs = dout @ rhs[g]^T per row: [M, N] x [G, K, N] -> [M, K].
+  # dlhs = dout @ rhs[g]^T per row: [M, N] x [G, K, N] -> [M, K], each row
+  # one dot accumulated in `_grad_dtype` and rounded once to lhs's dtype
+  # (no float32 [M, K] buffer for a narrow lhs).
   dlhs = _blocked_rows(
-      dout, rhs, plan, bm, True, _grad_dtype(lhs.dtype), dout_slots
+      dout,
+      rhs,
+      plan,
+      bm,
+      True,
+      _grad_dtype(lhs.dtype),
+      dout_slots,
+      result_dtype=lhs.dtype,
   )
   drhs = _blocked_weight_grad(
       lhs, dout, plan, bm, _grad_dtype(rhs.dtype), lhs_slots, dout_slots
   )
-  return dlhs.astype(lhs.dtype), drhs.astype(rhs.dtype), None
+  return dlhs, drhs.astype(rhs.dtype), None
 
 
 _blocked_vjp.defvjp(_blocked_vjp_fwd, _blocked_vjp_bwd)

@@ -84,7 +84,36 @@ def gated_mlp(
   """
   gate = names.tag(project("wi_0", x, wi_0), names.EXPERT_GATE)
   up = names.tag(project("wi_1", x, wi_1), names.EXPERT_UP)
-  return names.tag(project("wo", act(gate) * up, wo), names.EXPERT_DOWN)
+  hidden = gated_product(act, gate, up)
+  return names.tag(project("wo", hidden, wo), names.EXPERT_DOWN)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def gated_product(
+    act: Callable[[jax.Array], jax.Array], gate: jax.Array, up: jax.Array
+) -> jax.Array:
+  """act(gate) * up, whose backward keeps `gate` and `up` alone.
+
+  Differentiated as written, it would also keep act's intermediates and
+  act(gate) (silu: sigmoid(gate) and gate * sigmoid(gate)), each of the
+  shape of `gate`: at Qwen3-30B-A3B's routed shape, S = 8192, bf16, 0.1 GB
+  each a layer. The backward recomputes them from `gate` (the same
+  operations, so the same numbers).
+  """
+  return act(gate) * up
+
+
+def _gated_product_fwd(act, gate, up):
+  return act(gate) * up, (gate, up)
+
+
+def _gated_product_bwd(act, residuals, g):
+  # The barrier keeps XLA from merging this recompute with the forward's.
+  gate, up = jax.lax.optimization_barrier(residuals)
+  return jax.vjp(lambda a, b: act(a) * b, gate, up)[1](g)
+
+
+gated_product.defvjp(_gated_product_fwd, _gated_product_bwd)
 
 
 def _matmul(site: str, x: jax.Array, w: jax.Array) -> jax.Array:
