@@ -277,6 +277,89 @@ class DotProductTest(absltest.TestCase):
     _close(self, got, want, 1e-5)
 
 
+def _splash_equals_einsum(test, dtype, tol, window=0, segments=None, dv=128):
+  """attention="splash" against the einsum, both at the highest matmul
+  precision (a TPU multiplies float32 in one bf16 pass by default)."""
+  b, s = 2, 2048  # two of splash's 1024-blocks a side
+  q, k, v = _inputs(b=b, s=s, n=4, kv=2, dk=128, dv=dv, seed=1)
+  pos = (
+      np.broadcast_to(np.arange(s), (b, s))
+      if segments is None
+      else _restarting(segments)
+  ).astype(np.int32)
+  kw = dict(
+      positions=jnp.asarray(pos),
+      key_positions=jnp.asarray(pos),
+      window=window,
+      scale=128**-0.5,
+      dtype=dtype,
+  )
+  if segments is not None:
+    kw.update(
+        segment_ids=jnp.asarray(segments), key_segment_ids=jnp.asarray(segments)
+    )
+  qkv = tuple(jnp.asarray(x, dtype) for x in (q, k, v))
+  # "highest" for bf16 too: the kernel must take a caller's precision.
+  with jax.default_matmul_precision("highest"):
+    got = _with_grads(
+        functools.partial(
+            attention.attend, implementation="splash", self_attention=True, **kw
+        ),
+        qkv,
+    )
+    want = _with_grads(functools.partial(attention.einsum_attend, **kw), qkv)
+  test.assertEqual(got[0].dtype, dtype)
+  _close(test, got, want, tol)
+
+
+def _packed_rows(s: int) -> np.ndarray:
+  """Row 0: three documents (one across the block boundary at s / 2) and
+  padding; row 1: two documents."""
+  row0 = [1] * 600 + [2] * 800 + [3] * 520 + [0] * (s - 1920)
+  row1 = [1] * 1400 + [2] * (s - 1400)
+  return np.array([row0, row1], np.int32)
+
+
+@absltest.skipUnless(
+    jax.default_backend() == "tpu", "the Pallas splash kernels need a TPU"
+)
+class SplashOnTpuTest(absltest.TestCase):
+  """attention="splash" on a TPU equals the einsum in outputs and in the
+  gradients wrt q, k and v: GQA (4 query heads over 2), S = 2048 in two
+  blocks, packed documents, a sliding window, Dk != Dv. Runs where a TPU
+  is (benchmarks/device/README.md); CI has none. float32 to 1e-4 of each
+  leaf's largest magnitude, bfloat16 to 0.02 (the bound of blockwise's
+  bf16 test above)."""
+
+  def test_causal_gqa(self):
+    _splash_equals_einsum(self, jnp.float32, 1e-4)
+
+  def test_packed_documents_and_a_window(self):
+    _splash_equals_einsum(
+        self, jnp.float32, 1e-4, window=200, segments=_packed_rows(2048)
+    )
+
+  def test_value_width_of_its_own(self):
+    _splash_equals_einsum(self, jnp.float32, 1e-4, dv=64)
+
+  def test_bfloat16(self):
+    _splash_equals_einsum(self, jnp.bfloat16, 0.02, segments=_packed_rows(2048))
+
+  def test_decoder_logits_and_gradients(self):
+    # Gemma-4 text: sliding and full layers of their own head widths.
+    _decoder_equals_einsum(
+        self,
+        "tiny_gemma4_text",
+        True,
+        "linen",
+        implementation="splash",
+        seq=128,
+        tol=1e-4,
+        num_layers=2,
+        full_attention_layers=(1,),
+    )
+
+
 class BadImplementationTest(absltest.TestCase):
 
   def _attend(self, implementation, **extra):
@@ -290,7 +373,10 @@ class BadImplementationTest(absltest.TestCase):
 
   def test_splash_needs_a_tpu(self):
     with self.assertRaisesRegex(ValueError, r"splash.*TPU.*'cpu'"):
-      self._attend("splash", self_attention=True)
+      attention_fused.check_splash("cpu", 256, 256, True)
+    if jax.default_backend() == "cpu":
+      with self.assertRaisesRegex(ValueError, r"splash.*TPU.*'cpu'"):
+        self._attend("splash", self_attention=True)
 
   def test_cudnn_takes_half_precision_only(self):
     with self.assertRaisesRegex(ValueError, r"cuDNN.*dtype='float32'"):
@@ -337,9 +423,18 @@ _SMALL_BLOCKS = (
 )
 
 
-def _decoder_blockwise_equals_einsum(test, name, scan, frontend, **changes):
+def _decoder_equals_einsum(
+    test,
+    name,
+    scan,
+    frontend,
+    implementation="blockwise",
+    seq=12,
+    tol=1e-5,
+    **changes,
+):
   base = load_model_config(name, scan_layers=scan).replace(**changes)
-  tokens = testing.markov_tokens(base.vocab_size, 1, 12, 1)
+  tokens = testing.markov_tokens(base.vocab_size, 1, seq, 1)
   variables = unbox(Decoder(base).init(jax.random.key(0), tokens))
 
   def run(implementation):
@@ -354,9 +449,14 @@ def _decoder_blockwise_equals_einsum(test, name, scan, frontend, **changes):
     out, grads = _with_grads(logits, (variables["params"], None, None))
     return out, grads[0]
 
-  with _SMALL_BLOCKS[0], _SMALL_BLOCKS[1]:
-    got = run("blockwise")
-  _close(test, got, run("einsum"), 1e-5)
+  with (
+      _SMALL_BLOCKS[0],
+      _SMALL_BLOCKS[1],
+      jax.default_matmul_precision("highest"),
+  ):
+    got = run(implementation)
+    want = run("einsum")
+  _close(test, got, want, tol)
 
 
 @testing.slow
@@ -371,7 +471,7 @@ class DecoderBlockwiseTest(absltest.TestCase):
   attention alone above."""
 
   def test_gemma4_linen_scanned(self):
-    _decoder_blockwise_equals_einsum(
+    _decoder_equals_einsum(
         self,
         "tiny_gemma4_text",
         True,
@@ -390,7 +490,7 @@ class SlowDecoderBlockwiseTest(parameterized.TestCase):
       frontend=("linen", "nnx"),
   )
   def test_equals_einsum(self, name, scan, frontend):
-    _decoder_blockwise_equals_einsum(self, name, scan, frontend)
+    _decoder_equals_einsum(self, name, scan, frontend)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,29 @@ def seconds(fn, *args) -> float:
   return timing.time_call(fn, args)[0]
 
 
+def _value(text: str):
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text
+
+
+def with_changes(cfg: linen_moe.ModelConfig, items) -> linen_moe.ModelConfig:
+  """`cfg` with "FIELD=VALUE" items applied (`--set` of the benchmarks), a
+  field of ModelConfig or of its MoEConfig (`ModelConfig.replace`'s flat
+  names); numbers are read as numbers, anything else as a string (e.g.
+  "dtype=bfloat16")."""
+  changes = {}
+  for item in items:
+    name, sep, text = item.partition("=")
+    if not sep:
+      raise ValueError(f"--set {item!r}: expected FIELD=VALUE.")
+    changes[name] = _value(text)
+  return cfg.replace(**changes)
+
+
 class Ours:
   """The reference decoder, its train step and its decoding."""
 

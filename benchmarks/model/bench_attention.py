@@ -36,6 +36,19 @@ tpu        compiles (never runs) the attention alone, as `memory --part
            a data=N mesh, with "splash" (its kernels in shard_map) and
            "blockwise", and prints each one's temp bytes per device.
 
+  python benchmarks/model/bench_attention.py accelerator [--seqs 2048 8192]
+      (on a machine with a TPU or GPU: benchmarks/device/README.md)
+
+accelerator  times the attention alone on this machine's first device:
+           jitted jax.grad of sum(attend) at the Qwen3-30B-A3B heads (32 /
+           4 of 128), bfloat16, causal, batch 1, for "einsum", "blockwise"
+           and the platform's fused kernel ("splash" on TPU, "dot_product"
+           on GPU), alternating, median of `--repeats`; TFLOP/s of the
+           causal attention's model FLOPs (6 B N S^2 D: the forward's two
+           products and the backward's four, over the causal half) and each
+           program's compiled temp bytes. A length an implementation cannot
+           hold prints the compiler's or the runtime's error instead.
+
 The rest runs on the CPU (it reads `jax.default_backend()` for "auto");
 nice it, a compile at 32768 takes minutes.
 """
@@ -281,6 +294,64 @@ def speed(args) -> None:
     )
 
 
+def _qwen3_attention_step(impl: str, seq: int):
+  """(step, compiled temp bytes): jitted grad of sum(attend) at the
+  Qwen3-30B-A3B heads on real bf16 arrays of this process's device."""
+  cfg = _qwen3_layers(1, 256, impl)
+  n, kv, d = cfg.num_heads, cfg.resolved_kv_heads, cfg.resolved_head_dim
+  keys = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(keys[0], (1, seq, n, d), jnp.bfloat16)
+  k, v = (jax.random.normal(x, (1, seq, kv, d), jnp.bfloat16) for x in keys[1:])
+  pos = jnp.broadcast_to(jnp.arange(seq), (1, seq))
+
+  def loss(q, k, v):
+    out = attention_lib.attend(
+        q,
+        k,
+        v,
+        positions=pos,
+        key_positions=pos,
+        window=0,
+        scale=d**-0.5,
+        dtype=jnp.bfloat16,
+        implementation=impl,
+        self_attention=True,
+    )
+    return jnp.sum(out.astype(jnp.float32))
+
+  compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, k, v).compile()
+  temp = int(compiled.memory_analysis().temp_size_in_bytes)
+  jax.block_until_ready(compiled(q, k, v))
+  return (lambda: jax.block_until_ready(compiled(q, k, v))), temp
+
+
+def accelerator(args) -> None:
+  device = jax.devices()[0]
+  fused = {"tpu": "splash", "gpu": "dot_product"}.get(device.platform)
+  impls = [i for i in ("einsum", "blockwise", fused) if i]
+  print(
+      f"{device.device_kind}: Qwen3-30B-A3B attention alone (32 / 4 heads of"
+      " 128, bf16, causal, batch 1), jit(grad(sum(attend))); median of"
+      f" {args.repeats}, alternating; TFLOP/s of 6 N S^2 D"
+  )
+  print(f"{'S':>6} {'attention':>10} {'ms':>9} {'TFLOP/s':>8} {'temp GB':>8}")
+  for seq in args.seqs:
+    steps, temps = {}, {}
+    for impl in impls:
+      try:
+        steps[impl], temps[impl] = _qwen3_attention_step(impl, seq)
+      except Exception as e:  # noqa: BLE001 (an OOM is a result here)
+        print(f"{seq:>6} {impl:>10}  {type(e).__name__}: {str(e)[:160]}")
+    t = _alternate(steps, args.repeats)
+    flops = 6 * 32 * seq * seq * 128
+    for impl, seconds in t.items():
+      print(
+          f"{seq:>6} {impl:>10} {seconds * 1e3:>9.2f}"
+          f" {flops / seconds / 1e12:>8.1f} {temps[impl] / GB:>8.3f}",
+          flush=True,
+      )
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest="command", required=True)
@@ -308,11 +379,15 @@ def main() -> None:
   on_tpu.add_argument(
       "--implementations", nargs="+", default=["splash", "blockwise"]
   )
+  acc = sub.add_parser("accelerator")
+  acc.add_argument("--seqs", type=int, nargs="+", default=[2048, 4096, 8192])
+  acc.add_argument("--repeats", type=int, default=10)
   fast = sub.add_parser("speed")
   fast.add_argument("--repeats", type=int, default=5)
   args = parser.parse_args()
   commands = {"memory": memory, "crossover": crossover, "speed": speed}
   commands["tpu"] = tpu
+  commands["accelerator"] = accelerator
   commands[args.command](args)
 
 

@@ -69,6 +69,13 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument(
       "--peer", default=None, metavar="PYTHON", help="a torch venv's python"
   )
+  p.add_argument(
+      "--set",
+      nargs="*",
+      default=[],
+      metavar="FIELD=VALUE",
+      help="config changes, e.g. num_layers=8 dtype=bfloat16",
+  )
   return p.parse_args(argv)
 
 
@@ -79,7 +86,7 @@ def _bucket(n: int, minimum: int = 1) -> int:
 
 
 def run(opts: argparse.Namespace) -> dict:
-  cfg = whole_model.model_config(opts.model)
+  cfg = whole_model.with_changes(whole_model.model_config(opts.model), opts.set)
   ours = whole_model.Ours(cfg, None)
   rng = np.random.default_rng(0)
   lengths = rng.integers(opts.min_prompt, opts.max_prompt + 1, opts.batch)

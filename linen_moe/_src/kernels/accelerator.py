@@ -100,12 +100,14 @@ def megablox_gmm(
   megablox needs M to be a multiple of its row tile and leaves the rows past
   sum(group_sizes) unwritten, in the output and in the lhs gradient; the
   padding and the two row masks here make it match `ragged_dot`. K and N
-  tiles need not divide K and N (megablox masks the remainder).
+  tiles are 128 whatever K and N are: megablox masks a remainder, and its
+  backward swaps the two tiles, so min(128, K) != N would make a block
+  that Mosaic rejects (neither a multiple of 128 nor the dimension: seen
+  on a TPU v5e with K = 8, N = 32).
   """
   from jax.experimental.pallas.ops.tpu import megablox
 
-  m, k = lhs.shape
-  n = rhs.shape[2]
+  m = lhs.shape[0]
   tm = min(128, -(-m // 8) * 8)
   padded_m = -(-m // tm) * tm
   valid = _rows_valid(m, group_sizes)
@@ -116,7 +118,7 @@ def megablox_gmm(
       rhs,
       group_sizes.astype(jnp.int32),
       preferred_element_type or jnp.result_type(lhs, rhs),
-      (tm, min(128, k), min(128, n)),
+      (tm, 128, 128),
       None,
       None,
       False,

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The checks and figures that need an accelerator, on a machine of one TPU
+# chip with its own JAX and no network (the workplace's device machine:
+# Python 3.11, jax 0.10.2 with libtpu). This project's other requirements
+# travel as wheels in .whl-tpu/ (benchmarks/device/README.md says which and
+# how); the project runs from the checkout, not installed.
+#
+#   benchmarks/device/one_chip.sh [STEP ...]   # default: every step
+#
+# Steps (each under its own time limit, its output in $OUT/STEP.log):
+#   tests      the tests that run only on a TPU (tests/test_attention.py's
+#              SplashOnTpuTest: splash against the einsum)
+#   attention  benchmarks/model/bench_attention.py accelerator
+#   plan       benchmarks/planning/plan_vs_run.py: a plan beside its run
+#   generate   benchmarks/serving/bench_generate.py on a bf16 Mixtral shape
+#              of 2.4 B parameters: the decode step against the chip's
+#              weight-read limit
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/one_chip}
+mkdir -p "$OUT"
+if [ -d .whl-tpu ]; then
+  PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index \
+    --no-deps --no-compile --no-cache-dir --upgrade --ignore-requires-python \
+    --target /tmp/site .whl-tpu/*.whl 2>&1 | tail -3
+  export PYTHONPATH=${PYTHONPATH:-}:/tmp/site
+fi
+export PYTHONPATH=${PYTHONPATH}:$PWD
+# linen_moe.configs is configs/ (setup.py's package_dir); a checkout that is
+# not installed finds it through this link, made on the machine only.
+[ -e linen_moe/configs ] || ln -s ../configs linen_moe/configs
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+
+step() {
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name ($(date +%T))"
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+  echo "== $name: exit ${PIPESTATUS[0]}"
+}
+
+steps=${*:-tests attention plan generate}
+python3 -c 'import jax, flax; print("jax", jax.__version__, "flax", flax.__version__, jax.devices())'
+for s in $steps; do
+  case $s in
+    tests)
+      step tests 150 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_attention.py -k Splash ;;
+    attention)
+      step attention 120 python3 benchmarks/model/bench_attention.py \
+        accelerator --seqs 2048 4096 8192 --repeats 10 ;;
+    plan)
+      step plan 220 python3 benchmarks/planning/plan_vs_run.py \
+        --target tpu:v5e-1 --config qwen3_30b_a3b \
+        --set num_layers=2 num_experts=32 vocab_size=32768 \
+        --batch-size 4 --seq-len 4096 --remat full --steps 6 ;;
+    generate)
+      step generate 300 python3 benchmarks/serving/bench_generate.py \
+        --set num_layers=8 num_heads=16 vocab_size=32000 emb_dim=2048 \
+        moe_mlp_dim=5632 dtype=bfloat16 param_dtype=bfloat16 \
+        --rounds 3 --steps 8 ;;
+    sweep)  # not kept: .whl-tpu/sweep.py, splash block sizes
+      step sweep 200 python3 .whl-tpu/sweep.py ;;
+    *) echo "one_chip.sh: unknown step $s" >&2 ;;
+  esac
+done
