@@ -114,11 +114,13 @@ SEGMENTS = np.array(
 )
 
 
-def _case(window=0, segments=None, s=10, query_from=0, seed=0):
+def _case(
+    window=0, segments=None, s=10, query_from=0, seed=0, dk=8, dv=6, scale=0.3
+):
   """Inputs and keyword arguments of one attention call: queries at
   positions query_from .. s - 1 over keys 0 .. s - 1 (a KV cache's layout
   when query_from > 0), restarting per segment with segment ids."""
-  q, k, v = _inputs(s=s, seed=seed)
+  q, k, v = _inputs(s=s, dk=dk, dv=dv, seed=seed)
   b = q.shape[0]
   pos = (
       np.broadcast_to(np.arange(s), (b, s))
@@ -129,7 +131,7 @@ def _case(window=0, segments=None, s=10, query_from=0, seed=0):
       positions=jnp.asarray(pos[:, query_from:]),
       key_positions=jnp.asarray(pos),
       window=window,
-      scale=0.3,
+      scale=scale,
       dtype=jnp.float32,
   )
   if segments is not None:
@@ -280,25 +282,12 @@ class DotProductTest(absltest.TestCase):
 def _splash_equals_einsum(test, dtype, tol, window=0, segments=None, dv=128):
   """attention="splash" against the einsum, both at the highest matmul
   precision (a TPU multiplies float32 in one bf16 pass by default)."""
-  b, s = 2, 2048  # two of splash's 1024-blocks a side
-  q, k, v = _inputs(b=b, s=s, n=4, kv=2, dk=128, dv=dv, seed=1)
-  pos = (
-      np.broadcast_to(np.arange(s), (b, s))
-      if segments is None
-      else _restarting(segments)
-  ).astype(np.int32)
-  kw = dict(
-      positions=jnp.asarray(pos),
-      key_positions=jnp.asarray(pos),
-      window=window,
-      scale=128**-0.5,
-      dtype=dtype,
+  # S = 2048: two of splash's 1024-blocks a side
+  qkv, kw = _case(
+      window, segments, 2048, seed=1, dk=128, dv=dv, scale=128**-0.5
   )
-  if segments is not None:
-    kw.update(
-        segment_ids=jnp.asarray(segments), key_segment_ids=jnp.asarray(segments)
-    )
-  qkv = tuple(jnp.asarray(x, dtype) for x in (q, k, v))
+  qkv = tuple(x.astype(dtype) for x in qkv)
+  kw["dtype"] = dtype
   # "highest" for bf16 too: the kernel must take a caller's precision.
   with jax.default_matmul_precision("highest"):
     got = _with_grads(

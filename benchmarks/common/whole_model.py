@@ -14,6 +14,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import yaml
 
 import linen_moe
 from linen_moe import decoding
@@ -67,26 +68,16 @@ def seconds(fn, *args) -> float:
   return timing.time_call(fn, args)[0]
 
 
-def _value(text: str):
-  for kind in (int, float):
-    try:
-      return kind(text)
-    except ValueError:
-      pass
-  return text
-
-
 def with_changes(cfg: linen_moe.ModelConfig, items) -> linen_moe.ModelConfig:
   """`cfg` with "FIELD=VALUE" items applied (`--set` of the benchmarks), a
   field of ModelConfig or of its MoEConfig (`ModelConfig.replace`'s flat
-  names); numbers are read as numbers, anything else as a string (e.g.
-  "dtype=bfloat16")."""
+  names), the value read as YAML, as `linen-moe --set` reads it."""
   changes = {}
   for item in items:
     name, sep, text = item.partition("=")
     if not sep:
       raise ValueError(f"--set {item!r}: expected FIELD=VALUE.")
-    changes[name] = _value(text)
+    changes[name] = yaml.safe_load(text)
   return cfg.replace(**changes)
 
 

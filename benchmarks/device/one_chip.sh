@@ -59,8 +59,6 @@ for s in $steps; do
         --set num_layers=8 num_heads=16 vocab_size=32000 emb_dim=2048 \
         moe_mlp_dim=5632 dtype=bfloat16 param_dtype=bfloat16 \
         --rounds 3 --steps 8 ;;
-    sweep)  # not kept: .whl-tpu/sweep.py, splash block sizes
-      step sweep 200 python3 .whl-tpu/sweep.py ;;
     *) echo "one_chip.sh: unknown step $s" >&2 ;;
   esac
 done

@@ -112,16 +112,11 @@ def train_temp_bytes(cfg, seq: int, batch: int = 1) -> int:
   return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
-def attention_temp_bytes(
-    impl: str, seq: int, batch: int = 1, sharding=None
-) -> int:
-  """`memory_analysis()` temp bytes of jit(grad(sum(attend))) alone at the
-  Qwen3-30B-A3B attention (32 query / 4 KV heads of 128, bf16, causal),
-  per device with `sharding` (of the batch axis)."""
+def _attention_grad(impl: str, seq: int, batch: int):
+  """(jit(grad(sum(attend))) wrt q, k, v at the Qwen3-30B-A3B attention
+  (bf16, causal), (query heads, KV heads, head dim))."""
   cfg = _qwen3_layers(1, 256, impl)
   n, kv, d = cfg.num_heads, cfg.resolved_kv_heads, cfg.resolved_head_dim
-  q = jax.ShapeDtypeStruct((batch, seq, n, d), jnp.bfloat16, sharding=sharding)
-  k = jax.ShapeDtypeStruct((batch, seq, kv, d), jnp.bfloat16, sharding=sharding)
 
   def loss(q, k, v):
     pos = jnp.broadcast_to(jnp.arange(seq), (batch, seq))
@@ -139,7 +134,19 @@ def attention_temp_bytes(
     )
     return jnp.sum(out.astype(jnp.float32))
 
-  compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, k, k).compile()
+  return jax.jit(jax.grad(loss, (0, 1, 2))), (n, kv, d)
+
+
+def attention_temp_bytes(
+    impl: str, seq: int, batch: int = 1, sharding=None
+) -> int:
+  """`memory_analysis()` temp bytes of jit(grad(sum(attend))) alone at the
+  Qwen3-30B-A3B attention (32 query / 4 KV heads of 128, bf16, causal),
+  per device with `sharding` (of the batch axis)."""
+  grad, (n, kv, d) = _attention_grad(impl, seq, batch)
+  q = jax.ShapeDtypeStruct((batch, seq, n, d), jnp.bfloat16, sharding=sharding)
+  k = jax.ShapeDtypeStruct((batch, seq, kv, d), jnp.bfloat16, sharding=sharding)
+  compiled = grad.lower(q, k, k).compile()
   return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
@@ -295,34 +302,18 @@ def speed(args) -> None:
 
 
 def _qwen3_attention_step(impl: str, seq: int):
-  """(step, compiled temp bytes): jitted grad of sum(attend) at the
-  Qwen3-30B-A3B heads on real bf16 arrays of this process's device."""
-  cfg = _qwen3_layers(1, 256, impl)
-  n, kv, d = cfg.num_heads, cfg.resolved_kv_heads, cfg.resolved_head_dim
+  """(step, compiled temp bytes, model FLOPs): jitted grad of sum(attend)
+  at the Qwen3-30B-A3B heads on real bf16 arrays of this process's device;
+  the FLOPs 6 N S^2 D (batch 1)."""
+  grad, (n, kv, d) = _attention_grad(impl, seq, 1)
   keys = jax.random.split(jax.random.key(0), 3)
   q = jax.random.normal(keys[0], (1, seq, n, d), jnp.bfloat16)
   k, v = (jax.random.normal(x, (1, seq, kv, d), jnp.bfloat16) for x in keys[1:])
-  pos = jnp.broadcast_to(jnp.arange(seq), (1, seq))
-
-  def loss(q, k, v):
-    out = attention_lib.attend(
-        q,
-        k,
-        v,
-        positions=pos,
-        key_positions=pos,
-        window=0,
-        scale=d**-0.5,
-        dtype=jnp.bfloat16,
-        implementation=impl,
-        self_attention=True,
-    )
-    return jnp.sum(out.astype(jnp.float32))
-
-  compiled = jax.jit(jax.grad(loss, (0, 1, 2))).lower(q, k, v).compile()
+  compiled = grad.lower(q, k, v).compile()
   temp = int(compiled.memory_analysis().temp_size_in_bytes)
   jax.block_until_ready(compiled(q, k, v))
-  return (lambda: jax.block_until_ready(compiled(q, k, v))), temp
+  step = lambda: jax.block_until_ready(compiled(q, k, v))  # noqa: E731
+  return step, temp, 6 * n * seq * seq * d
 
 
 def accelerator(args) -> None:
@@ -339,11 +330,10 @@ def accelerator(args) -> None:
     steps, temps = {}, {}
     for impl in impls:
       try:
-        steps[impl], temps[impl] = _qwen3_attention_step(impl, seq)
+        steps[impl], temps[impl], flops = _qwen3_attention_step(impl, seq)
       except Exception as e:  # noqa: BLE001 (an OOM is a result here)
         print(f"{seq:>6} {impl:>10}  {type(e).__name__}: {str(e)[:160]}")
     t = _alternate(steps, args.repeats)
-    flops = 6 * 32 * seq * seq * 128
     for impl, seconds in t.items():
       print(
           f"{seq:>6} {impl:>10} {seconds * 1e3:>9.2f}"

@@ -51,7 +51,8 @@ def parse_case(text: str) -> dict:
   }
 
 
-def command(case: dict, python: str) -> list[str]:
+def command(case: dict, python: str, extra: tuple[str, ...] = ()) -> list[str]:
+  """`linen-moe plan --json` of `case`, then the `extra` arguments."""
   return [
       python,
       "-m",
@@ -70,14 +71,17 @@ def command(case: dict, python: str) -> list[str]:
       "--remat",
       case["remat"],
       "--json",
+      *extra,
   ]
 
 
-def run_case(case: dict, python: str, timeout: int) -> dict:
+def run_case(
+    case: dict, python: str, timeout: int, extra: tuple[str, ...] = ()
+) -> dict:
   """The plan's JSON (with `exit_status` and `wall_s`), or its error."""
   start = time.perf_counter()
   proc = subprocess.run(
-      command(case, python),
+      command(case, python, extra),
       capture_output=True,
       text=True,
       timeout=timeout,

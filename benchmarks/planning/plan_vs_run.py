@@ -4,10 +4,10 @@
       --config qwen3_30b_a3b --set num_layers=2 num_experts=32 \
       vocab_size=32768 --batch-size 4 --seq-len 4096 --remat full
 
-1. plan   `linen_moe.planning.plan` for `--target`, in a child process
-          that compiles through libtpu's topology with jax on the CPU
-          (the chip stays free): its per-device peak, temporaries and
-          roofline step time.
+1. plan   `linen-moe plan --json` for `--target` (`bench_plans.run_case`,
+          a child process that compiles through libtpu's topology with jax
+          on the CPU: the chip stays free): its per-device peak,
+          temporaries and roofline step time.
 2. run    the same train step (`linen_moe.training.ShardedTraining`, AdamW,
           a data=1 mesh) on this process's first device: initialised,
           compiled, `--steps` steps of random tokens; the compiled
@@ -24,46 +24,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import bench_plans  # noqa: E402
 
 GIB = 2**30
 
 
 def _config(args):
+  import linen_moe  # noqa: PLC0415
+
   from common import whole_model  # noqa: PLC0415
 
-  cfg = whole_model.model_config(args.config).replace(remat=args.remat)
+  cfg = linen_moe.load_model_config(args.config).replace(remat=args.remat)
   return whole_model.with_changes(cfg, args.set)
-
-
-def plan_child(args) -> None:
-  from linen_moe import planning  # noqa: PLC0415
-
-  target = planning.parse_target(args.target)
-  planning.prepare_process(target)
-  p = planning.plan(
-      _config(args), target, batch_size=args.batch_size, seq_len=args.seq_len
-  )
-  d = p.per_device
-  print(
-      json.dumps({
-          "peak_bytes": d.peak_bytes,
-          "temp_bytes": d.temp_bytes,
-          "argument_bytes": d.argument_bytes,
-          "fits": p.fits,
-          "estimated_step_s": p.estimated_step_s,
-          "flops_per_step": p.flops_per_step,
-          "compile_s": p.compile_s,
-          "chip": p.chip,
-      })
-  )
 
 
 def run(args) -> dict:
@@ -86,6 +66,9 @@ def run(args) -> dict:
   rng = jax.random.key(2)
   state = sharded.init(tokens, rng)
   start = time.perf_counter()
+  # Compiled twice (here for its memory analysis, by `step` to run): the
+  # AOT-compiled step, called, was refused on jax 0.10.2's TPU ("compiled
+  # for 55 inputs but called with 50").
   stats = sharded.lower(state, tokens, rng).compile().memory_analysis()
   compile_s = time.perf_counter() - start
   times = []
@@ -115,25 +98,22 @@ def main() -> None:
   parser.add_argument("--seq-len", type=int, default=4096)
   parser.add_argument("--remat", default="full")
   parser.add_argument("--steps", type=int, default=6)
-  parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
-  if args.child:
-    plan_child(args)
-    return
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  child = subprocess.run(
-      [sys.executable, __file__, "--child", *sys.argv[1:]],
-      env=env,
-      capture_output=True,
-      text=True,
-      check=False,
-  )
-  if child.returncode:  # the run still says what it measured
-    print(child.stderr[-3000:], file=sys.stderr)
-    print(json.dumps({"plan": None, "run": run(args)}))
-    raise SystemExit(f"the plan failed (exit {child.returncode})")
-  planned = json.loads(child.stdout.strip().splitlines()[-1])
+  case = {
+      "config": args.config,
+      "target": args.target,
+      "mesh": "data=1",
+      "batch": args.batch_size,
+      "seq": args.seq_len,
+      "remat": args.remat,
+  }
+  extra = tuple(x for item in args.set for x in ("--set", item))
+  planned = bench_plans.run_case(case, sys.executable, 1800, extra)
+  if "per_device" not in planned:  # the run still says what it measured
+    print(json.dumps({"plan": planned, "run": run(args)}))
+    raise SystemExit(f"the plan failed: {planned.get('error')}")
   ran = run(args)
+  d = planned["per_device"]
   flops = planned["flops_per_step"]
   roofline = planned["estimated_step_s"] or float("nan")  # none off a chip
   print(
@@ -142,8 +122,8 @@ def main() -> None:
   )
   print(
       f"  plan ({args.target}, compiled in {planned['compile_s']:.0f} s):"
-      f" peak {planned['peak_bytes'] / GIB:.2f} GiB, temp"
-      f" {planned['temp_bytes'] / GIB:.2f} GiB, fits {planned['fits']},"
+      f" peak {d['peak_bytes'] / GIB:.2f} GiB, temp"
+      f" {d['temp_bytes'] / GIB:.2f} GiB, fits {planned['fits']},"
       f" roofline step {roofline * 1e3:.0f} ms"
   )
   peak = ran["device_peak_bytes"]
@@ -152,7 +132,7 @@ def main() -> None:
       if peak is None
       else (
           f"device peak {peak / GIB:.2f} GiB"
-          f" ({peak / planned['peak_bytes']:.3f} of the plan's)"
+          f" ({peak / d['peak_bytes']:.3f} of the plan's)"
       )
   )
   print(

@@ -38,9 +38,9 @@ SPLASH_MULTIPLE = 128
 # Query and key blocks: the largest of these that divides S; the products
 # run on key slices of SPLASH_COMPUTE_BLOCK, and dq, dk, dv come from one
 # fused backward kernel. On a TPU v5e (jax 0.10.2, Qwen3-30B-A3B heads, bf16,
-# fwd + bwd) this took 15.4 ms at S = 8192 and 4.9 ms at 4096, against 21.2
-# and 6.4 with 512 everywhere and separate dq / dkv kernels
-# (benchmarks/model/bench_attention.py accelerator; benchmarks/device/).
+# fwd + bwd) this took 15.6 ms at S = 8192 and 5.1 ms at 4096, against 21.7
+# and 6.7 with 512 everywhere and separate dq / dkv kernels
+# (`benchmarks/model/bench_attention.py accelerator`; benchmarks/device/).
 SPLASH_BLOCKS = (1024, 512, 256, 128)
 SPLASH_COMPUTE_BLOCK = 512
 
