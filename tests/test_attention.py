@@ -349,6 +349,41 @@ class SplashOnTpuTest(absltest.TestCase):
     )
 
 
+class SplashInterpretedTest(absltest.TestCase):
+  """The splash path off a TPU, its kernels in Pallas's interpreter: under
+  a mesh (shard_map), bf16 at a caller's "highest" precision, inside the
+  caller's `jax.checkpoint` (the backward traces the forward again: the
+  kernel's mask tables must not be tracers of the first trace, as they
+  were until the device run of plan_vs_run.py found it)."""
+
+  def test_under_remat_and_a_mesh(self):
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
+
+    from linen_moe import sharding  # noqa: PLC0415
+
+    segments = np.array(
+        [[1] * 75 + [2] * 100 + [3] * 65 + [0] * 16, [1] * 175 + [2] * 81],
+        np.int32,
+    )
+    qkv, kw = _case(0, segments, 256, seed=1, dk=128, dv=128, scale=0.1)
+    qkv = tuple(x.astype(jnp.bfloat16) for x in qkv)
+    kw["dtype"] = jnp.bfloat16
+    interpreted = functools.partial(sa.make_splash_mha, interpret=True)
+    mesh = sharding.make_mesh("data=1", jax.devices()[:1])
+    with (
+        mock.patch.object(sa, "make_splash_mha", interpreted),
+        mock.patch.object(attention_fused, "check_splash", lambda *a: None),
+        sharding.mesh_context(mesh),
+        jax.default_matmul_precision("highest"),
+    ):
+      splash = functools.partial(
+          attention.attend, implementation="splash", self_attention=True, **kw
+      )
+      got = _with_grads(jax.checkpoint(splash), qkv)
+      want = _with_grads(functools.partial(attention.einsum_attend, **kw), qkv)
+    _close(self, got, want, 0.02)
+
+
 class BadImplementationTest(absltest.TestCase):
 
   def _attend(self, implementation, **extra):

@@ -220,7 +220,11 @@ def splash_attend(
   q, k, v = (jnp.swapaxes(x.astype(dtype), 1, 2) for x in (q, k, v))
 
   def body(q, k, v, seg):
-    kernel = _splash_kernel(q.shape[1], s, window)
+    # Concrete mask tables: built while tracing, they would be tracers of
+    # this trace, and the backward (traced again under a caller's remat)
+    # would find them escaped.
+    with jax.ensure_compile_time_eval():
+      kernel = _splash_kernel(q.shape[1], s, window)
 
     def one(q, k, v, seg):
       return kernel(q, k, v, segment_ids=sa.SegmentIds(q=seg, kv=seg))

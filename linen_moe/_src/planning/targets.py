@@ -255,7 +255,13 @@ def target_devices(target: Target) -> list:
     )
   from jax.experimental import topologies  # noqa: PLC0415
 
-  topology = topologies.get_topology_desc(target.topology, "tpu")
+  # A slice smaller than a host (v5e-1): libtpu on a real TPU host takes
+  # that host's chip bounds (2x2x1) and refuses a 1x1 topology without these.
+  dims = [int(d) for d in target.topology.split(":")[1].split("x")]
+  kwargs = {}
+  if target.num_devices < 4:
+    kwargs["chips_per_host_bounds"] = tuple(dims + [1] * (3 - len(dims)))
+  topology = topologies.get_topology_desc(target.topology, "tpu", **kwargs)
   devices = list(topology.devices)
   if len(devices) != target.num_devices:  # a libtpu that lays it out anew
     raise ValueError(
