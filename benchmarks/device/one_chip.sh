@@ -11,6 +11,7 @@
 #   tests      the tests that run only on a TPU (tests/test_attention.py's
 #              SplashOnTpuTest: splash against the einsum)
 #   attention  benchmarks/model/bench_attention.py accelerator
+#   tiles      benchmarks/layer/bench_gmm_tiles.py: megablox gmm's tiles
 #   plan       benchmarks/planning/plan_vs_run.py: a plan beside its run
 #   generate   benchmarks/serving/bench_generate.py on a bf16 Mixtral shape
 #              of 2.4 B parameters: the decode step against the chip's
@@ -39,7 +40,7 @@ step() {
   echo "== $name: exit ${PIPESTATUS[0]}"
 }
 
-steps=${*:-tests attention plan generate}
+steps=${*:-tests attention tiles plan generate}
 python3 -c 'import jax, flax; print("jax", jax.__version__, "flax", flax.__version__, jax.devices())'
 for s in $steps; do
   case $s in
@@ -49,6 +50,8 @@ for s in $steps; do
     attention)
       step attention 120 python3 benchmarks/model/bench_attention.py \
         accelerator --seqs 2048 4096 8192 --repeats 10 ;;
+    tiles)
+      step tiles 240 python3 benchmarks/layer/bench_gmm_tiles.py ;;
     plan)
       step plan 220 python3 benchmarks/planning/plan_vs_run.py \
         --target tpu:v5e-1 --config qwen3_30b_a3b \

@@ -46,6 +46,7 @@ from collections.abc import Callable
 import contextlib
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -88,6 +89,29 @@ def _rows_valid(m: int, group_sizes: jax.Array) -> jax.Array:
   return lax.iota(jnp.int32, m) < jnp.sum(group_sizes)
 
 
+# megablox tile sizes: rows (at most), and the K and N tiles tried largest
+# first. Tiles of 128 x 128 made the 2.4 B Mixtral shape's decode step
+# spend most of its time in grid steps (0.18 of the weight-read limit on a
+# TPU v5e); benchmarks/layer/bench_gmm_tiles.py measures the choice.
+MEGABLOX_ROW_TILE = 128
+MEGABLOX_TILES = (1024, 512, 256, 128)
+
+
+def megablox_tiling(m: int, k: int, n: int) -> tuple[int, int, int]:
+  """megablox `gmm`'s (rows, K, N) tiles for lhs [M, K] and rhs [G, K, N].
+
+  One tile for K and N, the largest of `MEGABLOX_TILES` dividing both (128
+  when none does: megablox masks a remainder): its backward runs `gmm` with
+  K and N swapped under the same tiling, and a tile that is neither a
+  multiple of 128 nor the dimension is a block Mosaic rejects (min(128, K)
+  with K = 8, N = 32 was, on a TPU v5e). Rows: M rounded up to 8, at most
+  `MEGABLOX_ROW_TILE`.
+  """
+  both = math.gcd(k, n)
+  t = next((t for t in MEGABLOX_TILES if both % t == 0), 128)
+  return min(MEGABLOX_ROW_TILE, -(-m // 8) * 8), t, t
+
+
 def megablox_gmm(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -99,16 +123,13 @@ def megablox_gmm(
 
   megablox needs M to be a multiple of its row tile and leaves the rows past
   sum(group_sizes) unwritten, in the output and in the lhs gradient; the
-  padding and the two row masks here make it match `ragged_dot`. K and N
-  tiles are 128 whatever K and N are: megablox masks a remainder, and its
-  backward swaps the two tiles, so min(128, K) != N would make a block
-  that Mosaic rejects (neither a multiple of 128 nor the dimension: seen
-  on a TPU v5e with K = 8, N = 32).
+  padding and the two row masks here make it match `ragged_dot`. The tiles
+  are `megablox_tiling`'s.
   """
   from jax.experimental.pallas.ops.tpu import megablox
 
-  m = lhs.shape[0]
-  tm = min(128, -(-m // 8) * 8)
+  m, k = lhs.shape
+  tm, tk, tn = megablox_tiling(m, k, rhs.shape[2])
   padded_m = -(-m // tm) * tm
   valid = _rows_valid(m, group_sizes)
   x = jnp.where(valid[:, None], lhs, 0)  # masks garbage out of dlhs
@@ -118,7 +139,7 @@ def megablox_gmm(
       rhs,
       group_sizes.astype(jnp.int32),
       preferred_element_type or jnp.result_type(lhs, rhs),
-      (tm, 128, 128),
+      (tm, tk, tn),
       None,
       None,
       False,
