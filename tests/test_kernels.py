@@ -47,13 +47,13 @@ try:
 except ImportError as e:  # the `kernels` extra is not installed
   NO_TOKAMAX = f"tokamax is not importable ({e}): pip install '.[kernels]'"
 
-# Problems: (M, K, N, group sizes). "ragged": M = 200 is no multiple of the
-# 128-row tile (two tiles, the wrapper pads), K = 160 no multiple of the
+# Problems: (M, K, N, group sizes). "ragged": M = 600 is no multiple of the
+# 512-row tile (two tiles, the wrapper pads), K = 160 no multiple of the
 # 128 K tile (megablox masks the remainder); groups 1, 3 and 5 are empty,
 # group 2 crosses the row-tile boundary, and the 22 rows past the total
 # belong to no group. "one_group": a group holding every row.
 PROBLEMS = {
-    "ragged": (200, 160, 48, (37, 0, 90, 0, 51, 0)),
+    "ragged": (600, 160, 48, (137, 0, 390, 0, 51, 0)),
     "one_group": (72, 24, 40, (0, 72, 0)),
 }
 # openxla/tokamax#887's reproducer: groups 6-17 receive no row.
