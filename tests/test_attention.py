@@ -369,6 +369,9 @@ class SplashInterpretedTest(absltest.TestCase):
     qkv = tuple(x.astype(jnp.bfloat16) for x in qkv)
     kw["dtype"] = jnp.bfloat16
     interpreted = functools.partial(sa.make_splash_mha, interpret=True)
+    # Kernels are cached by shape: none built before or after the mock.
+    attention_fused._splash_kernel.cache_clear()
+    self.addCleanup(attention_fused._splash_kernel.cache_clear)
     mesh = sharding.make_mesh("data=1", jax.devices()[:1])
     with (
         mock.patch.object(sa, "make_splash_mha", interpreted),

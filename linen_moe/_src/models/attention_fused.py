@@ -28,8 +28,12 @@ Shapes as `attention.py`: q [B, S, N, Dk], k [B, T, K, Dk], v [B, T, K, Dv].
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linen_moe._src.parallel import sharding
 
@@ -169,7 +173,22 @@ def at_default_precision(fn):
   return call
 
 
+@functools.lru_cache(maxsize=64)
 def _splash_kernel(heads: int, s: int, window: int):
+  """The splash kernel of these shapes, its mask tables NumPy constants.
+
+  Built in a thread of its own, outside the caller's trace and mesh: built
+  while tracing, the tables would be tracers of that trace (and the
+  backward, traced again under a caller's remat, would find them escaped);
+  built under the caller's `jax.set_mesh`, they would be placed on the
+  mesh's devices, which a plan's TPU topology only describes.
+  """
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    kernel = pool.submit(_build_splash_kernel, heads, s, window).result()
+  return kernel
+
+
+def _build_splash_kernel(heads: int, s: int, window: int):
   from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
 
   if window > 0:
@@ -187,12 +206,13 @@ def _splash_kernel(heads: int, s: int, window: int):
       block_kv_dkv_compute=compute,
       use_fused_bwd_kernel=True,
   )
-  return sa.make_splash_mha(
+  kernel = sa.make_splash_mha(
       mask=sa.MultiHeadMask([one] * heads),
       block_sizes=sizes,
       head_shards=1,
       q_seq_shards=1,
   )
+  return jax.tree.map(np.asarray, kernel)
 
 
 def splash_attend(
@@ -220,11 +240,7 @@ def splash_attend(
   q, k, v = (jnp.swapaxes(x.astype(dtype), 1, 2) for x in (q, k, v))
 
   def body(q, k, v, seg):
-    # Concrete mask tables: built while tracing, they would be tracers of
-    # this trace, and the backward (traced again under a caller's remat)
-    # would find them escaped.
-    with jax.ensure_compile_time_eval():
-      kernel = _splash_kernel(q.shape[1], s, window)
+    kernel = _splash_kernel(q.shape[1], s, window)
 
     def one(q, k, v, seg):
       return kernel(q, k, v, segment_ids=sa.SegmentIds(q=seg, kv=seg))
