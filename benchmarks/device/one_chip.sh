@@ -12,7 +12,8 @@
 #              SplashOnTpuTest: splash against the einsum)
 #   attention  benchmarks/model/bench_attention.py accelerator
 #   tiles      benchmarks/layer/bench_gmm_tiles.py: megablox gmm's tiles
-#   plan       benchmarks/planning/plan_vs_run.py: a plan beside its run
+#   plan       benchmarks/planning/plan_vs_run.py: a plan beside its run,
+#              and a batch the plan says does not fit beside the chip's answer
 #   generate   benchmarks/serving/bench_generate.py on a bf16 Mixtral shape
 #              of 2.4 B parameters: the decode step against the chip's
 #              weight-read limit
@@ -56,7 +57,12 @@ for s in $steps; do
       step plan 220 python3 benchmarks/planning/plan_vs_run.py \
         --target tpu:v5e-1 --config qwen3_30b_a3b \
         --set num_layers=2 num_experts=32 vocab_size=32768 \
-        --batch-size 4 --seq-len 4096 --remat full --steps 6 ;;
+        --batch-size 4 --seq-len 4096 --remat full --steps 6
+      # four times the batch: the plan says it does not fit, so should the chip
+      step plan_too_big 220 python3 benchmarks/planning/plan_vs_run.py \
+        --target tpu:v5e-1 --config qwen3_30b_a3b \
+        --set num_layers=2 num_experts=32 vocab_size=32768 \
+        --batch-size 16 --seq-len 4096 --remat full --steps 2 ;;
     generate)
       step generate 300 python3 benchmarks/serving/bench_generate.py \
         --set num_layers=8 num_heads=16 vocab_size=32000 emb_dim=2048 \

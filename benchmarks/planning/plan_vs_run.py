@@ -15,8 +15,10 @@
           use (`memory_stats()`, from a fresh process: it holds this run
           alone), and the median step time after the first.
 
-The plan is right when its peak matches the device's (and its step time
-is the least the run can take). Meant for a machine with one accelerator
+The plan is right when its compiled bytes are the chip's own compile's,
+when the chip refuses the steps the plan says do not fit (`--batch-size`
+past the chip's memory: the plan exits 1 with libtpu's reason, the run
+reports the chip's), and when its step time is the least the run can take. Meant for a machine with one accelerator
 (benchmarks/device/README.md); `--target` must name that chip's slice.
 """
 
@@ -69,24 +71,36 @@ def run(args) -> dict:
   # Compiled twice (here for its memory analysis, by `step` to run): the
   # AOT-compiled step, called, was refused on jax 0.10.2's TPU ("compiled
   # for 55 inputs but called with 50").
-  stats = sharded.lower(state, tokens, rng).compile().memory_analysis()
+  try:
+    stats = sharded.lower(state, tokens, rng).compile().memory_analysis()
+  except Exception as e:  # noqa: BLE001 - the chip's own refusal, reported
+    return {"device": device.device_kind, "refused": _first_line(e)}
   compile_s = time.perf_counter() - start
   times = []
   for _ in range(args.steps):
     start = time.perf_counter()
-    state, metrics = sharded.step(state, tokens, rng)
-    jax.block_until_ready(metrics)
+    try:
+      state, metrics = sharded.step(state, tokens, rng)
+      jax.block_until_ready(metrics)
+    except Exception as e:  # noqa: BLE001 - out of memory while running
+      return {"device": device.device_kind, "refused": _first_line(e)}
     times.append(time.perf_counter() - start)
-  peak = (device.memory_stats() or {}).get("peak_bytes_in_use")
+  memory = device.memory_stats() or {}
   return {
       "device": device.device_kind,
+      "device_bytes_limit": memory.get("bytes_limit"),
       "compiled_temp_bytes": int(stats.temp_size_in_bytes),
       "compiled_argument_bytes": int(stats.argument_size_in_bytes),
-      "device_peak_bytes": peak,
+      "device_peak_bytes": memory.get("peak_bytes_in_use"),
       "step_s": statistics.median(times[1:]),
       "compile_s": compile_s,
       "loss": float(metrics["loss"]),
   }
+
+
+def _first_line(error: Exception) -> str:
+  lines = [line for line in str(error).splitlines() if line.strip()]
+  return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def main() -> None:
@@ -109,10 +123,18 @@ def main() -> None:
   }
   extra = tuple(x for item in args.set for x in ("--set", item))
   planned = bench_plans.run_case(case, sys.executable, 1800, extra)
-  if "per_device" not in planned:  # the run still says what it measured
-    print(json.dumps({"plan": planned, "run": run(args)}))
-    raise SystemExit(f"the plan failed: {planned.get('error')}")
   ran = run(args)
+  if "per_device" not in planned or "refused" in ran:
+    # A plan that does not fit exits 1 with libtpu's reason; the chip's
+    # compiler should refuse the same step.
+    print(
+        f"{args.config} {' '.join(args.set)} remat={args.remat},"
+        f" {args.batch_size} x {args.seq_len}:\n"
+        f"  plan ({args.target}): {planned.get('error', 'compiled')}\n"
+        f"  run ({ran['device']}): {ran.get('refused', 'compiled and ran')}"
+    )
+    print(json.dumps({"plan": planned, "run": ran}))
+    return
   d = planned["per_device"]
   flops = planned["flops_per_step"]
   roofline = planned["estimated_step_s"] or float("nan")  # none off a chip
@@ -127,16 +149,20 @@ def main() -> None:
       f" roofline step {roofline * 1e3:.0f} ms"
   )
   peak = ran["device_peak_bytes"]
+  limit = ran["device_bytes_limit"]
+  # On a TPU the allocator's peak holds the arrays (arguments, outputs),
+  # not the program's temporaries, which the compiled analysis counts.
   measured = (
       "no memory_stats() on this device"
       if peak is None
       else (
-          f"device peak {peak / GIB:.2f} GiB"
-          f" ({peak / d['peak_bytes']:.3f} of the plan's)"
+          f"allocator peak {peak / GIB:.2f} GiB of {limit / GIB:.2f}"
+          f" (the plan's arguments: {d['argument_bytes'] / GIB:.2f})"
       )
   )
   print(
-      f"  run: {measured}; compiled temp"
+      f"  run: {measured}; compiled arguments"
+      f" {ran['compiled_argument_bytes'] / GIB:.2f} GiB, temp"
       f" {ran['compiled_temp_bytes'] / GIB:.2f} GiB; step"
       f" {ran['step_s'] * 1e3:.0f} ms ({roofline / ran['step_s']:.2f} of the"
       f" roofline's speed), {flops / ran['step_s'] / 1e12:.1f} model"
