@@ -23,6 +23,7 @@ from linen_moe import load_model_config
 from linen_moe import planning
 from linen_moe import testing
 from linen_moe._src.planning import plan as plan_lib
+from linen_moe._src.planning import targets as targets_lib
 from linen_moe_cli import main as cli
 from tests import workers
 
@@ -139,6 +140,7 @@ class PlanCommandTest(parameterized.TestCase):
   @parameterized.parameters(
       (["--target", "tpu:v9-8"], r"target='tpu:v9-8' is invalid: .*v5p-"),
       (["--target", "cpu:0"], r"target='cpu:0' is invalid: expected cpu:N"),
+      (["--target", "gpu:h100-6"], r"target='gpu:h100-6' is invalid: .*h100"),
       (["--remat", "bogus"], r"ModelConfig.remat='bogus' is invalid: allowed"),
       (
           ["--target", "cpu:8", "--mesh", "data=2,expert=2"],
@@ -156,6 +158,58 @@ class PlanCommandTest(parameterized.TestCase):
     self.assertEqual((status, out), (2, ""))
     self.assertRegex(err, "^linen-moe: error: " + line)
     self.assertEqual(err.count("\n"), 1, err)
+
+  def test_gpus_without_the_cuda_plugin_is_one_line(self):
+    with (
+        mock.patch.object(planning, "prepare_process"),
+        mock.patch.object(
+            targets_lib, "cuda_plugin_available", return_value=False
+        ),
+    ):
+      status, out, err = _cli("plan", "--target", "gpu:h100-8")
+    self.assertEqual((status, out), (2, ""))
+    self.assertRegex(
+        err,
+        r"^linen-moe: error: target='gpu:h100-8' needs jax's CUDA plugin .*"
+        r"linen_moe\[gpu-plan\]",
+    )
+    self.assertEqual(err.count("\n"), 1, err)
+
+
+@absltest.skipUnless(
+    targets_lib.cuda_plugin_available(),
+    "needs jax's CUDA plugin: pip install 'linen_moe[gpu-plan]'",
+)
+class GpuPlanTest(absltest.TestCase):
+  """A plan for 8 H100s, compiled through the CUDA plugin's topology
+  without a GPU (in a venv with `linen_moe[gpu-plan]`; skipped elsewhere)."""
+
+  def test_tiny_mixtral_on_eight_h100s(self):
+    proc = workers.run(
+        "linen_moe_cli.main",
+        "plan",
+        "--config",
+        "tiny_mixtral",
+        "--target",
+        "gpu:h100-8",
+        "--json",
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    plan = json.loads(proc.stdout.strip().splitlines()[-1])
+    self.assertEqual(plan["target"], "gpu:h100-8")
+    self.assertEqual(plan["devices"], 8)
+    self.assertEqual(plan["chip"], "h100")
+    self.assertEqual(
+        plan["device_memory_bytes"], planning.CHIPS["h100"].memory_bytes
+    )
+    self.assertTrue(plan["fits"])
+    device = plan["per_device"]
+    for key in PER_DEVICE_KEYS:
+      self.assertGreater(device[key], 0, key)
+    self.assertEqual(device["parameter_bytes"], 4 * tiny_mixtral_parameters())
+    self.assertEqual(plan["flops_per_step"], tiny_mixtral_train_flops(B, S))
+    self.assertIsNone(plan["compiler_flops_per_step"])  # no cost analysis
+    self.assertGreater(plan["estimated_step_s"], 0)
 
 
 @testing.slow
@@ -263,6 +317,21 @@ class FlopsTest(absltest.TestCase):
     self.assertEqual(planning.parse_target("tpu:v6e-8").topology, "v6e:2x4")
     with self.assertRaisesRegex(ValueError, r"target='tpu:v5p-6' is invalid"):
       planning.parse_target("tpu:v5p-6")
+
+  def test_gpu_targets_count_gpus(self):
+    target = planning.parse_target("gpu:h100-8")
+    self.assertEqual(
+        (target.platform, target.num_devices, target.topology),
+        ("gpu", 8, "1x1x8"),
+    )
+    self.assertEqual(target.device_memory_bytes, 80 * 10**9)
+    target = planning.parse_target("gpu:h200-32")
+    self.assertEqual((target.num_devices, target.topology), (32, "1x4x8"))
+    self.assertEqual(target.chip.name, "h200")
+    self.assertEqual(planning.parse_target("gpu:h200-2").topology, "1x1x2")
+    for name in ("gpu:h100-12", "gpu:a100-8", "gpu:h100-0"):
+      with self.assertRaisesRegex(ValueError, f"target='{name}' is invalid"):
+        planning.parse_target(name)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ needs: bytes per device against the device's memory, whether it fits,
 FLOPs and tokens per step, a roofline step time and MFU
 (`linen_moe.planning.plan`).
 
-Targets: `cpu:N` (N simulated CPU devices, always there) and Cloud TPU
+Targets: `cpu:N` (N simulated CPU devices, always there), Cloud TPU
 slices such as `tpu:v5p-64` (with libtpu: `pip install
-'linen_moe[tpu-plan]'`). The simulated device count has to be set before
-jax starts its backends, and this command runs before anything imports
-jax, so it sets it here, in this process (`planning.prepare_process`): no
-child process, and the compile's errors reach the user as they are.
+'linen_moe[tpu-plan]'`) and NVIDIA GPUs such as `gpu:h100-8` (with jax's
+CUDA plugin: `pip install 'linen_moe[gpu-plan]'`). The simulated device
+count has to be set before jax starts its backends, and this command runs
+before anything imports jax, so it sets it here, in this process
+(`planning.prepare_process`): no child process, and the compile's errors
+reach the user as they are.
 
 Exit status: 0 when the step fits, 1 when it does not (one line on stderr
 naming the biggest consumer), 2 for a bad flag (an unknown target, a mesh
@@ -34,8 +36,8 @@ def register(subparsers) -> None:
       "plan",
       help=(
           "compile (never run) the train or decode step for a target "
-          "(cpu:N, tpu:v5p-64, ...) and print its memory per device, "
-          "whether it fits, FLOPs and a roofline step time"
+          "(cpu:N, tpu:v5p-64, gpu:h100-8, ...) and print its memory per "
+          "device, whether it fits, FLOPs and a roofline step time"
       ),
   )
   model_args.add_model_args(p)
@@ -46,7 +48,9 @@ def register(subparsers) -> None:
           "cpu:N (N simulated CPU devices) or a Cloud TPU slice: "
           "tpu:v5e-N, tpu:v6e-N (N chips), tpu:v5p-N (N TensorCores, N/2 "
           "chips); TPU slices need libtpu (pip install "
-          "'linen_moe[tpu-plan]')"
+          "'linen_moe[tpu-plan]'); or NVIDIA GPUs: gpu:h100-N, gpu:h200-N "
+          "(N in 1, 2, 4, 8 or a multiple of 8), which need jax's CUDA "
+          "plugin (pip install 'linen_moe[gpu-plan]')"
       ),
   )
   options.add_step_args(

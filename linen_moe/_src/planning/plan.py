@@ -104,7 +104,7 @@ class Plan:
   """What a step needs on a target, read from its compiled program.
 
   Attributes:
-    target: the target's name, e.g. "tpu:v5p-64".
+    target: the target's name, e.g. "tpu:v5p-64" or "gpu:h100-8".
     devices: its device count.
     mesh: the mesh's axis sizes.
     step: "train" or "decode".
@@ -369,14 +369,17 @@ def plan(
 
   For `cpu:N` this process must have N CPU devices (`prepare_process`
   before jax starts); a TPU slice needs libtpu (`pip install
-  'linen_moe[tpu-plan]'`). A step that cannot fit a TPU's memory fails
-  to compile there: the plan then says so (`fits` False, the compiler's
-  message in `note`, the bytes it reported used as the peak).
+  'linen_moe[tpu-plan]'`), NVIDIA GPUs jax's CUDA plugin (`pip install
+  'linen_moe[gpu-plan]'`; no autotuning, no cost analysis). A step that
+  cannot fit a TPU's memory fails to compile there: the plan then says so
+  (`fits` False, the compiler's message in `note`, the bytes it reported
+  used as the peak).
 
   Args:
     config: the decoder's config (quantization, remat and layer mode as
       it says).
-    target: "cpu:N" or "tpu:<slice>" (`parse_target`), or a `Target`.
+    target: "cpu:N", "tpu:<slice>" or "gpu:<gpu>-N" (`parse_target`), or
+      a `Target`.
     mesh: a mesh spec over `linen_moe.sharding.MESH_AXES`, e.g.
       "fsdp=16,expert=4" (default: "data=<devices>", as `linen-moe train`
       over several processes); its sizes multiply to the target's devices.

@@ -1,6 +1,8 @@
-"""Plan targets: a simulated CPU mesh (`cpu:N`) or a Cloud TPU slice
+"""Plan targets: a simulated CPU mesh (`cpu:N`), a Cloud TPU slice
 (`tpu:v5p-64`, compiled through libtpu's topology description without a
-TPU), parsed without jax.
+TPU) or NVIDIA GPUs (`gpu:h100-8`, compiled through the CUDA plugin's
+topology description and XLA's description of the GPU, without a GPU),
+parsed without jax.
 
 `parse_target` checks a target name (a `ValueError` naming the ones there
 are); `prepare_process` sets what the compiler reads when it starts
@@ -22,6 +24,11 @@ from linen_moe._src.planning.chips import CHIPS
 from linen_moe._src.planning.chips import Chip
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+# XLA:GPU sorts with CUB's radix sort where it knows the GPU (an H100), and
+# asks CUB for its scratch size through the CUDA runtime, which fails
+# without a GPU ("cudaErrorInvalidDevice: invalid device ordinal"); its own
+# sort needs no device (and is what it compiles for an H200 anyway).
+CUB_SORT_FLAG = "--xla_gpu_enable_cub_radix_sort"
 
 # Chips -> topology (chips laid out x by y [by z]) of the slice sizes offered.
 _TWO_D = {
@@ -59,6 +66,13 @@ _SLICES = {
 }
 _TPU = re.compile(r"^tpu:([a-z0-9]+)-(\d+)$")
 _CPU = re.compile(r"^cpu:(\d+)$")
+_GPU = re.compile(r"^gpu:([a-z0-9]+)-(\d+)$")
+
+# GPU -> XLA's target description of it (gpu_specs/, as the CUDA plugin
+# of jax 0.12.0.1 embeds them); a host holds up to _GPUS_PER_HOST of them.
+_GPU_SPECS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb"}
+_GPUS_PER_HOST = 8
+_SPEC_DIR = os.path.join(os.path.dirname(__file__), "gpu_specs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +80,13 @@ class Target:
   """What a plan compiles for.
 
   Attributes:
-    name: as given, e.g. "cpu:8" or "tpu:v5p-64".
-    platform: "cpu" or "tpu".
-    num_devices: the JAX devices of the target (TPU: chips).
+    name: as given, e.g. "cpu:8", "tpu:v5p-64" or "gpu:h100-8".
+    platform: "cpu", "tpu" or "gpu".
+    num_devices: the JAX devices of the target (TPU: chips; GPU: GPUs).
     chip: the accelerator's figures (`CHIPS`), None for the CPU.
-    topology: libtpu's topology name, e.g. "v5p:2x4x4" (TPU only).
+    topology: libtpu's topology name, e.g. "v5p:2x4x4" (TPU), or the CUDA
+      plugin's, partitions x hosts x GPUs a host, e.g. "1x1x8" (GPU); None
+      for the CPU.
   """
 
   name: str
@@ -102,13 +118,25 @@ def _slice_names() -> str:
   return ", ".join(names)
 
 
+def _gpu_topology(count: int) -> str | None:
+  """The CUDA plugin's topology of `count` GPUs: one host of 1, 2, 4 or 8,
+  or hosts of 8; None for another count."""
+  if count in (1, 2, 4, _GPUS_PER_HOST):
+    return f"1x1x{count}"
+  if count > _GPUS_PER_HOST and count % _GPUS_PER_HOST == 0:
+    return f"1x{count // _GPUS_PER_HOST}x{_GPUS_PER_HOST}"
+  return None
+
+
 def parse_target(name: str) -> Target:
   """The target called `name`; no jax.
 
   Args:
-    name: "cpu:N" (N >= 1 simulated CPU devices) or "tpu:<slice>" with a
+    name: "cpu:N" (N >= 1 simulated CPU devices), "tpu:<slice>" with a
       Cloud TPU slice name: v5e-N, v6e-N (N chips) or v5p-N (N TensorCores,
-      N / 2 chips), e.g. "tpu:v5p-64".
+      N / 2 chips), e.g. "tpu:v5p-64", or "gpu:<gpu>-N" with N NVIDIA
+      H100 or H200 (SXM) GPUs: 1, 2, 4 or 8 in one host, or a multiple of
+      8 in hosts of 8, e.g. "gpu:h100-8".
 
   Returns:
     The `Target`.
@@ -131,9 +159,17 @@ def parse_target(name: str) -> Target:
       return Target(
           name, "tpu", chips, CHIPS[chip], f"{prefix}:{shapes[chips]}"
       )
+  match = _GPU.match(spec)
+  if match and match.group(1) in _GPU_SPECS:
+    count = int(match.group(2))
+    topology = _gpu_topology(count)
+    if topology is not None:
+      return Target(name, "gpu", count, CHIPS[match.group(1)], topology)
+  gpus = ", ".join(f"gpu:{g}-N" for g in _GPU_SPECS)
   raise ValueError(
       f"target={name!r} is invalid: expected cpu:N (N >= 1 simulated CPU "
-      f"devices) or a TPU slice, one of {_slice_names()}."
+      f"devices), a TPU slice, one of {_slice_names()}, or NVIDIA GPUs, "
+      f"{gpus} (N in 1, 2, 4, 8 or a multiple of 8: hosts of 8)."
   )
 
 
@@ -172,6 +208,17 @@ def libtpu_available() -> bool:
   return importlib.util.find_spec("libtpu") is not None
 
 
+def cuda_plugin_available() -> bool:
+  """Whether jax's CUDA plugin is installed (`pip install
+  'linen_moe[gpu-plan]'`)."""
+  if importlib.util.find_spec("jax_plugins") is None:
+    return False
+  return any(
+      importlib.util.find_spec(f"jax_plugins.{name}") is not None
+      for name in ("xla_cuda12", "xla_cuda13")
+  )
+
+
 def _backends_started() -> bool:
   if "jax" not in sys.modules:
     return False
@@ -194,6 +241,13 @@ def prepare_process(target: Target) -> None:
   (`TPU_SKIP_MDS_QUERY`, `ALLOW_MULTIPLE_LIBTPU_LOAD`,
   `TPU_WORKER_HOSTNAMES`), and jax runs on the CPU (`JAX_PLATFORMS=cpu`
   unless set): the compile for the slice goes through its topology.
+  NVIDIA GPUs: jax runs on the CPU (`JAX_PLATFORMS=cpu` unless set), so
+  that the CUDA plugin looks for no GPU of its own, and XLA sorts without
+  CUB (`--xla_gpu_enable_cub_radix_sort=false` unless set: CUB asks the
+  GPU for its scratch size); the compile for them goes through the
+  plugin's topology. Where jax is already imported (it reads
+  `JAX_PLATFORMS` then), its `jax_platforms` option is set too, unless
+  set.
 
   Args:
     target: from `parse_target`.
@@ -211,11 +265,21 @@ def prepare_process(target: Target) -> None:
       flags.append("--xla_backend_optimization_level=0")
     os.environ["XLA_FLAGS"] = " ".join(flags)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  elif target.platform == "gpu":
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    if not any(f.startswith(CUB_SORT_FLAG) for f in flags):
+      os.environ["XLA_FLAGS"] = " ".join([*flags, f"{CUB_SORT_FLAG}=false"])
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
   else:
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "true")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  if "jax" in sys.modules:  # it read JAX_PLATFORMS when it was imported
+    import jax  # noqa: PLC0415
+
+    if not jax.config.jax_platforms:
+      jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
 
 
 def target_devices(target: Target) -> list:
@@ -226,13 +290,14 @@ def target_devices(target: Target) -> list:
 
   Returns:
     The target's devices (this process's first N CPU devices, or the
-    devices of a TPU slice's topology description from libtpu,
-    compile-only: nothing runs on them, and arrays placed there cannot
-    exist).
+    devices of a TPU slice's topology description from libtpu, or of
+    the GPUs' from the CUDA plugin, compile-only: nothing runs on them,
+    and arrays placed there cannot exist).
 
   Raises:
     ValueError: this process has fewer than N CPU devices (its backend
-      started before `prepare_process`), or libtpu is not installed.
+      started before `prepare_process`), or libtpu (a TPU slice) or the
+      CUDA plugin (GPUs) is not installed.
   """
   import jax  # noqa: PLC0415
 
@@ -247,6 +312,8 @@ def target_devices(target: Target) -> list:
           "plan does)."
       )
     return devices[: target.num_devices]
+  if target.platform == "gpu":
+    return _gpu_devices(target)
   if not libtpu_available():
     raise ValueError(
         f"target={target.name!r} needs libtpu to compile for a TPU without "
@@ -267,5 +334,33 @@ def target_devices(target: Target) -> list:
     raise ValueError(
         f"libtpu's topology {target.topology!r} has {len(devices)} devices, "
         f"not the {target.num_devices} chips of {target.name!r}."
+    )
+  return devices
+
+
+def _gpu_devices(target: Target) -> list:
+  """The compile-only devices of `target`'s GPUs: the CUDA plugin's
+  topology description (no GPU, no driver) for XLA's description of the
+  GPU (`gpu_specs/`). Nothing can be measured without the GPU, so the
+  compile tunes nothing (no autotuning) and reports no cost analysis."""
+  if not cuda_plugin_available():
+    raise ValueError(
+        f"target={target.name!r} needs jax's CUDA plugin to compile for "
+        "NVIDIA GPUs without one: pip install 'linen_moe[gpu-plan]' "
+        "(jax[cuda12]), in a virtual environment of its own."
+    )
+  from jax.experimental import topologies  # noqa: PLC0415
+
+  path = os.path.join(_SPEC_DIR, _GPU_SPECS[target.chip.name])
+  with open(path, encoding="utf-8") as f:
+    target_config = f.read()
+  topology = topologies.get_topology_desc(
+      platform="cuda", topology=target.topology, target_config=target_config
+  )
+  devices = list(topology.devices)
+  if len(devices) != target.num_devices:
+    raise ValueError(
+        f"the CUDA plugin's topology {target.topology!r} has {len(devices)} "
+        f"devices, not the {target.num_devices} GPUs of {target.name!r}."
     )
   return devices
