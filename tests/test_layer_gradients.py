@@ -14,10 +14,12 @@ they carry no gradient.
 
 import functools
 import itertools
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
+from jax._src.ad_checkpoint import saved_residuals
 import jax.numpy as jnp
 import numpy as np
 
@@ -28,6 +30,7 @@ from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.layer import activations
 from linen_moe._src.layer import dense
 from linen_moe._src.layer import expert
+from linen_moe._src.layer import sparse
 from linen_moe._src.layer.variables import UPDATED_BY_RULE
 from tests import numpy_reference
 
@@ -243,6 +246,69 @@ class GatedProductTest(parameterized.TestCase):
     )
     for g, w in zip(got, want, strict=True):
       np.testing.assert_array_equal(g, w)
+
+
+def _sparse_as_written(
+    module,
+    x,
+    indices,
+    weights,
+    experts,
+    act,
+    first_expert=0,
+    all_experts=False,
+    max_group_size=None,
+):
+  """`sparse.sparse_experts_remat` without its remat: the path
+  differentiated as written."""
+  grouped = functools.partial(module.grouped, max_group_size=max_group_size)
+  return sparse.sparse_experts(
+      grouped, x, indices, weights, experts, act, first_expert, all_experts
+  )
+
+
+class SparseBackwardTest(absltest.TestCase):
+  """The sparse path's backward gathers the sorted rows [T k, M] again
+  instead of keeping them (`sparse.sparse_experts_remat`), to the
+  gradients of the path differentiated as written."""
+
+  def setUp(self):
+    super().setUp()
+    base, variables, x, _, cotangent = _case("topk_then_softmax")
+    cfg = base.replace(**MATMUL_PATHS["sparse"])
+    moe = RoutedMoE(cfg)
+
+    def loss(params, x):
+      y, aux = moe.apply({**variables, "params": params}, x)
+      return jnp.sum(y * cotangent) + aux.load_balance_loss
+
+    self.loss, self.args = loss, (variables["params"], x)
+    self.rows = (B * S * cfg.num_experts_per_tok, cfg.emb_dim)
+
+  def _kept_rows(self):
+    """How many saved residuals are [T k, M] arrays that no name keeps
+    (the expert outputs are named `expert_down`)."""
+    return sum(
+        aval.shape == self.rows and not where.startswith("named")
+        for aval, where in saved_residuals(self.loss, *self.args)
+    )
+
+  def test_keeps_no_sorted_rows(self):
+    self.assertEqual(self._kept_rows(), 0)
+    with mock.patch.object(sparse, "sparse_experts_remat", _sparse_as_written):
+      self.assertEqual(self._kept_rows(), 1)
+
+  def test_gradients_match_as_written(self):
+    got = jax.jit(jax.grad(self.loss, argnums=(0, 1)))(*self.args)
+    with mock.patch.object(sparse, "sparse_experts_remat", _sparse_as_written):
+      want = jax.jit(jax.grad(self.loss, argnums=(0, 1)))(*self.args)
+    for (path, g), w in zip(
+        jax.tree_util.tree_leaves_with_path(got),
+        jax.tree.leaves(want),
+        strict=True,
+    ):
+      self.assertGreater(float(jnp.abs(w).max()), 0.0)
+      self.assertLess(testing.rel_err(g, w), RTOL, jax.tree_util.keystr(path))
 
 
 if __name__ == "__main__":

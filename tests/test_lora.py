@@ -242,13 +242,18 @@ P_DROP = 0.25
 @contextlib.contextmanager
 def _recorded_adapter_inputs():
   """Records each (input, what the adapter branch got) pair of
-  `_adapter_input`, in call order, unchanged (run eagerly: no scan)."""
+  `_adapter_input`, in call order, unchanged (run eagerly: no scan; by a
+  callback, since the sparse path's gate and up projections are traced
+  inside an `nn.checkpoint` even then)."""
   original = lora_adapters._adapter_input  # noqa: SLF001
   pairs = []
 
+  def record(x, out):
+    pairs.append((np.asarray(x), np.asarray(out)))
+
   def recording(module, x, rate):
     out = original(module, x, rate)
-    pairs.append((np.asarray(x), np.asarray(out)))
+    jax.debug.callback(record, x, out)
     return out
 
   with mock.patch.object(lora_adapters, "_adapter_input", recording):

@@ -84,6 +84,18 @@ def gated_mlp(
   """
   gate = names.tag(project("wi_0", x, wi_0), names.EXPERT_GATE)
   up = names.tag(project("wi_1", x, wi_1), names.EXPERT_UP)
+  return gated_down(project, act, gate, up, wo)
+
+
+def gated_down(
+    project: Project,
+    act: Callable[[jax.Array], jax.Array],
+    gate: jax.Array,
+    up: jax.Array,
+    wo: jax.Array,
+) -> jax.Array:
+  """The second half of `gated_mlp`: act(gate) * up, contracted with `wo` by
+  `project("wo", ...)` and named `EXPERT_DOWN`; gate and up [..., F]."""
   hidden = gated_product(act, gate, up)
   return names.tag(project("wo", hidden, wo), names.EXPERT_DOWN)
 

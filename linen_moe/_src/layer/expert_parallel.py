@@ -71,7 +71,7 @@ from linen_moe._src.layer import ep_traffic
 from linen_moe._src.layer import ragged_experts
 from linen_moe._src.layer.routing import RouterResult
 from linen_moe._src.layer.sparse import Experts
-from linen_moe._src.layer.sparse import sparse_experts
+from linen_moe._src.layer.sparse import sparse_experts_remat
 from linen_moe._src.parallel import sharding
 
 # Variable collections lifted into the shard_map body: every one except the
@@ -325,14 +325,15 @@ def sparse_moe(
       first = 0
       if ep.expert_axes:
         first = jax.lax.axis_index(ep.expert_axes) * ep.experts_per_device
-      out = sparse_experts(
-          # A token picks an expert once: no group exceeds the tokens here.
-          functools.partial(mdl.grouped, max_group_size=tokens[0].shape[0]),
+      out = sparse_experts_remat(
+          mdl,
           *tokens,
           (wi_0, wi_1, wo),
           act,
           first,
           all_experts=not ep.expert_axes,
+          # A token picks an expert once: no group exceeds the tokens here.
+          max_group_size=tokens[0].shape[0],
       )
     out = out.reshape(x.shape)
     if gathered:

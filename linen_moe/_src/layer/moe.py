@@ -389,29 +389,23 @@ class RoutedMoE(JitInit, nn.Module):
       ep = expert_parallel.plan(cfg.num_experts, b)
       if ep is not None:
         return expert_parallel.sparse_moe(self, ep, x, router, experts, act)
-    strategy = sparse.sparse_experts
-    max_group_size = b * s
+    tokens = (x.reshape(b * s, m), router.indices, router.weights)
     if sparse.uses_every_expert(
         b * s, cfg.num_experts, cfg.num_experts_per_tok
     ):
-      strategy = sparse.every_expert
+      out = sparse.every_expert(self.grouped, *tokens, experts, act)
     elif sparse.uses_chosen_experts(
         b * s,
         cfg.num_experts,
         cfg.num_experts_per_tok,
         cfg.quantization != "none" or cfg.serving,
     ):
-      strategy, max_group_size = sparse.chosen_experts, 1
+      grouped = functools.partial(self.grouped, max_group_size=1)
+      out = sparse.chosen_experts(grouped, *tokens, experts, act)
     else:
-      strategy = functools.partial(strategy, all_experts=True)
-    out = strategy(
-        functools.partial(self.grouped, max_group_size=max_group_size),
-        x.reshape(b * s, m),
-        router.indices,
-        router.weights,
-        experts,
-        act,
-    )
+      out = sparse.sparse_experts_remat(
+          self, *tokens, experts, act, all_experts=True, max_group_size=b * s
+      )
     return out.reshape(b, s, m)
 
 
