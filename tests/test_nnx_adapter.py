@@ -348,9 +348,10 @@ class TrainingTest(absltest.TestCase):
     # applies the head in scans (`chunked_cross_entropy`) that each front
     # end's program fuses its own way, so the rounding may differ, and fp8's
     # quantization amplifies a last-bit difference over the steps (measured:
-    # equal to 1e-6 over the first 11 steps, then within 0.005 nats).
+    # equal to 1e-6 over the first 11 steps on one x86 CPU, the first 7 on
+    # another, then within 0.005 nats).
     np.testing.assert_allclose(
-        losses["nnx"][:10], losses["linen"][:10], rtol=1e-6
+        losses["nnx"][:5], losses["linen"][:5], rtol=1e-6
     )
     np.testing.assert_allclose(losses["nnx"], losses["linen"], atol=0.02)
     # Every variable of every call site moved, in every layer of the stack.
