@@ -9,10 +9,13 @@ import re
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
+from jax._src import mesh as mesh_lib
 import jax.numpy as jnp
 import numpy as np
 
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
+from linen_moe._src.kernels import platform
+from linen_moe._src.kernels import ragged_collectives
 from linen_moe._src.kernels.accelerator import KernelFallbackWarning
 from tests import numpy_reference
 
@@ -227,13 +230,35 @@ class KernelSeamTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ("cpu_auto", "auto", "cpu", (), "blocked"),
       ("cpu_explicit", "ragged_dot", "cpu", (), "ragged_dot"),
-      ("tpu_auto", "auto", "tpu", (jnp.float32,), "kernel"),
+      ("tpu_auto", "auto", "tpu", (jnp.float32,), "ragged_dot"),
+      ("tpu_kernel", "kernel", "tpu", (jnp.float32,), "kernel"),
       ("tpu_auto_int8", "auto", "tpu", (jnp.int8,), "ragged_dot"),
       ("gpu_blocked", "blocked", "gpu", (), "blocked"),
   )
   def test_resolve(self, implementation, backend, dtypes, want):
     got = gmm_lib.resolve_implementation(implementation, backend, dtypes)
     self.assertEqual(got, want)
+
+  def test_choices_follow_the_mesh_traced_for(self):
+    # A plan traces on a CPU host under a mesh of a TPU topology: every
+    # choice by platform must be the TPU's (it was the host's: blocked
+    # grouped matmuls on float32 copies, emulated collectives).
+    tpu = mesh_lib.AbstractDevice(
+        device_kind="TPU v5p", num_cores=1, platform="tpu"
+    )
+    mesh = jax.sharding.AbstractMesh(
+        (1,), ("x",), axis_types=jax.sharding.AxisType.Auto, abstract_device=tpu
+    )
+    lhs = jnp.ones((4, 8), jnp.bfloat16)
+    self.assertEqual(platform.target_platform(), jax.default_backend())
+    with jax.sharding.use_abstract_mesh(mesh):
+      self.assertEqual(platform.target_platform(), "tpu")
+      self.assertEqual(gmm_lib.resolve_implementation("auto"), "ragged_dot")
+      a, b, acc = gmm_lib.float32_accumulation(lhs, lhs)
+      self.assertEqual(
+          (a.dtype, b.dtype, acc), (lhs.dtype, lhs.dtype, jnp.float32)
+      )
+      self.assertFalse(ragged_collectives.needs_emulation())
 
   def test_no_kernel_on_cpu_is_a_clear_error(self):
     with self.assertRaisesRegex(

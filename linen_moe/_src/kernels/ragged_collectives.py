@@ -29,10 +29,12 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from linen_moe._src.kernels.platform import target_platform
+
 
 def needs_emulation(backend: str | None = None) -> bool:
   """True where XLA does not implement `ragged_all_to_all` (the CPU)."""
-  return (backend or jax.default_backend()) == "cpu"
+  return (backend or target_platform()) == "cpu"
 
 
 def emulated_ragged_all_to_all(

@@ -52,6 +52,7 @@ import jax.numpy as jnp
 
 from linen_moe._src.config.decoder_fields import ATTENTION_IMPLEMENTATIONS
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.kernels.platform import target_platform
 from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.lora import adapters as lora_adapters
 from linen_moe._src.lora.config import LoRAConfig
@@ -212,16 +213,6 @@ def einsum_attend(
   probs = softmax_probs(logits, visible, dtype)  # [B, K, G, S, T]
   out = jnp.einsum("BKGST,BTKD->BSKGD", probs, v)  # [B, S, K, G, Dv]
   return out.reshape(b, s, n, v.shape[-1])
-
-
-def target_platform() -> str:
-  """The platform the program is traced for: the current mesh's devices'
-  (a TPU topology compiled on a CPU host counts as "tpu"), else
-  `jax.default_backend()`."""
-  mesh = sharding.current_mesh()
-  device = getattr(mesh, "abstract_device", None) if mesh else None
-  platform = getattr(device, "platform", None)
-  return platform or jax.default_backend()
 
 
 def resolve_implementation(
