@@ -13,6 +13,13 @@ bf16 activations, one microbatch, the mesh's axes as ICI parallelism on
 one slice. `--layers N` shortens both stacks alike. Each side's command
 is printed before it runs.
 
+Both sides must compile with the same libtpu: the compiler's temporaries
+depend on its version (the same Qwen3-30B-A3B step, v5p-16, 8 x 4096,
+full remat: ours 13.4 GiB of temporaries with libtpu 0.0.50.1, 10.2 GiB
+with 0.0.52; MaxText's 19.5 and 9.8). Each Python's libtpu is printed
+and recorded, with a warning where they differ; `--libtpu FILE` makes
+both load that libtpu.so (`TPU_LIBRARY_PATH`).
+
 Usage:
   python benchmarks/planning/bench_maxtext.py \\
       --case qwen3_30b_a3b,tpu:v5p-16,fsdp=8,8,4096,full \\
@@ -156,6 +163,26 @@ def run_maxtext(cmd: list[str], timeout: int) -> dict:
   return out
 
 
+def libtpu_version(python: str) -> str:
+  """The libtpu that `python` loads: `TPU_LIBRARY_PATH` where set, else
+  its installed package's version ("-" where it has none)."""
+  if os.environ.get("TPU_LIBRARY_PATH"):
+    return os.environ["TPU_LIBRARY_PATH"]
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  proc = subprocess.run(
+      [
+          python,
+          "-c",
+          "import importlib.metadata as m; print(m.version('libtpu'))",
+      ],
+      capture_output=True,
+      text=True,
+      env=env,
+      check=False,
+  )
+  return proc.stdout.strip() if proc.returncode == 0 else "-"
+
+
 def _gib(n: int | None) -> str:
   return "-" if n is None else f"{n / GIB:.1f}"
 
@@ -238,10 +265,33 @@ def main(argv: list[str] | None = None) -> int:
       metavar="KEY=VALUE",
       help="one more MaxText option (repeatable), e.g. num_vocab_tiling=16",
   )
+  p.add_argument(
+      "--libtpu",
+      default=None,
+      metavar="FILE",
+      help=(
+          "a libtpu.so both sides load (TPU_LIBRARY_PATH), e.g. MaxText's: "
+          "temporaries differ between libtpu versions"
+      ),
+  )
   p.add_argument("--timeout", type=int, default=3600, help="seconds a side")
   p.add_argument("--jsonl", default=None, help="append both sides here")
   args = p.parse_args(argv)
   jsonl = args.jsonl and os.path.abspath(args.jsonl)
+  if args.libtpu:
+    os.environ["TPU_LIBRARY_PATH"] = os.path.abspath(args.libtpu)
+  libtpu = {
+      "ours": libtpu_version(args.python),
+      "maxtext": libtpu_version(args.maxtext_python),
+  }
+  print(f"libtpu: ours {libtpu['ours']}, MaxText {libtpu['maxtext']}")
+  if libtpu["ours"] != libtpu["maxtext"]:
+    print(
+        "warning: the two sides load different libtpus; their temporaries "
+        "are not comparable (--libtpu FILE loads one in both)",
+        file=sys.stderr,
+        flush=True,
+    )
   if args.checkout:  # `python -m` looks in the working directory first
     os.environ["PYTHONPATH"] = os.path.abspath(args.checkout)
     os.chdir(args.checkout)
@@ -263,7 +313,12 @@ def main(argv: list[str] | None = None) -> int:
     if jsonl:
       with open(jsonl, "a", encoding="utf-8") as f:
         f.write(
-            json.dumps({"layers": args.layers, "ours": ours, "maxtext": theirs})
+            json.dumps({
+                "layers": args.layers,
+                "libtpu": libtpu,
+                "ours": ours,
+                "maxtext": theirs,
+            })
         )
         f.write("\n")
     rows.append(row(case, args.layers, ours, theirs))
