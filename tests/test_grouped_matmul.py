@@ -233,6 +233,7 @@ class KernelSeamTest(parameterized.TestCase):
       ("tpu_auto", "auto", "tpu", (jnp.float32,), "ragged_dot"),
       ("tpu_kernel", "kernel", "tpu", (jnp.float32,), "kernel"),
       ("tpu_auto_int8", "auto", "tpu", (jnp.int8,), "ragged_dot"),
+      ("gpu_auto_int8", "auto", "gpu", (jnp.int8,), "blocked"),
       ("gpu_blocked", "blocked", "gpu", (), "blocked"),
   )
   def test_resolve(self, implementation, backend, dtypes, want):
@@ -286,9 +287,7 @@ class KernelSeamTest(parameterized.TestCase):
       self.skipTest("tokamax is installed")
     except ImportError:
       pass
-    self.assertEqual(
-        gmm_lib.resolve_implementation("auto", "gpu"), "ragged_dot"
-    )
+    self.assertEqual(gmm_lib.resolve_implementation("auto", "gpu"), "blocked")
     with self.assertRaisesRegex(ValueError, "tokamax"):
       gmm_lib.resolve_implementation("kernel", "gpu")
 
