@@ -20,9 +20,11 @@ from linen_moe._src.models import attention
 from linen_moe._src.models import attention_blockwise
 from linen_moe._src.models import attention_fused
 from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.planning import targets as plan_targets
 from linen_moe.sharding import unbox
 import nnx_adapter
 from tests import numpy_reference
+from tests import workers
 
 
 def _inputs(b=2, s=10, n=4, kv=2, dk=8, dv=6, seed=0):
@@ -347,6 +349,24 @@ class SplashOnTpuTest(absltest.TestCase):
         num_layers=2,
         full_attention_layers=(1,),
     )
+
+
+@absltest.skipUnless(
+    plan_targets.libtpu_available(),
+    "needs libtpu to compile for a TPU: pip install 'linen_moe[tpu-plan]'",
+)
+class SplashCompilesForTpuTest(parameterized.TestCase):
+  """Splash's forward and backward compile for TPU slices through libtpu's
+  topology (no TPU; skipped without libtpu): with Gemma-4's 512-wide
+  heads, 1024-row blocks overflowed a core's scoped VMEM
+  (CompileTimeScopedVmemOom), which made its plans at 8192 fail."""
+
+  @parameterized.product(target=("tpu:v5p-8", "tpu:v5e-4"), width=(256, 512))
+  def test_wide_heads(self, target, width):
+    proc = workers.run(
+        "tests.splash_tpu_worker", target, "2048", str(width), str(width)
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
 
 
 class SplashInterpretedTest(absltest.TestCase):

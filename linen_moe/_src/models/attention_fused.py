@@ -46,6 +46,10 @@ SPLASH_MULTIPLE = 128
 # and 6.7 with 512 everywhere and separate dq / dkv kernels
 # (`benchmarks/model/bench_attention.py accelerator`; benchmarks/device/).
 SPLASH_BLOCKS = (1024, 512, 256, 128)
+# A block's rows times the head width, at most: the fused backward's
+# buffers of 1024-row blocks of Gemma-4's 512-wide heads overflow a TPU
+# core's scoped VMEM (libtpu: CompileTimeScopedVmemOom, v5p, S = 8192).
+SPLASH_BLOCK_ELEMENTS = 1024 * 256
 SPLASH_COMPUTE_BLOCK = 512
 
 
@@ -174,7 +178,7 @@ def at_default_precision(fn):
 
 
 @functools.lru_cache(maxsize=64)
-def _splash_kernel(heads: int, s: int, window: int):
+def _splash_kernel(heads: int, s: int, window: int, head_dim: int):
   """The splash kernel of these shapes, its mask tables NumPy constants.
 
   Built in a thread of its own, outside the caller's trace and mesh: built
@@ -184,18 +188,27 @@ def _splash_kernel(heads: int, s: int, window: int):
   mesh's devices, which a plan's TPU topology only describes.
   """
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    kernel = pool.submit(_build_splash_kernel, heads, s, window).result()
+    kernel = pool.submit(
+        _build_splash_kernel, heads, s, window, head_dim
+    ).result()
   return kernel
 
 
-def _build_splash_kernel(heads: int, s: int, window: int):
+def _build_splash_kernel(heads: int, s: int, window: int, head_dim: int):
   from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
 
   if window > 0:
     one = sa.LocalMask((s, s), window_size=(window - 1, 0), offset=0)
   else:
     one = sa.CausalMask((s, s))
-  block = next(b for b in SPLASH_BLOCKS if s % b == 0)
+  block = next(
+      (
+          b
+          for b in SPLASH_BLOCKS
+          if s % b == 0 and b * head_dim <= SPLASH_BLOCK_ELEMENTS
+      ),
+      SPLASH_BLOCKS[-1],
+  )
   compute = min(SPLASH_COMPUTE_BLOCK, block)
   sizes = sa.BlockSizes(
       block_q=block,
@@ -240,7 +253,9 @@ def splash_attend(
   q, k, v = (jnp.swapaxes(x.astype(dtype), 1, 2) for x in (q, k, v))
 
   def body(q, k, v, seg):
-    kernel = _splash_kernel(q.shape[1], s, window)
+    kernel = _splash_kernel(
+        q.shape[1], s, window, max(q.shape[-1], v.shape[-1])
+    )
 
     def one(q, k, v, seg):
       return kernel(q, k, v, segment_ids=sa.SegmentIds(q=seg, kv=seg))
