@@ -271,6 +271,10 @@ class OutOfMemoryTest(absltest.TestCase):
     )
     self.assertEqual(oom.used_bytes, int(123.5 * 2**30))
     self.assertIsNone(plan_lib._out_of_memory(RuntimeError("INTERNAL: x")))
+    # A kernel's blocks too large for VMEM (Gemma-4's splash before
+    # bb685c1) is the program's error, not the chip's memory.
+    vmem = "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: ..."
+    self.assertIsNone(plan_lib._out_of_memory(RuntimeError(vmem)))
 
 
 class FlopsTest(absltest.TestCase):

@@ -228,9 +228,13 @@ class _OutOfMemory:
 
 def _out_of_memory(error: Exception) -> _OutOfMemory | None:
   """What the error of a compile that ran out of device memory says, or
-  None for any other error."""
+  None for any other error. A kernel whose blocks overflow a TPU core's
+  scoped VMEM (libtpu's CompileTimeScopedVmemOom) is a compile error of
+  the program, whatever the slice's memory: not a plan that does not fit."""
   text = str(error)
   if not re.search(r"RESOURCE_EXHAUSTED|HbmOom|[Oo]ut of memory", text):
+    return None
+  if "VmemOom" in text:
     return None
   first = text.strip().splitlines()[0][:400] if text.strip() else ""
   temp = _OOM_TEMP.search(text)
