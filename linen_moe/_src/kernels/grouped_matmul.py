@@ -26,8 +26,9 @@ Implementations:
   "auto"        "blocked" on CPU; "ragged_dot" on TPU (as fast as megablox at
                 decode sizes, faster at training sizes on a v5e); on GPU the
                 kernel when importable for the operand dtypes, else
-                "blocked" (XLA:GPU pads a ragged_dot's groups to dense). The platform is the one traced for
-                (`platform.target_platform`: a plan's target mesh).
+                "blocked" (XLA:GPU pads a ragged_dot's groups to dense). The
+                platform is the one traced for (`platform.target_platform`:
+                a plan's target mesh).
 """
 
 from __future__ import annotations
