@@ -4,7 +4,8 @@ wheel; everything else is in pyproject.toml.
 `configs/` stays at the top of the repository (tools and users read it
 there) and ships as the package `linen_moe.configs`, its data directories
 (`configs/hf/<model>/`, the released models' config.json) as namespace
-packages of it.
+packages of it; likewise `_src/planning/gpu_specs/` (XLA's GPU target
+descriptions), a data directory inside the package.
 """
 
 import setuptools
@@ -12,6 +13,7 @@ import setuptools
 setuptools.setup(
     packages=[
         *setuptools.find_packages(include=["linen_moe*", "nnx_adapter*"]),
+        "linen_moe._src.planning.gpu_specs",
         "linen_moe.configs",
         *(
             f"linen_moe.configs.{p}"
