@@ -306,6 +306,15 @@ class FlopsTest(absltest.TestCase):
         round(2 * B * active + attention),
     )
 
+  def test_counts_do_not_need_the_targets_kernels_here(self):
+    # A TPU plan of grouped_matmul="kernel" or attention="splash" counts
+    # its parameters on the host, whose CPU has neither.
+    cfg = load_model_config("tiny_mixtral")
+    kernels = cfg.replace(grouped_matmul="kernel", attention="splash")
+    self.assertEqual(
+        planning.matmul_parameters(kernels), planning.matmul_parameters(cfg)
+    )
+
   def test_chips_have_their_figures(self):
     for name in ("v5e", "v5p", "v6e", "h100", "h200"):
       chip = planning.CHIPS[name]

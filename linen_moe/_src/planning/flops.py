@@ -42,6 +42,10 @@ def matmul_parameters(config: ModelConfig) -> tuple[int, float]:
   Returns:
     (total matmul parameters, active matmul parameters per token).
   """
+  # How a matmul or attention is computed does not change a shape, and this
+  # init is traced for the host, which may lack the target's kernels (a
+  # TPU plan with grouped_matmul="kernel" compiled on a CPU host).
+  config = config.replace(attention="auto", grouped_matmul="auto")
   boxed = jax.eval_shape(
       lambda: Decoder(config).init(
           jax.random.key(0), jnp.zeros((1, 2), jnp.int32)
