@@ -212,6 +212,23 @@ class GpuPlanTest(absltest.TestCase):
     self.assertGreater(plan["estimated_step_s"], 0)
 
 
+@absltest.skipUnless(
+    targets_lib.libtpu_available(),
+    "needs libtpu to compile for a TPU: pip install 'linen_moe[tpu-plan]'",
+)
+class UsableMemoryOnTpuTest(parameterized.TestCase):
+  """Each TPU chip's `usable_bytes` is libtpu's own limit: a program 16 MiB
+  under it compiles for one chip, one 16 MiB over it does not (libtpu
+  0.0.50.1 and 0.0.52 differ by about 1 MiB). Skipped without libtpu."""
+
+  @parameterized.parameters("tpu:v5e-1", "tpu:v5p-8", "tpu:v6e-1")
+  def test_limit(self, target):
+    proc = workers.run("tests.hbm_tpu_worker", target, str(16 * 2**20))
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    self.assertEqual(result, {"below": True, "above": False})
+
+
 @testing.slow
 class FrontEndsAndDecodeTest(absltest.TestCase):
   """The NNX front end's train step plans the bytes of the Linen one's
@@ -322,6 +339,16 @@ class FlopsTest(absltest.TestCase):
       self.assertGreater(chip.memory_bytes, 1e10)
       self.assertGreater(chip.memory_bandwidth, 5e11)
       self.assertTrue(chip.source.startswith("https://"))
+
+  def test_tpu_memory_is_what_libtpu_allows_not_the_vendors_decimal(self):
+    for name in ("v5e", "v5p", "v6e"):
+      chip = planning.CHIPS[name]
+      self.assertGreater(chip.usable_bytes, chip.memory_bytes)
+      self.assertLess(chip.usable_bytes, 1.1 * chip.memory_bytes)
+    self.assertEqual(
+        planning.parse_target("tpu:v5p-8").device_memory_bytes,
+        planning.CHIPS["v5p"].usable_bytes,
+    )
 
   def test_tpu_slices_count_chips(self):
     self.assertEqual(planning.parse_target("tpu:v5p-64").num_devices, 32)

@@ -2,8 +2,10 @@
 per device (a JAX device: one chip of each kind here).
 
 Figures from the vendors' pages (`Chip.source`), dense (no sparsity)
-bf16 matmul peaks; memory in the decimal units the vendors quote. Imports
-no jax.
+bf16 matmul peaks; memory in the decimal units the vendors quote. What a
+plan compares its peak with is `Chip.usable_bytes`: for a TPU, the most
+libtpu lets one program hold on a chip (more than the vendor's decimal
+figure: a v5p's "95 GB" is 95.73 GiB to libtpu). Imports no jax.
 """
 
 from __future__ import annotations
@@ -22,9 +24,16 @@ class Chip:
     name: the short name (`CHIPS` key), e.g. "v5p".
     description: what it is, e.g. "Cloud TPU v5p".
     peak_flops: dense bf16 matmul peak, FLOP/s.
-    memory_bytes: device (HBM) memory, bytes.
+    memory_bytes: device (HBM) memory as the vendor quotes it, bytes.
     memory_bandwidth: device memory bandwidth, bytes/s.
     source: where the figures come from.
+    usable_bytes: the most one program may hold on the device (arguments,
+      outputs and temporaries), bytes, where known: for a TPU, libtpu's
+      limit (the largest program libtpu 0.0.50.1 compiles for one chip,
+      found by bisection to 8 KiB; a v5e's runtime reports 16,909,336,064
+      as its `bytes_limit`). None: `memory_bytes` (the GPUs: JAX
+      preallocates 75 % of a GPU unless `XLA_PYTHON_CLIENT_MEM_FRACTION`
+      says otherwise).
   """
 
   name: str
@@ -33,6 +42,7 @@ class Chip:
   memory_bytes: int
   memory_bandwidth: float
   source: str
+  usable_bytes: int | None = None
 
 
 CHIPS: dict[str, Chip] = {
@@ -45,6 +55,7 @@ CHIPS: dict[str, Chip] = {
             16 * GB,
             819 * GB,
             "https://cloud.google.com/tpu/docs/v5e",
+            16_909_221_888,
         ),
         Chip(
             "v5p",
@@ -53,6 +64,7 @@ CHIPS: dict[str, Chip] = {
             95 * GB,
             2765 * GB,
             "https://cloud.google.com/tpu/docs/v5p",
+            102_786_531_328,
         ),
         Chip(
             "v6e",
@@ -61,6 +73,7 @@ CHIPS: dict[str, Chip] = {
             32 * GB,
             1638 * GB,
             "https://cloud.google.com/tpu/docs/v6e",
+            33_545_953_280,
         ),
         Chip(
             "h100",
