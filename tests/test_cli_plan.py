@@ -17,6 +17,7 @@ from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import jax
 import numpy as np
 
 from linen_moe import load_model_config
@@ -281,7 +282,8 @@ class OutOfMemoryTest(absltest.TestCase):
         "available HBM (15.75G). HLO module: jit_step.\nmore lines"
     )
     oom = plan_lib._out_of_memory(RuntimeError(text))
-    self.assertEqual(oom.temp_bytes, int(44.15 * 2**30))
+    # Everything the program needs: libtpu counts the arguments in it.
+    self.assertEqual(oom.used_bytes, int(44.15 * 2**30))
     self.assertEqual(oom.message, text.splitlines()[0])
     oom = plan_lib._out_of_memory(
         RuntimeError("RESOURCE_EXHAUSTED: Used 123.5G of 95.74G hbm.")
@@ -292,6 +294,33 @@ class OutOfMemoryTest(absltest.TestCase):
     # bb685c1) is the program's error, not the chip's memory.
     vmem = "RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: ..."
     self.assertIsNone(plan_lib._out_of_memory(RuntimeError(vmem)))
+
+  def test_the_plan_of_a_refused_step_needs_what_libtpu_said(self):
+    # libtpu's figure holds the arguments already (for `x * 2` of a 20 GiB
+    # argument a v5e's compile says "HLO temporaries (40.00G)"): the plan's
+    # peak is that figure, not that figure plus the arguments.
+    message = (
+        "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on "
+        "HBM, the total memory required for HLO temporaries (1.50G) exceeds "
+        "available HBM (1.00G)."
+    )
+    with mock.patch.object(
+        jax.stages.Lowered, "compile", side_effect=RuntimeError(message)
+    ):
+      plan = planning.plan(
+          load_model_config("tiny_mixtral"),
+          "cpu:1",
+          batch_size=2,
+          seq_len=8,
+          device_memory_bytes=2**30,
+      )
+    self.assertFalse(plan.fits)
+    device = plan.per_device
+    self.assertEqual(device.peak_bytes, int(1.5 * 2**30))
+    self.assertEqual(
+        device.temp_bytes, int(1.5 * 2**30) - device.argument_bytes
+    )
+    self.assertGreater(device.argument_bytes, 0)
 
 
 class FlopsTest(absltest.TestCase):

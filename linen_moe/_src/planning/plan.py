@@ -206,9 +206,11 @@ def _cost(compiled) -> dict[str, float]:
 
 # libtpu's out-of-memory messages: "... the total memory required for HLO
 # temporaries (44.15G) exceeds available HBM (15.75G)", or "Used 123.45G of
-# 95.74G hbm. Exceeded hbm capacity by ...".
+# 95.74G hbm. Exceeded hbm capacity by ...". Both figures are everything
+# the program needs, arguments and outputs included (`x * 2` of a 20 GiB
+# argument, not donated, reads "HLO temporaries (40.00G)" for a v5e).
 _SIZE = r"([\d.]+)([KMGT]?)"
-_OOM_TEMP = re.compile(rf"HLO temporaries \({_SIZE}\) exceeds available HBM")
+_OOM_TOTAL = re.compile(rf"HLO temporaries \({_SIZE}\) exceeds available HBM")
 _OOM_USED = re.compile(rf"Used\s+{_SIZE}\s+of\s+{_SIZE}\s+hbm")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -222,8 +224,7 @@ class _OutOfMemory:
   """What a compile that ran out of device memory reported."""
 
   message: str  # its first line
-  temp_bytes: int | None = None  # the temporaries it needed
-  used_bytes: int | None = None  # everything it needed
+  used_bytes: int | None = None  # everything it needed, arguments included
 
 
 def _out_of_memory(error: Exception) -> _OutOfMemory | None:
@@ -237,13 +238,8 @@ def _out_of_memory(error: Exception) -> _OutOfMemory | None:
   if "VmemOom" in text:
     return None
   first = text.strip().splitlines()[0][:400] if text.strip() else ""
-  temp = _OOM_TEMP.search(text)
-  used = _OOM_USED.search(text)
-  return _OutOfMemory(
-      first,
-      temp_bytes=_bytes(temp) if temp else None,
-      used_bytes=_bytes(used) if used else None,
-  )
+  used = _OOM_TOTAL.search(text) or _OOM_USED.search(text)
+  return _OutOfMemory(first, used_bytes=_bytes(used) if used else None)
 
 
 def _default_sharded(cfg, optimizer, mesh, *, grad_accum: int = 1):
@@ -470,8 +466,8 @@ def plan(
     per_device = _per_device(stats, split)
     cost = _cost(compiled)
   else:  # the compiler's figures, where its message has them
-    temp = oom.temp_bytes
-    if temp is None and oom.used_bytes is not None:
+    temp = None
+    if oom.used_bytes is not None:
       temp = max(0, oom.used_bytes - arguments)
     per_device = PerDevice(
         argument_bytes=arguments,
