@@ -13,6 +13,7 @@ from jax._src import mesh as mesh_lib
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import testing
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.kernels import platform
 from linen_moe._src.kernels import ragged_collectives
@@ -279,6 +280,37 @@ class KernelSeamTest(parameterized.TestCase):
     ):
       got = gmm_lib.resolve_implementation("kernel", "tpu", dtypes)
     self.assertEqual(got, "ragged_dot")
+
+  def test_megablox_inside_a_shard_map_falls_back_visibly(self):
+    # jax's megablox gives its pallas_call outputs no manual-axis type, which
+    # a shard_map checking them (the expert-parallel path's) requires: the
+    # kernel raised a ValueError there (any `grouped_matmul="kernel"` run or
+    # plan on a TPU mesh) before it fell back.
+    mesh = jax.make_mesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+    lhs, rhs, _ = _operands(2, m=16)
+    sizes = jnp.asarray((7, 9), jnp.int32)
+    spec = jax.sharding.PartitionSpec
+
+    def loss(a, b):
+      def body(a, b):
+        return gmm_lib.grouped_matmul(a, b, sizes, implementation="kernel")
+
+      out = jax.shard_map(
+          body, mesh=mesh, in_specs=(spec("x"), spec()), out_specs=spec("x")
+      )(a, b)
+      return jnp.sum(out * out), out
+
+    with (
+        testing.kernels_on_cpu("megablox"),
+        self.assertWarnsRegex(KernelFallbackWarning, "shard_map.*ragged_dot"),
+    ):
+      (_, out), grads = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(
+          lhs, rhs
+      )
+    want, vjp = jax.vjp(lambda a, b: jax.lax.ragged_dot(a, b, sizes), lhs, rhs)
+    np.testing.assert_array_equal(out, want)
+    for got, ref in zip(grads, vjp(2 * want), strict=True):
+      np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-5)
 
   def test_gpu_without_tokamax(self):
     try:

@@ -59,7 +59,8 @@ _ON_CPU: list[str | None] = [None]
 
 class KernelFallbackWarning(UserWarning):
   """`grouped_matmul="kernel"` ran a contraction with `jax.lax.ragged_dot`
-  because the kernel does not take its operand types."""
+  because the kernel does not take its operand types, or cannot run where
+  it was called (megablox inside a `shard_map`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,11 +71,15 @@ class Kernel:
     name: what it is, for messages ("megablox gmm", "tokamax ragged_dot").
     fn: (lhs, rhs, group_sizes, preferred_element_type) -> [M, N].
     operand_dtypes: the dtypes it takes for lhs and rhs.
+    in_shard_map: whether it runs inside a `shard_map` that checks
+      manual-axis types (`check_vma`, the expert-parallel path's): jax's
+      megablox does not (its `pallas_call` outputs carry none).
   """
 
   name: str
   fn: Callable[..., jax.Array]
   operand_dtypes: tuple[Any, ...]
+  in_shard_map: bool = True
 
   def takes(self, dtypes: tuple[Any, ...]) -> bool:
     allowed = {jnp.dtype(d) for d in self.operand_dtypes}
@@ -253,7 +258,7 @@ def _megablox(interpret: bool) -> tuple[Kernel | None, str | None]:
   except ImportError as e:
     return None, f"jax.experimental.pallas.ops.tpu.megablox: {e}"
   fn = functools.partial(megablox_gmm, interpret=interpret)
-  return Kernel("megablox gmm", fn, _FLOATS), None
+  return Kernel("megablox gmm", fn, _FLOATS, in_shard_map=False), None
 
 
 def _tokamax(implementation) -> tuple[Kernel | None, str | None]:

@@ -22,7 +22,10 @@ Implementations:
   "kernel"      An accelerator kernel: Pallas megablox `gmm` on TPU, Tokamax
                 `ragged_dot` on GPU (`linen_moe._src.kernels.accelerator`).
                 Operands a kernel does not take (int8, fp8) run "ragged_dot"
-                with a `KernelFallbackWarning`.
+                with a `KernelFallbackWarning`; so does megablox inside a
+                `shard_map` (the expert-parallel path under a mesh): jax's
+                megablox gives its outputs no manual-axis type, which a
+                `shard_map` checking them (`check_vma`) requires.
   "auto"        "blocked" on CPU; "ragged_dot" on TPU (as fast as megablox at
                 decode sizes, faster at training sizes on a v5e); on GPU the
                 kernel when importable for the operand dtypes, else
@@ -628,4 +631,13 @@ def grouped_matmul(
         max_group_size=max_group_size,
     )
   kernel, _ = grouped_kernels.find_kernel(target_platform())
+  if not kernel.in_shard_map and jax.sharding.get_abstract_mesh().manual_axes:
+    warnings.warn(
+        f"grouped_matmul='kernel': {kernel.name} cannot run inside a "
+        "shard_map (its outputs carry no manual-axis type for check_vma); "
+        "this grouped matmul runs jax.lax.ragged_dot instead.",
+        grouped_kernels.KernelFallbackWarning,
+        stacklevel=2,
+    )
+    return ragged_dot(lhs, rhs, group_sizes, preferred_element_type)
   return kernel.fn(lhs, rhs, group_sizes, preferred_element_type)
