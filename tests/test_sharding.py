@@ -262,6 +262,30 @@ class RulesTest(absltest.TestCase):
         self.assertLess(r["fp8_err"], 1e-5)
 
 
+class FsdpKernelGatherTest(absltest.TestCase):
+  """Kernels split over `fsdp` enter the expert-parallel `shard_map` split
+  and are all-gathered inside the sparse path's rematerialized regions
+  (`expert_parallel.kernel_shards`): loss, parameter, fp8-state and input
+  gradients equal one device's in every quantization mode, with experts
+  also split (`expert`) and not."""
+
+  def test_every_mode_matches_one_device(self):
+    (result,) = run_worker({
+        "check": "layer",
+        "quantizations": list(QUANTIZATIONS),
+        "meshes": [("fsdp=4,expert=2", "default"), ("fsdp=8", "default")],
+    })
+    self.assertLen(result, 2 * len(QUANTIZATIONS))
+    for case, r in result.items():
+      with self.subTest(case=case):
+        self.assertLess(r["loss_err"], 1e-5)
+        self.assertEqual(r["fraction_err"], 0.0)
+        for what in ("param_grad", "input_grad", "fp8"):
+          self.assertLessEqual(
+              r[f"{what}_err"], 1e-5 * max(1.0, r[f"{what}_scale"]), what
+          )
+
+
 class EquivalenceTest(EquivalenceMixin):
   """A representative subset: with `SparseExpertParallelTest` (sparse, no
   quantization, every mesh), `RulesTest` (sparse fp8

@@ -7,10 +7,13 @@ E_l = E / D_e local experts, T_g tokens a device sees after the gather.
 
 How tokens meet their experts. Under a mesh, the sparse path runs inside one
 `jax.shard_map` over the whole mesh. Expert weights enter sharded on their
-expert axis only (`P(exp_axes)`; FSDP/tensor shards of them are gathered at
-the boundary, like FSDP gathers any weight), so a device holds E_l experts
-and never another device's. Tokens enter sharded on their batch axes. Then,
-per layer:
+expert axis, so a device holds E_l experts and never another device's;
+their FSDP shards (other dims split over batch axes, `kernel_shards`)
+enter split too and are all-gathered inside the sparse path's
+rematerialized regions, so that the backward gathers each again where it
+needs it instead of keeping the forward's copies; other splits (tensor)
+are gathered at the boundary, like any weight. Tokens enter sharded on
+their batch axes. Then, per layer:
 
   1. all-gather the tokens and their routing (indices, weights) over the
      expert axes (the batch axes that experts are also sharded on; the
@@ -68,6 +71,7 @@ from jax.sharding import PartitionSpec as P
 
 from linen_moe._src.kernels.ragged_collectives import needs_emulation
 from linen_moe._src.layer import ep_traffic
+from linen_moe._src.layer import expert as expert_lib
 from linen_moe._src.layer import ragged_experts
 from linen_moe._src.layer.routing import RouterResult
 from linen_moe._src.layer.sparse import Experts
@@ -218,6 +222,55 @@ def _spec(axes: tuple[str, ...], ndim: int) -> P:
   return P(axes or None, *([None] * (ndim - 1)))
 
 
+# A kernel's FSDP-style shards: ((dim, mesh axes), ...) over its non-expert
+# dims, on axes the body's values vary over anyway (the batch axes).
+Shards = tuple[tuple[int, tuple[str, ...]], ...]
+
+
+def kernel_shards(
+    ep: ExpertParallelPlan, experts: Experts
+) -> dict[str, Shards]:
+  """{site: shards} of the kernels the body gathers itself.
+
+  A kernel [E, ., .] whose other dims are split over batch axes (FSDP:
+  "embed" on "fsdp") enters the `shard_map` split so, and the sparse path
+  all-gathers it inside its rematerialized regions: the backward then
+  holds a layer's gathered kernel only around its own matmuls, and
+  gathers it again where it needs it, where XLA would otherwise keep the
+  forward's gathered copies of wi_0 and wi_1 across the backward's peak
+  (Mixtral-8x7B on a v5p-16 at 16 sequences of 4096 a chip: 3.5 GiB of
+  temporaries a chip fewer). Kernels of other types (LoRA adapters, a
+  stored kernel and its scales) and splits over other axes (tensor) are
+  gathered at the boundary by XLA, as any weight.
+  """
+  axes_of = expert_lib.kernel_axes(routed=True)
+  shards = {}
+  for site, weight in zip(expert_lib.KERNELS, experts, strict=True):
+    if not isinstance(weight, jax.Array) or weight.ndim != 3:
+      continue
+    found = []
+    for dim, name in enumerate(axes_of[site][1:], start=1):
+      axes = tuple(
+          a for a in sharding.mesh_axes(name, ep.mesh) if ep.mesh.shape[a] > 1
+      )
+      usable = all(a in ep.batch_axes and a not in ep.expert_axes for a in axes)
+      if axes and usable and weight.shape[dim] % ep.size(axes) == 0:
+        found.append((dim, axes))
+    if found:
+      shards[site] = tuple(found)
+  return shards
+
+
+def _split_axes(shards: Shards) -> tuple[str, ...]:
+  return tuple(a for _, axes in shards for a in axes)
+
+
+def _gather_kernel(weight: jax.Array, shards: Shards) -> jax.Array:
+  for dim, axes in shards:
+    weight = jax.lax.all_gather(weight, axes, axis=dim, tiled=True)
+  return weight
+
+
 def _lifted_shard_map(fn, *, ep: ExpertParallelPlan, in_specs, out_specs):
   """`jax.shard_map` lifted over a Linen scope (non-parameter collections).
 
@@ -292,6 +345,20 @@ def sparse_moe(
 
   ragged = chosen == "ragged_all_to_all"
   gathered = bool(ep.gather_axes) and not ragged
+  shards = {} if ragged else kernel_shards(ep, experts)
+
+  def weight_spec(site, weight):
+    if site not in shards:
+      return expert_spec(weight)
+    spec = [ep.expert_axes or None, None, None]
+    for dim, axes in shards[site]:
+      spec[dim] = axes
+    return P(*spec)
+
+  def gather_kernel(site, weight):
+    if site not in shards:
+      return weight
+    return _gather_kernel(weight, shards[site])
 
   def body(mdl, x, indices, weights, wi_0, wi_1, wo):
     if gathered:
@@ -301,9 +368,13 @@ def sparse_moe(
       x, indices, weights = gather(x), gather(indices), gather(weights)
     # Every operand varies over all of `vary_axes`, so that custom VJPs
     # (quantized contractions) see one manual-axes type; the transpose of
-    # this cast sums the weights' gradients over the batch axes.
+    # this cast sums the weights' gradients over the batch axes (that of
+    # a split kernel's all-gather, over the axes it was split on).
     x, indices, weights = _vary((x, indices, weights), ep.batch_axes, ep)
-    wi_0, wi_1, wo = _vary((wi_0, wi_1, wo), ep.expert_axes, ep)
+    wi_0, wi_1, wo = (
+        _vary(w, ep.expert_axes + _split_axes(shards.get(site, ())), ep)
+        for site, w in zip(expert_lib.KERNELS, (wi_0, wi_1, wo), strict=True)
+    )
     tokens = (x.reshape(-1, m), indices.reshape(-1, k), weights.reshape(-1, k))
     if ragged:
       out = ragged_experts.ragged_experts(
@@ -334,6 +405,7 @@ def sparse_moe(
           all_experts=not ep.expert_axes,
           # A token picks an expert once: no group exceeds the tokens here.
           max_group_size=tokens[0].shape[0],
+          gather=gather_kernel if shards else None,
       )
     out = out.reshape(x.shape)
     if gathered:
@@ -348,7 +420,11 @@ def sparse_moe(
       _lifted_shard_map,
       body,
       ep=ep,
-      in_specs=(token_spec,) * 3 + tuple(expert_spec(w) for w in experts),
+      in_specs=(token_spec,) * 3
+      + tuple(
+          weight_spec(site, w)
+          for site, w in zip(expert_lib.KERNELS, experts, strict=True)
+      ),
       out_specs=token_spec,
   )
   return lifted(

@@ -81,6 +81,7 @@ def sparse_experts_remat(
     first_expert: jax.Array | int = 0,
     all_experts: bool = False,
     max_group_size: int | None = None,
+    gather: Callable[[str, jax.Array], jax.Array] | None = None,
 ) -> jax.Array:
   """`sparse_experts` through `module.grouped`, whose backward gathers the
   sorted rows again instead of keeping them.
@@ -105,6 +106,12 @@ def sparse_experts_remat(
     first_expert: the first expert held here.
     all_experts: the experts are all E (no sorted row is masked).
     max_group_size: a static bound on every group's size, or None.
+    gather: `gather(site, weight)` -> the whole weight, for weights that
+      arrive as shards (expert parallelism under FSDP,
+      `expert_parallel.kernel_shards`): called inside the rematerialized
+      regions (wi_0 and wi_1 in the gate and up one, wo in its own), so
+      that a backward gathers each weight again where it needs it rather
+      than keeping the forward's gathered copy.
 
   Returns:
     [T, M], as `sparse_experts`.
@@ -117,16 +124,21 @@ def sparse_experts_remat(
   def project(mdl, plan, site, operand, weight):
     return mdl.grouped(site, operand, weight, plan.group_sizes, max_group_size)
 
+  def whole(site, weight):
+    return weight if gather is None else gather(site, weight)
+
   def gate_and_up(mdl, x, plan, wi_0, wi_1):
     rows = permute.dispatch_rows(x, plan)  # [R, M] sorted by expert
     return (
-        project(mdl, plan, "wi_0", rows, wi_0),
-        project(mdl, plan, "wi_1", rows, wi_1),
+        project(mdl, plan, "wi_0", rows, whole("wi_0", wi_0)),
+        project(mdl, plan, "wi_1", rows, whole("wi_1", wi_1)),
     )  # [R, H] each
 
   gate, up = nn.checkpoint(gate_and_up)(module, x, plan, wi_0, wi_1)
   gate = names.tag(gate, names.EXPERT_GATE)
   up = names.tag(up, names.EXPERT_UP)
+  if gather is not None:
+    wo = jax.checkpoint(functools.partial(gather, "wo"))(wo)
   down = functools.partial(project, module, plan)
   expert_out = gated_down(down, act, gate, up, wo)  # [R, M]
   return permute.combine_rows(expert_out, weights.astype(x.dtype), plan)
