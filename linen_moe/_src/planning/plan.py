@@ -466,15 +466,15 @@ def plan(
     per_device = _per_device(stats, split)
     cost = _cost(compiled)
   else:  # the compiler's figures, where its message has them
-    temp = None
+    temp = 0
     if oom.used_bytes is not None:
       temp = max(0, oom.used_bytes - arguments)
     per_device = PerDevice(
         argument_bytes=arguments,
         output_bytes=0,
         alias_bytes=0,
-        temp_bytes=temp or 0,
-        peak_bytes=max(arguments + (temp or 0), memory + 1),
+        temp_bytes=temp,
+        peak_bytes=max(arguments + temp, memory + 1),
         **split,
     )
     cost = {}

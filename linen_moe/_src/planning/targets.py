@@ -98,8 +98,8 @@ class Target:
   @property
   def device_memory_bytes(self) -> int:
     """What one program may hold on one device: the chip's
-    `usable_bytes` (else its `memory_bytes`); for `cpu:N`, the host's memory over N (the simulated
-    devices share it)."""
+    `usable_bytes` (else its `memory_bytes`); for `cpu:N`, the host's
+    memory over N (the simulated devices share it)."""
     if self.chip is not None:
       return self.chip.usable_bytes or self.chip.memory_bytes
     return _host_memory_bytes() // self.num_devices
