@@ -13,6 +13,7 @@ programs are shared per module (`functools.cache`); the products are slow.
 
 import collections
 import functools
+import json
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -293,6 +294,42 @@ class RematQuantizationTest(parameterized.TestCase):
         testing.max_abs_diff(other.params, want.params),
         1e3 * testing.max_abs_diff(got.params, want.params) + 1e-7,
     )
+
+
+def _libtpu_available() -> bool:
+  from linen_moe._src.planning import targets  # noqa: PLC0415
+
+  return targets.libtpu_available()
+
+
+@absltest.skipUnless(
+    _libtpu_available(),
+    "needs libtpu to compile for a TPU: pip install 'linen_moe[tpu-plan]'",
+)
+class OffloadOnTpuTest(parameterized.TestCase):
+  """Planned for a TPU chip (`linen-moe plan`, libtpu's topology, no TPU),
+  the train step of "offload" keeps each layer's input in host memory:
+  the compiled program's host bytes are the layers' inputs to the byte;
+  "full" keeps none there. (The device's own growth per layer is
+  measured at the Qwen3-30B-A3B layer shape by `bench_remat.py memory
+  --target`.) Skipped without libtpu."""
+
+  @parameterized.product(remat=("full", "offload"), layers=(2, 4))
+  def test_layer_inputs_are_in_host_memory(self, remat, layers):
+    from tests import workers  # noqa: PLC0415
+
+    emb, seq = 128, 128  # a layer's input: [1, seq, emb] float32
+    proc = workers.run(
+        "linen_moe_cli.main",
+        *("plan", "--config", "tiny_mixtral", "--target", "tpu:v6e-1"),
+        *("--set", f"emb_dim={emb}", "--set", f"num_layers={layers}"),
+        *("--set", "scan_unroll=1", "--remat", remat, "--json"),
+        *("--batch-size", "1", "--seq-len", str(seq)),
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    plan = json.loads(proc.stdout.strip().splitlines()[-1])
+    want = layers * seq * emb * 4 if remat == "offload" else 0
+    self.assertEqual(plan["per_device"]["host_bytes"], want)
 
 
 class RematOnMeshTest(absltest.TestCase):
