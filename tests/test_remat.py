@@ -37,6 +37,7 @@ from linen_moe._src.layer import checkpoint_names as names
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.remat import OFFLOADED_NAMES
 from linen_moe._src.models.remat import SAVED_NAMES
+from linen_moe._src.planning import targets as targets_lib
 from linen_moe._src.quantization.modes import QUANTIZATIONS
 from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
@@ -296,14 +297,8 @@ class RematQuantizationTest(parameterized.TestCase):
     )
 
 
-def _libtpu_available() -> bool:
-  from linen_moe._src.planning import targets  # noqa: PLC0415
-
-  return targets.libtpu_available()
-
-
 @absltest.skipUnless(
-    _libtpu_available(),
+    targets_lib.libtpu_available(),
     "needs libtpu to compile for a TPU: pip install 'linen_moe[tpu-plan]'",
 )
 class OffloadOnTpuTest(parameterized.TestCase):

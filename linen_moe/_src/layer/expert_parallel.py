@@ -350,7 +350,7 @@ def sparse_moe(
   def weight_spec(site, weight):
     if site not in shards:
       return expert_spec(weight)
-    spec = [ep.expert_axes or None, None, None]
+    spec = list(_spec(ep.expert_axes, weight.ndim))
     for dim, axes in shards[site]:
       spec[dim] = axes
     return P(*spec)
