@@ -25,13 +25,13 @@ Imported on its own, it imports no jax until a function runs.
 from linen_moe._src.faces import lazy_face as _lazy_face
 
 _EXPORTS = {
-    "linen_moe._src.lora.config": ("TARGETS", "LoRAConfig"),
+    "linen_moe._src.config.lora": ("TARGETS", "LoRAConfig"),
     "linen_moe._src.lora.adapters": ("AdaptedKernel",),
     "linen_moe._src.lora.files": ("load_adapters", "save_adapters"),
+    "linen_moe._src.models.lora_init": ("init_adapters",),
     "linen_moe._src.lora.tree": (
         "count_trainable",
         "has_adapters",
-        "init_adapters",
         "is_adapter",
         "join",
         "merge",

@@ -21,6 +21,9 @@ Weights move between a scanned and an unrolled stack with
 `scanned_to_unrolled` / `unrolled_to_scanned`.
 """
 
+from linen_moe._src.config.stack_plan import STACK
+from linen_moe._src.config.stack_plan import StackPlan
+from linen_moe._src.config.stack_plan import layer_name
 from linen_moe._src.layer.checkpoint_names import ALL as CHECKPOINT_NAMES
 from linen_moe._src.models.blocks import DecoderBlock
 from linen_moe._src.models.blocks import per_layer_aux
@@ -33,9 +36,6 @@ from linen_moe._src.models.decoder import output_kernel
 from linen_moe._src.models.decoder import scale_embeddings
 from linen_moe._src.models.decoder import scanned_to_unrolled
 from linen_moe._src.models.decoder import unrolled_to_scanned
-from linen_moe._src.models.layer_stack import STACK
-from linen_moe._src.models.layer_stack import StackPlan
-from linen_moe._src.models.layer_stack import layer_name
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.remat import policy as remat_policy
 from linen_moe._src.models.remat import remat_block

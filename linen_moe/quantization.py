@@ -22,7 +22,7 @@ from linen_moe._src.faces import lazy_face as _lazy_face
 
 _EXPORTS = {
     "linen_moe._src.layer.moe": ("CALL_SITES",),
-    "linen_moe._src.quantization.modes": (
+    "linen_moe._src.config.quantization_modes": (
         "MODES",
         "QuantizationMode",
         "SERVING_MODES",

@@ -13,16 +13,16 @@ same numbers as eager, seconds instead of thousands of tiny compilations);
 `jit_once` compiles any one-shot initialiser that way.
 """
 
+from linen_moe._src.config.variables import AQT_RNG_STREAM
+from linen_moe._src.config.variables import CACHE
+from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.config.variables import RNG_STREAMS
+from linen_moe._src.config.variables import ROUTER_JITTER_RNG_STREAM
+from linen_moe._src.config.variables import STATE_COLLECTIONS
+from linen_moe._src.config.variables import UPDATED_BY_RULE
+from linen_moe._src.config.variables import rng_dict
 from linen_moe._src.layer.jit_init import compiled_init
 from linen_moe._src.layer.jit_init import jit_once
-from linen_moe._src.layer.variables import AQT_RNG_STREAM
-from linen_moe._src.layer.variables import CACHE
-from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.layer.variables import RNG_STREAMS
-from linen_moe._src.layer.variables import ROUTER_JITTER_RNG_STREAM
-from linen_moe._src.layer.variables import STATE_COLLECTIONS
-from linen_moe._src.layer.variables import UPDATED_BY_RULE
-from linen_moe._src.layer.variables import rng_dict
 
 __all__ = [
     "AQT_RNG_STREAM",

@@ -196,7 +196,7 @@ def layer(job: dict) -> dict:
   "random"). Errors are absolute; `*_scale` the reference's max."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
   from linen_moe._src.config.files import load_moe_config  # noqa: PLC0415
-  from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
+  from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
 
   out = {}
   modes = job.get("quantizations", [job.get("quantization", "fp8")])

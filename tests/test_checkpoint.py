@@ -28,7 +28,7 @@ import pytest
 from linen_moe import checkpoint
 from linen_moe import testing
 from linen_moe._src.checkpoint import tree as ckpt_tree
-from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models.decoder import Decoder
 from linen_moe.training import LinenFrontend
 from linen_moe.training import MarkovData

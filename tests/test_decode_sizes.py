@@ -23,8 +23,8 @@ from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
 from linen_moe import quantization
 from linen_moe import testing
+from linen_moe._src.config.variables import AQT_RNG_STREAM
 from linen_moe._src.layer import sparse
-from linen_moe._src.layer.variables import AQT_RNG_STREAM
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 

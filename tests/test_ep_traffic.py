@@ -10,8 +10,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 
-from linen_moe._src.layer import ep_traffic
 from linen_moe._src.layer import expert_parallel
+from linen_moe._src.parallel import ep_traffic
 
 # (name, emb, top-k, experts): DeepSeek-V3, Qwen3-30B-A3B, Mixtral 8x7B.
 MODELS = {

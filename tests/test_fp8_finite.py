@@ -18,7 +18,7 @@ import numpy as np
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
 from linen_moe import testing
-from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT as OWG
+from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.quantization import contractions as quantization
 
 ROLES = ("input", "kernel", "output_grad")

@@ -31,12 +31,12 @@ from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
 from linen_moe import quantization
 from linen_moe import testing
+from linen_moe._src.config.quantization_modes import MODES
+from linen_moe._src.config.quantization_modes import QUANTIZATIONS
+from linen_moe._src.config.variables import AQT_RNG_STREAM
+from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.kernels import accelerator as grouped_kernels
 from linen_moe._src.kernels.accelerator import KernelFallbackWarning
-from linen_moe._src.layer.variables import AQT_RNG_STREAM
-from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT as OWG
-from linen_moe._src.quantization.modes import MODES
-from linen_moe._src.quantization.modes import QUANTIZATIONS
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 

@@ -15,9 +15,10 @@ from linen_moe import checkpoint
 from linen_moe import load_model_config
 from linen_moe import testing
 from linen_moe._src.checkpoint import tree as ckpt_tree
+from linen_moe._src.config import stack_plan
+from linen_moe._src.config.stack_plan import StackPlan
 from linen_moe._src.models import layer_stack
 from linen_moe._src.models.decoder import routed_bias_rule
-from linen_moe._src.models.layer_stack import StackPlan
 from linen_moe.sharding import unbox
 
 D, M, S, F = "dense", "moe", "sliding", "full"
@@ -27,7 +28,7 @@ def _tree(plan: StackPlan, kinds) -> dict:
   """A fake params tree in `plan`'s layout: layer i holds [i] in `w` and
   its kind's own leaf."""
   unrolled = {
-      layer_stack.layer_name(i): {
+      stack_plan.layer_name(i): {
           "w": jnp.full((2,), float(i)),
           kind: jnp.full((3,), float(i)),
       }
@@ -73,7 +74,7 @@ class StackPlanTest(parameterized.TestCase):
     self.assertEqual(layer_stack.plan_of_tree(flat), plan)
     unrolled = layer_stack.to_unrolled(scanned, plan)
     for i, kind in enumerate(kinds):
-      layer = unrolled[layer_stack.layer_name(i)]
+      layer = unrolled[stack_plan.layer_name(i)]
       np.testing.assert_array_equal(layer["w"], [i, i])
       np.testing.assert_array_equal(layer[kind], [i, i, i])
     back = layer_stack.to_scanned(unrolled, plan)

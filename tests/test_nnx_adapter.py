@@ -18,9 +18,11 @@ from linen_moe import testing
 from linen_moe import training
 from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
-from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.config.quantization_modes import (
+    FP8_QUANTIZATIONS as FP8_MODES,
+)
+from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models.decoder import Decoder as LinenDecoder
-from linen_moe._src.quantization.modes import FP8_QUANTIZATIONS as FP8_MODES
 from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData

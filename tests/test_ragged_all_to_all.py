@@ -23,9 +23,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from linen_moe import testing
-from linen_moe._src.layer import ep_traffic
-from linen_moe._src.quantization.modes import FP8_QUANTIZATIONS
-from linen_moe._src.quantization.modes import QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import FP8_QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import QUANTIZATIONS
+from linen_moe._src.parallel import ep_traffic
 from tests import workers
 
 RAGGED = "ragged_all_to_all"

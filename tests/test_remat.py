@@ -33,12 +33,12 @@ from linen_moe import load_moe_config
 from linen_moe import models
 from linen_moe import testing
 from linen_moe._src.config.model_config import REMAT_POLICIES
+from linen_moe._src.config.quantization_modes import QUANTIZATIONS
 from linen_moe._src.layer import checkpoint_names as names
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.remat import OFFLOADED_NAMES
 from linen_moe._src.models.remat import SAVED_NAMES
 from linen_moe._src.planning import targets as targets_lib
-from linen_moe._src.quantization.modes import QUANTIZATIONS
 from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT

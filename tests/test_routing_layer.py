@@ -21,11 +21,11 @@ from linen_moe import load_model_config
 from linen_moe import load_moe_config
 from linen_moe import quantization
 from linen_moe import testing
+from linen_moe._src.config import variables as variables_lib
 from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe._src.layer import dense as dense_lib
 from linen_moe._src.layer import routing as routing_lib
-from linen_moe._src.layer import variables as variables_lib
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 

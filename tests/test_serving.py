@@ -26,13 +26,15 @@ from linen_moe import load_model_config
 from linen_moe import load_moe_config
 from linen_moe import quantization
 from linen_moe import testing
+from linen_moe._src.config import expert_weights
 from linen_moe._src.config.moe_config import TINY_CONFIGS
-from linen_moe._src.layer import expert as expert_lib
-from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT as OWG
+from linen_moe._src.config.quantization_modes import MODES as FACTS
+from linen_moe._src.config.quantization_modes import (
+    SERVING_QUANTIZATIONS as MODES,
+)
+from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.quantization import serving as serving_lib
 from linen_moe._src.quantization import stored_weights
-from linen_moe._src.quantization.modes import MODES as FACTS
-from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS as MODES
 from linen_moe.models import scanned_to_unrolled
 from linen_moe.sharding import unbox
 import nnx_adapter
@@ -354,9 +356,9 @@ class HostConversionTest(parameterized.TestCase):
     mlp = rng.standard_normal((16, 8)) * 10.0 ** rng.uniform(-4, 4, (16, 8))
     zeros = np.zeros((3, 16, 8))
     cases = (  # (kernel, rank, stacked)
-        (routed, expert_lib.ROUTED_RANK, True),
-        (mlp, expert_lib.MLP_RANK, False),
-        (zeros, expert_lib.ROUTED_RANK, False),
+        (routed, expert_weights.ROUTED_RANK, True),
+        (mlp, expert_weights.MLP_RANK, False),
+        (zeros, expert_weights.ROUTED_RANK, False),
     )
     for wide, rank, stacked in cases:
       kernel = wide.astype(jnp.dtype(dtype))
@@ -374,7 +376,7 @@ class HostConversionTest(parameterized.TestCase):
           serving_lib.convert_kernel_host(
               mode,
               lambda e, one=one: one if e is None else one[e],
-              one.shape[0] if rank == expert_lib.ROUTED_RANK else None,
+              one.shape[0] if rank == expert_weights.ROUTED_RANK else None,
               {k: v[slot] for k, v in host.items()},
           )
         self.assertEqual(sorted(host), sorted(device))

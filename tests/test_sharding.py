@@ -34,9 +34,9 @@ import jax.numpy as jnp
 from linen_moe import load_model_config
 from linen_moe import sharding
 from linen_moe import testing
+from linen_moe._src.config.quantization_modes import FP8_QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import QUANTIZATIONS
 from linen_moe._src.models.decoder import Decoder
-from linen_moe._src.quantization.modes import FP8_QUANTIZATIONS
-from linen_moe._src.quantization.modes import QUANTIZATIONS
 from tests import workers
 
 MESHES = ("data=8", "expert=8", "data=2,expert=4")

@@ -53,7 +53,7 @@ from linen_moe import sharding  # noqa: E402
 # decides by (set here beside the compiled programs' bytes), and the switch
 # that lowers the real ragged exchange on a CPU instead of its emulation.
 from linen_moe._src.kernels import ragged_collectives  # noqa: E402, TID251
-from linen_moe._src.layer import ep_traffic  # noqa: E402, TID251
+from linen_moe._src.parallel import ep_traffic  # noqa: E402, TID251
 
 KIB = 1024
 # Layers measured here: (name, config overrides, batch, seq).

@@ -108,7 +108,7 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
 # old module -> (private module, where to go instead or None)
 MOVED_MODULES: dict[str, tuple[str, str | None]] = {
     # Public in 0.1, private since 0.2.
-    "linen_moe.activations": ("linen_moe._src.layer.activations", None),
+    "linen_moe.activations": ("linen_moe._src.config.activations", None),
     "linen_moe.checkpoint_tree": (
         "linen_moe._src.checkpoint.tree",
         "linen_moe.checkpoint",

@@ -23,10 +23,11 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 
-from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.layer.variables import PARAMS
-from linen_moe._src.layer.variables import STATE_COLLECTIONS
-from linen_moe._src.layer.variables import UPDATED_BY_RULE
+from linen_moe._src.config import stack_plan
+from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.config.variables import PARAMS
+from linen_moe._src.config.variables import STATE_COLLECTIONS
+from linen_moe._src.config.variables import UPDATED_BY_RULE
 from linen_moe._src.models import layer_stack
 
 PyTree = Any
@@ -178,7 +179,7 @@ def abstract(tree: PyTree) -> PyTree:
   return jax.tree.map(one, tree)
 
 
-def layer_plan(flat: Mapping[Path, Any]) -> layer_stack.StackPlan | None:
+def layer_plan(flat: Mapping[Path, Any]) -> stack_plan.StackPlan | None:
   """The layer stack plan a flat tree (`path -> leaf with .shape`) is laid
   out in (`layer_stack.plan_of_tree`), None when it holds no layer."""
   return layer_stack.plan_of_tree(flat)
@@ -187,7 +188,7 @@ def layer_plan(flat: Mapping[Path, Any]) -> layer_stack.StackPlan | None:
 def relayout(
     tree: Mapping,
     scanned: bool,
-    num_layers: int | layer_stack.StackPlan,
+    num_layers: int | stack_plan.StackPlan,
 ) -> dict:
   """`tree` with every decoder layer stack converted, wherever it sits.
 
@@ -209,15 +210,15 @@ def relayout(
       another number of layers than the plan.
   """
   plan = num_layers
-  if not isinstance(plan, layer_stack.StackPlan):
-    plan = layer_stack.StackPlan.uniform(num_layers)
+  if not isinstance(plan, stack_plan.StackPlan):
+    plan = stack_plan.StackPlan.uniform(num_layers)
   source = layer_plan(traverse_util.flatten_dict(dict(tree)))
   if source is None:
     return dict(tree)
   if scanned:
     return layer_stack.convert(dict(tree), source, plan)
   return layer_stack.convert(
-      dict(tree), source, layer_stack.StackPlan(plan.num_layers)
+      dict(tree), source, stack_plan.StackPlan(plan.num_layers)
   )
 
 
@@ -232,7 +233,7 @@ def _restacked_sharding(sharding: Any, stacked: bool) -> Any:
 
 
 def relayout_abstract(
-    flat: dict, source: layer_stack.StackPlan, target: layer_stack.StackPlan
+    flat: dict, source: stack_plan.StackPlan, target: stack_plan.StackPlan
 ) -> dict:
   """Flat `ShapeDtypeStruct`s (with shardings) laid out as `source`, moved
   to the layout of `target` (`layer_stack.convert`); a layer moved into or
@@ -266,11 +267,11 @@ def _inner(path: Path) -> tuple[Path, bool] | None:
   """(the path with its layer component removed, whether it is stacked)
   for a path inside a layer; None outside."""
   for j, part in enumerate(path):
-    if layer_stack.layer_index(part) is not None:
+    if stack_plan.layer_index(part) is not None:
       return (*path[:j], "<layer>", *path[j + 1 :]), False
-    if part == layer_stack.STACK:
+    if part == stack_plan.STACK:
       rest = path[j + 1 :]
-      if rest and layer_stack.member_index(rest[0]) is not None:
+      if rest and stack_plan.member_index(rest[0]) is not None:
         rest = rest[1:]
       return (*path[:j], "<layer>", *rest), True
   return None

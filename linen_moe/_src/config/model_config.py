@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
 from typing import Any
 from typing import ClassVar
 
 from linen_moe._src.config import decoder_fields
+from linen_moe._src.config import lora as lora_config
 from linen_moe._src.config.checks import check_keys
 from linen_moe._src.config.checks import check_positive_ints
 from linen_moe._src.config.checks import fail
 from linen_moe._src.config.checks import new_names
 from linen_moe._src.config.checks import run_field
 from linen_moe._src.config.moe_config import MoEConfig
-from linen_moe._src.lora import config as lora_config
-
-if TYPE_CHECKING:
-  from linen_moe._src.models import layer_stack
+from linen_moe._src.config.stack_plan import StackPlan
 
 # `ModelConfig.remat`: what each block keeps for the backward pass
 # (`linen_moe._src.models.remat` says which tensors each policy saves).
@@ -356,13 +353,11 @@ class ModelConfig:
     )
 
   @property
-  def stack_plan(self) -> layer_stack.StackPlan:
-    """Where each layer's variables sit (`linen_moe._src.models.layer_stack`):
+  def stack_plan(self) -> StackPlan:
+    """Where each layer's variables sit (`linen_moe._src.config.stack_plan`):
     scanned (runs of identical blocks stacked) or unrolled, per
     `scan_layers`."""
-    from linen_moe._src.models import layer_stack  # noqa: PLC0415
-
-    return layer_stack.StackPlan.for_kinds(self.block_kinds, self.scan_layers)
+    return StackPlan.for_kinds(self.block_kinds, self.scan_layers)
 
   @property
   def shared_in_moe(self) -> bool:

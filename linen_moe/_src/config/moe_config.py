@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from typing import Any
 import warnings
 
+from linen_moe._src.config import lora as lora_config
+
 # No jax at import: the command line's --help reads QUANTIZATIONS and
 # available_configs(). The activations and grouped matmuls (which import
 # jax) are read when a config is validated, the layer stack when asked for;
@@ -25,10 +27,9 @@ from linen_moe._src.config.checks import fail
 from linen_moe._src.config.checks import new_names
 from linen_moe._src.config.checks import renamed
 from linen_moe._src.config.checks import run_field
-from linen_moe._src.layer import ep_traffic
-from linen_moe._src.lora import config as lora_config
-from linen_moe._src.quantization.modes import QUANTIZATIONS
-from linen_moe._src.quantization.modes import SERVING_QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import SERVING_QUANTIZATIONS
+from linen_moe._src.parallel import ep_traffic
 
 if TYPE_CHECKING:
   import jax.numpy as jnp
@@ -174,7 +175,7 @@ class MoEConfig:
       mesh whose expert axes split the batch: "all_gather" (every token to
       every expert shard, outputs reduce-scattered), "ragged_all_to_all"
       (each assignment only to the device holding its expert, and back) or
-      "auto" (the one `linen_moe._src.layer.ep_traffic` models as cheaper; always
+      "auto" (the one `linen_moe._src.parallel.ep_traffic` models as cheaper; always
       "all_gather" on a CPU, where the ragged exchange is emulated). Both
       compute the same outputs and gradients.
     dtype: activation / compute dtype name.
@@ -182,7 +183,7 @@ class MoEConfig:
       still works until 0.3, with a DeprecationWarning).
     load_balance_loss_weight: weight of the Switch load-balance loss (0 = off).
     quantization: "none", "int8" (AQT), "fp8" or "nanoo_fp8"; what each
-      quantizes, stores and needs is `linen_moe._src.quantization.modes`.
+      quantizes, stores and needs is `linen_moe._src.config.quantization_modes`.
     fp8_amax_history_length: length of each fp8 amax history.
     serving: True for a serving layer: the expert kernels are stored converted
       to the storage type of `quantization` (its `storage_dtype`: int8,
@@ -262,8 +263,8 @@ class MoEConfig:
           self.num_experts_per_tok,
           f"must be <= num_experts={self.num_experts}",
       )
+    from linen_moe._src.config import activations  # noqa: PLC0415 (imports jax)
     from linen_moe._src.kernels import grouped_matmul  # noqa: PLC0415 (imports jax)
-    from linen_moe._src.layer import activations  # noqa: PLC0415 (imports jax)
 
     acts = tuple(self.mlp_activations)
     object.__setattr__(self, "mlp_activations", acts)

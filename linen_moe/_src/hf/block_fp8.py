@@ -43,12 +43,12 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from linen_moe._src.config import expert_weights
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.safetensors_io import FLOAT_CODES
 from linen_moe._src.hf.safetensors_io import Checkpoint
 from linen_moe._src.hf.safetensors_io import Planned
 from linen_moe._src.kernels.int8_grouped import as_float32
-from linen_moe._src.layer import expert
 
 Path = tuple[str, ...]
 
@@ -345,7 +345,7 @@ def quantize(
 def _float_kernel(path: Path) -> bool:
   """Whether transformers keeps the kernel at `path` float in an fp8
   model: lm_head (its default skip) and the routers."""
-  return path == ("logits", "kernel") or expert.ROUTER in path
+  return path == ("logits", "kernel") or expert_weights.ROUTER in path
 
 
 def quantized_names(srcs: Mapping[Path, tn.Source]) -> list[str]:

@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.layer.variables import CACHE
-from linen_moe._src.layer.variables import PARAMS
-from linen_moe._src.layer.variables import UPDATED_BY_RULE
+from linen_moe._src.config.variables import CACHE
+from linen_moe._src.config.variables import PARAMS
+from linen_moe._src.config.variables import UPDATED_BY_RULE
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.parallel import sharding as sharding_lib
 

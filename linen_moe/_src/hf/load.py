@@ -39,9 +39,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe._src.config import stack_plan
+from linen_moe._src.config.expert_weights import ROUTED_RANK
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe._src.config.moe_config import check_serving
+from linen_moe._src.config.variables import PARAMS
+from linen_moe._src.config.variables import UPDATED_BY_RULE
 from linen_moe._src.hf import block_fp8
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import reading
@@ -51,9 +55,6 @@ from linen_moe._src.hf.layout import Path
 from linen_moe._src.hf.layout import abstract_variables
 from linen_moe._src.hf.safetensors_io import FLOAT_CODES
 from linen_moe._src.hf.safetensors_io import Checkpoint
-from linen_moe._src.layer.expert import ROUTED_RANK
-from linen_moe._src.layer.variables import PARAMS
-from linen_moe._src.layer.variables import UPDATED_BY_RULE
 from linen_moe._src.models import layer_stack
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.parallel import sharding as sharding_lib
@@ -89,7 +90,7 @@ def _unrolled_shapes(abstract_params: Mapping, plan) -> dict[Path, Any]:
     if suffix:  # a scale
       continue
     rows = layer_stack.layer_rows(path, plan)
-    if rows is None or layer_stack.STACK not in path:
+    if rows is None or stack_plan.STACK not in path:
       out[path] = leaf
       continue
     for i in rows:
@@ -143,11 +144,11 @@ def check_tensors(
 def _unrolled(path: Path, i: int) -> Path:
   """The unrolled params path of layer `i`'s leaf at a (stacked) `path`."""
   for k, part in enumerate(path):
-    if part == layer_stack.STACK:
+    if part == stack_plan.STACK:
       rest = path[k + 1 :]
-      if rest and layer_stack.member_index(rest[0]) is not None:
+      if rest and stack_plan.member_index(rest[0]) is not None:
         rest = rest[1:]
-      return (*path[:k], layer_stack.layer_name(i), *rest)
+      return (*path[:k], stack_plan.layer_name(i), *rest)
   return path
 
 
@@ -183,7 +184,7 @@ class _Loader:
 
   def _layers(self, path: Path) -> tuple[tuple[int, ...] | None, Path]:
     rows = layer_stack.layer_rows(path, self.plan)
-    stacked = rows is not None and layer_stack.STACK in path
+    stacked = rows is not None and stack_plan.STACK in path
     return (rows if stacked else None), path
 
   def float_param(

@@ -27,7 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe._src.config import stack_plan
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.config.variables import PARAMS
+from linen_moe._src.config.variables import UPDATED_BY_RULE
 from linen_moe._src.hf import block_fp8
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import tensor_names as tn
@@ -37,8 +40,6 @@ from linen_moe._src.hf.load import CONFIG_FILE
 from linen_moe._src.hf.safetensors_io import Planned
 from linen_moe._src.hf.safetensors_io import parse_size
 from linen_moe._src.hf.safetensors_io import write_checkpoint
-from linen_moe._src.layer.variables import PARAMS
-from linen_moe._src.layer.variables import UPDATED_BY_RULE
 from linen_moe._src.models import layer_stack
 from linen_moe._src.parallel import sharding as sharding_lib
 
@@ -95,9 +96,7 @@ def _check_tree(layers: _Layers, expected: Mapping, what: str) -> None:
 class _Layers:
   """Unrolled-path access to the leaves of a tree in any stack layout."""
 
-  def __init__(
-      self, params: Mapping, plan: layer_stack.StackPlan | None = None
-  ):
+  def __init__(self, params: Mapping, plan: stack_plan.StackPlan | None = None):
     """`plan`: the tree's layout (default: read off the tree itself; a
     collection that not every layer has, such as the routed biases, takes
     the parameters')."""
@@ -108,15 +107,15 @@ class _Layers:
       rows = (
           None if self.plan is None else layer_stack.layer_rows(path, self.plan)
       )
-      if rows is None or layer_stack.STACK not in path:
+      if rows is None or stack_plan.STACK not in path:
         self.where[path] = (path, None)
         continue
-      k = path.index(layer_stack.STACK)
+      k = path.index(stack_plan.STACK)
       rest = path[k + 1 :]
-      if rest and layer_stack.member_index(rest[0]) is not None:
+      if rest and stack_plan.member_index(rest[0]) is not None:
         rest = rest[1:]
       for r, i in enumerate(rows):
-        self.where[(*path[:k], layer_stack.layer_name(i), *rest)] = (path, r)
+        self.where[(*path[:k], stack_plan.layer_name(i), *rest)] = (path, r)
 
   def shape(self, path: Path) -> tuple[int, ...]:
     source, row = self.where[path]

@@ -29,10 +29,10 @@ from collections.abc import Mapping
 import dataclasses
 import math
 
+from linen_moe._src.config import expert_weights
+from linen_moe._src.config import stack_plan
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.hf.families import Family
-from linen_moe._src.layer import expert
-from linen_moe._src.models import layer_stack
 
 Path = tuple[str, ...]
 
@@ -146,7 +146,7 @@ def _experts(
               for e in range(config.moe.num_experts)
           )
       )
-      for name, proj in zip(expert.KERNELS, projections, strict=True)
+      for name, proj in zip(expert_weights.KERNELS, projections, strict=True)
   }
 
 
@@ -174,7 +174,7 @@ def _moe(
   at = _routed_at(config)
   out: dict[Path, Source] = {
       ("pre_moe_norm", "scale"): Copy(f"{p}post_attention_layernorm.weight"),
-      (*at, expert.ROUTER, "kernel"): Matrix(f"{module}gate.weight"),
+      (*at, expert_weights.ROUTER, "kernel"): Matrix(f"{module}gate.weight"),
   }
   out |= _experts(family, config, module, fused, at)
   if config.shared_in_moe:  # DeepSeek's `mlp.shared_experts`
@@ -194,7 +194,9 @@ def _gemma_moe(family: Family, config: ModelConfig, i: int) -> dict:
   out: dict[Path, Source] = {
       ("pre_moe_norm", "scale"): norm("pre_feedforward_layernorm_2"),
       ("post_routed_norm", "scale"): norm("post_feedforward_layernorm_2"),
-      ("moe", expert.ROUTER, "kernel"): Matrix(f"{p}router.proj.weight"),
+      ("moe", expert_weights.ROUTER, "kernel"): Matrix(
+          f"{p}router.proj.weight"
+      ),
       ("moe", "per_expert_scale"): Copy(f"{p}router.per_expert_scale"),
       ("router_input_scale",): Copy(f"{p}router.scale"),
       ("pre_shared_norm", "scale"): norm("pre_feedforward_layernorm"),
@@ -237,7 +239,7 @@ def sources(
       layer[("post_mlp_norm", "scale")] = Copy(
           f"{_layer(family, i)}post_feedforward_layernorm.weight"
       )
-    name = layer_stack.layer_name(i)
+    name = stack_plan.layer_name(i)
     out |= {(name, *path): source for path, source in layer.items()}
   return out
 
@@ -250,7 +252,7 @@ def state_sources(
   `layer_scalar`."""
   out: dict[Path, Source] = {}
   for i, kind in enumerate(config.layer_kinds):
-    name = layer_stack.layer_name(i)
+    name = stack_plan.layer_name(i)
     if config.layer_scalar:
       out[(name, "layer_scalar")] = Copy(f"{_layer(family, i)}layer_scalar")
     if kind == "moe" and config.moe.routed_bias:

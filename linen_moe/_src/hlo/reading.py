@@ -26,7 +26,7 @@ import collections
 import dataclasses
 import re
 
-from linen_moe._src.quantization.modes import MODES
+from linen_moe._src.config.quantization_modes import MODES
 
 # Every mode's forward, gradient and storage types, and the other narrow
 # types a backend may use (u8, 4-bit, other fp8 flavours).

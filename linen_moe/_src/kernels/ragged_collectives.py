@@ -20,7 +20,7 @@ The emulation sends, for each slice, the N rows from its offset (the
 slice and what follows it), exchanges the [K, N, ...] buffer with one
 `all_to_all`, and writes the first recv_sizes rows of each with one gather. It moves D times the operand per call, against the real op's
 sum(send_sizes) rows: a CPU stand-in for tests, never a strategy (the
-traffic model, `linen_moe._src.layer.ep_traffic`, counts it so).
+traffic model, `linen_moe._src.parallel.ep_traffic`, counts it so).
 """
 
 from __future__ import annotations

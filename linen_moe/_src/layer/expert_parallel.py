@@ -39,7 +39,7 @@ every local assignment for every destination: k times the all-gather's
 traffic, never chosen. XLA:CPU does not implement `ragged_all_to_all`, so
 there it is emulated exactly (`linen_moe._src.kernels.ragged_collectives`), at more
 bytes than the all-gather: "auto" takes the all-gather on a CPU, and on GPU
-and TPU whichever `linen_moe._src.layer.ep_traffic` models as cheaper (ragged
+and TPU whichever `linen_moe._src.parallel.ep_traffic` models as cheaper (ragged
 above about D_e = 1.25 k). Tokens are small next to the weights ([T, M]
 against [E, M, H]), and the weights never move, in either strategy.
 
@@ -69,13 +69,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from linen_moe._src.config import expert_weights
 from linen_moe._src.kernels.ragged_collectives import needs_emulation
-from linen_moe._src.layer import ep_traffic
-from linen_moe._src.layer import expert as expert_lib
 from linen_moe._src.layer import ragged_experts
 from linen_moe._src.layer.routing import RouterResult
 from linen_moe._src.layer.sparse import Experts
 from linen_moe._src.layer.sparse import sparse_experts_remat
+from linen_moe._src.parallel import ep_traffic
 from linen_moe._src.parallel import sharding
 
 # Variable collections lifted into the shard_map body: every one except the
@@ -243,9 +243,9 @@ def kernel_shards(
   stored kernel and its scales) and splits over other axes (tensor) are
   gathered at the boundary by XLA, as any weight.
   """
-  axes_of = expert_lib.kernel_axes(routed=True)
+  axes_of = expert_weights.kernel_axes(routed=True)
   shards = {}
-  for site, weight in zip(expert_lib.KERNELS, experts, strict=True):
+  for site, weight in zip(expert_weights.KERNELS, experts, strict=True):
     if not isinstance(weight, jax.Array) or weight.ndim != 3:
       continue
     found = []
@@ -373,7 +373,9 @@ def sparse_moe(
     x, indices, weights = _vary((x, indices, weights), ep.batch_axes, ep)
     wi_0, wi_1, wo = (
         _vary(w, ep.expert_axes + _split_axes(shards.get(site, ())), ep)
-        for site, w in zip(expert_lib.KERNELS, (wi_0, wi_1, wo), strict=True)
+        for site, w in zip(
+            expert_weights.KERNELS, (wi_0, wi_1, wo), strict=True
+        )
     )
     tokens = (x.reshape(-1, m), indices.reshape(-1, k), weights.reshape(-1, k))
     if ragged:
@@ -423,7 +425,7 @@ def sparse_moe(
       in_specs=(token_spec,) * 3
       + tuple(
           weight_spec(site, w)
-          for site, w in zip(expert_lib.KERNELS, experts, strict=True)
+          for site, w in zip(expert_weights.KERNELS, experts, strict=True)
       ),
       out_specs=token_spec,
   )

@@ -14,16 +14,16 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src.config import expert_weights
+from linen_moe._src.config import variables
+from linen_moe._src.config.activations import activation
 from linen_moe._src.config.moe_config import MoEConfig
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.layer import dense
-from linen_moe._src.layer import expert
 from linen_moe._src.layer import expert_parallel
 from linen_moe._src.layer import routing
 from linen_moe._src.layer import sparse
-from linen_moe._src.layer import variables
-from linen_moe._src.layer.activations import activation
 from linen_moe._src.layer.expert import SharedExpert
 from linen_moe._src.layer.jit_init import JitInit
 from linen_moe._src.lora import adapters as lora_adapters
@@ -40,7 +40,7 @@ CALL_SITES = ("wi_0", "wi_1", "wo", "dispatch", "combine")
 # (`config.serving`) feeds them its stored kernels; the others (the dispatch
 # mask, the combine weights) then stay float, so that every path computes
 # the same expert math.
-WEIGHT_SITES = expert.KERNELS
+WEIGHT_SITES = expert_weights.KERNELS
 
 
 @flax.struct.dataclass
@@ -268,7 +268,7 @@ class RoutedMoE(JitInit, nn.Module):
         dtype=jnp.float32,
         param_dtype=pdt,
         kernel_init=nn.with_logical_partitioning(init, ("embed", "router")),
-        name=expert.ROUTER,
+        name=expert_weights.ROUTER,
     )
     router_in = inputs if gate_inputs is None else gate_inputs
     router_in = router_in.astype(jnp.float32).reshape(b * s, m)
@@ -348,8 +348,10 @@ class RoutedMoE(JitInit, nn.Module):
     """(wi_0, wi_1, wo): float params in the compute dtype or, serving, the
     stored kernels (`stored_weights.StoredKernel`), same names and shapes."""
     cfg = self.config
-    shapes = expert.kernel_shapes(cfg.emb_dim, cfg.moe_mlp_dim, cfg.num_experts)
-    names = expert.kernel_axes(routed=True)
+    shapes = expert_weights.kernel_shapes(
+        cfg.emb_dim, cfg.moe_mlp_dim, cfg.num_experts
+    )
+    names = expert_weights.kernel_axes(routed=True)
     if cfg.serving:
       kernels = tuple(
           stored_weights.stored_kernel(self, w, shapes[w], names[w], cfg)

@@ -34,8 +34,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src.config.lora import LoRAConfig
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
-from linen_moe._src.lora.config import LoRAConfig
 
 SUFFIX_A, SUFFIX_B = "_lora_a", "_lora_b"
 # The dropout of the adapter's input draws from this stream (the one a

@@ -11,7 +11,7 @@ from flax import traverse_util
 import numpy as np
 
 from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.layer.variables import PARAMS
+from linen_moe._src.config.variables import PARAMS
 from linen_moe._src.lora import tree
 from linen_moe._src.lora.adapters import SUFFIX_A
 from linen_moe._src.lora.adapters import SUFFIX_B
@@ -43,7 +43,7 @@ def save_adapters(
     ValueError: if `config` has no LoRA, `variables` hold no adapters, or
       `out` exists.
   """
-  tree._check_lora(config, "save_adapters")  # noqa: SLF001
+  tree.check_lora(config, "save_adapters")
   variables = sharding.unbox(dict(variables))
   adapters, _ = tree.split(variables.get(PARAMS, {}))
   if not adapters:

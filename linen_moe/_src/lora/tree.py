@@ -1,6 +1,5 @@
 """Adapters in a variable tree: which leaves they are, splitting them from
-the frozen base and joining them back, counting them, creating them beside
-loaded weights, and merging them into float kernels.
+the frozen base and joining them back, counting them, and merging them into float kernels.
 
 An adapter is a pair of `params` leaves `{kernel}_lora_a`, `{kernel}_lora_b`
 beside the kernel they adapt (`adapters.py`), so one `params` tree holds the
@@ -22,7 +21,7 @@ import numpy as np
 
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.moe_config import MoEConfig
-from linen_moe._src.layer.variables import PARAMS
+from linen_moe._src.config.variables import PARAMS
 from linen_moe._src.lora.adapters import SUFFIX_A
 from linen_moe._src.lora.adapters import SUFFIX_B
 from linen_moe._src.lora.adapters import merged_kernel
@@ -94,7 +93,9 @@ def without_adapters(config: ModelConfig) -> ModelConfig:
   return config.replace(**{name: fields[name] for name in LORA_FIELDS})
 
 
-def _check_lora(config: ModelConfig, what: str) -> None:
+def check_lora(config: ModelConfig, what: str) -> None:
+  """Raises unless `config` is a `ModelConfig` with adapters; `what` names
+  the caller in the message."""
   if not isinstance(config, ModelConfig):
     raise TypeError(f"config must be a ModelConfig; got {type(config)}.")
   if config.moe.lora is None:
@@ -102,47 +103,6 @@ def _check_lora(config: ModelConfig, what: str) -> None:
         f"{what} needs a config with adapters: config.moe.lora_rank is 0 "
         "(set lora_rank >= 1, e.g. config.replace(lora_rank=16))."
     )
-
-
-def init_adapters(
-    config: ModelConfig,
-    variables: Mapping,
-    rng: jax.Array,
-    seq_len: int = 2,
-) -> dict:
-  """`variables` (a decoder's, without adapters: e.g. loaded from a Hugging
-  Face checkpoint) with fresh adapters for `config` beside their kernels:
-  A drawn from `rng`, B zero, so the logits are the base's.
-
-  Args:
-    config: the `ModelConfig` with `lora_rank >= 1`; otherwise the
-      variables' own (its layout, quantization and serving flag).
-    variables: `{"params": ..., ...}` with no adapters.
-    rng: the PRNG key of the A matrices.
-    seq_len: the sample length the decoder is traced at (any).
-
-  Returns:
-    A new variables dict: every collection as given, and `params` with the
-    adapters added (unboxed).
-
-  Raises:
-    ValueError: if `config` has no LoRA, or `variables` already holds
-      adapters.
-  """
-  _check_lora(config, "init_adapters")
-  from linen_moe._src.models.decoder import Decoder  # noqa: PLC0415
-
-  variables = sharding.unbox(dict(variables))
-  if has_adapters(variables[PARAMS]):
-    raise ValueError("variables already hold adapters (`*_lora_a`).")
-  tokens = jnp.zeros((1, seq_len), jnp.int32)
-
-  @jax.jit
-  def fresh(rng):  # the base's init is dead code once only A, B are kept
-    init = Decoder(config).init(rng, tokens)
-    return split(sharding.unbox(init)[PARAMS])[0]
-
-  return {**variables, PARAMS: join(fresh(rng), variables[PARAMS])}
 
 
 def _dequantized(node: Mapping, name: str) -> jax.Array:
@@ -176,7 +136,7 @@ def merge(config: ModelConfig, variables: Mapping) -> tuple[ModelConfig, dict]:
   Raises:
     ValueError: if `config` has no LoRA, or `params` holds no adapter.
   """
-  _check_lora(config, "merge")
+  check_lora(config, "merge")
   variables = sharding.unbox(dict(variables))
   if PARAMS not in variables or not has_adapters(variables[PARAMS]):
     raise ValueError(

@@ -51,13 +51,14 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src.config.decoder_fields import ATTENTION_IMPLEMENTATIONS
+from linen_moe._src.config.lora import LoRAConfig
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.kernels.platform import target_platform
 from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.lora import adapters as lora_adapters
-from linen_moe._src.lora.config import LoRAConfig
 from linen_moe._src.models import attention_blockwise
 from linen_moe._src.models import attention_fused
+from linen_moe._src.models.attention_mask import attention_mask
 from linen_moe._src.models.kv_cache import write_cache
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize
@@ -153,26 +154,6 @@ class Projection(nn.Module):
         self.lora.dropout,
     )
     return lora_adapters.add_delta(out, delta)
-
-
-def attention_mask(
-    positions: jax.Array,
-    key_positions: jax.Array,
-    window: int,
-    segment_ids: jax.Array | None = None,
-    key_segment_ids: jax.Array | None = None,
-) -> jax.Array:
-  """<bool>[B, S, T]: query at positions [B, S] sees the key at
-  key_positions [B, T] iff 0 <= q - k (causal), with a window W > 0
-  q - k < W, and with segment ids (<int32>[B, S] and [B, T]) both in the
-  same segment (padding, segment 0, sees padding only, so no row is empty)."""
-  distance = positions[:, :, None] - key_positions[:, None, :]  # [B, S, T]
-  visible = distance >= 0
-  if window > 0:
-    visible &= distance < window
-  if segment_ids is not None:
-    visible &= segment_ids[:, :, None] == key_segment_ids[:, None, :]
-  return visible
 
 
 def softmax_probs(

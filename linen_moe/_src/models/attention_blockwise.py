@@ -12,7 +12,7 @@ p = exp(s - lse) from them, scanning the key blocks (accumulating dK, dV of
 the block) with a loop over the query blocks (accumulating dQ in place), so
 it keeps no block's probabilities either.
 
-Which keys a query sees is exactly `attention.attention_mask` (causal by
+Which keys a query sees is exactly `attention_mask.attention_mask` (causal by
 positions, the window, the same segment), applied inside each block. With
 `self_attention` (the keys are the queries' own tokens, and each segment's
 positions count up by at least one per token: the decoders' layout), key j
@@ -99,7 +99,7 @@ def _query_range(j, window: int, bq: int, bk: int, nq: int, skip: bool):
 
 def _scores(qi, kj, qpos_i, kpos_j, qseg_i, kseg_j, window, scale):
   """One block's float32 logits [B, K, G, bq, bk] and what is visible
-  ([B, 1, 1, bq, bk], as `attention.attention_mask`)."""
+  ([B, 1, 1, bq, bk], as `attention_mask.attention_mask`)."""
   s = jnp.einsum(
       "BQKGD,BTKD->BKGQT", qi, kj, preferred_element_type=jnp.float32
   )

@@ -12,7 +12,7 @@ quiet fallback):
   cuDNN's left window, and no segment ids (jax.nn's cuDNN path takes
   segments only as a dense [S, T] bias, which is what this is meant to
   avoid). Elsewhere it runs XLA's implementation with the exact
-  position / window / segment mask (`attention.attention_mask`), so any
+  position / window / segment mask (`attention_mask.attention_mask`), so any
   layout works; its scores are [B, N, S, T], as the einsum's.
 - "splash" runs only on TPU, with `self_attention` (its causal and local
   masks are by index) and S a multiple of 128; segment ids are the kernel's
@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe._src.models.attention_mask import attention_mask
 from linen_moe._src.parallel import sharding
 
 CUDNN_DTYPES = ("bfloat16", "float16")
@@ -104,8 +105,6 @@ def dot_product_attend(
     platform,
 ):
   """`jax.nn.dot_product_attention` (see the module docstring)."""
-  from linen_moe._src.models.attention import attention_mask  # noqa: PLC0415
-
   check_dot_product(platform, dtype, segment_ids is not None, self_attention)
   dv = v.shape[-1]
   width = max(q.shape[-1], dv)

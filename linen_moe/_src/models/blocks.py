@@ -14,13 +14,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src.config import stack_plan
+from linen_moe._src.config import variables
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.layer import checkpoint_names
-from linen_moe._src.layer import variables
 from linen_moe._src.layer.expert import SharedExpert
 from linen_moe._src.layer.moe import RoutedAndSharedMoE
 from linen_moe._src.layer.moe import RoutedMoE
-from linen_moe._src.models import layer_stack
 from linen_moe._src.models.attention import CausalSelfAttention
 from linen_moe._src.models.mla import MultiHeadLatentAttention
 from linen_moe._src.models.norms import RMSNorm
@@ -207,7 +207,7 @@ class BlockGroup(nn.Module):
     outs = []
     for j, (kind, full) in enumerate(self.kinds):
       block = DecoderBlock(
-          self.config, self.decode, kind, full, name=layer_stack.member_name(j)
+          self.config, self.decode, kind, full, name=stack_plan.member_name(j)
       )
       x, aux = block(x, positions, segment_ids)
       outs.append(aux)

@@ -19,10 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe._src.config import stack_plan
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.config.variables import CACHE
 from linen_moe._src.layer import routing
 from linen_moe._src.layer.jit_init import JitInit
-from linen_moe._src.layer.variables import CACHE
 from linen_moe._src.models import layer_stack
 from linen_moe._src.models.attention import CausalSelfAttention  # noqa: F401
 from linen_moe._src.models.attention import Projection
@@ -74,7 +75,7 @@ def routed_bias_rule(
     rule_state: dict,
     expert_load: jax.Array,
     rate: float,
-    plan: layer_stack.StackPlan | None = None,
+    plan: stack_plan.StackPlan | None = None,
 ):
   """The `updated_by_rule` variables of a decoder after one step.
 
@@ -93,7 +94,7 @@ def routed_bias_rule(
     The new collection; leaves other than `routed_bias` are kept.
   """
   if plan is None:
-    plan = layer_stack.StackPlan.uniform(expert_load.shape[0])
+    plan = stack_plan.StackPlan.uniform(expert_load.shape[0])
   flat = traverse_util.flatten_dict(rule_state)
   for path, value in flat.items():
     if path[-1] != "routed_bias":
@@ -310,7 +311,7 @@ class Decoder(JitInit, nn.Module):
     def unrolled(x, layers):
       outs = []
       for i in layers:
-        name = layer_stack.layer_name(i)
+        name = stack_plan.layer_name(i)
         block = block_class(cfg, self.decode, *kinds[i], name=name)
         x, out = block(x, positions, segment_ids)
         outs.append(out)
@@ -327,7 +328,7 @@ class Decoder(JitInit, nn.Module):
           in_axes=(nn.broadcast, nn.broadcast),
           unroll=unroll,
       )
-      x, stacked = scanned(**fields, name=layer_stack.STACK)(
+      x, stacked = scanned(**fields, name=stack_plan.STACK)(
           x, positions, segment_ids
       )
     x, after = unrolled(x, plan.after)
@@ -343,7 +344,7 @@ class Decoder(JitInit, nn.Module):
 
 
 def scanned_to_unrolled(
-    variables: dict, num_layers: int | layer_stack.StackPlan
+    variables: dict, num_layers: int | stack_plan.StackPlan
 ) -> dict:
   """Converts scanned decoder variables to the unrolled layout.
 
@@ -367,7 +368,7 @@ def scanned_to_unrolled(
 
 
 def unrolled_to_scanned(
-    variables: dict, num_layers: int | layer_stack.StackPlan
+    variables: dict, num_layers: int | stack_plan.StackPlan
 ) -> dict:
   """The inverse of `scanned_to_unrolled`.
 
@@ -386,7 +387,7 @@ def unrolled_to_scanned(
   return layer_stack.to_scanned(variables, _plan(num_layers))
 
 
-def _plan(num_layers: int | layer_stack.StackPlan) -> layer_stack.StackPlan:
-  if isinstance(num_layers, layer_stack.StackPlan):
+def _plan(num_layers: int | stack_plan.StackPlan) -> stack_plan.StackPlan:
+  if isinstance(num_layers, stack_plan.StackPlan):
     return num_layers
-  return layer_stack.StackPlan.uniform(num_layers)
+  return stack_plan.StackPlan.uniform(num_layers)

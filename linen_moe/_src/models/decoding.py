@@ -39,8 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe._src.config import stack_plan
 from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.layer.variables import CACHE
+from linen_moe._src.config.variables import CACHE
 from linen_moe._src.models import layer_stack
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.kv_cache import POSITION
@@ -153,7 +154,7 @@ def host_unrolled(config: ModelConfig, variables: Mapping) -> Mapping | None:
 
 
 def _stacked_cache(cache) -> bool:
-  return isinstance(cache, Mapping) and layer_stack.STACK in cache
+  return isinstance(cache, Mapping) and stack_plan.STACK in cache
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)

@@ -27,7 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src.layer.variables import CACHE
+from linen_moe._src.config.variables import CACHE
 
 POSITION = "position"
 

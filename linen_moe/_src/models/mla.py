@@ -36,8 +36,8 @@ from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.models.attention import Projection
 from linen_moe._src.models.attention import attend
-from linen_moe._src.models.attention import attention_mask
 from linen_moe._src.models.attention import softmax_probs
+from linen_moe._src.models.attention_mask import attention_mask
 from linen_moe._src.models.kv_cache import write_cache
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.rotary import rope_of

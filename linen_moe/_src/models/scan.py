@@ -15,7 +15,7 @@ from typing import Any
 
 import flax.linen as nn
 
-from linen_moe._src.layer import variables
+from linen_moe._src.config import variables
 
 LAYERS_AXIS = "layers"
 # `resolved_unroll(0, length)` unrolls a stack of at most this many layers.

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.layer.variables import CACHE
+from linen_moe._src.config.variables import CACHE
 from linen_moe._src.models import decoding
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.parallel import sharding

@@ -19,7 +19,7 @@ Each mode offers two Linen modules with the same call signature across modes:
   "nanoo_fp8"  the same with float8_e4m3fnuz / float8_e5m2fnuz.
 
 The element types, and which modes need an RNG or keep state, are read from
-`linen_moe._src.quantization.modes`.
+`linen_moe._src.config.quantization_modes`.
 
 What `apply` needs, per mode:
 
@@ -54,13 +54,13 @@ from flax.linen import fp8_ops
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src.config.quantization_modes import FP8_QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import MODES
+from linen_moe._src.config.quantization_modes import get_mode
+from linen_moe._src.config.variables import AQT_RNG_STREAM
+from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.kernels.int8_grouped import int8_grouped_matmul
-from linen_moe._src.layer.variables import AQT_RNG_STREAM
-from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.quantization.modes import FP8_QUANTIZATIONS
-from linen_moe._src.quantization.modes import MODES
-from linen_moe._src.quantization.modes import get_mode
 
 # (forward, output-gradient) fp8 types of each fp8 mode.
 FP8_DTYPES = {

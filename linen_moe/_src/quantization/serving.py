@@ -49,20 +49,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe._src.config import expert_weights
+from linen_moe._src.config import stack_plan
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.moe_config import MoEConfig
+from linen_moe._src.config.quantization_modes import MODES
+from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.kernels.int8_grouped import as_float32
 from linen_moe._src.kernels.int8_grouped import quantize_int8
 from linen_moe._src.kernels.int8_grouped import quantize_int8_host
-from linen_moe._src.layer import expert
-from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.models import layer_stack
 from linen_moe._src.parallel import sharding
 from linen_moe._src.quantization import stored_weights
-from linen_moe._src.quantization.modes import MODES
 
 PyTree = Any
-KERNELS = expert.KERNELS
+KERNELS = expert_weights.KERNELS
 # {params leaf name: (kernel, suffix)} of every leaf an expert kernel may
 # occupy, float ("wi_0": ("wi_0", "")) or stored in any mode ("wi_0_scale":
 # ("wi_0", "_scale"), ...): the one list of those names, which the byte
@@ -83,7 +83,7 @@ def _expert_nodes(params: Mapping, path: tuple[str, ...] = ()):
   if not isinstance(params, Mapping):
     return []
   if all(k in params for k in KERNELS):
-    return [(path, ROUTED if expert.ROUTER in params else SHARED)]
+    return [(path, ROUTED if expert_weights.ROUTER in params else SHARED)]
   return [
       node
       for key in sorted(params)
@@ -94,9 +94,9 @@ def _expert_nodes(params: Mapping, path: tuple[str, ...] = ()):
 def _check_layers(config: ModelConfig, params: Mapping) -> None:
   """The layer subtrees `config.stack_plan` puts in a decoder's params."""
   plan = config.stack_plan
-  names = [layer_stack.layer_name(i) for i in plan.before + plan.after]
+  names = [stack_plan.layer_name(i) for i in plan.before + plan.after]
   if plan.scanned:
-    names.append(layer_stack.STACK)
+    names.append(stack_plan.STACK)
   for name in names:
     _get(params, (name,), "params")
 
@@ -105,11 +105,11 @@ def _kernel_shapes(moe: MoEConfig, kind: str, node: Mapping) -> dict:
   """{name: (rank, expected trailing shape)} of the kernels of a node."""
   m = moe.emb_dim
   if kind == ROUTED:
-    shapes = expert.kernel_shapes(m, moe.moe_mlp_dim, moe.num_experts)
-    return {k: (expert.ROUTED_RANK, v) for k, v in shapes.items()}
+    shapes = expert_weights.kernel_shapes(m, moe.moe_mlp_dim, moe.num_experts)
+    return {k: (expert_weights.ROUTED_RANK, v) for k, v in shapes.items()}
   width = node["wo"].shape[-2]  # a shared expert's or a dense layer's F
-  shapes = expert.kernel_shapes(m, width)
-  return {k: (expert.MLP_RANK, v) for k, v in shapes.items()}
+  shapes = expert_weights.kernel_shapes(m, width)
+  return {k: (expert_weights.MLP_RANK, v) for k, v in shapes.items()}
 
 
 def _get(tree: Mapping, path: tuple[str, ...], what: str) -> Mapping:
@@ -205,7 +205,7 @@ def convert_kernel(mode: str, kernel, rank: int, state: Mapping | None):
     kernel: float [..., K, N]; its last `rank` axes are one kernel (routed
       experts [E, K, N] or one MLP's [K, N]), the axes before them stacked
       layers.
-    rank: `expert.ROUTED_RANK` or `expert.MLP_RANK`.
+    rank: `expert_weights.ROUTED_RANK` or `expert_weights.MLP_RANK`.
     state: the call site's fp8 state (`{role}_scale`, `{role}_amax_history`
       for roles kernel and input), or None.
 
@@ -338,7 +338,7 @@ def quantize_weights(
   if not any(kind == ROUTED for _, kind in nodes):
     raise ValueError(
         "params holds no routed experts (a module with "
-        f"{(expert.ROUTER, *KERNELS)}); nothing to convert."
+        f"{(expert_weights.ROUTER, *KERNELS)}); nothing to convert."
     )
   checked = []
   for path, kind in nodes:

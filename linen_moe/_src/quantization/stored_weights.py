@@ -44,12 +44,12 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src.config.moe_config import MoEConfig
+from linen_moe._src.config.quantization_modes import MODES
+from linen_moe._src.config.quantization_modes import PER_CHANNEL
+from linen_moe._src.config.quantization_modes import storage_dtypes
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.kernels import int8_grouped
 from linen_moe._src.quantization.contractions import Int8Einsum
-from linen_moe._src.quantization.modes import MODES
-from linen_moe._src.quantization.modes import PER_CHANNEL
-from linen_moe._src.quantization.modes import storage_dtypes
 
 STORAGE_DTYPES = storage_dtypes()
 SCALE_SUFFIX = "_scale"

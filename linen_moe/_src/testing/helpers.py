@@ -20,8 +20,8 @@ import numpy as np
 
 from linen_moe._src.config import files as config_files
 from linen_moe._src.config import moe_config as config_lib
+from linen_moe._src.config import variables as variables_lib
 from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.layer import variables as variables_lib
 from linen_moe._src.layer.moe import RoutedMoE
 from linen_moe._src.parallel import sharding
 from linen_moe._src.training.markov_data import MarkovData

@@ -10,8 +10,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.layer.variables import UPDATED_BY_RULE
+from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.config.variables import UPDATED_BY_RULE
 from linen_moe._src.models.decoder import output_kernel
 from linen_moe._src.models.segments import same_segment_targets
 from linen_moe._src.training.chunked_loss import chunked_cross_entropy

@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from linen_moe._src.layer.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.layer.variables import UPDATED_BY_RULE
-from linen_moe._src.layer.variables import rng_dict
+from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe._src.config.variables import UPDATED_BY_RULE
+from linen_moe._src.config.variables import rng_dict
 from linen_moe._src.lora import tree as lora_tree
 from linen_moe._src.models.decoder import output_kernel
 from linen_moe._src.models.decoder import routed_bias_rule
