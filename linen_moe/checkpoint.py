@@ -22,6 +22,7 @@ _EXPORTS = {
         "rng_from_json",
         "rng_to_json",
     ),
+    "linen_moe._src.run.directory": ("check_new_directory",),
     "linen_moe._src.checkpoint.tree": (
         "VARIABLES",
         "abstract",

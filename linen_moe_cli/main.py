@@ -3,7 +3,7 @@
 Each subcommand is a module of `linen_moe_cli.commands`; this one builds the
 parser from them and turns the errors a user can fix into one line on
 stderr: a bad flag or input (`ValueError`, exit 2), a run that stopped on
-purpose (`options.RunStopped`, exit 1), a missing optional package (exit 2).
+purpose (`linen_moe.training.RunStopped`, exit 1), a missing optional package (exit 2).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from linen_moe.training import RunStopped
+from linen_moe.training import reuse_host_memory
 from linen_moe_cli import commands
-from linen_moe_cli import host_memory
 from linen_moe_cli import options
 
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
   except ValueError as e:
     print(f"linen-moe: error: {e}", file=sys.stderr)
     return 2
-  except options.RunStopped as e:
+  except RunStopped as e:
     print(f"linen-moe: error: {e}", file=sys.stderr)
     return 1
   except ModuleNotFoundError as e:  # an optional package no check foresaw
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # The subcommands whose time goes to running compiled steps, not to compiling
 # them: with LINEN_MOE_REUSE_HOST_MEMORY=1 they restart with host memory that
-# the programs reuse (`host_memory`). One malloc arena slows compiling, which
+# the programs reuse (`linen_moe.training.reuse_host_memory`). One malloc arena slows compiling, which
 # is most of what `matrix` (a few steps of each of 200 cells) does.
 STEP_BOUND_COMMANDS = ("train", "generate", "launch")
 
@@ -58,7 +59,7 @@ def console() -> int:
   `STEP_BOUND_COMMANDS` with host memory that compiled programs reuse when
   `LINEN_MOE_REUSE_HOST_MEMORY=1` asks for it."""
   if sys.argv[1:2] and sys.argv[1] in STEP_BOUND_COMMANDS:
-    host_memory.reexec_with_reused_memory()
+    reuse_host_memory()
   return main()
 
 

@@ -1,4 +1,6 @@
-"""Checks of what a command is given and what it needs, before any work.
+"""The `train` flags as a `linen_moe.training.RunOptions`, the step flags
+`train` and `plan` share, and the install hint of a missing optional
+package.
 
 Imports no jax: a bad flag or a missing optional package is reported
 before any computation, not after minutes of compiling and running.
@@ -7,19 +9,14 @@ before any computation, not after minutes of compiling and running.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
 import dataclasses
 import importlib
-import math
-import os
 from typing import Any
 
+from linen_moe.training import RunOptions
 from linen_moe_cli import model_args
 import nnx_adapter
 
-# `linen_moe.training.SCHEDULES`, here without jax (tests/test_cli_schedule.py
-# checks that they agree).
-LR_SCHEDULES = ("constant", "cosine", "linear")
 # Optional packages -> the extra of this project that installs them.
 EXTRAS = {
     "matplotlib": "bench",
@@ -27,6 +24,17 @@ EXTRAS = {
     "tokamax": "kernels",
     "tensorboardX": "tensorboard",
 }
+
+
+def _fail(name: str, value: Any, allowed: str) -> None:
+  flag = "--" + name.replace("_", "-")
+  raise ValueError(f"{name}={value!r} ({flag}) is invalid: {allowed}.")
+
+
+def check_int(name: str, value: Any, minimum: int) -> None:
+  """`value` must be an integer (not a bool) >= `minimum`."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    _fail(name, value, f"expected an integer >= {minimum}")
 
 
 def frontend_help() -> str:
@@ -37,422 +45,23 @@ def frontend_help() -> str:
   )
 
 
-class RunStopped(Exception):
-  """A run stopped on purpose (e.g. too many skipped steps); the message
-  says where and why."""
-
-
-def _fail(name: str, value: Any, allowed: str) -> None:
-  flag = "--" + name.replace("_", "-")
-  raise ValueError(f"{name}={value!r} ({flag}) is invalid: {allowed}.")
-
-
-def _is_number(value: Any) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_int(name: str, value: Any, minimum: int) -> None:
-  """`value` must be an integer (not a bool) >= `minimum`."""
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    _fail(name, value, f"expected an integer >= {minimum}")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainOptions:
-  """What one `linen-moe train` run does, checked at construction.
-
-  Each field is the flag of the same name (`batch_size` is `--batch-size`);
-  `TrainOptions.from_args` builds it from the parsed command line, and a bad
-  value is a `ValueError` naming the flag, before jax is imported.
-
-  Attributes:
-    config: a config name (`linen_moe.available_configs()`) or a YAML path.
-    overrides: config fields to override (`--set`, `--quantization`, ...).
-    steps: train up to this step (a resumed run continues to it).
-    batch_size: sequences per step, B; split into `grad_accum` equal
-      microbatches.
-    seq_len: tokens per sequence, S >= 2 (a next-token loss needs two).
-    learning_rate: AdamW's, > 0.
-    grad_accum: microbatches per step; divides `batch_size`.
-    seed: the initialisation and dropout key, and (`seed + 1`) the data.
-    mesh: e.g. "data=2,expert=4" (`linen_moe.sharding.make_mesh`); None for
-      one device (or "data=<device count>" over several processes).
-    frontend: a name in `nnx_adapter.FRONTENDS`.
-    max_consecutive_skips: stop after this many skipped steps in a row.
-    progress: show a progress bar (process 0 only).
-    checkpoint_dir: save here and resume from the latest checkpoint.
-    save_every: save every N steps (default: only the last); needs
-      `checkpoint_dir`.
-    keep: keep the latest K checkpoints.
-    fresh_fp8_state: resume a checkpoint whose fp8 state does not fit the
-      model with fresh fp8 state.
-    resume_step: resume from this checkpoint rather than the newest that
-      reads; needs `checkpoint_dir`, at most `steps`.
-    data: train on these files (a path, a directory or a glob;
-      `linen_moe.data.find_files`) instead of synthetic Markov tokens.
-    tokenizer: the `tokenizer.json` of text data (default: the one in
-      `init_from_hf`'s directory, when the run starts from one).
-    data_format: "text", "npy", "bin" or "chat" (JSONL conversations,
-      rendered with the tokenizer's chat template, the loss on the
-      assistant's tokens; `linen_moe.data.read_chat`) (default: from the
-      extension; chat is never inferred).
-    data_dtype: the ids' dtype of "bin" files ("uint16" or "uint32").
-    packing: "pack" (windows across documents), "pad" (a document per
-      window, padding masked out of the loss) or "first_fit" (documents
-      packed whole into rows as segments, `linen_moe.data.first_fit`);
-      default "pad" for chat data, else "pack".
-    eod_id: the end-of-document id (default: the tokenizer's; none for
-      pre-tokenized ids).
-    eval_every: at every N-th step, the held-out loss and perplexity
-      (only there: a run stopped and resumed evaluates where an
-      uninterrupted one does); needs `data`.
-    eval_batches: held-out batches per evaluation.
-    eval_fraction: the share of the data's sequences held out.
-    init_from_hf: a Hugging Face checkpoint directory to fine-tune from
-      (`linen_moe.hf.load_checkpoint`): its config.json is the model
-      (`config` is not read), `overrides` may change only the run fields
-      and `param_dtype`; a checkpoint in `checkpoint_dir` resumes instead.
-    lr_schedule: "constant", "cosine" or "linear"
-      (`linen_moe.training.learning_rate_schedule`); "cosine" and "linear"
-      decay over `steps` (those of the run that began the schedule).
-    warmup_steps: updates of linear warmup from 0, >= 0 (< `steps` for a
-      decaying schedule).
-    final_lr_ratio: the final rate over `learning_rate`, in [0, 1], for
-      "cosine" and "linear" (default 0.1).
-    weight_decay: AdamW's decoupled weight decay, >= 0, on the kernels
-      (`linen_moe.training.weight_decay_mask`).
-    profile_steps: "A:B": trace steps A to B (1-based, inclusive) with
-      `jax.profiler` into `checkpoint_dir/profile` (needs `checkpoint_dir`;
-      B at most `steps`).
-    tensorboard: a directory to write each step's scalar metrics to as
-      TensorBoard events (needs tensorboardX: the `tensorboard` extra).
-    lora_rank: r >= 1 trains low-rank adapters alone, the base frozen
-      (`linen_moe.lora`); 0: every parameter trains.
-    lora_alpha: the adapters' alpha (scale alpha / r; 0 = r).
-    lora_targets: comma-separated `linen_moe.lora.TARGETS` (default all).
-    lora_dropout: dropout on the adapters' input, in [0, 1).
-    frozen_base_serving: QLoRA: the frozen base's expert kernels stored
-      in the `--quantization` mode's type (int8 / fp8), the serving
-      weights (`serving=True`).
-  """
-
-  config: str = "tiny_mixtral"
-  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  steps: int = 200
-  batch_size: int = 16
-  seq_len: int = 32
-  learning_rate: float = 1e-2
-  grad_accum: int = 1
-  seed: int = 0
-  mesh: str | None = None
-  frontend: str = "linen"
-  max_consecutive_skips: int = 10
-  progress: bool = True
-  checkpoint_dir: str | None = None
-  save_every: int | None = None
-  keep: int = 3
-  fresh_fp8_state: bool = False
-  resume_step: int | None = None
-  data: str | None = None
-  tokenizer: str | None = None
-  data_format: str | None = None
-  data_dtype: str | None = None
-  packing: str | None = None
-  eod_id: int | None = None
-  eval_every: int | None = None
-  eval_batches: int = 4
-  eval_fraction: float = 0.1
-  init_from_hf: str | None = None
-  lr_schedule: str = "constant"
-  warmup_steps: int = 0
-  final_lr_ratio: float | None = None
-  weight_decay: float = 0.0
-  profile_steps: str | None = None
-  tensorboard: str | None = None
-  lora_rank: int = 0
-  lora_alpha: float | None = None
-  lora_targets: str | None = None
-  lora_dropout: float | None = None
-  frozen_base_serving: bool = False
-
-  def __post_init__(self):
-    object.__setattr__(self, "overrides", dict(self.overrides))
-    self._check_lora()
-    check_int("steps", self.steps, 1)
-    check_int("batch_size", self.batch_size, 1)
-    check_int("seq_len", self.seq_len, 2)
-    lr = self.learning_rate
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)):
-      _fail("learning_rate", lr, "expected a number > 0")
-    if not (math.isfinite(lr) and lr > 0):
-      _fail("learning_rate", lr, "expected a finite number > 0")
-    check_int("grad_accum", self.grad_accum, 1)
-    if self.batch_size % self.grad_accum:
-      b = self.batch_size
-      divisors = [d for d in range(1, b + 1) if b % d == 0]
-      _fail(
-          "grad_accum",
-          self.grad_accum,
-          f"expected a divisor of batch_size={b} ({divisors}), so that "
-          "microbatches are equal",
-      )
-    check_int("seed", self.seed, 0)
-    self._check_remat()
-    if self.frontend not in nnx_adapter.FRONTENDS:
-      _fail(
-          "frontend", self.frontend, f"expected one of {nnx_adapter.FRONTENDS}"
-      )
-    check_int("max_consecutive_skips", self.max_consecutive_skips, 1)
-    if self.save_every is not None:
-      check_int("save_every", self.save_every, 1)
-      if self.checkpoint_dir is None:
-        _fail(
-            "save_every",
-            self.save_every,
-            "it needs a --checkpoint-dir to save to",
-        )
-    check_int("keep", self.keep, 1)
-    if self.resume_step is not None:
-      check_int("resume_step", self.resume_step, 1)
-      if self.checkpoint_dir is None:
-        _fail(
-            "resume_step",
-            self.resume_step,
-            "it needs a --checkpoint-dir to resume from",
-        )
-      if self.resume_step > self.steps:
-        _fail(
-            "resume_step",
-            self.resume_step,
-            f"expected at most --steps {self.steps}",
-        )
-    self._check_data()
-    if self.init_from_hf is not None:
-      self._check_init_from_hf()
-    self._check_optimizer()
-    self._check_observers()
-
-  def _check_remat(self) -> None:
-    """--remat names a policy (the config checks it too, after jax)."""
-    from linen_moe import ModelConfig  # noqa: PLC0415 (no jax)
-
-    remat = self.overrides.get("remat")
-    if remat is not None and remat not in ModelConfig.REMAT_POLICIES:
-      _fail("remat", remat, f"allowed {ModelConfig.REMAT_POLICIES}")
-
-  def _check_observers(self) -> None:
-    """The profiler and TensorBoard flags."""
-    if self.profile_steps is not None:
-      from linen_moe_cli import throughput  # noqa: PLC0415 (no jax)
-
-      _, last = throughput.parse_steps(self.profile_steps)
-      if self.checkpoint_dir is None:
-        _fail(
-            "profile_steps",
-            self.profile_steps,
-            "it writes into the run directory: give --checkpoint-dir",
-        )
-      if last > self.steps:
-        _fail(
-            "profile_steps",
-            self.profile_steps,
-            f"the last step traced must be at most --steps {self.steps}",
-        )
-    if self.tensorboard is not None:
-      needed = missing_optional(
-          "tensorboardX", "--tensorboard cannot write its events"
-      )
-      if needed:
-        raise ValueError(needed)
-
-  def _check_lora(self) -> None:
-    """The LoRA flags, folded into the config overrides (`lora_*` fields,
-    `serving` for a frozen serving base)."""
-    from linen_moe import lora as lora_face  # noqa: PLC0415 (no jax)
-    from linen_moe.quantization import SERVING_MODES  # noqa: PLC0415 (no jax)
-
-    check_int("lora_rank", self.lora_rank, 0)
-    extra = {
-        "lora_alpha": self.lora_alpha,
-        "lora_targets": self.lora_targets,
-        "lora_dropout": self.lora_dropout,
-    }
-    if not self.lora_rank:
-      for name, value in extra.items():
-        if value is not None:
-          _fail(name, value, "it needs --lora-rank >= 1")
-      if self.frozen_base_serving:
-        _fail(
-            "frozen_base_serving",
-            True,
-            "a frozen base trains nothing without adapters: add --lora-rank",
-        )
-      return
-    targets = lora_face.TARGETS
-    if self.lora_targets is not None:
-      targets = tuple(t.strip() for t in self.lora_targets.split(",") if t)
-    alpha = 0.0 if self.lora_alpha is None else self.lora_alpha
-    dropout = 0.0 if self.lora_dropout is None else self.lora_dropout
-    try:
-      lora_face.LoRAConfig(self.lora_rank, alpha, targets, dropout)
-    except ValueError as e:  # said with the flag's name
-      field = str(e).split("=", 1)[0].removeprefix("LoRAConfig.")
-      given = {"alpha": alpha, "targets": targets, "dropout": dropout}
-      allowed = str(e).split(" is invalid: ", 1)[-1].rstrip(".")
-      _fail(f"lora_{field}", given.get(field), allowed)
-    lora = {
-        "lora_rank": self.lora_rank,
-        "lora_alpha": alpha,
-        "lora_targets": targets,
-        "lora_dropout": dropout,
-    }
-    if self.frozen_base_serving:
-      mode = self.overrides.get("quantization")
-      if mode not in SERVING_MODES:
-        _fail(
-            "frozen_base_serving",
-            True,
-            "it needs --quantization with a stored type, one of "
-            f"{tuple(SERVING_MODES)} (got {mode!r})",
-        )
-      lora["serving"] = True
-    self.overrides.update(lora)
-
-  def _check_optimizer(self) -> None:
-    """The schedule and weight-decay flags."""
-    if self.lr_schedule not in LR_SCHEDULES:
-      _fail("lr_schedule", self.lr_schedule, f"expected one of {LR_SCHEDULES}")
-    check_int("warmup_steps", self.warmup_steps, 0)
-    ratio = self.final_lr_ratio
-    if self.lr_schedule == "constant":
-      if ratio is not None:
-        _fail(
-            "final_lr_ratio",
-            ratio,
-            "only --lr-schedule cosine and linear decay to a final rate",
-        )
-    else:
-      if self.warmup_steps >= self.steps:
-        _fail(
-            "warmup_steps",
-            self.warmup_steps,
-            f"expected fewer than --steps {self.steps}: the {self.lr_schedule}"
-            " schedule decays over the steps after the warmup",
-        )
-      if ratio is not None and not (_is_number(ratio) and 0 <= ratio <= 1):
-        _fail("final_lr_ratio", ratio, "expected a number in [0, 1]")
-    decay = self.weight_decay
-    if not (_is_number(decay) and math.isfinite(decay) and decay >= 0):
-      _fail("weight_decay", decay, "expected a finite number >= 0")
-
-  def _check_data(self) -> None:
-    """The real-data flags; the files exist (read later, after jax)."""
-    from linen_moe import data  # noqa: PLC0415 (loads no jax until used)
-
-    if self.data is None:
-      for name in ("tokenizer", "data_format", "data_dtype", "eod_id"):
-        if getattr(self, name) is not None:
-          _fail(name, getattr(self, name), "it needs --data")
-      if self.eval_every is not None:
-        _fail(
-            "eval_every",
-            self.eval_every,
-            "it needs --data (the synthetic data has a known best loss "
-            "instead)",
-        )
-    formats = (*data.FORMATS, data.CHAT_FORMAT)
-    if self.data_format is not None and self.data_format not in formats:
-      _fail("data_format", self.data_format, f"expected one of {formats}")
-    if self.data_dtype is not None:
-      if self.data_dtype not in data.BIN_DTYPES:
-        _fail(
-            "data_dtype",
-            self.data_dtype,
-            f"expected one of {data.BIN_DTYPES}",
-        )
-      if self.data_format not in (None, "bin"):
-        _fail("data_dtype", self.data_dtype, "only 'bin' data takes a dtype")
-    chat = self.data_format == data.CHAT_FORMAT
-    if self.packing is None:
-      object.__setattr__(self, "packing", "pad" if chat else "pack")
-    if self.packing not in data.PACKINGS:
-      _fail("packing", self.packing, f"expected one of {data.PACKINGS}")
-    if self.eod_id is not None:
-      check_int("eod_id", self.eod_id, 0)
-    check_int("eval_batches", self.eval_batches, 1)
-    fraction = self.eval_fraction
-    if not (
-        isinstance(fraction, (int, float))
-        and not isinstance(fraction, bool)
-        and 0 <= fraction < 1
-    ):
-      _fail("eval_fraction", fraction, "expected a number in [0, 1)")
-    if self.eval_every is not None:
-      check_int("eval_every", self.eval_every, 1)
-      if fraction == 0:
-        _fail("eval_every", self.eval_every, "--eval-fraction 0 holds none out")
-    if self.data is not None:
-      data.find_files(self.data)  # a one-line error naming it
-    if self.tokenizer is not None and not os.path.isfile(self.tokenizer):
-      raise ValueError(f"tokenizer {self.tokenizer}: no such file.")
-    if chat:
-      self._check_chat_tokenizer()
-
-  def _check_chat_tokenizer(self) -> None:
-    """Chat data needs a tokenizer, and its chat template."""
-    from linen_moe import data  # noqa: PLC0415
-
-    where = self.tokenizer or self.init_from_hf
-    if where is None:
-      _fail(
-          "data_format",
-          self.data_format,
-          "chat data needs a tokenizer with a chat template: --tokenizer "
-          "DIR/tokenizer.json, or --init-from-hf DIR",
-      )
-    data.load_chat_template(where)  # a one-line error naming the file
-
-  def _check_init_from_hf(self) -> None:
-    from linen_moe import ModelConfig  # noqa: PLC0415 (no jax)
-
-    run_fields = ModelConfig.run_fields
-
-    where = self.init_from_hf
-    if not os.path.isfile(os.path.join(where, "config.json")):
-      _fail(
-          "init_from_hf",
-          where,
-          "expected a Hugging Face checkpoint directory (with config.json)",
-      )
-    adapters = {"lora_rank", "lora_alpha", "lora_targets", "serving"}
-    fixed = sorted(
-        set(self.overrides) - run_fields() - {"param_dtype"} - adapters
-    )
-    if fixed:
-      _fail(
-          "init_from_hf",
-          where,
-          f"the checkpoint fixes the model, so {fixed} cannot be overridden "
-          f"(only the run fields {sorted(run_fields())} and param_dtype)",
-      )
-
-  @classmethod
-  def from_args(cls, args: argparse.Namespace) -> TrainOptions:
-    """The options of a parsed `linen-moe train` command line."""
-    fields = {f.name for f in dataclasses.fields(cls)} - {
-        "overrides",
-        "progress",
-    }
-    return cls(
-        overrides=model_args.model_overrides(args),
-        progress=not args.no_progress,
-        **{name: getattr(args, name) for name in fields},
-    )
+def run_options(args: argparse.Namespace) -> RunOptions:
+  """The `RunOptions` of a parsed `linen-moe train` command line (checked:
+  a bad value is a `ValueError` naming its flag)."""
+  fields = {f.name for f in dataclasses.fields(RunOptions)} - {
+      "overrides",
+      "progress",
+  }
+  return RunOptions(
+      overrides=model_args.model_overrides(args),
+      progress=not args.no_progress,
+      **{name: getattr(args, name) for name in fields},
+  )
 
 
 def train_default(name: str) -> Any:
-  """The default of `TrainOptions` field `name` (the flag's default)."""
-  return TrainOptions.__dataclass_fields__[name].default
+  """The default of `RunOptions` field `name` (the flag's default)."""
+  return RunOptions.__dataclass_fields__[name].default
 
 
 def add_step_args(
@@ -461,7 +70,7 @@ def add_step_args(
   """Registers the flags of a train step's shape and placement that `train`
   and `plan` share, those of `names` in that order: batch_size, seq_len,
   grad_accum, remat, mesh, frontend (`--batch-size`, ...; parsed under the
-  same names, with `TrainOptions`' defaults). `helps` (name=text) rewords
+  same names, with `RunOptions`' defaults). `helps` (name=text) rewords
   a flag's help for one command."""
   flags = {
       "batch_size": {"type": int, "default": train_default("batch_size")},
@@ -489,7 +98,7 @@ def add_step_args(
       },
       "frontend": {
           "choices": nnx_adapter.FRONTENDS,
-          "default": train_default("frontend"),
+          "default": "linen",
           "help": frontend_help(),
       },
   }

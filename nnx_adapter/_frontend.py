@@ -53,6 +53,25 @@ class NNXFrontend:
     return make_train_step(grad_accum)
 
   @staticmethod
+  def sharded(model_config, optimizer, mesh, grad_accum=1):
+    """`ShardedNNXTraining` of the config's NNX decoder on `mesh`.
+
+    Args:
+      model_config: the decoder's `ModelConfig`.
+      optimizer: the optax transformation.
+      mesh: a mesh over `linen_moe.sharding.MESH_AXES`.
+      grad_accum: microbatches per step.
+
+    Returns:
+      The sharded init and step (`linen_moe.training.TrainingFrontend.sharded`).
+    """
+    from nnx_adapter._sharding import ShardedNNXTraining  # noqa: PLC0415
+
+    return ShardedNNXTraining(
+        model_config, optimizer, mesh, grad_accum=grad_accum
+    )
+
+  @staticmethod
   def params(state: TrainState) -> PyTree:
     """The parameters, in the Linen variable layout.
 
@@ -92,34 +111,14 @@ class NNXFrontend:
   from_checkpoint_tree = staticmethod(_checkpoint.state_from)
 
 
-def _linen_sharded(cfg, optimizer, mesh, *, grad_accum: int = 1):
-  from linen_moe import Decoder  # noqa: PLC0415
-  from linen_moe import training  # noqa: PLC0415
-
-  return training.ShardedTraining(
-      Decoder(cfg), optimizer, mesh, grad_accum=grad_accum
-  )
-
-
-def _nnx_sharded(cfg, optimizer, mesh, *, grad_accum: int = 1):
-  from nnx_adapter._sharding import ShardedNNXTraining  # noqa: PLC0415
-
-  return ShardedNNXTraining(cfg, optimizer, mesh, grad_accum=grad_accum)
-
-
 def _linen_frontend():
   from linen_moe.training import LinenFrontend  # noqa: PLC0415
 
   return LinenFrontend
 
 
-# name -> (() -> its TrainingFrontend, its sharded-training factory
-# `(model_config, optimizer, mesh, *, grad_accum=1)`), for each name of
-# `nnx_adapter.FRONTENDS`.
-_REGISTRY = {
-    "linen": (_linen_frontend, _linen_sharded),
-    "nnx": (lambda: NNXFrontend, _nnx_sharded),
-}
+# name -> () -> its TrainingFrontend, for each name of `nnx_adapter.FRONTENDS`.
+_REGISTRY = {"linen": _linen_frontend, "nnx": lambda: NNXFrontend}
 
 
 def _entry(name: str):
@@ -142,7 +141,7 @@ def frontend(name: str) -> Any:
   Raises:
     ValueError: `name` is not a registered front end.
   """
-  return _entry(name)[0]()
+  return _entry(name)()
 
 
 def sharded_training(
@@ -163,5 +162,4 @@ def sharded_training(
   Raises:
     ValueError: `name` is not a registered front end.
   """
-  make = _entry(name)[1]
-  return make(model_config, optimizer, mesh, grad_accum=grad_accum)
+  return frontend(name).sharded(model_config, optimizer, mesh, grad_accum)

@@ -5,7 +5,7 @@ HOST:PORT --num-processes N --process-id I] [--heartbeat-timeout S]` runs
 each job in order (every process runs the same jobs) and process 0 prints
 one JSON line per finished job: {"job": index, "result": ...}. Without the process flags it runs alone,
 on whatever devices XLA_FLAGS gives it: the single-process reference.
-`tests/test_cli_launch.py` starts the groups through `linen_moe_cli.launch`.
+`tests/test_cli_launch.py` starts the groups through `linen_moe.distributed.launch`'s machinery.
 
 Jobs:
   train        `linen-moe train <argv>` in this process; its printed lines.
@@ -47,16 +47,18 @@ from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import main as cli_main
-from linen_moe_cli import train_job
+from linen_moe_cli import options
 from linen_moe_cli.commands import train as train_command
-from linen_moe_cli.options import TrainOptions
+import nnx_adapter
 
 
 def train(job: dict) -> dict:
   args = cli_main.build_parser().parse_args(["train", *job["argv"]])
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
-    code = train_command.train_and_report(TrainOptions.from_args(args))
+    code = train_command.train_and_report(
+        options.run_options(args), args.frontend
+    )
   return {"exit_code": code, "stdout": out.getvalue()}
 
 
@@ -74,11 +76,8 @@ def collectives(job: dict) -> dict:
       "tiny_mixtral", **MATMUL_PATHS[job.get("path", "sparse")]
   )
   mesh = sharding.make_mesh(job["mesh"])
-  run = train_job.sharded_training(
-      job.get("frontend", "linen"),
-      cfg,
-      default_optimizer(),
-      mesh,
+  run = nnx_adapter.frontend(job.get("frontend", "linen")).sharded(
+      cfg, default_optimizer(), mesh
   )
   batch = next(MarkovData(cfg.vocab_size).batches(8, 8))
   tokens = distributed.global_array(batch.shape, run.token_sharding(), batch)

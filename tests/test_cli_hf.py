@@ -17,9 +17,9 @@ from linen_moe import checkpoint
 from linen_moe import hf
 from linen_moe import testing
 from linen_moe import training
+from linen_moe._src.run import loop as train_job
+from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
-from linen_moe_cli import train_job
-from linen_moe_cli.options import TrainOptions
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 QWEN = FIXTURES / "qwen3_moe_dense0_norm"
@@ -53,7 +53,7 @@ class TrainAndExportTest(absltest.TestCase):
 
   def test_fine_tune_from_hf_then_export_for_transformers(self):
     tmp = _tempdir(self)
-    opts = TrainOptions(
+    opts = RunOptions(
         init_from_hf=str(QWEN),
         steps=1,
         batch_size=4,
@@ -61,7 +61,7 @@ class TrainAndExportTest(absltest.TestCase):
         progress=False,
         checkpoint_dir=str(tmp / "run"),
     )
-    result = train_job.train(opts, log=lambda _: None)
+    result = train_job.run(opts, log=lambda _: None)
     # The first step's loss is the loaded model's on the first batch.
     config, variables = hf.load_checkpoint(QWEN)
     batch = next(
@@ -126,12 +126,12 @@ class TrainAndExportTest(absltest.TestCase):
     with self.assertRaisesRegex(
         ValueError, r"--init-from-hf.*with config.json"
     ):
-      TrainOptions(init_from_hf=str(FIXTURES / "nowhere"))
+      RunOptions(init_from_hf=str(FIXTURES / "nowhere"))
     with self.assertRaisesRegex(
         ValueError, r"fixes the model, so \['num_layers'\] cannot"
     ):
-      TrainOptions(init_from_hf=str(QWEN), overrides={"num_layers": 2})
-    TrainOptions(init_from_hf=str(QWEN), overrides={"quantization": "fp8"})
+      RunOptions(init_from_hf=str(QWEN), overrides={"num_layers": 2})
+    RunOptions(init_from_hf=str(QWEN), overrides={"quantization": "fp8"})
 
 
 class GenerateTest(absltest.TestCase):

@@ -1,4 +1,4 @@
-"""`linen_moe_cli.host_memory`: the restart with glibc malloc tunables that
+"""`linen_moe.training.reuse_host_memory`: the restart with glibc malloc tunables that
 let a compiled program reuse its temporary buffer from call to call, and
 the pause after each step that keeps the heap from growing."""
 
@@ -11,7 +11,7 @@ from unittest import mock
 from absl.testing import absltest
 
 from linen_moe import testing
-from linen_moe_cli import host_memory
+from linen_moe._src.run import host_memory
 from linen_moe_cli import main as cli
 from tests import workers
 

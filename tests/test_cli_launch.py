@@ -3,7 +3,7 @@
 test_distributed.py).
 
 Groups of local processes (each on simulated CPU devices, collectives over
-gloo) run through `linen_moe_cli.launch.run_group`, the machinery of
+gloo) run through `linen_moe.distributed.launch`'s `run_group`, the machinery of
 `linen-moe launch`. The reference for "the same run" is one process with as
 many devices as the group has in all: a multi-process step is one SPMD
 program over the same global mesh, so the printed losses must agree to the
@@ -36,8 +36,10 @@ from absl.testing import absltest
 import numpy as np
 
 from linen_moe import testing
-from linen_moe_cli import launch
+from linen_moe._src.parallel import launcher as launch
 from linen_moe_cli import main as cli_main
+from linen_moe_cli.commands import launch as launch_command
+from tests import cli_helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["--steps", "3", "--batch-size", "8", "--seq-len", "8"]
@@ -57,7 +59,7 @@ def run_train(argv: list[str], processes: int, devices: int):
   stderr) of the group, process 0's output captured."""
   out, err = io.StringIO(), io.StringIO()
   result = launch.run_group(
-      launch.child_commands(["train", *argv], processes),
+      cli_helpers.train_commands(["train", *argv], processes),
       _env(devices),
       timeout_s=900,
       out=out,
@@ -146,9 +148,9 @@ class LaunchTest(absltest.TestCase):
 
   def test_child_commands_reject(self):
     with self.assertRaisesRegex(ValueError, "launch runs `train`"):
-      launch.child_commands(["matrix"], 2)
+      launch_command.train_command(["matrix"])
     with self.assertRaisesRegex(ValueError, "sets --process-id itself"):
-      launch.child_commands(["train", "--process-id=1"], 2)
+      launch_command.train_command(["train", "--process-id=1"])
 
   def test_child_env(self):
     with mock.patch.dict(

@@ -20,11 +20,11 @@ from linen_moe import checkpoint
 from linen_moe import hf
 from linen_moe import lora
 from linen_moe import testing
+from linen_moe._src.run import throughput
 from linen_moe.sharding import unbox
 from linen_moe.testing import slow
+from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
-from linen_moe_cli import throughput
-from linen_moe_cli.options import TrainOptions
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 QUESTIONS = ("What is 2 + 2?", "Name a prime number.", "Say hello.")
@@ -55,10 +55,10 @@ class LoRAFlagsTest(absltest.TestCase):
     for kwargs, message in cases:
       with self.subTest(**{k: str(v) for k, v in kwargs.items()}):
         with self.assertRaisesRegex(ValueError, message):
-          TrainOptions(**kwargs)
+          RunOptions(**kwargs)
 
   def test_flags_become_config_fields(self):
-    opts = TrainOptions(
+    opts = RunOptions(
         lora_rank=16,
         lora_alpha=32.0,
         lora_targets="experts,attention",

@@ -23,10 +23,10 @@ from linen_moe import planning
 from linen_moe import testing
 from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
+from linen_moe._src.run import loop as train_job
+from linen_moe._src.run import throughput
+from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
-from linen_moe_cli import throughput
-from linen_moe_cli import train_job
-from linen_moe_cli.options import TrainOptions
 from nnx_adapter import FRONTENDS
 from tests import workers
 
@@ -273,7 +273,7 @@ class TrainResumeProductTest(parameterized.TestCase):
     for name, stops in (("whole", (STEPS,)), ("split", (STOP, STEPS))):
       dirs[name] = os.path.join(tmp, name)
       for steps in stops:
-        opts = TrainOptions(
+        opts = RunOptions(
             "tiny_mixtral",
             overrides,
             steps=steps,
@@ -285,7 +285,7 @@ class TrainResumeProductTest(parameterized.TestCase):
             checkpoint_dir=dirs[name],
             save_every=3,
         )
-        train_job.train(opts, log=lambda _: None)
+        train_job.run(opts, log=lambda _: None)
     self.assertEqual(_metrics(dirs["split"]), _metrics(dirs["whole"]))
     whole, split = _final_tree(dirs["whole"]), _final_tree(dirs["split"])
     self.assertEqual(sorted(split), sorted(whole))

@@ -36,11 +36,12 @@ from absl.testing import absltest
 import pytest
 
 from linen_moe import testing
-from linen_moe_cli import launch
+from linen_moe._src.parallel import launcher as launch
+from linen_moe._src.run import directory as run_directory
+from linen_moe._src.run import loop as train_job
+from linen_moe._src.run import throughput
 from linen_moe_cli import main as cli
-from linen_moe_cli import run_directory
-from linen_moe_cli import throughput
-from linen_moe_cli import train_job
+from tests import cli_helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = (
@@ -100,7 +101,7 @@ def _holder(directory: str) -> subprocess.Popen:
   """Another process that takes the lock of `directory` and keeps it."""
   script = (
       "import sys, time\n"
-      "from linen_moe_cli import run_directory\n"
+      "from linen_moe._src.run import directory as run_directory\n"
       "run_directory.RunLock.acquire(sys.argv[1], log=print)\n"
       "print('locked', flush=True)\n"
       "time.sleep(600)\n"
@@ -295,7 +296,7 @@ class ProcessGroupLockTest(absltest.TestCase):
     env = dict(launch.child_env(4), PYTHONPATH=ROOT)
     start = time.monotonic()
     result = launch.run_group(
-        launch.child_commands(
+        cli_helpers.train_commands(
             [*TRAIN, "--batch-size", "8", "--steps", "3"]
             + ["--checkpoint-dir", tmp],
             2,

@@ -14,11 +14,12 @@ from absl.testing import parameterized
 import numpy as np
 
 from linen_moe import testing
+from linen_moe import training
+from linen_moe._src.run import loop as train_job
 from linen_moe.training import MarkovData
+from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
 from linen_moe_cli import model_args
-from linen_moe_cli import options
-from linen_moe_cli import train_job
 from linen_moe_cli.commands import train as train_command
 from tests import workers
 
@@ -55,7 +56,7 @@ class TrainOptionsTest(parameterized.TestCase):
       ),
   )
   def test_bad_flag_is_one_line_before_any_work(self, argv, message):
-    with mock.patch.object(train_job, "train") as train:
+    with mock.patch.object(training, "run") as train:
       status, _, err = _cli("train", *argv)
     train.assert_not_called()  # checked before the job (and jax) starts
     self.assertEqual(status, 2)
@@ -64,9 +65,9 @@ class TrainOptionsTest(parameterized.TestCase):
 
   def test_python_entry_point_checks_the_same(self):
     with self.assertRaisesRegex(ValueError, r"seq_len=1 \(--seq-len\)"):
-      options.TrainOptions("tiny_mixtral", {}, steps=1, seq_len=1)
+      RunOptions("tiny_mixtral", {}, steps=1, seq_len=1)
     with self.assertRaisesRegex(ValueError, r"steps=True"):
-      options.TrainOptions(steps=True, batch_size=1, seq_len=2)
+      RunOptions(steps=True, batch_size=1, seq_len=2)
 
   def test_bad_batch_is_rejected_before_its_step(self):
     def batches(self, batch_size, seq_len, seed=1, start=0):
@@ -75,13 +76,13 @@ class TrainOptionsTest(parameterized.TestCase):
 
     with (
         mock.patch.object(MarkovData, "batches", batches),
-        mock.patch.object(train_job.nnx_adapter, "frontend") as frontend,
+        mock.patch.object(training.LinenFrontend, "init") as init,
     ):
       with self.assertRaisesRegex(
           ValueError, rf"batch\[0, 0\]={V} is invalid: .*vocab_size={V}"
       ):
-        train_job.train(options.TrainOptions(steps=1, batch_size=2, seq_len=4))
-    frontend.return_value.init.assert_not_called()  # no model was built
+        training.run(RunOptions(steps=1, batch_size=2, seq_len=4))
+    init.assert_not_called()  # no model was built
 
   def test_missing_module_anywhere_is_one_line(self):
     # A module that is installed nowhere (tokamax, the example this used,
@@ -138,7 +139,7 @@ class TrainOptionsTest(parameterized.TestCase):
     self.assertEqual(
         model_args.model_overrides(args), {"remat": "save_experts"}
     )
-    with mock.patch.object(train_job, "train") as train:
+    with mock.patch.object(training, "run") as train:
       status, _, err = _cli("train", "--remat", "dots")
     train.assert_not_called()
     self.assertEqual(status, 2)
@@ -150,20 +151,20 @@ class TrainOptionsTest(parameterized.TestCase):
 class ResultLineTest(absltest.TestCase):
 
   def test_load_ratio_of_the_worst_layer(self):
-    result = train_job.TrainResult(
+    result = train_job.RunResult(
         losses=[1.0],
         best_loss=1.0,
         expert_load=np.array([[0.25, 0.25, 0.25, 0.25], [0.4, 0.2, 0.2, 0.2]]),
     )
     self.assertAlmostEqual(result.load_ratio, 2.0)
-    with mock.patch.object(train_job, "train", return_value=result):
+    with mock.patch.object(training, "run", return_value=result):
       status, out, _ = _cli("train", "--steps=1")
     self.assertEqual(status, 0)
     self.assertIn("expert load max/min: 2.00  wall: ", out)
 
   def test_reports_skipped_steps(self):
-    result = train_job.TrainResult([math.nan, 2.0, 1.0], 1.5, skipped_steps=1)
-    with mock.patch.object(train_job, "train", return_value=result):
+    result = train_job.RunResult([math.nan, 2.0, 1.0], 1.5, skipped_steps=1)
+    with mock.patch.object(training, "run", return_value=result):
       status, out, _ = _cli("train", "--steps=3")
     self.assertEqual(status, 0)
     self.assertRegex(

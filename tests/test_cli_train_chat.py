@@ -18,9 +18,9 @@ import numpy as np
 from linen_moe import load_model_config
 from linen_moe import testing
 from linen_moe import training
+from linen_moe._src.run import sources as train_data
+from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
-from linen_moe_cli import train_data
-from linen_moe_cli.options import TrainOptions
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "chat"
 # 200 tokens: it fits the tiny configs' vocabulary of 256.
@@ -85,7 +85,7 @@ class _Chats(absltest.TestCase):
 class BatchesTest(_Chats):
 
   def test_the_loss_counts_the_replies(self):
-    opts = TrainOptions(
+    opts = RunOptions(
         data=self.chats,
         data_format="chat",
         tokenizer=TOKENIZER,

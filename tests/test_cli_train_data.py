@@ -27,12 +27,13 @@ import numpy as np
 from linen_moe import checkpoint
 from linen_moe import data
 from linen_moe import testing
-from linen_moe_cli import launch
-from linen_moe_cli import loss_chart
+from linen_moe._src.parallel import launcher as launch
+from linen_moe._src.run import loss_chart
+from linen_moe._src.run import sources as train_data
+from linen_moe._src.run import throughput
+from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
-from linen_moe_cli import throughput
-from linen_moe_cli import train_data
-from linen_moe_cli.options import TrainOptions
+from tests import cli_helpers
 
 STOP, STEPS = 6, 12
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -311,16 +312,16 @@ class InitFromHfTokenizerTest(_HfCheckpoint):
 
   def test_the_checkpoints_tokenizer(self):
     directory = self.hf_dir()
-    opts = TrainOptions(init_from_hf=directory, data=self.corpus)
+    opts = RunOptions(init_from_hf=directory, data=self.corpus)
     self.assertEqual(
         train_data.tokenizer_path(opts),
         os.path.join(directory, "tokenizer.json"),
     )
-    opts = TrainOptions(
+    opts = RunOptions(
         init_from_hf=directory, data=self.corpus, tokenizer=self.tokenizer
     )
     self.assertEqual(train_data.tokenizer_path(opts), self.tokenizer)
-    bare = TrainOptions(init_from_hf=self.hf_dir(False), data=self.corpus)
+    bare = RunOptions(init_from_hf=self.hf_dir(False), data=self.corpus)
     self.assertIsNone(train_data.tokenizer_path(bare))
     # The run's own 256-token tokenizer does not fit the fixture's 64.
     code, _, err = _run_cli(
@@ -365,7 +366,7 @@ class FineTuneHfTest(_HfCheckpoint):
 def _group(argv: list[str], processes: int, devices: int) -> str:
   out, err = io.StringIO(), io.StringIO()
   result = launch.run_group(
-      launch.child_commands(argv, processes),
+      cli_helpers.train_commands(argv, processes),
       dict(launch.child_env(devices), PYTHONPATH=ROOT),
       timeout_s=900,
       out=out,

@@ -11,11 +11,9 @@ from absl.testing import parameterized
 import numpy as np
 
 from linen_moe import testing
-from linen_moe import training
+from linen_moe._src.run import schedule
+from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
-from linen_moe_cli import options
-from linen_moe_cli import schedule
-from linen_moe_cli.options import TrainOptions
 
 
 class FlagsTest(parameterized.TestCase):
@@ -41,16 +39,13 @@ class FlagsTest(parameterized.TestCase):
         ValueError,
         r"lr_schedule='step' \(--lr-schedule\) is invalid: expected one of",
     ):
-      TrainOptions(lr_schedule="step")
-
-  def test_the_command_line_knows_the_schedules(self):
-    self.assertEqual(options.LR_SCHEDULES, training.SCHEDULES)
+      RunOptions(lr_schedule="step")
 
 
 class SettingsTest(absltest.TestCase):
 
   def test_settings_of_the_flags(self):
-    opts = TrainOptions(steps=40, lr_schedule="cosine", warmup_steps=5)
+    opts = RunOptions(steps=40, lr_schedule="cosine", warmup_steps=5)
     self.assertEqual(
         schedule.settings(opts),
         {
@@ -62,15 +57,15 @@ class SettingsTest(absltest.TestCase):
             "weight_decay": 0.0,
         },
     )
-    constant = schedule.settings(TrainOptions(weight_decay=0.1))
+    constant = schedule.settings(RunOptions(weight_decay=0.1))
     self.assertIsNone(constant["total_steps"])
     self.assertIsNone(constant["final_lr_ratio"])
     self.assertEqual(constant["weight_decay"], 0.1)
 
   def test_a_resume_keeps_the_schedule(self):
-    began = schedule.settings(TrainOptions(steps=12, lr_schedule="linear"))
+    began = schedule.settings(RunOptions(steps=12, lr_schedule="linear"))
     notes = []
-    longer = schedule.settings(TrainOptions(steps=20, lr_schedule="linear"))
+    longer = schedule.settings(RunOptions(steps=20, lr_schedule="linear"))
     kept = schedule.resumed(
         longer, {"optimizer": began}, "ckpt/12", notes.append
     )
@@ -79,7 +74,7 @@ class SettingsTest(absltest.TestCase):
     # A checkpoint from before the schedules: the flags' settings.
     self.assertEqual(schedule.resumed(longer, {"seed": 0}, "ckpt/12"), longer)
     other = schedule.settings(
-        TrainOptions(steps=12, lr_schedule="linear", learning_rate=3e-3)
+        RunOptions(steps=12, lr_schedule="linear", learning_rate=3e-3)
     )
     with self.assertRaisesRegex(
         ValueError,
@@ -92,7 +87,7 @@ class SettingsTest(absltest.TestCase):
   def test_skipped_steps_hold_the_schedule(self):
     # Steps 0..4, step 2 skipped: the updates before each are 0, 1, 2, 2, 3.
     settings = schedule.settings(
-        TrainOptions(steps=10, lr_schedule="linear", final_lr_ratio=0.0)
+        RunOptions(steps=10, lr_schedule="linear", final_lr_ratio=0.0)
     )
     _, lr_schedule = schedule.optimizer(settings)
     skipped = [0, 0, 1, 0, 0]

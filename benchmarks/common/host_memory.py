@@ -3,7 +3,7 @@
 `linen-moe train`, `generate` and `launch` restart themselves, when that
 variable asks for it, with glibc malloc tunables under which XLA:CPU reuses
 a program's temporary buffer from call to call, and pause `SETTLE_S` after
-each step (`linen_moe_cli/host_memory.py` says why and what it costs).
+each step (`linen_moe/_src/run/host_memory.py` says why and what it costs).
 Benchmarks import no command-line code, so this does the same for them: the
 same variable, the same tunables, the same pause.
 """

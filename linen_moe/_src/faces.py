@@ -5,7 +5,8 @@ A face lists where each of its names is defined; `lazy_face` gives it its
 module when the name is first asked for, so that importing the face imports no jax (the
 command line's `--help` and a test session's setup run before jax loads).
 Names the face does not define go to `deprecation.moved_name` (old names
-that moved answer with a warning).
+that moved answer with a warning), and old submodule paths of the face
+(`deprecation.MOVED_MODULES`) import, with a warning.
 
 Imports no jax.
 """
@@ -43,6 +44,8 @@ def lazy_face(
       value = getattr(importlib.import_module(home[name]), name)
       face_globals[name] = value  # found directly from now on
       return value
+    if f"{face}.{name}" in deprecation.MOVED_MODULES:
+      return importlib.import_module(f"{face}.{name}")  # warns
     return deprecation.moved_name(face, name)
 
   def __dir__() -> list[str]:  # noqa: N807

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from linen_moe_cli import run_directory
+from linen_moe.checkpoint import check_new_directory
 
 FORMATS = ("orbax", "hf", "hf-fp8", "adapters")
 
@@ -56,7 +56,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  run_directory.creatable(args.out, "--out")
+  check_new_directory(args.out, "--out")
   if args.format in ("hf", "hf-fp8"):
     from linen_moe.hf import parse_size  # noqa: PLC0415 (no jax)
 

@@ -2,10 +2,11 @@
 Hugging Face checkpoint (`--init-from-hf`), on synthetic Markov data or on
 your own (`--data`).
 
-The flags become a `TrainOptions` (checked before jax is imported); with
-`--coordinator`, `--num-processes` and `--process-id` this process first
-joins the others (`linen_moe.distributed.initialize`), then every process
-runs the same job (`train_job.train`) and process 0 prints the summary.
+The flags become a `linen_moe.training.RunOptions` (checked before jax is
+imported); with `--coordinator`, `--num-processes` and `--process-id` this
+process first joins the others (`linen_moe.distributed.initialize`), then
+every process runs the same job (`linen_moe.training.run`) and process 0
+prints the summary.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import os
 import sys
 import time
 
+from linen_moe.training import SCHEDULES
+from linen_moe.training import RunOptions
+from linen_moe.training import RunStopped
 from linen_moe_cli import model_args
 from linen_moe_cli import options
-from linen_moe_cli.options import TrainOptions
 from linen_moe_cli.options import train_default
+import nnx_adapter
 
 
 def register(subparsers) -> None:
@@ -228,7 +232,7 @@ def _add_optimizer_args(p: argparse.ArgumentParser) -> None:
   )
   group.add_argument(
       "--lr-schedule",
-      choices=options.LR_SCHEDULES,
+      choices=SCHEDULES,
       default=train_default("lr_schedule"),
       help=(
           "after the warmup: constant, or cosine / linear decay to "
@@ -346,7 +350,8 @@ def _add_process_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
   """Checks the flags, joins the processes (if asked) and trains."""
-  opts = TrainOptions.from_args(args)
+  opts = options.run_options(args)
+  frontend = args.frontend
   from linen_moe import distributed  # noqa: PLC0415 (imports jax)
 
   timeouts = {
@@ -360,10 +365,10 @@ def run(args: argparse.Namespace) -> int:
       **{k: v for k, v in timeouts.items() if v is not None},
   )
   if not several:
-    return train_and_report(opts)
+    return train_and_report(opts, frontend)
   try:
-    return train_and_report(opts)
-  except (ValueError, options.RunStopped):
+    return train_and_report(opts, frontend)
+  except (ValueError, RunStopped):
     # Every process rejects the same input, and sees the same (replicated)
     # skipped steps: they exit together.
     raise
@@ -380,14 +385,15 @@ def run(args: argparse.Namespace) -> int:
     os._exit(1)
 
 
-def train_and_report(opts: TrainOptions) -> int:
-  """Runs the job (this process already joined any others) and prints its
-  one-line summary on process 0; the exit status."""
+def train_and_report(opts: RunOptions, frontend: str = "linen") -> int:
+  """Runs the job with the front end named `frontend` (this process already
+  joined any others) and prints its one-line summary on process 0; the exit
+  status."""
   from linen_moe import distributed  # noqa: PLC0415 (imports jax)
-  from linen_moe_cli import train_job  # noqa: PLC0415
+  from linen_moe import training  # noqa: PLC0415
 
   start = time.perf_counter()
-  result = train_job.train(opts)
+  result = training.run(opts, nnx_adapter.frontend(frontend))
   if not result.losses:  # already at --steps
     return 0
   if distributed.is_main_process():

@@ -20,6 +20,7 @@ from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.layer.jit_init import jit_once
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.training import step as step_lib
+from linen_moe._src.training.sharded import ShardedTraining
 
 PyTree = Any
 # step(state, tokens <int32>[B, S], rng, mask <bool>[B, S] | None = None,
@@ -30,7 +31,13 @@ TrainStep = Callable[..., tuple[Any, dict]]
 
 
 class TrainingFrontend(Protocol):
-  """Builds, steps and reads the training state of one front end."""
+  """Builds, steps and reads the training state of one front end.
+
+  Attributes:
+    name: what a run records as its front end ("linen", "nnx").
+  """
+
+  name: str
 
   def init(
       self,
@@ -71,6 +78,27 @@ class TrainingFrontend(Protocol):
       <bool>[B, S] makes the loss count only the targets it marks real
       (`loss_weights`); segment ids and positions <int32>[B, S] are those
       of packed rows (`Decoder`'s).
+    """
+    ...
+
+  def sharded(
+      self,
+      model_config: ModelConfig,
+      optimizer: optax.GradientTransformation,
+      mesh: jax.sharding.Mesh,
+      grad_accum: int = 1,
+  ) -> Any:
+    """The sharded init and step of this front end's decoder on `mesh`.
+
+    Args:
+      model_config: the decoder's config.
+      optimizer: the optax transformation.
+      mesh: a mesh over `linen_moe.sharding.MESH_AXES`.
+      grad_accum: microbatches per step.
+
+    Returns:
+      A `ShardedRun` (`init`, `step`, `place`, `abstract_state`,
+      `token_sharding`, `context`, `mesh`).
     """
     ...
 
@@ -137,6 +165,8 @@ class LinenFrontend:
   Its methods are those of `TrainingFrontend`, on a `TrainState`.
   """
 
+  name = "linen"
+
   @staticmethod
   def init(model_config, optimizer, tokens, rng) -> step_lib.TrainState:
     """The initial `TrainState` (see `TrainingFrontend.init`).
@@ -172,6 +202,23 @@ class LinenFrontend:
     """
     return step_lib.make_train_step(
         Decoder(model_config), optimizer, grad_accum
+    )
+
+  @staticmethod
+  def sharded(model_config, optimizer, mesh, grad_accum=1) -> ShardedTraining:
+    """`ShardedTraining` of the config's `Decoder` on `mesh`.
+
+    Args:
+      model_config: the decoder's config.
+      optimizer: the optax transformation.
+      mesh: a mesh over `linen_moe.sharding.MESH_AXES`.
+      grad_accum: microbatches per step.
+
+    Returns:
+      The sharded init and step (see `TrainingFrontend.sharded`).
+    """
+    return ShardedTraining(
+        Decoder(model_config), optimizer, mesh, grad_accum=grad_accum
     )
 
   @staticmethod

@@ -30,11 +30,11 @@ from typing import Any
 import jax
 import optax
 
+from linen_moe._src.config.schedules import DEFAULT_FINAL_LR_RATIO
+from linen_moe._src.config.schedules import SCHEDULES
+
 PyTree = Any
 
-SCHEDULES = ("constant", "cosine", "linear")
-# `final_lr_ratio` of "cosine" and "linear" when none is given.
-DEFAULT_FINAL_LR_RATIO = 0.1
 # Leaf names that never decay, and the suffixes of such names.
 NO_DECAY_NAMES = ("embedding", "bias", "scale")
 NO_DECAY_SUFFIXES = ("_bias", "_scale")

@@ -1,7 +1,7 @@
 """A run's directory: checked before any work, written by one run at a time.
 
-`writable_directory` and `creatable` turn a directory that cannot be made or
-written (below a regular file, on a read-only file system, ...) into a
+`writable_directory` and `check_new_directory` turn a directory that cannot
+be made or written (below a regular file, on a read-only file system, ...) into a
 one-line `ValueError` naming the flag, before anything is computed.
 
 `RunLock` is the one-writer rule of `linen-moe train --checkpoint-dir DIR`:
@@ -10,7 +10,7 @@ host, process id and start time, before it writes anything, and removes it
 when it ends. A second run on DIR finds the file and stops at once, naming
 the holder; a lock whose holder is gone (same host, process not running)
 is taken over, with a message. Readers (`linen-moe export`) take no lock.
-In a group of processes only process 0 takes it (see `train_job`).
+In a group of processes only process 0 takes it (`loop.run`).
 
 Imports no jax.
 """
@@ -72,10 +72,17 @@ def writable_directory(path: str | os.PathLike, flag: str) -> str:
   return path
 
 
-def creatable(path: str | os.PathLike, flag: str) -> str:
-  """Checks that directory `path` does not exist and can be created (its
-  nearest existing ancestor is a writable directory); returns its absolute
-  path. Creates nothing.
+def check_new_directory(path: str | os.PathLike, flag: str) -> str:
+  """Checks, before any work, that directory `path` does not exist and can
+  be created (its nearest existing ancestor is a writable directory).
+  Creates nothing.
+
+  Args:
+    path: the directory an export or a run will create.
+    flag: how the error names it (e.g. "--out", or "out").
+
+  Returns:
+    `path`, absolute.
 
   Raises:
     ValueError: naming `flag`, when `path` exists or cannot be created.

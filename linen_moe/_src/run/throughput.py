@@ -32,11 +32,12 @@ class Throughput:
   """
 
   def __init__(self, cfg, batch_size: int, seq_len: int, devices: list):
-    from linen_moe import planning  # noqa: PLC0415
+    from linen_moe._src.planning import chips  # noqa: PLC0415
+    from linen_moe._src.planning import flops  # noqa: PLC0415
 
     self.tokens = batch_size * seq_len
-    self.flops = planning.model_flops(cfg, batch_size, seq_len)
-    chip = planning.chip_of(devices[0].device_kind) if devices else None
+    self.flops = flops.model_flops(cfg, batch_size, seq_len)
+    chip = chips.chip_of(devices[0].device_kind) if devices else None
     self.peak = None if chip is None else chip.peak_flops * len(devices)
     self._start = None
 

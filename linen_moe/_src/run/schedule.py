@@ -19,7 +19,8 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from typing import Any
 
-from linen_moe_cli.options import TrainOptions
+from linen_moe._src.config.schedules import DEFAULT_FINAL_LR_RATIO
+from linen_moe._src.run.options import RunOptions
 
 # Settings that a resumed run must repeat, with their flags.
 FLAGS = {
@@ -31,7 +32,7 @@ FLAGS = {
 }
 
 
-def settings(opts: TrainOptions) -> dict[str, Any]:
+def settings(opts: RunOptions) -> dict[str, Any]:
   """The optimizer settings of a run's flags (JSON-serialisable).
 
   Args:
@@ -43,12 +44,10 @@ def settings(opts: TrainOptions) -> dict[str, Any]:
     "final_lr_ratio" (resolved: `opts.final_lr_ratio` or the default, for
     "cosine" and "linear"; else None), "weight_decay"}.
   """
-  from linen_moe import training  # noqa: PLC0415 (imports jax)
-
   decaying = opts.lr_schedule != "constant"
   ratio = opts.final_lr_ratio
   if decaying and ratio is None:
-    ratio = training.DEFAULT_FINAL_LR_RATIO
+    ratio = DEFAULT_FINAL_LR_RATIO
   return {
       "learning_rate": opts.learning_rate,
       "lr_schedule": opts.lr_schedule,
@@ -117,7 +116,7 @@ def optimizer(run_settings: Mapping[str, Any]):
     The pair `(optimizer, schedule)`, `linen_moe.training.default_optimizer` of
     them, and `learning_rate_schedule` of them (updates -> rate).
   """
-  from linen_moe import training  # noqa: PLC0415 (imports jax)
+  from linen_moe._src.training import optimizer as optim  # noqa: PLC0415 (jax)
 
   kwargs = {
       "schedule": run_settings["lr_schedule"],
@@ -127,10 +126,10 @@ def optimizer(run_settings: Mapping[str, Any]):
   }
   lr = run_settings["learning_rate"]
   return (
-      training.default_optimizer(
+      optim.default_optimizer(
           lr, weight_decay=run_settings["weight_decay"], **kwargs
       ),
-      training.learning_rate_schedule(lr, **kwargs),
+      optim.learning_rate_schedule(lr, **kwargs),
   )
 
 

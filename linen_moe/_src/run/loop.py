@@ -1,5 +1,11 @@
-"""The main job: train the reference decoder on synthetic Markov data, or on
-the user's files (`--data`, `train_data`)."""
+"""A training run of the reference decoder, start to end: `run`.
+
+On synthetic Markov data or the user's files (`sources`), from scratch, from
+a Hugging Face checkpoint or resumed from its own checkpoints
+(`checkpoints`), with the optimizer its options say (`schedule`), its
+throughput measured (`throughput`), in one process or several. What
+`linen-moe train` does, callable from Python.
+"""
 
 from __future__ import annotations
 
@@ -15,33 +21,45 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from linen_moe import checkpoint
-from linen_moe import distributed
-from linen_moe import load_model_config
-from linen_moe import sharding
-from linen_moe_cli import host_memory
-from linen_moe_cli import loss_chart
-from linen_moe_cli import options
-from linen_moe_cli import schedule
-from linen_moe_cli import throughput
-from linen_moe_cli import train_data
-from linen_moe_cli.checkpointing import RunCheckpoints
-from linen_moe_cli.options import TrainOptions
-from linen_moe_cli.run_directory import RunLock
-import nnx_adapter
+from linen_moe._src.checkpoint import manager as ckpt_manager
+from linen_moe._src.checkpoint import meta as ckpt_meta
+from linen_moe._src.checkpoint import tree as ckpt_tree
+from linen_moe._src.config.files import load_model_config
+from linen_moe._src.parallel import distributed
+from linen_moe._src.parallel import sharding
+from linen_moe._src.run import host_memory
+from linen_moe._src.run import loss_chart
+from linen_moe._src.run import schedule
+from linen_moe._src.run import sources
+from linen_moe._src.run import throughput
+from linen_moe._src.run.checkpoints import RunCheckpoints
+from linen_moe._src.run.directory import RunLock
+from linen_moe._src.run.options import RunOptions
+from linen_moe._src.run.options import RunStopped
+from linen_moe._src.training.frontend import LinenFrontend
+from linen_moe._src.training.frontend import TrainingFrontend
 
 # Steps over which the final loss and expert loads are averaged.
 TAIL_STEPS = 10
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainResult:
-  """Per-step cross-entropy (NaN where the step was skipped) of the steps
-  this call ran (`start_step + 1` onwards; none when a resumed run was already
-  at its `steps`), the best achievable loss (NaN for real data), how many
-  steps were skipped, <float32>[L, E] each layer's share of routed
-  assignments per expert averaged over the last `TAIL_STEPS` steps, and the
-  held-out losses [(step, nats)] of the evaluated steps (`--eval-every`)."""
+class RunResult:
+  """What a run did: the steps this call ran (none when a resumed run was
+  already at its `steps`).
+
+  Attributes:
+    losses: per-step cross-entropy of steps `start_step + 1` onwards (NaN
+      where the step was skipped).
+    best_loss: the best achievable loss (the synthetic data's; NaN for real
+      data).
+    skipped_steps: how many steps were skipped.
+    expert_load: <float32>[L, E] each layer's share of routed assignments
+      per expert, averaged over the last `TAIL_STEPS` steps.
+    start_step: the step the run started from (0, or the resumed one).
+    eval_losses: the held-out losses [(step, nats)] of the evaluated steps
+      (`eval_every`).
+  """
 
   losses: list[float]
   best_loss: float
@@ -75,7 +93,7 @@ class _Setup:
   """What a run builds before its first step (no compile yet)."""
 
   cfg: Any  # ModelConfig
-  data: Any  # train_data.MarkovSource or CorpusSource
+  data: Any  # sources.MarkovSource or CorpusSource
   fe: Any  # TrainingFrontend
   optimizer: Any
   mesh: str | None
@@ -86,7 +104,9 @@ class _Setup:
   lr_schedule: Callable = None  # updates applied -> learning rate
 
 
-def _set_up(opts: TrainOptions, optimizer_settings: dict) -> _Setup:
+def _set_up(
+    opts: RunOptions, fe: TrainingFrontend, optimizer_settings: dict
+) -> _Setup:
   mesh = opts.mesh
   if mesh is None and jax.process_count() > 1:
     mesh = f"data={jax.device_count()}"
@@ -94,28 +114,26 @@ def _set_up(opts: TrainOptions, optimizer_settings: dict) -> _Setup:
   if opts.init_from_hf is None:
     cfg = load_model_config(opts.config, **opts.overrides)
   else:
-    from linen_moe import hf  # noqa: PLC0415
+    from linen_moe._src.hf import config_map  # noqa: PLC0415
 
-    base = hf.model_config(_read_json(opts.init_from_hf))
+    base = config_map.model_config(_read_json(opts.init_from_hf))
     cfg = base.replace(**opts.overrides)
   optimizer, lr_schedule = schedule.optimizer(optimizer_settings)
   run, feed = None, jnp.asarray
   if device_mesh is not None:
-    run = nnx_adapter.sharded_training(
-        opts.frontend, cfg, optimizer, device_mesh, opts.grad_accum
-    )
+    run = fe.sharded(cfg, optimizer, device_mesh, opts.grad_accum)
     tokens_sharding = run.token_sharding()
     feed = lambda batch: distributed.global_array(  # noqa: E731
         batch.shape, tokens_sharding, batch
     )
   if opts.data is None:
-    source = train_data.MarkovSource(cfg, opts, feed)
+    source = sources.MarkovSource(cfg, opts, feed)
   else:  # reads and checks the files: any error comes before any step
-    source = train_data.CorpusSource(cfg, opts, run)
+    source = sources.CorpusSource(cfg, opts, run)
   return _Setup(
       cfg=cfg,
       data=source,
-      fe=nnx_adapter.frontend(opts.frontend),
+      fe=fe,
       optimizer=optimizer,
       mesh=mesh,
       run=run,
@@ -129,9 +147,10 @@ def _set_up(opts: TrainOptions, optimizer_settings: dict) -> _Setup:
 def _load_hf(directory: str, cfg, device_mesh):
   """The variables of the Hugging Face checkpoint in `directory` for the
   run's model `cfg`, loaded straight into the mesh's shardings."""
-  from linen_moe import hf  # noqa: PLC0415
+  from linen_moe._src.hf import load as hf_load  # noqa: PLC0415
+  from linen_moe._src.lora import tree as lora_tree  # noqa: PLC0415
 
-  loaded, variables = hf.load_checkpoint(
+  loaded, variables = hf_load.load_checkpoint(
       directory,
       scan_layers=cfg.scan_layers,
       dtype=cfg.moe.param_dtype,
@@ -140,10 +159,8 @@ def _load_hf(directory: str, cfg, device_mesh):
       serving=cfg.moe.serving,
   )
   # The checkpoint is the base: the run's config without its adapters.
-  from linen_moe import lora  # noqa: PLC0415
-
-  base = lora.without_adapters(cfg)
-  checkpoint.check_model_config(checkpoint.config_dict(loaded), base, directory)
+  base = lora_tree.without_adapters(cfg)
+  ckpt_meta.check_model_config(ckpt_meta.config_dict(loaded), base, directory)
   return variables
 
 
@@ -161,7 +178,7 @@ def _with_variables(fe, state, variables):
 
   flat = traverse_util.flatten_dict(fe.checkpoint_tree(state))
   for path, value in traverse_util.flatten_dict(
-      {checkpoint.VARIABLES: {"params": variables["params"]}}
+      {ckpt_tree.VARIABLES: {"params": variables["params"]}}
   ).items():
     if path not in flat:
       raise ValueError(f"The loaded checkpoint has no {'/'.join(path)}.")
@@ -169,8 +186,40 @@ def _with_variables(fe, state, variables):
   return fe.from_checkpoint_tree(traverse_util.unflatten_dict(flat), state)
 
 
-def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
-  """Trains the reference decoder as `opts` says; returns a `TrainResult`.
+def run(
+    opts: RunOptions,
+    frontend: TrainingFrontend | None = None,
+    *,
+    log: Callable[[str], None] = print,
+) -> RunResult:
+  """Trains the reference decoder as `opts` says, as `linen-moe train` does.
+
+  Example usage:
+
+    result = linen_moe.training.run(
+        RunOptions(config="tiny_mixtral", steps=300, checkpoint_dir="runs/a")
+    )
+    print(result.final_loss, result.best_loss)
+
+  Args:
+    opts: what to train, on what, for how long, and where to save.
+    frontend: the decoder and train step (`TrainingFrontend`; default
+      `LinenFrontend`, the Linen `Decoder`; `nnx_adapter.NNXFrontend` for
+      the NNX one). A checkpoint of one resumes in the other.
+    log: where the run's messages go (resumes, skipped checkpoints, the
+      held-out losses when there is no progress bar, the chart).
+
+  Returns:
+    The `RunResult` (the losses of the steps this call ran, the best
+    achievable loss of synthetic data, the skipped steps, the expert loads
+    and the held-out losses).
+
+  Raises:
+    TypeError: `opts` is not a `RunOptions`.
+    ValueError: bad data, a checkpoint of another run, a directory another
+      run holds: before the first step.
+    RunStopped: the run stopped on purpose (too many skipped steps in a row,
+      a failed save), saying where and why.
 
   A batch holding an id outside [0, vocab_size) is a `ValueError`
   (`linen_moe.tokens.validate_tokens`) before its step.
@@ -194,11 +243,11 @@ def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
   `ValueError` before the first step.
 
   With `opts.checkpoint_dir` the run first locks the directory
-  (`run_directory.RunLock`; process 0 of a group, for all), then resumes
+  (`RunLock`; process 0 of a group, for all), then resumes
   from the newest checkpoint there that reads, or `opts.resume_step` (in
   any front end, layer mode or mesh), saves every `save_every` steps and
   always its last, keeps the latest `keep`, and appends one JSON line per
-  step to `checkpoint_dir/metrics.jsonl` (`checkpointing.RunCheckpoints`).
+  step to `checkpoint_dir/metrics.jsonl` (`RunCheckpoints`).
 
   The optimizer is AdamW with the schedule and weight decay of the flags
   (`schedule`); each metrics row has the step's `learning_rate`, and a
@@ -207,14 +256,17 @@ def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
   A step with a non-finite loss or gradient is skipped (the state stays as
   it was; `linen_moe.training.skip`) and counted; after
   `max_consecutive_skips` skipped steps in a row the run stops with
-  `options.RunStopped`.
+  `RunStopped`.
   """
+  if not isinstance(opts, RunOptions):
+    raise TypeError(f"opts must be a RunOptions; got {type(opts).__name__}.")
+  fe = LinenFrontend() if frontend is None else frontend
   lock = None
   if opts.checkpoint_dir is not None:
     lock = _lock(opts.checkpoint_dir, log)
   try:
     if opts.checkpoint_dir is None:
-      job = _set_up(opts, schedule.settings(opts))
+      job = _set_up(opts, fe, schedule.settings(opts))
       return _train_from(opts, job, None, resume=False, log=log)
     ckpts = RunCheckpoints(
         opts.checkpoint_dir,
@@ -227,13 +279,13 @@ def train(opts: TrainOptions, *, log: Callable[[str], None] = print):
       latest = opts.resume_step
       if latest is None:
         latest = ckpts.latest_step()
-      job = _set_up(opts, _optimizer_settings(opts, ckpts, latest, log))
+      job = _set_up(opts, fe, _optimizer_settings(opts, ckpts, latest, log))
       if latest is not None and latest >= opts.steps:
         log(
             f"{opts.checkpoint_dir} is already at step {latest} (--steps "
             f"{opts.steps}); nothing to train."
         )
-        result = TrainResult([], job.data.best_loss, start_step=latest)
+        result = RunResult([], job.data.best_loss, start_step=latest)
       else:
         resume = bool(ckpts.checkpoints.all_steps())
         result = _train_from(opts, job, ckpts, resume=resume, log=log)
@@ -256,7 +308,7 @@ def _optimizer_settings(opts, ckpts, latest: int | None, log) -> dict:
     return wanted
   try:
     saved = ckpts.checkpoints.meta(latest).get("run", {})
-  except checkpoint.DamagedCheckpointError:
+  except ckpt_manager.DamagedCheckpointError:
     return wanted  # the resume skips it, or names it
   return schedule.resumed(
       wanted, saved, ckpts.checkpoints.step_dir(latest), log
@@ -289,7 +341,7 @@ def _lock(directory: str, log: Callable[[str], None]) -> RunLock | None:
 
 
 def _train_from(
-    opts: TrainOptions, job: _Setup, ckpts, *, resume: bool, log=print
+    opts: RunOptions, job: _Setup, ckpts, *, resume: bool, log=print
 ):
   """Restores a checkpoint (`resume`) or initialises, and trains to the
   end."""
@@ -335,13 +387,13 @@ def _train_from(
     ckpts.begin(
         start,
         {
-            "model_config": checkpoint.config_dict(cfg),
-            "rng": checkpoint.rng_to_json(rng),
+            "model_config": ckpt_meta.config_dict(cfg),
+            "rng": ckpt_meta.rng_to_json(rng),
             "data": source.meta,
             "run": {
                 "config": opts.config,
                 "init_from_hf": opts.init_from_hf,
-                "frontend": opts.frontend,
+                "frontend": job.fe.name,
                 "mesh": job.mesh,
                 "seed": opts.seed,
                 "optimizer": job.optimizer_settings,
@@ -350,7 +402,7 @@ def _train_from(
     )
   evaluate = None
   if opts.eval_every is not None:
-    evaluate = train_data.Evaluator(cfg, fe, run, source)
+    evaluate = sources.Evaluator(cfg, fe, run, source)
   stream = source.batches(start)
   losses, skipped, in_a_row, held_out = [], 0, 0, []
   loads = collections.deque(maxlen=TAIL_STEPS)
@@ -414,7 +466,7 @@ def _train_from(
       in_a_row = in_a_row + 1 if int(metrics["skipped"]) else 0
       skipped += in_a_row > 0
       if in_a_row >= opts.max_consecutive_skips:
-        raise options.RunStopped(
+        raise RunStopped(
             f"stopped at step {i + 1} of {opts.steps}: the last {in_a_row} "
             f"steps ({i + 2 - in_a_row} to {i + 1}) were all skipped for a "
             "non-finite loss or gradient (--max-consecutive-skips "
@@ -432,7 +484,7 @@ def _train_from(
     board.close()
   if ckpts is not None and opts.data is not None and ckpts.main_process:
     loss_chart.chart_beside(ckpts.metrics_path, log)
-  return TrainResult(
+  return RunResult(
       losses,
       source.best_loss,
       skipped,

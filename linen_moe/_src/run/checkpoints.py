@@ -1,4 +1,4 @@
-"""The checkpoints and per-step metrics of one `linen-moe train` run.
+"""The checkpoints and per-step metrics of one training run.
 
 A run with `--checkpoint-dir DIR` resumes from the newest checkpoint in DIR
 that reads (or the one `--resume-step` names), in any front end, layer mode
@@ -16,7 +16,7 @@ per step to `DIR/metrics.jsonl`. What that guarantees:
   from (damaged, or passed over by `--resume-step`) are set aside as
   `DIR/<step>.damaged` or `DIR/<step>.superseded`, never deleted.
 - A save that fails (a full disk, a refused write) stops the run with
-  `options.RunStopped`, naming the last complete checkpoint, which orbax's
+  `RunStopped`, naming the last complete checkpoint, which orbax's
   atomic commit leaves restorable.
 """
 
@@ -32,9 +32,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from linen_moe import checkpoint
-from linen_moe import distributed
-from linen_moe_cli import options
+from linen_moe._src.checkpoint import manager
+from linen_moe._src.checkpoint import meta as ckpt_meta
+from linen_moe._src.parallel import distributed
+from linen_moe._src.run.options import RunStopped
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -77,7 +78,7 @@ class _QuietOrbaxErrors(logging.Filter):
 
 
 class RunCheckpoints:
-  """`checkpoint.Checkpoints` of a training run, its saving policy and its
+  """`linen_moe.checkpoint.Checkpoints` of a training run, its saving policy and its
   metrics file.
 
   Attributes:
@@ -97,7 +98,7 @@ class RunCheckpoints:
     self.steps, self.save_every, self.log = steps, save_every or steps, log
     self._quiet = _QuietOrbaxErrors()
     logging.getLogger("absl").addFilter(self._quiet)
-    self.checkpoints = checkpoint.Checkpoints(
+    self.checkpoints = manager.Checkpoints(
         directory, save_every=self.save_every, keep=keep
     )
     self.directory = self.checkpoints.directory
@@ -123,7 +124,7 @@ class RunCheckpoints:
     for step in reversed(self.checkpoints.all_steps()):
       try:
         self.checkpoints.meta(step)
-      except checkpoint.DamagedCheckpointError:
+      except manager.DamagedCheckpointError:
         continue
       return step
     return None
@@ -180,7 +181,7 @@ class RunCheckpoints:
             step, tree, cfg, seed, fresh_fp8_state, check_data
         )
         problem = None
-      except checkpoint.DamagedCheckpointError as e:
+      except manager.DamagedCheckpointError as e:
         problem = str(e)
       if _everywhere(problem is None):
         break
@@ -205,7 +206,7 @@ class RunCheckpoints:
     note = " with fresh fp8 state" if restored.fresh_fp8_state else ""
     self.log(f"resumed from step {restored.step}{note} ({self.directory})")
     self._resumed_row = restored.meta.get("metrics")
-    return restored.step, state, checkpoint.rng_from_json(restored.meta["rng"])
+    return restored.step, state, ckpt_meta.rng_from_json(restored.meta["rng"])
 
   def _restore(self, step, tree, cfg, seed, fresh_fp8_state, check_data):
     meta = self.checkpoints.meta(step)
@@ -240,7 +241,7 @@ class RunCheckpoints:
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # noqa: PLC0415
 
-      multihost_utils.sync_global_devices("linen_moe_cli set aside")
+      multihost_utils.sync_global_devices("linen_moe run set aside")
     self.checkpoints.reload()
 
   # --------------------------------------------------------------- metrics
@@ -282,7 +283,7 @@ class RunCheckpoints:
         os.fsync(f.fileno())
       os.replace(tmp, self.metrics_path)
     except OSError as e:
-      raise options.RunStopped(
+      raise RunStopped(
           f"writing {self.metrics_path} failed ({_reason(e)}) before the "
           "first step; the run stopped."
       ) from e
@@ -294,7 +295,7 @@ class RunCheckpoints:
     of `data`, a Grain iterator, if given) when due.
 
     Raises:
-      options.RunStopped: the metrics cannot be written, or a save failed
+      RunStopped: the metrics cannot be written, or a save failed
         (this one, or an earlier one found failed).
     """
     record = {"step": done, **{k: _json_value(v) for k, v in metrics.items()}}
@@ -308,7 +309,7 @@ class RunCheckpoints:
             os.fsync(f.fileno())
       except OSError as e:
         self._raise_save_error(done)
-        raise options.RunStopped(
+        raise RunStopped(
             f"writing {self.metrics_path} failed at step {done} ({_reason(e)});"
             f" the run stopped. {self._last_complete()}"
         ) from e
@@ -337,8 +338,8 @@ class RunCheckpoints:
     except Exception as e:  # noqa: BLE001 (orbax's, from the save thread)
       raise self._stopped(e, done) from e
 
-  def _stopped(self, error: BaseException, done: int) -> options.RunStopped:
-    return options.RunStopped(
+  def _stopped(self, error: BaseException, done: int) -> RunStopped:
+    return RunStopped(
         f"saving checkpoint {self._saving} in {self.directory} failed "
         f"({_reason(error)}); the run stopped after step {done}. "
         f"{self._last_complete()}"

@@ -1,15 +1,19 @@
-"""`linen-moe launch`: N local processes of one job, watched as a group.
+"""N local processes of one job, joined as one JAX program and watched as a
+group: `launch`.
 
-    linen-moe launch --local-processes 2 --devices-per-process 4 -- \\
-        train --mesh data=2,expert=4 --steps 3
+    result = linen_moe.distributed.launch(
+        [sys.executable, "train.py"], num_processes=2, devices_per_process=4
+    )
 
-starts `linen-moe train ... --coordinator localhost:PORT --num-processes 2
---process-id I` for I = 0, 1 on a free port, each on D simulated CPU
-devices, streams process 0's output (the others are quiet), and exits
-non-zero, with the failing process's last lines, when any process fails or
-the group runs past `--timeout`. It stands in for a cluster launcher
-(`srun`, `mpirun`) on one machine: for tests, and for trying multi-process
-training without a cluster.
+runs the command once per process on a free local port, each with
+`--coordinator localhost:PORT --num-processes N --process-id I` appended
+(the three arguments of `linen_moe.distributed.initialize`, which the
+command passes on), each on D simulated CPU devices when
+`devices_per_process` is given; streams process 0's output (the others are
+quiet), and ends the group, with the failing process's last lines, when any
+process fails or the group runs past its timeout. It stands in for a cluster
+launcher (`srun`, `mpirun`) on one machine: for tests, and for trying
+multi-process training without a cluster (`linen-moe launch`).
 
 The group is all or nothing: after the first failure the others get
 `GRACE_S` seconds to stop on their own (JAX's heartbeats end them too), and
@@ -29,11 +33,10 @@ import threading
 import time
 from typing import IO
 
-from linen_moe.distributed import free_port
+from linen_moe._src.parallel.distributed import free_port
 
 GRACE_S = 5.0
 TAIL_LINES = 20
-PROCESS_FLAGS = ("--coordinator", "--num-processes", "--process-id")
 # Lines of output a user never needs: gloo's connection notices (stdout, from
 # several threads, so interleaved) and the native stack frames of JAX's
 # fatal-error report.
@@ -57,28 +60,6 @@ def process_flags(num_processes: int) -> list[list[str]]:
       + ["--process-id", str(i)]
       for i in range(num_processes)
   ]
-
-
-def child_commands(argv: list[str], num_processes: int) -> list[list[str]]:
-  """One `linen-moe` command line per process (see `process_flags`).
-
-  Args:
-    argv: the command after `--`, e.g. ["train", "--steps", "3"].
-    num_processes: N >= 1; with 1, the command runs as a plain single
-      process.
-  """
-  if not argv or argv[0] != "train":
-    raise ValueError(
-        "launch runs `train` (the one command that joins processes); got "
-        f"{' '.join(argv) or 'nothing'} after `--`."
-    )
-  given = [f for f in PROCESS_FLAGS if any(a.split("=")[0] == f for a in argv)]
-  if given:
-    raise ValueError(
-        f"launch sets {', '.join(given)} itself; remove them from the command."
-    )
-  base = [sys.executable, "-m", "linen_moe_cli.main", *argv]
-  return [base + flags for flags in process_flags(num_processes)]
 
 
 def child_env(devices_per_process: int | None) -> dict[str, str]:
@@ -246,14 +227,14 @@ def run_group(
   if failed is not None:
     code = failed.popen.returncode
     err.write(
-        f"linen-moe launch: process {failed.index} of {n} failed "
+        f"launch: process {failed.index} of {n} failed "
         f"({_describe(code)}); its last lines:\n{failed.last_lines()}\n"
     )
     code = code if code > 0 else 1
   elif running():
     lines = "\n".join(f"process {c.index}:\n{c.last_lines()}" for c in children)
     err.write(
-        f"linen-moe launch: timed out after {timeout_s:g}s; stopped all "
+        f"launch: timed out after {timeout_s:g}s; stopped all "
         f"{n} processes. Their last lines:\n{lines}\n"
     )
     code = 124
@@ -273,12 +254,37 @@ def _left(start: float, timeout_s: float) -> float:
 
 
 def launch(
-    argv: list[str],
-    local_processes: int,
+    command: list[str],
+    num_processes: int,
+    *,
     devices_per_process: int | None = None,
     timeout_s: float = 3600.0,
-) -> int:
-  """`linen-moe launch`: `argv` on `local_processes` processes."""
-  commands = child_commands(argv, local_processes)
+    out: IO[str] = sys.stdout,
+    err: IO[str] = sys.stderr,
+) -> GroupResult:
+  """Runs `command` as `num_processes` local processes of one JAX program.
+
+  Args:
+    command: the program and its arguments, e.g. `[sys.executable,
+      "train.py"]`; each process gets `--coordinator localhost:PORT
+      --num-processes N --process-id I` appended (none for one process).
+    num_processes: N >= 1.
+    devices_per_process: D simulated CPU devices per process (None: the
+      environment's devices).
+    timeout_s: stop every process after this many seconds.
+    out: where process 0's stdout goes, as it comes.
+    err: where process 0's stderr and the group's report go.
+
+  Returns:
+    How the group ended (`GroupResult`; `code` is 0 when every process
+    succeeded, the first failure's exit code, or 124 on a timeout).
+
+  Raises:
+    ValueError: an empty command, N < 1, D < 1 or a timeout <= 0.
+    TypeError: N is not an int.
+  """
+  if not command:
+    raise ValueError("command is empty: give the program to run.")
+  commands = [list(command) + flags for flags in process_flags(num_processes)]
   env = child_env(devices_per_process)
-  return run_group(commands, env, timeout_s=timeout_s).code
+  return run_group(commands, env, timeout_s=timeout_s, out=out, err=err)

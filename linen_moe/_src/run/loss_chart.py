@@ -12,8 +12,6 @@ from collections.abc import Callable
 import json
 import os
 
-from linen_moe_cli import options
-
 CHART_FILE = "losses.png"
 
 
@@ -62,11 +60,14 @@ def chart_beside(metrics_path: str, log: Callable[[str], None]) -> str | None:
   """Draws `losses.png` beside `metrics_path` and says where; without
   matplotlib, says how to install it. Returns the chart's path or None."""
   out = os.path.join(os.path.dirname(metrics_path), CHART_FILE)
-  missing = options.missing_optional(
-      "matplotlib", f"the chart of the losses ({out}) is not drawn"
-  )
-  if missing:
-    log(missing)
+  try:
+    import matplotlib  # noqa: F401, PLC0415
+  except ImportError:
+    log(
+        f"matplotlib is not installed, so the chart of the losses ({out}) is"
+        " not drawn; install it with pip install 'linen_moe[bench]' (or"
+        " scripts/setup_venv.sh bench)."
+    )
     return None
   log(f"chart of the losses: {draw(metrics_path, out)}")
   return out

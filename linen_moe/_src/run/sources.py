@@ -1,4 +1,4 @@
-"""Where a `linen-moe train` run's batches come from, and its held-out loss.
+"""Where a training run's batches come from, and its held-out loss.
 
 `MarkovSource`: the synthetic Markov tokens (the default), batch i a
 function of (seed + 1, i); the data position is the step. `CorpusSource`:
@@ -22,12 +22,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe import Decoder
-from linen_moe import data
-from linen_moe import sharding
-from linen_moe import training
-from linen_moe.tokens import validate_tokens
-from linen_moe_cli.options import TrainOptions
+from linen_moe._src.data import chat as chat_data
+from linen_moe._src.data import chat_rows
+from linen_moe._src.data import pipeline as data_pipeline
+from linen_moe._src.data import shards
+from linen_moe._src.data import sources as data_sources
+from linen_moe._src.data import tokenization
+from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.models.tokens import validate_tokens
+from linen_moe._src.parallel import sharding
+from linen_moe._src.run.options import RunOptions
+from linen_moe._src.training import evaluation
+from linen_moe._src.training.markov_data import MarkovData
 
 # One step's batch: tokens <int32>[B, S], the loss mask <bool>[B, S] (None:
 # every position is real, the step's unmasked loss), and for rows packed
@@ -36,14 +42,14 @@ Batch = tuple[jax.Array, jax.Array | None, jax.Array | None, jax.Array | None]
 BATCH_FIELDS = ("tokens", "mask", "segment_ids", "positions")
 
 
-def tokenizer_path(opts: TrainOptions) -> str | None:
+def tokenizer_path(opts: RunOptions) -> str | None:
   """`--tokenizer`, else the tokenizer.json of the Hugging Face checkpoint
   the run starts from (`--init-from-hf DIR`, where the command has it),
   else None."""
   if opts.tokenizer is not None:
     return opts.tokenizer
   init_from = getattr(opts, "init_from_hf", None)
-  return data.find_tokenizer(init_from) if init_from else None
+  return tokenization.find_tokenizer(init_from) if init_from else None
 
 
 def _other_data(where: str, saved: dict, here: str) -> ValueError:
@@ -63,8 +69,8 @@ class MarkovSource:
 
   iterator = None
 
-  def __init__(self, cfg, opts: TrainOptions, place: Callable):
-    self.data = training.MarkovData(cfg.vocab_size)
+  def __init__(self, cfg, opts: RunOptions, place: Callable):
+    self.data = MarkovData(cfg.vocab_size)
     self.seed, self.opts, self.place = opts.seed + 1, opts, place
     self.vocab_size = cfg.vocab_size
     self.best_loss = self.data.best_loss
@@ -102,7 +108,7 @@ class CorpusSource:
 
   best_loss = math.nan  # unknown for real data
 
-  def __init__(self, cfg, opts: TrainOptions, run: Any):
+  def __init__(self, cfg, opts: RunOptions, run: Any):
     self.opts = opts
     rows = {
         "seq_len": opts.seq_len,
@@ -111,18 +117,18 @@ class CorpusSource:
         "seed": opts.seed + 1,
         "eval_fraction": opts.eval_fraction,
     }
-    self.chat = opts.data_format == data.CHAT_FORMAT
+    self.chat = opts.data_format == chat_data.CHAT_FORMAT
     self.segmented = opts.packing == "first_fit"
     if self.chat:  # every row has a mask: the assistant's tokens
-      chat = data.read_chat(
+      chat = chat_data.read_chat(
           opts.data,
           tokenizer_path(opts),
           vocab_size=cfg.vocab_size,
           eod_id=opts.eod_id,
       )
-      self.pipeline = data.ChatPipeline(chat, **rows)
+      self.pipeline = chat_rows.ChatPipeline(chat, **rows)
     else:
-      corpus = data.read_corpus(
+      corpus = data_sources.read_corpus(
           opts.data,
           format=opts.data_format,
           tokenizer=tokenizer_path(opts),
@@ -130,12 +136,12 @@ class CorpusSource:
           vocab_size=cfg.vocab_size,
           eod_id=opts.eod_id,
       )
-      self.pipeline = data.DataPipeline(corpus, **rows)
+      self.pipeline = data_pipeline.DataPipeline(corpus, **rows)
     self.sharding = None if run is None else run.token_sharding()
     self.rows = None
     if self.sharding is not None:
       shape = (opts.batch_size, opts.seq_len)
-      self.rows = data.process_rows(self.sharding, shape)
+      self.rows = shards.process_rows(self.sharding, shape)
     self.eval_dataset = None
     if opts.eval_every is not None:  # raises now if too few are held out
       self.eval_dataset = self.pipeline.eval_dataset(
@@ -155,7 +161,7 @@ class CorpusSource:
     if self.sharding is None:
       batch = {k: jnp.asarray(v) for k, v in local.items()}
     else:
-      batch = data.global_batch(
+      batch = shards.global_batch(
           local, self.rows, self.sharding, self.opts.batch_size
       )
     return tuple(batch.get(k) for k in BATCH_FIELDS)
@@ -194,11 +200,15 @@ class Evaluator:
   same held-out batches every time."""
 
   def __init__(self, cfg, fe, run, source: CorpusSource):
-    eval_step = training.make_eval_step(Decoder(cfg))
+    eval_step = evaluation.make_eval_step(Decoder(cfg))
 
     def fn(state, tokens, mask, segment_ids, positions):
       return eval_step(
-          training.variables_of(fe, state), tokens, mask, segment_ids, positions
+          evaluation.variables_of(fe, state),
+          tokens,
+          mask,
+          segment_ids,
+          positions,
       )
 
     self.run = run

@@ -29,14 +29,16 @@ for the one arena (that train step compiles in 4.5-6.2 s instead of
 2.8-4.8 s).
 
 glibc reads its tunables once, when a process starts, so Python cannot set
-them for itself: `reexec_with_reused_memory` restarts the process with them
-in `GLIBC_TUNABLES`. Only entry points call it (`linen-moe train`,
-`generate` and `launch`; the benchmarks have their own copy,
-`benchmarks/common/host_memory.py`), before anything heavy is imported. A
-script of your own gets the same by starting Python with
+them for itself: `reuse_host_memory` (`linen_moe.training.reuse_host_memory`)
+restarts the process with them in `GLIBC_TUNABLES` when
+`LINEN_MOE_REUSE_HOST_MEMORY=1` asks for it. Entry points call it first
+thing, before anything heavy is imported (`linen-moe train`, `generate` and
+`launch`; a script of your own likewise). Starting Python with
 
   GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:\
 glibc.malloc.trim_threshold=68719476736 python train.py
+
+does the same without the restart.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ def tuned_environ(
   return env
 
 
-def reexec_with_reused_memory() -> None:
+def reuse_host_memory() -> None:
   """Restarts this process with `TUNABLES` set when `tuned_environ` says so
   (the same interpreter, flags and arguments, `sys.orig_argv`); else returns.
 
@@ -105,7 +107,7 @@ def reexec_with_reused_memory() -> None:
 def reusing(environ: Mapping[str, str] | None = None) -> bool:
   """Whether a process with `environ` (default `os.environ`) runs with every
   one of `TUNABLES` in its `GLIBC_TUNABLES`: restarted by
-  `reexec_with_reused_memory`, or started so by its user."""
+  `reuse_host_memory`, or started so by its user."""
   if environ is None:
     environ = os.environ
   current = set(environ.get(ENV, "").split(":"))

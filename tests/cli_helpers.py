@@ -1,0 +1,36 @@
+"""What the command line's tests share: running `linen-moe` in this process,
+and the command lines of a local process group."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+from absl.testing import absltest
+
+from linen_moe import testing
+from linen_moe._src.parallel import launcher
+from linen_moe_cli import main as cli_main
+from linen_moe_cli.commands import launch
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+  """(exit status, stdout, stderr) of `linen-moe argv`, run in this
+  process."""
+  return testing.run_capturing(cli_main.main, list(argv))
+
+
+def train_commands(argv: list[str], processes: int) -> list[list[str]]:
+  """The command line of each of `processes` local processes of
+  `linen-moe train` (`argv` starts with "train"), as `linen-moe launch`
+  runs them (`linen_moe.distributed.launch`'s process flags appended)."""
+  base = launch.train_command(argv)
+  return [base + flags for flags in launcher.process_flags(processes)]
+
+
+def tempdir(test: absltest.TestCase) -> str:
+  """A new directory, removed when `test` ends (pytest does not parse
+  absl's flags, so `create_tempdir` cannot be used)."""
+  directory = tempfile.mkdtemp()
+  test.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+  return directory
