@@ -11,7 +11,6 @@ kept ties of top-k are pinned by `test_attention` and `test_generate`.
 import os
 import shutil
 import tempfile
-import unittest
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -78,13 +77,10 @@ class FilterBoundaryTest(parameterized.TestCase):
   def test_min_p_one_keeps_the_tied_largest(self):
     self.assertEqual(_kept([1.0, 1.0, 0.0, 0.0], min_p=1.0), [T, T, F, F])
 
-  @unittest.expectedFailure
   def test_top_p_that_float32_rounds_to_zero_keeps_one(self):
-    # Bug: "at least one token" fails for a top_p in (0, 1] that float32
-    # rounds to 0: `generate` checks 0 < top_p in float64 and accepts
-    # 1e-46, the filter runs in float32 with p = 0 and keeps no token, so
-    # every logit comes back -inf and the draw is token 0, whatever the
-    # logits.
+    # "At least one token", also for a top_p in (0, 1] that float32 rounds
+    # to 0 (`generate` checks 0 < top_p in float64 and accepts 1e-46): the
+    # filter, in float32, keeps the most likely token.
     self.assertEqual(_kept(LOGITS, top_p=1e-46), [T, F, F, F])
 
   def test_top_p_one_keeps_all(self):

@@ -62,11 +62,13 @@ def _top_p_keep(keys: jax.Array, probs: jax.Array, top_p: jax.Array):
   (strictly) hold less than `top_p` of the mass, i.e. the most likely
   tokens until their mass reaches p, ties with the last one kept.
 
-  That set is every key >= the least t whose keys above hold < p."""
+  That set is every key >= the least t whose keys above hold < p; the
+  largest key always counts as such a t (nothing is above it), so a p that
+  rounds to 0 in float32 keeps the most likely token."""
 
   def mass_above_below_p(t):
-    above = jnp.where(keys > t, probs, 0.0)
-    return jnp.sum(above, axis=-1, keepdims=True) < top_p
+    above = jnp.sum(jnp.where(keys > t, probs, 0.0), axis=-1, keepdims=True)
+    return (above < top_p) | (above == 0.0)
 
   return keys >= _bisect(keys, mass_above_below_p)
 
