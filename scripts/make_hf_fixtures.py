@@ -17,8 +17,9 @@ sides once and the fixtures are committed:
 
   tests/fixtures/hf/param_counts.json  (with --param-counts)
                       real-size models built on the meta device from
-                      configs/hf/<model>/config.json: parameter counts and
-                      every tensor's name and shape.
+                      configs/hf/<model>/config.json: total and active
+                      parameter counts and every tensor's name and shape
+                      (scripts/hf_param_counts.py).
 
 Every model is float32, eval mode, eager attention and the eager (per-expert
 loop) experts implementation. Weights are drawn from a fixed torch seed on
@@ -47,20 +48,18 @@ import argparse
 import dataclasses
 import json
 import pathlib
-import re
 import shutil
 import sys
 from typing import Any
 
+import hf_param_counts
 import numpy as np
 import torch
 import transformers
-from transformers import AutoConfig
 from transformers import AutoModelForCausalLM
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = REPO / 'tests' / 'fixtures' / 'hf'
-REAL_CONFIGS = REPO / 'configs' / 'hf'
 
 BATCH = 2
 SEQ_LEN = 12
@@ -868,158 +867,6 @@ def make_fixtures(out_root: pathlib.Path, only: set[str] | None) -> None:
     _write(fixture, out_root, built[source.name])
 
 
-# --- real-size parameter counts -------------------------------------------
-
-# configs/hf/<name>/config.json -> the class transformers builds for it, and
-# the keys dropped before building (they change no shapes).
-REAL_MODELS = {
-    'mixtral_8x7b': ('MixtralForCausalLM', []),
-    'qwen3_30b_a3b': ('Qwen3MoeForCausalLM', []),
-    'deepseek_v3': ('DeepseekV3ForCausalLM', ['quantization_config']),
-    'gemma4_26b_a4b': ('Gemma4ForConditionalGeneration', []),
-}
-
-NOTES = {
-    'mixtral_8x7b': (
-        'mistralai/Mixtral-8x7B-v0.1 config.json as released (transformers '
-        '4.36 style: rope_theta, torch_dtype), written from memory and '
-        'checked against public copies; MixtralConfig defaults (its '
-        'docstring checkpoint) agree except max_position_embeddings (131072 '
-        'default, 32768 released) and router_aux_loss_coef (0.001, 0.02).'
-    ),
-    'qwen3_30b_a3b': (
-        'Qwen/Qwen3-30B-A3B config.json as released (transformers 4.51 '
-        'style), written from memory and checked against public copies; the '
-        '-Base variant differs only in max_position_embeddings 32768 and '
-        'eos_token_id 151643. Qwen3MoeConfig defaults are a smaller model '
-        '(24 layers, norm_topk_prob False, no head_dim).'
-    ),
-    'deepseek_v3': (
-        'deepseek-ai/DeepSeek-V3 config.json as released (transformers 4.33 '
-        'style, rope_scaling type yarn), written from memory and checked '
-        'against public copies; DeepseekV3Config defaults agree on every '
-        'size (they differ in max_position_embeddings 4096 and no rope '
-        'scaling). Unsure: whether the release also lists aux_loss_alpha '
-        '(training only, omitted). The released weights are fp8 '
-        '(quantization_config, dropped before building here): every fp8 '
-        'linear also has a float32 <name>.weight_scale_inv [ceil(out/128), '
-        'ceil(in/128)] on disk, not counted. transformers does not build '
-        'the MTP layer (num_nextn_predict_layers 1, on disk as '
-        'model.layers.61.*, ignored on load): not counted.'
-    ),
-    'gemma4_26b_a4b': (
-        'google/gemma-4-26B-A4B config.json (multimodal '
-        'Gemma4ForConditionalGeneration, transformers 5.5 style), as '
-        'transcribed in MaxText (src/maxtext/checkpoint_conversion/utils/'
-        'hf_model_configs.py, gemma4_26b_dict); the text sizes also agree '
-        "with MaxText's gemma4-26b.yml and this repo's configs/"
-        'gemma4_26b.yml. Least sure: the vision_config details (they do not '
-        'touch the text model). text_only lists Gemma4ForCausalLM built '
-        'from text_config alone (names model.*); the released checkpoint '
-        'names the text tensors model.language_model.* and adds '
-        'model.vision_tower.* and model.embed_vision.*.'
-    ),
-}
-
-
-def _collapse(shapes: dict[str, list[int]]) -> dict[str, Any]:
-  """Per-expert names with the expert index replaced by '*', and counts."""
-  out: dict[str, Any] = {}
-  for name, shape in shapes.items():
-    key = re.sub(r'\.experts\.\d+\.', '.experts.*.', name)
-    if key == name:
-      out[name] = shape
-      continue
-    entry = out.setdefault(key, {'shape': shape, 'count': 0})
-    if entry['shape'] != shape:
-      raise ValueError(f'{key}: shapes differ between experts')
-    entry['count'] += 1
-  return out
-
-
-def _on_disk_shapes(model) -> dict[str, list[int]]:
-  """The names save_pretrained would write (its own reverse mapping)."""
-  from transformers.core_model_loading import revert_weight_conversion
-  from transformers.modeling_utils import remove_tied_weights_from_state_dict
-
-  state = remove_tied_weights_from_state_dict(model.state_dict(), model)
-  state = revert_weight_conversion(model, state)
-  return {k: list(v.shape) for k, v in sorted(state.items())}
-
-
-def _count(model) -> dict[str, Any]:
-  params = sum(p.numel() for p in model.parameters())
-  state = model.state_dict()
-  in_memory = {k: list(v.shape) for k, v in state.items()}
-  buffers = {
-      k: list(v.shape)
-      for k, v in state.items()
-      if k not in dict(model.named_parameters()) and k != 'lm_head.weight'
-  }
-  on_disk = _on_disk_shapes(model)
-  tied = 'lm_head.weight' not in on_disk
-  if tied:
-    in_memory.pop('lm_head.weight', None)
-  return {
-      'architecture': type(model).__name__,
-      'total_params': params,
-      'persistent_buffers': buffers,
-      'buffer_elements': sum(int(np.prod(s)) for s in buffers.values()),
-      'tied_embeddings': tied,
-      'tensors_on_disk_count': len(on_disk),
-      'tensors_on_disk': _collapse(on_disk),
-      'tensors_in_memory': (
-          'same as tensors_on_disk' if in_memory == on_disk else in_memory
-      ),
-  }
-
-
-def param_counts(out_root: pathlib.Path) -> None:
-  result = {
-      'transformers_version': transformers.__version__,
-      'torch_version': torch.__version__,
-      'how': (
-          'models built on the meta device from configs/hf/<name>/config.json;'
-          ' total_params = sum of numel over model.parameters() (a tied '
-          'embedding counted once; persistent buffers such as '
-          'e_score_correction_bias and layer_scalar listed apart); '
-          'tensors_in_memory = model.state_dict() (fused experts); '
-          'tensors_on_disk = what save_pretrained writes (per-expert names '
-          'collapsed to experts.* with a count).'
-      ),
-      'models': {},
-  }
-  for name, (model_cls, drop) in REAL_MODELS.items():
-    path = REAL_CONFIGS / name / 'config.json'
-    raw = json.loads(path.read_text())
-    for key in drop:
-      raw.pop(key, None)
-    config = AutoConfig.for_model(raw.pop('model_type'), **raw)
-    with torch.device('meta'):
-      model = getattr(transformers, model_cls)(config)
-    entry = {'config': str(path.relative_to(REPO)), 'source': NOTES[name]}
-    entry.update(_count(model))
-    if model_cls == 'Gemma4ForConditionalGeneration':
-      with torch.device('meta'):
-        text = transformers.Gemma4ForCausalLM(config.text_config)
-      entry['text_only'] = _count(text)
-    if model_cls == 'DeepseekV3ForCausalLM':
-      entry['not_built'] = (
-          f'{config.num_nextn_predict_layers} MTP layer(s) (model.layers.61.*)'
-      )
-    result['models'][name] = entry
-    print(f'{name}: {entry["total_params"]:,} parameters')
-  out_root.mkdir(parents=True, exist_ok=True)
-  text = json.dumps(result, indent=1)
-  # One line per shape: [4096, 14336] rather than a line per dimension.
-  text = re.sub(
-      r'\[\s*(-?\d+(?:,\s*-?\d+)*)\s*\]',
-      lambda m: '[' + ', '.join(re.split(r',\s*', m.group(1))) + ']',
-      text,
-  )
-  (out_root / 'param_counts.json').write_text(text + '\n')
-
-
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--out', type=pathlib.Path, default=FIXTURES)
@@ -1031,7 +878,7 @@ def main(argv: list[str]) -> None:
   transformers.logging.set_verbosity_error()
   transformers.utils.logging.disable_progress_bar()
   if args.param_counts:
-    param_counts(args.out)
+    hf_param_counts.param_counts(args.out)
   else:
     make_fixtures(args.out, set(args.only) if args.only else None)
 
