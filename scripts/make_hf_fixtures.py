@@ -21,9 +21,15 @@ sides once and the fixtures are committed:
                       parameter counts and every tensor's name and shape
                       (scripts/hf_param_counts.py).
 
+The newer families (GPT-OSS, GLM-4.5, MiniMax-M2, Llama-4) are written by
+scripts/make_hf_family_fixtures.py, GPT-OSS's MXFP4 experts by
+scripts/make_mxfp4_fixtures.py, both with these helpers.
+
 Every model is float32, eval mode, eager attention and the eager (per-expert
 loop) experts implementation. Weights are drawn from a fixed torch seed on
-one CPU thread, so two runs write the same bytes. A seed is kept only when
+one CPU thread, so two runs on one machine write the same bytes (another
+CPU's matmul kernels may round logits.npy differently in its last bits:
+the files' weights, inputs and tokens stay the same). A seed is kept only when
 every routing decision and every greedy token wins by a margin (see
 MIN_MARGIN), so an implementation that differs from transformers only by
 float rounding makes the same choices.
@@ -56,7 +62,6 @@ import hf_param_counts
 import numpy as np
 import torch
 import transformers
-from transformers import AutoModelForCausalLM
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = REPO / 'tests' / 'fixtures' / 'hf'
@@ -75,6 +80,8 @@ SEED_TRIES = 64
 WEIGHT_STD = 0.1
 # Norm weights and other scales that start at one: 1 + N(0, SCALE_STD).
 SCALE_STD = 0.25
+# GPT-OSS's attention sinks (a logit per head): N(0, SINK_STD).
+SINK_STD = 1.0
 
 EAGER = {'attn_implementation': 'eager', 'experts_implementation': 'eager'}
 
@@ -125,6 +132,9 @@ class Fixture:
   # Config changes that must move the logits (recorded in meta.json): each
   # proves the fixture tells that convention apart.
   ablations: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+  # The transformers class that reloads the written files (a multimodal
+  # checkpoint needs its own; AutoModelForCausalLM may pick the text model).
+  reload_cls: str = 'AutoModelForCausalLM'
 
 
 def _mixtral_base() -> dict[str, Any]:
@@ -603,7 +613,10 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
   initialises to ones (norm weights, Gemma-4's router scale and
   per_expert_scale) become 1 + N(0, SCALE_STD); DeepSeek's
   e_score_correction_bias is N(0, 0.1) and Gemma-4's layer_scalar
-  U(0.5, 1.5). Anything else is an error, so no tensor keeps its init.
+  U(0.5, 1.5). Biases (parameters named `*bias`: attention, router and
+  expert biases, which transformers initialises to zero) are
+  N(0, WEIGHT_STD) and GPT-OSS's attention sinks N(0, SINK_STD). Anything
+  else is an error, so no tensor keeps its init.
   """
   gen = torch.Generator().manual_seed(seed)
 
@@ -616,7 +629,11 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
     for name in model.state_dict():
       if name in params:
         p = params[name]
-        if p.ndim == 1:
+        if name.endswith('bias'):
+          p.copy_(WEIGHT_STD * normal(p.shape))
+        elif name.endswith('.sinks'):
+          p.copy_(SINK_STD * normal(p.shape))
+        elif p.ndim == 1:
           if not torch.all(p == 1):
             raise ValueError(f'1-D parameter {name} does not start at one')
           p.copy_(1.0 + SCALE_STD * normal(p.shape))
@@ -646,10 +663,16 @@ class _Margins:
       kind = type(module).__name__
       if kind in ('MixtralTopKRouter', 'Qwen3MoeTopKRouter'):
         self.handles.append(module.register_forward_hook(self._softmax))
-      elif kind == 'DeepseekV3TopkRouter':
+      elif kind in ('DeepseekV3TopkRouter', 'Glm4MoeTopkRouter'):
         self.handles.append(module.register_forward_hook(self._deepseek))
       elif kind == 'Gemma4TextRouter':
         self.handles.append(module.register_forward_hook(self._gemma))
+      elif kind == 'GptOssTopKRouter':  # top-k of the logits
+        self.handles.append(module.register_forward_hook(self._logits(0)))
+      elif kind == 'Llama4Router':  # returns (scores, logits)
+        self.handles.append(module.register_forward_hook(self._logits(1)))
+      elif kind == 'MiniMaxM2TopKRouter':
+        self.handles.append(module.register_forward_hook(self._minimax))
 
   @staticmethod
   def _gap(scores: torch.Tensor, k: int) -> float:
@@ -661,6 +684,18 @@ class _Margins:
     del inputs
     probs = torch.softmax(outputs[0].float(), dim=-1)
     self.values.append(self._gap(probs, module.top_k))
+
+  def _logits(self, index: int):
+    def hook(module, inputs, outputs):
+      del inputs
+      self.values.append(self._gap(outputs[index].float(), module.top_k))
+
+    return hook
+
+  def _minimax(self, module, inputs, outputs):
+    # The selection bias is the router's second argument.
+    choice = outputs[0].float().sigmoid() + inputs[1]
+    self.values.append(self._gap(choice, module.top_k))
 
   def _gemma(self, module, inputs, outputs):
     del inputs
@@ -762,9 +797,14 @@ def _pick_seed(fixture: Fixture):
   raise RuntimeError(f'{fixture.name}: no seed with margins >= {MIN_MARGIN}')
 
 
-def _check_reload(directory: pathlib.Path, input_ids, logits) -> float:
+def _check_reload(
+    directory: pathlib.Path,
+    input_ids,
+    logits,
+    cls: str = 'AutoModelForCausalLM',
+) -> float:
   """Loads the written files back and returns the max abs logit diff."""
-  model, info = AutoModelForCausalLM.from_pretrained(
+  model, info = getattr(transformers, cls).from_pretrained(
       directory, dtype=torch.float32, output_loading_info=True, **EAGER
   )
   bad = {k: sorted(v) for k, v in info.items() if v}
@@ -797,7 +837,9 @@ def _write(fixture: Fixture, out_root: pathlib.Path, built: dict) -> None:
       directory / 'generate.npy',
       out['generated'].numpy().astype(np.int32),
   )
-  reload_diff = _check_reload(directory, input_ids, out['logits'])
+  reload_diff = _check_reload(
+      directory, input_ids, out['logits'], fixture.reload_cls
+  )
   ablations = _ablate(fixture, model, input_ids, out['logits'])
   # Not always 0.0: CPU matmuls on the loaded (memory-mapped) tensors may
   # round differently; anything past float32 noise is a loading bug.
