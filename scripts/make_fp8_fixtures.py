@@ -365,14 +365,7 @@ def _write(spec: Fp8Fixture, out_root: pathlib.Path) -> None:
           sorted(p.name for p in directory.iterdir())
           + ['input_ids.npy', 'logits.npy', 'generate.npy']
       ),
-      'transformers_version': transformers.__version__,
-      'torch_version': torch.__version__,
-      'seed': seed,
-      'prompt_len': base.PROMPT_LEN,
-      'max_new_tokens': base.MAX_NEW_TOKENS,
-      'min_router_margin': out['router_margin'],
-      'min_greedy_margin': out['greedy_margin'],
-      'margin_threshold': base.MIN_MARGIN,
+      **base.run_meta(seed, out),
   }
   (directory / 'meta.json').write_text(json.dumps(meta, indent=2) + '\n')
   size = sum(p.stat().st_size for p in directory.iterdir())

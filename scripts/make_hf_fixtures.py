@@ -776,6 +776,21 @@ def _ablate(fixture: Fixture, model, input_ids, logits) -> dict[str, float]:
   return changes
 
 
+def run_meta(seed: int, out: dict[str, Any]) -> dict[str, Any]:
+  """The versions, seed, generate settings and margins a meta.json of a
+  quantized fixture ends with (`out` from `run_model`)."""
+  return {
+      'transformers_version': transformers.__version__,
+      'torch_version': torch.__version__,
+      'seed': seed,
+      'prompt_len': PROMPT_LEN,
+      'max_new_tokens': MAX_NEW_TOKENS,
+      'min_router_margin': out['router_margin'],
+      'min_greedy_margin': out['greedy_margin'],
+      'margin_threshold': MIN_MARGIN,
+  }
+
+
 def make_input_ids(seed: int, vocab: int) -> torch.Tensor:
   gen = torch.Generator().manual_seed(seed + 1)
   return torch.randint(0, vocab, (BATCH, SEQ_LEN), generator=gen)
