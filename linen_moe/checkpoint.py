@@ -13,24 +13,10 @@ _EXPORTS = {
     "linen_moe._src.checkpoint.manager": (
         "Checkpoints",
         "DamagedCheckpointError",
-        "Restored",
     ),
-    "linen_moe._src.checkpoint.meta": (
-        "RUN_FIELDS",
-        "check_model_config",
-        "config_dict",
-        "rng_from_json",
-        "rng_to_json",
-    ),
+    "linen_moe._src.checkpoint.meta": ("config_dict",),
+    "linen_moe._src.checkpoint.tree": ("abstract",),
     "linen_moe._src.run.directory": ("check_new_directory",),
-    "linen_moe._src.checkpoint.tree": (
-        "VARIABLES",
-        "abstract",
-        "key_name",
-        "state_from",
-        "tree_of",
-    ),
 }
-
 
 _lazy_face(globals(), _EXPORTS)

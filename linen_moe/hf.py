@@ -22,6 +22,4 @@ _EXPORTS = {
     "linen_moe._src.hf.save": ("save_checkpoint",),
 }
 
-
-# Names load on first use: `import linen_moe.hf` imports no jax.
 _lazy_face(globals(), _EXPORTS)

@@ -12,12 +12,16 @@ Example usage:
   assert quantized_types_at_contractions(text) == {"s8"}
 """
 
-from linen_moe._src import hlo as _hlo
 from linen_moe._src.faces import lazy_face as _lazy_face
 
 _EXPORTS = {
-    "linen_moe._src.hlo.reading": _hlo.READING_NAMES,
-    "linen_moe._src.hlo.traffic": _hlo.TRAFFIC_NAMES,
+    "linen_moe._src.hlo.reading": (
+        "collective_summary",
+        "collectives",
+        "contractions",
+        "quantized_types_at_contractions",
+    ),
+    "linen_moe._src.hlo.traffic": ("sent_bytes",),
 }
 
 _lazy_face(globals(), _EXPORTS)

@@ -1,8 +1,8 @@
 """LoRA and QLoRA: low-rank adapters on every expert and attention kernel.
 
 A config with `lora_rank >= 1` (`MoEConfig.lora_rank`, `lora_alpha`,
-`lora_targets`, `lora_dropout`; `MoEConfig.lora` gives them as a
-`LoRAConfig`) puts adapters A [K, r], B [r, N] (per routed expert: A
+`lora_targets`, `lora_dropout`; `MoEConfig.lora` gives them as one
+object) puts adapters A [K, r], B [r, N] (per routed expert: A
 [E, K, r], B [E, r, N]) beside each targeted kernel, as `params` named
 `{kernel}_lora_a` / `{kernel}_lora_b`; every contraction then adds
 (alpha / r) (x A) B, on every matmul path and under expert parallelism.
@@ -25,20 +25,10 @@ Imported on its own, it imports no jax until a function runs.
 from linen_moe._src.faces import lazy_face as _lazy_face
 
 _EXPORTS = {
-    "linen_moe._src.config.lora": ("TARGETS", "LoRAConfig"),
-    "linen_moe._src.lora.adapters": ("AdaptedKernel",),
+    "linen_moe._src.config.lora": ("TARGETS",),
     "linen_moe._src.lora.files": ("load_adapters", "save_adapters"),
+    "linen_moe._src.lora.tree": ("count_trainable", "join", "merge", "split"),
     "linen_moe._src.models.lora_init": ("init_adapters",),
-    "linen_moe._src.lora.tree": (
-        "count_trainable",
-        "has_adapters",
-        "is_adapter",
-        "join",
-        "merge",
-        "split",
-        "without_adapters",
-    ),
 }
-
 
 _lazy_face(globals(), _EXPORTS)

@@ -16,14 +16,17 @@ Example usage:
   print(p.per_device.peak_bytes, p.fits, p.flops_per_step)
 """
 
-from linen_moe._src import planning as _planning
 from linen_moe._src.faces import lazy_face as _lazy_face
 
 _EXPORTS = {
-    "linen_moe._src.planning.chips": _planning.CHIP_NAMES,
-    "linen_moe._src.planning.targets": _planning.TARGET_NAMES,
-    "linen_moe._src.planning.flops": _planning.FLOP_NAMES,
-    "linen_moe._src.planning.plan": _planning.PLAN_NAMES,
+    "linen_moe._src.planning.chips": ("CHIPS",),
+    "linen_moe._src.planning.flops": ("model_flops",),
+    "linen_moe._src.planning.plan": ("Plan", "plan"),
+    "linen_moe._src.planning.targets": (
+        "parse_target",
+        "prepare_process",
+        "target_devices",
+    ),
 }
 
 _lazy_face(globals(), _EXPORTS)

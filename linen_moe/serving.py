@@ -4,10 +4,8 @@
 linen_moe 0.3, with a `DeprecationWarning`.
 """
 
-from linen_moe._src import deprecation as _deprecation
+from linen_moe._src.faces import lazy_face as _lazy_face
 
-__all__ = []
+_EXPORTS: dict[str, tuple[str, ...]] = {}
 
-
-def __getattr__(name: str):
-  return _deprecation.moved_name(__name__, name)
+_lazy_face(globals(), _EXPORTS)

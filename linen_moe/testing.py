@@ -15,27 +15,13 @@ Importing it imports no jax; the helpers load it on first use.
 from linen_moe._src.faces import lazy_face as _lazy_face
 
 _EXPORTS = {
-    # The shipped tiny configs: the layer's (they train in seconds) and the
-    # whole DeepSeek-V3 / Gemma-4 decoders'; the matrix runs both.
     "linen_moe._src.config.moe_config": ("FAMILY_CONFIGS", "TINY_CONFIGS"),
     "linen_moe._src.data.license_texts": ("license_texts",),
     "linen_moe._src.testing.compile_options": (
         "use_compilation_cache",
         "use_fast_compile",
     ),
-    # The helpers import jax: they load when first asked for.
-    "linen_moe._src.testing.helpers": (
-        "config_on_path",
-        "flat_numpy",
-        "markov_tokens",
-        "max_abs_diff",
-        "moe_params",
-        "moe_variables",
-        "random_inputs",
-        "read_jsonl",
-        "rel_err",
-        "run_capturing",
-    ),
+    "linen_moe._src.testing.helpers": ("run_capturing",),
     "linen_moe._src.testing.marks": ("is_slow", "slow"),
 }
 

@@ -11,58 +11,26 @@ use: `RunOptions` is checked before jax loads.
 from linen_moe._src.faces import lazy_face as _lazy_face
 
 _EXPORTS = {
-    "linen_moe._src.config.schedules": (
-        "DEFAULT_FINAL_LR_RATIO",
-        "SCHEDULES",
-    ),
-    "linen_moe._src.models.decoder": ("routed_bias_rule",),
+    "linen_moe._src.config.schedules": ("SCHEDULES",),
     "linen_moe._src.run.host_memory": ("reuse_host_memory",),
-    "linen_moe._src.run.loop": (
-        "RunResult",
-        "run",
-    ),
-    "linen_moe._src.run.options": (
-        "RunOptions",
-        "RunStopped",
-    ),
-    "linen_moe._src.training.chunked_loss": (
-        "chunked_cross_entropy",
-        "vocab_chunk_size",
-    ),
-    "linen_moe._src.training.evaluation": (
-        "make_eval_step",
-        "variables_of",
-    ),
-    "linen_moe._src.training.frontend": (
-        "LinenFrontend",
-        "TrainingFrontend",
-    ),
+    "linen_moe._src.run.loop": ("RunResult", "run"),
+    "linen_moe._src.run.options": ("RunOptions", "RunStopped"),
+    "linen_moe._src.training.chunked_loss": ("chunked_cross_entropy",),
+    "linen_moe._src.training.evaluation": ("make_eval_step",),
+    "linen_moe._src.training.frontend": ("LinenFrontend", "TrainingFrontend"),
     "linen_moe._src.training.markov_data": ("MarkovData",),
     "linen_moe._src.training.optimizer": (
-        "decays",
         "default_optimizer",
         "learning_rate_schedule",
         "weight_decay_mask",
     ),
-    "linen_moe._src.training.sharded": (
-        "ShardedRun",
-        "ShardedTraining",
-    ),
-    "linen_moe._src.training.skip": (
-        "all_finite",
-        "keep_if_finite",
-    ),
+    "linen_moe._src.training.sharded": ("ShardedTraining",),
     "linen_moe._src.training.step": (
         "TrainState",
-        "accumulate_gradients",
         "cross_entropy",
         "decoder_loss",
-        "hidden_decoder_loss",
         "init_train_state",
-        "loss_weights",
         "make_train_step",
-        "overwrite_with_gradient",
-        "train_batch",
         "train_state_from_variables",
     ),
 }

@@ -8,31 +8,21 @@ differentiated, and the "gradient" written back as the new value) and
 decoders' KV cache. `RNG_STREAMS` are the streams the layer draws from at
 apply time (`rng_dict` makes one key for each).
 
-`compiled_init` runs a Linen module's `init` as one compiled program (the
-same numbers as eager, seconds instead of thousands of tiny compilations);
-`jit_once` compiles any one-shot initialiser that way.
+Compiled initialisation (`compiled_init`, `jit_once`) is in
+`linen_moe.frontend`.
 """
 
-from linen_moe._src.config.variables import AQT_RNG_STREAM
-from linen_moe._src.config.variables import CACHE
-from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.config.variables import RNG_STREAMS
-from linen_moe._src.config.variables import ROUTER_JITTER_RNG_STREAM
-from linen_moe._src.config.variables import STATE_COLLECTIONS
-from linen_moe._src.config.variables import UPDATED_BY_RULE
-from linen_moe._src.config.variables import rng_dict
-from linen_moe._src.layer.jit_init import compiled_init
-from linen_moe._src.layer.jit_init import jit_once
+from linen_moe._src.faces import lazy_face as _lazy_face
 
-__all__ = [
-    "AQT_RNG_STREAM",
-    "CACHE",
-    "OVERWRITE_WITH_GRADIENT",
-    "RNG_STREAMS",
-    "ROUTER_JITTER_RNG_STREAM",
-    "STATE_COLLECTIONS",
-    "UPDATED_BY_RULE",
-    "compiled_init",
-    "jit_once",
-    "rng_dict",
-]
+_EXPORTS = {
+    "linen_moe._src.config.variables": (
+        "CACHE",
+        "OVERWRITE_WITH_GRADIENT",
+        "RNG_STREAMS",
+        "STATE_COLLECTIONS",
+        "UPDATED_BY_RULE",
+        "rng_dict",
+    ),
+}
+
+_lazy_face(globals(), _EXPORTS)

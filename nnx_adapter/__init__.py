@@ -2,10 +2,10 @@
 
 `Decoder` is the NNX twin of `linen_moe.Decoder` (the same blocks, so the
 same math and the same variable paths), trained by `train_step` /
-`make_train_step` on a `TrainState`, sharded by `ShardedNNXTraining`, and
+`make_train_step` on a `TrainState`, sharded by `NNXFrontend.sharded`, and
 decoded by `greedy_generate`. `EagerToNNX` wraps any Linen module with all
 of its state built at construction. `FRONTENDS` names the two training
-front ends (`frontend`, `sharded_training` build them by name).
+front ends (`frontend` builds one by name).
 
 Built on `linen_moe`'s public API only. Each name loads on first use:
 `import nnx_adapter` alone imports no jax (the command line's `--help`
@@ -14,22 +14,13 @@ reads `FRONTENDS` and `FRONTEND_DESCRIPTIONS`).
 
 import importlib as _importlib
 from typing import Any as _Any
+import warnings as _warnings
 
 _EXPORTS = {
-    "nnx_adapter._adapter": ("Cache", "EagerToNNX", "Fp8State", "RuleState"),
-    "nnx_adapter._decoder": (
-        "Decoder",
-        "init_decoder",
-        "linen_to_nnx",
-        "nnx_to_linen",
-    ),
-    "nnx_adapter._decoding": ("decoding_model", "generate", "greedy_generate"),
-    "nnx_adapter._frontend": (
-        "NNXFrontend",
-        "frontend",
-        "sharded_training",
-    ),
-    "nnx_adapter._sharding": ("ShardedNNXTraining",),
+    "nnx_adapter._adapter": ("EagerToNNX", "Fp8State", "RuleState"),
+    "nnx_adapter._decoder": ("Decoder", "linen_to_nnx", "nnx_to_linen"),
+    "nnx_adapter._decoding": ("generate", "greedy_generate"),
+    "nnx_adapter._frontend": ("NNXFrontend", "frontend"),
     "nnx_adapter._train": (
         "accumulate_gradients",
         "apply_gradients",
@@ -42,6 +33,21 @@ _EXPORTS = {
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 
+# Names public until 0.3, private since: they answer until 0.4 with a warning.
+_PRIVATE_NOW = {
+    "Cache": ("nnx_adapter._adapter", "the KV cache's variable type"),
+    "ShardedNNXTraining": (
+        "nnx_adapter._sharding",
+        "use NNXFrontend.sharded(config, optimizer, mesh, grad_accum)",
+    ),
+    "decoding_model": ("nnx_adapter._decoding", "use generate"),
+    "init_decoder": ("nnx_adapter._decoder", "use Decoder(config, rngs=...)"),
+    "sharded_training": (
+        "nnx_adapter._frontend",
+        "use frontend(name).sharded(config, optimizer, mesh, grad_accum)",
+    ),
+}
+
 # The training front ends by name, and a line on each for `--help`; known
 # without importing jax (`frontend(name)` loads one).
 FRONTEND_DESCRIPTIONS = {
@@ -53,27 +59,22 @@ FRONTENDS = tuple(FRONTEND_DESCRIPTIONS)
 __all__ = [
     "FRONTENDS",
     "FRONTEND_DESCRIPTIONS",
-    "Cache",
     "Decoder",
     "EagerToNNX",
     "Fp8State",
     "NNXFrontend",
     "RuleState",
-    "ShardedNNXTraining",
     "TrainState",
     "accumulate_gradients",
     "apply_gradients",
     "decoder_loss",
-    "decoding_model",
     "frontend",
     "generate",
     "greedy_generate",
-    "init_decoder",
     "init_train_state",
     "linen_to_nnx",
     "make_train_step",
     "nnx_to_linen",
-    "sharded_training",
     "train_step",
 ]
 
@@ -83,6 +84,15 @@ def __getattr__(name: str) -> _Any:
     value = getattr(_importlib.import_module(_HOME[name]), name)
     globals()[name] = value
     return value
+  if name in _PRIVATE_NOW:
+    module, advice = _PRIVATE_NOW[name]
+    _warnings.warn(
+        f"nnx_adapter.{name} is deprecated and will be removed in 0.4;"
+        f" {advice}.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(_importlib.import_module(module), name)
   raise AttributeError(f"module 'nnx_adapter' has no attribute {name!r}")
 
 

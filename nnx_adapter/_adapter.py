@@ -9,10 +9,10 @@ import flax.linen as nn
 from flax.nnx.bridge import variables as bridge_variables
 import jax
 
+from linen_moe.frontend import compiled_init
 from linen_moe.variables import CACHE
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.variables import UPDATED_BY_RULE
-from linen_moe.variables import compiled_init
 
 
 class Fp8State(nnx.Variable):

@@ -16,7 +16,7 @@ from typing import Any
 
 from flax import nnx
 
-from linen_moe import checkpoint
+from linen_moe import frontend
 from nnx_adapter._train_state import TrainState
 
 Path = tuple[str, ...]
@@ -24,23 +24,24 @@ Path = tuple[str, ...]
 MODEL, OPTIMIZER = 0, 1  # TrainState.state holds (model, optimizer)
 
 
-def _path_fn(state: TrainState) -> Callable[[tuple], Path]:
-  """Checkpoint-tree path of each leaf of `state`, from its jax key path."""
+def _path_fn(state: TrainState) -> Callable[[Path], Path]:
+  """Checkpoint-tree path of each leaf of `state`, from its path in the
+  state (the names of its jax key path's entries)."""
   model = nnx.to_flat_state(state.state[MODEL])
   collections = {
       tuple(map(str, path)): nnx.variable_name_from_type(type(variable))
       for path, variable in model
   }
 
-  def path_of(key_path: tuple) -> Path:
-    raw = [checkpoint.key_name(k) for k in key_path]
+  def path_of(names: Path) -> Path:
+    raw = list(names)
     if raw[0] != "state":  # another TrainState field
       return tuple(raw)
     if raw[-1] == "value":  # a Variable's payload
       raw = raw[:-1]
     owner, *path = raw[1:]
     if owner == str(MODEL):
-      return (checkpoint.VARIABLES, collections[tuple(path)], *path)
+      return (frontend.VARIABLES, collections[tuple(path)], *path)
     return tuple(path)  # optimizer fields: step, opt_state/...
 
   return path_of
@@ -57,7 +58,7 @@ def tree_of(state: TrainState) -> dict:
     ``{"variables": {collection: {path...}}, "step": ..., "opt_state": ...}``
     and any other field.
   """
-  return checkpoint.tree_of(state, _path_fn(state))
+  return frontend.tree_of(state, _path_fn(state))
 
 
 def state_from(tree: Any, template: TrainState) -> TrainState:
@@ -70,4 +71,4 @@ def state_from(tree: Any, template: TrainState) -> TrainState:
   Returns:
     A `TrainState` like `template` holding `tree`'s leaves.
   """
-  return checkpoint.state_from(tree, template, _path_fn(template))
+  return frontend.state_from(tree, template, _path_fn(template))

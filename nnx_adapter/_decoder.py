@@ -14,9 +14,10 @@ import numpy as np
 
 import linen_moe
 from linen_moe import ModelConfig
+from linen_moe import frontend
 from linen_moe import models
 from linen_moe import sharding
-from linen_moe.tokens import validate_tokens_if_concrete
+from linen_moe.frontend import validate_tokens_if_concrete
 from linen_moe.variables import CACHE
 from linen_moe.variables import rng_dict
 from nnx_adapter._adapter import Cache
@@ -26,7 +27,7 @@ PyTree = dict[str, Any]
 # The stacked layer axis carries the logical name "layers" (as under the
 # Linen decoder's `nn.scan`), so the partitioning metadata of stacked
 # variables has one name per array axis.
-LAYERS_AXIS = {nnx.PARTITION_NAME: models.LAYERS_AXIS}
+LAYERS_AXIS = {nnx.PARTITION_NAME: frontend.LAYERS_AXIS}
 
 
 class Decoder(nnx.Module):
@@ -119,11 +120,11 @@ class Decoder(nnx.Module):
       block = block_class(config, decode, *kinds[i])
       setattr(
           self,
-          models.layer_name(i),
+          frontend.layer_name(i),
           EagerToNNX(block, x, positions, rngs=rngs),
       )
     if plan.scanned:
-      body, fields = models.stack_body(config, decode)
+      body, fields = frontend.stack_body(config, decode)
       body = models.remat_block(body, config, decode)
 
       @nnx.split_rngs(splits=plan.repeats)
@@ -131,10 +132,10 @@ class Decoder(nnx.Module):
       def stacked(rngs: nnx.Rngs) -> EagerToNNX:
         return EagerToNNX(body(**fields), x, positions, rngs=rngs)
 
-      setattr(self, models.STACK, stacked(rngs))
+      setattr(self, frontend.STACK, stacked(rngs))
     self.final_norm = EagerToNNX(models.RMSNorm(config.norm_eps), x, rngs=rngs)
     if not config.tie_embeddings:
-      self.logits = EagerToNNX(models.output_head(config), x, rngs=rngs)
+      self.logits = EagerToNNX(frontend.output_head(config), x, rngs=rngs)
 
   def __call__(
       self,
@@ -170,16 +171,16 @@ class Decoder(nnx.Module):
     """
     cfg = self.config
     tokens = validate_tokens_if_concrete(tokens, cfg.vocab_size)
-    models.validate_segments(
+    frontend.validate_segments(
         np.shape(tokens), segment_ids, positions, self.decode
     )
     tokens = jnp.asarray(tokens)
-    x = models.scale_embeddings(self.embed(tokens), cfg)  # [B, S, M]
+    x = frontend.scale_embeddings(self.embed(tokens), cfg)  # [B, S, M]
     start = 0
     if self.decode:
       start = self.index.get_value()
       self.index.set_value(start + tokens.shape[1])
-    positions = models.resolve_positions(
+    positions = frontend.resolve_positions(
         tokens.shape, segment_ids, positions, start
     )
     plan = cfg.stack_plan
@@ -194,7 +195,7 @@ class Decoder(nnx.Module):
       outs = []
       for i in layers:
         key = None if keys is None else keys[i]
-        x, out = apply_block(getattr(self, models.layer_name(i)), x, key)
+        x, out = apply_block(getattr(self, frontend.layer_name(i)), x, key)
         outs.append(out)
       return x, outs
 
@@ -208,7 +209,7 @@ class Decoder(nnx.Module):
         rows = rows[:: plan.period]
 
       @nnx.scan(
-          unroll=models.resolved_unroll(cfg.scan_unroll, plan.repeats),
+          unroll=frontend.resolved_unroll(cfg.scan_unroll, plan.repeats),
           in_axes=(0, nnx.Carry, 0),
           out_axes=(nnx.Carry, 0),
           transform_metadata=LAYERS_AXIS,
@@ -216,15 +217,15 @@ class Decoder(nnx.Module):
       def scan_blocks(block, x, key):
         return apply_block(block, x, key)
 
-      x, stacked = scan_blocks(getattr(self, models.STACK), x, rows)
+      x, stacked = scan_blocks(getattr(self, frontend.STACK), x, rows)
     x, after = unrolled(x, plan.after)
-    per_layer = models.per_layer_aux(cfg, before, stacked, after)
+    per_layer = frontend.per_layer_aux(cfg, before, stacked, after)
     x = self.final_norm(x)
     if hidden_only:
-      return x, models.layer_aux(per_layer, cfg)
+      return x, frontend.layer_aux(per_layer, cfg)
     head = None if cfg.tie_embeddings else self.logits
-    logits = models.logits_of(cfg, self.embed, head, x)  # [B, S, V]
-    return logits, models.layer_aux(per_layer, cfg)
+    logits = frontend.logits_of(cfg, self.embed, head, x)  # [B, S, V]
+    return logits, frontend.layer_aux(per_layer, cfg)
 
   def output_kernel(self) -> jax.Array:
     """The output head as one matrix.

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe import decoding
-from linen_moe.tokens import validate_tokens_if_concrete
+from linen_moe.frontend import validate_tokens_if_concrete
 from linen_moe.variables import CACHE
 from nnx_adapter._decoder import Decoder
 from nnx_adapter._decoder import linen_to_nnx

@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec
 import optax
 
 from linen_moe import ModelConfig
-from linen_moe.training import ShardedRun
+from linen_moe.frontend import ShardedRun
 from nnx_adapter._train import init_train_state
 from nnx_adapter._train import make_train_step
 

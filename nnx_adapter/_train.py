@@ -20,9 +20,8 @@ import jax.numpy as jnp
 import optax
 
 from linen_moe import ModelConfig
-from linen_moe import lora
-from linen_moe import training as linen_train
-from linen_moe.variables import jit_once
+from linen_moe import frontend
+from linen_moe.frontend import jit_once
 from nnx_adapter._adapter import Fp8State
 from nnx_adapter._adapter import RuleState
 from nnx_adapter._decoder import init_decoder
@@ -32,7 +31,7 @@ PyTree = Any
 
 
 def _is_adapter(path, _value) -> bool:
-  return lora.is_adapter(tuple(str(k) for k in path))
+  return frontend.is_adapter(tuple(str(k) for k in path))
 
 
 def trained(config: ModelConfig | None) -> Any:
@@ -90,7 +89,7 @@ def accumulate_gradients(
 
     return jax.grad(loss, argnums=(0, 1), has_aux=True)(params, fp8_state)
 
-  return linen_train.accumulate_gradients(grad_fn, batch, grad_accum, rng)
+  return frontend.accumulate_gradients(grad_fn, batch, grad_accum, rng)
 
 
 def apply_gradients(
@@ -118,7 +117,7 @@ def apply_gradients(
   """
   optimizer.update(model, param_grads)
   fp8_state = nnx.state(model, Fp8State)
-  nnx.update(model, linen_train.overwrite_with_gradient(fp8_state, fp8_grads))
+  nnx.update(model, frontend.overwrite_with_gradient(fp8_state, fp8_grads))
 
 
 def apply_routed_bias_rule(
@@ -127,7 +126,7 @@ def apply_routed_bias_rule(
   """Moves every `routed_bias` of `model` (a `Decoder`) in place by the rule,
   from the step's expert loads <float32>[L, E]."""
   rule_state = nnx.state(model, RuleState)
-  new = linen_train.routed_bias_rule(
+  new = frontend.routed_bias_rule(
       nnx.to_pure_dict(rule_state), expert_load, rate, model.config.stack_plan
   )
   nnx.replace_by_pure_dict(rule_state, new)
@@ -169,7 +168,7 @@ def decoder_loss(model: nnx.Module, batch, rng: jax.Array):
       positions=batch.get("positions"),
       hidden_only=True,
   )
-  return linen_train.hidden_decoder_loss(
+  return frontend.hidden_decoder_loss(
       hidden,
       model.output_kernel(),
       aux,
@@ -225,7 +224,7 @@ def train_step(
   """
   # A copy of the values: `nnx.state` holds the live Variables.
   old = jax.tree.map(lambda x: x, nnx.state((model, optimizer)))
-  batch = linen_train.train_batch(tokens, mask, segment_ids, positions)
+  batch = frontend.train_batch(tokens, mask, segment_ids, positions)
   (param_grads, fp8_grads), metrics = accumulate_gradients(
       model, decoder_loss, batch, rng, grad_accum
   )
@@ -233,10 +232,10 @@ def train_step(
   rate = model.config.moe.routed_bias_update_rate
   if rate > 0:
     apply_routed_bias_rule(model, metrics["expert_load"], rate)
-  ok = linen_train.all_finite((metrics["loss"], param_grads, fp8_grads))
+  ok = frontend.all_finite((metrics["loss"], param_grads, fp8_grads))
   steps = optimizer.step.get_value()
   new = nnx.state((model, optimizer))
-  nnx.update((model, optimizer), linen_train.keep_if_finite(ok, new, old))
+  nnx.update((model, optimizer), frontend.keep_if_finite(ok, new, old))
   optimizer.step.set_value(steps)
   return {**metrics, "skipped": jnp.logical_not(ok).astype(jnp.int32)}
 

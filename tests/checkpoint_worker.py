@@ -34,8 +34,8 @@ from linen_moe import sharding  # noqa: E402
 from linen_moe._src.config.files import load_model_config  # noqa: E402
 from linen_moe._src.config.moe_config import MATMUL_PATHS  # noqa: E402
 from linen_moe.training import default_optimizer  # noqa: E402
+import nnx_adapter  # noqa: E402
 from nnx_adapter import frontend as get_frontend  # noqa: E402
-from nnx_adapter import sharded_training  # noqa: E402
 
 KILL_TREE_SIZE = 1 << 16
 
@@ -115,8 +115,8 @@ def mesh(job: dict) -> dict:
   tokens = jnp.zeros((8, 8), jnp.int32)
   rng = jax.random.key(0)
   cfg = base.replace(scan_layers=layers[job["save_layers"]])
-  run = sharded_training(
-      "linen", cfg, optimizer, sharding.make_mesh(job["save_on"])
+  run = nnx_adapter.frontend("linen").sharded(
+      cfg, optimizer, sharding.make_mesh(job["save_on"])
   )
   state = _perturbed(run.init(tokens, rng))
   fe = get_frontend("linen")
@@ -138,8 +138,8 @@ def mesh(job: dict) -> dict:
           rng,
       )
     else:
-      target_run = sharded_training(
-          frontend, target_cfg, optimizer, sharding.make_mesh(spec)
+      target_run = nnx_adapter.frontend(frontend).sharded(
+          target_cfg, optimizer, sharding.make_mesh(spec)
       )
       target = target_run.abstract_state(tokens, rng)
     wanted = checkpoint.abstract(fe.checkpoint_tree(target))

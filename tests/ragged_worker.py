@@ -28,6 +28,7 @@ from linen_moe import RoutedMoE  # noqa: E402
 from linen_moe import hlo
 from linen_moe import sharding  # noqa: E402
 from linen_moe._src.config.files import load_moe_config  # noqa: E402
+from linen_moe._src.hlo import reading
 from linen_moe._src.kernels import ragged_collectives  # noqa: E402
 from tests import sharding_worker  # noqa: E402
 
@@ -190,9 +191,9 @@ def device_program(job: dict) -> dict:
       lowered = loss(ragged).lower(variables, x).as_text()
     out["real_op_calls"] = lowered.count("@ragged_all_to_all")
     emulated = loss(ragged).lower(variables, x).compile().as_text()
-    out["emulated_counts"] = hlo.collective_counts(emulated)
+    out["emulated_counts"] = reading.collective_counts(emulated)
     auto = loss(cfg).lower(variables, x).compile().as_text()
-    out["auto_counts"] = hlo.collective_counts(auto)
+    out["auto_counts"] = reading.collective_counts(auto)
   return out
 
 

@@ -28,19 +28,19 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from linen_moe import hlo
 from linen_moe import load_model_config  # noqa: E402
 from linen_moe import models  # noqa: E402
 from linen_moe import sharding  # noqa: E402
-from linen_moe import testing  # noqa: E402
 from linen_moe._src.config.moe_config import MATMUL_PATHS  # noqa: E402
+from linen_moe._src.hlo import reading
+from linen_moe._src.testing import helpers
 from linen_moe.training import MarkovData  # noqa: E402
 from linen_moe.training import default_optimizer  # noqa: E402
+import nnx_adapter  # noqa: E402
 from nnx_adapter import frontend as get_frontend  # noqa: E402
-from nnx_adapter import sharded_training  # noqa: E402
 
 EXPERT_WEIGHTS = ("wi_0", "wi_1", "wo")
-_max_abs_diff = testing.max_abs_diff
+_max_abs_diff = helpers.max_abs_diff
 
 
 def _max_abs(tree) -> float:
@@ -87,12 +87,10 @@ def equivalence(job: dict) -> dict:
     segment_ids = jnp.asarray([rows[i % 2] for i in range(batch)], jnp.int32)
     extras = (None, segment_ids, models.segment_positions(segment_ids))
   runs = {
-      spec: sharded_training(
-          frontend,
-          cfg,
-          optimizer,
-          sharding.make_mesh(spec),
-          job.get("grad_accum", 1),
+      spec: (
+          nnx_adapter.frontend(frontend).sharded(
+              cfg, optimizer, sharding.make_mesh(spec), job.get("grad_accum", 1)
+          )
       )
       for spec in job["meshes"]
   }
@@ -129,9 +127,9 @@ def equivalence(job: dict) -> dict:
     if job.get("hlo"):
       text = compiled.as_text()
       full = {s for w in weights.values() for s in (w.shape, w.shape[1:])}
-      result["collectives"] = hlo.collective_counts(text)
+      result["collectives"] = reading.collective_counts(text)
       result["full_weight_gathers"] = [
-          s for s in hlo.all_gather_shapes(text) if s in full
+          s for s in reading.all_gather_shapes(text) if s in full
       ]
     new, metrics = compiled(state, tokens, step_rng, *extras)
     result.update(
@@ -152,11 +150,8 @@ def shardings(job: dict) -> dict:
       quantization=job.get("quantization", "fp8"),
   )
   tokens = jax.ShapeDtypeStruct((8, 8), jnp.int32)
-  run = sharded_training(
-      job.get("frontend", "linen"),
-      cfg,
-      default_optimizer(),
-      sharding.make_mesh(job["mesh"]),
+  run = nnx_adapter.frontend(job.get("frontend", "linen")).sharded(
+      cfg, default_optimizer(), sharding.make_mesh(job["mesh"])
   )
   specs = run.state_shardings(tokens, jax.random.key(0))
   flat = jax.tree_util.tree_leaves_with_path(specs)
@@ -292,12 +287,8 @@ def skip(job: dict) -> dict:
   )
   frontend = job.get("frontend", "linen")
   fe = get_frontend(frontend)
-  run = sharded_training(
-      frontend,
-      cfg,
-      default_optimizer(1e-2),
-      sharding.make_mesh(job["mesh"]),
-      grad_accum=2,
+  run = nnx_adapter.frontend(frontend).sharded(
+      cfg, default_optimizer(1e-2), sharding.make_mesh(job["mesh"]), 2
   )
   # 16 rows: each microbatch of 8 splits over the 8 devices' batch axes.
   good = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(16, 8, 1)))

@@ -21,6 +21,7 @@ from linen_moe._src.models import attention_blockwise
 from linen_moe._src.models import attention_fused
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.planning import targets as plan_targets
+from linen_moe._src.testing import helpers
 from linen_moe.sharding import unbox
 import nnx_adapter
 from tests import numpy_reference
@@ -481,7 +482,7 @@ def _decoder_equals_einsum(
     **changes,
 ):
   base = load_model_config(name, scan_layers=scan).replace(**changes)
-  tokens = testing.markov_tokens(base.vocab_size, 1, seq, 1)
+  tokens = helpers.markov_tokens(base.vocab_size, 1, seq, 1)
   variables = unbox(Decoder(base).init(jax.random.key(0), tokens))
 
   def run(implementation):

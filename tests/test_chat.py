@@ -19,6 +19,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from linen_moe import data
+from linen_moe._src.data import chat
+from linen_moe._src.data import chat_rows
 from linen_moe._src.data import chat_template
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "chat"
@@ -119,7 +121,7 @@ class MaskTest(parameterized.TestCase):
     self.assertGreaterEqual(len(cases), 5)
     for case in cases:
       with self.subTest(case=case["name"]):
-        ids, mask = data.encode_conversation(
+        ids, mask = chat.encode_conversation(
             template, tokenizer, case["messages"]
         )
         self.assertEqual(ids.tolist(), case["ids"])
@@ -188,7 +190,7 @@ class MaskTest(parameterized.TestCase):
         for c in expected["cases"]
         if c["name"] == case_name and not c["add_generation_prompt"]
     )
-    ids, mask = data.encode_conversation(template, tokenizer, case["messages"])
+    ids, mask = chat.encode_conversation(template, tokenizer, case["messages"])
     self.assertEqual(ids.tolist(), case["ids"])
     self.assertEqual(_masked_runs(tokenizer, ids, mask), replies)
     # Everything else (system, user, headers) is not learned.
@@ -217,7 +219,7 @@ class MaskTest(parameterized.TestCase):
         continue
       with self.subTest(case=case["name"]):
         renders.clear()
-        text, spans = data.assistant_spans(counting, case["messages"])
+        text, spans = chat_template.assistant_spans(counting, case["messages"])
         if "<think>" not in text:  # replies rendered by what they hold
           self.assertLen(renders, 2)  # the conversation, then all replies
         self.assertEqual(
@@ -236,7 +238,7 @@ class MaskTest(parameterized.TestCase):
         {"role": "user", "content": "Say it again."},
         {"role": "assistant", "content": "Hello again!"},
     ]
-    ids, mask = data.encode_conversation(template, tokenizer, messages)
+    ids, mask = chat.encode_conversation(template, tokenizer, messages)
     end = tokenizer.token_to_id("<|im_end|>")
     start = tokenizer.token_to_id("<|im_start|>")
     ends = np.flatnonzero(ids == end).tolist()
@@ -263,9 +265,9 @@ class MaskTest(parameterized.TestCase):
   def test_loss_mask_of_offsets(self):
     # Tokens [0, 2) [2, 5) [5, 5) [5, 9) [9, 10); spans [2, 6) and [10, 10).
     offsets = np.array([[0, 2], [2, 5], [5, 5], [5, 9], [9, 10]])
-    mask = data.loss_mask_of(offsets, [(2, 6), (10, 10)])
+    mask = chat.loss_mask_of(offsets, [(2, 6), (10, 10)])
     np.testing.assert_array_equal(mask, [0, 1, 1, 1, 1])
-    mask = data.loss_mask_of(offsets, [(0, 2)])
+    mask = chat.loss_mask_of(offsets, [(0, 2)])
     np.testing.assert_array_equal(mask, [1, 1, 0, 0, 0])
 
 
@@ -285,7 +287,7 @@ class RowsTest(absltest.TestCase):
       if np.any(a[:-2] & ~a[1:-1] & a[2:]):
         continue
       np.testing.assert_array_equal(
-          _step_weights(data.chat_step_mask(a)), a[1:], err_msg=str(a)
+          _step_weights(chat_rows.chat_step_mask(a)), a[1:], err_msg=str(a)
       )
 
   def _chat(self, packing="pad", seq_len=16):
@@ -314,7 +316,7 @@ class RowsTest(absltest.TestCase):
           {"role": "user", "content": f"Question {i}?"},
           {"role": "assistant", "content": "Answer " * (i % 4 + 1)},
       ]
-      want_ids, want_mask = data.encode_conversation(
+      want_ids, want_mask = chat.encode_conversation(
           template, tokenizer, messages
       )
       np.testing.assert_array_equal(ids, want_ids)
@@ -408,13 +410,13 @@ class BadInputTest(parameterized.TestCase):
     good = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}  # fmt: skip
     path = _write_jsonl(os.path.join(tmp, "c.jsonl"), [row, good])
     with self.assertRaisesRegex(ValueError, "c.jsonl" + message):
-      data.read_conversations(path)
+      chat.read_conversations(path)
     # The second line too: the line number is the file's.
     path = _write_jsonl(os.path.join(tmp, "d.jsonl"), [good, "", row])
     with self.assertRaisesRegex(
         ValueError, "d.jsonl" + message.replace(":1:", ":3:")
     ):
-      data.read_conversations(path)
+      chat.read_conversations(path)
 
   def test_template_refusal_names_the_line(self):
     tmp = _tempdir(self)

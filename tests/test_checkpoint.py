@@ -26,10 +26,12 @@ import numpy as np
 import pytest
 
 from linen_moe import checkpoint
-from linen_moe import testing
+from linen_moe import frontend
+from linen_moe._src.checkpoint import meta
 from linen_moe._src.checkpoint import tree as ckpt_tree
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.testing import helpers
 from linen_moe.training import LinenFrontend
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
@@ -39,11 +41,11 @@ from tests import workers
 
 TX = default_optimizer()
 TOKENS = jnp.zeros((2, 8), jnp.int32)
-FP8 = (checkpoint.VARIABLES, OVERWRITE_WITH_GRADIENT)
+FP8 = (frontend.VARIABLES, OVERWRITE_WITH_GRADIENT)
 
 
 def _config(quantization="fp8", path="sparse", **overrides):
-  return testing.config_on_path("tiny_mixtral", quantization, path, **overrides)
+  return helpers.config_on_path("tiny_mixtral", quantization, path, **overrides)
 
 
 def _moved(tree):
@@ -58,7 +60,7 @@ def _moved(tree):
   return traverse_util.unflatten_dict(out)
 
 
-_flat_numpy = testing.flat_numpy
+_flat_numpy = helpers.flat_numpy
 
 
 def _abstract_linen(cfg):
@@ -82,9 +84,9 @@ class CheckpointTestBase(absltest.TestCase):
     cls.cfg = _config()
     state = LinenFrontend.init(cls.cfg, TX, TOKENS, jax.random.key(0))
     cls.state = LinenFrontend.from_checkpoint_tree(
-        _moved(checkpoint.tree_of(state)), state
+        _moved(frontend.tree_of(state)), state
     )
-    cls.tree = checkpoint.tree_of(cls.state)
+    cls.tree = frontend.tree_of(cls.state)
     cls.saved = _flat_numpy(cls.tree)
     cls.saved_dir = os.path.join(cls.tmp, "run")
     with checkpoint.Checkpoints(cls.saved_dir) as ckpts:
@@ -114,7 +116,7 @@ class CheckpointTreeTest(CheckpointTestBase):
     params = traverse_util.flatten_dict(self.state.params)
     fp8 = traverse_util.flatten_dict(self.state.fp8_state)
     for path, x in params.items():
-      self.assertIs(flat[(checkpoint.VARIABLES, "params", *path)], x)
+      self.assertIs(flat[(frontend.VARIABLES, "params", *path)], x)
     for path, x in fp8.items():
       self.assertIs(flat[(*FP8, *path)], x)
     mu = self.state.opt_state[1][0].mu["layers"]["moe"]["wi_0"]
@@ -131,13 +133,13 @@ class CheckpointTreeTest(CheckpointTestBase):
     linen = LinenFrontend.init(self.cfg, TX, TOKENS, jax.random.key(3))
     nnx = nnx_adapter.init_train_state(self.cfg, TX, TOKENS, jax.random.key(3))
     self.assert_trees_equal(
-        nnx_adapter.NNXFrontend.checkpoint_tree(nnx), checkpoint.tree_of(linen)
+        nnx_adapter.NNXFrontend.checkpoint_tree(nnx), frontend.tree_of(linen)
     )
 
   def test_state_round_trip_and_misfit(self):
-    back = checkpoint.state_from(self.tree, self.state)
+    back = frontend.state_from(self.tree, self.state)
     self.assertEqual(jax.tree.structure(back), jax.tree.structure(self.state))
-    self.assert_trees_equal(checkpoint.tree_of(back), self.tree)
+    self.assert_trees_equal(frontend.tree_of(back), self.tree)
     nnx = nnx_adapter.init_train_state(self.cfg, TX, TOKENS, jax.random.key(0))
     nnx = nnx_adapter.NNXFrontend.from_checkpoint_tree(self.tree, nnx)
     self.assertEqual(nnx.step.dtype, jnp.uint32)  # NNX's own counter dtype
@@ -147,7 +149,7 @@ class CheckpointTreeTest(CheckpointTestBase):
     partial = dict(self.tree)
     del partial["opt_state"]
     with self.assertRaisesRegex(ValueError, "missing .*opt_state"):
-      checkpoint.state_from(partial, self.state)
+      frontend.state_from(partial, self.state)
 
   def test_relayout_moves_rows(self):
     """Unrolled layer i holds row i of each stack, in every subtree."""
@@ -168,7 +170,7 @@ class CheckpointTreeTest(CheckpointTestBase):
 class CheckpointRestoreTest(CheckpointTestBase):
 
   def test_restores_exactly(self):
-    target = checkpoint.tree_of(_abstract_linen(self.cfg))
+    target = frontend.tree_of(_abstract_linen(self.cfg))
     restored = self.restore(target, config=self.cfg)
     self.assertEqual((restored.step, restored.fresh_fp8_state), (5, False))
     self.assertEqual(
@@ -178,14 +180,14 @@ class CheckpointRestoreTest(CheckpointTestBase):
 
   def test_scanned_into_unrolled_and_back(self):
     cfg = self.cfg.replace(scan_layers=False)
-    target = checkpoint.tree_of(_abstract_linen(cfg))
+    target = frontend.tree_of(_abstract_linen(cfg))
     restored = self.restore(target, config=cfg)
     expected = ckpt_tree.relayout(self.tree, False, cfg.num_layers)
     self.assert_trees_equal(restored.tree, expected)
     other = os.path.join(self.tmp, "unrolled")
     with checkpoint.Checkpoints(other) as ckpts:
       ckpts.save(5, restored.tree, _meta(cfg))
-    back = self.restore(checkpoint.tree_of(_abstract_linen(self.cfg)), other)
+    back = self.restore(frontend.tree_of(_abstract_linen(self.cfg)), other)
     self.assert_trees_equal(back.tree, self.tree)
 
   def test_restores_into_the_nnx_front_end(self):
@@ -207,11 +209,11 @@ class CheckpointRestoreTest(CheckpointTestBase):
         r"run/5 was trained with another model config: "
         r"moe_mlp_dim=128 there, 64 here",
     ):
-      self.restore(checkpoint.tree_of(_abstract_linen(cfg)), config=cfg)
+      self.restore(frontend.tree_of(_abstract_linen(cfg)), config=cfg)
 
   def test_mismatched_leaf_names_path_and_both_shapes(self):
     cfg = self.cfg.replace(fp8_amax_history_length=16)  # a run field
-    target = checkpoint.tree_of(_abstract_linen(cfg))
+    target = frontend.tree_of(_abstract_linen(cfg))
     with self.assertRaisesRegex(
         ValueError,
         r"run/5 does not fit the model: first mismatched leaf "
@@ -225,10 +227,10 @@ class CheckpointRestoreTest(CheckpointTestBase):
     plain = _config("none")
     plain_dir = os.path.join(self.tmp, "plain")
     plain_state = LinenFrontend.init(plain, TX, TOKENS, jax.random.key(1))
-    plain_tree = _moved(checkpoint.tree_of(plain_state))
+    plain_tree = _moved(frontend.tree_of(plain_state))
     with checkpoint.Checkpoints(plain_dir) as ckpts:
       ckpts.save(3, plain_tree, _meta(plain))
-    abstract_target = checkpoint.tree_of(_abstract_linen(self.cfg))
+    abstract_target = frontend.tree_of(_abstract_linen(self.cfg))
     with self.assertRaisesRegex(
         ValueError,
         r"plain/3 does not fit the model: leaf variables/"
@@ -239,7 +241,7 @@ class CheckpointRestoreTest(CheckpointTestBase):
       self.restore(abstract_target, plain_dir, config=self.cfg)
     with self.assertRaisesRegex(ValueError, "needs the initial fp8 state"):
       self.restore(abstract_target, plain_dir, fresh_fp8_state=True)
-    initial = checkpoint.tree_of(
+    initial = frontend.tree_of(
         LinenFrontend.init(self.cfg, TX, TOKENS, jax.random.key(0))
     )
     with self.assertLogs("linen_moe.checkpoint", "WARNING") as logs:
@@ -264,7 +266,7 @@ class CheckpointRestoreTest(CheckpointTestBase):
     with self.assertRaisesRegex(
         ValueError, r"_overwrite_with_gradient/.* is not in the model"
     ):
-      self.restore(checkpoint.tree_of(_abstract_linen(cfg)), config=cfg)
+      self.restore(frontend.tree_of(_abstract_linen(cfg)), config=cfg)
 
   # After the failed read, a tensorstore callback reaches orbax's closed
   # event loop ("Event loop is closed", ignored by Python); ours is the
@@ -284,7 +286,7 @@ class CheckpointRestoreTest(CheckpointTestBase):
     for f in data:
       with open(f, "r+b") as handle:
         handle.truncate(os.path.getsize(f) // 2)
-    target = checkpoint.tree_of(_abstract_linen(self.cfg))
+    target = frontend.tree_of(_abstract_linen(self.cfg))
     with self.assertRaisesRegex(
         ValueError, r"damaged/5 cannot be read; it is truncated or damaged"
     ):
@@ -329,9 +331,7 @@ class CheckpointsManagerTest(absltest.TestCase):
 
   def test_rng_and_config_as_json(self):
     for rng in (jax.random.key(7), jax.random.key(7, impl="rbg")):
-      back = checkpoint.rng_from_json(
-          json.loads(json.dumps(checkpoint.rng_to_json(rng)))
-      )
+      back = meta.rng_from_json(json.loads(json.dumps(meta.rng_to_json(rng))))
       self.assertEqual(jax.random.key_impl(back), jax.random.key_impl(rng))
       np.testing.assert_array_equal(
           jax.random.key_data(back), jax.random.key_data(rng)
@@ -341,11 +341,11 @@ class CheckpointsManagerTest(absltest.TestCase):
     run_changes = _config(
         "int8", "dense_dropping", scan_layers=False, dtype="bfloat16"
     )
-    checkpoint.check_model_config(saved, run_changes, "here")  # allowed
+    meta.check_model_config(saved, run_changes, "here")  # allowed
     with self.assertRaisesRegex(
         ValueError, r"num_experts=8 there, 4 here; num_layers=2 there, 3 here\."
     ):
-      checkpoint.check_model_config(
+      meta.check_model_config(
           saved, cfg.replace(num_experts=4, num_layers=3), "x"
       )
 

@@ -9,14 +9,14 @@ import numpy as np
 
 from linen_moe import Decoder
 from linen_moe import load_model_config
-from linen_moe import testing
+from linen_moe._src.testing import helpers
+from linen_moe.frontend import hidden_decoder_loss
+from linen_moe.frontend import loss_weights
 from linen_moe.models import output_kernel
 from linen_moe.sharding import unbox
 from linen_moe.training import chunked_cross_entropy
 from linen_moe.training import cross_entropy
 from linen_moe.training import decoder_loss
-from linen_moe.training import hidden_decoder_loss
-from linen_moe.training import loss_weights
 from linen_moe.training import make_eval_step
 
 
@@ -65,7 +65,7 @@ class ChunkedCrossEntropyTest(parameterized.TestCase):
     cfg = load_model_config("tiny_mixtral").replace(
         tie_embeddings=False, final_logit_softcap=2.0, num_layers=1
     )
-    tokens = testing.markov_tokens(cfg.vocab_size, 2, 12, 4)
+    tokens = helpers.markov_tokens(cfg.vocab_size, 2, 12, 4)
     seg = jnp.asarray([[1] * 5 + [2] * 7, [1] * 10 + [0] * 2], jnp.int32)
     variables = unbox(Decoder(cfg).init(jax.random.key(0), tokens))
     params = variables["params"]
@@ -103,7 +103,7 @@ class ChunkedCrossEntropyTest(parameterized.TestCase):
     cfg = load_model_config("tiny_mixtral").replace(
         tie_embeddings=False, final_logit_softcap=2.0, num_layers=1
     )
-    tokens = testing.markov_tokens(cfg.vocab_size, 2, 12, 4)
+    tokens = helpers.markov_tokens(cfg.vocab_size, 2, 12, 4)
     seg = jnp.asarray([[1] * 5 + [2] * 7, [1] * 10 + [0] * 2], jnp.int32)
     mask = np.ones((2, 12), bool)
     mask[0, 9:] = False

@@ -37,6 +37,7 @@ import numpy as np
 
 from linen_moe import testing
 from linen_moe._src.parallel import launcher as launch
+from linen_moe._src.testing import helpers
 from linen_moe_cli import main as cli_main
 from linen_moe_cli.commands import launch as launch_command
 from tests import cli_helpers
@@ -189,7 +190,7 @@ class TwoProcessTrainTest(absltest.TestCase):
 
 
 def _losses(directory: str) -> list[tuple[int, float]]:
-  rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
   return [(r["step"], r["cross_entropy"]) for r in rows]
 
 

@@ -20,7 +20,9 @@ from linen_moe import checkpoint
 from linen_moe import hf
 from linen_moe import lora
 from linen_moe import testing
+from linen_moe._src.lora import tree
 from linen_moe._src.run import throughput
+from linen_moe._src.testing import helpers
 from linen_moe.sharding import unbox
 from linen_moe.testing import slow
 from linen_moe.training import RunOptions
@@ -165,7 +167,7 @@ class QLoRARunTest(absltest.TestCase):
     whole = os.path.join(self.tmp, "whole")
     code, out, err = testing.run_capturing(cli.main, self.argv(whole))
     self.assertEqual(code, 0, out + err)
-    rows = testing.read_jsonl(os.path.join(whole, "metrics.jsonl"))
+    rows = helpers.read_jsonl(os.path.join(whole, "metrics.jsonl"))
     self.assertLess(rows[-1]["loss"], rows[0]["loss"])
     resumed = os.path.join(self.tmp, "resumed")
     shutil.copytree(whole, resumed)
@@ -175,7 +177,7 @@ class QLoRARunTest(absltest.TestCase):
     self.assertEqual(code, 0, out + err)
     self.assertEqual(
         _deterministic(
-            testing.read_jsonl(os.path.join(resumed, "metrics.jsonl"))
+            helpers.read_jsonl(os.path.join(resumed, "metrics.jsonl"))
         ),
         _deterministic(rows),
     )
@@ -219,7 +221,7 @@ class QLoRARunTest(absltest.TestCase):
     self.assertEqual(code, 0, out + err)
     meta = json.loads(pathlib.Path(out_dir, "adapter_config.json").read_text())
     self.assertEqual((meta["rank"], meta["alpha"]), (4, 8.0))
-    base_cfg = lora.without_adapters(config)
+    base_cfg = tree.without_adapters(config)
     _, back = lora.load_adapters(base_cfg, variables, out_dir)
     jax.tree.map(
         np.testing.assert_array_equal,

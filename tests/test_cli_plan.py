@@ -23,6 +23,7 @@ import numpy as np
 from linen_moe import load_model_config
 from linen_moe import planning
 from linen_moe import testing
+from linen_moe._src.planning import flops
 from linen_moe._src.planning import plan as plan_lib
 from linen_moe._src.planning import targets as targets_lib
 from linen_moe_cli import main as cli
@@ -340,11 +341,11 @@ class FlopsTest(absltest.TestCase):
       width = cfg.full_head_dim if full else cfg.resolved_head_dim
       pairs = int((causal if full else windowed).sum())
       expected += 2 * 3 * pairs * heads * 2 * width
-    self.assertEqual(planning.attention_flops(cfg, 3, seq), expected)
+    self.assertEqual(flops.attention_flops(cfg, 3, seq), expected)
 
   def test_decode_counts_one_token_per_row(self):
     cfg = load_model_config("tiny_mixtral")
-    _, active = planning.matmul_parameters(cfg)
+    _, active = flops.matmul_parameters(cfg)
     seq = 40
     attention = cfg.num_layers * 2 * B * seq * cfg.num_heads * 2 * 16
     self.assertEqual(
@@ -358,7 +359,7 @@ class FlopsTest(absltest.TestCase):
     cfg = load_model_config("tiny_mixtral")
     kernels = cfg.replace(grouped_matmul="kernel", attention="splash")
     self.assertEqual(
-        planning.matmul_parameters(kernels), planning.matmul_parameters(cfg)
+        flops.matmul_parameters(kernels), flops.matmul_parameters(cfg)
     )
 
   def test_chips_have_their_figures(self):

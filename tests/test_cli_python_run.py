@@ -5,9 +5,9 @@ import os
 
 from absl.testing import absltest
 
-from linen_moe import testing
 from linen_moe import training
 from linen_moe._src.run import throughput
+from linen_moe._src.testing import helpers
 from tests import cli_helpers
 
 ARGS = dict(steps=3, batch_size=4, seq_len=8, save_every=2)
@@ -15,7 +15,7 @@ ARGS = dict(steps=3, batch_size=4, seq_len=8, save_every=2)
 
 def _rows(directory: str) -> list[dict]:
   """metrics.jsonl without the step times (not the same twice)."""
-  rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
   timing = throughput.TIMING_METRICS
   return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 

@@ -25,6 +25,7 @@ from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe._src.run import loop as train_job
 from linen_moe._src.run import throughput
+from linen_moe._src.testing import helpers
 from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
 from nnx_adapter import FRONTENDS
@@ -41,7 +42,7 @@ def _run_cli(*argv) -> tuple[int, str, str]:
 
 def _metrics(directory: str) -> list[dict]:
   """The rows of DIR/metrics.jsonl without the step times' metrics."""
-  rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
   timing = throughput.TIMING_METRICS
   return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
@@ -216,7 +217,7 @@ def _check_throughput(test, run: str, board: str) -> None:
   TFLOP/s over tokens/s is the model FLOPs per token of the run's config
   (no MFU on a CPU: no peak known); RUN/profile holds the trace of the
   profiled steps, BOARD the TensorBoard events of the same scalars."""
-  rows = testing.read_jsonl(os.path.join(run, "metrics.jsonl"))
+  rows = helpers.read_jsonl(os.path.join(run, "metrics.jsonl"))
   cfg = load_model_config("tiny_mixtral", num_layers=1)
   per_token = planning.model_flops(cfg, 2, 8) / (2 * 8)
   for row in rows:
@@ -251,7 +252,7 @@ def _lines(path: str) -> int:
 def _final_tree(directory: str) -> dict:
   with checkpoint.Checkpoints(directory) as ckpts:
     leaves = ckpts.saved_leaves()
-    return testing.flat_numpy(
+    return helpers.flat_numpy(
         ckpts.read(ckpts.latest_step(), checkpoint.abstract(leaves))
     )
 

@@ -40,6 +40,7 @@ from linen_moe._src.parallel import launcher as launch
 from linen_moe._src.run import directory as run_directory
 from linen_moe._src.run import loop as train_job
 from linen_moe._src.run import throughput
+from linen_moe._src.testing import helpers
 from linen_moe_cli import main as cli
 from tests import cli_helpers
 
@@ -68,7 +69,7 @@ def _cli(*argv) -> tuple[int, str, str]:
 def _rows(directory: str) -> list[dict]:
   """The rows of DIR/metrics.jsonl without the step times' metrics (a step
   run again computes the same row, but not in the same time)."""
-  rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
   timing = throughput.TIMING_METRICS
   return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 

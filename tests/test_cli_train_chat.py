@@ -15,10 +15,11 @@ from absl.testing import absltest
 import jax
 import numpy as np
 
+from linen_moe import frontend
 from linen_moe import load_model_config
 from linen_moe import testing
-from linen_moe import training
 from linen_moe._src.run import sources as train_data
+from linen_moe._src.testing import helpers
 from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
 
@@ -97,7 +98,7 @@ class BatchesTest(_Chats):
     source = train_data.CorpusSource(cfg, opts, None)
     tokens, mask, *_ = next(source.batches(0))  # and segment ids, positions
     self.assertIsNotNone(mask)
-    weights = np.asarray(training.loss_weights(mask)) > 0  # [B, S - 1]
+    weights = np.asarray(frontend.loss_weights(mask)) > 0  # [B, S - 1]
     # The targets counted, decoded row by row: the replies and their </s>.
     from tokenizers import Tokenizer  # noqa: PLC0415
 
@@ -204,7 +205,7 @@ class TrainTest(_Chats):
         ),
     )
     self.assertEqual(code, 0, err)
-    rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+    rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
     held_out = [r["eval_loss"] for r in rows if "eval_loss" in r]
     self.assertLen(held_out, 3)
     self.assertLess(held_out[-1], held_out[0])

@@ -31,6 +31,7 @@ from linen_moe._src.parallel import launcher as launch
 from linen_moe._src.run import loss_chart
 from linen_moe._src.run import sources as train_data
 from linen_moe._src.run import throughput
+from linen_moe._src.testing import helpers
 from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
 from tests import cli_helpers
@@ -46,7 +47,7 @@ def _run_cli(*argv) -> tuple[int, str, str]:
 
 def _metrics(directory: str) -> list[dict]:
   """The rows of DIR/metrics.jsonl without the step times' metrics."""
-  rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
   timing = throughput.TIMING_METRICS
   return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 

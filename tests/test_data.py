@@ -23,10 +23,14 @@ import numpy as np
 from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import data
+from linen_moe import frontend
 from linen_moe import load_model_config
 from linen_moe import models
 from linen_moe import testing
 from linen_moe import training
+from linen_moe._src.data import checkpointing
+from linen_moe._src.data import packing as packing_lib
+from linen_moe._src.data import tokenization
 
 # A pre-tokenized stream of three documents, each ending with EOD = 0.
 EOD = 0
@@ -66,7 +70,7 @@ def _stream_corpus(test, stream=STREAM, dtype="uint16") -> data.Corpus:
   return data.read_corpus(path, dtype=dtype, vocab_size=16, eod_id=EOD)
 
 
-def _rows(sequences: data.Sequences) -> tuple[list, list]:
+def _rows(sequences: packing_lib.Sequences) -> tuple[list, list]:
   items = [sequences[i] for i in range(len(sequences))]
   return (
       [x["tokens"].tolist() for x in items],
@@ -84,13 +88,13 @@ class PackingTest(absltest.TestCase):
     self.assertEqual(corpus.read(2, 9).tolist(), [7, 0, 8, 9, 0, 3, 4])
 
   def test_pack_across_documents(self):
-    tokens, masks = _rows(data.pack(_stream_corpus(self), 4))
+    tokens, masks = _rows(packing_lib.pack(_stream_corpus(self), 4))
     # 13 ids make 3 windows of 4; the last id is not used.
     self.assertEqual(tokens, [[5, 6, 7, 0], [8, 9, 0, 3], [4, 5, 6, 7]])
     self.assertEqual(masks, [[1, 1, 1, 1]] * 3)
 
   def test_pad_within_documents(self):
-    tokens, masks = _rows(data.pad(_stream_corpus(self), 4, pad_id=15))
+    tokens, masks = _rows(packing_lib.pad(_stream_corpus(self), 4, pad_id=15))
     self.assertEqual(
         tokens,
         [[5, 6, 7, 0], [8, 9, 0, 15], [3, 4, 5, 6], [7, 0, 15, 15]],
@@ -101,13 +105,13 @@ class PackingTest(absltest.TestCase):
 
   def test_pad_leaves_out_windows_without_a_target(self):
     # [1 2 3 4 0] in windows of 4: the second window would hold only "0".
-    tokens, _ = _rows(data.pad(_stream_corpus(self, [1, 2, 3, 4, 0]), 4))
+    tokens, _ = _rows(packing_lib.pad(_stream_corpus(self, [1, 2, 3, 4, 0]), 4))
     self.assertEqual(tokens, [[1, 2, 3, 4]])
 
   def test_first_fit_packs_whole_documents_as_segments(self):
     # seq 7: windows [5 6 7 0] [8 9 0] [3 4 5 6 7 0]; longest first, the
     # 6 opens row A, the 4 row B, the 3 fits in B; B starts first.
-    rows = data.first_fit(_stream_corpus(self), 7, pad_id=15)
+    rows = packing_lib.first_fit(_stream_corpus(self), 7, pad_id=15)
     items = [rows[i] for i in range(len(rows))]
     self.assertEqual(
         [x["tokens"].tolist() for x in items],
@@ -142,15 +146,15 @@ class PackingTest(absltest.TestCase):
         r = len(rows) - 1
       rows[r].append(int(p))
       room[r] -= int(lengths[p])
-    self.assertEqual(data.first_fit_rows(lengths, 32), rows)
+    self.assertEqual(packing_lib.first_fit_rows(lengths, 32), rows)
 
   def test_first_fit_fills_the_license_texts(self):
     corpus = data.read_corpus(
         testing.license_texts(), tokenizer=_Tokenizer.get(), vocab_size=256
     )
-    rows = data.first_fit(corpus, 1024)
+    rows = packing_lib.first_fit(corpus, 1024)
     self.assertGreaterEqual(rows.fill_fraction, 0.95)
-    self.assertLess(data.pad(corpus, 1024).fill_fraction, 0.95)
+    self.assertLess(packing_lib.pad(corpus, 1024).fill_fraction, 0.95)
     pipeline = data.DataPipeline(
         corpus, seq_len=1024, batch_size=2, packing="first_fit"
     )
@@ -225,7 +229,7 @@ class MaskedLossTest(absltest.TestCase):
     tokens = rng.integers(0, 11, (3, 6)).astype(np.int32)
     mask = np.array([[1] * 6, [1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]], bool)
     got = training.cross_entropy(
-        jnp.asarray(logits), jnp.asarray(tokens), training.loss_weights(mask)
+        jnp.asarray(logits), jnp.asarray(tokens), frontend.loss_weights(mask)
     )
     np.testing.assert_allclose(
         float(got), _numpy_masked_loss(logits, tokens, mask), rtol=1e-5
@@ -234,7 +238,7 @@ class MaskedLossTest(absltest.TestCase):
     np.testing.assert_allclose(
         float(
             training.cross_entropy(
-                logits, tokens, training.loss_weights(np.ones((3, 6), bool))
+                logits, tokens, frontend.loss_weights(np.ones((3, 6), bool))
             )
         ),
         float(training.cross_entropy(logits, tokens)),
@@ -353,15 +357,15 @@ class TokenizerTest(absltest.TestCase):
     path = _released_style_tokenizer(
         checkpoint_dir, {"content": "</s>", "special": True}
     )
-    self.assertEqual(data.find_tokenizer(checkpoint_dir), path)
-    self.assertIsNone(data.find_tokenizer(_tempdir(self)))
+    self.assertEqual(tokenization.find_tokenizer(checkpoint_dir), path)
+    self.assertIsNone(tokenization.find_tokenizer(_tempdir(self)))
     tokenizer = data.load_tokenizer(path)
     bos, eos, endoftext = (
         tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<|endoftext|>")
     )
-    self.assertEqual(data.end_of_document_id(tokenizer, path), eos)
+    self.assertEqual(tokenization.end_of_document_id(tokenizer, path), eos)
     # Without the config, the first of EOD_TOKENS in the vocabulary.
-    self.assertEqual(data.end_of_document_id(tokenizer), endoftext)
+    self.assertEqual(tokenization.end_of_document_id(tokenizer), endoftext)
 
     text = "Permission is granted, free of charge.\nÄ ☃"
     directory = _tempdir(self)
@@ -380,7 +384,8 @@ class TokenizerTest(absltest.TestCase):
     path = _released_style_tokenizer(directory, "<s>")
     tokenizer = data.load_tokenizer(path)
     self.assertEqual(
-        data.end_of_document_id(tokenizer, path), tokenizer.token_to_id("<s>")
+        tokenization.end_of_document_id(tokenizer, path),
+        tokenizer.token_to_id("<s>"),
     )
     # A config naming a token the vocabulary lacks falls back to the names.
     _write(
@@ -388,7 +393,7 @@ class TokenizerTest(absltest.TestCase):
         json.dumps({"eos_token": "<none>"}),
     )
     self.assertEqual(
-        data.end_of_document_id(tokenizer, path),
+        tokenization.end_of_document_id(tokenizer, path),
         tokenizer.token_to_id("<|endoftext|>"),
     )
 
@@ -529,7 +534,7 @@ class IteratorCheckpointTest(absltest.TestCase):
   def test_state_of_other_process_counts(self):
     """States saved by 2 processes restore on 1 when they agree (the global
     position), and are refused when they differ."""
-    handler = data.IteratorCheckpointHandler()
+    handler = checkpointing.IteratorCheckpointHandler()
     pipeline = _pipeline(self)
     for states, error in (
         ([5, 5], None),

@@ -25,6 +25,7 @@ from linen_moe import quantization
 from linen_moe import testing
 from linen_moe._src.config.variables import AQT_RNG_STREAM
 from linen_moe._src.layer import sparse
+from linen_moe._src.testing import helpers
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 
@@ -51,7 +52,7 @@ def _sorted_path():
   return mock.patch.object(sparse, "EVERY_EXPERT_MAX_TOKENS", 0)
 
 
-_rel_err = testing.rel_err
+_rel_err = helpers.rel_err
 
 
 @functools.cache

@@ -25,6 +25,7 @@ from linen_moe._src.models.decoder import scanned_to_unrolled
 from linen_moe._src.models.decoder import unrolled_to_scanned
 from linen_moe._src.models.scan import AUTO_UNROLL_MAX_LENGTH
 from linen_moe._src.models.scan import resolved_unroll
+from linen_moe._src.testing import helpers
 from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData
@@ -35,7 +36,7 @@ CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
 
 
 def _tokens(cfg, batch=4, seq=16, seed=1):
-  return testing.markov_tokens(cfg.vocab_size, batch, seq, seed)
+  return helpers.markov_tokens(cfg.vocab_size, batch, seq, seed)
 
 
 @functools.cache

@@ -53,7 +53,8 @@ class MovedNamesTest(parameterized.TestCase):
       old = getattr(module, name)
     if new_face is None:
       self.assertIn("no public replacement", str(w.warning))
-      expected = getattr(importlib.import_module(new_name), name)
+      home, _, attr = new_name.partition(":")
+      expected = getattr(importlib.import_module(home), attr or name)
     else:
       self.assertIn(f"use {new_face}.{new_name}", str(w.warning))
       expected = getattr(importlib.import_module(new_face), new_name)

@@ -18,6 +18,8 @@ import numpy as np
 
 from linen_moe import distributed
 from linen_moe import hlo
+from linen_moe._src.hlo import reading
+from linen_moe._src.parallel import distributed as distributed_lib
 
 
 class InitializeTest(parameterized.TestCase):
@@ -29,7 +31,7 @@ class InitializeTest(parameterized.TestCase):
       ("[::1]:5000", ("::1", 5000)),
   )
   def test_parse_coordinator(self, address, expected):
-    self.assertEqual(distributed.parse_coordinator(address), expected)
+    self.assertEqual(distributed_lib.parse_coordinator(address), expected)
 
   @parameterized.parameters("localhost", ":1234", "host:", "host:0", "h:x")
   def test_bad_coordinator(self, address):
@@ -69,7 +71,7 @@ class InitializeTest(parameterized.TestCase):
       ({"TPU_WORKER_HOSTNAMES": "a,b"}, "tpu"),
   )
   def test_cluster_launcher(self, environ, expected):
-    self.assertEqual(distributed.cluster_launcher(environ), expected)
+    self.assertEqual(distributed_lib.cluster_launcher(environ), expected)
 
   def test_alone_without_arguments(self):
     cleared = {k: "" for k in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")}
@@ -107,8 +109,8 @@ class CollectivesTest(absltest.TestCase):
     )
     self.assertEqual(op.groups, ((0, 4), (1, 5), (2, 6), (3, 7)))
     two_processes = [0] * 4 + [1] * 4
-    self.assertTrue(hlo.crosses_processes(op, two_processes))
-    self.assertFalse(hlo.crosses_processes(op, [0, 1, 2, 3] * 2))
+    self.assertTrue(reading.crosses_processes(op, two_processes))
+    self.assertFalse(reading.crosses_processes(op, [0, 1, 2, 3] * 2))
 
   def test_iota_and_lists(self):
     op = self._one("  %r = f32[2] all-reduce(%x), replica_groups=[2,4]<=[8]")
@@ -124,7 +126,7 @@ class CollectivesTest(absltest.TestCase):
     self.assertEqual(op.groups, ((0, 1), (1, 0)))
     op = self._one("  %r = f32[2] all-reduce(%x), replica_groups={}")
     self.assertIsNone(op.groups)
-    self.assertTrue(hlo.crosses_processes(op, [0, 1]))
+    self.assertTrue(reading.crosses_processes(op, [0, 1]))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from scipy import stats
 from linen_moe import decoding
 from linen_moe import quantization
 from linen_moe._src.models import decoding as decoding_impl
+from linen_moe._src.models import sampling
 from linen_moe.testing import slow
 import nnx_adapter
 from tests import hf_helpers
@@ -285,7 +286,7 @@ class SamplingTest(absltest.TestCase):
     draw = jax.jit(
         jax.vmap(
             lambda key, t, k, p, m: jax.random.categorical(
-                key, decoding.filter_logits(logits, t, k, p, m)
+                key, sampling.filter_logits(logits, t, k, p, m)
             ),
             in_axes=(0, None, None, None, None),
         )
@@ -305,7 +306,7 @@ class SamplingTest(absltest.TestCase):
 
   def test_filters_keep_the_defined_sets(self):
     logits = jnp.asarray([3.0, 2.0, 1.0, 0.0], jnp.float32)
-    keep = jax.jit(decoding.filter_logits)
+    keep = jax.jit(sampling.filter_logits)
 
     def kept(*args):
       return np.isfinite(keep(logits, *args)).tolist()
@@ -323,7 +324,7 @@ class SamplingTest(absltest.TestCase):
     # sorts; scaled, shifted and negative logits reach every part of the
     # float keys the cut-offs are bisected over.
     rng = np.random.default_rng(0)
-    keep = jax.jit(decoding.filter_logits)
+    keep = jax.jit(sampling.filter_logits)
     rows = [
         rng.standard_normal(1000) * s + c for s in (0.5, 3) for c in (-40, 0)
     ]

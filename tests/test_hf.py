@@ -20,6 +20,7 @@ import numpy as np
 
 from linen_moe import testing
 from linen_moe._src.models import attention_blockwise
+from linen_moe._src.testing import helpers
 from tests.hf_helpers import ATOL
 from tests.hf_helpers import fixture as _fixture
 from tests.hf_helpers import generate as _generate
@@ -68,7 +69,7 @@ BF16_REL, BF16_ATOL = 0.05, 0.25
 SERVING_REL = {"int8": 0.04, "fp8": 0.12, "nanoo_fp8": 0.12}
 
 
-_rel = testing.rel_err
+_rel = helpers.rel_err
 
 
 class LogitsTest(parameterized.TestCase):

@@ -34,6 +34,7 @@ from linen_moe import quantization
 from linen_moe import testing
 from linen_moe._src.hf import block_fp8
 from linen_moe._src.hf.safetensors_io import Checkpoint
+from linen_moe._src.testing import helpers
 from tests import workers
 from tests.hf_helpers import ATOL
 from tests.hf_helpers import equal_trees
@@ -195,7 +196,7 @@ class LoadTest(parameterized.TestCase):
     wi_0 = served["params"]["layers"]["moe"]["wi_0"]
     self.assertEqual(wi_0.dtype, "float8_e4m3fn")
     logits = _logits(config, served, "linen", ids)
-    self.assertLess(testing.rel_err(logits, expected), SERVING_REL)
+    self.assertLess(helpers.rel_err(logits, expected), SERVING_REL)
 
 
 class ReadRowsTest(parameterized.TestCase):
@@ -364,7 +365,7 @@ class SlowTest(parameterized.TestCase):
         FIXTURES / DEEPSEEK, quantization="fp8", serving=True
     )
     logits = _logits(config, served, "nnx", ids)
-    self.assertLess(testing.rel_err(logits, expected), SERVING_REL)
+    self.assertLess(helpers.rel_err(logits, expected), SERVING_REL)
 
   def test_bfloat16_is_the_float32_dequantization_rounded(self):
     _, variables = hf.load_checkpoint(

@@ -25,9 +25,9 @@ import numpy as np
 from linen_moe import Decoder
 from linen_moe import hf
 from linen_moe import quantization
-from linen_moe import testing
 from linen_moe._src.models import mla
 from linen_moe._src.models.rotary import Rope
+from linen_moe._src.testing import helpers
 from tests.hf_helpers import fixture
 from tests.hf_helpers import load
 
@@ -106,7 +106,7 @@ class ServingOnLoadTest(parameterized.TestCase):
     self.assertTrue(all(k.dtype == storage for k in kernels))
     ids, expected, _, _ = fixture(name)
     got, _ = jax.jit(Decoder(config).apply)(variables, ids)
-    self.assertLess(testing.rel_err(got, expected), SERVING_REL[mode])
+    self.assertLess(helpers.rel_err(got, expected), SERVING_REL[mode])
 
 
 def _rotate_reference(x, freq, scale, interleave):

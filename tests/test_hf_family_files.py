@@ -19,6 +19,7 @@ from linen_moe import Decoder
 from linen_moe import hf
 from linen_moe import testing
 from linen_moe import training
+from linen_moe._src.testing import helpers
 import nnx_adapter
 from tests.hf_helpers import FIXTURES
 from tests.hf_helpers import forbid_data_reads
@@ -113,7 +114,7 @@ def _fine_tune(name: str, quantization: str = "fp8"):
   optimizer = training.default_optimizer(1e-2)
   state = training.train_state_from_variables(variables, optimizer)
   step = jax.jit(training.make_train_step(Decoder(config), optimizer))
-  tokens = testing.markov_tokens(config.vocab_size, 4, 16, seed=0)
+  tokens = helpers.markov_tokens(config.vocab_size, 4, 16, seed=0)
   state, metrics = step(state, jnp.asarray(tokens), jax.random.key(0))
   trained = {"params": state.params, "updated_by_rule": state.rule_state}
   return config, variables, trained, jax.device_get(metrics)

@@ -32,6 +32,7 @@ from linen_moe._src.config.variables import UPDATED_BY_RULE
 from linen_moe._src.layer import dense
 from linen_moe._src.layer import expert
 from linen_moe._src.layer import sparse
+from linen_moe._src.testing import helpers
 from tests import numpy_reference
 
 B, S = 2, 8
@@ -122,12 +123,12 @@ def _reference_grad(cfg):
 def _case(family: str):
   """(config, variables, x, router input or None, cotangent) of a family."""
   cfg = load_moe_config(FAMILIES[family], **AUX)
-  variables = testing.moe_variables(cfg, seed=0, bias_scale=0.1)
-  x = testing.random_inputs(cfg.emb_dim, B, S, seed=3)
+  variables = helpers.moe_variables(cfg, seed=0, bias_scale=0.1)
+  x = helpers.random_inputs(cfg.emb_dim, B, S, seed=3)
   gate_inputs = None
   if family == "softmax_then_topk":
-    gate_inputs = testing.random_inputs(cfg.emb_dim, B, S, seed=4)
-  cotangent = testing.random_inputs(cfg.emb_dim, B, S, seed=5)
+    gate_inputs = helpers.random_inputs(cfg.emb_dim, B, S, seed=4)
+  cotangent = helpers.random_inputs(cfg.emb_dim, B, S, seed=5)
   return cfg, variables, x, gate_inputs, cotangent
 
 
@@ -207,7 +208,7 @@ class WholeLayerGradientTest(parameterized.TestCase):
       for (path_, leaf), w_leaf in zip(flat_g, jax.tree.leaves(w), strict=True):
         what = f"{name}{jax.tree_util.keystr(path_)}"
         self.assertGreater(float(jnp.abs(w_leaf).max()), 0.0, what)
-        self.assertLess(testing.rel_err(leaf, w_leaf), RTOL, what)
+        self.assertLess(helpers.rel_err(leaf, w_leaf), RTOL, what)
     expected_leaves = {"gate", "wi_0", "wi_1", "wo"}
     if cfg.per_expert_scale:
       expected_leaves.add("per_expert_scale")
@@ -308,7 +309,7 @@ class SparseBackwardTest(absltest.TestCase):
         strict=True,
     ):
       self.assertGreater(float(jnp.abs(w).max()), 0.0)
-      self.assertLess(testing.rel_err(g, w), RTOL, jax.tree_util.keystr(path))
+      self.assertLess(helpers.rel_err(g, w), RTOL, jax.tree_util.keystr(path))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import numpy as np
 
 from linen_moe import Decoder
 from linen_moe import checkpoint
+from linen_moe import frontend
 from linen_moe import load_model_config
 from linen_moe import testing
 from linen_moe._src.checkpoint import tree as ckpt_tree
@@ -129,9 +130,9 @@ class MixedStackCheckpointTest(absltest.TestCase):
     tmp = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
     with checkpoint.Checkpoints(tmp) as ckpts:
-      ckpts.save(1, {checkpoint.VARIABLES: unrolled}, {})
-      target = {checkpoint.VARIABLES: checkpoint.abstract(scanned)}
-      restored = ckpts.restore(target).tree[checkpoint.VARIABLES]
+      ckpts.save(1, {frontend.VARIABLES: unrolled}, {})
+      target = {frontend.VARIABLES: checkpoint.abstract(scanned)}
+      restored = ckpts.restore(target).tree[frontend.VARIABLES]
     jax.tree.map(np.testing.assert_array_equal, restored, scanned)
 
 
@@ -172,12 +173,12 @@ class MixedStackDecoderTest(absltest.TestCase):
     self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
     meta = {"model_config": checkpoint.config_dict(unrolled_cfg)}
     with checkpoint.Checkpoints(tmp) as ckpts:
-      ckpts.save(1, {checkpoint.VARIABLES: unrolled}, meta)
-      target = {checkpoint.VARIABLES: checkpoint.abstract(variables)}
+      ckpts.save(1, {frontend.VARIABLES: unrolled}, meta)
+      target = {frontend.VARIABLES: checkpoint.abstract(variables)}
       restored = ckpts.restore(target, config=cfg).tree
     jax.tree.map(
         np.testing.assert_array_equal,
-        restored[checkpoint.VARIABLES],
+        restored[frontend.VARIABLES],
         variables,
     )
 

@@ -26,7 +26,7 @@ import nnx_adapter
 # import from the layers below its own, never from its own layer's others or
 # from above.
 LAYERS = (
-    ("kernels", "parallel"),
+    ("deprecation", "kernels", "parallel"),
     ("config",),
     ("data", "hlo", "quantization"),
     ("lora",),
@@ -36,7 +36,6 @@ LAYERS = (
     ("training",),
     ("planning", "testing"),
     ("run",),
-    ("deprecation",),
     ("faces",),
 )
 

@@ -30,13 +30,16 @@ from linen_moe import MoEConfig
 from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
 from linen_moe import SharedExpert
+from linen_moe import frontend
 from linen_moe import hlo
 from linen_moe import load_model_config
 from linen_moe import lora
 from linen_moe import quantization
 from linen_moe import training
 from linen_moe import variables as variables_lib
+from linen_moe._src.config import lora as lora_config
 from linen_moe._src.lora import adapters as lora_adapters
+from linen_moe._src.lora import tree
 from linen_moe.sharding import unbox
 from linen_moe.testing import slow
 import nnx_adapter
@@ -141,7 +144,7 @@ class MergeTest(parameterized.TestCase):
     want = np.asarray(_forward(cfg)(adapted, ids))
     plain_cfg, plain = lora.merge(cfg, adapted)
     self.assertEqual(plain_cfg, config)
-    self.assertFalse(lora.has_adapters(plain["params"]))
+    self.assertFalse(tree.has_adapters(plain["params"]))
     got = np.asarray(_forward(plain_cfg)(plain, ids))
     base = np.asarray(_forward(config)(variables, ids))
     self.assertGreater(np.abs(want - base).max(), 1e-2)  # adapters matter
@@ -154,7 +157,7 @@ class MergeTest(parameterized.TestCase):
     transformers computes from our merged export, to 1e-4."""
     config, variables = hf_helpers.load(FAMILIES["qwen3"], True)
     adapted = lora.load_adapters(config, variables, LORA_FIXTURE)
-    self.assertEqual(adapted[0].moe.lora, lora.LoRAConfig(4, 8.0))
+    self.assertEqual(adapted[0].moe.lora, lora_config.LoRAConfig(4, 8.0))
     want = self._check("qwen3", "sparse", True, adapted)
     theirs = np.load(LORA_FIXTURE / "transformers_logits.npy")
     np.testing.assert_allclose(want, theirs, atol=hf_helpers.ATOL, rtol=0)
@@ -536,7 +539,7 @@ def _kernel_shapes(params) -> set[tuple[int, ...]]:
   would produce ([K, N] of its contracted and output axes)."""
   shapes = set()
   for path, v in traverse_util.flatten_dict(params).items():
-    if lora.is_adapter(path) or v.ndim < 2 or path[-1].endswith("_scale"):
+    if frontend.is_adapter(path) or v.ndim < 2 or path[-1].endswith("_scale"):
       continue
     shape = v.shape[1:] if path[0] == "layers" else v.shape
     shapes.add(tuple(shape))
@@ -610,7 +613,7 @@ class QLoRATest(parameterized.TestCase):
     serve_cfg, serve_vars, cfg, variables, tokens = _qlora_base(mode)
     stored = serve_vars["params"]["layers"]["moe"]["wi_0"]
     self.assertEqual(jnp.dtype(stored.dtype), QLORA_MODES[mode])
-    self.assertTrue(lora.has_adapters(variables["params"]))
+    self.assertTrue(tree.has_adapters(variables["params"]))
     base = np.asarray(_forward(serve_cfg)(serve_vars, tokens))
     got = np.asarray(_forward(cfg)(variables, tokens))
     self.assertTrue(np.isfinite(base).all())
@@ -778,7 +781,7 @@ class BadInputTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, r"lora_rank=-1 .*>= 0"):
       cfg.replace(lora_rank=-1)
     with self.assertRaisesRegex(ValueError, r"LoRAConfig.rank=0 .*>= 1"):
-      lora.LoRAConfig(0)
+      lora_config.LoRAConfig(0)
 
   def test_rank_above_a_kernel_side(self):
     cfg = load_model_config("tiny_qwen3_moe")

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe.frontend import loss_weights
 from linen_moe.training import cross_entropy
-from linen_moe.training import loss_weights
 
 
 def _numpy_loss_and_grad(logits, tokens, mask=None):

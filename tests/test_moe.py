@@ -18,6 +18,8 @@ from linen_moe import testing
 from linen_moe._src.config.moe_config import MATMUL_PATHS as ALL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe._src.layer import dense as dense_lib
+from linen_moe._src.layer import routing as routing_lib
+from linen_moe._src.testing import helpers
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 
@@ -38,12 +40,12 @@ BF16_U = 2.0**-8
 BF16_ROUNDINGS = 10
 
 
-_random_params = testing.moe_params
-_rel_err = testing.rel_err
+_random_params = helpers.moe_params
+_rel_err = helpers.rel_err
 
 
 def _inputs(cfg, b=2, s=8, seed=3):
-  return testing.random_inputs(cfg.emb_dim, b, s, seed)
+  return helpers.random_inputs(cfg.emb_dim, b, s, seed)
 
 
 def _apply(cfg):
@@ -202,7 +204,7 @@ class RoutingTest(parameterized.TestCase):
         probs=probs,
     )
     np.testing.assert_allclose(
-        routing.expert_assignment_fraction(router.indices, 4),
+        routing_lib.expert_assignment_fraction(router.indices, 4),
         [0.375, 0.375, 0.25, 0.0],
     )
     self.assertAlmostEqual(

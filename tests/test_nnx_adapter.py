@@ -23,6 +23,7 @@ from linen_moe._src.config.quantization_modes import (
 )
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models.decoder import Decoder as LinenDecoder
+from linen_moe._src.testing import helpers
 from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData
@@ -38,7 +39,7 @@ FP8_VARIABLES = ("input", "kernel", "output_grad")
 HISTORY = 1024
 F32 = np.dtype("float32")
 TX = training.default_optimizer(1e-2)
-_config = testing.config_on_path
+_config = helpers.config_on_path
 # (mode, path) of the construction test's default run: fp8 on every path
 # (each registers other call sites), each other mode on one; the rest of
 # the product is slow.
@@ -221,7 +222,7 @@ class InterchangeTest(parameterized.TestCase):
 
   def check_same_loss_both_ways(self, mode, scan):
     cfg = _config("tiny_gemma4_26b", mode, "dense", scan_layers=scan)
-    tokens = testing.markov_tokens(cfg.vocab_size)
+    tokens = helpers.markov_tokens(cfg.vocab_size)
     linen = LinenDecoder(cfg)
     variables = unbox(linen.init(jax.random.key(0), tokens))
     if mode in FP8_MODES:  # fp8 state the loss depends on, not the init one
@@ -455,17 +456,15 @@ class FrontendRegistryTest(absltest.TestCase):
     self.assertEqual(tuple(_frontend._REGISTRY), nnx_adapter.FRONTENDS)
     self.assertIs(nnx_adapter.frontend("nnx"), nnx_adapter.NNXFrontend)
     self.assertIs(nnx_adapter.frontend("linen"), training.LinenFrontend)
-    for bad in (nnx_adapter.frontend, nnx_adapter.sharded_training):
-      args = (None, None, None) if bad is nnx_adapter.sharded_training else ()
-      with self.assertRaisesRegex(ValueError, r"'haiku'; allowed: \('linen'"):
-        bad("haiku", *args)
+    with self.assertRaisesRegex(ValueError, r"'haiku'; allowed: \('linen'"):
+      nnx_adapter.frontend("haiku")
 
   def test_sharded_training_of_each(self):
     cfg = load_model_config("tiny_mixtral", num_layers=1)
     mesh = sharding.make_mesh("data=1")
     for name in nnx_adapter.FRONTENDS:
-      run = nnx_adapter.sharded_training(
-          name, cfg, training.default_optimizer(), mesh, grad_accum=2
+      run = nnx_adapter.frontend(name).sharded(
+          cfg, training.default_optimizer(), mesh, 2
       )
       self.assertEqual(run.grad_accum, 2, name)
 

@@ -15,9 +15,9 @@ import optax
 
 from linen_moe import Decoder
 from linen_moe import load_model_config
+from linen_moe._src.training.optimizer import decays
 from linen_moe.sharding import unbox
 from linen_moe.training import SCHEDULES
-from linen_moe.training import decays
 from linen_moe.training import default_optimizer
 from linen_moe.training import learning_rate_schedule
 from linen_moe.training import weight_decay_mask

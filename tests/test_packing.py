@@ -22,11 +22,12 @@ from linen_moe import testing
 from linen_moe._src.models.attention import CausalSelfAttention
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.decoder import scanned_to_unrolled
-from linen_moe.models import same_segment_targets
+from linen_moe._src.models.segments import same_segment_targets
+from linen_moe._src.testing import helpers
+from linen_moe.frontend import loss_weights
 from linen_moe.models import segment_positions
 from linen_moe.sharding import unbox
 from linen_moe.training import decoder_loss
-from linen_moe.training import loss_weights
 import nnx_adapter
 
 LENGTHS = (5, 7, 6)  # three documents, then padding
@@ -35,7 +36,7 @@ SEQ = 20
 
 def _packed(vocab_size):
   """(documents, packed row [1, SEQ], segment ids [1, SEQ])."""
-  tokens = np.asarray(testing.markov_tokens(vocab_size, 1, sum(LENGTHS), 3))
+  tokens = np.asarray(helpers.markov_tokens(vocab_size, 1, sum(LENGTHS), 3))
   docs, start = [], 0
   for n in LENGTHS:
     docs.append(tokens[:, start : start + n])

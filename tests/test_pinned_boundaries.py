@@ -22,9 +22,11 @@ from linen_moe import MoEConfig
 from linen_moe import RoutedMoE
 from linen_moe import data
 from linen_moe import decoding
+from linen_moe import frontend
 from linen_moe import load_model_config
 from linen_moe import tokens as tokens_lib
 from linen_moe import training
+from linen_moe._src.models import sampling
 from linen_moe.sharding import unbox
 
 # Probabilities that float32 holds exactly, so that sums of them land
@@ -36,7 +38,7 @@ T, F = True, False
 
 @jax.jit
 def _filter(logits, top_k, top_p, min_p):
-  return decoding.filter_logits(logits, 1.0, top_k, top_p, min_p)
+  return sampling.filter_logits(logits, 1.0, top_k, top_p, min_p)
 
 
 def _kept(logits, top_k=0, top_p=1.0, min_p=0.0):
@@ -236,7 +238,7 @@ class SkipRuleBoundaryTest(absltest.TestCase):
     big = np.finfo(np.float32).max
     for value, finite in ((big, T), (-big, T), (np.inf, F), (-np.inf, F)):
       tree = {"loss": jnp.float32(1.0), "grad": jnp.array([0.0, value])}
-      self.assertEqual(bool(training.all_finite(tree)), finite, value)
+      self.assertEqual(bool(frontend.all_finite(tree)), finite, value)
 
 
 class TwoTokensTest(absltest.TestCase):

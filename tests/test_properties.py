@@ -41,6 +41,7 @@ from linen_moe import RoutedMoE
 from linen_moe import routing
 from linen_moe import testing
 from linen_moe._src.config.moe_config import ROUTINGS
+from linen_moe._src.testing import helpers
 
 EMB, MLP = 8, 16
 SHAPES = ((1, 4), (2, 8))  # [B, S]
@@ -74,7 +75,7 @@ def _apply(config: MoEConfig):
 
 
 def _params(config: MoEConfig, seed: int):
-  return testing.moe_params(config, seed, scale_range=(0.5, 2.0))
+  return helpers.moe_params(config, seed, scale_range=(0.5, 2.0))
 
 
 def _path(config: MoEConfig, path: str, capacity_factor: float = 0.0):

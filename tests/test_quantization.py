@@ -27,10 +27,12 @@ from linen_moe._src.config.quantization_modes import MODES as FACTS
 from linen_moe._src.config.quantization_modes import QUANTIZATIONS as MODES
 from linen_moe._src.config.quantization_modes import QUANTIZED
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
+from linen_moe._src.hlo import reading
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.kernels import int8_grouped
 from linen_moe._src.layer import dense
 from linen_moe._src.quantization import contractions as quantization
+from linen_moe._src.testing import helpers
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 
@@ -78,7 +80,7 @@ FWD_TYPE = {m: FACTS[m].hlo_forward_type for m in QUANTIZED}
 GRAD_TYPE = {m: FACTS[m].hlo_gradient_type for m in QUANTIZED}
 
 
-_rel_err = testing.rel_err
+_rel_err = helpers.rel_err
 
 
 def _inputs(config: MoEConfig):
@@ -209,7 +211,7 @@ class QuantizedLayerTest(parameterized.TestCase):
   def _check_compiled_types(self, text, mode):
     """The quantized types reach the expert contractions of the step."""
     if not FACTS[mode].quantized:
-      self.assertEmpty(hlo.quantized_types_in_hlo(text))
+      self.assertEmpty(reading.quantized_types_in_hlo(text))
       return
     expected = {FWD_TYPE[mode], GRAD_TYPE[mode]}
     self.assertEqual(hlo.quantized_types_at_contractions(text), expected)

@@ -28,6 +28,7 @@ import optax
 
 from linen_moe import MATMUL_PATHS
 from linen_moe import RoutedMoE
+from linen_moe import frontend
 from linen_moe import load_model_config
 from linen_moe import load_moe_config
 from linen_moe import models
@@ -39,6 +40,7 @@ from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.remat import OFFLOADED_NAMES
 from linen_moe._src.models.remat import SAVED_NAMES
 from linen_moe._src.planning import targets as targets_lib
+from linen_moe._src.testing import helpers
 from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
@@ -50,7 +52,7 @@ CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b", "tiny_deepseek_v3_mla")
 
 
 def _tokens(cfg):
-  return testing.markov_tokens(cfg.vocab_size, 2, 16, 1)
+  return helpers.markov_tokens(cfg.vocab_size, 2, 16, 1)
 
 
 @functools.cache
@@ -196,7 +198,7 @@ class SavedTensorsTest(parameterized.TestCase):
     cls.full = _residuals(cls.cfg.replace(remat="full"))
 
   def test_full_saves_no_named_tensor(self):
-    self.assertFalse(set(self.full) & set(names.ALL))
+    self.assertFalse(set(self.full) & set(names.CHECKPOINT_NAMES))
     none = _residuals(self.cfg)
     self.assertLess(self.full.total(), none.total() // 2)
 
@@ -205,9 +207,12 @@ class SavedTensorsTest(parameterized.TestCase):
     got = _residuals(self.cfg.replace(remat=remat))
     layers = self.cfg.num_layers
     want = {name: layers for name in SAVED_NAMES[remat]}
-    self.assertEqual({k: v for k, v in got.items() if k in names.ALL}, want)
     self.assertEqual(
-        {k: v for k, v in got.items() if k not in names.ALL}, self.full
+        {k: v for k, v in got.items() if k in names.CHECKPOINT_NAMES}, want
+    )
+    self.assertEqual(
+        {k: v for k, v in got.items() if k not in names.CHECKPOINT_NAMES},
+        self.full,
     )
 
   def test_offload_moves_every_layer_input_to_host(self):
@@ -221,7 +226,7 @@ class SavedTensorsTest(parameterized.TestCase):
 
   @parameterized.parameters("tiny_mixtral", "tiny_deepseek_v3_mla")
   def test_every_name_is_tagged(self, config):
-    """Each name of `checkpoint_names.ALL` is on a tensor of the traced
+    """Each name of `checkpoint_names.CHECKPOINT_NAMES` is on a tensor of the traced
     decoder (MLA's query, key and value too)."""
     cfg = load_model_config(config, scan_layers=False)
     loss, params = _loss_fn(cfg)
@@ -239,7 +244,7 @@ class SavedTensorsTest(parameterized.TestCase):
               walk(sub)
 
     walk(jax.make_jaxpr(loss)(params).jaxpr)
-    self.assertEqual(found, set(names.ALL))
+    self.assertEqual(found, set(names.CHECKPOINT_NAMES))
 
 
 @functools.cache
@@ -255,7 +260,7 @@ def _train_step(cfg, grad_accum):
 def _train_step_result(cfg, rng, grad_accum=1):
   """(state before, state after) one train step of `cfg` (4 x 16 tokens)."""
   state, step = _train_step(cfg, grad_accum)
-  tokens = testing.markov_tokens(cfg.vocab_size, 4, 16, 1)
+  tokens = helpers.markov_tokens(cfg.vocab_size, 4, 16, 1)
   return state, step(state, tokens, rng)[0]
 
 
@@ -270,7 +275,7 @@ class RematQuantizationTest(parameterized.TestCase):
     before, want = _train_step_result(cfg, rng, grad_accum=2)
     _, got = _train_step_result(cfg.replace(remat="full"), rng, grad_accum=2)
     self.assertGreater(
-        testing.max_abs_diff(want.fp8_state, before.fp8_state), 0.0
+        helpers.max_abs_diff(want.fp8_state, before.fp8_state), 0.0
     )
     assert_close_per_leaf(self, got.fp8_state, want.fp8_state)
     assert_close_per_leaf(self, got.params, want.params)
@@ -292,8 +297,8 @@ class RematQuantizationTest(parameterized.TestCase):
     assert_close_per_leaf(self, got.params, want.params)
     _, other = _train_step_result(cfg, jax.random.key(4))
     self.assertGreater(
-        testing.max_abs_diff(other.params, want.params),
-        1e3 * testing.max_abs_diff(got.params, want.params) + 1e-7,
+        helpers.max_abs_diff(other.params, want.params),
+        1e3 * helpers.max_abs_diff(got.params, want.params) + 1e-7,
     )
 
 
@@ -448,7 +453,7 @@ class _NNXUserDecoder(nnx.Module):
 
 
 def models_layers():
-  return {nnx.PARTITION_NAME: models.LAYERS_AXIS}
+  return {nnx.PARTITION_NAME: frontend.LAYERS_AXIS}
 
 
 def _nnx_user_grads(mode, path, remat):

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import checkpoint
-from linen_moe import testing
+from linen_moe._src.testing import helpers
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
@@ -31,13 +31,13 @@ from nnx_adapter import frontend as get_frontend
 
 STOP, STEPS = 6, 12
 BATCH, SEQ, GRAD_ACCUM = 4, 8, 2
-_flat_numpy = testing.flat_numpy
+_flat_numpy = helpers.flat_numpy
 
 
 class ExactResumeMixin(parameterized.TestCase):
 
   def check_exact_resume(self, frontend: str, quantization: str, path: str):
-    cfg = testing.config_on_path(
+    cfg = helpers.config_on_path(
         "tiny_mixtral", quantization, path, num_layers=1
     )
     fe = get_frontend(frontend)
@@ -82,7 +82,7 @@ class ExactResumeMixin(parameterized.TestCase):
     for prefix in (
         ("variables", "params"),
         ("opt_state",),
-        (checkpoint.VARIABLES, OVERWRITE_WITH_GRADIENT),
+        (frontend.VARIABLES, OVERWRITE_WITH_GRADIENT),
     ):
       moved = [
           not np.array_equal(final[p], initial[p])
@@ -91,7 +91,7 @@ class ExactResumeMixin(parameterized.TestCase):
           and np.issubdtype(final[p].dtype, np.floating)
       ]
       if (
-          prefix == (checkpoint.VARIABLES, OVERWRITE_WITH_GRADIENT)
+          prefix == (frontend.VARIABLES, OVERWRITE_WITH_GRADIENT)
           and "fp8" not in quantization
       ):
         self.assertEmpty(moved)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import checkpoint
+from linen_moe import frontend
 from linen_moe import load_model_config
 from linen_moe import routing
 from linen_moe import testing
@@ -195,9 +196,9 @@ class CheckpointTest(absltest.TestCase):
         get_frontend("linen").init(cfg, OPTIMIZER, tokens, jax.random.key(3)),
         bias,
     )
-    tree = checkpoint.tree_of(linen)
+    tree = frontend.tree_of(linen)
     path = ("layers", "moe", "routed_experts", "routed_bias")
-    saved = tree[checkpoint.VARIABLES]["updated_by_rule"]
+    saved = tree[frontend.VARIABLES]["updated_by_rule"]
     np.testing.assert_array_equal(
         saved["layers"]["moe"]["routed_experts"]["routed_bias"][0], bias
     )

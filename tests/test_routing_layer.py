@@ -26,6 +26,7 @@ from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe._src.layer import dense as dense_lib
 from linen_moe._src.layer import routing as routing_lib
+from linen_moe._src.testing import helpers
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 
@@ -45,12 +46,12 @@ ALL_OPTIONS = dict(
 
 def _variables(cfg, bias_scale=0.0, seed=0):
   """Initialised variables with a random routed bias (when kept)."""
-  return testing.moe_variables(cfg, seed, bias_scale)
+  return helpers.moe_variables(cfg, seed, bias_scale)
 
 
 def _inputs(cfg, b=2, s=8):
   """x [B, S, M], standard normal."""
-  return testing.random_inputs(cfg.emb_dim, b, s)
+  return helpers.random_inputs(cfg.emb_dim, b, s)
 
 
 def _reference(variables, x, cfg, capacity=None):
@@ -74,7 +75,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
     x = _inputs(cfg)
     y, aux = jax.jit(RoutedMoE(cfg).apply)(variables, x)
     expected, _ = _reference(variables, x, cfg)
-    self.assertLess(testing.rel_err(y, expected), 1e-5)
+    self.assertLess(helpers.rel_err(y, expected), 1e-5)
     self.assertEqual(float(aux.router_z_loss), 0.0)  # weight 0
 
   def test_probability_drop_policy_matches_numpy_reference(self):
@@ -88,7 +89,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
     y, aux = jax.jit(RoutedMoE(cfg).apply)(variables, x)
     capacity = dense_lib.expert_capacity(cfg, 16)
     expected, dropped = _reference(variables, x, cfg, capacity)
-    self.assertLess(testing.rel_err(y, expected), 1e-5)
+    self.assertLess(helpers.rel_err(y, expected), 1e-5)
     self.assertGreater(dropped, 0)
     self.assertAlmostEqual(
         float(aux.dropped_fraction), dropped / (2 * 16 * 4), places=6
@@ -98,7 +99,7 @@ class RoutingLayerReferenceTest(parameterized.TestCase):
     by_position, _ = _reference(
         variables, x, cfg.replace(drop_policy="position"), capacity
     )
-    self.assertGreater(testing.rel_err(by_position, expected), 1e-3)
+    self.assertGreater(helpers.rel_err(by_position, expected), 1e-3)
 
 
 class ProbabilityDispatchMaskTest(absltest.TestCase):
@@ -177,8 +178,8 @@ class ZLossJitterBiasLayerTest(absltest.TestCase):
     y1_again, _ = moe.apply(variables, x, rngs={JITTER: jax.random.key(1)})
     y2, _ = moe.apply(variables, x, rngs={JITTER: jax.random.key(2)})
     np.testing.assert_array_equal(y1, y1_again)
-    self.assertGreater(testing.rel_err(y1, y0), 1e-3)
-    self.assertGreater(testing.rel_err(y2, y1), 1e-3)
+    self.assertGreater(helpers.rel_err(y1, y0), 1e-3)
+    self.assertGreater(helpers.rel_err(y2, y1), 1e-3)
     zero, _ = plain.apply(variables, x, rngs={JITTER: jax.random.key(1)})
     np.testing.assert_array_equal(zero, y0)  # eps 0 never draws
 
@@ -250,7 +251,7 @@ class DeepSeekDecoderServingTest(absltest.TestCase):
     logits, _ = jax.jit(Decoder(cfg).apply)(variables, tokens)
     served_logits, _ = jax.jit(Decoder(serve_cfg).apply)(served, tokens)
     # Measured 0.010; the int8 layer bound of tests/test_serving.py.
-    self.assertLess(testing.rel_err(served_logits, logits), 0.04)
+    self.assertLess(helpers.rel_err(served_logits, logits), 0.04)
 
 
 def _check_trains(test, quantization, path):

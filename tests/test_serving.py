@@ -35,6 +35,7 @@ from linen_moe._src.config.quantization_modes import (
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.quantization import serving as serving_lib
 from linen_moe._src.quantization import stored_weights
+from linen_moe._src.testing import helpers
 from linen_moe.models import scanned_to_unrolled
 from linen_moe.sharding import unbox
 import nnx_adapter
@@ -59,7 +60,7 @@ SERVE_VS_TRAIN = 1e-6
 # dense path; they stay within the training-mode bounds above.
 
 
-_rel_err = testing.rel_err
+_rel_err = helpers.rel_err
 
 
 def _x(config):

@@ -37,6 +37,7 @@ from linen_moe import testing
 from linen_moe._src.config.quantization_modes import FP8_QUANTIZATIONS
 from linen_moe._src.config.quantization_modes import QUANTIZATIONS
 from linen_moe._src.models.decoder import Decoder
+from linen_moe._src.parallel import sharding as sharding_lib
 from tests import workers
 
 MESHES = ("data=8", "expert=8", "data=2,expert=4")
@@ -105,10 +106,10 @@ class MeshSpecTest(absltest.TestCase):
 
   def test_parse(self):
     self.assertEqual(
-        sharding.parse_mesh_spec("data=2, expert=4"),
+        sharding_lib.parse_mesh_spec("data=2, expert=4"),
         {"data": 2, "fsdp": 1, "expert": 4, "tensor": 1},
     )
-    self.assertEqual(sharding.parse_mesh_spec({"tensor": 2})["tensor"], 2)
+    self.assertEqual(sharding_lib.parse_mesh_spec({"tensor": 2})["tensor"], 2)
 
   def test_bad_specs(self):
     for spec, message in (
@@ -118,7 +119,7 @@ class MeshSpecTest(absltest.TestCase):
         ("data=0", "must be an integer >= 1"),
     ):
       with self.subTest(spec=spec), self.assertRaisesRegex(ValueError, message):
-        sharding.parse_mesh_spec(spec)
+        sharding_lib.parse_mesh_spec(spec)
 
   def test_product_must_match_devices(self):
     with self.assertRaisesRegex(ValueError, "multiply to the device count"):
@@ -224,7 +225,7 @@ class SparseExpertParallelTest(EquivalenceMixin):
   def assert_experts_local(self, result: dict) -> None:
     self.assertEqual(result["init_err"], 0.0)
     for spec, r in result["meshes"].items():
-      shards = sharding.parse_mesh_spec(spec)["expert"]
+      shards = sharding_lib.parse_mesh_spec(spec)["expert"]
       for name in ("wi_0", "wi_1", "wo"):
         self.assertEqual(
             r["specs"][name],

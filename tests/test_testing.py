@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import numpy as np
 
 from linen_moe import testing
+from linen_moe._src.testing import helpers
 
 
 class SlowTest(absltest.TestCase):
@@ -64,11 +65,11 @@ class SlowTest(absltest.TestCase):
 class MeasuresTest(absltest.TestCase):
 
   def test_rel_err_and_max_abs_diff(self):
-    self.assertAlmostEqual(testing.rel_err([3.0, 4.0], [3.0, 5.0]), 1 / 34**0.5)
+    self.assertAlmostEqual(helpers.rel_err([3.0, 4.0], [3.0, 5.0]), 1 / 34**0.5)
     a = {"w": np.array([1.0, 2.0]), "b": np.array(3.0)}
     b = {"w": np.array([1.0, 2.5]), "b": np.array(2.0)}
-    self.assertEqual(testing.max_abs_diff(a, b), 1.0)
-    self.assertEqual(testing.max_abs_diff({}, {}), 0.0)
+    self.assertEqual(helpers.max_abs_diff(a, b), 1.0)
+    self.assertEqual(helpers.max_abs_diff({}, {}), 0.0)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import decoding
+from linen_moe import frontend
 from linen_moe import load_model_config
 from linen_moe import tokens as tokens_lib
 from linen_moe._src.models.decoder import Decoder
@@ -99,11 +100,10 @@ class NamesTest(absltest.TestCase):
             "checked",
             "valid_token_mask",
             "validate_tokens",
-            "validate_tokens_if_concrete",
         ],
     )
     good = np.zeros((2, 3), np.int32)
-    self.assertIs(tokens_lib.validate_tokens_if_concrete(good, V), good)
+    self.assertIs(frontend.validate_tokens_if_concrete(good, V), good)
     mask = jax.jit(lambda t: tokens_lib.valid_token_mask(t, V))(BAD)
     np.testing.assert_array_equal(mask, (BAD >= 0) & (BAD < V))
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import Decoder
-from linen_moe import testing
 from linen_moe import tokens as tokens_lib
+from linen_moe._src.testing import helpers
 
 V = 256  # tiny_mixtral's vocabulary
 
@@ -40,7 +40,7 @@ class ValidateTokensTest(absltest.TestCase):
 class InsideJitTest(absltest.TestCase):
 
   def test_bad_ids_embed_as_nan_and_checked_mode_raises(self):
-    cfg = testing.config_on_path("tiny_mixtral", num_layers=1)
+    cfg = helpers.config_on_path("tiny_mixtral", num_layers=1)
     model = Decoder(cfg)
     good = jnp.ones((1, 4), jnp.int32)
     variables = jax.jit(model.init)(jax.random.key(0), good)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import linen_moe
 from linen_moe import training
 
 FRONTENDS = ("linen", "nnx")
@@ -29,10 +28,4 @@ def frontend(name: str) -> Any:
 
 def sharded_training(name: str, cfg, optimizer, mesh) -> Any:
   """The sharded init and step of front end `name`'s decoder on `mesh`."""
-  if name == "nnx":
-    import nnx_adapter  # noqa: PLC0415
-
-    return nnx_adapter.ShardedNNXTraining(cfg, optimizer, mesh)
-  if name == "linen":
-    return training.ShardedTraining(linen_moe.Decoder(cfg), optimizer, mesh)
-  raise ValueError(f"Unknown front end {name!r}; allowed: {FRONTENDS}.")
+  return frontend(name).sharded(cfg, optimizer, mesh)

@@ -18,6 +18,7 @@ import yaml
 
 import linen_moe
 from linen_moe import decoding
+from linen_moe import models
 from linen_moe import training
 
 from common import host_memory
@@ -110,9 +111,9 @@ class Ours:
     variables = jax.block_until_ready(linen_moe.sharding.unbox(dict(variables)))
     if scan_layers is not None and scan_layers != cfg.scan_layers:
       convert = (
-          linen_moe.unrolled_to_scanned
+          models.unrolled_to_scanned
           if scan_layers
-          else linen_moe.scanned_to_unrolled
+          else models.scanned_to_unrolled
       )
       variables = convert(variables, cfg.num_layers)
       cfg = cfg.replace(scan_layers=scan_layers)

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 import linen_moe
+from linen_moe import frontend
 from linen_moe import models
 from linen_moe import training
 
@@ -44,7 +45,7 @@ def temp_bytes(cfg, batch: int, seq: int, chunked: bool) -> int:
     v = {**variables, "params": params}
     if chunked:
       hidden, aux = model.clone(hidden_only=True).apply(v, tokens)
-      return training.hidden_decoder_loss(
+      return frontend.hidden_decoder_loss(
           hidden,
           models.output_kernel(cfg, params),
           aux,

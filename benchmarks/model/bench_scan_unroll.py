@@ -25,7 +25,7 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import linen_moe
-from linen_moe import models
+from linen_moe import frontend
 
 from common import whole_model
 
@@ -35,14 +35,16 @@ BATCH, SEQ = 4, 64
 def default_unroll(layers: int) -> str:
   """What `scan_unroll=0` runs for a stack of `layers`: "in line" (no
   loop), or the layers per loop iteration."""
-  unroll = models.resolved_unroll(0, layers)
+  unroll = frontend.resolved_unroll(0, layers)
   return "in line" if unroll is True else f"loop of {unroll}"
 
 
 def in_line_up_to(limit: int = 1024) -> int:
   """The deepest stack `scan_unroll=0` puts in line (the rule's threshold,
-  read off `models.resolved_unroll`): in line up to it, a loop beyond."""
-  return max(n for n in range(1, limit) if models.resolved_unroll(0, n) is True)
+  read off `frontend.resolved_unroll`): in line up to it, a loop beyond."""
+  return max(
+      n for n in range(1, limit) if frontend.resolved_unroll(0, n) is True
+  )
 
 
 def _compile_and_step(cfg) -> tuple[float, float]:

@@ -22,13 +22,12 @@ cores, not a network; which collectives cross is what a real cluster gets.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import jax
@@ -92,57 +91,22 @@ def child(args: argparse.Namespace) -> None:
 
 def run_group(processes: int, devices: int, argv: list[str]) -> str:
   """Process 0's output, after `processes` processes of this script (each on
-  `devices` simulated CPU devices, joined through a coordinator on a free
-  port) ran to the end; SystemExit with the failing process's last lines
-  when one fails or the group runs past `TIMEOUT_S` (the others are then
-  stopped)."""
-  flags = [[]]  # one process: nothing to join
-  if processes > 1:
-    coordinator = f"localhost:{distributed.free_port()}"
-    flags = [
-        ["--coordinator", coordinator, "--num-processes", str(processes)]
-        + ["--process-id", str(i)]
-        for i in range(processes)
-    ]
-  env = dict(
-      os.environ,
-      JAX_PLATFORMS="cpu",
-      XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-  )
+  `devices` simulated CPU devices, joined by `linen_moe.distributed.launch`)
+  ran to the end; SystemExit with the failing process's last lines when one
+  fails or the group runs past `TIMEOUT_S` (the others are then stopped)."""
+  out, err = io.StringIO(), io.StringIO()
   command = [sys.executable, os.path.abspath(__file__), "--child", *argv]
-  with tempfile.TemporaryDirectory() as tmp:
-    logs = [pathlib.Path(tmp, f"{i}.log") for i in range(processes)]
-    group = []
-    for log, own in zip(logs, flags, strict=True):
-      with open(log, "w", encoding="utf-8") as out:
-        group.append(
-            subprocess.Popen(
-                command + own, env=env, stdout=out, stderr=subprocess.STDOUT
-            )
-        )
-    failed, end = 0, time.monotonic() + TIMEOUT_S  # a timeout blames 0
-    try:
-      while time.monotonic() < end:
-        codes = [p.poll() for p in group]
-        if all(c == 0 for c in codes):
-          failed = None
-          break
-        if any(codes):
-          failed = next(i for i, c in enumerate(codes) if c)
-          break
-        time.sleep(0.2)
-    finally:
-      for p in group:
-        if p.poll() is None:
-          p.kill()
-        p.wait()
-    if failed is not None:
-      tail = logs[failed].read_text(errors="replace").splitlines()[-20:]
-      raise SystemExit(
-          f"{processes} x {devices}: process {failed} failed or timed out:\n"
-          + "\n".join(tail)
-      )
-    return logs[0].read_text(errors="replace")
+  result = distributed.launch(
+      command,
+      processes,
+      devices_per_process=devices,
+      timeout_s=TIMEOUT_S,
+      out=out,
+      err=err,
+  )
+  if result.code:
+    raise SystemExit(f"{processes} x {devices}: {err.getvalue()}")
+  return out.getvalue()
 
 
 def parent(args: argparse.Namespace, argv: list[str]) -> None:

@@ -20,6 +20,7 @@ counts are what a real mesh would get.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 
@@ -92,7 +93,11 @@ def measure(cfg, mesh_spec: str, batch: int, seq: int, steps: int) -> dict:
       "experts_mib": (
           device0_bytes([moe[n] for n in ("wi_0", "wi_1", "wo")]) / MIB
       ),
-      "collectives": hlo.collective_counts(compiled.as_text()),
+      "collectives": dict(
+          collections.Counter(
+              c.opcode for c in hlo.collectives(compiled.as_text())
+          )
+      ),
   }
   times = []
   for i in range(steps + 1):

@@ -32,6 +32,7 @@ import numpy as np
 
 import linen_moe
 from linen_moe import decoding
+from linen_moe import frontend
 from linen_moe import quantization as serving
 from linen_moe import sharding
 from linen_moe import training
@@ -105,7 +106,7 @@ def trained_variables(
     state, metrics = step(state, tokens, jax.random.fold_in(rng, i))
     tokens = jnp.asarray(next(batches))
     loss = float(metrics["cross_entropy"])
-  return training.variables_of(training.LinenFrontend, state), loss
+  return frontend.variables_of(training.LinenFrontend, state), loss
 
 
 def _decode_once(config, variables, prompt, new_tokens):

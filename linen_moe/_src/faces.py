@@ -24,6 +24,7 @@ def lazy_face(
     face_globals: dict[str, Any],
     exports: Mapping[str, tuple[str, ...]],
     defined_here: tuple[str, ...] = (),
+    submodules: tuple[str, ...] = (),
 ) -> None:
   """Makes a face's names load on first use.
 
@@ -34,6 +35,9 @@ def lazy_face(
     face_globals: the face's `globals()` (loaded names are cached there).
     exports: {defining module: (names it gives the face, ...)}.
     defined_here: public names the face defines itself.
+    submodules: public modules of a package face (`linen_moe.training`
+      for `linen_moe`), imported when first asked for as attributes; they
+      are modules, not names, so `__all__` does not list them.
   """
   home = {name: module for module, names in exports.items() for name in names}
   face = face_globals["__name__"]
@@ -44,12 +48,15 @@ def lazy_face(
       value = getattr(importlib.import_module(home[name]), name)
       face_globals[name] = value  # found directly from now on
       return value
+    if name in submodules:
+      return importlib.import_module(f"{face}.{name}")
     if f"{face}.{name}" in deprecation.MOVED_MODULES:
       return importlib.import_module(f"{face}.{name}")  # warns
     return deprecation.moved_name(face, name)
 
   def __dir__() -> list[str]:  # noqa: N807
-    return sorted(set(face_globals) | set(face_globals.get("__all__", ())))
+    listed = set(face_globals.get("__all__", ())) | set(submodules)
+    return sorted(set(face_globals) | listed)
 
   face_globals["__getattr__"] = __getattr__
   face_globals["__dir__"] = __dir__

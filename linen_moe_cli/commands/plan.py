@@ -119,10 +119,7 @@ def run(args: argparse.Namespace) -> int:
           "(--device-memory-gib) is invalid: expected a number > 0."
       )
     memory = max(1, int(args.device_memory_gib * GIB))
-  planning.check_mesh(args.mesh, target)  # imports jax, starts no backend
   planning.prepare_process(target)  # before jax starts its backends
-
-  import functools  # noqa: PLC0415
 
   result = planning.plan(
       cfg,
@@ -132,9 +129,6 @@ def run(args: argparse.Namespace) -> int:
       seq_len=args.seq_len,
       grad_accum=args.grad_accum,
       decode=args.serve,
-      sharded_training=functools.partial(
-          nnx_adapter.sharded_training, args.frontend
-      ),
       frontend=nnx_adapter.frontend(args.frontend),
       device_memory_bytes=memory,
   )

@@ -59,20 +59,23 @@ def key_name(key: Any) -> str:
   return str(key)
 
 
-def linen_path(key_path: tuple) -> Path:
+def _names(key_path: tuple) -> Path:
+  return tuple(key_name(k) for k in key_path)
+
+
+def linen_path(path: Path) -> Path:
   """Checkpoint-tree path of a leaf of a Linen `TrainState`.
 
   Fields holding a collection (`params`, `fp8_state`, `rule_state`) go under
   `variables/<collection>`; every other field keeps its name.
 
   Args:
-    key_path: the leaf's jax key path in the state.
+    path: the leaf's path in the state, its keys' names (`key_name`).
 
   Returns:
     The path tuple of strings, e.g. ("variables", "params", "embed",
     "embedding") or ("opt_state", ...).
   """
-  path = tuple(key_name(k) for k in key_path)
   collection = LINEN_FIELD_ALIASES.get(path[0], path[0])
   if collection == PARAMS or collection in STATE_COLLECTIONS:
     return (VARIABLES, collection, *path[1:])
@@ -96,14 +99,15 @@ def _as_dtype(leaf: Any, dtype: Any) -> Any:
 
 
 def tree_of(
-    state: PyTree, path_of: Callable[[tuple], Path] = linen_path
+    state: PyTree, path_of: Callable[[Path], Path] = linen_path
 ) -> dict:
   """The checkpoint tree of a train state (of arrays or ShapeDtypeStructs).
 
   Args:
     state: the train state.
-    path_of: a leaf's jax key path -> its tree path; default `linen_path`,
-      for a Linen `TrainState`.
+    path_of: a leaf's path in the state (the names of its jax key path's
+      entries, `key_name`) -> its tree path; default `linen_path`, for a
+      Linen `TrainState`.
 
   Returns:
     The nested tree with every leaf at `path_of(its key path)`; scalar
@@ -114,7 +118,7 @@ def tree_of(
   """
   flat: dict[Path, Any] = {}
   for key_path, leaf in jax.tree_util.tree_leaves_with_path(state):
-    path = path_of(key_path)
+    path = path_of(_names(key_path))
     if path in flat:
       raise ValueError(f"Two leaves of the state map to {'/'.join(path)}.")
     flat[path] = _as_dtype(leaf, _counter_dtype(leaf))
@@ -124,7 +128,7 @@ def tree_of(
 def state_from(
     tree: Mapping,
     template: PyTree,
-    path_of: Callable[[tuple], Path] = linen_path,
+    path_of: Callable[[Path], Path] = linen_path,
 ) -> PyTree:
   """`template` with every leaf from the checkpoint tree (`tree_of`'s inverse).
 
@@ -145,7 +149,7 @@ def state_from(
   missing = []
 
   def leaf(key_path, old):
-    path = path_of(key_path)
+    path = path_of(_names(key_path))
     if path not in flat:
       missing.append("/".join(path))
       return old

@@ -5,29 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
-import warnings
 
-# Old spellings of renamed fields: accepted (with a DeprecationWarning) by the
-# constructors, `replace` and YAML files until linen_moe 0.3.
-RENAMED_FIELDS = {
-    "weight_dtype": "param_dtype",
-    "n_routing_groups": "num_routing_groups",
-}
-
-
-def renamed(cls: str, old: str) -> str:
-  new = RENAMED_FIELDS[old]
-  warnings.warn(
-      f"{cls}.{old} is deprecated and goes in linen_moe 0.3; use {new}.",
-      DeprecationWarning,
-      stacklevel=4,
-  )
-  return new
+from linen_moe._src import deprecation
+from linen_moe._src.deprecation import RENAMED_FIELDS
 
 
 def new_names(cls: str, changes: dict[str, Any]) -> dict[str, Any]:
+  """`changes` with the old spellings of renamed fields replaced, each with
+  a warning (`deprecation.RENAMED_FIELDS`)."""
   return {
-      (renamed(cls, k) if k in RENAMED_FIELDS else k): v
+      (deprecation.renamed_field(cls, k) if k in RENAMED_FIELDS else k): v
       for k, v in changes.items()
   }
 

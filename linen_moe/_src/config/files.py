@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.resources
 import os
 from typing import Any
-import warnings
 
 import yaml
 
@@ -117,16 +116,3 @@ def load_moe_config(
   check_keys(MoEConfig, overrides)
   merged.update(overrides)
   return _moe_from_dict(merged)
-
-
-def load_config(name_or_path: str | os.PathLike, **overrides: Any) -> MoEConfig:
-  """Deprecated (until 0.3): `load_moe_config`, under a name too close to
-  `load_model_config`'s."""
-  warnings.warn(
-      "linen_moe.load_config is deprecated and goes in linen_moe 0.3; use"
-      " load_moe_config (the MoE layer's config) or load_model_config (the"
-      " whole decoder's).",
-      DeprecationWarning,
-      stacklevel=2,
-  )
-  return load_moe_config(name_or_path, **overrides)

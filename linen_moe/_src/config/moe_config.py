@@ -12,23 +12,22 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 from typing import Any
-import warnings
-
-from linen_moe._src.config import lora as lora_config
 
 # No jax at import: the command line's --help reads QUANTIZATIONS and
 # available_configs(). The activations and grouped matmuls (which import
 # jax) are read when a config is validated, the layer stack when asked for;
 # the quantization modes' table and the traffic model import none.
+from linen_moe._src import deprecation
+from linen_moe._src.config import lora as lora_config
 from linen_moe._src.config.checks import check_choice
 from linen_moe._src.config.checks import check_keys
 from linen_moe._src.config.checks import check_positive_ints
 from linen_moe._src.config.checks import fail
 from linen_moe._src.config.checks import new_names
-from linen_moe._src.config.checks import renamed
 from linen_moe._src.config.checks import run_field
 from linen_moe._src.config.quantization_modes import QUANTIZATIONS
 from linen_moe._src.config.quantization_modes import SERVING_QUANTIZATIONS
+from linen_moe._src.deprecation import renamed_field
 from linen_moe._src.parallel import ep_traffic
 
 if TYPE_CHECKING:
@@ -234,7 +233,7 @@ class MoEConfig:
   lora_alpha: float = 0.0
   lora_targets: tuple[str, ...] = lora_config.TARGETS
   lora_dropout: float = run_field(0.0)
-  # Deprecated spellings, accepted until 0.3 (see RENAMED_FIELDS).
+  # Deprecated spellings, accepted until 0.3 (`deprecation.RENAMED_FIELDS`).
   weight_dtype: dataclasses.InitVar[str | None] = None
   n_routing_groups: dataclasses.InitVar[int | None] = None
 
@@ -245,7 +244,7 @@ class MoEConfig:
         ("n_routing_groups", n_routing_groups),
     ):
       if value is not None:
-        object.__setattr__(self, renamed(cls, old), value)
+        object.__setattr__(self, renamed_field(cls, old), value)
     check_positive_ints(
         self,
         (
@@ -416,11 +415,8 @@ class MoEConfig:
   @property
   def compute_dtype(self) -> jnp.dtype:
     """Deprecated (until 0.3): `jnp.dtype(config.dtype)`."""
-    warnings.warn(
-        "MoEConfig.compute_dtype is deprecated and goes in linen_moe 0.3; use"
-        " jnp.dtype(config.dtype).",
-        DeprecationWarning,
-        stacklevel=2,
+    deprecation.warn(
+        "MoEConfig.compute_dtype", "use jnp.dtype(config.dtype)", "0.3"
     )
     import jax.numpy as jnp  # noqa: PLC0415
 

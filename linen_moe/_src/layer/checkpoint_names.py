@@ -35,7 +35,7 @@ EXPERT_DOWN = "expert_down"
 # The block's MLP output (routed + shared, or the dense MLP's) [B, S, M].
 MOE_OUTPUT = "moe_output"
 
-ALL = (
+CHECKPOINT_NAMES = (
     LAYER_INPUT,
     QUERY,
     KEY,
@@ -54,7 +54,7 @@ def tag(x: jax.Array, name: str) -> jax.Array:
 
   Args:
     x: any array.
-    name: one of `ALL`.
+    name: one of `CHECKPOINT_NAMES`.
 
   Returns:
     `x`, marked with `jax.ad_checkpoint.checkpoint_name`.

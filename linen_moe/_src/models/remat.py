@@ -68,7 +68,7 @@ HOST_MEMORY = "pinned_host"
 assert set(SAVED_NAMES) == set(REMAT_POLICIES)
 
 
-def policy(remat: str) -> Callable | None:
+def remat_policy(remat: str) -> Callable | None:
   """The `jax.checkpoint` policy of a `ModelConfig.remat` value.
 
   Args:
@@ -122,4 +122,4 @@ def remat_block(
 def _rematted(block: type[nn.Module], remat: str) -> type[nn.Module]:
   """One `nn.remat` class per (block, policy), so that each trace of a
   decoder builds the same classes."""
-  return nn.remat(block, policy=policy(remat), prevent_cse=True)
+  return nn.remat(block, policy=remat_policy(remat), prevent_cse=True)

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from linen_moe._src import deprecation
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.variables import CACHE
 from linen_moe._src.models import decoding
@@ -242,23 +243,29 @@ def _out_of_memory(error: Exception) -> _OutOfMemory | None:
   return _OutOfMemory(first, used_bytes=_bytes(used) if used else None)
 
 
-def _default_sharded(cfg, optimizer, mesh, *, grad_accum: int = 1):
-  from linen_moe._src.training.sharded import ShardedTraining  # noqa: PLC0415
-
-  return ShardedTraining(Decoder(cfg), optimizer, mesh, grad_accum=grad_accum)
-
-
 def _default_frontend():
   from linen_moe._src.training.frontend import LinenFrontend  # noqa: PLC0415
 
   return LinenFrontend
 
 
+def _sharded_step(fe, factory) -> Callable[..., Any]:
+  """`(config, optimizer, mesh, grad_accum) -> ShardedRun`: the front end's
+  own, or the deprecated `sharded_training` factory, with a warning."""
+  if factory is None:
+    return fe.sharded
+  deprecation.warn(
+      "plan(sharded_training=...)",
+      "pass frontend=, whose sharded() is the sharded step",
+  )
+  return lambda cfg, opt, mesh, accum: factory(cfg, opt, mesh, grad_accum=accum)
+
+
 def _compile_train(
-    cfg, mesh, batch_size, seq_len, grad_accum, optimizer, sharded, frontend
+    cfg, mesh, batch_size, seq_len, grad_accum, optimizer, sharded, fe
 ):
   """(compiled or the out-of-memory error, PerDevice's argument split)."""
-  run = sharded(cfg, optimizer, mesh, grad_accum=grad_accum)
+  run = sharded(cfg, optimizer, mesh, grad_accum)
   tokens = jax.ShapeDtypeStruct(
       (batch_size, seq_len), jnp.int32, sharding=run.token_sharding()
   )
@@ -267,7 +274,7 @@ def _compile_train(
       key.shape, key.dtype, sharding=sharding.replicated(mesh)
   )
   state = run.abstract_state(tokens, rng)
-  tree = frontend.checkpoint_tree(state)
+  tree = fe.checkpoint_tree(state)
   variables = dict(tree.get("variables", {}))
   params = variables.pop("params", {})
   split = {
@@ -359,7 +366,7 @@ def plan(
   """Compiles (never runs) a step of `config` for `target`; its plan.
 
   The train step is the one `linen-moe train` runs on a mesh: the front
-  end's sharded step (`sharded_training`, by default the Linen
+  end's sharded step (`frontend.sharded`, by default the Linen
   `linen_moe.training.ShardedTraining`) with AdamW (`optimizer`, default
   `linen_moe.training.default_optimizer()`) and `grad_accum`
   microbatches, its inputs sharded `jax.ShapeDtypeStruct`s of the state and
@@ -389,11 +396,11 @@ def plan(
     grad_accum: microbatches per train step.
     decode: plan the decode step instead of the train step.
     optimizer: the optax transformation of the train step.
-    sharded_training: `(config, optimizer, mesh, *, grad_accum)` ->
-      `ShardedRun` (e.g. `functools.partial(nnx_adapter.sharded_training,
-      "nnx")`); default the Linen one.
-    frontend: the `TrainingFrontend` of that run (for reading its state
-      as a checkpoint tree); default `linen_moe.training.LinenFrontend`.
+    sharded_training: deprecated (until 0.4): the front end's own
+      `sharded` is its sharded step.
+    frontend: the `TrainingFrontend` whose sharded step is planned (and
+      whose state is read as a checkpoint tree); default
+      `linen_moe.training.LinenFrontend`.
     device_memory_bytes: one device's memory (default: the chip's, or for
       `cpu:N` the host's memory over N).
 
@@ -434,6 +441,7 @@ def plan(
   if decode:
     lowered, split = _compile_decode(config, device_mesh, batch_size, seq_len)
   else:
+    fe = frontend or _default_frontend()
     if optimizer is None:
       from linen_moe._src.training.optimizer import default_optimizer  # noqa: PLC0415
 
@@ -445,8 +453,8 @@ def plan(
         seq_len,
         grad_accum,
         optimizer,
-        sharded_training or _default_sharded,
-        frontend or _default_frontend(),
+        _sharded_step(fe, sharded_training),
+        fe,
     )
   start = time.perf_counter()
   note = None
