@@ -23,6 +23,7 @@ _EXPORTS = {
     "linen_moe._src.planning.flops": ("model_flops",),
     "linen_moe._src.planning.plan": ("Plan", "plan"),
     "linen_moe._src.planning.targets": (
+        "check_mesh",
         "parse_target",
         "prepare_process",
         "target_devices",

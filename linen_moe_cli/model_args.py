@@ -11,8 +11,23 @@ import yaml
 
 from linen_moe import available_configs
 from linen_moe.quantization import MODES
+from linen_moe.quantization import SERVING_MODES
 
 LAYERS = ("scanned", "unrolled")
+# `--serve MODE`: the storage of the expert weights a model serves from
+# (none: the float weights), in `generate` and in `plan`.
+SERVE = ("none", *SERVING_MODES)
+
+
+def check_serve(args: argparse.Namespace) -> None:
+  """`--serve MODE` runs its own mode: `--quantization`, if given, is it."""
+  serve = getattr(args, "serve", None)
+  if serve not in (None, "none") and args.quantization not in (None, serve):
+    raise ValueError(
+        f"--quantization {args.quantization} with --serve {serve}: "
+        "serving weights run in their own mode; drop --quantization or "
+        f"pass --quantization {serve}."
+    )
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 from typing import Any
 
+from linen_moe import ModelConfig
 from linen_moe.training import RunOptions
 from linen_moe_cli import model_args
 import nnx_adapter
@@ -84,8 +85,8 @@ def add_step_args(
           "default": None,
           "help": (
               "what each layer keeps for the backward pass (the config's "
-              "remat field): none, full, save_experts, save_attention_experts "
-              "or offload (default: the config's)"
+              f"remat field): {', '.join(ModelConfig.REMAT_POLICIES)} "
+              "(default: the config's)"
           ),
       },
       "mesh": {

@@ -35,7 +35,7 @@ from linen_moe import decoding
 from linen_moe import hf
 from linen_moe.quantization import quantize_weights
 from linen_moe.tokens import validate_tokens
-from linen_moe_cli.sampling_options import SamplingOptions
+from linen_moe_cli.generate_options import GenerateOptions
 
 GENERATION_CONFIG = "generation_config.json"
 
@@ -112,7 +112,7 @@ def _tokenizer(path: str | None):
   return Tokenizer.from_file(path)
 
 
-def _encode(tok, tokenizer: str, text: str, sampling: SamplingOptions):
+def _encode(tok, tokenizer: str, text: str, sampling: GenerateOptions):
   """The ids of `text`, rendered first with the tokenizer's chat template
   (a user turn after an optional system turn, then the assistant's header)
   when `sampling.chat`."""
@@ -128,14 +128,11 @@ def _encode(tok, tokenizer: str, text: str, sampling: SamplingOptions):
   return tok.encode(rendered, add_special_tokens=False).ids
 
 
-def _decoding_args(sampling: SamplingOptions, stops: list[int]) -> dict:
+def _decoding_args(sampling: GenerateOptions, stops: list[int]) -> dict:
   """`decoding.generate`'s and `generate_stream`'s keywords, but the seed."""
   return {
       "max_new_tokens": sampling.max_new_tokens,
-      "temperature": sampling.temperature,
-      "top_k": sampling.top_k,
-      "top_p": sampling.top_p,
-      "min_p": sampling.min_p,
+      **sampling.sampling.kwargs(),
       "stop_ids": stops,
   }
 
@@ -172,7 +169,7 @@ def generate(
     prompt_ids: list[int] | None,
     prompt: str | None,
     tokenizer: str | None,
-    sampling: SamplingOptions,
+    sampling: GenerateOptions,
     serve: str = "none",
     quantization: str | None = None,
     out=None,
@@ -273,7 +270,7 @@ def generate_file(
     checkpoint_dir: str | None,
     prompts_file: str,
     tokenizer: str | None,
-    sampling: SamplingOptions,
+    sampling: GenerateOptions,
     output: str | None = None,
     batch_size: int = 8,
     serve: str = "none",

@@ -14,12 +14,13 @@ from absl.testing import absltest
 import numpy as np
 
 from linen_moe import testing
+from linen_moe.decoding import Sampling
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe_cli import prompt_job
 from linen_moe_cli.commands import generate
+from linen_moe_cli.generate_options import GenerateOptions
 from linen_moe_cli.main import build_parser
 from linen_moe_cli.main import main
-from linen_moe_cli.sampling_options import SamplingOptions
 
 MIXTRAL = pathlib.Path(__file__).parent / "fixtures" / "hf" / "mixtral_gqa_swa"
 
@@ -47,11 +48,11 @@ class GenerateFlagsTest(absltest.TestCase):
     ):
       parser.parse_args(["generate", "--hf-dir", "d", "--serve", "bogus"])
 
-  def test_the_flags_make_one_sampling_options(self):
+  def test_the_flags_make_one_generate_options(self):
     parser = build_parser()
     model = ["generate", "--hf-dir", str(MIXTRAL), "--prompt-ids", "1,2"]
     job = generate._checked(parser.parse_args(model))
-    self.assertEqual(job["sampling"], SamplingOptions())  # the flags' defaults
+    self.assertEqual(job["sampling"], GenerateOptions())  # the flags' defaults
     args = parser.parse_args(
         model
         + ["--temperature", "0.5", "--top-k", "4", "--top-p", "0.9"]
@@ -60,12 +61,9 @@ class GenerateFlagsTest(absltest.TestCase):
     )
     self.assertEqual(
         generate._checked(args)["sampling"],
-        SamplingOptions(
+        GenerateOptions(
             max_new_tokens=6,
-            temperature=0.5,
-            top_k=4,
-            top_p=0.9,
-            min_p=0.1,
+            sampling=Sampling(temperature=0.5, top_k=4, top_p=0.9, min_p=0.1),
             seed=7,
             stop_ids=(3, 5),
         ),
@@ -209,9 +207,12 @@ class GenerateRunTest(absltest.TestCase):
   def test_bad_sampling_flags(self):
     d = str(MIXTRAL)
     for argv, pattern in (
-        (["--top-p", "0"], r"--top-p 0.0 must be in \(0, 1\]"),
-        (["--temperature", "-1"], r"--temperature -1.0 must be >= 0"),
-        (["--min-p", "2"], r"--min-p 2.0 must be in \[0, 1\]"),
+        (["--top-p", "0"], r"top_p=0.0 \(--top-p\) is invalid: .*\(0, 1\]"),
+        (
+            ["--temperature", "-1"],
+            r"temperature=-1.0 \(--temperature\) is invalid: .* >= 0",
+        ),
+        (["--min-p", "2"], r"min_p=2.0 \(--min-p\) is invalid: .*\[0, 1\]"),
         (["--system", "hi"], r"--system needs --chat"),
         (["--output", "x"], r"--output is for --prompts-file"),
     ):

@@ -20,7 +20,7 @@ from absl.testing import parameterized
 from linen_moe import testing
 from linen_moe._src.config.moe_config import FAMILY_CONFIGS
 from linen_moe._src.config.moe_config import MATMUL_PATHS
-from linen_moe._src.config.moe_config import QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import MODES
 from linen_moe_cli import matrix
 
 # Each (quantization, path) cell once, rotating through the configs (each
@@ -30,7 +30,7 @@ _N = len(matrix.CONFIGS)
 _DEFAULT = [
     (matrix.CONFIGS[i % _N], quant, path, matrix.LAYERS[(i // _N) % 2])
     for i, (quant, path) in enumerate(
-        itertools.product(QUANTIZATIONS, MATMUL_PATHS)
+        itertools.product(tuple(MODES), MATMUL_PATHS)
     )
 ]
 
@@ -78,7 +78,7 @@ class MatrixTest(parameterized.TestCase):
   @testing.slow
   @parameterized.product(
       config=matrix.CONFIGS,
-      quant=QUANTIZATIONS,
+      quant=tuple(MODES),
       path=tuple(MATMUL_PATHS),
       layers=matrix.LAYERS,
       frontend=matrix.FRONTENDS,

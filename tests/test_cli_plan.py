@@ -269,6 +269,30 @@ class FrontEndsAndDecodeTest(absltest.TestCase):
         decode["flops_per_step"],
         planning.model_flops(cfg, 4, 64, decode=True),
     )
+    # `--serve int8`: the expert kernels stored as int8, as `generate --serve
+    # int8` serves them: 3 of their 4 float32 bytes gone (the kernels split
+    # over fsdp=2, which shards `embed`), less the int8 scales, one float32
+    # per output channel: wi_0's and wi_1's [E, 1, mlp] have no `embed` axis
+    # and are whole on each device (counted twice here), wo's [E, 1, embed]
+    # is split.
+    served = self._plan(
+        "--serve", "int8", "--batch-size", "4", "--seq-len", "64"
+    )
+    moe = cfg.moe
+    kernel = moe.num_experts * 3 * moe.emb_dim * moe.moe_mlp_dim
+    scales = moe.num_experts * (2 * moe.moe_mlp_dim * 2 + moe.emb_dim)
+    saved = cfg.num_layers * (3 * kernel - 4 * scales) // 2
+    self.assertEqual(
+        device["parameter_bytes"] - served["per_device"]["parameter_bytes"],
+        saved,
+    )
+
+  def test_serve_mode_and_quantization_must_agree(self):
+    status, out, err = _cli(
+        "plan", "--serve", "int8", "--quantization", "fp8", "--target", "cpu:2"
+    )
+    self.assertEqual((status, out), (2, ""))
+    self.assertIn("--quantization fp8 with --serve int8", err)
 
 
 class OutOfMemoryTest(absltest.TestCase):

@@ -22,7 +22,7 @@ from linen_moe import load_model_config
 from linen_moe import planning
 from linen_moe import testing
 from linen_moe._src.config.moe_config import MATMUL_PATHS
-from linen_moe._src.config.moe_config import QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.run import loop as train_job
 from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
@@ -264,7 +264,7 @@ class TrainResumeProductTest(parameterized.TestCase):
 
   @testing.slow
   @parameterized.product(
-      frontend=FRONTENDS, quantization=QUANTIZATIONS, path=tuple(MATMUL_PATHS)
+      frontend=FRONTENDS, quantization=tuple(MODES), path=tuple(MATMUL_PATHS)
   )
   def test_resume_is_exact(self, frontend, quantization, path):
     tmp = tempfile.mkdtemp()

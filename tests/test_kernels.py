@@ -32,7 +32,6 @@ from linen_moe import load_moe_config
 from linen_moe import quantization
 from linen_moe import testing
 from linen_moe._src.config.quantization_modes import MODES
-from linen_moe._src.config.quantization_modes import QUANTIZATIONS
 from linen_moe._src.config.variables import AQT_RNG_STREAM
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.kernels import accelerator as grouped_kernels
@@ -276,7 +275,7 @@ class LayerKernelTest(LayerKernelChecks):
 @testing.slow
 class LayerKernelProductTest(LayerKernelChecks):
 
-  @parameterized.product(mode=QUANTIZATIONS, kind=("megablox", "tokamax"))
+  @parameterized.product(mode=tuple(MODES), kind=("megablox", "tokamax"))
   def test_sparse_layer(self, mode, kind):
     if kind == "tokamax" and NO_TOKAMAX:
       self.skipTest(NO_TOKAMAX)

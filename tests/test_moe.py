@@ -16,7 +16,7 @@ from linen_moe import load_moe_config
 from linen_moe import routing
 from linen_moe import testing
 from linen_moe._src.config.moe_config import MATMUL_PATHS as ALL_PATHS
-from linen_moe._src.config.moe_config import QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.layer import dense as dense_lib
 from linen_moe._src.layer import routing as routing_lib
 from linen_moe._src.testing import helpers
@@ -361,7 +361,7 @@ class LayerTest(parameterized.TestCase):
     )
     self.assertLess(per_token.max(), BF16_ROUNDINGS * BF16_U)
 
-  @parameterized.parameters(*QUANTIZATIONS)
+  @parameterized.parameters(*tuple(MODES))
   def test_router_runs_in_float32(self, mode):
     """The bfloat16 layer's compiled router: the gate contraction takes and
     gives float32, and no quantized type feeds it, in every mode."""

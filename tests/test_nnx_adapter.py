@@ -17,10 +17,8 @@ from linen_moe import sharding
 from linen_moe import testing
 from linen_moe import training
 from linen_moe._src.config.moe_config import MATMUL_PATHS
-from linen_moe._src.config.moe_config import QUANTIZATIONS
-from linen_moe._src.config.quantization_modes import (
-    FP8_QUANTIZATIONS as FP8_MODES,
-)
+from linen_moe._src.config.quantization_modes import FP8_MODES
+from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models.decoder import Decoder as LinenDecoder
 from linen_moe._src.testing import helpers
@@ -90,7 +88,7 @@ class AdapterTest(parameterized.TestCase):
   @testing.slow
   @parameterized.parameters(*(
       case
-      for case in itertools.product(QUANTIZATIONS, MATMUL_PATHS)
+      for case in itertools.product(tuple(MODES), MATMUL_PATHS)
       if case not in CONSTRUCTION
   ))
   def test_all_state_exists_at_construction_slow(self, mode, path):

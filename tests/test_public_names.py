@@ -70,6 +70,7 @@ PUBLIC = {
         "greedy_generate",
         "init_cache",
         "prefill",
+        "Sampling",
     ),
     "linen_moe.distributed": (
         "DEFAULT_HEARTBEAT_TIMEOUT_S",
@@ -149,6 +150,7 @@ PUBLIC = {
         "unrolled_to_scanned",
     ),
     "linen_moe.planning": (
+        "check_mesh",
         "CHIPS",
         "model_flops",
         "parse_target",

@@ -22,9 +22,8 @@ from linen_moe import load_moe_config
 from linen_moe import testing
 from linen_moe._src.config import variables
 from linen_moe._src.config.moe_config import MoEConfig
-from linen_moe._src.config.quantization_modes import FP8_QUANTIZATIONS as FP8
+from linen_moe._src.config.quantization_modes import FP8_MODES as FP8
 from linen_moe._src.config.quantization_modes import MODES as FACTS
-from linen_moe._src.config.quantization_modes import QUANTIZATIONS as MODES
 from linen_moe._src.config.quantization_modes import QUANTIZED
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.hlo import reading
@@ -35,6 +34,8 @@ from linen_moe._src.quantization import contractions as quantization
 from linen_moe._src.testing import helpers
 from linen_moe.sharding import unbox
 from tests import numpy_reference
+
+MODES = tuple(FACTS)  # the mode names
 
 CONFIGS = ("tiny_mixtral", "tiny_gemma4_26b")
 MATMUL_PATHS = {

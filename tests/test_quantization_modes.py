@@ -53,20 +53,20 @@ class TableTest(parameterized.TestCase):
     self.assertIn(f" {qm.hlo_type_name(dtype)}[4]", compiled.as_text())
 
   def test_lists_agree_with_the_flags(self):
-    self.assertEqual(qm.QUANTIZATIONS, ("none", "int8", "fp8", "nanoo_fp8"))
-    self.assertEqual(qm.SERVING_QUANTIZATIONS, qm.QUANTIZED)
-    self.assertEqual(qm.FP8_QUANTIZATIONS, ("fp8", "nanoo_fp8"))
+    self.assertEqual(tuple(qm.MODES), ("none", "int8", "fp8", "nanoo_fp8"))
+    self.assertEqual(qm.SERVING_MODES, qm.QUANTIZED)
+    self.assertEqual(qm.FP8_MODES, ("fp8", "nanoo_fp8"))
     self.assertEqual(qm.MODES["fp8"].hlo_types, {"f8e4m3fn", "f8e5m2"})
     self.assertEqual(qm.MODES["none"].hlo_types, frozenset())
     with self.assertRaisesRegex(ValueError, "'int4'.*allowed"):
       qm.get_mode("int4")
 
-  @parameterized.parameters(*qm.QUANTIZATIONS)
+  @parameterized.parameters(*tuple(qm.MODES))
   def test_keeps_state_is_what_init_makes(self, mode):
     _, _, variables = _init(mode)
     self.assertEqual(bool(variables.get(OWG)), qm.MODES[mode].keeps_state)
 
-  @parameterized.parameters(*qm.QUANTIZATIONS)
+  @parameterized.parameters(*tuple(qm.MODES))
   def test_needs_rng_is_what_the_gradient_asks_for(self, mode):
     cfg, x, variables = _init(mode)
 
@@ -82,7 +82,7 @@ class TableTest(parameterized.TestCase):
     else:
       jax.eval_shape(jax.grad(loss), params, {})
 
-  @parameterized.parameters(*qm.SERVING_QUANTIZATIONS)
+  @parameterized.parameters(*qm.SERVING_MODES)
   def test_storage_is_what_serving_writes(self, mode):
     cfg, _, variables = _init(mode)
     _, served = quantization.quantize_weights(cfg, variables)

@@ -23,8 +23,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from linen_moe import testing
-from linen_moe._src.config.quantization_modes import FP8_QUANTIZATIONS
-from linen_moe._src.config.quantization_modes import QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import FP8_MODES
+from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.parallel import ep_traffic
 from tests import workers
 
@@ -35,7 +35,7 @@ RAGGED = "ragged_all_to_all"
 # for every mode, fp8 on the first mesh, the other rule tables and the
 # decoders' train steps (Linen and NNX; the layer's loss, parameter, fp8
 # and input gradients are the default run's, the step adds the optimizer).
-DEFAULT_MODES = [m for m in QUANTIZATIONS if m != "fp8"]
+DEFAULT_MODES = [m for m in tuple(MODES) if m != "fp8"]
 MESHES = [("data=2,expert=4", "default")]
 RULE_MESHES = [
     ("fsdp=2,expert=4", "two_exchange_axes"),
@@ -80,7 +80,7 @@ def _jobs(meshes, rule_meshes, frontends, modes) -> tuple[dict, ...]:
 @functools.cache
 def _results(slow: bool = False) -> list:
   jobs = (
-      *_jobs(SLOW_MESHES, SLOW_RULE_MESHES, ("linen", "nnx"), QUANTIZATIONS),
+      *_jobs(SLOW_MESHES, SLOW_RULE_MESHES, ("linen", "nnx"), tuple(MODES)),
       *_jobs(MESHES, [], (), ["fp8"])[:1],
   )
   if not slow:
@@ -104,7 +104,7 @@ class Checks(parameterized.TestCase):
           self.assertLessEqual(
               r[f"{what}_err"], 1e-5 * r[f"{what}_scale"], what
           )
-        if any(case.startswith(m + "/") for m in FP8_QUANTIZATIONS):
+        if any(case.startswith(m + "/") for m in FP8_MODES):
           self.assertGreater(r["fp8_scale"], 0.0)
 
   def check_train_step(self, result):
@@ -185,7 +185,7 @@ class RaggedAllToAllSlowTest(Checks):
 
   def test_layer_on_expert_8_in_every_mode(self):
     self.check_layer(
-        _results(True)[0], 2 * len(QUANTIZATIONS) * len(SLOW_MESHES)
+        _results(True)[0], 2 * len(tuple(MODES)) * len(SLOW_MESHES)
     )
 
   def test_layer_under_the_other_rules(self):

@@ -34,7 +34,7 @@ from linen_moe import load_moe_config
 from linen_moe import models
 from linen_moe import testing
 from linen_moe._src.config.model_config import REMAT_POLICIES
-from linen_moe._src.config.quantization_modes import QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.layer import checkpoint_names as names
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.remat import OFFLOADED_NAMES
@@ -501,7 +501,7 @@ class UserRematTest(parameterized.TestCase):
 
   @testing.slow
   @parameterized.product(
-      mode=QUANTIZATIONS,
+      mode=tuple(MODES),
       path=tuple(MATMUL_PATHS),
       wrap=("remat", "policy"),
       scan=(True, False),
@@ -513,7 +513,7 @@ class UserRematTest(parameterized.TestCase):
     )
 
   @testing.slow
-  @parameterized.product(mode=QUANTIZATIONS, path=tuple(MATMUL_PATHS))
+  @parameterized.product(mode=tuple(MODES), path=tuple(MATMUL_PATHS))
   def test_nnx_product(self, mode, path):
     self.check(
         _nnx_user_grads(mode, path, True), _nnx_user_grads(mode, path, False)

@@ -23,7 +23,7 @@ from linen_moe import quantization
 from linen_moe import testing
 from linen_moe._src.config import variables as variables_lib
 from linen_moe._src.config.moe_config import MATMUL_PATHS
-from linen_moe._src.config.moe_config import QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.layer import dense as dense_lib
 from linen_moe._src.layer import routing as routing_lib
 from linen_moe._src.testing import helpers
@@ -289,7 +289,7 @@ class AllOptionsEveryModeTest(parameterized.TestCase):
     _check_trains(self, quantization, path)
 
   @testing.slow
-  @parameterized.product(quantization=QUANTIZATIONS, path=tuple(MATMUL_PATHS))
+  @parameterized.product(quantization=tuple(MODES), path=tuple(MATMUL_PATHS))
   def test_full_product(self, quantization, path):
     _check_trains(self, quantization, path)
 

@@ -29,9 +29,7 @@ from linen_moe import testing
 from linen_moe._src.config import expert_weights
 from linen_moe._src.config.moe_config import TINY_CONFIGS
 from linen_moe._src.config.quantization_modes import MODES as FACTS
-from linen_moe._src.config.quantization_modes import (
-    SERVING_QUANTIZATIONS as MODES,
-)
+from linen_moe._src.config.quantization_modes import SERVING_MODES as MODES
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.quantization import serving as serving_lib
 from linen_moe._src.quantization import stored_weights

@@ -34,8 +34,8 @@ import jax.numpy as jnp
 from linen_moe import load_model_config
 from linen_moe import sharding
 from linen_moe import testing
-from linen_moe._src.config.quantization_modes import FP8_QUANTIZATIONS
-from linen_moe._src.config.quantization_modes import QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import FP8_MODES
+from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.parallel import sharding as sharding_lib
 from tests import workers
@@ -91,7 +91,7 @@ class EquivalenceMixin(parameterized.TestCase):
     rtol = 1e-5
     tol = PARAM_TOL[quantization] * result["update"]
     self.assertGreater(result["update"], 0.0)
-    if quantization in FP8_QUANTIZATIONS:
+    if quantization in FP8_MODES:
       self.assertGreater(result["fp8_moved"], 0.0)
     for spec, r in result["meshes"].items():
       with self.subTest(mesh=spec):
@@ -273,10 +273,10 @@ class FsdpKernelGatherTest(absltest.TestCase):
   def test_every_mode_matches_one_device(self):
     (result,) = run_worker({
         "check": "layer",
-        "quantizations": list(QUANTIZATIONS),
+        "quantizations": list(tuple(MODES)),
         "meshes": [("fsdp=4,expert=2", "default"), ("fsdp=8", "default")],
     })
-    self.assertLen(result, 2 * len(QUANTIZATIONS))
+    self.assertLen(result, 2 * len(tuple(MODES)))
     for case, r in result.items():
       with self.subTest(case=case):
         self.assertLess(r["loss_err"], 1e-5)
@@ -317,7 +317,7 @@ class EquivalenceTest(EquivalenceMixin):
 
   @testing.slow
   @parameterized.product(
-      path=MATMUL_PATHS, quantization=QUANTIZATIONS, frontend=FRONTENDS
+      path=MATMUL_PATHS, quantization=tuple(MODES), frontend=FRONTENDS
   )
   def test_full_product(self, path, quantization, frontend):
     self.check_equivalent(path, quantization, MESHES, frontend=frontend)

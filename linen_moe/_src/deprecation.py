@@ -149,7 +149,6 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
     },
     "linen_moe.planning": {
         "attention_flops": (None, "linen_moe._src.planning.flops"),
-        "check_mesh": (None, "linen_moe._src.planning.targets"),
         "Chip": (None, "linen_moe._src.planning.chips"),
         "chip_of": (None, "linen_moe._src.planning.chips"),
         "matmul_parameters": (None, "linen_moe._src.planning.flops"),

@@ -24,12 +24,12 @@ import argparse
 import os
 import sys
 
+from linen_moe.decoding import Sampling
 from linen_moe.quantization import MODES
 from linen_moe.quantization import SERVING_MODES
+from linen_moe_cli import model_args
 from linen_moe_cli import options
-from linen_moe_cli.sampling_options import SamplingOptions
-
-SERVE = ("none", *SERVING_MODES)
+from linen_moe_cli.generate_options import GenerateOptions
 
 
 def register(subparsers) -> None:
@@ -123,7 +123,7 @@ def register(subparsers) -> None:
   )
   p.add_argument(
       "--serve",
-      choices=SERVE,
+      choices=model_args.SERVE,
       default="none",
       metavar="MODE",
       help=(
@@ -190,23 +190,12 @@ def _checked(args: argparse.Namespace) -> dict:
     raise ValueError("--output is for --prompts-file's results.")
   options.check_int("new_tokens", args.new_tokens, 1)
   options.check_int("batch_size", args.batch_size, 1)
-  options.check_int("top_k", args.top_k, 0)
-  if not (args.temperature >= 0 and args.temperature != float("inf")):
-    raise ValueError(f"--temperature {args.temperature} must be >= 0.")
-  if not 0 < args.top_p <= 1:
-    raise ValueError(f"--top-p {args.top_p} must be in (0, 1].")
-  if not 0 <= args.min_p <= 1:
-    raise ValueError(f"--min-p {args.min_p} must be in [0, 1].")
+  sampling = Sampling(args.temperature, args.top_k, args.top_p, args.min_p)
   if any(i < 0 for i in args.stop_id or ()):
     raise ValueError(f"--stop-id {min(args.stop_id)} must be >= 0.")
   if args.system is not None and not args.chat:
     raise ValueError("--system needs --chat.")
-  if args.serve != "none" and args.quantization not in (None, args.serve):
-    raise ValueError(
-        f"--quantization {args.quantization} with --serve {args.serve}: "
-        "serving weights run in their own mode; drop --quantization or "
-        f"pass --quantization {args.serve}."
-    )
+  model_args.check_serve(args)
   tokenizer = args.tokenizer
   default = os.path.join(directory, "tokenizer.json")
   if tokenizer is None and os.path.isfile(default):
@@ -225,12 +214,9 @@ def _checked(args: argparse.Namespace) -> dict:
       raise ValueError(notice)
   if tokenizer is not None and not os.path.isfile(tokenizer):
     raise ValueError(f"--tokenizer {tokenizer} does not exist.")
-  sampling = SamplingOptions(
+  sampling = GenerateOptions(
       max_new_tokens=args.new_tokens,
-      temperature=args.temperature,
-      top_k=args.top_k,
-      top_p=args.top_p,
-      min_p=args.min_p,
+      sampling=sampling,
       seed=args.seed,
       stop_ids=None if args.stop_id is None else tuple(args.stop_id),
       chat=args.chat,

@@ -72,10 +72,16 @@ def register(subparsers) -> None:
   )
   p.add_argument(
       "--serve",
-      action="store_true",
+      nargs="?",
+      const="none",
+      default=None,
+      choices=model_args.SERVE,
+      metavar="MODE",
       help=(
           "plan the decode step (batch-size tokens against a KV cache of "
-          "seq-len positions) instead of the train step"
+          "seq-len positions) instead of the train step, with the expert "
+          "weights stored in MODE as `generate --serve MODE` serves them "
+          "(none, the default: float weights)"
       ),
   )
   p.add_argument(
@@ -95,11 +101,12 @@ def register(subparsers) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-  """The config overrides of the flags, `--remat` included (the config
-  checks it, naming the policies there are)."""
+  """The config overrides of the flags (`--remat` and a stored `--serve`
+  mode included: the config checks them, naming what is allowed)."""
+  model_args.check_serve(args)
   overrides = model_args.model_overrides(args)
-  if args.remat is not None:
-    overrides["remat"] = args.remat
+  if args.serve not in (None, "none"):
+    overrides.update(quantization=args.serve, serving=True)
   return overrides
 
 
@@ -119,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
           "(--device-memory-gib) is invalid: expected a number > 0."
       )
     memory = max(1, int(args.device_memory_gib * GIB))
+  planning.check_mesh(args.mesh, target)  # imports jax, starts no backend
   planning.prepare_process(target)  # before jax starts its backends
 
   result = planning.plan(
@@ -128,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
       batch_size=args.batch_size,
       seq_len=args.seq_len,
       grad_accum=args.grad_accum,
-      decode=args.serve,
+      decode=args.serve is not None,
       frontend=nnx_adapter.frontend(args.frontend),
       device_memory_bytes=memory,
   )

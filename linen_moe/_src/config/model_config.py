@@ -34,6 +34,22 @@ REMAT_POLICIES = (
 )
 
 
+def check_remat(remat: Any, name: str = "remat", flag: str = "") -> None:
+  """The one check of a remat value: one of `REMAT_POLICIES`.
+
+  Args:
+    remat: the value.
+    name: what the error calls it ("ModelConfig.remat", "remat").
+    flag: the command-line flag that set it, if any ("--remat").
+
+  Raises:
+    ValueError: naming `name` (and `flag`), the value and the policies.
+  """
+  if not isinstance(remat, str) or remat not in REMAT_POLICIES:
+    where = f"{name}={remat!r}" + (f" ({flag})" if flag else "")
+    raise ValueError(f"{where} is invalid: allowed {REMAT_POLICIES}.")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """The reference decoder: embedding, N blocks, final norm, logits.
@@ -229,8 +245,7 @@ class ModelConfig:
           self.num_kv_heads,
           f"must divide num_heads={self.num_heads}",
       )
-    if not isinstance(self.remat, str) or self.remat not in REMAT_POLICIES:
-      fail("ModelConfig", "remat", self.remat, f"allowed {REMAT_POLICIES}")
+    check_remat(self.remat, "ModelConfig.remat")
     self._check_dense_layers()
     decoder_fields.check(self, fail)
     mla = self.kv_lora_rank > 0  # MLA has head widths of its own

@@ -13,7 +13,7 @@ import math
 from typing import TYPE_CHECKING
 from typing import Any
 
-# No jax at import: the command line's --help reads QUANTIZATIONS and
+# No jax at import: the command line's --help reads MODES and
 # available_configs(). The activations and grouped matmuls (which import
 # jax) are read when a config is validated, the layer stack when asked for;
 # the quantization modes' table and the traffic model import none.
@@ -25,8 +25,8 @@ from linen_moe._src.config.checks import check_positive_ints
 from linen_moe._src.config.checks import fail
 from linen_moe._src.config.checks import new_names
 from linen_moe._src.config.checks import run_field
-from linen_moe._src.config.quantization_modes import QUANTIZATIONS
-from linen_moe._src.config.quantization_modes import SERVING_QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import MODES
+from linen_moe._src.config.quantization_modes import SERVING_MODES
 from linen_moe._src.deprecation import renamed_field
 from linen_moe._src.parallel import ep_traffic
 
@@ -80,14 +80,14 @@ _NON_NEGATIVE_FIELDS = (
 def check_serving(serving: bool, quantization: str, owner: str = "") -> None:
   """The serving rule, checked here only: a serving layer stores its expert
   kernels converted to its mode's storage type, so `serving=True` needs a
-  mode that has one (`SERVING_QUANTIZATIONS`).
+  mode that has one (`SERVING_MODES`).
 
   `MoEConfig` checks its fields with it at construction; code that takes the
   two as arguments (e.g. `load_checkpoint`) asks it before any work.
 
   Args:
     serving: the `serving` flag.
-    quantization: a mode name (`QUANTIZATIONS`).
+    quantization: a mode name (a key of `MODES`).
     owner: whose fields they are in the message ("MoEConfig" names
       `MoEConfig.serving`); "" for a function's arguments.
 
@@ -95,11 +95,11 @@ def check_serving(serving: bool, quantization: str, owner: str = "") -> None:
     ValueError: naming `serving`, its value and the modes allowed with it,
       when `serving` is true and `quantization` stores no weights.
   """
-  if serving and quantization not in SERVING_QUANTIZATIONS:
+  if serving and quantization not in SERVING_MODES:
     field = f"{owner}.serving" if owner else "serving"
     raise ValueError(
         f"{field}={serving!r} is invalid: a serving layer stores its expert "
-        f"weights in a quantized mode {SERVING_QUANTIZATIONS}, but "
+        f"weights in a quantized mode {SERVING_MODES}, but "
         f"quantization={quantization!r}."
     )
 
@@ -189,7 +189,7 @@ class MoEConfig:
       float8_e4m3fn or float8_e4m3fnuz) with their scales, as
       `linen_moe.quantization.quantize_weights` returns them (and the config it returns sets this),
       and the layer runs inference from them. Needs a mode that stores
-      weights (`SERVING_QUANTIZATIONS`; the rule is `check_serving`).
+      weights (`SERVING_MODES`; the rule is `check_serving`).
     lora_rank: r >= 1 puts low-rank adapters on the `lora_targets` kernels
       (`linen_moe.lora`); 0 (the default): none. At most the smaller side
       of every adapted kernel.
@@ -287,7 +287,7 @@ class MoEConfig:
           "must be positive when shared_experts > 0",
       )
     check_choice(self, "routing", ROUTINGS)
-    check_choice(self, "quantization", QUANTIZATIONS)
+    check_choice(self, "quantization", tuple(MODES))
     check_choice(self, "grouped_matmul", grouped_matmul.IMPLEMENTATIONS)
     check_choice(self, "expert_parallel", EXPERT_PARALLEL_STRATEGIES)
     check_choice(self, "dtype", FLOAT_DTYPES)

@@ -189,13 +189,11 @@ MODES: dict[str, QuantizationMode] = {
     )
 }
 
-QUANTIZATIONS = tuple(MODES)
 QUANTIZED = tuple(n for n, m in MODES.items() if m.quantized)
 # Modes that store their expert weights converted when `MoEConfig.serving`.
-SERVING_QUANTIZATIONS = tuple(n for n, m in MODES.items() if m.serves)
-SERVING_MODES = SERVING_QUANTIZATIONS  # its public name
+SERVING_MODES = tuple(n for n, m in MODES.items() if m.serves)
 # Modes with fp8 delayed-scaling state.
-FP8_QUANTIZATIONS = tuple(n for n, m in MODES.items() if m.keeps_state)
+FP8_MODES = tuple(n for n, m in MODES.items() if m.keeps_state)
 
 
 def storage_dtypes() -> dict[str, Any]:
@@ -216,7 +214,5 @@ def get_mode(name: str) -> QuantizationMode:
     ValueError: `name` is no mode.
   """
   if name not in MODES:
-    raise ValueError(
-        f"Unknown quantization {name!r}; allowed: {QUANTIZATIONS}."
-    )
+    raise ValueError(f"Unknown quantization {name!r}; allowed: {tuple(MODES)}.")
   return MODES[name]

@@ -42,8 +42,8 @@ import numpy as np
 from linen_moe._src.config import stack_plan
 from linen_moe._src.config.expert_weights import ROUTED_RANK
 from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.config.moe_config import QUANTIZATIONS
 from linen_moe._src.config.moe_config import check_serving
+from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.config.variables import PARAMS
 from linen_moe._src.config.variables import UPDATED_BY_RULE
 from linen_moe._src.hf import block_fp8
@@ -325,9 +325,9 @@ def _check_arguments(path, scan_layers, dtype, quantization, serving):
         f"dtype={dtype!r} is invalid: allowed None (the checkpoint's) or "
         f"{sorted(config_map.DTYPES)}."
     )
-  if quantization not in QUANTIZATIONS:
+  if quantization not in tuple(MODES):
     raise ValueError(
-        f"quantization={quantization!r} is invalid: allowed {QUANTIZATIONS}."
+        f"quantization={quantization!r} is invalid: allowed {tuple(MODES)}."
     )
   if not isinstance(serving, bool):
     raise TypeError(f"serving={serving!r} must be a bool.")

@@ -39,6 +39,7 @@ import jax
 
 from linen_moe._src.config.model_config import REMAT_POLICIES
 from linen_moe._src.config.model_config import ModelConfig
+from linen_moe._src.config.model_config import check_remat
 from linen_moe._src.layer import checkpoint_names as names
 
 _EXPERTS = (
@@ -81,8 +82,7 @@ def remat_policy(remat: str) -> Callable | None:
   Raises:
     ValueError: if `remat` is not one of `REMAT_POLICIES`.
   """
-  if remat not in SAVED_NAMES:
-    raise ValueError(f"remat={remat!r} is invalid: allowed {REMAT_POLICIES}.")
+  check_remat(remat)
   saved, offloaded = SAVED_NAMES[remat], OFFLOADED_NAMES.get(remat, ())
   if offloaded:
     return jax.checkpoint_policies.save_and_offload_only_these_names(

@@ -335,7 +335,7 @@ def _compile_decode(cfg, mesh, batch_size, seq_len):
   )
 
   def step(variables, cache, token):
-    return decoding._extend(ucfg, variables, cache, token[:, None])  # noqa: SLF001
+    return decoding.extend(ucfg, variables, cache, token[:, None])
 
   other = {k: v for k, v in variables.items() if k != "params"}
   split = {

@@ -54,7 +54,7 @@ from flax.linen import fp8_ops
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src.config.quantization_modes import FP8_QUANTIZATIONS
+from linen_moe._src.config.quantization_modes import FP8_MODES
 from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.config.quantization_modes import get_mode
 from linen_moe._src.config.variables import AQT_RNG_STREAM
@@ -65,7 +65,7 @@ from linen_moe._src.kernels.int8_grouped import int8_grouped_matmul
 # (forward, output-gradient) fp8 types of each fp8 mode.
 FP8_DTYPES = {
     name: (MODES[name].forward_dtype, MODES[name].gradient_dtype)
-    for name in FP8_QUANTIZATIONS
+    for name in FP8_MODES
 }
 _OPTIONS = ("implementation", "amax_history_length")
 

@@ -201,7 +201,7 @@ def convert_kernel(mode: str, kernel, rank: int, state: Mapping | None):
   """The stored form of one float kernel, on the device.
 
   Args:
-    mode: a mode that stores weights (`SERVING_QUANTIZATIONS`).
+    mode: a mode that stores weights (`SERVING_MODES`).
     kernel: float [..., K, N]; its last `rank` axes are one kernel (routed
       experts [E, K, N] or one MLP's [K, N]), the axes before them stacked
       layers.
@@ -246,7 +246,7 @@ def convert_kernel_host(
   clips to +-fp8_max and rounds to nearest even, input scale 1.
 
   Args:
-    mode: a mode that stores weights (`SERVING_QUANTIZATIONS`).
+    mode: a mode that stores weights (`SERVING_MODES`).
     read: read(e) -> expert e's float [K, N] (any float dtype) of a routed
       kernel [E, K, N]; read(None) -> the [K, N] of an MLP's kernel. fp8
       reads every matrix twice (its scale is the whole kernel's).

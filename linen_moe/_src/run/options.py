@@ -15,7 +15,8 @@ from typing import Any
 
 from linen_moe._src.config import lora as lora_config
 from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.config.quantization_modes import SERVING_QUANTIZATIONS
+from linen_moe._src.config.model_config import check_remat
+from linen_moe._src.config.quantization_modes import SERVING_MODES
 from linen_moe._src.config.schedules import SCHEDULES
 from linen_moe._src.run import throughput
 
@@ -216,10 +217,10 @@ class RunOptions:
     self._check_observers()
 
   def _check_remat(self) -> None:
-    """--remat names a policy (the config checks it too, after jax)."""
+    """--remat names a policy (checked here too, before jax loads)."""
     remat = self.overrides.get("remat")
-    if remat is not None and remat not in ModelConfig.REMAT_POLICIES:
-      _fail("remat", remat, f"allowed {ModelConfig.REMAT_POLICIES}")
+    if remat is not None:
+      check_remat(remat, "remat", "--remat")
 
   def _check_observers(self) -> None:
     """The profiler and TensorBoard flags."""
@@ -286,12 +287,12 @@ class RunOptions:
     }
     if self.frozen_base_serving:
       mode = self.overrides.get("quantization")
-      if mode not in SERVING_QUANTIZATIONS:
+      if mode not in SERVING_MODES:
         _fail(
             "frozen_base_serving",
             True,
             "it needs --quantization with a stored type, one of "
-            f"{tuple(SERVING_QUANTIZATIONS)} (got {mode!r})",
+            f"{tuple(SERVING_MODES)} (got {mode!r})",
         )
       lora["serving"] = True
     self.overrides.update(lora)
