@@ -19,7 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from linen_moe import data
-from linen_moe._src.data import chat
+from linen_moe._src.data import chat as chat_data
 from linen_moe._src.data import chat_rows
 from linen_moe._src.data import chat_template
 
@@ -121,7 +121,7 @@ class MaskTest(parameterized.TestCase):
     self.assertGreaterEqual(len(cases), 5)
     for case in cases:
       with self.subTest(case=case["name"]):
-        ids, mask = chat.encode_conversation(
+        ids, mask = chat_data.encode_conversation(
             template, tokenizer, case["messages"]
         )
         self.assertEqual(ids.tolist(), case["ids"])
@@ -190,7 +190,7 @@ class MaskTest(parameterized.TestCase):
         for c in expected["cases"]
         if c["name"] == case_name and not c["add_generation_prompt"]
     )
-    ids, mask = chat.encode_conversation(template, tokenizer, case["messages"])
+    ids, mask = chat_data.encode_conversation(template, tokenizer, case["messages"])
     self.assertEqual(ids.tolist(), case["ids"])
     self.assertEqual(_masked_runs(tokenizer, ids, mask), replies)
     # Everything else (system, user, headers) is not learned.
@@ -238,7 +238,7 @@ class MaskTest(parameterized.TestCase):
         {"role": "user", "content": "Say it again."},
         {"role": "assistant", "content": "Hello again!"},
     ]
-    ids, mask = chat.encode_conversation(template, tokenizer, messages)
+    ids, mask = chat_data.encode_conversation(template, tokenizer, messages)
     end = tokenizer.token_to_id("<|im_end|>")
     start = tokenizer.token_to_id("<|im_start|>")
     ends = np.flatnonzero(ids == end).tolist()
@@ -265,9 +265,9 @@ class MaskTest(parameterized.TestCase):
   def test_loss_mask_of_offsets(self):
     # Tokens [0, 2) [2, 5) [5, 5) [5, 9) [9, 10); spans [2, 6) and [10, 10).
     offsets = np.array([[0, 2], [2, 5], [5, 5], [5, 9], [9, 10]])
-    mask = chat.loss_mask_of(offsets, [(2, 6), (10, 10)])
+    mask = chat_data.loss_mask_of(offsets, [(2, 6), (10, 10)])
     np.testing.assert_array_equal(mask, [0, 1, 1, 1, 1])
-    mask = chat.loss_mask_of(offsets, [(0, 2)])
+    mask = chat_data.loss_mask_of(offsets, [(0, 2)])
     np.testing.assert_array_equal(mask, [1, 1, 0, 0, 0])
 
 
@@ -316,7 +316,7 @@ class RowsTest(absltest.TestCase):
           {"role": "user", "content": f"Question {i}?"},
           {"role": "assistant", "content": "Answer " * (i % 4 + 1)},
       ]
-      want_ids, want_mask = chat.encode_conversation(
+      want_ids, want_mask = chat_data.encode_conversation(
           template, tokenizer, messages
       )
       np.testing.assert_array_equal(ids, want_ids)
@@ -410,13 +410,13 @@ class BadInputTest(parameterized.TestCase):
     good = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}  # fmt: skip
     path = _write_jsonl(os.path.join(tmp, "c.jsonl"), [row, good])
     with self.assertRaisesRegex(ValueError, "c.jsonl" + message):
-      chat.read_conversations(path)
+      chat_data.read_conversations(path)
     # The second line too: the line number is the file's.
     path = _write_jsonl(os.path.join(tmp, "d.jsonl"), [good, "", row])
     with self.assertRaisesRegex(
         ValueError, "d.jsonl" + message.replace(":1:", ":3:")
     ):
-      chat.read_conversations(path)
+      chat_data.read_conversations(path)
 
   def test_template_refusal_names_the_line(self):
     tmp = _tempdir(self)

@@ -24,6 +24,7 @@ import numpy as np
 
 from linen_moe import checkpoint
 from linen_moe._src.testing import helpers
+from linen_moe.frontend import VARIABLES
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
@@ -82,7 +83,7 @@ class ExactResumeMixin(parameterized.TestCase):
     for prefix in (
         ("variables", "params"),
         ("opt_state",),
-        (frontend.VARIABLES, OVERWRITE_WITH_GRADIENT),
+        (VARIABLES, OVERWRITE_WITH_GRADIENT),
     ):
       moved = [
           not np.array_equal(final[p], initial[p])
@@ -91,7 +92,7 @@ class ExactResumeMixin(parameterized.TestCase):
           and np.issubdtype(final[p].dtype, np.floating)
       ]
       if (
-          prefix == (frontend.VARIABLES, OVERWRITE_WITH_GRADIENT)
+          prefix == (VARIABLES, OVERWRITE_WITH_GRADIENT)
           and "fp8" not in quantization
       ):
         self.assertEmpty(moved)
