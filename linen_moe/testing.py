@@ -34,7 +34,8 @@ def kernels_on_cpu(kind: str):
   must run before jax loads).
 
   Args:
-    kind: "megablox" (Pallas interpret mode), "tokamax" (its XLA
+    kind: "pallas" (this project's Pallas TPU kernels in interpret mode),
+      "megablox" (Pallas interpret mode), "tokamax" (its XLA
       implementation) or "tokamax_pallas" (its Pallas TPU kernel,
       interpreted).
 

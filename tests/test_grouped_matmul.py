@@ -275,7 +275,7 @@ class KernelSeamTest(parameterized.TestCase):
   def test_kernel_falls_back_visibly_for_other_operands(self, dtypes, named):
     with self.assertWarnsRegex(
         KernelFallbackWarning,
-        f"megablox gmm takes float32/bfloat16 operands, not \\({named}\\);"
+        f"pallas gmm takes float32/bfloat16 operands, not \\({named}\\);"
         ".*ragged_dot",
     ):
       got = gmm_lib.resolve_implementation("kernel", "tpu", dtypes)

@@ -37,6 +37,7 @@ from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.kernels import accelerator as grouped_kernels
 from linen_moe._src.kernels.accelerator import KernelFallbackWarning
 from linen_moe.sharding import unbox
+from tests import gmm_cases
 from tests import numpy_reference
 
 try:
@@ -66,17 +67,8 @@ TOLERANCE = {
 }
 
 
-def _operands(m, k, n, sizes, dtype=jnp.float32, seed=0):
-  keys = jax.random.split(jax.random.key(seed), 3)
-  lhs = jax.random.normal(keys[0], (m, k), dtype)
-  rhs = jax.random.normal(keys[1], (len(sizes), k, n), dtype)
-  dout = jax.random.normal(keys[2], (m, n), dtype)
-  return lhs, rhs, jnp.array(sizes, jnp.int32), dout
-
-
-def _fwd_bwd(matmul, lhs, rhs, group_sizes, dout):
-  out, vjp = jax.vjp(lambda x, w: matmul(x, w, group_sizes), lhs, rhs)
-  return (out, *vjp(dout))
+_operands = gmm_cases.operands
+_fwd_bwd = gmm_cases.fwd_bwd
 
 
 def _ragged_dot(lhs, rhs, group_sizes):

@@ -1,14 +1,16 @@
-"""Accelerator grouped-matmul kernels behind one seam: Pallas megablox `gmm`
-on TPU, Tokamax `ragged_dot` on GPU. Knows nothing of MoE or quantization.
+"""Accelerator grouped-matmul kernels behind one seam: this project's Pallas
+kernels on TPU (`pallas_grouped`), Tokamax `ragged_dot` on GPU; jax's
+megablox `gmm` stays reachable on a CPU and for benchmarks. Knows nothing of
+MoE or quantization.
 
 Each kernel computes the contract of `linen_moe._src.kernels.grouped_matmul` (lhs
 [M, K] sorted by group, rhs [G, K, N], group_sizes <int32>[G] -> [M, N], rows
 past sum(group_sizes) zero, and so are their input gradients), with the
-kernel's own VJP (megablox: `gmm` with the transposed rhs for dlhs, `tgmm`
-for drhs).
+kernel's own VJP (the Pallas kernels and megablox: `gmm` with the
+transposed rhs for dlhs, `tgmm` for drhs).
 
-Operands. megablox takes float32 and bfloat16 operands
-(`megablox.common.assert_is_supported_dtype`); the Tokamax wrapper is given
+Operands. The Pallas kernels and megablox take float32 and bfloat16
+operands (`megablox.common.assert_is_supported_dtype`); the Tokamax wrapper is given
 float16, bfloat16 and float32 (its kernels take other types only as qwix
 `QArray`s). Other operands (the int8 forward and input gradient of the
 "int8" mode, the int8 / fp8 kernels of a serving layer) do not reach a
@@ -27,8 +29,14 @@ Known bugs guarded here:
     Nothing here passes one: under expert parallelism each device is given
     only its own experts' weights, never a group offset into all of them.
 
+On a TPU, `grouped_matmul="auto"` runs the Pallas kernels where the tile
+table (`gmm_tiling`) measured them fastest for the nearest shape, else
+`ragged_dot` (`auto_on_tpu`).
+
 On a CPU. `kernels_on_cpu(kind)` (`linen_moe.testing.kernels_on_cpu`) makes
 `grouped_matmul="kernel"` resolve on the CPU backend, inside the context, to:
+  "pallas"          this project's Pallas kernels in interpret mode, with
+                    the tiles the rule picks for a TPU v5e.
   "megablox"        megablox `gmm` in Pallas interpret mode: the TPU
                     kernel's own program, interpreted (slow: tiny shapes).
   "tokamax"         `tokamax.ragged_dot` with its XLA implementation, the one
@@ -53,7 +61,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-ON_CPU_KINDS = ("megablox", "tokamax", "tokamax_pallas")
+ON_CPU_KINDS = ("pallas", "megablox", "tokamax", "tokamax_pallas")
 _ON_CPU: list[str | None] = [None]
 
 
@@ -252,6 +260,35 @@ def _tokamax_pallas_interpreted():
 _FLOATS = (jnp.float32, jnp.bfloat16)
 
 
+def _pallas(interpret: bool) -> tuple[Kernel | None, str | None]:
+  try:
+    from linen_moe._src.kernels import pallas_grouped
+  except ImportError as e:  # a jax without Pallas TPU
+    return None, f"jax.experimental.pallas.tpu: {e}"
+  fn = functools.partial(
+      pallas_grouped.pallas_grouped_matmul, interpret=interpret
+  )
+  return Kernel("pallas gmm", fn, _FLOATS, in_shard_map=False), None
+
+
+def auto_on_tpu(shape: tuple[int, ...] | None, dtypes: tuple[Any, ...]) -> str:
+  """What `grouped_matmul="auto"` runs on a TPU for lhs [M, K] x [G, K, N]
+  (`shape` = (M, K, N, G), or None when unknown): "kernel" where the tile
+  table measured the Pallas kernels fastest for the nearest shape on this
+  chip, else "ragged_dot" (also for operands the kernels do not take)."""
+  kernel, _ = _pallas(interpret=False)
+  if shape is None or kernel is None or not (dtypes and kernel.takes(dtypes)):
+    return "ragged_dot"
+  from linen_moe._src.kernels import gmm_tiling
+  from linen_moe._src.kernels import pallas_gmm
+
+  m, k, n, g = shape
+  dtype = pallas_gmm.compute_dtype(*dtypes)
+  chip = gmm_tiling.current_chip()
+  fastest = gmm_tiling.fastest_implementation(m, k, n, g, dtype, chip)
+  return "kernel" if fastest == "kernel" else "ragged_dot"
+
+
 def _megablox(interpret: bool) -> tuple[Kernel | None, str | None]:
   try:
     from jax.experimental.pallas.ops.tpu import megablox  # noqa: F401
@@ -275,10 +312,12 @@ def _tokamax(implementation) -> tuple[Kernel | None, str | None]:
 def find_kernel(backend: str) -> tuple[Kernel | None, str | None]:
   """(the kernel for `backend`, None), or (None, why there is none)."""
   if backend == "tpu":
-    return _megablox(interpret=False)
+    return _pallas(interpret=False)
   if backend == "gpu":
     return _tokamax(None)
   on_cpu = _ON_CPU[0]
+  if backend == "cpu" and on_cpu == "pallas":
+    return _pallas(interpret=True)
   if backend == "cpu" and on_cpu == "megablox":
     return _megablox(interpret=True)
   if backend == "cpu" and on_cpu == "tokamax":

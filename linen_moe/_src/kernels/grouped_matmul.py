@@ -19,15 +19,17 @@ Implementations:
                 from `rhs`, never gathered per row; a custom VJP keeps the
                 backward grouped too. A small problem gives every group M
                 slots (`default_slot_rows`): one batched matmul, no loop.
-  "kernel"      An accelerator kernel: Pallas megablox `gmm` on TPU, Tokamax
-                `ragged_dot` on GPU (`linen_moe._src.kernels.accelerator`).
+  "kernel"      An accelerator kernel: this project's Pallas `gmm` / `tgmm` on
+                TPU (`pallas_grouped`), Tokamax `ragged_dot` on GPU
+                (`linen_moe._src.kernels.accelerator`).
                 Operands a kernel does not take (int8, fp8) run "ragged_dot"
                 with a `KernelFallbackWarning`; so does megablox inside a
-                `shard_map` (the expert-parallel path under a mesh): jax's
-                megablox gives its outputs no manual-axis type, which a
+                `shard_map` (the expert-parallel path under a mesh): a
+                `pallas_call` gives its outputs no manual-axis type, which a
                 `shard_map` checking them (`check_vma`) requires.
-  "auto"        "blocked" on CPU; "ragged_dot" on TPU (as fast as megablox at
-                decode sizes, faster at training sizes on a v5e); on GPU the
+  "auto"        "blocked" on CPU; on TPU the Pallas kernels where the tile
+                table measured them fastest for the nearest shape on the
+                chip (`gmm_tiling`), else "ragged_dot"; on GPU the
                 kernel when importable for the operand dtypes, else
                 "blocked" (XLA:GPU pads a ragged_dot's groups to dense). The
                 platform is the one traced for (`platform.target_platform`:
@@ -47,6 +49,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from linen_moe._src.kernels import accelerator as grouped_kernels
+from linen_moe._src.kernels.operand_shapes import check_shapes
 from linen_moe._src.kernels.platform import target_platform
 
 IMPLEMENTATIONS = ("auto", "ragged_dot", "blocked", "kernel")
@@ -535,6 +538,7 @@ def resolve_implementation(
     implementation: str,
     backend: str | None = None,
     dtypes: tuple[Any, ...] = (),
+    shape: tuple[int, int, int, int] | None = None,
 ) -> str:
   """Maps "auto" to the fastest implementation available on `backend`.
 
@@ -546,6 +550,8 @@ def resolve_implementation(
     implementation: one of `IMPLEMENTATIONS`.
     backend: "cpu", "gpu" or "tpu"; default `platform.target_platform()`.
     dtypes: operand dtypes, when known (kernels take only some).
+    shape: (M, K, N, G) of lhs [M, K] x rhs [G, K, N], when known ("auto"
+      on a TPU looks it up in the tile table).
 
   Raises:
     ValueError: for an unknown implementation, or "kernel" where the
@@ -563,9 +569,7 @@ def resolve_implementation(
   if implementation == "auto" and backend == "cpu":
     return "blocked"
   if implementation == "auto" and backend == "tpu":
-    # XLA's ragged_dot on a TPU v5e: as fast as megablox at decode sizes,
-    # 1.0-1.7x faster at training sizes (benchmarks/device/README.md).
-    return "ragged_dot"
+    return grouped_kernels.auto_on_tpu(shape, dtypes)
   kernel, missing = grouped_kernels.find_kernel(backend)
   if implementation == "kernel" and kernel is None:
     raise ValueError(
@@ -605,21 +609,15 @@ def grouped_matmul(
   `max_group_size`: a static bound on every group's size, when the caller
   knows one (see `blocked_grouped_matmul`); only "blocked" reads it.
   """
-  if lhs.ndim != 2 or rhs.ndim != 3 or lhs.shape[1] != rhs.shape[1]:
-    raise ValueError(
-        "grouped_matmul expects lhs [M, K] and rhs [G, K, N] with the same K; "
-        f"got {lhs.shape} and {rhs.shape}."
-    )
-  if group_sizes.shape != (rhs.shape[0],):
-    raise ValueError(
-        f"group_sizes must have shape [G]=({rhs.shape[0]},); got "
-        f"{group_sizes.shape}."
-    )
+  check_shapes(lhs, rhs, group_sizes)
   if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
     raise ValueError(
         f"group_sizes must be integers; got dtype {group_sizes.dtype}."
     )
-  impl = resolve_implementation(implementation, dtypes=(lhs.dtype, rhs.dtype))
+  shape = (*lhs.shape, rhs.shape[2], rhs.shape[0])
+  impl = resolve_implementation(
+      implementation, dtypes=(lhs.dtype, rhs.dtype), shape=shape
+  )
   if impl == "ragged_dot":
     return ragged_dot(lhs, rhs, group_sizes, preferred_element_type)
   if impl == "blocked":
@@ -632,6 +630,8 @@ def grouped_matmul(
     )
   kernel, _ = grouped_kernels.find_kernel(target_platform())
   if not kernel.in_shard_map and jax.sharding.get_abstract_mesh().manual_axes:
+    if implementation == "auto":
+      return ragged_dot(lhs, rhs, group_sizes, preferred_element_type)
     warnings.warn(
         f"grouped_matmul='kernel': {kernel.name} cannot run inside a "
         "shard_map (its outputs carry no manual-axis type for check_vma); "

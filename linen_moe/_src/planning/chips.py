@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from linen_moe._src.kernels.tpu_chips import TPU_DEVICE_KINDS
+
 GB = 10**9
 TB = 10**12
 
@@ -98,12 +100,7 @@ CHIPS: dict[str, Chip] = {
 # `jax.Device.device_kind` -> chip name (the kinds JAX reports; a kind
 # that starts with one of these, e.g. "NVIDIA H100 80GB HBM3").
 _KINDS = (
-    ("TPU v5 lite", "v5e"),
-    ("TPU v5e", "v5e"),
-    ("TPU v5p", "v5p"),
-    ("TPU v5", "v5p"),
-    ("TPU v6 lite", "v6e"),
-    ("TPU v6e", "v6e"),
+    *TPU_DEVICE_KINDS,
     ("NVIDIA H100", "h100"),
     ("NVIDIA H200", "h200"),
 )
@@ -121,5 +118,5 @@ def chip_of(device_kind: str) -> Chip | None:
   """
   for prefix, name in _KINDS:
     if device_kind.startswith(prefix):
-      return CHIPS[name]
+      return CHIPS.get(name)
   return None

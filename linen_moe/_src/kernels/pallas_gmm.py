@@ -1,0 +1,349 @@
+"""Pallas TPU kernels of the grouped matmul, forward and weight gradient.
+
+  gmm   lhs [M, C] x rhs [G, C, O] -> [M, O]: each row times its group's
+        matrix (`transpose_rhs`: rhs [G, O, C], each row times the transpose,
+        the input gradient's contraction).
+  tgmm  lhs [M, K], dout [M, N] -> [G, K, N]: per group, the sum over its
+        rows of lhs[r]^T dout[r] (the weight gradient).
+
+Both work on the visits of `gmm_schedule`: a row tile straddling two groups
+is visited once per group and each visit keeps only its group's rows (a
+select on the rows, only on the tiles that straddle), so a group costs the
+tiles it touches, not whole tiles of padding; tiles past sum(group_sizes)
+are visited by no group (`gmm` writes their zeros without a matmul), and
+visits beyond the schedule's count are not run at all (a dynamic grid). A
+visit without a matmul reads the blocks its predecessor read, so it issues
+no copy.
+
+Operands are float32 or bfloat16; the product runs in bfloat16 when both
+are bfloat16, else in float32, and always accumulates in float32 (an
+accumulator in VMEM across the contraction's tiles, or across a group's
+visits for `tgmm`). Tiles are given by the caller (`gmm_tiling` chooses
+them): (tm, tc, to) rows, contraction and output columns for `gmm`; (tm,
+tk, tn) for `tgmm`. tc / to and tk / tn divide their dimension; tm need
+not divide M (the last row tile is partial: Pallas drops the rows past M
+it writes, and the rows past M it reads are masked where they could meet
+a product).
+
+Grid order. `gmm`: (output column tiles, visits, contraction tiles), the
+contraction innermost so that an output tile is finished before the next
+visit; the visits of one row tile are consecutive, so its output block
+stays in VMEM between them (Pallas writes a block back when its index
+changes). `tgmm`: (N tiles, K tiles, visits), the visits of one group
+consecutive, accumulating its [tk, tn] block.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+import jax.numpy as jnp
+
+from linen_moe._src.kernels import gmm_schedule
+
+_F32 = jnp.float32
+_PRODUCT_DIMS = (((1,), (0,)), ((), ()))  # [tm, tc] x [tc, to]
+_PRODUCT_DIMS_T = (((1,), (1,)), ((), ()))  # [tm, tc] x [to, tc]
+
+
+def compute_dtype(*dtypes) -> jnp.dtype:
+  """bfloat16 when every operand is, else float32: what the MXU is fed."""
+  if all(jnp.dtype(d) == jnp.bfloat16 for d in dtypes):
+    return jnp.dtype(jnp.bfloat16)
+  return jnp.dtype(_F32)
+
+
+def gmm_vmem_bytes(tiling, lhs_dtype, rhs_dtype, out_dtype, tiles_c) -> int:
+  """VMEM of `gmm` with `tiling` (tm, tc, to): lhs, rhs and output blocks
+  double-buffered, the float32 product, and the accumulator when the
+  contraction has more than one tile."""
+  tm, tc, to = tiling
+  size = lambda d: jnp.dtype(d).itemsize  # noqa: E731
+  blocks = tm * tc * size(lhs_dtype) + tc * to * size(rhs_dtype)
+  blocks += tm * to * size(out_dtype)
+  return 2 * blocks + tm * to * 4 * (2 if tiles_c > 1 else 1)
+
+
+def tgmm_vmem_bytes(tiling, lhs_dtype, dout_dtype, out_dtype) -> int:
+  """VMEM of `tgmm` with `tiling` (tm, tk, tn): lhs, dout and output blocks
+  double-buffered, the transposed lhs tile, the float32 product and
+  accumulator."""
+  tm, tk, tn = tiling
+  size = lambda d: jnp.dtype(d).itemsize  # noqa: E731
+  blocks = tm * tk * size(lhs_dtype) + tm * tn * size(dout_dtype)
+  blocks += tk * tn * size(out_dtype)
+  return 2 * blocks + tm * tk * size(lhs_dtype) + 2 * tk * tn * 4
+
+
+def _compiler_params(semantics, vmem_limit_bytes):
+  return pltpu.CompilerParams(
+      dimension_semantics=semantics, vmem_limit_bytes=vmem_limit_bytes
+  )
+
+
+def _row_mask(tile, tm, shape, lo, hi):
+  """<bool>[shape]: rows of row tile `tile` in [lo, hi)."""
+  rows = tile * tm + lax.broadcasted_iota(jnp.int32, shape, 0)
+  return (rows >= lo) & (rows < hi)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "tiling",
+        "out_dtype",
+        "transpose_rhs",
+        "interpret",
+        "vmem_limit_bytes",
+    ),
+)
+def gmm(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    tiling: tuple[int, int, int],
+    out_dtype,
+    transpose_rhs: bool = False,
+    interpret: bool = False,
+    vmem_limit_bytes: int | None = None,
+) -> jax.Array:
+  """[M, C] x [G, C, O] (or [G, O, C] with `transpose_rhs`) -> [M, O].
+
+  Rows past sum(group_sizes) are zeros. No argument checks: the caller
+  (`pallas_grouped`) makes them.
+
+  Args:
+    lhs: [M, C], rows sorted by group.
+    rhs: [G, C, O], or [G, O, C] when `transpose_rhs`.
+    group_sizes: <int32>[G].
+    tiling: (tm, tc, to): rows, contraction and output columns per tile.
+    out_dtype: the output's dtype.
+    transpose_rhs: contract rhs's last dimension.
+    interpret: run in Pallas interpret mode (any backend).
+    vmem_limit_bytes: Mosaic's scoped VMEM limit, or None for its default.
+
+  Returns:
+    [M, O] in `out_dtype`.
+  """
+  m, c = lhs.shape
+  o = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  tm, tc, to = tiling
+  tiles_c, tiles_o = c // tc, o // to
+  last_c = tiles_c - 1
+  schedule = gmm_schedule.build(
+      group_sizes, m, tm, fill_tail=True, visit_empty=False
+  )
+  dtype = compute_dtype(lhs.dtype, rhs.dtype)
+  dims = _PRODUCT_DIMS_T if transpose_rhs else _PRODUCT_DIMS
+
+  def kernel(group, tile, compute, _rg, _rt, starts, ends, x, w, out, *acc):
+    i, kc = pl.program_id(1), pl.program_id(2)
+    first = (i == 0) | (tile[i] != tile[jnp.maximum(i - 1, 0)])
+    does = compute[i] == 1
+
+    def store(value):  # value: <f32>[tm, to], this visit's rows kept
+      g = group[i]
+      keep = _row_mask(tile[i], tm, (tm, to), starts[g], ends[g])
+      before = jnp.where(first, 0.0, out[...].astype(_F32))
+      out[...] = jnp.where(keep, value, before).astype(out.dtype)
+
+    @pl.when(does)
+    def _():
+      p = lax.dot_general(
+          x[...].astype(dtype),
+          w[...].astype(dtype),
+          dims,
+          preferred_element_type=_F32,
+      )
+      if tiles_c == 1:
+        store(p)
+        return
+
+      @pl.when(kc == 0)
+      def _():
+        acc[0][...] = p
+
+      @pl.when((kc > 0) & (kc < last_c))
+      def _():
+        acc[0][...] += p
+
+      @pl.when(kc == last_c)
+      def _():
+        store(acc[0][...] + p)
+
+    @pl.when(jnp.logical_not(does) & (kc == last_c))
+    def _():
+      store(jnp.zeros((tm, to), _F32))
+
+  # A visit without a matmul reads its predecessor's last blocks: no copy.
+  def k_of(i, kc, compute):
+    return jnp.where(compute[i] == 1, kc, last_c)
+
+  def lhs_map(j, i, kc, group, tile, compute, rgroup, rtile, *_):
+    return rtile[i], k_of(i, kc, compute)
+
+  def rhs_map(j, i, kc, group, tile, compute, rgroup, rtile, *_):
+    if transpose_rhs:
+      return rgroup[i], j, k_of(i, kc, compute)
+    return rgroup[i], k_of(i, kc, compute), j
+
+  def out_map(j, i, kc, group, tile, *_):
+    return tile[i], j
+
+  rhs_block = (None, to, tc) if transpose_rhs else (None, tc, to)
+  num_groups = rhs.shape[0]
+  visits = gmm_schedule.max_visits(m, tm, num_groups)
+  itemsize = lambda a: jnp.dtype(a.dtype).itemsize  # noqa: E731
+  cost = pl.CostEstimate(
+      flops=2 * m * c * o,
+      transcendentals=0,
+      bytes_accessed=m * c * itemsize(lhs) * tiles_o
+      + visits * c * o * itemsize(rhs)
+      + m * o * jnp.dtype(out_dtype).itemsize,
+  )
+  call = pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((m, o), out_dtype),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=7,
+          grid=(tiles_o, schedule.num_visits, tiles_c),
+          in_specs=[
+              pl.BlockSpec((tm, tc), lhs_map),
+              pl.BlockSpec(rhs_block, rhs_map),
+          ],
+          out_specs=pl.BlockSpec((tm, to), out_map),
+          scratch_shapes=[pltpu.VMEM((tm, to), _F32)] if tiles_c > 1 else [],
+      ),
+      compiler_params=_compiler_params(
+          ("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes
+      ),
+      interpret=interpret,
+      cost_estimate=cost,
+      name="linen_moe_gmm_t" if transpose_rhs else "linen_moe_gmm",
+  )
+  return call(*schedule.prefetch(), lhs, rhs)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("tiling", "out_dtype", "interpret", "vmem_limit_bytes"),
+)
+def tgmm(
+    lhs: jax.Array,
+    dout: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    tiling: tuple[int, int, int],
+    out_dtype,
+    interpret: bool = False,
+    vmem_limit_bytes: int | None = None,
+) -> jax.Array:
+  """lhs [M, K], dout [M, N] -> [G, K, N]: lhs[rows of g]^T @ dout[rows of g].
+
+  Empty groups get zeros; rows past sum(group_sizes) take part in nothing.
+
+  Args:
+    lhs: [M, K], rows sorted by group.
+    dout: [M, N].
+    group_sizes: <int32>[G].
+    tiling: (tm, tk, tn): rows, K and N columns per tile.
+    out_dtype: the output's dtype.
+    interpret: run in Pallas interpret mode (any backend).
+    vmem_limit_bytes: Mosaic's scoped VMEM limit, or None for its default.
+
+  Returns:
+    [G, K, N] in `out_dtype`.
+  """
+  m, k = lhs.shape
+  n = dout.shape[1]
+  num_groups = group_sizes.shape[0]
+  tm, tk, tn = tiling
+  schedule = gmm_schedule.build(
+      group_sizes, m, tm, fill_tail=False, visit_empty=True
+  )
+  last_visit = gmm_schedule.max_visits(m, tm, num_groups) - 1
+  dtype = compute_dtype(lhs.dtype, dout.dtype)
+
+  def kernel(group, tile, compute, _rg, _rt, starts, ends, x, dy, out, acc):
+    i = pl.program_id(2)
+    g = group[i]
+    first = (i == 0) | (group[jnp.maximum(i - 1, 0)] != g)
+    last = (i == pl.num_programs(2) - 1) | (
+        group[jnp.minimum(i + 1, last_visit)] != g
+    )
+    lo, hi = starts[g], ends[g]
+    row0 = tile[i] * tm
+    inside = (row0 >= lo) & (row0 + tm <= hi)
+    does = compute[i] == 1
+
+    @pl.when(first)
+    def _():
+      acc[...] = jnp.zeros_like(acc)
+
+    def accumulate(a, b):
+      acc[...] += lax.dot_general(
+          a.astype(dtype).T,
+          b.astype(dtype),
+          _PRODUCT_DIMS,
+          preferred_element_type=_F32,
+      )
+
+    @pl.when(does & inside)
+    def _():
+      accumulate(x[...], dy[...])
+
+    # Both operands masked: a foreign row's inf (or a partial tile's
+    # garbage past M) times a zero would still be NaN.
+    @pl.when(does & jnp.logical_not(inside))
+    def _():
+      a, b = x[...], dy[...]
+      a = jnp.where(_row_mask(tile[i], tm, a.shape, lo, hi), a, 0)
+      b = jnp.where(_row_mask(tile[i], tm, b.shape, lo, hi), b, 0)
+      accumulate(a, b)
+
+    @pl.when(last)
+    def _():
+      out[...] = acc[...].astype(out.dtype)
+
+  def lhs_map(j, kk, i, group, tile, compute, rgroup, rtile, *_):
+    return rtile[i], kk
+
+  def dout_map(j, kk, i, group, tile, compute, rgroup, rtile, *_):
+    return rtile[i], j
+
+  def out_map(j, kk, i, group, *_):
+    return group[i], kk, j
+
+  cost = pl.CostEstimate(
+      flops=2 * m * k * n,
+      transcendentals=0,
+      bytes_accessed=m * k * jnp.dtype(lhs.dtype).itemsize * (n // tn)
+      + m * n * jnp.dtype(dout.dtype).itemsize * (k // tk)
+      + num_groups * k * n * jnp.dtype(out_dtype).itemsize,
+  )
+  call = pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=7,
+          grid=(n // tn, k // tk, schedule.num_visits),
+          in_specs=[
+              pl.BlockSpec((tm, tk), lhs_map),
+              pl.BlockSpec((tm, tn), dout_map),
+          ],
+          out_specs=pl.BlockSpec((None, tk, tn), out_map),
+          scratch_shapes=[pltpu.VMEM((tk, tn), _F32)],
+      ),
+      compiler_params=_compiler_params(
+          ("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes
+      ),
+      interpret=interpret,
+      cost_estimate=cost,
+      name="linen_moe_tgmm",
+  )
+  return call(*schedule.prefetch(), lhs, dout)

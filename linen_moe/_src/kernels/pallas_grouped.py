@@ -1,0 +1,214 @@
+"""The Pallas TPU grouped matmul with its gradients: lhs [M, K] x rhs
+[G, K, N] -> [M, N], the contract of `grouped_matmul` (rows sorted by group,
+rows past sum(group_sizes) zero, and so are their input gradients).
+
+  forward  `pallas_gmm.gmm(lhs, rhs)`                       [M, N]
+  dlhs     `pallas_gmm.gmm(dout, rhs, transpose_rhs=True)`  [M, K]
+  drhs     `pallas_gmm.tgmm(lhs, dout)`                     [G, K, N]
+
+Every check runs before any work, at trace time, and each raises one error
+naming the argument, its value and what is allowed: ranks and shapes,
+operand dtypes (float32 / bfloat16: a `TypeError`), tiles (`GmmTiling`: rows
+a multiple of 16; K and N tiles dividing K and N, multiples of 128 or the
+whole dimension), and, when they are concrete (not traced), group sizes
+that are negative or sum past M. Traced sizes cannot be checked: negative
+ones count as 0 and rows past M are dropped, as `jax.lax.ragged_dot` does.
+
+Tiles come from `gmm_tiling.choose_tiling` (the measured table, else its
+rule) unless given.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linen_moe._src.kernels import gmm_tiling
+from linen_moe._src.kernels import pallas_gmm
+from linen_moe._src.kernels.gmm_tiling import GmmTiling
+from linen_moe._src.kernels.operand_shapes import check_shapes
+
+OPERAND_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+ROW_TILE_MULTIPLE = 16  # bfloat16 packs 16 rows in a (16, 128) VMEM tile
+
+
+def _names(dtypes) -> str:
+  return ", ".join(jnp.dtype(d).name for d in dtypes)
+
+
+def check_operands(lhs, rhs, group_sizes, preferred_element_type) -> jnp.dtype:
+  """Checks ranks, shapes and dtypes; returns the output dtype.
+
+  Raises:
+    ValueError: a rank or shape that does not fit.
+    TypeError: a dtype the kernel does not take.
+  """
+  check_shapes(lhs, rhs, group_sizes)
+  if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+    raise TypeError(
+        f"group_sizes must be integers; got dtype {group_sizes.dtype}."
+    )
+  for name, x in (("lhs", lhs), ("rhs", rhs)):
+    if jnp.dtype(x.dtype) not in OPERAND_DTYPES:
+      raise TypeError(
+          f"{name} has dtype {x.dtype}; the Pallas grouped matmul takes "
+          f"{_names(OPERAND_DTYPES)}."
+      )
+  out = preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype)
+  if jnp.dtype(out) not in OPERAND_DTYPES:
+    raise TypeError(
+        f"preferred_element_type={jnp.dtype(out).name}; the Pallas grouped "
+        f"matmul writes {_names(OPERAND_DTYPES)}."
+    )
+  return jnp.dtype(out)
+
+
+def check_group_sizes(group_sizes, m: int) -> None:
+  """Concrete group sizes: none negative, summing to at most M. Traced
+  ones pass unchecked.
+
+  Raises:
+    ValueError: a negative size, or a sum past M.
+  """
+  if isinstance(group_sizes, jax.core.Tracer):
+    return
+  sizes = np.asarray(group_sizes)
+  if np.any(sizes < 0):
+    raise ValueError(
+        f"group_sizes must be >= 0; got {sizes.tolist()} (negative at "
+        f"{np.flatnonzero(sizes < 0).tolist()})."
+    )
+  if int(sizes.sum()) > m:
+    raise ValueError(
+        f"group_sizes sum to {int(sizes.sum())}, past the {m} rows of lhs; "
+        "allowed: at most M."
+    )
+
+
+def _check_tiles(op: str, tiles, rows: int, c: int, o: int) -> None:
+  names = ("rows", "contraction", "output")
+  if (
+      not isinstance(tiles, tuple)
+      or len(tiles) != 3
+      or not all(isinstance(t, int) and t > 0 for t in tiles)
+  ):
+    raise ValueError(
+        f"tiling.{op} must be 3 positive ints ({', '.join(names)}); got "
+        f"{tiles!r}."
+    )
+  if tiles[0] % ROW_TILE_MULTIPLE:
+    raise ValueError(
+        f"tiling.{op} row tile {tiles[0]} must be a multiple of "
+        f"{ROW_TILE_MULTIPLE}."
+    )
+  for name, t, d in zip(names[1:], tiles[1:], (c, o), strict=True):
+    if d % t or (t != d and t % 128):
+      raise ValueError(
+          f"tiling.{op} {name} tile {t} must divide {d} and be a multiple "
+          f"of 128 or {d} itself."
+      )
+
+
+def check_tiling(tiling: GmmTiling, m: int, k: int, n: int) -> None:
+  """Checks each op's tiles against lhs [M, K] x [G, K, N].
+
+  Raises:
+    ValueError: a tile that is not 3 positive ints, a row tile that is no
+      multiple of 16, or a column tile that does not divide its dimension
+      (or is neither a multiple of 128 nor the whole dimension).
+  """
+  if not isinstance(tiling, GmmTiling):
+    raise ValueError(f"tiling must be a GmmTiling or None; got {tiling!r}.")
+  _check_tiles("gmm", tiling.gmm, m, k, n)
+  _check_tiles("gmm_t", tiling.gmm_t, m, n, k)
+  _check_tiles("tgmm", tiling.tgmm, m, k, n)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _gmm(lhs, rhs, group_sizes, out_dtype, tiling, interpret):
+  return pallas_gmm.gmm(
+      lhs,
+      rhs,
+      group_sizes,
+      tiling=tiling.gmm,
+      out_dtype=out_dtype,
+      interpret=interpret,
+      vmem_limit_bytes=tiling.vmem_limit_bytes,
+  )
+
+
+def _gmm_fwd(lhs, rhs, group_sizes, out_dtype, tiling, interpret):
+  out = _gmm(lhs, rhs, group_sizes, out_dtype, tiling, interpret)
+  return out, (lhs, rhs, group_sizes)
+
+
+def _gmm_bwd(out_dtype, tiling, interpret, residuals, dout):
+  del out_dtype
+  lhs, rhs, group_sizes = residuals
+  run = dict(interpret=interpret, vmem_limit_bytes=tiling.vmem_limit_bytes)
+  dlhs = pallas_gmm.gmm(
+      dout,
+      rhs,
+      group_sizes,
+      tiling=tiling.gmm_t,
+      out_dtype=lhs.dtype,
+      transpose_rhs=True,
+      **run,
+  )
+  drhs = pallas_gmm.tgmm(
+      lhs, dout, group_sizes, tiling=tiling.tgmm, out_dtype=rhs.dtype, **run
+  )
+  return dlhs, drhs, None
+
+
+_gmm.defvjp(_gmm_fwd, _gmm_bwd)
+
+
+def pallas_grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    preferred_element_type=None,
+    *,
+    tiling: GmmTiling | None = None,
+    interpret: bool = False,
+    chip: str | None = None,
+) -> jax.Array:
+  """[M, K] x [G, K, N] -> [M, N] with the Pallas kernels and their VJP.
+
+  Args:
+    lhs: [M, K] float32 or bfloat16, rows sorted by group.
+    rhs: [G, K, N] float32 or bfloat16.
+    group_sizes: <int>[G], rows per group (sum <= M).
+    preferred_element_type: the output dtype (float32 or bfloat16); default
+      the operands' result type. Accumulation is float32 regardless.
+    tiling: the tiles; default `gmm_tiling.choose_tiling` for `chip`.
+    interpret: run the kernels in Pallas interpret mode (any backend).
+    chip: the TPU whose tiles to use ("v5e", ...); default the one traced
+      for (`gmm_tiling.current_chip`).
+
+  Returns:
+    [M, N]; rows past sum(group_sizes) are zeros. Gradients: dlhs [M, K] in
+    lhs's dtype (zeros past sum(group_sizes)), drhs [G, K, N] in rhs's
+    dtype (zeros for empty groups).
+
+  Raises:
+    ValueError, TypeError: see the module docstring.
+  """
+  out_dtype = check_operands(lhs, rhs, group_sizes, preferred_element_type)
+  (m, k), (g, _, n) = lhs.shape, rhs.shape
+  check_group_sizes(group_sizes, m)
+  if tiling is None and min(m, k, n, g) > 0:
+    dtype = pallas_gmm.compute_dtype(lhs.dtype, rhs.dtype)
+    chip = chip or gmm_tiling.current_chip()
+    tiling = gmm_tiling.choose_tiling(m, k, n, g, dtype, chip)
+  if tiling is not None:
+    check_tiling(tiling, m, k, n)
+  if min(m, k, n, g) == 0:
+    return jnp.zeros((m, n), out_dtype)
+  return _gmm(
+      lhs, rhs, group_sizes.astype(jnp.int32), out_dtype, tiling, interpret
+  )

@@ -1,0 +1,175 @@
+"""How the Pallas grouped matmul gets its tiles and when "auto" runs it: the
+shipped table (package data), the rule for shapes it lacks, the table's
+answer for `grouped_matmul="auto"` on a TPU, and the layer's sparse path
+with the kernels interpreted on this CPU (`kernels_on_cpu("pallas")`)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+from jax._src import mesh as mesh_lib
+import jax.numpy as jnp
+import numpy as np
+
+from linen_moe import testing
+from linen_moe._src.kernels import accelerator
+from linen_moe._src.kernels import gmm_tiling
+from linen_moe._src.kernels import grouped_matmul as gmm_lib
+from linen_moe._src.kernels import pallas_grouped
+from linen_moe._src.kernels import tpu_chips
+from tests import test_kernels
+
+# The issue's shapes: (M, K, N, G).
+SHAPES = (
+    (8192, 2048, 5632, 8),
+    (32768, 4096, 14336, 8),
+    (32768, 2048, 768, 128),
+)
+
+
+def _entry(m, k, n, g, fastest="kernel", chip="v5e"):
+  return {
+      "chip": chip,
+      "dtype": "bfloat16",
+      "m": m,
+      "k": k,
+      "n": n,
+      "groups": g,
+      "gmm": [512, k, 512],
+      "gmm_t": [512, 256, k],
+      "tgmm": [256, 512, 256],
+      "fastest": fastest,
+  }
+
+
+def _tpu_mesh(kind="TPU v5 lite"):
+  device = mesh_lib.AbstractDevice(
+      device_kind=kind, num_cores=1, platform="tpu"
+  )
+  return jax.sharding.AbstractMesh(
+      (1,),
+      ("x",),
+      axis_types=jax.sharding.AxisType.Auto,
+      abstract_device=device,
+  )
+
+
+class TableTest(parameterized.TestCase):
+
+  def test_shipped_table_loads_and_its_entries_are_complete(self):
+    for entry in gmm_tiling.load_table():
+      self.assertContainsSubset(
+          {
+              "chip",
+              "dtype",
+              "m",
+              "k",
+              "n",
+              "groups",
+              "fastest",
+              *gmm_tiling.OPS,
+          },
+          entry,
+      )
+      self.assertIn(entry["chip"], gmm_tiling.CHIPS)
+      self.assertIn(entry["fastest"], ("kernel", "ragged_dot"))
+
+  def test_nearest_rows_of_the_same_problem(self):
+    table = (_entry(8192, 2048, 5632, 8), _entry(65536, 2048, 5632, 8, "x"))
+    with mock.patch.object(gmm_tiling, "load_table", return_value=table):
+      tiling = gmm_tiling.choose_tiling(
+          16384, 2048, 5632, 8, jnp.bfloat16, "v5e"
+      )
+      self.assertEqual(tiling.source, "table")
+      self.assertEqual(tiling.gmm, (512, 2048, 512))
+      # A few rows: the row tiles are cut to them.
+      self.assertEqual(
+          gmm_tiling.choose_tiling(40, 2048, 5632, 8, jnp.bfloat16, "v5e").gmm,
+          (48, 2048, 512),
+      )
+      for other in (
+          dict(m=8192, k=2048, n=5632, g=16),  # other groups
+          dict(m=8192, k=2048, n=5632, g=8, chip="v6e"),
+      ):
+        chip = other.pop("chip", "v5e")
+        args = (*other.values(), jnp.bfloat16, chip)
+        self.assertIsNone(gmm_tiling.fastest_implementation(*args))
+        self.assertEqual(gmm_tiling.choose_tiling(*args).source, "rule")
+
+  @parameterized.parameters(*SHAPES)
+  def test_rule_picks_tiles_that_divide_and_fit(self, m, k, n, g):
+    for chip in ("v5e", "v5p"):
+      tiling = gmm_tiling.rule_tiling(m, k, n, g, jnp.bfloat16, chip)
+      pallas_grouped.check_tiling(tiling, m, k, n)
+      vmem = gmm_tiling.CHIPS[chip].vmem_bytes
+      self.assertLess(tiling.vmem_limit_bytes or 0, vmem)
+      for op in gmm_tiling.OPS:
+        self.assertIn(
+            getattr(tiling, op),
+            gmm_tiling.candidates(op, m, k, n, jnp.bfloat16, chip),
+        )
+
+  def test_chip_names(self):
+    self.assertEqual(tpu_chips.tpu_chip_name("TPU v5 lite"), "v5e")
+    self.assertEqual(tpu_chips.tpu_chip_name("TPU v5p"), "v5p")
+    self.assertIsNone(tpu_chips.tpu_chip_name("cpu"))
+    with jax.sharding.use_abstract_mesh(_tpu_mesh("TPU v6 lite")):
+      self.assertEqual(gmm_tiling.current_chip(), "v6e")
+
+
+class AutoOnTpuTest(parameterized.TestCase):
+
+  @parameterized.parameters(("kernel", "kernel"), ("ragged_dot", "ragged_dot"))
+  def test_auto_follows_the_table(self, fastest, want):
+    table = (_entry(8192, 2048, 5632, 8, fastest),)
+    shape = (8192, 2048, 5632, 8)
+    with (
+        mock.patch.object(gmm_tiling, "load_table", return_value=table),
+        jax.sharding.use_abstract_mesh(_tpu_mesh()),
+    ):
+      bf16 = (jnp.bfloat16, jnp.bfloat16)
+      got = gmm_lib.resolve_implementation("auto", "tpu", bf16, shape)
+      self.assertEqual(got, want)
+      # Not measured: other dims, an unknown shape, int8 operands.
+      for dtypes, other in (
+          (bf16, (8192, 2048, 768, 8)),
+          (bf16, None),
+          ((jnp.int8, jnp.int8), shape),
+      ):
+        got = gmm_lib.resolve_implementation("auto", "tpu", dtypes, other)
+        self.assertEqual(got, "ragged_dot")
+
+  def test_kernel_on_tpu_is_ours(self):
+    kernel, _ = accelerator.find_kernel("tpu")
+    self.assertEqual(kernel.name, "pallas gmm")
+
+
+class LayerWithPallasTest(test_kernels.LayerKernelChecks):
+  """The sparse layer's forward and gradients with every grouped matmul on
+  the Pallas kernels (interpreted) equal those with ragged_dot."""
+
+  def test_sparse_layer(self):
+    self.check_layer("none", "pallas")
+
+  def test_grouped_matmul_kernel_runs_ours(self):
+    lhs = jnp.ones((40, 128))
+    rhs = jnp.ones((3, 128, 128))
+    sizes = jnp.array([10, 0, 25], jnp.int32)
+    with (
+        testing.kernels_on_cpu("pallas"),
+        mock.patch.object(
+            pallas_grouped,
+            "pallas_grouped_matmul",
+            wraps=pallas_grouped.pallas_grouped_matmul,
+        ) as called,
+    ):
+      got = gmm_lib.grouped_matmul(lhs, rhs, sizes, implementation="kernel")
+    self.assertTrue(called.called)
+    np.testing.assert_array_equal(got, jax.lax.ragged_dot(lhs, rhs, sizes))
+
+
+if __name__ == "__main__":
+  absltest.main()
