@@ -5,6 +5,7 @@ with the kernels interpreted on this CPU (`kernels_on_cpu("pallas")`)."""
 
 from __future__ import annotations
 
+import json
 from unittest import mock
 
 from absl.testing import absltest
@@ -20,7 +21,9 @@ from linen_moe._src.kernels import gmm_tiling
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.kernels import pallas_grouped
 from linen_moe._src.kernels import tpu_chips
+from linen_moe._src.planning import targets
 from tests import test_kernels
+from tests import workers
 
 # The issue's shapes: (M, K, N, G).
 SHAPES = (
@@ -31,18 +34,10 @@ SHAPES = (
 
 
 def _entry(m, k, n, g, fastest="kernel", chip="v5e"):
-  return {
-      "chip": chip,
-      "dtype": "bfloat16",
-      "m": m,
-      "k": k,
-      "n": n,
-      "groups": g,
-      "gmm": [512, k, 512],
-      "gmm_t": [512, 256, k],
-      "tgmm": [256, 512, 256],
-      "fastest": fastest,
-  }
+  """A table entry as bench_gmm.py writes one (tiles made up)."""
+  key = dict(chip=chip, dtype="bfloat16", m=m, k=k, n=n, groups=g)
+  tiles = dict(gmm=[512, k, 512], gmm_t=[512, 256, k], tgmm=[256, 512, 256])
+  return {**key, **tiles, "fastest": fastest}
 
 
 def _tpu_mesh(kind="TPU v5 lite"):
@@ -169,6 +164,28 @@ class LayerWithPallasTest(test_kernels.LayerKernelChecks):
       got = gmm_lib.grouped_matmul(lhs, rhs, sizes, implementation="kernel")
     self.assertTrue(called.called)
     np.testing.assert_array_equal(got, jax.lax.ragged_dot(lhs, rhs, sizes))
+
+
+@absltest.skipUnless(
+    targets.libtpu_available(),
+    "needs libtpu to compile for a TPU: pip install 'linen_moe[tpu-plan]'",
+)
+class CompileForTpuTest(absltest.TestCase):
+  """Mosaic accepts the kernels, forward + backward, for a TPU v5e: the
+  interpret-mode tests' problems with their tiles (float32, bfloat16) and
+  an issue shape with the package's tiles; the compiled program counts the
+  useful FLOPs (3 x 2 M K N, plus the visit schedule's few). Skipped
+  without libtpu (benchmarks/device/compile_gmm.py compiles every tile a
+  sweep would time)."""
+
+  def test_compiles_with_the_useful_flops(self):
+    proc = workers.run("tests.gmm_tpu_worker", "tpu:v5e-1")
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    self.assertLen(result, 7)
+    for name, got in result.items():
+      extra = got["flops"] - got["useful"]  # the schedule's cumulative sums
+      self.assertBetween(extra, 0, max(1e-5 * got["useful"], 1e4), name)
 
 
 if __name__ == "__main__":

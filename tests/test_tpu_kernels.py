@@ -7,7 +7,8 @@ Imports only jax, NumPy and absl (no flax): the same file runs where only
 jax is installed (the chip's jax 0.10.2), as `python -m
 tests.test_tpu_kernels`. Interpret mode compiles slowly (about 1.5 s a
 kernel here): the shapes are tiny, each problem is one program, and the
-grid over dtypes x tilings is slow.
+grid over dtypes x tilings is slow. On a TPU, `test_on_tpu` runs the same
+problems compiled by Mosaic (benchmarks/device/one_chip.sh gmm).
 """
 
 from __future__ import annotations
@@ -58,10 +59,13 @@ _operands = gmm_cases.operands
 _fwd_bwd = gmm_cases.fwd_bwd
 
 
-def _pallas(tiling):
+ON_TPU = jax.default_backend() == "tpu"
+
+
+def _pallas(tiling, interpret=True):
   def matmul(lhs, rhs, sizes):
     return pallas_grouped.pallas_grouped_matmul(
-        lhs, rhs, sizes, tiling=tiling, interpret=True
+        lhs, rhs, sizes, tiling=tiling, interpret=interpret
     )
 
   return matmul
@@ -69,11 +73,14 @@ def _pallas(tiling):
 
 class PallasGroupedMatmulTest(parameterized.TestCase):
 
-  def check(self, name, dtype):
+  def check(self, name, dtype, interpret=True):
     m, k, n, sizes, tiling = PROBLEMS[name]
     operands = _operands(m, k, n, sizes, dtype)
-    got = jax.jit(lambda *a: _fwd_bwd(_pallas(tiling), *a))(*operands)
-    want = jax.jit(lambda *a: _fwd_bwd(lax.ragged_dot, *a))(*operands)
+    matmul = _pallas(tiling, interpret)
+    got = jax.jit(lambda *a: _fwd_bwd(matmul, *a))(*operands)
+    # A TPU's float32 dots run in bf16 passes unless asked for float32.
+    with jax.default_matmul_precision("float32"):
+      want = jax.jit(lambda *a: _fwd_bwd(lax.ragged_dot, *a))(*operands)
     lhs, rhs, sizes, dout = operands
     oracle = numpy_reference.grouped_matmul(lhs, rhs, sizes, dout)
     for what, g, w, o, like in zip(
@@ -104,6 +111,13 @@ class PallasGroupedMatmulTest(parameterized.TestCase):
   )
   def test_every_problem_and_dtype(self, name, dtype):
     self.check(name, dtype)
+
+  @absltest.skipUnless(ON_TPU, "compiles the kernels for the TPU it runs on")
+  @parameterized.product(
+      name=tuple(PROBLEMS), dtype=(jnp.float32, jnp.bfloat16)
+  )
+  def test_on_tpu(self, name, dtype):
+    self.check(name, dtype, interpret=False)
 
   def test_mixed_dtypes_and_float32_output(self):
     # bf16 activations times float32 weights: the product runs in float32.

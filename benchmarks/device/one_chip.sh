@@ -17,6 +17,13 @@
 #   generate   benchmarks/serving/bench_generate.py on a bf16 Mixtral shape
 #              of 2.4 B parameters: the decode step against the chip's
 #              weight-read limit
+#   gmm        the Pallas grouped matmul: its tests compiled for the chip
+#              (tests/test_tpu_kernels.py -k on_tpu), then
+#              benchmarks/device/bench_gmm.py: a tile sweep, and dense /
+#              ragged_dot / megablox / ours forward + backward side by side
+#              at the issue's three shapes, equal and skewed groups; writes
+#              $OUT/gmm/bench_gmm.json and $OUT/gmm/gmm_tiles.json (copy the
+#              latter to linen_moe/_src/kernels/). Not in the default run.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/one_chip}
@@ -63,6 +70,10 @@ for s in $steps; do
         --target tpu:v5e-1 --config qwen3_30b_a3b \
         --set num_layers=2 num_experts=32 vocab_size=32768 \
         --batch-size 16 --seq-len 4096 --remat full --steps 2 ;;
+    gmm)
+      step gmm_tests 180 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_tpu_kernels.py -k on_tpu
+      step gmm 540 python3 benchmarks/device/bench_gmm.py --out "$OUT/gmm" ;;
     generate)
       step generate 300 python3 benchmarks/serving/bench_generate.py \
         --set num_layers=8 num_heads=16 vocab_size=32000 emb_dim=2048 \

@@ -17,7 +17,7 @@ import pytest
 from linen_moe import testing
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1]
-for folder in ("layer", "model", "serving"):
+for folder in ("device", "layer", "model", "serving"):
   sys.path.insert(0, str(BENCHMARKS / folder))
 sys.path.insert(0, str(BENCHMARKS))
 

@@ -179,6 +179,28 @@ def model_seconds(
   return steps * step + writes / spec.hbm_bandwidth
 
 
+# Tiles every sweep also times where they are candidates (rows,
+# contraction, output): this project's former megablox choice and
+# MaxText's default.
+_REFERENCE_TILES = ((512, 512, 512), (512, 1024, 1024))
+
+
+def sweep_candidates(
+    op: str, m: int, k: int, n: int, g: int, dtype, chip=None, top: int = 8
+) -> list[tuple[int, int, int]]:
+  """The tiles a sweep times for `op`: the `top` best by `model_seconds`,
+  then the `_REFERENCE_TILES` among the candidates, best modelled first."""
+  allowed = candidates(op, m, k, n, dtype, chip)
+  ranked = sorted(
+      allowed, key=lambda t: model_seconds(op, t, m, k, n, g, dtype, chip)
+  )
+  rows = _row_tiles(m)[-1]
+  extra = [(min(t[0], rows), *t[1:]) for t in _REFERENCE_TILES]
+  return ranked[:top] + [
+      t for t in extra if t in allowed and t not in ranked[:top]
+  ]
+
+
 def _limit(tiles: GmmTiling, m, k, n, dtype, chip) -> int | None:
   need = max(
       vmem_bytes(op, getattr(tiles, op), dtype, dtype, _dims(op, m, k, n)[1])

@@ -16,7 +16,8 @@ visit without a matmul reads the blocks its predecessor read, so it issues
 no copy.
 
 Operands are float32 or bfloat16; the product runs in bfloat16 when both
-are bfloat16, else in float32, and always accumulates in float32 (an
+are bfloat16, else in float32 (at full float32 precision), and always
+accumulates in float32 (an
 accumulator in VMEM across the contraction's tiles, or across a group's
 visits for `tgmm`). Tiles are given by the caller (`gmm_tiling` chooses
 them): (tm, tc, to) rows, contraction and output columns for `gmm`; (tm,
@@ -55,6 +56,12 @@ def compute_dtype(*dtypes) -> jnp.dtype:
   if all(jnp.dtype(d) == jnp.bfloat16 for d in dtypes):
     return jnp.dtype(jnp.bfloat16)
   return jnp.dtype(_F32)
+
+
+def _precision(dtype):
+  """A float32 product in full float32 (Mosaic's `contract_precision<fp32>`),
+  not in bf16 passes: float32 operands ask for float32 rounding."""
+  return lax.Precision.HIGHEST if dtype == _F32 else None
 
 
 def gmm_vmem_bytes(tiling, lhs_dtype, rhs_dtype, out_dtype, tiles_c) -> int:
@@ -158,6 +165,7 @@ def gmm(
           x[...].astype(dtype),
           w[...].astype(dtype),
           dims,
+          precision=_precision(dtype),
           preferred_element_type=_F32,
       )
       if tiles_c == 1:
@@ -290,6 +298,7 @@ def tgmm(
           a.astype(dtype).T,
           b.astype(dtype),
           _PRODUCT_DIMS,
+          precision=_precision(dtype),
           preferred_element_type=_F32,
       )
 
