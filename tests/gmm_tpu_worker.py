@@ -1,8 +1,10 @@
 """Compiles the Pallas grouped matmul, forward + backward, for one chip of
 a TPU target through libtpu's topology (no TPU needed): the problems of
 tests/test_tpu_kernels.py with their tiles (float32 and bfloat16), and
-`SHAPE` with the tiles the package chooses. Prints as JSON each program's
-`cost_analysis()` FLOPs and its useful ones (3 x 2 M K N). Run by
+`SHAPE` with the tiles the package chooses, and there the int8 kernel with
+its scales (forward and transposed). Prints as JSON each program's
+`cost_analysis()` FLOPs and its useful ones (3 x 2 M K N forward +
+backward, 2 M K N an int8 call). Run by
 tests/test_gmm_tiling.py in a process of its own (the target is set before
 jax starts).
 
@@ -27,6 +29,7 @@ def main(target_name: str) -> None:
   import jax.numpy as jnp  # noqa: PLC0415
 
   from linen_moe._src.kernels import pallas_grouped  # noqa: PLC0415
+  from linen_moe._src.kernels import pallas_int8  # noqa: PLC0415
   from linen_moe._src.kernels import tpu_chips  # noqa: PLC0415
   from tests import gmm_cases  # noqa: PLC0415
   from tests import test_tpu_kernels  # noqa: PLC0415
@@ -68,6 +71,36 @@ def main(target_name: str) -> None:
       key = f"{name}_{jnp.dtype(dtype).name}"
       out[key] = flops(m, k, n, len(sizes), dtype, tiling)
   out["issue_shape"] = flops(*SHAPE, jnp.bfloat16, None)
+
+  def int8_flops(m, k, n, g, transpose_rhs):
+    def step(q_lhs, lhs_scale, q_rhs, rhs_scale, sizes):
+      return pallas_int8.int8_grouped_matmul_scaled(
+          q_lhs,
+          lhs_scale,
+          q_rhs,
+          rhs_scale,
+          sizes,
+          transpose_rhs=transpose_rhs,
+          chip=chip,
+      )
+
+    c, o = (n, k) if transpose_rhs else (k, n)
+    args = [
+        jax.ShapeDtypeStruct(shape, t, sharding=whole)
+        for shape, t in (
+            ((m, c), jnp.int8),
+            ((m, 1), jnp.float32),
+            ((g, k, n), jnp.int8),
+            ((g, 1, o), jnp.float32),
+            ((g,), jnp.int32),
+        )
+    ]
+    cost = jax.jit(step).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return {"flops": cost["flops"], "useful": 2 * m * k * n}
+
+  out["int8_issue_shape"] = int8_flops(*SHAPE, False)
+  out["int8_issue_shape_t"] = int8_flops(*SHAPE, True)
   print(json.dumps(out))
 
 

@@ -98,7 +98,7 @@ class TableTest(parameterized.TestCase):
   def test_rule_picks_tiles_that_divide_and_fit(self, m, k, n, g):
     for chip in ("v5e", "v5p"):
       tiling = gmm_tiling.rule_tiling(m, k, n, g, jnp.bfloat16, chip)
-      pallas_grouped.check_tiling(tiling, m, k, n)
+      pallas_grouped.check_tiling(tiling, k, n)
       vmem = gmm_tiling.CHIPS[chip].vmem_bytes
       self.assertLess(tiling.vmem_limit_bytes or 0, vmem)
       for op in gmm_tiling.OPS:
@@ -149,6 +149,18 @@ class LayerWithPallasTest(test_kernels.LayerKernelChecks):
   def test_sparse_layer(self):
     self.check_layer("none", "pallas")
 
+  def test_int8_layer_reaches_the_kernel(self):
+    # The int8 mode's forward and dlhs contractions run the int8 kernel
+    # (no fallback to ragged_dot), with the same numbers.
+    y, grads, fallbacks = test_kernels._layer_step("int8", "kernel", "pallas")
+    want_y, want_grads = test_kernels._reference_step("int8")
+    self.assertEqual(fallbacks, [])
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-6)
+    for got, want in zip(
+        jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True
+    ):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
   def test_grouped_matmul_kernel_runs_ours(self):
     lhs = jnp.ones((40, 128))
     rhs = jnp.ones((3, 128, 128))
@@ -172,9 +184,10 @@ class LayerWithPallasTest(test_kernels.LayerKernelChecks):
 )
 class CompileForTpuTest(absltest.TestCase):
   """Mosaic accepts the kernels, forward + backward, for a TPU v5e: the
-  interpret-mode tests' problems with their tiles (float32, bfloat16) and
-  an issue shape with the package's tiles; the compiled program counts the
-  useful FLOPs (3 x 2 M K N, plus the visit schedule's few). Skipped
+  interpret-mode tests' problems with their tiles (float32, bfloat16), an
+  issue shape with the package's tiles, and there the int8 kernel with its
+  scales; each compiled program counts the useful FLOPs (plus the visit
+  schedule's few). Skipped
   without libtpu (benchmarks/device/compile_gmm.py compiles every tile a
   sweep would time)."""
 
@@ -182,7 +195,7 @@ class CompileForTpuTest(absltest.TestCase):
     proc = workers.run("tests.gmm_tpu_worker", "tpu:v5e-1")
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    self.assertLen(result, 7)
+    self.assertLen(result, 9)
     for name, got in result.items():
       extra = got["flops"] - got["useful"]  # the schedule's cumulative sums
       self.assertBetween(extra, 0, max(1e-5 * got["useful"], 1e4), name)

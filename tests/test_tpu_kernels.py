@@ -22,6 +22,7 @@ import numpy as np
 
 from linen_moe._src.kernels import gmm_schedule
 from linen_moe._src.kernels import pallas_grouped
+from linen_moe._src.kernels import pallas_int8
 from linen_moe._src.kernels.gmm_tiling import GmmTiling
 from linen_moe._src.testing.marks import slow
 from tests import gmm_cases
@@ -141,6 +142,94 @@ class PallasGroupedMatmulTest(parameterized.TestCase):
         jnp.zeros((0, 8)), jnp.zeros((2, 8, 4)), jnp.array([0, 0])
     )
     self.assertEqual(empty.shape, (0, 4))
+
+
+def _int8_case(m, c, o, sizes, transpose_rhs, seed=1):
+  """q_lhs <int8>[M, C], lhs_scale [M, 1], q_rhs <int8>[G, C, O] (or
+  [G, O, C]), rhs_scale [G, 1, O], sizes."""
+  keys = jax.random.split(jax.random.key(seed), 4)
+  g = len(sizes)
+  shape = (g, o, c) if transpose_rhs else (g, c, o)
+  q_lhs = jax.random.randint(keys[0], (m, c), -127, 128, jnp.int8)
+  q_rhs = jax.random.randint(keys[1], shape, -127, 128, jnp.int8)
+  lhs_scale = jax.random.uniform(keys[2], (m, 1), minval=0.01, maxval=0.1)
+  rhs_scale = jax.random.uniform(keys[3], (g, 1, o), minval=0.01, maxval=0.1)
+  return q_lhs, lhs_scale, q_rhs, rhs_scale, jnp.array(sizes, jnp.int32)
+
+
+def _int8_numpy(q_lhs, lhs_scale, q_rhs, rhs_scale, sizes, transpose_rhs):
+  """Row by row: float32(exact integer sum) * lhs_scale * rhs_scale."""
+  q_lhs, q_rhs = np.asarray(q_lhs, np.int64), np.asarray(q_rhs, np.int64)
+  if transpose_rhs:
+    q_rhs = q_rhs.transpose(0, 2, 1)
+  lhs_scale, rhs_scale = np.asarray(lhs_scale), np.asarray(rhs_scale)
+  out = np.zeros((q_lhs.shape[0], q_rhs.shape[2]), np.float32)
+  row = 0
+  for g, size in enumerate(np.asarray(sizes)):
+    for r in range(row, row + size):
+      acc = (q_lhs[r] @ q_rhs[g]).astype(np.float32)
+      out[r] = acc * lhs_scale[r] * rhs_scale[g, 0]
+    row += size
+  return out
+
+
+class Int8ScaledTest(parameterized.TestCase):
+  """int8 operands, int32 sums, the scales in the kernel's epilogue: equal,
+  bit for bit, to a NumPy row loop (and so to int8_grouped's ragged_dot
+  path, which computes the same float32 products in the same order)."""
+
+  _T32 = GmmTiling(
+      gmm=(32, 128, 128), gmm_t=(32, 128, 128), tgmm=(32, 128, 128)
+  )
+
+  def check(self, transpose_rhs, interpret=True):
+    # 72 rows: a partial last 32-row tile; 3 contraction tiles; 19 rows past
+    # the total; empty groups and a one-row group.
+    case = _int8_case(72, 384, 128, (5, 0, 17, 1, 0, 30), transpose_rhs)
+    got = pallas_int8.int8_grouped_matmul_scaled(
+        *case,
+        transpose_rhs=transpose_rhs,
+        tiling=self._T32,
+        interpret=interpret,
+    )
+    self.assertEqual(got.dtype, jnp.float32)
+    np.testing.assert_array_equal(got, _int8_numpy(*case, transpose_rhs))
+
+  @parameterized.parameters(False, True)
+  def test_equals_numpy(self, transpose_rhs):
+    self.check(transpose_rhs)
+
+  @absltest.skipUnless(ON_TPU, "compiles the kernel for the TPU it runs on")
+  @parameterized.parameters(False, True)
+  def test_on_tpu(self, transpose_rhs):
+    self.check(transpose_rhs, interpret=False)
+
+  @parameterized.named_parameters(
+      ("float_lhs", 0, jnp.float32, TypeError, "q_lhs has dtype float32"),
+      ("bf16_scale", 1, jnp.bfloat16, TypeError, "lhs_scale has dtype bf"),
+      (
+          "scale_shape",
+          3,
+          (4, 1, 128),
+          ValueError,
+          r"rhs_scale must have shape \(6, 1, 128\)",
+      ),
+  )
+  def test_bad_operands(self, index, change, error, message):
+    case = list(_int8_case(72, 128, 128, (5, 0, 17, 1, 0, 30), False))
+    if isinstance(change, tuple):
+      case[index] = jnp.ones(change, jnp.float32)
+    else:
+      case[index] = case[index].astype(change)
+    with self.assertRaisesRegex(error, message):
+      pallas_int8.int8_grouped_matmul_scaled(*case, interpret=True)
+
+  def test_int8_row_tiles_are_multiples_of_32(self):
+    case = _int8_case(72, 128, 128, (5, 0, 17, 1, 0, 30), False)
+    with self.assertRaisesRegex(
+        ValueError, "row tile 16 must be a multiple of 32"
+    ):
+      pallas_int8.int8_grouped_matmul_scaled(*case, tiling=_T16, interpret=True)
 
 
 def _numpy_visits(sizes, m, tm, fill_tail, visit_empty):

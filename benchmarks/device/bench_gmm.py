@@ -18,6 +18,10 @@ other half):
             megablox    jax's megablox `gmm`, its default tiles (128 x 128 x
                         128)
             pallas      ours, with the swept (else the package's) tiles
+            int8        the "int8" mode's grouped matmul on our kernels:
+                        int8 forward and dlhs (scales in the epilogue,
+                        the rule's tiles), float drhs; its quantization
+                        included
           each printed in ms and as a fraction of dense (dense ms / its ms).
 
 Writes, under --out: bench_gmm.json (every timing) and gmm_tiles.json (the
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import datetime
 import functools
 import json
@@ -49,12 +54,13 @@ import numpy as np
 
 # The kernels and their tiles have no public name: the layer reaches them
 # through `MoEConfig.grouped_matmul="kernel"`; this times them alone.
+from linen_moe._src.kernels import accelerator  # noqa: TID251
 from linen_moe._src.kernels import gmm_tiling  # noqa: TID251
 from linen_moe._src.kernels import pallas_gmm  # noqa: TID251
 from linen_moe._src.kernels import pallas_grouped  # noqa: TID251
 
 SHAPES = ("8192,2048,5632,8", "32768,4096,14336,8", "32768,2048,768,128")
-IMPLEMENTATIONS = ("dense", "ragged_dot", "megablox", "pallas")
+IMPLEMENTATIONS = ("dense", "ragged_dot", "megablox", "pallas", "int8")
 BF16 = jnp.bfloat16
 
 
@@ -104,7 +110,7 @@ def implementations(tiling, interpret: bool) -> dict:
   takes rhs [K, N]."""
   from jax.experimental.pallas.ops.tpu import megablox  # noqa: PLC0415
 
-  return {
+  calls = {
       "dense": _fwd_bwd(lambda a, b, s: jnp.dot(a, b)),
       "ragged_dot": _fwd_bwd(jax.lax.ragged_dot),
       "megablox": _fwd_bwd(
@@ -120,6 +126,15 @@ def implementations(tiling, interpret: bool) -> dict:
           )
       ),
   }
+  try:  # the int8 mode's grouped matmul (its module imports flax)
+    from linen_moe._src.kernels import int8_grouped  # noqa: PLC0415, TID251
+  except ImportError as e:
+    print(f"  int8: not run ({e})")
+    return calls
+  calls["int8"] = _fwd_bwd(
+      lambda a, b, s: int8_grouped.int8_grouped_matmul(a, b, s, "kernel")
+  )
+  return calls
 
 
 def compile_all(jobs: dict, workers: int) -> dict:
@@ -209,9 +224,14 @@ def bench_shape(spec: str, chip: str, args) -> dict:
   operands = {name: (lhs, rhs, equal, dout) for name in IMPLEMENTATIONS}
   operands["dense"] = (lhs, rhs[0], equal, dout)
   jobs = implementations(tiling, args.interpret)
-  calls = compile_all(
-      {name: (fn, operands[name]) for name, fn in jobs.items()}, args.workers
-  )
+  # int8 resolves "kernel" while it is traced; on a CPU, to the Pallas
+  # kernels only inside this context.
+  on_cpu = accelerator.kernels_on_cpu("pallas")
+  with on_cpu if args.interpret else contextlib.nullcontext():
+    calls = compile_all(
+        {name: (fn, operands[name]) for name, fn in jobs.items()},
+        args.workers,
+    )
   for name, call in list(calls.items()):
     if isinstance(call, Exception):
       print(f"  {name}: {type(call).__name__}: {str(call)[:300]}", flush=True)

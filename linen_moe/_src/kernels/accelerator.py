@@ -14,10 +14,15 @@ operands (`megablox.common.assert_is_supported_dtype`); the Tokamax wrapper is g
 float16, bfloat16 and float32 (its kernels take other types only as qwix
 `QArray`s). Other operands (the int8 forward and input gradient of the
 "int8" mode, the int8 / fp8 kernels of a serving layer) do not reach a
-kernel: `grouped_matmul="kernel"` runs those contractions with
-`jax.lax.ragged_dot` and says so with a `KernelFallbackWarning`
+kernel as plain operands: `grouped_matmul="kernel"` runs those
+contractions with `jax.lax.ragged_dot` and says so with a
+`KernelFallbackWarning`
 (`grouped_matmul.resolve_implementation`). The weight gradient of the int8
-mode is float, and does use the kernel. Which operands each mode's grouped
+mode is float, and does use the kernel. On a TPU (and under
+`kernels_on_cpu("pallas")`) the int8 mode's forward and input gradient do
+reach a kernel: `int8_kernel` gives `int8_grouped` the Pallas int8 grouped
+matmul, int8 operands with int32 accumulation and the scales applied in
+its epilogue (`pallas_int8`). Which operands each mode's grouped
 matmul gets is `quantization_modes.QuantizationMode.grouped_operand_dtype`.
 
 Known bugs guarded here:
@@ -61,6 +66,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
+from linen_moe._src.kernels.platform import target_platform
+
 ON_CPU_KINDS = ("pallas", "megablox", "tokamax", "tokamax_pallas")
 _ON_CPU: list[str | None] = [None]
 
@@ -82,12 +89,16 @@ class Kernel:
     in_shard_map: whether it runs inside a `shard_map` that checks
       manual-axis types (`check_vma`, the expert-parallel path's): jax's
       megablox does not (its `pallas_call` outputs carry none).
+    int8_scaled: the int8 grouped matmul with in-kernel scales, where the
+      kernel has one (`pallas_int8.int8_grouped_matmul_scaled`'s
+      signature), else None.
   """
 
   name: str
   fn: Callable[..., jax.Array]
   operand_dtypes: tuple[Any, ...]
   in_shard_map: bool = True
+  int8_scaled: Callable[..., jax.Array] | None = None
 
   def takes(self, dtypes: tuple[Any, ...]) -> bool:
     allowed = {jnp.dtype(d) for d in self.operand_dtypes}
@@ -263,12 +274,33 @@ _FLOATS = (jnp.float32, jnp.bfloat16)
 def _pallas(interpret: bool) -> tuple[Kernel | None, str | None]:
   try:
     from linen_moe._src.kernels import pallas_grouped
+    from linen_moe._src.kernels import pallas_int8
   except ImportError as e:  # a jax without Pallas TPU
     return None, f"jax.experimental.pallas.tpu: {e}"
   fn = functools.partial(
       pallas_grouped.pallas_grouped_matmul, interpret=interpret
   )
-  return Kernel("pallas gmm", fn, _FLOATS, in_shard_map=False), None
+  int8 = functools.partial(
+      pallas_int8.int8_grouped_matmul_scaled, interpret=interpret
+  )
+  return Kernel("pallas gmm", fn, _FLOATS, False, int8), None
+
+
+def int8_kernel(implementation: str) -> Callable[..., jax.Array] | None:
+  """The int8 grouped matmul with in-kernel scales that `implementation`
+  runs where it is traced: the Pallas one for "kernel" on a TPU (or on a
+  CPU inside `kernels_on_cpu("pallas")`), outside a `shard_map`; else None
+  (the caller runs its int8 contraction through `grouped_matmul`, which
+  falls back to `ragged_dot` visibly). "auto" gets None too: the tile table
+  has no int8 timings."""
+  if implementation != "kernel":
+    return None
+  kernel, _ = find_kernel(target_platform())
+  if kernel is None or kernel.int8_scaled is None:
+    return None
+  if not kernel.in_shard_map and jax.sharding.get_abstract_mesh().manual_axes:
+    return None
+  return kernel.int8_scaled
 
 
 def auto_on_tpu(shape: tuple[int, ...] | None, dtypes: tuple[Any, ...]) -> str:

@@ -111,10 +111,17 @@ def _column_tiles(d: int) -> list[int]:
   ]
 
 
-def _row_tiles(m: int) -> list[int]:
+def row_multiple(dtype) -> int:
+  """Rows a row tile is a multiple of: what one (rows, 128) VMEM tile of
+  `dtype` packs (16 for bfloat16, 32 for int8; 16 for float32 too, so that
+  one tiling serves both float dtypes)."""
+  return 32 if jnp.dtype(dtype).itemsize == 1 else 16
+
+
+def _row_tiles(m: int, multiple: int = 16) -> list[int]:
   """Row tiles for M rows: powers of two from 128 below M, and M rounded up
-  to 16 (at most the largest)."""
-  small = -(-m // 16) * 16  # a few rows: one tile of them, rounded to 16
+  to `multiple` (at most the largest)."""
+  small = -(-m // multiple) * multiple  # a few rows: one tile of them
   tiles = [t for t in _ROW_TILES if t < small]
   return [*tiles, min(small, _ROW_TILES[-1])]
 
@@ -139,7 +146,7 @@ def candidates(
   rows, c, o = _dims(op, m, k, n)
   budget = _VMEM_BLOCK_SHARE * spec.vmem_bytes
   out = []
-  for tm in _row_tiles(rows):
+  for tm in _row_tiles(rows, row_multiple(dtype)):
     for tc in _column_tiles(c):
       for to in _column_tiles(o):
         if vmem_bytes(op, (tm, tc, to), dtype, dtype, c) <= budget:
@@ -194,7 +201,7 @@ def sweep_candidates(
   ranked = sorted(
       allowed, key=lambda t: model_seconds(op, t, m, k, n, g, dtype, chip)
   )
-  rows = _row_tiles(m)[-1]
+  rows = _row_tiles(m, row_multiple(dtype))[-1]
   extra = [(min(t[0], rows), *t[1:]) for t in _REFERENCE_TILES]
   return ranked[:top] + [
       t for t in extra if t in allowed and t not in ranked[:top]
@@ -263,7 +270,7 @@ def choose_tiling(
   entry = lookup(m, k, n, g, dtype, chip)
   if entry is None:
     return rule_tiling(m, k, n, g, dtype, chip)
-  rows = _row_tiles(m)[-1]
+  rows = _row_tiles(m, row_multiple(dtype))[-1]
   fit = {op: (min(entry[op][0], rows), *entry[op][1:]) for op in OPS}
   tiling = GmmTiling(**fit, source="table")
   limit = _limit(tiling, m, k, n, dtype, chip)

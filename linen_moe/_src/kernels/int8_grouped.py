@@ -23,6 +23,13 @@ same weights on the same int8 grid (and serving stores that grid, see
 
 `int8_grouped_matmul_stored` is the forward from an already quantized rhs
 (int8 values and their [G, 1, N] scales): the serving path.
+
+Where `implementation` runs the Pallas kernels ("kernel" on a TPU), the
+forward and dlhs contractions run the Pallas int8 grouped matmul
+(`accelerator.int8_kernel`): int8 operands into the MXU, int32
+accumulation, the scales applied in its epilogue, the same numbers bit for
+bit; elsewhere they run `grouped_matmul` on int8 operands (int32 output)
+and scale the result.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe._src.kernels import accelerator
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 
 INT8_MAX = 127.0
@@ -99,6 +107,9 @@ def _int8_forward_stored(
 ):
   """[M, K] x <int8>[G, K, N] (scales [G, 1, N]) -> <float32>[M, N]."""
   q_lhs, lhs_scale = quantize_int8(lhs, axis=1)  # [M, K], [M, 1]
+  kernel = accelerator.int8_kernel(implementation)
+  if kernel is not None:  # int8 into the MXU, scales in its epilogue
+    return kernel(q_lhs, lhs_scale, q_rhs, rhs_scale, group_sizes)
   acc = gmm_lib.grouped_matmul(
       q_lhs,
       q_rhs,
@@ -170,8 +181,23 @@ def _fwd(lhs, rhs, group_sizes, implementation, bound):
 
 def _bwd(implementation, bound, residuals, g):
   lhs, rhs, group_sizes = residuals
-  rhs_t = jnp.swapaxes(rhs, 1, 2)  # [G, N, K]
-  dlhs = _int8_forward(g, rhs_t, group_sizes, implementation, bound)
+  kernel = accelerator.int8_kernel(implementation)
+  if kernel is not None:
+    # rhs quantized along N is rhs^T quantized along its first axis, bit for
+    # bit; the kernel contracts it transposed, so no [G, N, K] copy is made.
+    q_rhs, rhs_scale = quantize_int8(rhs, axis=2)  # [G, K, N], [G, K, 1]
+    q_g, g_scale = quantize_int8(g, axis=1)  # [M, N], [M, 1]
+    dlhs = kernel(
+        q_g,
+        g_scale,
+        q_rhs,
+        jnp.swapaxes(rhs_scale, 1, 2),
+        group_sizes,
+        transpose_rhs=True,
+    )
+  else:
+    rhs_t = jnp.swapaxes(rhs, 1, 2)  # [G, N, K]
+    dlhs = _int8_forward(g, rhs_t, group_sizes, implementation, bound)
   _, rhs_vjp = jax.vjp(
       lambda r: gmm_lib.grouped_matmul(
           lhs,

@@ -118,11 +118,15 @@ def gmm(
     transpose_rhs: bool = False,
     interpret: bool = False,
     vmem_limit_bytes: int | None = None,
+    scales: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
   """[M, C] x [G, C, O] (or [G, O, C] with `transpose_rhs`) -> [M, O].
 
   Rows past sum(group_sizes) are zeros. No argument checks: the caller
-  (`pallas_grouped`) makes them.
+  (`pallas_grouped`) makes them. With `scales`, int8 operands: the product
+  accumulates in int32 and the epilogue scales it, out = float32(acc) *
+  lhs_scale[row] * rhs_scale[group, column] (in that order), so no float
+  copy of either operand is made.
 
   Args:
     lhs: [M, C], rows sorted by group.
@@ -133,6 +137,8 @@ def gmm(
     transpose_rhs: contract rhs's last dimension.
     interpret: run in Pallas interpret mode (any backend).
     vmem_limit_bytes: Mosaic's scoped VMEM limit, or None for its default.
+    scales: (lhs_scale <float32>[M, 1], rhs_scale <float32>[G, 1, O]) for
+      int8 lhs and rhs; None for float operands.
 
   Returns:
     [M, O] in `out_dtype`.
@@ -145,10 +151,22 @@ def gmm(
   schedule = gmm_schedule.build(
       group_sizes, m, tm, fill_tail=True, visit_empty=False
   )
-  dtype = compute_dtype(lhs.dtype, rhs.dtype)
+  if scales is None:
+    dtype = compute_dtype(lhs.dtype, rhs.dtype)
+    acc_dtype, precision = _F32, _precision(dtype)
+  else:
+    dtype, acc_dtype, precision = jnp.dtype(jnp.int8), jnp.int32, None
   dims = _PRODUCT_DIMS_T if transpose_rhs else _PRODUCT_DIMS
 
-  def kernel(group, tile, compute, _rg, _rt, starts, ends, x, w, out, *acc):
+  def kernel(group, tile, compute, _rg, _rt, starts, ends, x, w, *refs):
+    if scales is None:
+      (out, *acc), epilogue = refs, lambda v: v
+    else:
+      lhs_scale, rhs_scale, out, *acc = refs
+
+      def epilogue(v):  # <int32>[tm, to] -> <f32>, scaled
+        return v.astype(_F32) * lhs_scale[...] * rhs_scale[...]
+
     i, kc = pl.program_id(1), pl.program_id(2)
     first = (i == 0) | (tile[i] != tile[jnp.maximum(i - 1, 0)])
     does = compute[i] == 1
@@ -165,11 +183,11 @@ def gmm(
           x[...].astype(dtype),
           w[...].astype(dtype),
           dims,
-          precision=_precision(dtype),
-          preferred_element_type=_F32,
+          precision=precision,
+          preferred_element_type=acc_dtype,
       )
       if tiles_c == 1:
-        store(p)
+        store(epilogue(p))
         return
 
       @pl.when(kc == 0)
@@ -182,7 +200,7 @@ def gmm(
 
       @pl.when(kc == last_c)
       def _():
-        store(acc[0][...] + p)
+        store(epilogue(acc[0][...] + p))
 
     @pl.when(jnp.logical_not(does) & (kc == last_c))
     def _():
@@ -202,6 +220,12 @@ def gmm(
 
   def out_map(j, i, kc, group, tile, *_):
     return tile[i], j
+
+  def lhs_scale_map(j, i, kc, group, tile, compute, rgroup, rtile, *_):
+    return rtile[i], 0
+
+  def rhs_scale_map(j, i, kc, group, tile, compute, rgroup, rtile, *_):
+    return rgroup[i], 0, j
 
   rhs_block = (None, to, tc) if transpose_rhs else (None, tc, to)
   num_groups = rhs.shape[0]
@@ -223,9 +247,19 @@ def gmm(
           in_specs=[
               pl.BlockSpec((tm, tc), lhs_map),
               pl.BlockSpec(rhs_block, rhs_map),
+              *(
+                  []
+                  if scales is None
+                  else [
+                      pl.BlockSpec((tm, 1), lhs_scale_map),
+                      pl.BlockSpec((None, 1, to), rhs_scale_map),
+                  ]
+              ),
           ],
           out_specs=pl.BlockSpec((tm, to), out_map),
-          scratch_shapes=[pltpu.VMEM((tm, to), _F32)] if tiles_c > 1 else [],
+          scratch_shapes=(
+              [pltpu.VMEM((tm, to), acc_dtype)] if tiles_c > 1 else []
+          ),
       ),
       compiler_params=_compiler_params(
           ("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes
@@ -234,7 +268,7 @@ def gmm(
       cost_estimate=cost,
       name="linen_moe_gmm_t" if transpose_rhs else "linen_moe_gmm",
   )
-  return call(*schedule.prefetch(), lhs, rhs)
+  return call(*schedule.prefetch(), lhs, rhs, *(scales or ()))
 
 
 @functools.partial(

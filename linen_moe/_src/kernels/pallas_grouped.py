@@ -32,7 +32,6 @@ from linen_moe._src.kernels.gmm_tiling import GmmTiling
 from linen_moe._src.kernels.operand_shapes import check_shapes
 
 OPERAND_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
-ROW_TILE_MULTIPLE = 16  # bfloat16 packs 16 rows in a (16, 128) VMEM tile
 
 
 def _names(dtypes) -> str:
@@ -88,7 +87,7 @@ def check_group_sizes(group_sizes, m: int) -> None:
     )
 
 
-def _check_tiles(op: str, tiles, rows: int, c: int, o: int) -> None:
+def _check_tiles(op: str, tiles, c: int, o: int, multiple: int) -> None:
   names = ("rows", "contraction", "output")
   if (
       not isinstance(tiles, tuple)
@@ -99,10 +98,9 @@ def _check_tiles(op: str, tiles, rows: int, c: int, o: int) -> None:
         f"tiling.{op} must be 3 positive ints ({', '.join(names)}); got "
         f"{tiles!r}."
     )
-  if tiles[0] % ROW_TILE_MULTIPLE:
+  if tiles[0] % multiple:
     raise ValueError(
-        f"tiling.{op} row tile {tiles[0]} must be a multiple of "
-        f"{ROW_TILE_MULTIPLE}."
+        f"tiling.{op} row tile {tiles[0]} must be a multiple of {multiple}."
     )
   for name, t, d in zip(names[1:], tiles[1:], (c, o), strict=True):
     if d % t or (t != d and t % 128):
@@ -112,19 +110,22 @@ def _check_tiles(op: str, tiles, rows: int, c: int, o: int) -> None:
       )
 
 
-def check_tiling(tiling: GmmTiling, m: int, k: int, n: int) -> None:
-  """Checks each op's tiles against lhs [M, K] x [G, K, N].
+def check_tiling(
+    tiling: GmmTiling, k: int, n: int, ops=gmm_tiling.OPS, multiple: int = 16
+) -> None:
+  """Checks `ops`' tiles against lhs [M, K] x [G, K, N].
 
   Raises:
     ValueError: a tile that is not 3 positive ints, a row tile that is no
-      multiple of 16, or a column tile that does not divide its dimension
-      (or is neither a multiple of 128 nor the whole dimension).
+      multiple of `multiple` (`gmm_tiling.row_multiple`), or a column tile
+      that does not divide its dimension (or is neither a multiple of 128
+      nor the whole dimension).
   """
   if not isinstance(tiling, GmmTiling):
     raise ValueError(f"tiling must be a GmmTiling or None; got {tiling!r}.")
-  _check_tiles("gmm", tiling.gmm, m, k, n)
-  _check_tiles("gmm_t", tiling.gmm_t, m, n, k)
-  _check_tiles("tgmm", tiling.tgmm, m, k, n)
+  dims = {"gmm": (k, n), "gmm_t": (n, k), "tgmm": (k, n)}
+  for op in ops:
+    _check_tiles(op, getattr(tiling, op), *dims[op], multiple)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -206,7 +207,7 @@ def pallas_grouped_matmul(
     chip = chip or gmm_tiling.current_chip()
     tiling = gmm_tiling.choose_tiling(m, k, n, g, dtype, chip)
   if tiling is not None:
-    check_tiling(tiling, m, k, n)
+    check_tiling(tiling, k, n)
   if min(m, k, n, g) == 0:
     return jnp.zeros((m, n), out_dtype)
   return _gmm(
