@@ -257,7 +257,40 @@ def bench_shape(spec: str, chip: str, args) -> dict:
           f"{flops / ms[name] / 1e9:.1f} TFLOP/s",
           flush=True,
       )
+    result.setdefault("errors", {})[layout] = errors(calls, operands)
   return result
+
+
+@jax.jit
+def _relative_error(got, want):
+  """max |got - want| / max |want| of each of (out, dlhs, drhs), on the
+  device (the arrays are GBs)."""
+  leaves = zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
+  return [
+      jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32)))
+      / jnp.max(jnp.abs(w.astype(jnp.float32)))
+      for g, w in leaves
+  ]
+
+
+def errors(calls: dict, operands: dict) -> dict:
+  """{name: [relative error of out, dlhs, drhs]} of the grouped
+  implementations against ragged_dot: the chip's own correctness check
+  (bf16 outputs: ~1e-2; int8: its quantization's ~2e-2)."""
+  if "ragged_dot" not in calls:
+    return {}
+  want = calls["ragged_dot"](*operands["ragged_dot"])
+  out = {}
+  for name in ("megablox", "pallas", "int8"):
+    if name in calls:
+      got = calls[name](*operands[name])
+      out[name] = [float(e) for e in _relative_error(got, want)]
+      print(
+          f"  {name} against ragged_dot (out, dlhs, drhs): "
+          + ", ".join(f"{e:.2e}" for e in out[name]),
+          flush=True,
+      )
+  return out
 
 
 def table_entry(result: dict, chip: str) -> dict:
