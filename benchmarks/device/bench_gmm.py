@@ -367,7 +367,7 @@ def main(argv=None) -> int:
   parser.add_argument(
       "--sweep-budget-s",
       type=float,
-      default=300,
+      default=240,
       help="after this many seconds, later shapes skip the sweep",
   )
   parser.add_argument("--out", default=".", help="where to write the JSON")

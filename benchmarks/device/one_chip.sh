@@ -23,7 +23,8 @@
 #              ragged_dot / megablox / ours forward + backward side by side
 #              at the three shapes, equal and skewed groups; writes
 #              $OUT/gmm/bench_gmm.json and $OUT/gmm/gmm_tiles.json (copy the
-#              latter to linen_moe/_src/kernels/); GMM_ARGS adds options
+#              latter to linen_moe/_src/kernels/); 120 + 420 s at most,
+#              each shape written as it ends; GMM_ARGS adds options
 #              (e.g. "--shapes 8192,2048,5632,8 --top 2"). Not in the
 #              default run.
 set -uo pipefail
@@ -76,13 +77,13 @@ for s in $steps; do
       # The tests need pytest, absl and hypothesis (wheels); the bench only
       # jax and numpy, and checks ours against ragged_dot itself.
       if python3 -c 'import pytest, absl, hypothesis' 2>/dev/null; then
-        step gmm_tests 180 python3 -m pytest -q -p no:cacheprovider \
+        step gmm_tests 120 python3 -m pytest -q -p no:cacheprovider \
           tests/test_tpu_kernels.py -k on_tpu
       else
         echo "== gmm_tests: skipped (no pytest / absl / hypothesis here)"
       fi
       # shellcheck disable=SC2086  # GMM_ARGS: extra options, word-split
-      step gmm 540 python3 benchmarks/device/bench_gmm.py --out "$OUT/gmm" \
+      step gmm 420 python3 benchmarks/device/bench_gmm.py --out "$OUT/gmm" \
         ${GMM_ARGS:-} ;;
     generate)
       step generate 300 python3 benchmarks/serving/bench_generate.py \
