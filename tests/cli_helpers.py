@@ -20,6 +20,22 @@ def cli(*argv: str) -> tuple[int, str, str]:
   return testing.run_capturing(cli_main.main, list(argv))
 
 
+def cli_output(*argv: str) -> str:
+  """The stdout of `linen-moe argv`, which must succeed."""
+  status, out, err = cli(*argv)
+  if status:
+    raise AssertionError(f"linen-moe {' '.join(argv)} exited {status}: {err}")
+  return out
+
+
+def cli_error(*argv: str) -> str:
+  """The stderr of `linen-moe argv`, which must fail on its input (exit 2)."""
+  status, _, err = cli(*argv)
+  if status != 2:
+    raise AssertionError(f"linen-moe {' '.join(argv)} exited {status}")
+  return err
+
+
 def train_commands(argv: list[str], processes: int) -> list[list[str]]:
   """The command line of each of `processes` local processes of
   `linen-moe train` (`argv` starts with "train"), as `linen-moe launch`

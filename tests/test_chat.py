@@ -190,7 +190,9 @@ class MaskTest(parameterized.TestCase):
         for c in expected["cases"]
         if c["name"] == case_name and not c["add_generation_prompt"]
     )
-    ids, mask = chat_data.encode_conversation(template, tokenizer, case["messages"])
+    ids, mask = chat_data.encode_conversation(
+        template, tokenizer, case["messages"]
+    )
     self.assertEqual(ids.tolist(), case["ids"])
     self.assertEqual(_masked_runs(tokenizer, ids, mask), replies)
     # Everything else (system, user, headers) is not learned.

@@ -21,15 +21,14 @@ from linen_moe_cli.commands import generate
 from linen_moe_cli.generate_options import GenerateOptions
 from linen_moe_cli.main import build_parser
 from linen_moe_cli.main import main
+from tests import cli_helpers
 
 MIXTRAL = pathlib.Path(__file__).parent / "fixtures" / "hf" / "mixtral_gqa_swa"
 
 
 def _error(*argv: str) -> str:
-  status, _, err = testing.run_capturing(main, ["generate", *argv])
-  if status != 2:
-    raise AssertionError(f"generate {' '.join(argv)} exited {status}")
-  return err
+  """The one-line error of `linen-moe generate ARGV` (exit 2)."""
+  return cli_helpers.cli_error("generate", *argv)
 
 
 class GenerateFlagsTest(absltest.TestCase):

@@ -1,11 +1,8 @@
 """`linen-moe` with Hugging Face checkpoints: train --init-from-hf, export
 --format hf, generate --hf-dir / --checkpoint-dir."""
 
-import contextlib
-import io
 import pathlib
 import shutil
-import tempfile
 
 from absl.testing import absltest
 import jax
@@ -15,38 +12,22 @@ import numpy as np
 from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import hf
-from linen_moe import testing
 from linen_moe import training
 from linen_moe._src.run import loop as train_job
 from linen_moe.training import RunOptions
-from linen_moe_cli import main as cli
+from tests import cli_helpers
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 QWEN = FIXTURES / "qwen3_moe_dense0_norm"
 MIXTRAL = FIXTURES / "mixtral_gqa_swa"
 
 
-def _cli(*argv: str) -> str:
-  status, out, err = testing.run_capturing(cli.main, list(argv))
-  if status:
-    raise AssertionError(f"linen-moe {' '.join(argv)} exited {status}: {err}")
-  return out
-
-
-def _error(*argv: str) -> str:
-  """The one-line error of a command line that fails (exit 2)."""
-  err = io.StringIO()
-  with contextlib.redirect_stderr(err):
-    status = cli.main(list(argv))
-  if status != 2:
-    raise AssertionError(f"linen-moe {' '.join(argv)} exited {status}")
-  return err.getvalue()
+_cli = cli_helpers.cli_output
+_error = cli_helpers.cli_error
 
 
 def _tempdir(test) -> pathlib.Path:
-  path = tempfile.mkdtemp()
-  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
-  return pathlib.Path(path)
+  return pathlib.Path(cli_helpers.tempdir(test))
 
 
 class TrainAndExportTest(absltest.TestCase):

@@ -26,7 +26,7 @@ from linen_moe import testing
 from linen_moe._src.planning import flops
 from linen_moe._src.planning import plan as plan_lib
 from linen_moe._src.planning import targets as targets_lib
-from linen_moe_cli import main as cli
+from tests import cli_helpers
 from tests import workers
 
 PLAN_KEYS = (
@@ -44,8 +44,7 @@ PER_DEVICE_KEYS = ("argument_bytes", "output_bytes", "temp_bytes", "peak_bytes")
 B, S = 16, 32  # linen-moe train's default batch and sequence
 
 
-def _cli(*argv) -> tuple[int, str, str]:
-  return testing.run_capturing(cli.main, list(argv))
+_cli = cli_helpers.cli
 
 
 def tiny_mixtral_train_flops(batch: int, seq: int) -> int:

@@ -27,17 +27,15 @@ from linen_moe._src.run import loop as train_job
 from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
 from linen_moe.training import RunOptions
-from linen_moe_cli import main as cli
 from nnx_adapter import FRONTENDS
+from tests import cli_helpers
 from tests import workers
 
 STOP, STEPS = 6, 12
 BATCH, SEQ, GRAD_ACCUM = 4, 8, 2
 
 
-def _run_cli(*argv) -> tuple[int, str, str]:
-  """(exit status, stdout, stderr) of `linen-moe argv`."""
-  return testing.run_capturing(cli.main, list(argv))
+_run_cli = cli_helpers.cli
 
 
 def _metrics(directory: str) -> list[dict]:

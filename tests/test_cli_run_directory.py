@@ -23,12 +23,10 @@ import glob
 import io
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from unittest import mock
 
@@ -41,7 +39,6 @@ from linen_moe._src.run import directory as run_directory
 from linen_moe._src.run import loop as train_job
 from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
-from linen_moe_cli import main as cli
 from tests import cli_helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,9 +58,7 @@ TRAIN = (
 )
 
 
-def _cli(*argv) -> tuple[int, str, str]:
-  """(exit status, stdout, stderr) of `linen-moe argv`."""
-  return testing.run_capturing(cli.main, list(argv))
+_cli = cli_helpers.cli
 
 
 def _rows(directory: str) -> list[dict]:
@@ -92,10 +87,7 @@ def _damage(directory: str, step: int) -> None:
       handle.truncate(os.path.getsize(f) // 2)
 
 
-def _tempdir(test: absltest.TestCase) -> str:
-  directory = tempfile.mkdtemp()
-  test.addCleanup(shutil.rmtree, directory, ignore_errors=True)
-  return directory
+_tempdir = cli_helpers.tempdir
 
 
 def _holder(directory: str) -> subprocess.Popen:

@@ -21,14 +21,13 @@ from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
 from linen_moe_cli import model_args
 from linen_moe_cli.commands import train as train_command
+from tests import cli_helpers
 from tests import workers
 
 V = 256  # tiny_mixtral's vocabulary
 
 
-def _cli(*argv) -> tuple[int, str, str]:
-  """(exit status, stdout, stderr) of `linen-moe argv`."""
-  return testing.run_capturing(cli.main, list(argv))
+_cli = cli_helpers.cli
 
 
 class TrainOptionsTest(parameterized.TestCase):

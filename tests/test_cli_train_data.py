@@ -33,7 +33,6 @@ from linen_moe._src.run import sources as train_data
 from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
 from linen_moe.training import RunOptions
-from linen_moe_cli import main as cli
 from tests import cli_helpers
 
 STOP, STEPS = 6, 12
@@ -41,8 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIXTRAL = os.path.join(ROOT, "tests", "fixtures", "hf", "mixtral_gqa_swa")
 
 
-def _run_cli(*argv) -> tuple[int, str, str]:
-  return testing.run_capturing(cli.main, list(argv))
+_run_cli = cli_helpers.cli
 
 
 def _metrics(directory: str) -> list[dict]:
