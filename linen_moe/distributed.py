@@ -6,13 +6,15 @@ from linen_moe._src.faces import lazy_face as _lazy_face
 
 _EXPORTS = {
     "linen_moe._src.parallel.distributed": (
-        "DEFAULT_HEARTBEAT_TIMEOUT_S",
-        "DEFAULT_INIT_TIMEOUT_S",
         "global_array",
         "initialize",
         "is_main_process",
     ),
     "linen_moe._src.parallel.launcher": ("launch",),
+    "linen_moe._src.parallel.timeouts": (
+        "DEFAULT_HEARTBEAT_TIMEOUT_S",
+        "DEFAULT_INIT_TIMEOUT_S",
+    ),
 }
 
 _lazy_face(globals(), _EXPORTS)

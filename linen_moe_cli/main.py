@@ -9,12 +9,31 @@ purpose (`linen_moe.training.RunStopped`, exit 1), a missing optional package (e
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
+import linen_moe
 from linen_moe.training import RunStopped
 from linen_moe.training import reuse_host_memory
 from linen_moe_cli import commands
 from linen_moe_cli import options
+
+
+class DefaultsHelp(argparse.HelpFormatter):
+  """Help that says each option's default (unless it has none to say)."""
+
+  def _get_help_string(self, action: argparse.Action) -> str:
+    text = action.help or ""
+    default = action.default
+    shown = not (
+        default is None
+        or default is False  # a flag's "off"; 0 is a value to show
+        or default is argparse.SUPPRESS
+        or default == []
+    )
+    if shown and action.option_strings and "%(default)" not in text:
+      text += " (default: %(default)s)"
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,17 +41,51 @@ def build_parser() -> argparse.ArgumentParser:
       prog="linen-moe",
       description=(
           "Routed MoE for JAX: train the reference decoder, decode from "
-          "a checkpoint, export it, run the quantization x path matrix."
+          "a checkpoint, export it, plan a run, run the quantization x "
+          "path matrix."
       ),
   )
-  subparsers = parser.add_subparsers(dest="command", required=True)
+  parser.add_argument(
+      "--version", action="store_true", help="print the version and exit"
+  )
+  subparsers = parser.add_subparsers(
+      dest="command",
+      required=True,
+      parser_class=functools.partial(
+          argparse.ArgumentParser, formatter_class=DefaultsHelp
+      ),
+  )
   for command in commands.COMMANDS:
     command.register(subparsers)
+  parser.command_parsers = subparsers.choices  # name -> its parser
   return parser
 
 
+def _parse(argv: list[str]) -> argparse.Namespace:
+  """The parsed command line; a flag the command does not know is that
+  command's error (its usage, not the top-level one's)."""
+  parser = build_parser()
+  args, unknown = parser.parse_known_args(argv)
+  if unknown:
+    parser.command_parsers[args.command].error(
+        f"unrecognized arguments: {' '.join(unknown)}"
+    )
+  return args
+
+
 def main(argv: list[str] | None = None) -> int:
-  args = build_parser().parse_args(argv)
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv[:1] == ["--version"]:
+    if len(argv) > 1:
+      print(
+          "linen-moe: error: --version takes no other arguments (got "
+          f"{' '.join(argv)})",
+          file=sys.stderr,
+      )
+      return 2
+    print(f"linen-moe {linen_moe.__version__}")
+    return 0
+  args = _parse(argv)
   try:
     return args.run(args)
   except ValueError as e:

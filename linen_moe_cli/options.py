@@ -74,8 +74,16 @@ def add_step_args(
   same names, with `RunOptions`' defaults). `helps` (name=text) rewords
   a flag's help for one command."""
   flags = {
-      "batch_size": {"type": int, "default": train_default("batch_size")},
-      "seq_len": {"type": int, "default": train_default("seq_len")},
+      "batch_size": {
+          "type": int,
+          "default": train_default("batch_size"),
+          "help": "sequences per step",
+      },
+      "seq_len": {
+          "type": int,
+          "default": train_default("seq_len"),
+          "help": "tokens per sequence",
+      },
       "grad_accum": {
           "type": int,
           "default": train_default("grad_accum"),

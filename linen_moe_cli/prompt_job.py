@@ -51,6 +51,8 @@ class Continuation:
     weights: "float" or the serving mode.
     finish_reason: "stop" or "length".
     seconds: from the first call to the last token (load excluded).
+    first_seconds: from the first call to the first token: the prefill
+      and the programs' compile.
   """
 
   prompt_ids: np.ndarray
@@ -59,6 +61,7 @@ class Continuation:
   weights: str
   finish_reason: str = "length"
   seconds: float = 0.0
+  first_seconds: float = 0.0
 
 
 def load_model(hf_dir, checkpoint_dir, serve: str, quantization: str | None):
@@ -203,8 +206,10 @@ def generate(
   if text is not None:
     out.write("text: ")
     out.flush()
-  start, new = time.perf_counter(), []
+  start, new, first = time.perf_counter(), [], 0.0
   for token in stream:
+    if not new:
+      first = time.perf_counter() - start
     new.append(token)
     if text is not None:
       text.add(token)
@@ -214,19 +219,31 @@ def generate(
   reason = "stop" if new and new[-1] in stops else "length"
   decoded = None if tok is None else tok.decode(new)
   return Continuation(
-      np.asarray(prompt_ids), np.asarray(new), decoded, weights, reason, seconds
+      np.asarray(prompt_ids),
+      np.asarray(new),
+      decoded,
+      weights,
+      reason,
+      seconds,
+      first,
   )
 
 
 def format_report(result: Continuation) -> str:
   """The lines after the streamed text: the new ids, why the row ended,
-  and the tokens per second (the prefill and compile included)."""
+  the time to the first token (the prefill and the compile) and the
+  decoding rate of the tokens after it."""
   n = len(result.new_ids)
-  rate = n / result.seconds if result.seconds > 0 else float("inf")
+  decode_s = result.seconds - result.first_seconds
+  rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else float("nan")
   return "\n".join([
       f"new ids: {result.new_ids.tolist()}",
       f"finish: {result.finish_reason}",
-      f"{n} new tokens in {result.seconds:.2f} s: {rate:.1f} tokens/s",
+      (
+          f"{n} new tokens in {result.seconds:.2f} s: the first after "
+          f"{result.first_seconds:.2f} s (prefill and compile), then "
+          f"{rate:.1f} tokens/s"
+      ),
   ])
 
 
@@ -282,7 +299,8 @@ def generate_file(
   "prompt_ids", "new_ids", "text" (with a tokenizer), "finish_reason". The
   i-th prompt of the file (from 0) draws with the seed `sampling.seed + i`
   (`generate`'s per-prompt seeds), whatever the batch size. Returns the
-  summary line (count, tokens/s)."""
+  summary line (count, tokens/s, and the first batch's time, which holds
+  the compile)."""
   records = read_prompts(prompts_file)
   tok = _tokenizer(tokenizer)
   rows = []
@@ -299,9 +317,11 @@ def generate_file(
   config, variables = load_model(hf_dir, checkpoint_dir, serve, quantization)
   stops = stop_ids_of(hf_dir, sampling.stop_ids)
   sink = sys.stdout if output is None else open(output, "w", encoding="utf-8")
-  start, total = time.perf_counter(), 0
+  start, total, compiled = time.perf_counter(), 0, None
   try:
     for first in range(0, len(rows), batch_size):
+      if first == batch_size:  # the first batch compiled the program
+        compiled = time.perf_counter() - start
       batch = rows[first : first + batch_size]
       seeds = [sampling.seed + first + j for j in range(len(batch))]
       result = decoding.generate(
@@ -330,7 +350,10 @@ def generate_file(
     if output is not None:
       sink.close()
   seconds = time.perf_counter() - start
+  first = " (compile included)"
+  if compiled is not None:
+    first = f" (the first batch, with the compile, {compiled:.2f} s)"
   return (
-      f"{len(rows)} prompts, {total} new tokens in {seconds:.2f} s: "
+      f"{len(rows)} prompts, {total} new tokens in {seconds:.2f} s{first}: "
       f"{total / seconds:.1f} tokens/s"
   )

@@ -16,8 +16,15 @@ from linen_moe_cli.commands import launch
 
 def cli(*argv: str) -> tuple[int, str, str]:
   """(exit status, stdout, stderr) of `linen-moe argv`, run in this
-  process."""
-  return testing.run_capturing(cli_main.main, list(argv))
+  process (argparse's exits, for --help or a bad flag, included)."""
+
+  def main(args):
+    try:
+      return cli_main.main(args)
+    except SystemExit as e:
+      return e.code
+
+  return testing.run_capturing(main, list(argv))
 
 
 def cli_output(*argv: str) -> str:

@@ -166,7 +166,9 @@ class GenerateRunTest(absltest.TestCase):
     self.assertIn(f"new ids: {stopped}", out)
     self.assertIn("finish: stop", out)
     self.assertRegex(
-        out, rf"{len(stopped)} new tokens in [\d.]+ s: [\d.]+ tokens/s"
+        out,
+        rf"{len(stopped)} new tokens in [\d.]+ s: the first after [\d.]+ s "
+        r"\(prefill and compile\), then ([\d.]+|nan) tokens/s",
     )
     # --stop-id overrides generation_config.json; --chat wraps the prompt
     # (6 ids + 7 new: the cache of the first run, one decode step program).

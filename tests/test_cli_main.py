@@ -14,6 +14,7 @@ from linen_moe_cli import commands
 from linen_moe_cli import main as cli
 from linen_moe_cli import options
 import nnx_adapter
+from tests import cli_helpers
 
 # nnx_adapter's face loads nothing until a name is used (the front ends'
 # names are read without it); its modules import flax.
@@ -123,6 +124,48 @@ class StructureTest(absltest.TestCase):
     ):
       with self.subTest(**fields), self.assertRaisesRegex(ValueError, message):
         RunOptions(**fields)
+
+  def test_version(self):
+    import linen_moe  # noqa: PLC0415
+
+    status, out, err = cli_helpers.cli("--version")
+    self.assertEqual(
+        (status, out, err), (0, f"linen-moe {linen_moe.__version__}\n", "")
+    )
+    status, out, err = cli_helpers.cli("--version", "train")
+    self.assertEqual((status, out), (2, ""))
+    self.assertEqual(
+        err,
+        "linen-moe: error: --version takes no other arguments (got --version"
+        " train)\n",
+    )
+
+  def test_a_misspelt_flag_shows_its_commands_usage(self):
+    status, out, err = cli_helpers.cli("train", "--stpes", "3")
+    self.assertEqual((status, out), (2, ""))
+    self.assertRegex(err, r"^usage: linen-moe train ")
+    self.assertIn(
+        "linen-moe train: error: unrecognized arguments: --stpes 3", err
+    )
+
+  def test_help_shows_every_default(self):
+    status, out, _ = cli_helpers.cli("train", "--help")
+    self.assertEqual(status, 0)
+    text = " ".join(out.split("options:", 1)[1].split())  # argparse wraps
+    for flag, default in (
+        ("--steps", RunOptions().steps),
+        ("--batch-size", RunOptions().batch_size),
+        ("--seq-len", RunOptions().seq_len),
+        ("--learning-rate", RunOptions().learning_rate),
+        ("--seed", RunOptions().seed),
+        ("--init-timeout", 300),
+        ("--heartbeat-timeout", 30),
+    ):
+      entry = text[text.index(f"{flag} ") :]
+      end = entry.find(" --", 2)
+      entry = entry if end < 0 else entry[:end]
+      self.assertIn(f"(default: {default})", entry, flag)
+    self.assertNotIn("DEFAULT_", out)  # a value, not a constant's name
 
   def test_frontend_help_names_every_front_end(self):
     for name in nnx_adapter.FRONTENDS:

@@ -17,6 +17,9 @@ import os
 import sys
 import time
 
+from linen_moe import data
+from linen_moe.distributed import DEFAULT_HEARTBEAT_TIMEOUT_S
+from linen_moe.distributed import DEFAULT_INIT_TIMEOUT_S
 from linen_moe.training import SCHEDULES
 from linen_moe.training import RunOptions
 from linen_moe.training import RunStopped
@@ -35,13 +38,26 @@ def register(subparsers) -> None:
       ),
   )
   model_args.add_model_args(p)
-  p.add_argument("--steps", type=int, default=train_default("steps"))
+  p.add_argument(
+      "--steps",
+      type=int,
+      default=train_default("steps"),
+      help="train up to this step (a resumed run continues to it)",
+  )
   options.add_step_args(p, "batch_size", "seq_len")
   p.add_argument(
-      "--learning-rate", type=float, default=train_default("learning_rate")
+      "--learning-rate",
+      type=float,
+      default=train_default("learning_rate"),
+      help="AdamW's peak learning rate",
   )
   options.add_step_args(p, "grad_accum")
-  p.add_argument("--seed", type=int, default=train_default("seed"))
+  p.add_argument(
+      "--seed",
+      type=int,
+      default=train_default("seed"),
+      help="the initialisation and dropout key; seed + 1 orders the data",
+  )
   options.add_step_args(p, "remat", "mesh", "frontend")
   p.add_argument(
       "--max-consecutive-skips",
@@ -159,7 +175,7 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
   )
   group.add_argument(
       "--data-format",
-      choices=("text", "npy", "bin", "chat"),
+      choices=(*data.FORMATS, data.CHAT_FORMAT),
       default=None,
       help=(
           "text (tokenized), npy (1-D ids), bin (flat ids of --data-dtype) "
@@ -171,13 +187,13 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
   )
   group.add_argument(
       "--data-dtype",
-      choices=("uint16", "uint32"),
+      choices=data.BIN_DTYPES,
       default=None,
       help="the ids' dtype of bin files",
   )
   group.add_argument(
       "--packing",
-      choices=("pack", "pad", "first_fit"),
+      choices=data.PACKINGS,
       default=train_default("packing"),
       help=(
           "pack: sequences cut across documents (each ends with the "
@@ -329,22 +345,16 @@ def _add_process_args(p: argparse.ArgumentParser) -> None:
   group.add_argument(
       "--init-timeout",
       type=int,
-      default=None,
+      default=DEFAULT_INIT_TIMEOUT_S,
       metavar="SECONDS",
-      help=(
-          "give up when the processes have not all joined by then (default: "
-          "linen_moe.distributed.DEFAULT_INIT_TIMEOUT_S)"
-      ),
+      help="give up when the processes have not all joined by then",
   )
   group.add_argument(
       "--heartbeat-timeout",
       type=int,
-      default=None,
+      default=DEFAULT_HEARTBEAT_TIMEOUT_S,
       metavar="SECONDS",
-      help=(
-          "a silent process counts as dead after this; the others then stop "
-          "(default: linen_moe.distributed.DEFAULT_HEARTBEAT_TIMEOUT_S)"
-      ),
+      help="a silent process counts as dead after this; the others then stop",
   )
 
 

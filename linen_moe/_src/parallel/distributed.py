@@ -32,8 +32,9 @@ from typing import Any
 import jax
 import numpy as np
 
-DEFAULT_INIT_TIMEOUT_S = 300
-DEFAULT_HEARTBEAT_TIMEOUT_S = 30
+from linen_moe._src.parallel.timeouts import DEFAULT_HEARTBEAT_TIMEOUT_S
+from linen_moe._src.parallel.timeouts import DEFAULT_INIT_TIMEOUT_S
+
 # Environment variables through which a cluster launcher tells each process
 # how many processes it started (JAX's own detection reads the rest).
 _LAUNCHER_PROCESS_COUNTS = {
