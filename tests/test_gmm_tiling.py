@@ -94,6 +94,42 @@ class TableTest(parameterized.TestCase):
         self.assertIsNone(gmm_tiling.fastest_implementation(*args))
         self.assertEqual(gmm_tiling.choose_tiling(*args).source, "rule")
 
+  def test_transposed_problem_takes_the_entry_turned(self):
+    # [M, 5632] x [G, 5632, 2048] (a down projection) is [M, 2048] x
+    # [G, 2048, 5632]'s three products: its forward is the entry's input
+    # gradient, its input gradient the entry's forward.
+    entry = dict(
+        _entry(8192, 2048, 5632, 8),
+        gmm=[256, 2048, 2816],
+        gmm_t=[512, 5632, 1024],
+        tgmm=[128, 1024, 5632],
+    )
+    with mock.patch.object(gmm_tiling, "load_table", return_value=(entry,)):
+      turned = gmm_tiling.choose_tiling(
+          8192, 5632, 2048, 8, jnp.bfloat16, "v5e"
+      )
+      self.assertEqual(turned.source, "table")
+      self.assertEqual(turned.gmm, (512, 5632, 1024))
+      self.assertEqual(turned.gmm_t, (256, 2048, 2816))
+      self.assertEqual(turned.tgmm, (128, 5632, 1024))
+      pallas_grouped.check_tiling(turned, 5632, 2048)
+      self.assertEqual(
+          gmm_tiling.fastest_implementation(
+              8192, 5632, 2048, 8, jnp.bfloat16, "v5e"
+          ),
+          "kernel",
+      )
+    # An entry of the problem itself wins over a turned one.
+    own = dict(_entry(8192, 5632, 2048, 8), gmm=[128, 5632, 2048])
+    table = (entry, own)
+    with mock.patch.object(gmm_tiling, "load_table", return_value=table):
+      self.assertEqual(
+          gmm_tiling.choose_tiling(
+              8192, 5632, 2048, 8, jnp.bfloat16, "v5e"
+          ).gmm,
+          (128, 5632, 2048),
+      )
+
   @parameterized.parameters(*SHAPES)
   def test_rule_picks_tiles_that_divide_and_fit(self, m, k, n, g):
     for chip in ("v5e", "v5p"):

@@ -9,7 +9,8 @@ contraction N) and weight gradient (`tgmm`) each get their own tiles
 1. `gmm_tiles.json` beside this module (package data), written by the tile
    sweep of `benchmarks/device/bench_gmm.py` on a chip: an entry for this
    chip, dtype, K, N and G, the one of the nearest M (rows per group
-   matter little once a tile is full). An entry also names the
+   matter little once a tile is full); an entry of N x K serves K x N too,
+   its ops' tiles exchanged (`_transposed`). An entry also names the
    implementation measured fastest for its shape, forward and backward
    (`fastest_implementation`: what `grouped_matmul="auto"` runs on a TPU).
 2. The rule (`rule_tiling`): of the candidate tiles (`candidates`: tk, tn
@@ -245,21 +246,40 @@ def load_table() -> tuple[dict[str, Any], ...]:
   return tuple(json.loads(text)["entries"])
 
 
+def _transposed(entry: dict[str, Any]) -> dict[str, Any]:
+  """`entry` (lhs [M, K] x [G, K, N]) as the entry of lhs [M, N] x [G, N, K]:
+  the same three products, named the other way round. Its forward is the
+  entry's input gradient and the other way round (both (rows, contraction,
+  output)); its weight gradient is the entry's, its K and N tiles swapped.
+  (A layer's down projection is the transpose of its up projection.)"""
+  tm, tk, tn = entry["tgmm"]
+  return {
+      **entry,
+      "k": entry["n"],
+      "n": entry["k"],
+      "gmm": entry["gmm_t"],
+      "gmm_t": entry["gmm"],
+      "tgmm": [tm, tn, tk],
+  }
+
+
 def lookup(
     m: int, k: int, n: int, g: int, dtype, chip: str | None
 ) -> dict[str, Any] | None:
   """The table's entry for this chip, dtype, K, N and G with the M nearest
-  (in ratio) to `m`, or None."""
+  (in ratio) to `m`, or None. Where the table has no entry of K x N but one
+  of N x K (the transposed problem), that one, turned (`_transposed`)."""
   name = jnp.dtype(dtype).name
-  same = [
-      e
-      for e in load_table()
-      if (e["chip"], e["dtype"], e["k"], e["n"], e["groups"])
-      == (chip, name, k, n, g)
-  ]
-  if not same:
-    return None
-  return min(same, key=lambda e: abs(math.log(e["m"] / max(m, 1))))
+  for turn in (lambda e: e, _transposed):
+    same = [
+        turn(e)
+        for e in load_table()
+        if (e["chip"], e["dtype"], e["groups"]) == (chip, name, g)
+        and (turn(e)["k"], turn(e)["n"]) == (k, n)
+    ]
+    if same:
+      return min(same, key=lambda e: abs(math.log(e["m"] / max(m, 1))))
+  return None
 
 
 def choose_tiling(
