@@ -79,16 +79,23 @@ class PallasGroupedMatmulTest(parameterized.TestCase):
     operands = _operands(m, k, n, sizes, dtype)
     matmul = _pallas(tiling, interpret)
     got = jax.jit(lambda *a: _fwd_bwd(matmul, *a))(*operands)
-    # A TPU's float32 dots run in bf16 passes unless asked for float32.
-    with jax.default_matmul_precision("float32"):
-      want = jax.jit(lambda *a: _fwd_bwd(lax.ragged_dot, *a))(*operands)
+    # A TPU's float32 dots run in bf16 passes unless asked for float32; a
+    # TPU takes that precision of float32 operands only (bf16 ones are
+    # widened: their products are exact in float32).
     lhs, rhs, sizes, dout = operands
+    wide = [x.astype(jnp.float32) for x in (lhs, rhs)]
+    with jax.default_matmul_precision("float32"):
+      want = jax.jit(lambda *a: _fwd_bwd(lax.ragged_dot, *a))(
+          *wide, sizes, dout.astype(jnp.float32)
+      )
     oracle = numpy_reference.grouped_matmul(lhs, rhs, sizes, dout)
     for what, g, w, o, like in zip(
         ("out", "dlhs", "drhs"), got, want, oracle, (lhs, lhs, rhs), strict=True
     ):
       self.assertEqual(g.dtype, like.dtype, what)
       g64 = np.asarray(g, np.float64)
+      bad = np.argwhere(~np.isfinite(g64))
+      self.assertEqual(bad.size, 0, f"{what}: not finite at {bad[:8].tolist()}")
       tol = TOLERANCE[dtype]
       np.testing.assert_allclose(
           g64, np.asarray(w, np.float64), err_msg=what, **tol
