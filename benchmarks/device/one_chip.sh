@@ -27,6 +27,14 @@
 #              each shape written as it ends; GMM_ARGS adds options
 #              (e.g. "--shapes 8192,2048,5632,8 --top 2"). Not in the
 #              default run.
+#   mfu        benchmarks/device/bench_mfu.py: one decoder layer's MFU at
+#              Mixtral-8x7B and Qwen3-30B-A3B layer dimensions (two depths,
+#              the variants alternating); $OUT/mfu/bench_mfu.json; 400 s
+#              at most; MFU_ARGS adds options (e.g. "--variants bf16
+#              ragged_dot"). Not in the default run.
+#   profile    benchmarks/device/profile_step.py: the top device ops of a
+#              few traced steps, by group; $OUT/profile/; PROFILE_ARGS adds
+#              options (e.g. "--shape mixtral"). Not in the default run.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/one_chip}
@@ -85,6 +93,14 @@ for s in $steps; do
       # shellcheck disable=SC2086  # GMM_ARGS: extra options, word-split
       step gmm 420 python3 benchmarks/device/bench_gmm.py --out "$OUT/gmm" \
         ${GMM_ARGS:-} ;;
+    mfu)
+      # shellcheck disable=SC2086  # MFU_ARGS: extra options, word-split
+      step mfu 420 python3 benchmarks/device/bench_mfu.py --out "$OUT/mfu" \
+        --budget-s 400 ${MFU_ARGS:-} ;;
+    profile)
+      # shellcheck disable=SC2086  # PROFILE_ARGS: extra options
+      step profile 240 python3 benchmarks/device/profile_step.py \
+        --out "$OUT/profile" ${PROFILE_ARGS:-} ;;
     generate)
       step generate 300 python3 benchmarks/serving/bench_generate.py \
         --set num_layers=8 num_heads=16 vocab_size=32000 emb_dim=2048 \
