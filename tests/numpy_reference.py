@@ -126,10 +126,23 @@ def keep_mask(routes, cfg, capacity: int) -> np.ndarray:
   return slots(ids, weights, cfg.num_experts, capacity, cfg.drop_policy) >= 0
 
 
-def expert(x: np.ndarray, p: dict, e: int, act: str) -> np.ndarray:
-  """One expert on one token x [M]."""
-  h = _act(act, x @ p["wi_0"][e]) * (x @ p["wi_1"][e])
-  return h @ p["wo"][e]
+def expert(x: np.ndarray, p: dict, e: int, act: str, cfg=None) -> np.ndarray:
+  """One expert on one token x [M]; with its biases (`wi_0_bias`, ...)
+  when `p` has them, and GPT-OSS's clamped SwiGLU (`cfg`'s alpha and
+  limit) for "clamped_swiglu"."""
+
+  def bias(name):
+    return p[f"{name}_bias"][e] if f"{name}_bias" in p else 0.0
+
+  gate = x @ p["wi_0"][e] + bias("wi_0")
+  up = x @ p["wi_1"][e] + bias("wi_1")
+  if act == "clamped_swiglu":
+    gate = np.minimum(gate, cfg.swiglu_limit)
+    up = np.clip(up, -cfg.swiglu_limit, cfg.swiglu_limit) + 1
+    h = gate * _sigmoid(cfg.swiglu_alpha * gate) * up
+  else:
+    h = _act(act, gate) * up
+  return h @ p["wo"][e] + bias("wo")
 
 
 def moe_reference(
@@ -149,6 +162,7 @@ def moe_reference(
   """
   p = {k: np.asarray(v, np.float64) for k, v in params.items() if k != "gate"}
   gate = np.asarray(params["gate"]["kernel"], np.float64)
+  gate_bias = np.asarray(params["gate"].get("bias", 0.0), np.float64)
   scale = p.get("per_expert_scale")
   bias = None if routed_bias is None else np.asarray(routed_bias, np.float64)
   router_in = x if gate_inputs is None else gate_inputs
@@ -158,7 +172,7 @@ def moe_reference(
   act = cfg.mlp_activations[0]
   for bi in range(b):
     routes = [
-        route_token(router_in[bi, si] @ gate, cfg, scale, bias)
+        route_token(router_in[bi, si] @ gate + gate_bias, cfg, scale, bias)
         for si in range(s)
     ]
     keep = np.ones((s, cfg.num_experts_per_tok), bool)
@@ -169,7 +183,7 @@ def moe_reference(
       ids, weights = routes[si]
       for c, (e, w) in enumerate(zip(ids, weights, strict=True)):
         if keep[si, c]:
-          out[bi, si] += w * expert(x[bi, si], p, e, act)
+          out[bi, si] += w * expert(x[bi, si], p, e, act, cfg)
   return out, dropped
 
 
@@ -228,11 +242,13 @@ def attention(
     scale,
     segments=None,
     key_segments=None,
+    sinks=None,
 ):
   """Causal grouped-query attention, one query and head at a time: q [B, S,
   N, Dk], k [B, T, K, Dk], v [B, T, K, Dv] -> [B, S, N, Dv]. Query (b, i)
   sees key (b, j) iff 0 <= pos_i - pos_j (< window when window > 0) and,
-  with segments, both are in the same segment."""
+  with segments, both are in the same segment. `sinks` [N]: head h's sink
+  logit joins each of its softmaxes, with no value (GPT-OSS)."""
   b, s, n, _ = q.shape
   t, kv = k.shape[1], k.shape[2]
   out = np.zeros((b, s, n, v.shape[-1]))
@@ -249,7 +265,9 @@ def attention(
       for h in range(n):
         g = h // (n // kv)
         logits = np.array([q[r, i, h] @ k[r, j, g] for j in seen]) * scale
-        p = _softmax(logits)
+        if sinks is not None:
+          logits = np.append(logits, sinks[h])
+        p = _softmax(logits)[: len(seen)]
         out[r, i, h] = sum(
             pj * v[r, j, g] for pj, j in zip(p, seen, strict=True)
         )

@@ -408,6 +408,91 @@ class SplashInterpretedTest(absltest.TestCase):
     _close(self, got, want, 0.02)
 
 
+SINKS = np.array([0.5, -1.0, 2.0, 0.0], np.float32)  # one per query head
+
+
+def _with_sink_grads(fn, qkv, sinks, seed=3):
+  """`_with_grads` with the sinks differentiated too."""
+
+  @jax.jit
+  def run(q, k, v, sinks):
+    out = fn(q, k, v, sinks=sinks)
+    w = jax.random.normal(jax.random.key(seed), out.shape, jnp.float32)
+
+    def loss(*a):
+      return jnp.sum(fn(*a[:3], sinks=a[3]).astype(jnp.float32) * w)
+
+    return out, jax.grad(loss, (0, 1, 2, 3))(q, k, v, sinks)
+
+  return run(*qkv, jnp.asarray(sinks))
+
+
+class SinksTest(parameterized.TestCase):
+  """Attention sinks (GPT-OSS: a logit per query head in each softmax's
+  denominator) against the NumPy loop, in every implementation that runs
+  here; their gradients (the sinks' too) against the einsum's."""
+
+  @parameterized.parameters("einsum", "blockwise", "dot_product")
+  def test_equals_numpy_and_einsum_gradients(self, implementation):
+    qkv, kw = _case(window=3, segments=SEGMENTS)
+    with (
+        mock.patch.object(attention_blockwise, "BLOCK_Q", 4),
+        mock.patch.object(attention_blockwise, "BLOCK_K", 3),
+    ):
+      fn = functools.partial(
+          attention.attend,
+          implementation=implementation,
+          self_attention=True,
+          **kw,
+      )
+      got = _with_sink_grads(fn, qkv, SINKS)
+    pos = np.asarray(kw["positions"])
+    seg = np.asarray(kw["segment_ids"])
+    want = numpy_reference.attention(
+        *qkv, pos, pos, 3, 0.3, seg, seg, sinks=SINKS
+    )
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+    reference = functools.partial(attention.einsum_attend, **kw)
+    _close(self, got, _with_sink_grads(reference, qkv, SINKS), 1e-5)
+    self.assertGreater(float(jnp.abs(got[1][3]).min()), 0.0)  # d sinks
+
+  def test_cudnn_cannot_take_sinks(self):
+    with self.assertRaisesRegex(ValueError, r"cuDNN.*no attention sinks"):
+      attention_fused.check_dot_product("gpu", jnp.bfloat16, False, True, True)
+    resolve = functools.partial(
+        attention.resolve_implementation,
+        "auto",
+        platform="gpu",
+        q_len=256,
+        kv_len=256,
+        dtype=jnp.bfloat16,
+        head_dims=(64, 64),
+        has_segments=False,
+        self_attention=True,
+    )
+    self.assertEqual(resolve(has_sinks=True), "blockwise")
+    self.assertEqual(resolve(has_sinks=False), "dot_product")
+
+  @testing.slow
+  def test_splash_interpreted(self):
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
+
+    qkv, kw = _case(0, None, 256, seed=1, dk=128, dv=128, scale=0.1)
+    interpreted = functools.partial(sa.make_splash_mha, interpret=True)
+    attention_fused._splash_kernel.cache_clear()
+    self.addCleanup(attention_fused._splash_kernel.cache_clear)
+    with (
+        mock.patch.object(sa, "make_splash_mha", interpreted),
+        mock.patch.object(attention_fused, "check_splash", lambda *a: None),
+    ):
+      splash = functools.partial(
+          attention.attend, implementation="splash", self_attention=True, **kw
+      )
+      got = _with_sink_grads(splash, qkv, SINKS)
+    reference = functools.partial(attention.einsum_attend, **kw)
+    _close(self, got, _with_sink_grads(reference, qkv, SINKS), 1e-4)
+
+
 class BadImplementationTest(absltest.TestCase):
 
   def _attend(self, implementation, **extra):

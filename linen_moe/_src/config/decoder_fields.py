@@ -41,6 +41,10 @@ _BOOLS = (
     "post_mlp_norm",
     "shared_pre_norm",
     "layer_scalar",
+    "rope_truncate",
+    "attention_sinks",
+    "attention_qkv_bias",
+    "attention_out_bias",
 )
 # name -> (lowest allowed, whether the lowest is allowed itself)
 _FLOATS = {
@@ -119,7 +123,14 @@ def _mla(cfg, fail: Fail) -> None:
         cfg.num_kv_heads,
         "MLA expands keys and values to every head (0 or num_heads)",
     )
-  for name in ("qk_norm", "value_norm", "full_attention_layers"):
+  for name in (
+      "qk_norm",
+      "value_norm",
+      "full_attention_layers",
+      "attention_sinks",
+      "attention_qkv_bias",
+      "attention_out_bias",
+  ):
     if getattr(cfg, name):
       fail("ModelConfig", name, getattr(cfg, name), "not with MLA")
 
@@ -171,12 +182,14 @@ def _full_layers(cfg, fail: Fail) -> None:
     )
   if cfg.full_head_dim % 2:
     fail("ModelConfig", "full_head_dim", cfg.full_head_dim, "must be even")
-  if cfg.rope_type != "default":
+  own_rope = cfg.full_rope_base > 0 or cfg.full_rope_fraction < 1
+  if own_rope and cfg.rope_type != "default":
     fail(
         "ModelConfig",
         "rope_type",
         cfg.rope_type,
-        "full-attention layers have their own RoPE; only 'default' beside them",
+        "full-attention layers with a RoPE of their own (full_rope_base, "
+        "full_rope_fraction) take only 'default' beside them",
     )
 
 

@@ -125,6 +125,9 @@ class ModelConfig:
       by g(m) / g(m') when both are set, else by g(1), g(x) = 0.1 x
       ln(rope_factor) + 1 (0 = not set). MLA also multiplies its softmax
       scale by g(m') ** 2 (DeepSeek's correction).
+    rope_truncate: YaRN: floor and ceil the ends of the correction range
+      (transformers' default); False keeps them fractional (GPT-OSS's
+      `truncate: false`).
     attention_scale: the softmax scale of the attention logits (0 = one
       over the square root of the query / key head width, with MLA's YaRN
       correction).
@@ -152,6 +155,12 @@ class ModelConfig:
       `layer_scalar` [1] (collection `updated_by_rule`, never trained, as
       Gemma-4's buffer).
     final_logit_softcap: c > 0: logits = c * tanh(logits / c) (0 = off).
+    attention_sinks: a learned logit per query head (`attention/sinks`
+      [N], float32) joins every softmax's denominator with no value: each
+      row's probabilities sum to less than 1 (GPT-OSS).
+    attention_qkv_bias: the query, key and value projections have biases
+      (`bias` [heads, D] beside each `kernel`).
+    attention_out_bias: the output projection has a bias (`out/bias` [M]).
     attention: how attention is computed (the same function each way; a
       run field): "auto" (by platform and shape), "einsum" (the whole score
       matrix, the reference), "blockwise" (key / value blocks with an
@@ -220,6 +229,10 @@ class ModelConfig:
   shared_pre_norm: bool = False
   layer_scalar: bool = False
   final_logit_softcap: float = 0.0
+  rope_truncate: bool = True
+  attention_sinks: bool = False
+  attention_qkv_bias: bool = False
+  attention_out_bias: bool = False
   attention: str = run_field("auto")
 
   def __post_init__(self):

@@ -68,6 +68,8 @@ _FLOAT_FIELDS = (
     "routed_bias_update_rate",
     "router_z_loss_weight",
     "router_jitter",
+    "swiglu_alpha",
+    "swiglu_limit",
 )
 _NON_NEGATIVE_FIELDS = (
     "load_balance_loss_weight",
@@ -129,7 +131,12 @@ class MoEConfig:
     moe_mlp_dim: H, the hidden width of each routed expert.
     mlp_activations: (activated branch, linear branch). Experts compute
       `act(x @ wi_0) * (x @ wi_1) @ wo`; the second entry must be "linear".
-      "gelu" is the tanh approximation (`jax.nn.gelu`), "gelu_exact" the erf.
+      "gelu" is the tanh approximation (`jax.nn.gelu`), "gelu_exact" the erf;
+      "clamped_swiglu" is GPT-OSS's g * sigmoid(alpha g) * (u + 1) with g
+      clamped to <= limit and u to [-limit, limit] (`swiglu_alpha`,
+      `swiglu_limit`).
+    swiglu_alpha: "clamped_swiglu"'s sigmoid gain (1 for any other).
+    swiglu_limit: "clamped_swiglu"'s clamp, > 0 (0 for any other).
     shared_experts: number of shared experts (0 = none). They are fused into
       one gated MLP of width `shared_experts * shared_mlp_dim`.
     shared_mlp_dim: hidden width of one shared expert.
@@ -161,6 +168,12 @@ class MoEConfig:
       `[1 - eps, 1 + eps]` drawn from the `router_jitter` RNG stream, only
       when that stream is given (the train steps give it; 0 = off).
     per_expert_scale: learn a `[E]` scale multiplied into routing weights.
+    router_bias: the router has a bias `gate/bias` [E], added to its logits
+      (so to the choice and the weights alike; GPT-OSS).
+    expert_bias: each routed expert's projections have biases:
+      `wi_0_bias`, `wi_1_bias` [E, H] and `wo_bias` [E, M], added after
+      each contraction (the down bias inside the routing weight's product,
+      as the expert's output).
     capacity_factor: dense path only; `<= 0` means dropless, else each expert
       takes at most `ceil(capacity_factor * seq * k / E)` tokens per sequence.
     drop_policy: which assignments keep an expert's capacity slots on the
@@ -218,6 +231,10 @@ class MoEConfig:
   router_z_loss_weight: float = run_field(0.0)
   router_jitter: float = run_field(0.0)
   per_expert_scale: bool = False
+  router_bias: bool = False
+  expert_bias: bool = False
+  swiglu_alpha: float = 1.0
+  swiglu_limit: float = 0.0
   capacity_factor: float = run_field(0.0)
   drop_policy: str = run_field("position")
   sparse_matmul: bool = run_field(True)
@@ -306,12 +323,15 @@ class MoEConfig:
         "norm_topk_prob",
         "routed_bias",
         "per_expert_scale",
+        "router_bias",
+        "expert_bias",
         "sparse_matmul",
         "serving",
     ):
       if not isinstance(getattr(self, name), bool):
         fail(cls, name, getattr(self, name), "expected a bool")
     check_serving(self.serving, self.quantization, cls)
+    self._check_swiglu()
     self._check_routing()
     self._check_lora()
     if self.sparse_matmul and self.capacity_factor > 0:
@@ -322,6 +342,25 @@ class MoEConfig:
           "token dropping needs the dense path (sparse_matmul=False); the "
           "sparse path is always dropless, so use capacity_factor <= 0",
       )
+
+  def _check_swiglu(self) -> None:
+    """`swiglu_alpha` and `swiglu_limit`: read by "clamped_swiglu" only,
+    so at their defaults with any other activation."""
+    cls = type(self).__name__
+    if self.mlp_activations[0] == "clamped_swiglu":
+      for name in ("swiglu_alpha", "swiglu_limit"):
+        if getattr(self, name) <= 0:
+          fail(cls, name, getattr(self, name), "expected > 0")
+      return
+    for name, default in (("swiglu_alpha", 1.0), ("swiglu_limit", 0.0)):
+      if getattr(self, name) != default:
+        fail(
+            cls,
+            name,
+            getattr(self, name),
+            f"read only by the 'clamped_swiglu' activation; {default:g} "
+            f"with {self.mlp_activations[0]!r}",
+        )
 
   def _check_routing(self) -> None:
     """The routing fields beyond the choice of `routing` (numbers already

@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 
 from linen_moe._src.config.activations import activation
+from linen_moe._src.config.activations import linear_branch
 from linen_moe._src.config.expert_weights import kernel_axes
 from linen_moe._src.config.expert_weights import kernel_shapes
 from linen_moe._src.config.moe_config import MoEConfig
@@ -81,17 +82,17 @@ def gated_product(
   each a layer. The backward recomputes them from `gate` (the same
   operations, so the same numbers).
   """
-  return act(gate) * up
+  return act(gate) * linear_branch(act, up)
 
 
 def _gated_product_fwd(act, gate, up):
-  return act(gate) * up, (gate, up)
+  return act(gate) * linear_branch(act, up), (gate, up)
 
 
 def _gated_product_bwd(act, residuals, g):
   # The barrier keeps XLA from merging this recompute with the forward's.
   gate, up = jax.lax.optimization_barrier(residuals)
-  return jax.vjp(lambda a, b: act(a) * b, gate, up)[1](g)
+  return jax.vjp(lambda a, b: act(a) * linear_branch(act, b), gate, up)[1](g)
 
 
 gated_product.defvjp(_gated_product_fwd, _gated_product_bwd)
@@ -140,7 +141,7 @@ class SharedExpert(nn.Module):
     shapes = kernel_shapes(cfg.emb_dim, width)
     names = kernel_axes(routed=False)
     x = inputs.astype(cfg.dtype)
-    act = activation(cfg.mlp_activations[0])
+    act = activation(cfg.mlp_activations[0], cfg.swiglu_alpha, cfg.swiglu_limit)
     if cfg.serving:
       kernels = [
           stored_weights.stored_kernel(self, w, shapes[w], names[w], cfg)

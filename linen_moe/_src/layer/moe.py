@@ -21,6 +21,7 @@ from linen_moe._src.config.moe_config import MoEConfig
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.layer import dense
+from linen_moe._src.layer import expert_bias
 from linen_moe._src.layer import expert_parallel
 from linen_moe._src.layer import routing
 from linen_moe._src.layer import sparse
@@ -73,9 +74,11 @@ class RoutedMoE(JitInit, nn.Module):
     variables = moe.init(jax.random.key(0), x)     # x: [B, S, emb_dim]
     y, aux = moe.apply(variables, x)
 
-  Parameters (the public layout): `gate/kernel` [M, E], `wi_0` [E, M, H]
-  (activated branch), `wi_1` [E, M, H] (linear branch), `wo` [E, H, M],
-  `per_expert_scale` [E] (when enabled). Other state: `routed_bias`
+  Parameters (the public layout): `gate/kernel` [M, E] (and `gate/bias`
+  [E] with `router_bias`), `wi_0` [E, M, H] (activated branch), `wi_1`
+  [E, M, H] (linear branch), `wo` [E, H, M], with `expert_bias` their
+  biases `wi_0_bias`, `wi_1_bias` [E, H] and `wo_bias` [E, M]
+  (`expert_bias.py`), `per_expert_scale` [E] (when enabled). Other state: `routed_bias`
   <float32>[E] in the `updated_by_rule` collection (when `routed_bias`), the
   selection-only bias; a train step moves it. RNG streams: `router_jitter`
   (read only when `router_jitter > 0`).
@@ -126,6 +129,10 @@ class RoutedMoE(JitInit, nn.Module):
     Raises:
       ValueError: if `site` is not in `CALL_SITES`.
     """
+    rhs, bias = expert_bias.split(rhs)
+    if bias is not None:  # the expert's bias, after the contraction
+      out = self.einsum(site, eqn, lhs, rhs)
+      return out + expert_bias.einsum_bias(eqn, bias).astype(out.dtype)
     name = self._submodule_name(site)
     adapter = rhs if isinstance(rhs, lora_adapters.AdaptedKernel) else None
     if adapter is not None:
@@ -182,6 +189,11 @@ class RoutedMoE(JitInit, nn.Module):
     Raises:
       ValueError: if `site` is not in `CALL_SITES`.
     """
+    rhs, bias = expert_bias.split(rhs)
+    if bias is not None:  # the expert's bias, after the contraction
+      out = self.grouped(site, lhs, rhs, group_sizes, max_group_size)
+      rows = expert_bias.rows_bias(bias, group_sizes, lhs.shape[0])
+      return out + rows.astype(out.dtype)
     name = self._submodule_name(site)
     adapter = rhs if isinstance(rhs, lora_adapters.AdaptedKernel) else None
     if adapter is not None:
@@ -264,10 +276,13 @@ class RoutedMoE(JitInit, nn.Module):
     # The router stays unquantized and in float32.
     gate = nn.Dense(
         e,
-        use_bias=False,
+        use_bias=cfg.router_bias,
         dtype=jnp.float32,
         param_dtype=pdt,
         kernel_init=nn.with_logical_partitioning(init, ("embed", "router")),
+        bias_init=nn.with_logical_partitioning(
+            nn.initializers.zeros, ("router",)
+        ),
         name=expert_weights.ROUTER,
     )
     router_in = inputs if gate_inputs is None else gate_inputs
@@ -311,7 +326,7 @@ class RoutedMoE(JitInit, nn.Module):
 
     experts = self._expert_kernels(init)
     x = sharding.constrain(inputs.astype(dt), sharding.BSM)
-    act = activation(cfg.mlp_activations[0])
+    act = activation(cfg.mlp_activations[0], cfg.swiglu_alpha, cfg.swiglu_limit)
 
     dropped = jnp.zeros((), jnp.float32)
     if cfg.sparse_matmul:
@@ -368,11 +383,34 @@ class RoutedMoE(JitInit, nn.Module):
           for w in WEIGHT_SITES
       )
     lora = cfg.lora_on("experts")
-    if lora is None:
+    if lora is not None:
+      kernels = tuple(
+          lora_adapters.adapted(
+              self,
+              w,
+              k,
+              shapes[w],
+              names[w],
+              lora,
+              cfg.param_dtype,
+              cfg.dtype,
+              1,
+          )
+          for w, k in zip(WEIGHT_SITES, kernels, strict=True)
+      )
+    if not cfg.expert_bias:
       return kernels
     return tuple(
-        lora_adapters.adapted(
-            self, w, k, shapes[w], names[w], lora, cfg.param_dtype, cfg.dtype, 1
+        expert_bias.BiasedKernel(
+            k,
+            self.param(
+                f"{w}_bias",
+                nn.with_logical_partitioning(
+                    nn.initializers.zeros, (names[w][0], names[w][-1])
+                ),
+                (shapes[w][0], shapes[w][-1]),
+                cfg.param_dtype,
+            ).astype(cfg.dtype),
         )
         for w, k in zip(WEIGHT_SITES, kernels, strict=True)
     )

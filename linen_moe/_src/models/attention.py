@@ -29,8 +29,8 @@ shared with `mla.py`).
   TPU only, under `shard_map` when a mesh is set.
 - "auto": on CPU "einsum" below `CPU_BLOCKWISE_FROM` query positions and
   "blockwise" from there; on GPU "dot_product" where cuDNN takes the call
-  (bfloat16 / float16, no segment ids, head widths multiples of 8 up to
-  `CUDNN_MAX_HEAD_DIM`), on TPU "splash" where S is a multiple of 128, and
+  (bfloat16 / float16, no segment ids, no sinks, head widths multiples of
+  8 up to `CUDNN_MAX_HEAD_DIM`), on TPU "splash" where S is a multiple of 128, and
   "blockwise" otherwise.
 
 A request the platform or the call cannot honour is a ValueError naming
@@ -86,6 +86,9 @@ class Projection(nn.Module):
     fan_in_axes: kernel axes the input contracts (for the init's fan-in).
     dtype: compute dtype.
     param_dtype: kernel dtype.
+    lora: the kernel's adapter (None: none).
+    use_bias: add a learned `bias` over the kernel's output axes (zeros at
+      init).
   """
 
   eqn: str
@@ -95,6 +98,7 @@ class Projection(nn.Module):
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
   lora: LoRAConfig | None = None
+  use_bias: bool = False
 
   def setup(self):
     out_axes = tuple(
@@ -111,6 +115,16 @@ class Projection(nn.Module):
         self.shape,
         self.param_dtype,
     )
+    if self.use_bias:
+      out = [i for i in range(len(self.shape)) if i not in self.fan_in_axes]
+      self.bias = self.param(
+          "bias",
+          nn.with_logical_partitioning(
+              nn.initializers.zeros, tuple(self.names[i] for i in out)
+          ),
+          tuple(self.shape[i] for i in out),
+          self.param_dtype,
+      )
     if self.lora is not None:  # `lora_adapters`: A over the fan-in axes
       n_in = len(self.fan_in_axes)
       if tuple(self.fan_in_axes) != tuple(range(n_in)):
@@ -142,6 +156,8 @@ class Projection(nn.Module):
     kernel = self.kernel.astype(self.dtype)
     x = x.astype(self.dtype)
     out = jnp.einsum(self.eqn, x, kernel)
+    if self.use_bias:
+      out = out + self.bias.astype(self.dtype)
     if self.lora is None:
       return out
     delta = lora_adapters.einsum_delta(
@@ -157,16 +173,26 @@ class Projection(nn.Module):
 
 
 def softmax_probs(
-    logits: jax.Array, visible: jax.Array, dtype: jnp.dtype
+    logits: jax.Array,
+    visible: jax.Array,
+    dtype: jnp.dtype,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
   """Masked softmax over the last axis of float32 `logits` [B, ..., S, T]
-  (`visible` <bool>[B, S, T]), cast to `dtype`."""
+  (`visible` <bool>[B, S, T]), cast to `dtype`. With `sinks` (float32,
+  broadcasting against [B, ..., S, 1]) each row's sink logit joins the
+  denominator, as transformers' GPT-OSS does: a softmax over the logits and
+  the sink, the sink's column dropped."""
   extra = logits.ndim - visible.ndim
   visible = visible.reshape(
       visible.shape[:1] + (1,) * extra + visible.shape[1:]
   )
   logits = jnp.where(visible, logits, jnp.finfo(jnp.float32).min)
-  return jax.nn.softmax(logits, axis=-1).astype(dtype)
+  if sinks is None:
+    return jax.nn.softmax(logits, axis=-1).astype(dtype)
+  sink = jnp.broadcast_to(sinks, (*logits.shape[:-1], 1)).astype(jnp.float32)
+  probs = jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)
+  return probs[..., :-1].astype(dtype)
 
 
 def einsum_attend(
@@ -181,6 +207,7 @@ def einsum_attend(
     dtype: jnp.dtype,
     segment_ids: jax.Array | None = None,
     key_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
   """The reference: the whole float32 score matrix [B, K, G, S, T] and the
   [B, S, T] mask (`attend` "einsum")."""
@@ -191,7 +218,9 @@ def einsum_attend(
   kv = k.shape[2]
   q = q.reshape(b, s, kv, n // kv, dk)  # [B, S, K, G, Dk]
   logits = jnp.einsum("BSKGD,BTKD->BKGST", q, k).astype(jnp.float32) * scale
-  probs = softmax_probs(logits, visible, dtype)  # [B, K, G, S, T]
+  if sinks is not None:  # [N] -> [1, K, G, 1, 1]
+    sinks = sinks.reshape(1, kv, n // kv, 1, 1)
+  probs = softmax_probs(logits, visible, dtype, sinks)  # [B, K, G, S, T]
   out = jnp.einsum("BKGST,BTKD->BSKGD", probs, v)  # [B, S, K, G, Dv]
   return out.reshape(b, s, n, v.shape[-1])
 
@@ -206,6 +235,7 @@ def resolve_implementation(
     head_dims: tuple[int, int],
     has_segments: bool,
     self_attention: bool,
+    has_sinks: bool = False,
 ) -> str:
   """The implementation `attend` runs for `implementation` ("auto" picks
   one; see the module docstring's rule). Raises a ValueError for an unknown
@@ -225,6 +255,7 @@ def resolve_implementation(
     fits = (
         jnp.dtype(dtype).name in attention_fused.CUDNN_DTYPES
         and not has_segments
+        and not has_sinks
         and max(head_dims) <= CUDNN_MAX_HEAD_DIM
         and all(d % 8 == 0 for d in head_dims)
     )
@@ -249,6 +280,7 @@ def attend(
     key_segment_ids: jax.Array | None = None,
     implementation: str = "einsum",
     self_attention: bool = False,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
   """Causal grouped-query attention: q [B, S, N, Dk], k [B, T, K, Dk], v
   [B, T, K, Dv] -> [B, S, N, Dv]; query head n reads key / value head
@@ -260,7 +292,10 @@ def attend(
   the module docstring). `self_attention`: the keys are the queries' own
   tokens, and each segment's positions count up by one per token (the
   decoders' layout, not a KV cache): blockwise skips the blocks no query of
-  a block can see, and the fused kernels mask by index.
+  a block can see, and the fused kernels mask by index. `sinks`: an
+  optional <float32>[N], query head n's sink logit in each of its rows'
+  softmax denominators (no value; `ModelConfig.attention_sinks`), in
+  every implementation (cuDNN excepted: a ValueError).
 
   Raises:
     ValueError: an unknown implementation, or one the platform or this
@@ -276,6 +311,7 @@ def attend(
       head_dims=(q.shape[-1], v.shape[-1]),
       has_segments=segment_ids is not None,
       self_attention=self_attention,
+      has_sinks=sinks is not None,
   )
   common = dict(
       positions=positions,
@@ -285,6 +321,7 @@ def attend(
       dtype=dtype,
       segment_ids=segment_ids,
       key_segment_ids=key_segment_ids,
+      sinks=sinks,
   )
   if name == "einsum":
     return einsum_attend(q, k, v, **common)
@@ -306,6 +343,7 @@ def attend(
       segment_ids=segment_ids,
       self_attention=self_attention,
       platform=platform,
+      sinks=sinks,
   )
 
 
@@ -360,7 +398,9 @@ class CausalSelfAttention(nn.Module):
   Parameters: `query/kernel` [M, N, D], `key/kernel` and `value/kernel`
   [M, K, D] (no `value` with `Geometry.k_eq_v`), `out/kernel` [N, D, M];
   with `qk_norm`, `query_norm/scale` and `key_norm/scale` [D] (D, K of
-  the layer's `Geometry`).
+  the layer's `Geometry`); with `attention_qkv_bias` a `bias` [N or K, D]
+  beside each of the first three kernels, with `attention_out_bias`
+  `out/bias` [M]; with `attention_sinks`, `sinks` [N].
 
   With `decode`, the keys and values live in the `cache` collection
   (`cached_key`, `cached_value`: [B, K, C, D], and `cached_position`,
@@ -405,6 +445,7 @@ class CausalSelfAttention(nn.Module):
           dt,
           pdt,
           cfg.moe.lora_on("attention"),
+          cfg.attention_qkv_bias,
           name=name,
       )
       return sharding.constrain(p(x), bsnd)
@@ -428,6 +469,14 @@ class CausalSelfAttention(nn.Module):
       segment_ids, key_segment_ids = valid.astype(jnp.int32), key_valid
       key_segment_ids = key_segment_ids.astype(jnp.int32)
     q, k, v = checkpoint_names.tag_qkv(q, k, v)
+    sinks = None
+    if cfg.attention_sinks:
+      sinks = self.param(
+          "sinks",
+          nn.with_logical_partitioning(nn.initializers.zeros, ("heads",)),
+          (n,),
+          pdt,
+      ).astype(jnp.float32)
     attended = attend(
         q,
         k,
@@ -441,6 +490,7 @@ class CausalSelfAttention(nn.Module):
         key_segment_ids=key_segment_ids,
         implementation=implementation,
         self_attention=not self.decode,
+        sinks=sinks,
     )  # [B, S, N, D]
     out = Projection(
         "BSND,NDM->BSM",
@@ -450,6 +500,7 @@ class CausalSelfAttention(nn.Module):
         dt,
         pdt,
         cfg.moe.lora_on("attention"),
+        cfg.attention_out_bias,
         name="out",
     )
     return out(attended)

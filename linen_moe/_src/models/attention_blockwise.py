@@ -66,13 +66,10 @@ def _unblock(x: jax.Array, length: int) -> jax.Array:
   return x[:, :length]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12))
-def _attend_blocks(
-    qb, kb, vb, qpos, kpos, qseg, kseg, window, scale, dtype, bq, bk, skip
-):
-  out, _ = _forward(
-      qb, kb, vb, qpos, kpos, qseg, kseg, window, scale, dtype, bq, bk, skip
-  )
+# `static`: (window, scale, dtype, bq, bk, skip), hashable.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
+def _attend_blocks(qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static):
+  out, _ = _forward(qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static)
   return out
 
 
@@ -111,10 +108,12 @@ def _scores(qi, kj, qpos_i, kpos_j, qseg_i, kseg_j, window, scale):
   return s, visible[:, None, None]
 
 
-def _forward(
-    qb, kb, vb, qpos, kpos, qseg, kseg, window, scale, dtype, bq, bk, skip
-):
-  """(out [nq, B, K, G, bq, Dv] float32, lse [nq, B, K, G, bq])."""
+def _forward(qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static):
+  """(out [nq, B, K, G, bq, Dv] float32, lse [nq, B, K, G, bq]); with
+  `sinks` [K, G] each row's running maximum starts at its head's sink and
+  its sum at 1 (the sink's own term), so the sink is in every row's
+  denominator and in its lse."""
+  window, scale, dtype, bq, bk, skip = static
   nk = kb.shape[0]
   _, b, _, kv, g, _ = qb.shape
   dv = vb.shape[-1]
@@ -142,11 +141,13 @@ def _forward(
       )
       return m_new, total, alpha[..., None] * acc + pv
 
-    init = (
-        jnp.full((b, kv, g, bq), -jnp.inf, jnp.float32),
-        jnp.zeros((b, kv, g, bq), jnp.float32),
-        jnp.zeros((b, kv, g, bq, dv), jnp.float32),
-    )
+    if sinks is None:
+      m0 = jnp.full((b, kv, g, bq), -jnp.inf, jnp.float32)
+      total0 = jnp.zeros((b, kv, g, bq), jnp.float32)
+    else:
+      m0 = jnp.broadcast_to(sinks[None, :, :, None], (b, kv, g, bq))
+      total0 = jnp.ones((b, kv, g, bq), jnp.float32)
+    init = (m0, total0, jnp.zeros((b, kv, g, bq, dv), jnp.float32))
     lo, hi = _key_range(i, window, bq, bk, nk, skip)
     m, total, acc = lax.fori_loop(lo, hi + 1, key_block, init)
     empty = total == 0  # a padded query row: it sees no key
@@ -160,17 +161,14 @@ def _forward(
   return out, lse
 
 
-def _fwd(
-    qb, kb, vb, qpos, kpos, qseg, kseg, window, scale, dtype, bq, bk, skip
-):
-  out, lse = _forward(
-      qb, kb, vb, qpos, kpos, qseg, kseg, window, scale, dtype, bq, bk, skip
-  )
-  return out, (qb, kb, vb, qpos, kpos, qseg, kseg, out, lse)
+def _fwd(qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static):
+  out, lse = _forward(qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static)
+  return out, (qb, kb, vb, qpos, kpos, qseg, kseg, sinks, out, lse)
 
 
-def _bwd(window, scale, dtype, bq, bk, skip, residuals, dout):
-  qb, kb, vb, qpos, kpos, qseg, kseg, out, lse = residuals
+def _bwd(static, residuals, dout):
+  window, scale, dtype, bq, bk, skip = static
+  qb, kb, vb, qpos, kpos, qseg, kseg, sinks, out, lse = residuals
   nq, nk = qb.shape[0], kb.shape[0]
   dout = dout.astype(jnp.float32)  # [nq, B, K, G, bq, Dv]
   delta = jnp.sum(dout * out, axis=-1)  # [nq, B, K, G, bq]
@@ -219,6 +217,10 @@ def _bwd(window, scale, dtype, bq, bk, skip, residuals, dout):
 
   dq0 = jnp.zeros(qb.shape, jnp.float32)
   dq, (dk, dv) = lax.scan(key_block, dq0, (jnp.arange(nk), kb, vb, kpos, kseg))
+  dsinks = None
+  if sinks is not None:  # d out / d sink = -p_sink * out, p_sink = e^(sink-lse)
+    p_sink = jnp.exp(sinks[None, None, :, :, None] - lse)
+    dsinks = -jnp.sum(p_sink * delta, axis=(0, 1, 4)).astype(sinks.dtype)
   return (
       dq.astype(qb.dtype),
       dk.astype(kb.dtype),
@@ -227,6 +229,7 @@ def _bwd(window, scale, dtype, bq, bk, skip, residuals, dout):
       None,
       None,
       None,
+      dsinks,
   )
 
 
@@ -248,13 +251,15 @@ def attend(
     self_attention: bool = False,
     block_q: int | None = None,
     block_k: int | None = None,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
   """Blockwise causal grouped-query attention, the same function as
   `attention.attend`'s einsum: q [B, S, N, Dk], k [B, T, K, Dk], v [B, T, K,
   Dv] -> [B, S, N, Dv]. `self_attention`: skip the key blocks a query block
   cannot see by index (see the module docstring); block sizes that do not
   divide S or T are padded (default `BLOCK_Q`, `BLOCK_K`, read at the
-  call)."""
+  call); `sinks` <float32>[N]: each query head's sink logit (see
+  `_forward`), differentiated too."""
   b, s, n, dk = q.shape
   t, kv = k.shape[1], k.shape[2]
   if segment_ids is None or key_segment_ids is None:
@@ -267,20 +272,12 @@ def attend(
   kpos = _blocks(key_positions.astype(jnp.int32), bk, 0)
   qseg = _blocks(segment_ids.astype(jnp.int32), bq, _PAD_QUERY)
   kseg = _blocks(key_segment_ids.astype(jnp.int32), bk, _PAD_KEY)
+  if sinks is not None:
+    sinks = sinks.astype(jnp.float32).reshape(kv, n // kv)
+  skip = bool(self_attention)
+  static = (int(window), float(scale), jnp.dtype(dtype), bq, bk, skip)
   out = _attend_blocks(
-      qb,
-      kb,
-      vb,
-      qpos,
-      kpos,
-      qseg,
-      kseg,
-      int(window),
-      float(scale),
-      jnp.dtype(dtype),
-      bq,
-      bk,
-      bool(self_attention),
+      qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static
   )  # [nq, B, K, G, bq, Dv]
   out = jnp.moveaxis(out, 4, 2)  # [nq, B, bq, K, G, Dv]
   out = _unblock(out, s).reshape(b, s, n, v.shape[-1])

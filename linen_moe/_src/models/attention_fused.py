@@ -23,6 +23,12 @@ Both take Dk != Dv (MLA): "dot_product" pads the narrower side with zeros
 (zeros add nothing to a dot product and the scale is explicit), and splash
 takes a value width of its own.
 
+Attention sinks (GPT-OSS, a logit per query head in every softmax's
+denominator): splash takes them natively (its kernels start each row's
+running maximum at the sink); XLA's "dot_product" gets one extra key of
+zeros (q . 0 = 0) with a zero value whose bias is the sink; cuDNN has no
+such input, so there it is a ValueError.
+
 Shapes as `attention.py`: q [B, S, N, Dk], k [B, T, K, Dk], v [B, T, K, Dv].
 """
 
@@ -65,11 +71,18 @@ def check_dot_product(
     dtype: jnp.dtype,
     has_segments: bool,
     self_attention: bool,
+    has_sinks: bool = False,
 ) -> None:
   """Raises a ValueError naming why "dot_product" cannot run this call on
   `platform`."""
   if platform != "gpu":
     return
+  if has_sinks:
+    raise ValueError(
+        "attention='dot_product' on GPU runs cuDNN's fused attention, which "
+        "has no attention sinks (ModelConfig.attention_sinks); use "
+        "'blockwise' or 'einsum'."
+    )
   name = jnp.dtype(dtype).name
   if name not in CUDNN_DTYPES:
     raise ValueError(
@@ -103,9 +116,16 @@ def dot_product_attend(
     key_segment_ids,
     self_attention,
     platform,
+    sinks=None,
 ):
   """`jax.nn.dot_product_attention` (see the module docstring)."""
-  check_dot_product(platform, dtype, segment_ids is not None, self_attention)
+  check_dot_product(
+      platform,
+      dtype,
+      segment_ids is not None,
+      self_attention,
+      sinks is not None,
+  )
   dv = v.shape[-1]
   width = max(q.shape[-1], dv)
   q, k, v = (_pad_last(x.astype(dtype), width) for x in (q, k, v))
@@ -123,8 +143,22 @@ def dot_product_attend(
     visible = attention_mask(
         positions, key_positions, window, segment_ids, key_segment_ids
     )
+    bias = None
+    if sinks is not None:  # one more key: q . 0 = 0, bias = the sink, v = 0
+      b, t, kv = k.shape[:3]
+      zero = jnp.zeros((b, 1, kv, width), dtype)
+      k, v = jnp.concatenate([k, zero], 1), jnp.concatenate([v, zero], 1)
+      visible = jnp.pad(visible, ((0, 0), (0, 0), (0, 1)), constant_values=True)
+      bias = jnp.zeros((1, q.shape[2], 1, t + 1), jnp.float32)
+      bias = bias.at[0, :, 0, t].set(sinks.astype(jnp.float32)).astype(dtype)
     out = jax.nn.dot_product_attention(
-        q, k, v, mask=visible[:, None], scale=scale, implementation="xla"
+        q,
+        k,
+        v,
+        bias=bias,
+        mask=visible[:, None],
+        scale=scale,
+        implementation="xla",
     )
   return out[..., :dv]
 
@@ -238,8 +272,10 @@ def splash_attend(
     segment_ids,
     self_attention,
     platform,
+    sinks=None,
 ):
-  """The splash attention kernels (see the module docstring)."""
+  """The splash attention kernels (see the module docstring); `sinks`
+  <float32>[N] or None."""
   from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
 
   b, s, n, _ = q.shape
@@ -251,30 +287,48 @@ def splash_attend(
   # [B, heads, S, D], as the kernel reads one row's heads
   q, k, v = (jnp.swapaxes(x.astype(dtype), 1, 2) for x in (q, k, v))
 
-  def body(q, k, v, seg):
+  if sinks is None:
+    sinks = jnp.full((n,), -jnp.inf, jnp.float32)  # no sink: e^-inf = 0
+    with_sinks = False
+  else:
+    sinks, with_sinks = sinks.astype(jnp.float32), True
+
+  def body(q, k, v, seg, sinks):
     kernel = _splash_kernel(
         q.shape[1], s, window, max(q.shape[-1], v.shape[-1])
     )
 
-    def one(q, k, v, seg):
-      return kernel(q, k, v, segment_ids=sa.SegmentIds(q=seg, kv=seg))
+    def one(q, k, v, seg, sinks):
+      return kernel(
+          q,
+          k,
+          v,
+          segment_ids=sa.SegmentIds(q=seg, kv=seg),
+          sinks=sinks if with_sinks else None,
+      )
 
-    heads = jax.vmap(one)
+    heads = jax.vmap(one, in_axes=(0, 0, 0, 0, None))
     if jnp.dtype(dtype).itemsize == 2:
       heads = at_default_precision(heads)
-    return heads(q, k, v, seg.astype(jnp.int32))
+    return heads(q, k, v, seg.astype(jnp.int32), sinks)
 
   mesh = sharding.current_mesh()
   if mesh is None:
-    out = body(q, k, v, segment_ids)
+    out = body(q, k, v, segment_ids, sinks)
   else:
     batch = sharding.mesh_axes("activation_batch", mesh) or None
     heads = sharding.mesh_axes("activation_heads", mesh) or None
     spec = jax.sharding.PartitionSpec(batch, heads, None, None)
     out = jax.shard_map(
         body,
-        in_specs=(spec, spec, spec, jax.sharding.PartitionSpec(batch, None)),
+        in_specs=(
+            spec,
+            spec,
+            spec,
+            jax.sharding.PartitionSpec(batch, None),
+            jax.sharding.PartitionSpec(heads),
+        ),
         out_specs=spec,
         check_vma=False,
-    )(q, k, v, segment_ids)
+    )(q, k, v, segment_ids, sinks)
   return jnp.swapaxes(out, 1, 2)  # [B, S, N, Dv]

@@ -61,6 +61,8 @@ class Rope:
     mscale_all_dim: YaRN's `mscale_all_dim` (0 = not set).
     fraction: "proportional": the share of the pairs that rotate.
     interleave: read the pairs as adjacent lanes (2i, 2i + 1).
+    truncate: YaRN: floor / ceil the correction range's ends (False: keep
+      them fractional, transformers' `truncate: false`).
   """
 
   dim: int
@@ -74,6 +76,7 @@ class Rope:
   mscale_all_dim: float = 0.0
   fraction: float = 1.0
   interleave: bool = False
+  truncate: bool = True
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -105,8 +108,8 @@ class Rope:
     return self._yarn()
 
   def _yarn(self) -> jax.Array:
-    """transformers' `_compute_yarn_parameters` (truncated correction
-    range), in float32 as it computes it."""
+    """transformers' `_compute_yarn_parameters` (the correction range
+    truncated unless `truncate` is False), in float32 as it computes it."""
     d, base = self.dim, self.base
 
     def correction_dim(rotations: float) -> float:
@@ -114,8 +117,10 @@ class Rope:
           d * math.log(self.original_max_len / (rotations * 2 * math.pi))
       ) / (2 * math.log(base))
 
-    low = max(math.floor(correction_dim(self.beta_fast)), 0)
-    high = min(math.ceil(correction_dim(self.beta_slow)), d - 1)
+    low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+    if self.truncate:
+      low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
     if low == high:
       high += 0.001  # transformers' guard against a zero-width ramp
     pos_freqs = base ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d)
@@ -154,8 +159,9 @@ def rope_of(config, dim: int, full: bool = False) -> Rope:
   """The `Rope` of a layer of `config` (a `ModelConfig`) rotating `dim`
   dims: a full-attention layer's (`full_rope_base`, "proportional" with
   `full_rope_fraction`), or the others' (`rope_type`, YaRN's fields,
-  `rope_interleave`)."""
-  if full:
+  `rope_interleave`); a full-attention layer without a base or share of
+  its own takes the others' (GPT-OSS's YaRN on both kinds)."""
+  if full and (config.full_rope_base or config.full_rope_fraction < 1):
     fraction = config.full_rope_fraction
     return Rope(
         dim,
@@ -175,4 +181,5 @@ def rope_of(config, dim: int, full: bool = False) -> Rope:
       mscale=config.rope_mscale,
       mscale_all_dim=config.rope_mscale_all_dim,
       interleave=config.rope_interleave,
+      truncate=config.rope_truncate,
   )
