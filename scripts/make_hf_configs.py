@@ -42,6 +42,15 @@ DERIVED = {
         "tests/fixtures/hf/gemma4_text_moe_keqv/config.json",
         "a tiny Gemma-4 (sliding and full layers, k_eq_v, soft-capping)",
     ),
+    "gpt_oss_120b": ("configs/hf/gpt_oss_120b/config.json", "gpt-oss-120b"),
+    "gpt_oss_20b": ("configs/hf/gpt_oss_20b/config.json", "gpt-oss-20b"),
+    "tiny_gpt_oss": (
+        "tests/fixtures/hf/gpt_oss_sinks_swa_yarn/config.json",
+        (
+            "a tiny GPT-OSS (sliding and full layers, sinks, biases, clamped "
+            "SwiGLU, YaRN)"
+        ),
+    ),
 }
 
 

@@ -38,6 +38,8 @@ NAMES = (
     "gemma4_text_moe_keqv",
     "gemma4_text_moe_untied",
     "gemma4_conditional_text",
+    "gpt_oss_sinks_swa_yarn",
+    "gpt_oss_mxfp4",
 )
 # fixture -> (scanned, front end, path) of the default run: one fixture a
 # family, together scanned and unrolled, Linen and NNX, sparse and dense;

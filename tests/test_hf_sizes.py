@@ -41,7 +41,12 @@ TOTALS = {
     "qwen3_30b_a3b": 30_532_122_624,
     "deepseek_v3": 671_026_404_352,
     "gemma4_26b_a4b": 25_233_141_760,  # the text decoder
+    "gpt_oss_120b": 116_829_156_672,
+    "gpt_oss_20b": 20_914_757_184,
 }
+# The models whose active parameters (per token: every parameter less
+# (E - k) / E of the routed experts') are checked against transformers'.
+ACTIVE = ("gpt_oss_120b", "gpt_oss_20b")
 
 
 def _released(name: str) -> dict:
@@ -63,6 +68,16 @@ def _on_disk(names_to_shapes: dict) -> dict:
 
 def _count(tree) -> int:
   return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
+
+
+def _routed(path, params) -> bool:
+  """Whether the leaf at `path` is a routed expert's (a kernel or bias with
+  a leading expert axis, beside the router `gate` in its module)."""
+  keys = [str(getattr(p, "key", p)) for p in path]
+  node = params
+  for key in keys[:-1]:
+    node = node[key]
+  return "gate" in node and keys[-1].startswith(("wi_0", "wi_1", "wo"))
 
 
 class RealSizesTest(parameterized.TestCase):
@@ -100,6 +115,20 @@ class RealSizesTest(parameterized.TestCase):
     }
     state_names = {s.name for s in tn.state_sources(family, config).values()}
     self.assertEqual(state_names, buffers)
+
+  @parameterized.parameters(*ACTIVE)
+  def test_active_parameters_equal_transformers(self, name):
+    config = hf.model_config(_released(name))
+    params = sharding.unbox(load.abstract_variables(config)["params"])
+    e, k = config.moe.num_experts, config.moe.num_experts_per_tok
+    routed = sum(
+        math.prod(leaf.shape)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+        if _routed(path, params)
+    )
+    active = _count(params) - routed * (e - k) // e
+    want = COUNTS[name].get("text_only", COUNTS[name])["active_params"]
+    self.assertEqual(active, want)
 
   def test_mla_cache_per_token(self):
     config = hf.model_config(_released("deepseek_v3"))
@@ -145,6 +174,8 @@ DOC_ROWS = {
     "qwen3_30b_a3b": "Qwen3-30B-A3B",
     "deepseek_v3": "DeepSeek-V3 (no MTP)",
     "gemma4_26b_a4b": "Gemma-4-26B-A4B (text)",
+    "gpt_oss_120b": "gpt-oss-120b",
+    "gpt_oss_20b": "gpt-oss-20b",
 }
 
 
@@ -220,6 +251,9 @@ DERIVED = {
         FIXTURES / "deepseek_v3_qlora_yarn_groups" / "config.json"
     ),
     "tiny_gemma4_text": FIXTURES / "gemma4_text_moe_keqv" / "config.json",
+    "gpt_oss_120b": CONFIGS / "gpt_oss_120b" / "config.json",
+    "gpt_oss_20b": CONFIGS / "gpt_oss_20b" / "config.json",
+    "tiny_gpt_oss": FIXTURES / "gpt_oss_sinks_swa_yarn" / "config.json",
 }
 
 

@@ -52,6 +52,7 @@ FAMILIES = {
     "mixtral": "mixtral_gqa_swa",
     "deepseek": "deepseek_v3_plain_nogroup",
     "gemma4": "gemma4_text_moe_untied",
+    "gpt_oss": "gpt_oss_sinks_swa_yarn",
 }
 # (family, path, front end, scanned): the default run's one case (about 7 s
 # of compiling on CI's machine); the product of every axis is `slow`.

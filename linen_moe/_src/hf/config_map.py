@@ -70,6 +70,9 @@ _NEWER_FIELDS = (
     "shared_pre_norm",
     "layer_scalar",
     "final_logit_softcap",
+    "attention_sinks",
+    "attention_qkv_bias",
+    "attention_out_bias",
 )
 
 
@@ -256,6 +259,8 @@ def _unsupported(config: ModelConfig, family: Family) -> list[str]:
   need(moe.num_routing_groups == 1, "num_routing_groups != 1")
   need(not moe.routed_bias, "routed_bias=True")
   need(not moe.per_expert_scale, "per_expert_scale=True")
+  need(not moe.router_bias, "router_bias=True")
+  need(not moe.expert_bias, "expert_bias=True")
   need(moe.mlp_activations[0] in _ACTIVATION_NAMES, "mlp_activations")
   need(config.qk_norm == family.qk_norm, f"qk_norm={config.qk_norm}")
   need(
@@ -280,10 +285,12 @@ def _unsupported(config: ModelConfig, family: Family) -> list[str]:
 
 def _candidate(config: ModelConfig) -> Family:
   """The one family that could express `config`: multi-head latent
-  attention is DeepSeek-V3's; Gemma-4's block (post-MoE norms) Gemma-4's;
-  q/k norms Qwen3-MoE's; else Mixtral's."""
+  attention is DeepSeek-V3's; attention sinks GPT-OSS's; Gemma-4's block
+  (post-MoE norms) Gemma-4's; q/k norms Qwen3-MoE's; else Mixtral's."""
   if config.kv_lora_rank:
     return FAMILIES["deepseek_v3"]
+  if config.attention_sinks:
+    return FAMILIES["gpt_oss"]
   if config.post_moe_norms:
     return FAMILIES["gemma4_text"]
   return FAMILIES["qwen3_moe" if config.qk_norm else "mixtral"]

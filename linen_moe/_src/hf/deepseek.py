@@ -13,12 +13,12 @@ default is transformers' `DeepseekV3Config`'s (the released model's sizes).
 from __future__ import annotations
 
 from collections.abc import Mapping
-import math
 from typing import Any
 
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.moe_config import MoEConfig
 from linen_moe._src.hf import fields as f
+from linen_moe._src.hf import rope_fields
 
 MODEL_TYPE = "deepseek_v3"
 ARCHITECTURE = "DeepseekV3ForCausalLM"
@@ -76,17 +76,6 @@ FIELDS = f.NO_EFFECT | {
     "pretraining_tp",
     "auto_map",
 }
-_YARN_KEYS = frozenset({
-    "rope_type",
-    "type",
-    "rope_theta",
-    "factor",
-    "original_max_position_embeddings",
-    "beta_fast",
-    "beta_slow",
-    "mscale",
-    "mscale_all_dim",
-})
 
 
 def mtp_layers(hf: Mapping[str, Any]) -> int:
@@ -98,43 +87,8 @@ def mtp_layers(hf: Mapping[str, Any]) -> int:
 
 def _rope(hf: Mapping[str, Any]) -> dict[str, Any]:
   """The `ModelConfig` rotary fields, from either config.json style."""
-  field, params = f.rope_parameters(hf)
-  kind = f.rope_type(params)
-  base = f.theta(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-  out: dict[str, Any] = {
-      "rope_max_wavelength": base,
-      "rope_interleave": f.read_bool(hf, "rope_interleave", True),
-  }
-  if kind == "default":
-    f.check_keys(field, params, {"rope_type", "type", "rope_theta"})
-    return out
-  if kind != "yarn":
-    raise f.error(
-        f"{field}.rope_type", kind, "only 'default' and 'yarn' are implemented"
-    )
-  f.check_keys(field, params, _YARN_KEYS)
-  key = "original_max_position_embeddings"
-  original = params.get(key) or hf.get("max_position_embeddings", 4096)
-  if (
-      isinstance(original, bool)
-      or not isinstance(original, int)
-      or original < 1
-  ):
-    raise f.error(f"{field}.{key}", original, "expected an integer >= 1")
-  factor = params.get("factor")
-  if factor is None:  # transformers: the ratio of the context lengths
-    factor = f.read_int(hf, "max_position_embeddings", 4096) / original
-  if isinstance(factor, bool) or not isinstance(factor, (int, float)):
-    raise f.error(f"{field}.factor", factor, "expected a number")
-  return out | {
-      "rope_type": "yarn",
-      "rope_factor": float(factor),
-      "rope_original_max_len": original,
-      "rope_beta_fast": float(params.get("beta_fast") or 32),
-      "rope_beta_slow": float(params.get("beta_slow") or 1),
-      "rope_mscale": float(params.get("mscale") or 0.0),
-      "rope_mscale_all_dim": float(params.get("mscale_all_dim") or 0.0),
-  }
+  out = rope_fields.read(hf, 10000.0)
+  return out | {"rope_interleave": f.read_bool(hf, "rope_interleave", True)}
 
 
 def _check_computation(hf: Mapping[str, Any]) -> None:
@@ -224,11 +178,16 @@ _FIXED = {
     "post_attention_norm": False,
     "post_mlp_norm": False,
     "layer_scalar": False,
+    "attention_sinks": False,
+    "attention_qkv_bias": False,
+    "attention_out_bias": False,
 }
 _FIXED_MOE = {
     "routing": "sigmoid_then_topk",
     "routed_bias": True,
     "per_expert_scale": False,
+    "router_bias": False,
+    "expert_bias": False,
 }
 
 
@@ -248,27 +207,9 @@ def unsupported(config: ModelConfig) -> list[str]:
 def hf_config(config: ModelConfig, dtype: str) -> dict[str, Any]:
   """config.json (transformers 5 style) of a DeepSeek-V3 `ModelConfig`."""
   moe = config.moe
-  rope: dict[str, Any] = {
-      "rope_theta": config.rope_max_wavelength,
-      "rope_type": config.rope_type,
-  }
-  if config.rope_type == "yarn":
-    rope |= {
-        "factor": config.rope_factor,
-        "original_max_position_embeddings": config.rope_original_max_len,
-        "beta_fast": config.rope_beta_fast,
-        "beta_slow": config.rope_beta_slow,
-    }
-    for key, value in (
-        ("mscale", config.rope_mscale),
-        ("mscale_all_dim", config.rope_mscale_all_dim),
-    ):
-      if value:
-        rope[key] = value
+  rope = rope_fields.to_json(config)
   dn, dr = config.qk_nope_head_dim, config.qk_rope_head_dim
-  max_len = max(4096, config.rope_original_max_len)
-  if config.rope_type == "yarn":
-    max_len = math.ceil(config.rope_original_max_len * config.rope_factor)
+  max_len = rope_fields.max_positions(config)
   return {
       "architectures": [ARCHITECTURE],
       "model_type": MODEL_TYPE,

@@ -14,6 +14,7 @@ from typing import Any
 
 from linen_moe._src.hf import deepseek
 from linen_moe._src.hf import gemma4
+from linen_moe._src.hf import gpt_oss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,14 @@ class Family:
       (a multimodal checkpoint's towers): skipped on load, with a message.
     text_config: the decoder's fields are under this field of config.json
       (a multimodal config), or at the top (None).
+    router: the router's module under the MoE module (`gate`, GPT-OSS's
+      `router`).
+    experts_layout: how the routed experts are stored: "rows", as
+      `nn.Linear` weights W [out, in] (one per expert, or fused
+      [E, rows, in], gate rows then up rows); "interleaved_columns", fused
+      as x @ W, `gate_up_proj` [E, M, 2H] with gate and up columns
+      alternating (GPT-OSS); "split_columns", the same with the gate
+      columns first (Llama-4).
   """
 
   model_type: str
@@ -61,6 +70,8 @@ class Family:
   codec: Any = None
   skipped_prefixes: tuple[str, ...] = ()
   text_config: str | None = None
+  router: str = "gate"
+  experts_layout: str = "rows"
 
 
 MIXTRAL = Family(
@@ -135,9 +146,25 @@ GEMMA4 = dataclasses.replace(
     text_config="text_config",
 )
 
+GPT_OSS = Family(
+    model_type=gpt_oss.MODEL_TYPE,
+    architecture=gpt_oss.ARCHITECTURE,
+    default_rope_theta=gpt_oss.DEFAULT_THETA,
+    moe_module="mlp",
+    expert_projections=("gate_up_proj", "gate_up_proj", "down_proj"),
+    expert_width_field="intermediate_size",
+    dense_width_field=None,
+    qk_norm=False,
+    norm_topk_prob=True,
+    fields=(),
+    codec=gpt_oss,
+    router="router",
+    experts_layout="interleaved_columns",
+)
+
 FAMILIES = {
     f.model_type: f
-    for f in (MIXTRAL, QWEN3_MOE, DEEPSEEK_V3, GEMMA4_TEXT, GEMMA4)
+    for f in (MIXTRAL, QWEN3_MOE, DEEPSEEK_V3, GEMMA4_TEXT, GEMMA4, GPT_OSS)
 }
 
 # The `model_type`s of config.json that load.

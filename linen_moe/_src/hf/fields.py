@@ -177,3 +177,22 @@ def theta(value: Any) -> float:
   if isinstance(value, bool) or not isinstance(value, (int, float)):
     raise error("rope_theta", value, "expected a number")
   return float(value)
+
+
+def layer_types(
+    hf: Mapping, default: list[str], allowed: tuple[str, ...]
+) -> list[str]:
+  """config.json's `layer_types` (`default` when absent): one of `allowed`
+  per layer, as many as `default` has."""
+  types = hf.get("layer_types")
+  if types is None:
+    return list(default)
+  if (
+      not isinstance(types, list)
+      or len(types) != len(default)
+      or any(t not in allowed for t in types)
+  ):
+    raise error(
+        "layer_types", types, f"expected {len(default)} of {list(allowed)}"
+    )
+  return types

@@ -116,19 +116,8 @@ def text_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
 
 def _layer_types(hf: Mapping[str, Any], layers: int) -> list[str]:
   """transformers': 5 sliding then 1 full by default, the last forced full."""
-  types = hf.get("layer_types")
-  if types is None:
-    types = [SLIDING if (i + 1) % 6 else FULL for i in range(layers)]
-  if (
-      not isinstance(types, list)
-      or len(types) != layers
-      or any(t not in (SLIDING, FULL) for t in types)
-  ):
-    raise f.error(
-        "layer_types",
-        types,
-        f"expected {layers} of {[SLIDING, FULL]}",
-    )
+  default = [SLIDING if (i + 1) % 6 else FULL for i in range(layers)]
+  types = f.layer_types(hf, default, (SLIDING, FULL))
   return [*types[:-1], FULL]
 
 
@@ -332,6 +321,9 @@ _GEMMA = {
     "dense_layers": (),
     "rope_type": "default",
     "rope_interleave": False,
+    "attention_sinks": False,
+    "attention_qkv_bias": False,
+    "attention_out_bias": False,
 }
 _GEMMA_MOE = {
     "routing": "softmax_then_topk",
@@ -341,6 +333,8 @@ _GEMMA_MOE = {
     "routed_bias": False,
     "num_routing_groups": 1,
     "routed_scaling_factor": 1.0,
+    "router_bias": False,
+    "expert_bias": False,
 }
 
 

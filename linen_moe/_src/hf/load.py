@@ -20,7 +20,9 @@ with `weight_block_size`, fp8 tensors beside `weight_scale_inv`) is read
 through `block_fp8.Dequantized`: each slice is dequantized as it is read
 (float32 rows, then cast), so the host holds the slice's fp8 bytes and one
 float32 copy of them beyond the result; serving conversion reads the same
-float matrices one at a time.
+float matrices one at a time. An MXFP4 checkpoint (GPT-OSS's released
+experts, `quant_method: mxfp4`) is read the same way through
+`mxfp4.Dequantized`, one expert's matrix at a time.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from linen_moe._src.config.variables import PARAMS
 from linen_moe._src.config.variables import UPDATED_BY_RULE
 from linen_moe._src.hf import block_fp8
 from linen_moe._src.hf import config_map
+from linen_moe._src.hf import mxfp4
 from linen_moe._src.hf import reading
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.layout import SAMPLE_SHAPE
@@ -352,13 +355,14 @@ def load_checkpoint(
 
   Args:
     path: a directory with `config.json` and `model.safetensors`, or shards
-      named by `model.safetensors.index.json`; Mixtral, Qwen3-MoE,
-      DeepSeek-V3 or Gemma-4, either config.json style, experts per expert
+      named by `model.safetensors.index.json`; a family of
+      `linen_moe.hf.MODEL_TYPES`, either config.json style, experts per expert
       (the hub's names) or fused (transformers 5's `gate_up_proj`); float
       tensors, or block fp8 (`quantization_config` with `quant_method`
       "fp8" and `weight_block_size`, the fp8 tensors beside their
       `weight_scale_inv`: DeepSeek-V3's and Qwen3-FP8's released files),
-      dequantized as they are read.
+      or GPT-OSS's MXFP4 experts (`quant_method` "mxfp4", `*_blocks`
+      beside `*_scales`), dequantized as they are read.
     scan_layers: lay the layers out scanned (`config.stack_plan`) or
       unrolled.
     dtype: the parameters' and the computation's dtype ("float32",
@@ -387,7 +391,8 @@ def load_checkpoint(
       unexpected, not float or of the wrong shape (the message names the
       file and the tensor); a `quantization_config` that is not block fp8,
       an fp8 tensor without its `weight_scale_inv` or whose scales do not
-      match its blocks (the message names the file and the tensor).
+      match its blocks, an MXFP4 `_blocks` without its `_scales` or whose
+      scales do not match it (the message names the file and the tensor).
   """
   _check_arguments(path, scan_layers, dtype, quantization, serving)
   directory = pathlib.Path(path)
@@ -395,8 +400,10 @@ def load_checkpoint(
     raise ValueError(f"{directory} is not a checkpoint directory.")
   hf = read_config(directory)
   on_disk = hf.pop("quantization_config", None)  # the files', not the model's
-  block = None
-  if on_disk is not None:
+  block, fp4 = None, mxfp4.is_mxfp4(on_disk)
+  if fp4:
+    mxfp4.check_config(on_disk, directory / CONFIG_FILE)
+  elif on_disk is not None:
     block = block_fp8.block_size(on_disk, directory / CONFIG_FILE)
   family = config_map.family_of(hf)
   config = config_map.model_config(hf)
@@ -408,6 +415,8 @@ def load_checkpoint(
   ckpt = Checkpoint(directory)
   if block is not None:
     ckpt = block_fp8.Dequantized(ckpt, block)
+  if fp4:
+    ckpt = mxfp4.Dequantized(ckpt)
   srcs = tn.sources(family, config, ckpt.tensors)
   state_srcs = tn.state_sources(family, config, ckpt.tensors)
   skipped = skipped_tensors(family, hf, ckpt.tensors)

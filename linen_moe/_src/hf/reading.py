@@ -103,6 +103,31 @@ def _transposed_into(
   _transpose_into(out.reshape(n_in, -1), block)
 
 
+def _columns_into(
+    ckpt: Checkpoint,
+    source: tn.Columns,
+    shape: tuple[int, ...],
+    index: Index,
+    out: np.ndarray,
+) -> None:
+  """out = param[index] for param = tensor[..., start::step] (`Columns`):
+  the rows the slice needs of each leading index's matrix, then its
+  columns."""
+  last = index[-1]
+  cols = source.start + source.step * np.arange(last.start, last.stop)
+  if len(shape) == 1:
+    block = ckpt.read_rows(source.name, (), 0, source.cols)
+    out[...] = (as_float32(block) if out.dtype == np.float32 else block)[cols]
+    return
+  lead = index[:-2]
+  rows = index[-2]
+  for at in np.ndindex(*sizes(lead)):
+    position = tuple(s.start + i for s, i in zip(lead, at, strict=True))
+    block = ckpt.read_rows(source.name, position, rows.start, rows.stop)
+    block = as_float32(block) if out.dtype == np.float32 else block
+    out[at] = block[:, cols]
+
+
 def read_into(
     ckpt: Checkpoint,
     source: tn.Source,
@@ -126,6 +151,14 @@ def read_into(
     return out
   if isinstance(source, tn.Matrix):
     _transposed_into(ckpt, source.name, (), 0, shape, source.split, index, out)
+    return out
+  if isinstance(source, tn.Columns):
+    _columns_into(ckpt, source, shape, index, out)
+    return out
+  if isinstance(source, tn.Reshaped):  # a bias: small, read whole
+    flat = ckpt.read_rows(source.name, (), 0, math.prod(shape))
+    flat = as_float32(flat) if out.dtype == np.float32 else flat
+    out[...] = flat.reshape(shape)[index]
     return out
   for k, e in enumerate(range(index[0].start, index[0].stop)):
     if isinstance(source, tn.Experts):

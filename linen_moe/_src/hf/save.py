@@ -133,13 +133,13 @@ class _Layers:
 
 def _planned(srcs, layers: _Layers, dtype) -> list[Planned]:
   """One `Planned` tensor per name on disk, in the sources' order; a fused
-  `experts.gate_up_proj` (Gemma-4's only form) is made from both of its
-  parameters."""
+  `experts.gate_up_proj` (Gemma-4's only form; GPT-OSS's and Llama-4's
+  `Columns`) is made from both of its parameters."""
   out, fused = [], {}
   for path, source in srcs.items():
     shape = layers.shape(path)
     out_dtype = np.dtype(jnp.dtype(dtype)) if dtype else layers.dtype(path)
-    if isinstance(source, tn.FusedExperts):
+    if isinstance(source, (tn.FusedExperts, tn.Columns)):
       if source.name not in fused:
         fused[source.name] = []
         disk = tn.expected_shapes(source, shape)[source.name]
@@ -155,16 +155,22 @@ def _planned(srcs, layers: _Layers, dtype) -> list[Planned]:
 
 
 def _fused_maker(layers: _Layers, parts: list, shape: tuple[int, ...]):
-  """() -> the fused tensor [E, rows, in] from its parts (path,
-  `FusedExperts`): rows [row0, row0 + width) of it are part [E, in, width]
-  transposed (`parts` is filled before the tensor is made)."""
+  """() -> the fused tensor from its parts (path, source), `parts` filled
+  before the tensor is made: rows [row0, row0 + width) of a `FusedExperts`
+  [E, rows, in] are part [E, in, width] transposed; a `Columns` part is
+  every `step`-th column from `start` on."""
 
   def make():
     out = None
     for path, source in parts:
-      param = layers.get(path)  # [E, in, width]
+      param = layers.get(path)
       if out is None:
         out = np.empty(shape, param.dtype)
+      if isinstance(source, tn.Columns):
+        n = param.shape[-1]
+        stop = source.start + source.step * n
+        out[..., source.start : stop : source.step] = param
+        continue
       out[:, source.row0 : source.row0 + source.width] = param.transpose(
           0, 2, 1
       )
@@ -184,6 +190,8 @@ def _maker(layers: _Layers, path: Path, source, name: str):
     param = layers.get(path)
     if isinstance(source, tn.Copy):
       return param
+    if isinstance(source, tn.Reshaped):
+      return param.reshape(-1)
     if isinstance(source, tn.Matrix):
       return matrix(param, source.split)
     e = source.names.index(name)

@@ -15,6 +15,12 @@ head dim). So every parameter is one of:
   FusedExperts  the same from transformers 5's fused `[E, rows, in]`
                 tensor, rows [row0, row0 + width) of it (`gate_up_proj`:
                 gate rows first, then up rows; `down_proj`).
+  Columns       every `step`-th column of a tensor stored as the kernel
+                ([..., in, out]: x @ W), from column `start` on: GPT-OSS's
+                interleaved `gate_up_proj` [E, M, 2H] (gate 0::2, up
+                1::2) and its biases, Llama-4's halves (step 1).
+  Reshaped      the tensor with the parameter's shape (a bias [N * D] on
+                disk is [N, D] here).
 
 The loader reads any slice of a parameter from its source, the saver
 writes the source from the parameter, and the checks compare the names and
@@ -35,6 +41,7 @@ from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.hf.families import Family
 
 Path = tuple[str, ...]
+ROWS = "rows"  # `Family.experts_layout`: nn.Linear weights, W [out, in]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +68,20 @@ class FusedExperts:
   rows: int  # the fused tensor's second axis
 
 
-Source = Copy | Matrix | Experts | FusedExperts
+@dataclasses.dataclass(frozen=True)
+class Columns:
+  name: str
+  start: int
+  step: int
+  cols: int  # the tensor's last axis
+
+
+@dataclasses.dataclass(frozen=True)
+class Reshaped:
+  name: str
+
+
+Source = Copy | Matrix | Experts | FusedExperts | Columns | Reshaped
 
 
 def _layer(family: Family, i: int) -> str:
@@ -74,6 +94,8 @@ def _module(family: Family, i: int, fused: bool) -> str:
   p = _layer(family, i)
   if not family.moe_module:
     return p
+  if family.experts_layout != ROWS:
+    return f"{p}{family.moe_module}."
   return f"{p}{'mlp' if fused else family.moe_module}."
 
 
@@ -81,7 +103,7 @@ def fused_experts(family: Family, layer: int, names: Collection[str]) -> bool:
   """Whether layer `layer`'s experts are stored fused (`experts.gate_up_proj`:
   transformers 5's form, and Gemma-4's only one) rather than one tensor per
   expert."""
-  if not family.moe_module:
+  if not family.moe_module or family.experts_layout != ROWS:
     return True
   return f"{_module(family, layer, True)}experts.gate_up_proj" in names
 
@@ -105,6 +127,20 @@ def _attention(config: ModelConfig, p: str, full: bool) -> dict[Path, Source]:
   if config.qk_norm:
     out[("attention", "query_norm", "scale")] = Copy(f"{a}q_norm.weight")
     out[("attention", "key_norm", "scale")] = Copy(f"{a}k_norm.weight")
+  return out | _attention_extras(config, a, full)
+
+
+def _attention_extras(config: ModelConfig, a: str, full: bool) -> dict:
+  """The biases of the projections and the sinks (GPT-OSS, GLM-4.5)."""
+  out: dict[Path, Source] = {}
+  if config.attention_qkv_bias:
+    for name, proj in (("query", "q"), ("key", "k"), ("value", "v")):
+      if name != "value" or not (full and config.full_k_eq_v):
+        out[("attention", name, "bias")] = Reshaped(f"{a}{proj}_proj.bias")
+  if config.attention_out_bias:
+    out[("attention", "out", "bias")] = Copy(f"{a}o_proj.bias")
+  if config.attention_sinks:
+    out[("attention", "sinks")] = Copy(f"{a}sinks")
   return out
 
 
@@ -131,6 +167,8 @@ def _experts(
   """The routed experts' kernels under `at` (`wi_0`, `wi_1`, `wo`), from
   the fused `experts.gate_up_proj` / `experts.down_proj` or per expert."""
   width = config.moe.moe_mlp_dim
+  if family.experts_layout != ROWS:
+    return _column_experts(family, config, module, at)
   if fused:
     gate_up, emb = f"{module}experts.gate_up_proj", config.moe.emb_dim
     return {
@@ -148,6 +186,32 @@ def _experts(
       )
       for name, proj in zip(expert_weights.KERNELS, projections, strict=True)
   }
+
+
+def _column_experts(
+    family: Family, config: ModelConfig, module: str, at: Path
+) -> dict[Path, Source]:
+  """Experts stored as x @ W: `experts.gate_up_proj` [E, M, 2H] (gate and
+  up columns interleaved, or gate then up), `experts.down_proj` [E, H, M]
+  as the kernel is, and with `expert_bias` their `_bias` tensors."""
+  width = config.moe.moe_mlp_dim
+  gate_up, down = f"{module}experts.gate_up_proj", f"{module}experts.down_proj"
+  if family.experts_layout == "interleaved_columns":
+    gate, up = (0, 2), (1, 2)
+  else:
+    gate, up = (0, 1), (width, 1)
+  names = [gate_up]
+  if config.moe.expert_bias:
+    names.append(f"{gate_up}_bias")
+  out: dict[Path, Source] = {}
+  for name in names:
+    suffix = name.removeprefix(gate_up)
+    out[(*at, f"wi_0{suffix}")] = Columns(name, *gate, 2 * width)
+    out[(*at, f"wi_1{suffix}")] = Columns(name, *up, 2 * width)
+  out[(*at, "wo")] = Copy(down)
+  if config.moe.expert_bias:
+    out[(*at, "wo_bias")] = Copy(f"{down}_bias")
+  return out
 
 
 def _mlp(name: str, at: Path) -> dict[Path, Source]:
@@ -174,8 +238,14 @@ def _moe(
   at = _routed_at(config)
   out: dict[Path, Source] = {
       ("pre_moe_norm", "scale"): Copy(f"{p}post_attention_layernorm.weight"),
-      (*at, expert_weights.ROUTER, "kernel"): Matrix(f"{module}gate.weight"),
+      (*at, expert_weights.ROUTER, "kernel"): Matrix(
+          f"{module}{family.router}.weight"
+      ),
   }
+  if config.moe.router_bias:
+    out[(*at, expert_weights.ROUTER, "bias")] = Copy(
+        f"{module}{family.router}.bias"
+    )
   out |= _experts(family, config, module, fused, at)
   if config.shared_in_moe:  # DeepSeek's `mlp.shared_experts`
     out |= _mlp(f"{module}shared_experts", ("moe", "shared_experts"))
@@ -275,6 +345,10 @@ def expected_shapes(
     return {source.name: (math.prod(shape[source.split :]), n_in)}
   if isinstance(source, Experts):
     return {name: (shape[2], shape[1]) for name in source.names}
+  if isinstance(source, Columns):
+    return {source.name: (*shape[:-1], source.cols)}
+  if isinstance(source, Reshaped):
+    return {source.name: (math.prod(shape),)}
   return {source.name: (shape[0], source.rows, shape[1])}
 
 

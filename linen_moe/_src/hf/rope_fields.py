@@ -1,0 +1,128 @@
+"""config.json's rotary parameters <-> the `ModelConfig` rotary fields.
+
+Both styles transformers has written: `rope_parameters` (transformers 5,
+with `rope_theta` inside) and the older `rope_scaling` beside a top-level
+`rope_theta`. Read here for every family with one rotary embedding on all
+its layers: "default" and "yarn" (transformers' `_compute_yarn_parameters`:
+`factor`, `original_max_position_embeddings`, `beta_fast`, `beta_slow`,
+`mscale`, `mscale_all_dim`, `truncate`). A key that changes the rotary
+embedding in a way not implemented (e.g. yarn's explicit
+`attention_factor`) is an error naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+import math
+from typing import Any
+
+from linen_moe._src.hf import fields as f
+
+BASE_KEYS = frozenset({"rope_type", "type", "rope_theta"})
+YARN_KEYS = BASE_KEYS | {
+    "factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "truncate",
+}
+
+
+def _yarn(hf: Mapping[str, Any], field: str, params: Mapping) -> dict:
+  key = "original_max_position_embeddings"
+  original = params.get(key) or hf.get("max_position_embeddings", 4096)
+  if (
+      isinstance(original, bool)
+      or not isinstance(original, int)
+      or original < 1
+  ):
+    raise f.error(f"{field}.{key}", original, "expected an integer >= 1")
+  factor = params.get("factor")
+  if factor is None:  # transformers: the ratio of the context lengths
+    factor = f.read_int(hf, "max_position_embeddings", 4096) / original
+  if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+    raise f.error(f"{field}.factor", factor, "expected a number")
+  truncate = params.get("truncate", True)
+  if not isinstance(truncate, bool):
+    raise f.error(f"{field}.truncate", truncate, "expected true or false")
+  return {
+      "rope_type": "yarn",
+      "rope_factor": float(factor),
+      "rope_original_max_len": original,
+      "rope_beta_fast": float(params.get("beta_fast") or 32),
+      "rope_beta_slow": float(params.get("beta_slow") or 1),
+      "rope_mscale": float(params.get("mscale") or 0.0),
+      "rope_mscale_all_dim": float(params.get("mscale_all_dim") or 0.0),
+      "rope_truncate": truncate,
+  }
+
+
+def read(
+    hf: Mapping[str, Any],
+    default_theta: float,
+    params: Mapping | None = None,
+) -> dict[str, Any]:
+  """The `ModelConfig` rotary fields (`rope_max_wavelength`, and YaRN's)
+  of a config.json.
+
+  Args:
+    hf: the config.json.
+    default_theta: the base when config.json gives none.
+    params: the rotary parameters to read when config.json has none
+      (a family's default, e.g. GPT-OSS's YaRN); None: "default".
+
+  Raises:
+    ValueError: a `rope_type` other than "default" or "yarn", or a key
+      not implemented; the message names it.
+  """
+  field, given = f.rope_parameters(hf)
+  if not given and params is not None:
+    given = dict(params)
+  kind = f.rope_type(given)
+  base = f.theta(given.get("rope_theta", hf.get("rope_theta", default_theta)))
+  out: dict[str, Any] = {"rope_max_wavelength": base}
+  if kind == "default":
+    f.check_keys(field, given, BASE_KEYS)
+    return out
+  if kind != "yarn":
+    raise f.error(
+        f"{field}.rope_type", kind, "only 'default' and 'yarn' are implemented"
+    )
+  f.check_keys(field, given, YARN_KEYS)
+  return out | _yarn(hf, field, given)
+
+
+def to_json(config) -> dict[str, Any]:
+  """`rope_parameters` (transformers 5 style) of a `ModelConfig`."""
+  rope: dict[str, Any] = {
+      "rope_theta": config.rope_max_wavelength,
+      "rope_type": config.rope_type,
+  }
+  if config.rope_type != "yarn":
+    return rope
+  rope |= {
+      "factor": config.rope_factor,
+      "original_max_position_embeddings": config.rope_original_max_len,
+      "beta_fast": config.rope_beta_fast,
+      "beta_slow": config.rope_beta_slow,
+  }
+  for key, value in (
+      ("mscale", config.rope_mscale),
+      ("mscale_all_dim", config.rope_mscale_all_dim),
+  ):
+    if value:
+      rope[key] = value
+  if not config.rope_truncate:
+    rope["truncate"] = False
+  return rope
+
+
+def max_positions(config) -> int:
+  """A `max_position_embeddings` for the config.json of a `ModelConfig`:
+  YaRN's extended context, else at least 4096 (default RoPE never reads
+  it)."""
+  if config.rope_type == "yarn":
+    return math.ceil(config.rope_original_max_len * config.rope_factor)
+  return max(4096, config.rope_original_max_len)
