@@ -51,6 +51,15 @@ DERIVED = {
             "SwiGLU, YaRN)"
         ),
     ),
+    "glm4_5": ("configs/hf/glm4_5/config.json", "GLM-4.5"),
+    "glm4_5_air": ("configs/hf/glm4_5_air/config.json", "GLM-4.5-Air"),
+    "tiny_glm4_moe": (
+        "tests/fixtures/hf/glm4_moe_partial_qknorm_groups/config.json",
+        (
+            "a tiny GLM-4.5 (partial rotary, q/k norms and biases, a dense "
+            "layer, shared experts, sigmoid routing in groups)"
+        ),
+    ),
 }
 
 

@@ -5,6 +5,8 @@ forward and greedy decoding of a loaded checkpoint."""
 import functools
 import json
 import pathlib
+import shutil
+import tempfile
 from unittest import mock
 
 from flax import nnx
@@ -74,3 +76,50 @@ def equal_trees(test, a, b) -> None:
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
     test.assertEqual(x.dtype, y.dtype)
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def tempdir(test) -> pathlib.Path:
+  """A fresh directory removed after `test`."""
+  path = tempfile.mkdtemp()
+  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
+  return pathlib.Path(path)
+
+
+def assert_logits(name: str, scan: bool, frontend: str, path: str) -> None:
+  """Fixture `name`'s logits equal transformers' to `ATOL`."""
+  ids, expected, _, _ = fixture(name)
+  config, variables = load(name, scan, path)
+  got = logits(config, variables, frontend, ids)
+  np.testing.assert_allclose(got, expected, atol=ATOL, rtol=0)
+
+
+def assert_greedy(name: str, frontend: str = "linen", scan: bool = True):
+  """Greedy decoding over the KV cache gives transformers' `generate`."""
+  _, _, expected, prompt_len = fixture(name)
+  config, variables = load(name, scan)
+  tokens = generate(config, variables, frontend, expected[:, :prompt_len], 8)
+  np.testing.assert_array_equal(tokens, expected)
+
+
+def assert_save_is_the_fixture(test, name: str, prefix: str = "model."):
+  """Load fixture `name` unrolled, save it: the files hold its tensors
+  byte for byte (its text tensors under `prefix` written under `model.`),
+  and loading them back gives the same config and variables. Returns the
+  saved directory."""
+  from safetensors.numpy import load_file  # noqa: PLC0415
+
+  out = tempdir(test) / "out"
+  config, variables = hf.load_checkpoint(FIXTURES / name, scan_layers=False)
+  hf.save_checkpoint(config, variables, out)
+  saved = {}
+  for file in out.glob("*.safetensors"):
+    saved |= load_file(file)
+  hub = load_file(FIXTURES / name / "model.safetensors")
+  hub = {n.replace(prefix, "model.", 1): v for n, v in hub.items()}
+  test.assertEqual(sorted(saved), sorted(hub))
+  for tensor, value in hub.items():
+    np.testing.assert_array_equal(saved[tensor], value, err_msg=tensor)
+  again_config, again = hf.load_checkpoint(out, scan_layers=False)
+  test.assertEqual(again_config, config)
+  equal_trees(test, again, variables)
+  return out

@@ -40,6 +40,8 @@ NAMES = (
     "gemma4_conditional_text",
     "gpt_oss_sinks_swa_yarn",
     "gpt_oss_mxfp4",
+    "glm4_moe_partial_qknorm_groups",
+    "glm4_moe_nogroup_tied",
 )
 # fixture -> (scanned, front end, path) of the default run: one fixture a
 # family, together scanned and unrolled, Linen and NNX, sparse and dense;

@@ -13,9 +13,7 @@ under slow in tests/test_hf.py (`NAMES`).
 
 import importlib.resources
 import json
-import pathlib
 import shutil
-import tempfile
 from unittest import mock
 
 from absl.testing import absltest
@@ -34,12 +32,15 @@ from linen_moe._src.models.rotary import rope_of
 from linen_moe._src.testing import helpers
 from tests.hf_helpers import ATOL
 from tests.hf_helpers import FIXTURES
+from tests.hf_helpers import assert_greedy
+from tests.hf_helpers import assert_logits
+from tests.hf_helpers import assert_save_is_the_fixture
 from tests.hf_helpers import equal_trees
 from tests.hf_helpers import fixture
 from tests.hf_helpers import forbid_data_reads
-from tests.hf_helpers import generate
 from tests.hf_helpers import load
 from tests.hf_helpers import logits
+from tests.hf_helpers import tempdir
 
 FLOAT, MXFP4 = "gpt_oss_sinks_swa_yarn", "gpt_oss_mxfp4"
 CONFIGS = importlib.resources.files("linen_moe.configs") / "hf"
@@ -48,30 +49,18 @@ CONFIGS = importlib.resources.files("linen_moe.configs") / "hf"
 INT8_REL = 0.04
 
 
-def _tempdir(test) -> pathlib.Path:
-  path = tempfile.mkdtemp()
-  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
-  return pathlib.Path(path)
-
-
 class LogitsTest(parameterized.TestCase):
 
   @parameterized.parameters(
       (FLOAT, False, "nnx", "dense"), (MXFP4, True, "linen", "sparse")
   )
   def test_logits_equal_transformers(self, name, scan, frontend, path):
-    ids, expected, _, _ = fixture(name)
-    config, variables = load(name, scan, path)
-    got = logits(config, variables, frontend, ids)
-    np.testing.assert_allclose(got, expected, atol=ATOL, rtol=0)
+    assert_logits(name, scan, frontend, path)
 
   def test_greedy_with_cache_equals_generate(self):
     # the sliding layers' ring buffer of 4 and the full layer's cache, the
     # sinks in every decode step's softmax, a scanned (sliding, full) group
-    _, _, expected, prompt_len = fixture(FLOAT)
-    config, variables = load(FLOAT, True)
-    tokens = generate(config, variables, "linen", expected[:, :prompt_len], 8)
-    np.testing.assert_array_equal(tokens, expected)
+    assert_greedy(FLOAT)
 
   def test_blockwise_attention_with_sinks(self):
     for patcher in (
@@ -155,22 +144,12 @@ class ServingOnLoadTest(absltest.TestCase):
 class FilesTest(absltest.TestCase):
 
   def test_save_writes_transformers_tensors(self):
-    out = _tempdir(self) / "out"
-    config, variables = hf.load_checkpoint(FIXTURES / FLOAT, scan_layers=False)
-    hf.save_checkpoint(config, variables, out)
-    saved = load_file(out / "model.safetensors")
-    hub = load_file(FIXTURES / FLOAT / "model.safetensors")
-    self.assertEqual(sorted(saved), sorted(hub))
-    for name, value in hub.items():
-      np.testing.assert_array_equal(saved[name], value, err_msg=name)
-    again_config, again = hf.load_checkpoint(out, scan_layers=False)
-    self.assertEqual(again_config, config)
-    equal_trees(self, again, variables)
+    assert_save_is_the_fixture(self, FLOAT)
 
   def test_mxfp4_is_exact_float(self):
     # Each value is an e2m1 number times a power of two: the dequantized
     # experts are the float tensors transformers dequantizes to.
-    out = _tempdir(self) / "out"
+    out = tempdir(self) / "out"
     config, variables = hf.load_checkpoint(FIXTURES / MXFP4)
     hf.save_checkpoint(config, variables, out)
     saved = load_file(out / "model.safetensors")
@@ -188,7 +167,7 @@ class BadInputTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.tmp = _tempdir(self)
+    self.tmp = tempdir(self)
     forbid_data_reads(self)
 
   def _copy(self, name):

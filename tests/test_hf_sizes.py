@@ -43,10 +43,12 @@ TOTALS = {
     "gemma4_26b_a4b": 25_233_141_760,  # the text decoder
     "gpt_oss_120b": 116_829_156_672,
     "gpt_oss_20b": 20_914_757_184,
+    "glm4_5": 352_797_814_784,  # no MTP layer (transformers builds none)
+    "glm4_5_air": 106_852_245_504,
 }
 # The models whose active parameters (per token: every parameter less
 # (E - k) / E of the routed experts') are checked against transformers'.
-ACTIVE = ("gpt_oss_120b", "gpt_oss_20b")
+ACTIVE = ("gpt_oss_120b", "gpt_oss_20b", "glm4_5", "glm4_5_air")
 
 
 def _released(name: str) -> dict:
@@ -176,6 +178,8 @@ DOC_ROWS = {
     "gemma4_26b_a4b": "Gemma-4-26B-A4B (text)",
     "gpt_oss_120b": "gpt-oss-120b",
     "gpt_oss_20b": "gpt-oss-20b",
+    "glm4_5": "GLM-4.5 (no MTP)",
+    "glm4_5_air": "GLM-4.5-Air (no MTP)",
 }
 
 
@@ -254,6 +258,11 @@ DERIVED = {
     "gpt_oss_120b": CONFIGS / "gpt_oss_120b" / "config.json",
     "gpt_oss_20b": CONFIGS / "gpt_oss_20b" / "config.json",
     "tiny_gpt_oss": FIXTURES / "gpt_oss_sinks_swa_yarn" / "config.json",
+    "glm4_5": CONFIGS / "glm4_5" / "config.json",
+    "glm4_5_air": CONFIGS / "glm4_5_air" / "config.json",
+    "tiny_glm4_moe": (
+        FIXTURES / "glm4_moe_partial_qknorm_groups" / "config.json"
+    ),
 }
 
 

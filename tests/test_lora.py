@@ -53,6 +53,7 @@ FAMILIES = {
     "deepseek": "deepseek_v3_plain_nogroup",
     "gemma4": "gemma4_text_moe_untied",
     "gpt_oss": "gpt_oss_sinks_swa_yarn",
+    "glm4_moe": "glm4_moe_partial_qknorm_groups",
 }
 # (family, path, front end, scanned): the default run's one case (about 7 s
 # of compiling on CI's machine); the product of every axis is `slow`.

@@ -32,6 +32,7 @@ _INTS = (
     "rope_original_max_len",
     "full_head_dim",
     "full_kv_heads",
+    "rotary_dim",
 )
 _BOOLS = (
     "rope_interleave",
@@ -193,6 +194,31 @@ def _full_layers(cfg, fail: Fail) -> None:
     )
 
 
+def _rotary_dim(cfg, fail: Fail) -> None:
+  r = cfg.rotary_dim
+  if not r:
+    return
+  if cfg.kv_lora_rank:
+    fail("ModelConfig", "rotary_dim", r, "not with MLA (qk_rope_head_dim)")
+  if cfg.full_rope_base or cfg.full_rope_fraction < 1:
+    fail(
+        "ModelConfig",
+        "rotary_dim",
+        r,
+        "not beside full-attention layers with a RoPE of their own",
+    )
+  widths = [cfg.head_dim or cfg.moe.emb_dim // cfg.num_heads]
+  if cfg.full_attention_layers and cfg.full_head_dim:
+    widths.append(cfg.full_head_dim)
+  if r % 2 or r > min(widths):
+    fail(
+        "ModelConfig",
+        "rotary_dim",
+        r,
+        f"expected an even width <= the head width {min(widths)}",
+    )
+
+
 def check(cfg, fail: Fail) -> None:
   """Raises (through `fail(cls, field, value, allowed)`) on a bad value of
   one of these fields; normalises the numbers to floats and the layer
@@ -200,6 +226,7 @@ def check(cfg, fail: Fail) -> None:
   _types(cfg, fail)
   _mla(cfg, fail)
   _full_layers(cfg, fail)
+  _rotary_dim(cfg, fail)
   if cfg.rope_type == "yarn" and cfg.rope_original_max_len < 1:
     fail(
         "ModelConfig",

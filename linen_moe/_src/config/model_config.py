@@ -128,6 +128,10 @@ class ModelConfig:
     rope_truncate: YaRN: floor and ceil the ends of the correction range
       (transformers' default); False keeps them fractional (GPT-OSS's
       `truncate: false`).
+    rotary_dim: R > 0: only the first R dims of each query and key head
+      rotate (pairs (i, i + R/2), frequencies base ** (-2i / R)), the rest
+      pass through (GLM-4.5's `partial_rotary_factor`, MiniMax-M2's
+      `rotary_dim`); 0 = the whole head.
     attention_scale: the softmax scale of the attention logits (0 = one
       over the square root of the query / key head width, with MLA's YaRN
       correction).
@@ -230,6 +234,7 @@ class ModelConfig:
   layer_scalar: bool = False
   final_logit_softcap: float = 0.0
   rope_truncate: bool = True
+  rotary_dim: int = 0
   attention_sinks: bool = False
   attention_qkv_bias: bool = False
   attention_out_bias: bool = False

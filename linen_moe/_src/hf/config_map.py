@@ -73,6 +73,7 @@ _NEWER_FIELDS = (
     "attention_sinks",
     "attention_qkv_bias",
     "attention_out_bias",
+    "rotary_dim",
 )
 
 
@@ -285,12 +286,15 @@ def _unsupported(config: ModelConfig, family: Family) -> list[str]:
 
 def _candidate(config: ModelConfig) -> Family:
   """The one family that could express `config`: multi-head latent
-  attention is DeepSeek-V3's; attention sinks GPT-OSS's; Gemma-4's block
-  (post-MoE norms) Gemma-4's; q/k norms Qwen3-MoE's; else Mixtral's."""
+  attention is DeepSeek-V3's; attention sinks GPT-OSS's; sigmoid routing
+  without MLA GLM-4.5's; Gemma-4's block (post-MoE norms) Gemma-4's; q/k
+  norms Qwen3-MoE's; else Mixtral's."""
   if config.kv_lora_rank:
     return FAMILIES["deepseek_v3"]
   if config.attention_sinks:
     return FAMILIES["gpt_oss"]
+  if config.moe.routing == "sigmoid_then_topk":
+    return FAMILIES["glm4_moe"]
   if config.post_moe_norms:
     return FAMILIES["gemma4_text"]
   return FAMILIES["qwen3_moe" if config.qk_norm else "mixtral"]

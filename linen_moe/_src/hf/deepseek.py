@@ -91,6 +91,111 @@ def _rope(hf: Mapping[str, Any]) -> dict[str, Any]:
   return out | {"rope_interleave": f.read_bool(hf, "rope_interleave", True)}
 
 
+# `DeepseekV3Config`'s defaults of the keys `sigmoid_moe` and
+# `leading_dense` read.
+DEFAULTS = {
+    "hidden_size": 7168,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 2048,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "n_group": 8,
+    "topk_group": 4,
+    "first_k_dense_replace": 3,
+    "intermediate_size": 18432,
+}
+
+
+def sigmoid_moe(hf: Mapping[str, Any], defaults: Mapping) -> dict[str, Any]:
+  """The `MoEConfig` fields of DeepSeek-V3's MoE, which GLM-4.5 shares:
+  sigmoid scores with the selection-only `e_score_correction_bias`
+  (`routed_bias`), `n_group` / `topk_group`, `routed_scaling_factor`,
+  `norm_topk_prob`, and `n_shared_experts` of `moe_intermediate_size`.
+  `defaults`: the family's config defaults of those keys."""
+  width = f.read_int(
+      hf, "moe_intermediate_size", defaults["moe_intermediate_size"]
+  )
+  experts = (
+      "n_routed_experts" if "n_routed_experts" in hf else "num_local_experts"
+  )
+  dtype = f.dtype_of(hf)
+  return {
+      "num_experts": f.read_int(hf, experts, defaults["n_routed_experts"]),
+      "num_experts_per_tok": f.read_int(
+          hf, "num_experts_per_tok", defaults["num_experts_per_tok"]
+      ),
+      "emb_dim": f.read_int(hf, "hidden_size", defaults["hidden_size"]),
+      "moe_mlp_dim": width,
+      "mlp_activations": (f.activation(hf, "hidden_act", "silu"), "linear"),
+      "shared_experts": f.read_int(
+          hf, "n_shared_experts", defaults["n_shared_experts"]
+      ),
+      "shared_mlp_dim": width,
+      "routing": "sigmoid_then_topk",
+      "norm_topk_prob": f.read_bool(
+          hf, "norm_topk_prob", defaults["norm_topk_prob"]
+      ),
+      "routed_scaling_factor": f.read_number(
+          hf, "routed_scaling_factor", defaults["routed_scaling_factor"]
+      ),
+      "num_routing_groups": f.read_int(hf, "n_group", defaults["n_group"]),
+      "topk_routing_group": f.read_int(
+          hf, "topk_group", defaults["topk_group"]
+      ),
+      "routed_bias": True,
+      "load_balance_loss_weight": 0.0,
+      "dtype": dtype,
+      "param_dtype": dtype,
+  }
+
+
+def leading_dense(
+    hf: Mapping[str, Any], layers: int, defaults: Mapping
+) -> dict[str, Any]:
+  """`dense_layers` (the first `first_k_dense_replace`) and their
+  `dense_mlp_dim` (`intermediate_size`)."""
+  k = f.read_int(
+      hf, "first_k_dense_replace", defaults["first_k_dense_replace"], minimum=0
+  )
+  dense = min(k, layers)
+  width = 0
+  if dense:
+    width = f.read_int(hf, "intermediate_size", defaults["intermediate_size"])
+  return {"dense_layers": tuple(range(dense)), "dense_mlp_dim": width}
+
+
+def moe_json(config: ModelConfig) -> dict[str, Any]:
+  """The config.json keys of `sigmoid_moe` and `leading_dense`."""
+  moe = config.moe
+  return {
+      "intermediate_size": config.dense_mlp_dim or moe.moe_mlp_dim,
+      "moe_intermediate_size": moe.moe_mlp_dim,
+      "n_shared_experts": moe.shared_experts,
+      "n_routed_experts": moe.num_experts,
+      "routed_scaling_factor": moe.routed_scaling_factor,
+      "n_group": moe.num_routing_groups,
+      "topk_group": moe.topk_routing_group,
+      "num_experts_per_tok": moe.num_experts_per_tok,
+      "first_k_dense_replace": len(config.dense_layers),
+      "norm_topk_prob": moe.norm_topk_prob,
+      "hidden_act": f.ACTIVATION_NAMES[moe.mlp_activations[0]],
+  }
+
+
+def moe_unsupported(config: ModelConfig) -> list[str]:
+  """What `sigmoid_moe` and `leading_dense` cannot say of `config`."""
+  moe, bad = config.moe, []
+  if moe.shared_experts < 1 or moe.shared_mlp_dim != moe.moe_mlp_dim:
+    bad.append(f"shared_experts={moe.shared_experts} of {moe.shared_mlp_dim}")
+  if config.dense_layers != tuple(range(len(config.dense_layers))):
+    bad.append(f"dense_layers={config.dense_layers} (not a prefix)")
+  if moe.mlp_activations[0] not in f.ACTIVATION_NAMES:
+    bad.append(f"mlp_activations={moe.mlp_activations}")
+  return bad
+
+
 def _check_computation(hf: Mapping[str, Any]) -> None:
   """Fields whose other values change what transformers computes, or that
   transformers' model ignores though the original code read them."""
@@ -123,28 +228,10 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
   q_rank = hf.get("q_lora_rank", 1536)
   q_rank = 0 if q_rank is None else f.read_int(hf, "q_lora_rank")
   layers = f.read_int(hf, "num_hidden_layers", 61)
-  dense = min(f.read_int(hf, "first_k_dense_replace", 3, minimum=0), layers)
-  width = f.read_int(hf, "moe_intermediate_size", 2048)
-  dtype = f.dtype_of(hf)
   with f.building_model():
     moe = MoEConfig(
-        num_experts=f.read_int(hf, "n_routed_experts", 256),
-        num_experts_per_tok=f.read_int(hf, "num_experts_per_tok", 8),
-        emb_dim=f.read_int(hf, "hidden_size", 7168),
-        moe_mlp_dim=width,
-        mlp_activations=(f.activation(hf, "hidden_act", "silu"), "linear"),
-        shared_experts=f.read_int(hf, "n_shared_experts", 1),
-        shared_mlp_dim=width,
-        routing="sigmoid_then_topk",
-        norm_topk_prob=f.read_bool(hf, "norm_topk_prob", True),
-        routed_scaling_factor=f.read_number(hf, "routed_scaling_factor", 2.5),
-        num_routing_groups=f.read_int(hf, "n_group", 8),
-        topk_routing_group=f.read_int(hf, "topk_group", 4),
-        routed_bias=True,
+        **sigmoid_moe(hf, DEFAULTS),
         routed_bias_update_rate=ROUTED_BIAS_UPDATE_RATE,
-        load_balance_loss_weight=0.0,
-        dtype=dtype,
-        param_dtype=dtype,
     )
     return ModelConfig(
         moe=moe,
@@ -154,10 +241,7 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
         norm_eps=f.norm_eps(hf),
         tie_embeddings=f.read_bool(hf, "tie_word_embeddings", False),
         scale_embeddings=False,
-        dense_layers=tuple(range(dense)),
-        dense_mlp_dim=f.read_int(hf, "intermediate_size", 18432)
-        if dense
-        else 0,
+        **leading_dense(hf, layers, DEFAULTS),
         kv_lora_rank=f.read_int(hf, "kv_lora_rank", 512),
         q_lora_rank=q_rank,
         qk_nope_head_dim=dn,
@@ -168,7 +252,7 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
 
 
 # The fields (and values) a DeepSeek-V3 config.json cannot change.
-_FIXED = {
+FIXED = {
     "scale_embeddings": False,
     "router_input_norm": False,
     "post_moe_norms": False,
@@ -182,7 +266,7 @@ _FIXED = {
     "attention_qkv_bias": False,
     "attention_out_bias": False,
 }
-_FIXED_MOE = {
+FIXED_MOE = {
     "routing": "sigmoid_then_topk",
     "routed_bias": True,
     "per_expert_scale": False,
@@ -193,15 +277,7 @@ _FIXED_MOE = {
 
 def unsupported(config: ModelConfig) -> list[str]:
   """The fields of `config` that a DeepSeek-V3 config.json cannot say."""
-  moe = config.moe
-  bad = f.differing(config, _FIXED, _FIXED_MOE)
-  if moe.shared_experts < 1 or moe.shared_mlp_dim != moe.moe_mlp_dim:
-    bad.append(f"shared_experts={moe.shared_experts} of {moe.shared_mlp_dim}")
-  if config.dense_layers != tuple(range(len(config.dense_layers))):
-    bad.append(f"dense_layers={config.dense_layers} (not a prefix)")
-  if moe.mlp_activations[0] not in f.ACTIVATION_NAMES:
-    bad.append(f"mlp_activations={moe.mlp_activations}")
-  return bad
+  return f.differing(config, FIXED, FIXED_MOE) + moe_unsupported(config)
 
 
 def hf_config(config: ModelConfig, dtype: str) -> dict[str, Any]:
@@ -215,14 +291,10 @@ def hf_config(config: ModelConfig, dtype: str) -> dict[str, Any]:
       "model_type": MODEL_TYPE,
       "vocab_size": config.vocab_size,
       "hidden_size": moe.emb_dim,
-      "intermediate_size": config.dense_mlp_dim or moe.moe_mlp_dim,
-      "moe_intermediate_size": moe.moe_mlp_dim,
       "num_hidden_layers": config.num_layers,
       "num_attention_heads": config.num_heads,
       "num_key_value_heads": config.num_heads,
-      "n_shared_experts": moe.shared_experts,
-      "n_routed_experts": moe.num_experts,
-      "routed_scaling_factor": moe.routed_scaling_factor,
+      **moe_json(config),
       "kv_lora_rank": config.kv_lora_rank,
       "q_lora_rank": config.q_lora_rank or None,
       "qk_rope_head_dim": dr,
@@ -230,12 +302,6 @@ def hf_config(config: ModelConfig, dtype: str) -> dict[str, Any]:
       "qk_head_dim": dn + dr,
       "head_dim": dr,
       "v_head_dim": config.v_head_dim,
-      "n_group": moe.num_routing_groups,
-      "topk_group": moe.topk_routing_group,
-      "num_experts_per_tok": moe.num_experts_per_tok,
-      "first_k_dense_replace": len(config.dense_layers),
-      "norm_topk_prob": moe.norm_topk_prob,
-      "hidden_act": f.ACTIVATION_NAMES[moe.mlp_activations[0]],
       "rms_norm_eps": config.norm_eps,
       "tie_word_embeddings": config.tie_embeddings,
       "rope_parameters": rope,

@@ -14,6 +14,7 @@ from typing import Any
 
 from linen_moe._src.hf import deepseek
 from linen_moe._src.hf import gemma4
+from linen_moe._src.hf import glm4_moe
 from linen_moe._src.hf import gpt_oss
 
 
@@ -162,9 +163,31 @@ GPT_OSS = Family(
     experts_layout="interleaved_columns",
 )
 
+GLM4_MOE = Family(
+    model_type=glm4_moe.MODEL_TYPE,
+    architecture=glm4_moe.ARCHITECTURE,
+    default_rope_theta=glm4_moe.DEFAULT_THETA,
+    moe_module="mlp",
+    expert_projections=("gate_proj", "up_proj", "down_proj"),
+    expert_width_field="moe_intermediate_size",
+    dense_width_field="intermediate_size",
+    qk_norm=False,  # `use_qk_norm`: glm4_moe.py
+    norm_topk_prob=True,
+    fields=(),
+    codec=glm4_moe,
+)
+
 FAMILIES = {
     f.model_type: f
-    for f in (MIXTRAL, QWEN3_MOE, DEEPSEEK_V3, GEMMA4_TEXT, GEMMA4, GPT_OSS)
+    for f in (
+        MIXTRAL,
+        QWEN3_MOE,
+        DEEPSEEK_V3,
+        GEMMA4_TEXT,
+        GEMMA4,
+        GPT_OSS,
+        GLM4_MOE,
+    )
 }
 
 # The `model_type`s of config.json that load.

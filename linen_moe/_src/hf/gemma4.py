@@ -324,6 +324,7 @@ _GEMMA = {
     "attention_sinks": False,
     "attention_qkv_bias": False,
     "attention_out_bias": False,
+    "rotary_dim": 0,
 }
 _GEMMA_MOE = {
     "routing": "softmax_then_topk",

@@ -157,6 +157,7 @@ _FIXED = {
     "full_rope_base": 0.0,
     "full_rope_fraction": 1.0,
     "full_k_eq_v": False,
+    "rotary_dim": 0,
 }
 _FIXED_MOE = {
     "mlp_activations": ("clamped_swiglu", "linear"),

@@ -5,9 +5,10 @@ with `rope_theta` inside) and the older `rope_scaling` beside a top-level
 `rope_theta`. Read here for every family with one rotary embedding on all
 its layers: "default" and "yarn" (transformers' `_compute_yarn_parameters`:
 `factor`, `original_max_position_embeddings`, `beta_fast`, `beta_slow`,
-`mscale`, `mscale_all_dim`, `truncate`). A key that changes the rotary
-embedding in a way not implemented (e.g. yarn's explicit
-`attention_factor`) is an error naming it.
+`mscale`, `mscale_all_dim`, `truncate`), and for the families that rotate
+part of each head (GLM-4.5) its `partial_rotary_factor`. A key that
+changes the rotary embedding in a way not implemented (e.g. yarn's
+explicit `attention_factor`) is an error naming it.
 """
 
 from __future__ import annotations
@@ -59,19 +60,48 @@ def _yarn(hf: Mapping[str, Any], field: str, params: Mapping) -> dict:
   }
 
 
+def _rotary_dim(
+    hf: Mapping[str, Any], field: str, given: Mapping, head_dim: int, default
+) -> dict[str, Any]:
+  """`rotary_dim` = int(head_dim * partial_rotary_factor), the factor from
+  the rotary parameters, else config.json's top level, else `default`
+  (transformers' order); {} when every dim rotates."""
+  key = "partial_rotary_factor"
+  where = f"{field}.{key}" if key in given else key
+  factor = given.get(key, hf.get(key, default))
+  if (
+      isinstance(factor, bool)
+      or not isinstance(factor, (int, float))
+      or not 0 < factor <= 1
+  ):
+    raise f.error(where, factor, "expected a share in (0, 1]")
+  dim = int(head_dim * factor)
+  if dim % 2 or dim < 2:
+    raise f.error(
+        where, factor, f"it rotates {dim} of {head_dim} dims: not an even count"
+    )
+  return {} if dim == head_dim else {"rotary_dim": dim}
+
+
 def read(
     hf: Mapping[str, Any],
     default_theta: float,
     params: Mapping | None = None,
+    head_dim: int | None = None,
+    partial_default: float = 1.0,
 ) -> dict[str, Any]:
-  """The `ModelConfig` rotary fields (`rope_max_wavelength`, and YaRN's)
-  of a config.json.
+  """The `ModelConfig` rotary fields (`rope_max_wavelength`, YaRN's, and
+  `rotary_dim`) of a config.json.
 
   Args:
     hf: the config.json.
     default_theta: the base when config.json gives none.
     params: the rotary parameters to read when config.json has none
       (a family's default, e.g. GPT-OSS's YaRN); None: "default".
+    head_dim: the head width, for a family that rotates part of it
+      (`partial_rotary_factor`, default `partial_default`); None: the key
+      is not implemented for the family.
+    partial_default: the share that rotates when config.json gives none.
 
   Raises:
     ValueError: a `rope_type` other than "default" or "yarn", or a key
@@ -83,23 +113,31 @@ def read(
   kind = f.rope_type(given)
   base = f.theta(given.get("rope_theta", hf.get("rope_theta", default_theta)))
   out: dict[str, Any] = {"rope_max_wavelength": base}
+  partial = set()
+  if head_dim is not None:
+    partial = {"partial_rotary_factor"}
+    out |= _rotary_dim(hf, field, given, head_dim, partial_default)
   if kind == "default":
-    f.check_keys(field, given, BASE_KEYS)
+    f.check_keys(field, given, BASE_KEYS | partial)
     return out
   if kind != "yarn":
     raise f.error(
         f"{field}.rope_type", kind, "only 'default' and 'yarn' are implemented"
     )
-  f.check_keys(field, given, YARN_KEYS)
+  f.check_keys(field, given, YARN_KEYS | partial)
   return out | _yarn(hf, field, given)
 
 
-def to_json(config) -> dict[str, Any]:
-  """`rope_parameters` (transformers 5 style) of a `ModelConfig`."""
+def to_json(config, partial: bool = False) -> dict[str, Any]:
+  """`rope_parameters` (transformers 5 style) of a `ModelConfig`; with
+  `partial`, its `partial_rotary_factor` (1 when every dim rotates)."""
   rope: dict[str, Any] = {
       "rope_theta": config.rope_max_wavelength,
       "rope_type": config.rope_type,
   }
+  if partial:
+    head_dim = config.resolved_head_dim
+    rope["partial_rotary_factor"] = (config.rotary_dim or head_dim) / head_dim
   if config.rope_type != "yarn":
     return rope
   rope |= {

@@ -50,7 +50,7 @@ class Rope:
   """The rotary embedding of one kind of layer.
 
   Attributes:
-    dim: D, the rotated head width (even).
+    dim: D, the rotated width (even): a head's first D lanes.
     base: the RoPE base (theta).
     kind: one of `KINDS`.
     factor: YaRN's extension factor s.
@@ -133,9 +133,14 @@ class Rope:
     return interpolation * (1 - keep) + extrapolation * keep
 
   def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-    """x [B, S, N, D] rotated at integer positions [B, S], in x's dtype."""
-    if x.shape[-1] != self.dim:
+    """x [B, S, N, D] rotated at integer positions [B, S], in x's dtype:
+    its first `dim` lanes (D >= dim; the others pass through, GLM-4.5's and
+    MiniMax-M2's partial rotary)."""
+    if x.shape[-1] < self.dim:
       raise ValueError(f"Rope of dim {self.dim} applied to {x.shape}.")
+    if x.shape[-1] > self.dim:
+      rotated = self(x[..., : self.dim], positions)
+      return jnp.concatenate([rotated, x[..., self.dim :]], axis=-1)
     freq = self.inverse_frequencies()  # [D/2]
     angle = positions[..., None].astype(jnp.float32) * freq  # [B, S, D/2]
     scale = self.scale
@@ -156,8 +161,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
 
 
 def rope_of(config, dim: int, full: bool = False) -> Rope:
-  """The `Rope` of a layer of `config` (a `ModelConfig`) rotating `dim`
-  dims: a full-attention layer's (`full_rope_base`, "proportional" with
+  """The `Rope` of a layer of `config` (a `ModelConfig`) of head width
+  `dim` (rotating its first `rotary_dim` lanes when set): a full-attention layer's (`full_rope_base`, "proportional" with
   `full_rope_fraction`), or the others' (`rope_type`, YaRN's fields,
   `rope_interleave`); a full-attention layer without a base or share of
   its own takes the others' (GPT-OSS's YaRN on both kinds)."""
@@ -171,7 +176,7 @@ def rope_of(config, dim: int, full: bool = False) -> Rope:
         interleave=config.rope_interleave,
     )
   return Rope(
-      dim,
+      config.rotary_dim or dim,
       config.rope_max_wavelength,
       config.rope_type,
       factor=config.rope_factor,
