@@ -60,6 +60,14 @@ DERIVED = {
             "layer, shared experts, sigmoid routing in groups)"
         ),
     ),
+    "minimax_m2": ("configs/hf/minimax_m2/config.json", "MiniMax-M2"),
+    "tiny_minimax_m2": (
+        "tests/fixtures/hf/minimax_m2_partial_qknorm/config.json",
+        (
+            "a tiny MiniMax-M2 (rotary_dim half the head, q/k norms over all "
+            "heads, sigmoid routing with a selection bias)"
+        ),
+    ),
 }
 
 

@@ -123,3 +123,16 @@ def assert_save_is_the_fixture(test, name: str, prefix: str = "model."):
   test.assertEqual(again_config, config)
   equal_trees(test, again, variables)
   return out
+
+
+def assert_config_refused(test, name: str, change: dict, pattern: str):
+  """Fixture `name` with `change` applied to its config.json fails to load
+  with a ValueError matching `pattern` (before any data is read, when the
+  test forbids it)."""
+  d = tempdir(test) / name
+  shutil.copytree(FIXTURES / name, d)
+  config = json.loads((d / "config.json").read_text())
+  config.update(change)
+  (d / "config.json").write_text(json.dumps(config))
+  with test.assertRaisesRegex(ValueError, pattern):
+    hf.load_checkpoint(d)

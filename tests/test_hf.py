@@ -42,6 +42,7 @@ NAMES = (
     "gpt_oss_mxfp4",
     "glm4_moe_partial_qknorm_groups",
     "glm4_moe_nogroup_tied",
+    "minimax_m2_partial_qknorm",
 )
 # fixture -> (scanned, front end, path) of the default run: one fixture a
 # family, together scanned and unrolled, Linen and NNX, sparse and dense;

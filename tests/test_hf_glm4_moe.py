@@ -11,7 +11,6 @@ implementations runs under slow in tests/test_hf.py (`NAMES`).
 
 import json
 import pathlib
-import shutil
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -19,13 +18,12 @@ import numpy as np
 
 from linen_moe import hf
 from linen_moe._src.models.rotary import rope_of
-from tests.hf_helpers import FIXTURES
+from tests.hf_helpers import assert_config_refused
 from tests.hf_helpers import assert_greedy
 from tests.hf_helpers import assert_logits
 from tests.hf_helpers import assert_save_is_the_fixture
 from tests.hf_helpers import forbid_data_reads
 from tests.hf_helpers import load
-from tests.hf_helpers import tempdir
 
 GROUPS, AIR = "glm4_moe_partial_qknorm_groups", "glm4_moe_nogroup_tied"
 
@@ -102,7 +100,6 @@ class BadInputTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.tmp = tempdir(self)
     forbid_data_reads(self)
 
   @parameterized.parameters(
@@ -129,13 +126,7 @@ class BadInputTest(parameterized.TestCase):
       ({"moe_layer_freq": 2}, r"field\(s\) \['moe_layer_freq'\]"),
   )
   def test_config_fields(self, change, pattern):
-    d = self.tmp / f"{GROUPS}_{len(list(self.tmp.iterdir()))}"
-    shutil.copytree(FIXTURES / GROUPS, d)
-    config = json.loads((d / "config.json").read_text())
-    config.update(change)
-    (d / "config.json").write_text(json.dumps(config))
-    with self.assertRaisesRegex(ValueError, pattern):
-      hf.load_checkpoint(d)
+    assert_config_refused(self, GROUPS, change, pattern)
 
 
 if __name__ == "__main__":

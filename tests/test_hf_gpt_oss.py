@@ -32,6 +32,7 @@ from linen_moe._src.models.rotary import rope_of
 from linen_moe._src.testing import helpers
 from tests.hf_helpers import ATOL
 from tests.hf_helpers import FIXTURES
+from tests.hf_helpers import assert_config_refused
 from tests.hf_helpers import assert_greedy
 from tests.hf_helpers import assert_logits
 from tests.hf_helpers import assert_save_is_the_fixture
@@ -184,12 +185,7 @@ class BadInputTest(parameterized.TestCase):
       ({"swiglu_limit": 0}, r"swiglu_limit=0 is not supported"),
   )
   def test_config_fields(self, change, pattern):
-    d = self._copy(FLOAT)
-    config = json.loads((d / "config.json").read_text())
-    config.update(change)
-    (d / "config.json").write_text(json.dumps(config))
-    with self.assertRaisesRegex(ValueError, pattern):
-      hf.load_checkpoint(d)
+    assert_config_refused(self, FLOAT, change, pattern)
 
   def _mxfp4_tensors(self, edit):
     d = self._copy(MXFP4)

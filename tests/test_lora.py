@@ -54,6 +54,7 @@ FAMILIES = {
     "gemma4": "gemma4_text_moe_untied",
     "gpt_oss": "gpt_oss_sinks_swa_yarn",
     "glm4_moe": "glm4_moe_partial_qknorm_groups",
+    "minimax_m2": "minimax_m2_partial_qknorm",
 }
 # (family, path, front end, scanned): the default run's one case (about 7 s
 # of compiling on CI's machine); the product of every axis is `slow`.

@@ -46,6 +46,7 @@ _BOOLS = (
     "attention_sinks",
     "attention_qkv_bias",
     "attention_out_bias",
+    "qk_norm_over_heads",
 )
 # name -> (lowest allowed, whether the lowest is allowed itself)
 _FLOATS = {
@@ -227,6 +228,13 @@ def check(cfg, fail: Fail) -> None:
   _mla(cfg, fail)
   _full_layers(cfg, fail)
   _rotary_dim(cfg, fail)
+  if cfg.qk_norm_over_heads and not cfg.qk_norm:
+    fail(
+        "ModelConfig",
+        "qk_norm_over_heads",
+        cfg.qk_norm_over_heads,
+        "it shapes the q/k norms: needs qk_norm",
+    )
   if cfg.rope_type == "yarn" and cfg.rope_original_max_len < 1:
     fail(
         "ModelConfig",

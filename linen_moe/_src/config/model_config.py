@@ -91,6 +91,9 @@ class ModelConfig:
       num_kv_heads.
     qk_norm: RMS-normalise each query and key head (a learned [head_dim]
       scale each, eps `norm_eps`) before the rotary embedding (Qwen3).
+    qk_norm_over_heads: with `qk_norm`, one RMS over all the query (key)
+      heads' dims at once, a learned [num_heads * head_dim] scale
+      (MiniMax-M2), instead of one per head.
     tie_embeddings: the logits are the final hidden state times the
       embedding (True) or a separate `logits` kernel [M, V] (False).
     scale_embeddings: multiply the embedded tokens by sqrt(emb_dim).
@@ -202,6 +205,7 @@ class ModelConfig:
   norm_eps: float = 1e-6
   num_kv_heads: int = 0
   qk_norm: bool = False
+  qk_norm_over_heads: bool = False
   tie_embeddings: bool = True
   scale_embeddings: bool = True
   sliding_window: int = 0

@@ -66,7 +66,7 @@ _E4M3_TABLE = (
 # an error rather than ignored.
 _ALLOWED = {
     "activation_scheme": (None, "dynamic"),  # static needs activation scales
-    "fmt": (None, "e4m3"),
+    "fmt": (None, "e4m3", "float8_e4m3fn"),  # MiniMax-M2 writes the latter
     "scale_fmt": (None, "float", "ue8m0"),  # ue8m0: powers of two, stored F32
     "expert_dtype": (None, "fp8"),
 }

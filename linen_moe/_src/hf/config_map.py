@@ -74,6 +74,7 @@ _NEWER_FIELDS = (
     "attention_qkv_bias",
     "attention_out_bias",
     "rotary_dim",
+    "qk_norm_over_heads",
 )
 
 
@@ -286,13 +287,15 @@ def _unsupported(config: ModelConfig, family: Family) -> list[str]:
 
 def _candidate(config: ModelConfig) -> Family:
   """The one family that could express `config`: multi-head latent
-  attention is DeepSeek-V3's; attention sinks GPT-OSS's; sigmoid routing
-  without MLA GLM-4.5's; Gemma-4's block (post-MoE norms) Gemma-4's; q/k
+  attention is DeepSeek-V3's; attention sinks GPT-OSS's; q/k norms over
+  all heads MiniMax-M2's; sigmoid routing without MLA GLM-4.5's; Gemma-4's block (post-MoE norms) Gemma-4's; q/k
   norms Qwen3-MoE's; else Mixtral's."""
   if config.kv_lora_rank:
     return FAMILIES["deepseek_v3"]
   if config.attention_sinks:
     return FAMILIES["gpt_oss"]
+  if config.qk_norm_over_heads:
+    return FAMILIES["minimax_m2"]
   if config.moe.routing == "sigmoid_then_topk":
     return FAMILIES["glm4_moe"]
   if config.post_moe_norms:

@@ -16,6 +16,7 @@ from linen_moe._src.hf import deepseek
 from linen_moe._src.hf import gemma4
 from linen_moe._src.hf import glm4_moe
 from linen_moe._src.hf import gpt_oss
+from linen_moe._src.hf import minimax_m2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,9 @@ class Family:
       as x @ W, `gate_up_proj` [E, M, 2H] with gate and up columns
       alternating (GPT-OSS); "split_columns", the same with the gate
       columns first (Llama-4).
+    selection_bias: the name, under the MoE module, of the routed layer's
+      selection bias (`routed_bias`): DeepSeek-V3's under its router,
+      MiniMax-M2's on the MoE block itself.
   """
 
   model_type: str
@@ -73,6 +77,7 @@ class Family:
   text_config: str | None = None
   router: str = "gate"
   experts_layout: str = "rows"
+  selection_bias: str = "gate.e_score_correction_bias"
 
 
 MIXTRAL = Family(
@@ -177,6 +182,21 @@ GLM4_MOE = Family(
     codec=glm4_moe,
 )
 
+MINIMAX_M2 = Family(
+    model_type=minimax_m2.MODEL_TYPE,
+    architecture=minimax_m2.ARCHITECTURE,
+    default_rope_theta=minimax_m2.DEFAULT_THETA,
+    moe_module="block_sparse_moe",
+    expert_projections=("w1", "w3", "w2"),
+    expert_width_field="intermediate_size",
+    dense_width_field=None,
+    qk_norm=True,
+    norm_topk_prob=True,
+    fields=(),
+    codec=minimax_m2,
+    selection_bias="e_score_correction_bias",
+)
+
 FAMILIES = {
     f.model_type: f
     for f in (
@@ -187,6 +207,7 @@ FAMILIES = {
         GEMMA4,
         GPT_OSS,
         GLM4_MOE,
+        MINIMAX_M2,
     )
 }
 

@@ -196,3 +196,27 @@ def layer_types(
         "layer_types", types, f"expected {len(default)} of {list(allowed)}"
     )
   return types
+
+
+def common_json(
+    config, model_type: str, architecture: str, dtype: str
+) -> dict[str, Any]:
+  """The config.json keys every decoder-only family writes alike (the
+  transformers 5 style) for a `ModelConfig` with weights in `dtype`."""
+  return {
+      "architectures": [architecture],
+      "model_type": model_type,
+      "vocab_size": config.vocab_size,
+      "hidden_size": config.moe.emb_dim,
+      "num_hidden_layers": config.num_layers,
+      "num_attention_heads": config.num_heads,
+      "num_key_value_heads": config.resolved_kv_heads,
+      "head_dim": config.resolved_head_dim,
+      "rms_norm_eps": config.norm_eps,
+      "tie_word_embeddings": config.tie_embeddings,
+      "attention_dropout": 0.0,
+      "dtype": dtype,
+      "bos_token_id": None,
+      "eos_token_id": None,
+      "pad_token_id": None,
+  }

@@ -325,6 +325,7 @@ _GEMMA = {
     "attention_qkv_bias": False,
     "attention_out_bias": False,
     "rotary_dim": 0,
+    "qk_norm_over_heads": False,
 }
 _GEMMA_MOE = {
     "routing": "softmax_then_topk",

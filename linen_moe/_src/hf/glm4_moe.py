@@ -132,6 +132,7 @@ _FIXED |= {
     "rope_interleave": False,
     "value_norm": False,
     "full_attention_layers": (),
+    "qk_norm_over_heads": False,
 }
 
 
@@ -143,27 +144,11 @@ def unsupported(config: ModelConfig) -> list[str]:
 
 def hf_config(config: ModelConfig, dtype: str) -> dict[str, Any]:
   """config.json (transformers 5 style) of a GLM-4.5 `ModelConfig`."""
-  moe = config.moe
-  return {
-      "architectures": [ARCHITECTURE],
-      "model_type": MODEL_TYPE,
-      "vocab_size": config.vocab_size,
-      "hidden_size": moe.emb_dim,
-      "num_hidden_layers": config.num_layers,
-      "num_attention_heads": config.num_heads,
-      "num_key_value_heads": config.resolved_kv_heads,
-      "head_dim": config.resolved_head_dim,
+  return f.common_json(config, MODEL_TYPE, ARCHITECTURE, dtype) | {
       **deepseek.moe_json(config),
-      "rms_norm_eps": config.norm_eps,
-      "tie_word_embeddings": config.tie_embeddings,
       "rope_parameters": rope_fields.to_json(config, partial=True),
       "max_position_embeddings": rope_fields.max_positions(config),
       "attention_bias": config.attention_qkv_bias,
-      "attention_dropout": 0.0,
       "use_qk_norm": config.qk_norm,
       "num_nextn_predict_layers": 0,
-      "dtype": dtype,
-      "bos_token_id": None,
-      "eos_token_id": None,
-      "pad_token_id": None,
   }

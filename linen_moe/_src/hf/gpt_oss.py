@@ -191,32 +191,17 @@ def hf_config(config: ModelConfig, dtype: str) -> dict[str, Any]:
       SLIDING if sliding and i not in full else FULL
       for i in range(config.num_layers)
   ]
-  return {
-      "architectures": [ARCHITECTURE],
-      "model_type": MODEL_TYPE,
-      "vocab_size": config.vocab_size,
-      "hidden_size": moe.emb_dim,
+  return f.common_json(config, MODEL_TYPE, ARCHITECTURE, dtype) | {
       "intermediate_size": moe.moe_mlp_dim,
-      "num_hidden_layers": config.num_layers,
-      "num_attention_heads": config.num_heads,
-      "num_key_value_heads": config.resolved_kv_heads,
-      "head_dim": config.resolved_head_dim,
-      "rms_norm_eps": config.norm_eps,
-      "tie_word_embeddings": config.tie_embeddings,
       "rope_parameters": rope_fields.to_json(config),
       "max_position_embeddings": rope_fields.max_positions(config),
       "sliding_window": config.sliding_window or 128,
       "layer_types": types,
       "attention_bias": config.attention_qkv_bias,
-      "attention_dropout": 0.0,
       "num_local_experts": moe.num_experts,
       "num_experts_per_tok": moe.num_experts_per_tok,
       "swiglu_alpha": moe.swiglu_alpha,
       "swiglu_limit": moe.swiglu_limit,
       "output_router_logits": moe.load_balance_loss_weight > 0,
       "router_aux_loss_coef": moe.load_balance_loss_weight or 0.001,
-      "dtype": dtype,
-      "bos_token_id": None,
-      "eos_token_id": None,
-      "pad_token_id": None,
   }

@@ -328,7 +328,7 @@ def state_sources(
     if kind == "moe" and config.moe.routed_bias:
       module = _module(family, i, fused_experts(family, i, names))
       out[(name, *_routed_at(config), "routed_bias")] = Copy(
-          f"{module}gate.e_score_correction_bias"
+          f"{module}{family.selection_bias}"
       )
   return out
 

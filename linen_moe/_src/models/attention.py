@@ -392,13 +392,23 @@ def geometry(cfg: ModelConfig, full: bool = False) -> Geometry:
   )
 
 
+def _qk_norm(cfg: ModelConfig, name: str, x: jax.Array) -> jax.Array:
+  """`qk_norm` of q or k [B, S, heads, D]: per head (a [D] scale), or with
+  `qk_norm_over_heads` one RMS over all the heads' dims (MiniMax-M2: a
+  [heads * D] scale)."""
+  if not cfg.qk_norm_over_heads:
+    return RMSNorm(cfg.norm_eps, name=name)(x)
+  flat = x.reshape(*x.shape[:2], -1)  # [B, S, heads * D]
+  return RMSNorm(cfg.norm_eps, name=name)(flat).reshape(x.shape)
+
+
 class CausalSelfAttention(nn.Module):
   """Causal self-attention with RoPE, and a KV cache in decode mode.
 
   Parameters: `query/kernel` [M, N, D], `key/kernel` and `value/kernel`
   [M, K, D] (no `value` with `Geometry.k_eq_v`), `out/kernel` [N, D, M];
-  with `qk_norm`, `query_norm/scale` and `key_norm/scale` [D] (D, K of
-  the layer's `Geometry`); with `attention_qkv_bias` a `bias` [N or K, D]
+  with `qk_norm`, `query_norm/scale` and `key_norm/scale` [D] ([N * D],
+  [K * D] with `qk_norm_over_heads`; D, K of the layer's `Geometry`); with `attention_qkv_bias` a `bias` [N or K, D]
   beside each of the first three kernels, with `attention_out_bias`
   `out/bias` [M]; with `attention_sinks`, `sinks` [N].
 
@@ -453,8 +463,8 @@ class CausalSelfAttention(nn.Module):
     q, k = project("query", n), project("key", kv)
     v = k if geo.k_eq_v else project("value", kv)  # the raw projection
     if cfg.qk_norm:
-      q = RMSNorm(cfg.norm_eps, name="query_norm")(q)
-      k = RMSNorm(cfg.norm_eps, name="key_norm")(k)
+      q = _qk_norm(cfg, "query_norm", q)
+      k = _qk_norm(cfg, "key_norm", k)
     if cfg.value_norm:
       v = rms_normalize(v, cfg.norm_eps)
     q, k = geo.rope(q, positions), geo.rope(k, positions)
