@@ -61,7 +61,7 @@ def route_token(
   selection scores (+ the selection-only `bias`), the allowed groups, the
   top-k, then the weights from the unbiased scores."""
   k = cfg.num_experts_per_tok
-  if cfg.routing == "topk_then_softmax":
+  if cfg.routing in ("topk_then_softmax", "topk_then_sigmoid"):
     scores = logits
   elif cfg.routing == "softmax_then_topk":
     scores = _softmax(logits)
@@ -72,6 +72,10 @@ def route_token(
   ids = [e for e in _best_first(select) if e in allowed][:k]
   if cfg.routing == "topk_then_softmax":
     weights = _softmax(logits[ids])
+  elif cfg.routing == "topk_then_sigmoid":
+    weights = _sigmoid(logits[ids])
+    if cfg.norm_topk_prob:
+      weights = weights / weights.sum()
   else:
     weights = scores[ids]
     if cfg.norm_topk_prob:
@@ -158,7 +162,9 @@ def moe_reference(
   With `capacity`, each sequence's assignments claim expert slots in the
   config's `drop_policy` order (`keep_mask`), and assignments past an
   expert's capacity are dropped. `routed_bias` [E] is the selection-only
-  bias. Returns (outputs [B, S, M], dropped assignment count).
+  bias. With `weights_on_input` (Llama-4) a weight scales its expert's
+  input instead of its output. Returns (outputs [B, S, M], dropped
+  assignment count).
   """
   p = {k: np.asarray(v, np.float64) for k, v in params.items() if k != "gate"}
   gate = np.asarray(params["gate"]["kernel"], np.float64)
@@ -182,7 +188,11 @@ def moe_reference(
     for si in range(s):
       ids, weights = routes[si]
       for c, (e, w) in enumerate(zip(ids, weights, strict=True)):
-        if keep[si, c]:
+        if not keep[si, c]:
+          continue
+        if getattr(cfg, "weights_on_input", False):
+          out[bi, si] += expert(w * x[bi, si], p, e, act, cfg)
+        else:
           out[bi, si] += w * expert(x[bi, si], p, e, act, cfg)
   return out, dropped
 
@@ -190,8 +200,9 @@ def moe_reference(
 def router_probs(logits: np.ndarray, cfg) -> np.ndarray:
   """[E] one token's distribution over the experts, the load-balance loss
   input: the softmax of its logits, or its sigmoids normalised to sum to 1
-  ("sigmoid_then_topk", DeepSeek-V3's balance-loss affinities)."""
-  if cfg.routing == "sigmoid_then_topk":
+  ("sigmoid_then_topk", DeepSeek-V3's balance-loss affinities, and
+  "topk_then_sigmoid")."""
+  if cfg.routing in ("sigmoid_then_topk", "topk_then_sigmoid"):
     s = _sigmoid(logits)
     return s / s.sum()
   return _softmax(logits)
@@ -243,11 +254,13 @@ def attention(
     segments=None,
     key_segments=None,
     sinks=None,
+    chunk=0,
 ):
   """Causal grouped-query attention, one query and head at a time: q [B, S,
   N, Dk], k [B, T, K, Dk], v [B, T, K, Dv] -> [B, S, N, Dv]. Query (b, i)
   sees key (b, j) iff 0 <= pos_i - pos_j (< window when window > 0) and,
-  with segments, both are in the same segment. `sinks` [N]: head h's sink
+  with segments, both are in the same segment, and with a chunk C > 0 both
+  positions are in one chunk of C (Llama-4). `sinks` [N]: head h's sink
   logit joins each of its softmaxes, with no value (GPT-OSS)."""
   b, s, n, _ = q.shape
   t, kv = k.shape[1], k.shape[2]
@@ -258,6 +271,8 @@ def attention(
       for j in range(t):
         d = positions[r, i] - key_positions[r, j]
         ok = d >= 0 and (window <= 0 or d < window)
+        if chunk > 0:
+          ok = ok and positions[r, i] // chunk == key_positions[r, j] // chunk
         if segments is not None:
           ok = ok and segments[r, i] == key_segments[r, j]
         if ok:

@@ -427,6 +427,24 @@ def _with_sink_grads(fn, qkv, sinks, seed=3):
   return run(*qkv, jnp.asarray(sinks))
 
 
+def _interpreted_splash(test, with_grads, qkv, **kw):
+  """`with_grads` of attention="splash" with jax's kernels interpreted (so
+  on a CPU), its platform check off."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
+
+  interpreted = functools.partial(sa.make_splash_mha, interpret=True)
+  attention_fused._splash_kernel.cache_clear()
+  test.addCleanup(attention_fused._splash_kernel.cache_clear)
+  with (
+      mock.patch.object(sa, "make_splash_mha", interpreted),
+      mock.patch.object(attention_fused, "check_splash", lambda *a: None),
+  ):
+    splash = functools.partial(
+        attention.attend, implementation="splash", self_attention=True, **kw
+    )
+    return with_grads(splash, qkv)
+
+
 class SinksTest(parameterized.TestCase):
   """Attention sinks (GPT-OSS: a logit per query head in each softmax's
   denominator) against the NumPy loop, in every implementation that runs
@@ -475,22 +493,71 @@ class SinksTest(parameterized.TestCase):
 
   @testing.slow
   def test_splash_interpreted(self):
-    from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
-
     qkv, kw = _case(0, None, 256, seed=1, dk=128, dv=128, scale=0.1)
-    interpreted = functools.partial(sa.make_splash_mha, interpret=True)
-    attention_fused._splash_kernel.cache_clear()
-    self.addCleanup(attention_fused._splash_kernel.cache_clear)
-    with (
-        mock.patch.object(sa, "make_splash_mha", interpreted),
-        mock.patch.object(attention_fused, "check_splash", lambda *a: None),
-    ):
-      splash = functools.partial(
-          attention.attend, implementation="splash", self_attention=True, **kw
-      )
-      got = _with_sink_grads(splash, qkv, SINKS)
+    grads = functools.partial(_with_sink_grads, sinks=SINKS)
+    got = _interpreted_splash(self, grads, qkv, **kw)
     reference = functools.partial(attention.einsum_attend, **kw)
-    _close(self, got, _with_sink_grads(reference, qkv, SINKS), 1e-4)
+    _close(self, got, grads(reference, qkv), 1e-4)
+
+
+class ChunkTest(parameterized.TestCase):
+  """Chunked attention (Llama-4: a query sees the keys of its own chunk of C
+  positions, chunks counted in each document's positions) against the
+  NumPy loop in every implementation that runs here; blockwise's values
+  and gradients against the einsum's, its block skipping by the chunk."""
+
+  @parameterized.product(
+      implementation=("einsum", "blockwise", "dot_product"),
+      segments=(None, SEGMENTS),
+  )
+  def test_equals_numpy_and_einsum_gradients(self, implementation, segments):
+    qkv, kw = _case(segments=segments)
+    with (
+        mock.patch.object(attention_blockwise, "BLOCK_Q", 4),
+        mock.patch.object(attention_blockwise, "BLOCK_K", 3),
+    ):
+      fn = functools.partial(
+          attention.attend,
+          implementation=implementation,
+          self_attention=True,
+          chunk=3,
+          **kw,
+      )
+      got = _with_grads(fn, qkv)
+    pos = np.asarray(kw["positions"])
+    seg = None if segments is None else np.asarray(kw["segment_ids"])
+    want = numpy_reference.attention(*qkv, pos, pos, 0, 0.3, seg, seg, chunk=3)
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+    reference = functools.partial(attention.einsum_attend, chunk=3, **kw)
+    _close(self, got, _with_grads(reference, qkv), 1e-5)
+
+  def test_what_cannot_take_chunks(self):
+    with self.assertRaisesRegex(ValueError, r"cuDNN.*no chunked mask"):
+      attention_fused.check_dot_product(
+          "gpu", jnp.bfloat16, False, True, has_chunk=True
+      )
+    with self.assertRaisesRegex(ValueError, r"splash.*chunks from index 0"):
+      attention_fused.check_splash("tpu", 256, 256, True, True)
+    resolve = functools.partial(
+        attention.resolve_implementation,
+        "auto",
+        q_len=256,
+        kv_len=256,
+        dtype=jnp.bfloat16,
+        head_dims=(64, 64),
+        self_attention=True,
+        has_chunk=True,
+    )
+    self.assertEqual(resolve(platform="gpu", has_segments=False), "blockwise")
+    self.assertEqual(resolve(platform="tpu", has_segments=False), "splash")
+    self.assertEqual(resolve(platform="tpu", has_segments=True), "blockwise")
+
+  @testing.slow
+  def test_splash_interpreted(self):
+    qkv, kw = _case(0, None, 256, seed=1, dk=128, dv=128, scale=0.1)
+    got = _interpreted_splash(self, _with_grads, qkv, chunk=128, **kw)
+    reference = functools.partial(attention.einsum_attend, chunk=128, **kw)
+    _close(self, got, _with_grads(reference, qkv), 1e-4)
 
 
 class BadImplementationTest(absltest.TestCase):

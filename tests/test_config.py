@@ -304,7 +304,7 @@ class FamilyFieldsValidationTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("unknown_rope_type", dict(rope_type="linear"), r"rope_type='linear'"
-       r".*allowed \('default', 'yarn'\)"),
+       r".*allowed \('default', 'yarn', 'llama3'\)"),
       ("yarn_without_length", dict(rope_original_max_len=0),
        r"rope_original_max_len=0 .*YaRN needs"),
       ("mla_grouped_kv", dict(num_kv_heads=2),

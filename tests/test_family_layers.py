@@ -6,7 +6,13 @@ per-expert biases on the three projections (the down bias inside the
 routing weight's product) and the clamped SwiGLU, on the sparse path (the
 sorted one, and the two decode-size ones), the dense path and the dropping
 dense path with room for every token.
+
+Llama-4: top-1 of the logits, whose sigmoid scales the chosen expert's
+input (`weights_on_input`) on the same paths; its llama3 rotary
+frequencies and temperature tuning against the formulas, in NumPy.
 """
+
+import math
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -16,7 +22,10 @@ import numpy as np
 
 from linen_moe import MoEConfig
 from linen_moe import RoutedMoE
+from linen_moe import load_model_config
 from linen_moe._src.config.moe_config import MATMUL_PATHS
+from linen_moe._src.models import attention_geometry
+from linen_moe._src.models.rotary import Rope
 from linen_moe._src.testing import helpers
 from tests import numpy_reference
 
@@ -117,6 +126,86 @@ class GptOssExpertsTest(parameterized.TestCase):
         ValueError, r"swiglu_alpha=1.702 .*read only by the 'clamped_swiglu'"
     ):
       MoEConfig(**{**plain, "swiglu_limit": 0.0})
+
+
+LLAMA4 = dict(
+    num_experts=4,
+    num_experts_per_tok=1,
+    emb_dim=8,
+    moe_mlp_dim=6,
+    routing="topk_then_sigmoid",
+    weights_on_input=True,
+    load_balance_loss_weight=0.0,
+)
+
+
+class Llama4ExpertsTest(parameterized.TestCase):
+
+  @parameterized.parameters(*PATHS)
+  def test_matches_numpy_reference(self, path):
+    name, (b, s) = PATHS[path]
+    cfg = MoEConfig(**LLAMA4, **MATMUL_PATHS[name])
+    if name == "dense_dropping":
+      cfg = cfg.replace(capacity_factor=4.0)
+    variables = helpers.moe_variables(cfg, 3)
+    x = 2.0 * helpers.random_inputs(cfg.emb_dim, b, s)
+    y, aux = jax.jit(RoutedMoE(cfg).apply)(variables, x)
+    want, dropped = numpy_reference.moe_reference(
+        variables["params"], np.asarray(x, np.float64), cfg
+    )
+    self.assertEqual((dropped, float(aux.dropped_fraction)), (0, 0.0))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    # the weight on the input is not the weight on the output (SiLU)
+    on_output = RoutedMoE(cfg.replace(weights_on_input=False))
+    self.assertGreater(
+        helpers.rel_err(jax.jit(on_output.apply)(variables, x)[0], y), 1e-2
+    )
+
+  def test_weights_on_input_needs_one_expert(self):
+    with self.assertRaisesRegex(
+        ValueError, r"weights_on_input=True .*num_experts_per_tok=1, not 2"
+    ):
+      MoEConfig(**{**LLAMA4, "num_experts_per_tok": 2})
+
+
+def _llama3_frequencies(d, base, factor, low, high, original):
+  """transformers' `_compute_llama3_parameters`, one frequency at a time."""
+  out = []
+  for i in range(d // 2):
+    freq = base ** (-2 * i / d)
+    wavelen = 2 * math.pi / freq
+    if wavelen < original / high:
+      out.append(freq)
+    elif wavelen > original / low:
+      out.append(freq / factor)
+    else:
+      smooth = (original / wavelen - low) / (high - low)
+      out.append((1 - smooth) * freq / factor + smooth * freq)
+  return np.array(out)
+
+
+class Llama4PositionsTest(absltest.TestCase):
+
+  def test_llama3_frequencies(self):
+    # Scout's: every branch (kept, ramped, divided) is taken
+    args = dict(base=500000.0, factor=8.0, original_max_len=8192)
+    rope = Rope(128, kind="llama3", low_freq_factor=1.0, **args)
+    want = _llama3_frequencies(128, 500000.0, 8.0, 1.0, 4.0, 8192)
+    got = np.asarray(rope.inverse_frequencies())
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    self.assertTrue(np.any(got == want) and np.any(got < want))
+
+  def test_temperature(self):
+    # log1p(floor((p + 1) / F)) * s + 1, F = 4, s = 0.1
+    cfg = load_model_config("tiny_mixtral").replace(
+        full_attention_layers=(0,),
+        attention_temperature_floor=4,
+        attention_temperature_scale=0.1,
+    )
+    p = np.arange(20)
+    want = np.log1p(np.floor((p + 1) / 4)) * 0.1 + 1
+    got = attention_geometry.temperature(cfg, jnp.asarray(p)[None])
+    np.testing.assert_allclose(np.asarray(got).ravel(), want, rtol=1e-6)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""Validation of the `ModelConfig` fields of DeepSeek's and Gemma-4's
-attention and blocks: multi-head latent attention, YaRN and interleaved
-rotary embeddings, full-attention layers of their own geometry, and the
-extra norms and scalars of a Gemma-4 block.
+"""Validation of the `ModelConfig` fields of the families' attention and
+blocks beyond Mixtral's: multi-head latent attention, YaRN, llama3,
+interleaved and partial rotary embeddings, full-attention layers of their
+own geometry (Gemma-4) or without RoPE (Llama-4), chunked attention,
+sinks, biases and norms of q and k, and the extra norms and scalars of a
+Gemma-4 block.
 
 Kept apart from `config.py` (which calls `check` from
 `ModelConfig.__post_init__`); imports no jax.
@@ -13,7 +15,7 @@ from collections.abc import Callable
 import math
 from typing import Any
 
-ROPE_TYPES = ("default", "yarn")
+ROPE_TYPES = ("default", "yarn", "llama3")
 # `ModelConfig.attention` (linen_moe._src.models.attention.attend).
 ATTENTION_IMPLEMENTATIONS = (
     "auto",
@@ -33,6 +35,8 @@ _INTS = (
     "full_head_dim",
     "full_kv_heads",
     "rotary_dim",
+    "attention_chunk",
+    "attention_temperature_floor",
 )
 _BOOLS = (
     "rope_interleave",
@@ -47,6 +51,8 @@ _BOOLS = (
     "attention_qkv_bias",
     "attention_out_bias",
     "qk_norm_over_heads",
+    "full_nope",
+    "qk_norm_after_rope",
 )
 # name -> (lowest allowed, whether the lowest is allowed itself)
 _FLOATS = {
@@ -59,6 +65,9 @@ _FLOATS = {
     "full_rope_base": (0.0, True),
     "full_rope_fraction": (0.0, False),
     "final_logit_softcap": (0.0, True),
+    "rope_low_freq_factor": (0.0, False),
+    "rope_high_freq_factor": (0.0, False),
+    "attention_temperature_scale": (0.0, True),
 }
 _MLA = ("q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _FULL = ("full_head_dim", "full_kv_heads", "full_rope_base", "full_k_eq_v")
@@ -220,6 +229,60 @@ def _rotary_dim(cfg, fail: Fail) -> None:
     )
 
 
+def _llama4(cfg, fail: Fail) -> None:
+  """Chunked attention, NoPE full layers, the q/k norm after the rotary
+  embedding, temperature tuning and llama3 RoPE (Llama-4's fields)."""
+  if cfg.attention_chunk and cfg.sliding_window:
+    fail(
+        "ModelConfig",
+        "attention_chunk",
+        cfg.attention_chunk,
+        f"not with sliding_window={cfg.sliding_window} (one or the other)",
+    )
+  if cfg.kv_lora_rank:
+    for name in ("attention_chunk", "full_nope", "qk_norm_after_rope"):
+      if getattr(cfg, name):
+        fail("ModelConfig", name, getattr(cfg, name), "not with MLA")
+  full = bool(cfg.full_attention_layers)
+  for name in ("full_nope", "attention_temperature_floor"):
+    if getattr(cfg, name) and not full:
+      fail(
+          "ModelConfig",
+          name,
+          getattr(cfg, name),
+          "it shapes the full-attention layers, and there are none",
+      )
+  if cfg.full_nope and (cfg.full_rope_base or cfg.full_rope_fraction < 1):
+    fail("ModelConfig", "full_nope", True, "NoPE layers have no RoPE base")
+  if cfg.attention_temperature_scale and not cfg.attention_temperature_floor:
+    fail(
+        "ModelConfig",
+        "attention_temperature_scale",
+        cfg.attention_temperature_scale,
+        "needs attention_temperature_floor > 0",
+    )
+  if cfg.rope_type != "llama3" and (
+      cfg.rope_low_freq_factor != 1 or cfg.rope_high_freq_factor != 4
+  ):
+    fail(
+        "ModelConfig",
+        "rope_low_freq_factor",
+        (cfg.rope_low_freq_factor, cfg.rope_high_freq_factor),
+        "the low / high frequency factors are read by rope_type='llama3' "
+        "only (1 and 4 otherwise)",
+    )
+  if (
+      cfg.rope_type == "llama3"
+      and cfg.rope_high_freq_factor <= cfg.rope_low_freq_factor
+  ):
+    fail(
+        "ModelConfig",
+        "rope_high_freq_factor",
+        cfg.rope_high_freq_factor,
+        f"must exceed rope_low_freq_factor={cfg.rope_low_freq_factor}",
+    )
+
+
 def check(cfg, fail: Fail) -> None:
   """Raises (through `fail(cls, field, value, allowed)`) on a bad value of
   one of these fields; normalises the numbers to floats and the layer
@@ -235,12 +298,14 @@ def check(cfg, fail: Fail) -> None:
         cfg.qk_norm_over_heads,
         "it shapes the q/k norms: needs qk_norm",
     )
-  if cfg.rope_type == "yarn" and cfg.rope_original_max_len < 1:
+  _llama4(cfg, fail)
+  if cfg.rope_type in ("yarn", "llama3") and cfg.rope_original_max_len < 1:
     fail(
         "ModelConfig",
         "rope_original_max_len",
         cfg.rope_original_max_len,
-        "YaRN needs the pretraining context length (>= 1)",
+        f"{'YaRN' if cfg.rope_type == 'yarn' else 'llama3 RoPE'} needs the "
+        "pretraining context length (>= 1)",
     )
   if cfg.shared_pre_norm and not (
       cfg.post_moe_norms and cfg.moe.shared_experts > 0

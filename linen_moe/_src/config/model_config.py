@@ -117,8 +117,11 @@ class ModelConfig:
     v_head_dim: MLA: the value head width.
     rope_interleave: rotate the adjacent lanes (2i, 2i + 1) of a head
       together (DeepSeek's `rope_interleave`) instead of (i, i + D/2).
-    rope_type: "default" or "yarn" (YaRN's frequencies and cos / sin factor,
-      transformers' `_compute_yarn_parameters`).
+    rope_type: "default", "yarn" (YaRN's frequencies and cos / sin factor,
+      transformers' `_compute_yarn_parameters`) or "llama3" (the low
+      frequencies divided by `rope_factor`, a smooth ramp between
+      `rope_low_freq_factor` and `rope_high_freq_factor` of
+      `rope_original_max_len`: `_compute_llama3_parameters`).
     rope_factor: YaRN's context extension factor (s > 1).
     rope_original_max_len: YaRN: the pretraining context length.
     rope_beta_fast: YaRN: rotations below which a frequency is interpolated.
@@ -131,6 +134,10 @@ class ModelConfig:
     rope_truncate: YaRN: floor and ceil the ends of the correction range
       (transformers' default); False keeps them fractional (GPT-OSS's
       `truncate: false`).
+    rope_low_freq_factor: "llama3": wavelengths above original / low are
+      divided by the factor (1 for any other rope_type).
+    rope_high_freq_factor: "llama3": wavelengths below original / high keep
+      their frequency (4 for any other rope_type).
     rotary_dim: R > 0: only the first R dims of each query and key head
       rotate (pairs (i, i + R/2), frequencies base ** (-2i / R)), the rest
       pass through (GLM-4.5's `partial_rotary_factor`, MiniMax-M2's
@@ -168,6 +175,21 @@ class ModelConfig:
     attention_qkv_bias: the query, key and value projections have biases
       (`bias` [heads, D] beside each `kernel`).
     attention_out_bias: the output projection has a bias (`out/bias` [M]).
+    attention_chunk: C > 0: the layers other than `full_attention_layers`
+      attend in chunks (Llama-4): query i sees key j iff 0 <= i - j and
+      both positions are in the same chunk of C (floor(i / C) = floor(j /
+      C)); their KV cache keeps the last C positions. Not with a
+      `sliding_window`.
+    full_nope: the full-attention layers have no rotary embedding (NoPE,
+      Llama-4's `no_rope_layers`).
+    qk_norm_after_rope: RMS-normalise each query and key head without a
+      weight (eps `norm_eps`) after the rotary embedding, on the layers
+      that have one (Llama-4's `use_qk_norm`).
+    attention_temperature_floor: F > 0: the full-attention layers multiply
+      the query at position p by log1p(floor((p + 1) / F)) *
+      `attention_temperature_scale` + 1 (Llama-4's temperature tuning of
+      its NoPE layers); 0 = off.
+    attention_temperature_scale: that scale (0 without a floor).
     attention: how attention is computed (the same function each way; a
       run field): "auto" (by platform and shape), "einsum" (the whole score
       matrix, the reference), "blockwise" (key / value blocks with an
@@ -239,6 +261,13 @@ class ModelConfig:
   final_logit_softcap: float = 0.0
   rope_truncate: bool = True
   rotary_dim: int = 0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  attention_chunk: int = 0
+  full_nope: bool = False
+  qk_norm_after_rope: bool = False
+  attention_temperature_floor: int = 0
+  attention_temperature_scale: float = 0.0
   attention_sinks: bool = False
   attention_qkv_bias: bool = False
   attention_out_bias: bool = False

@@ -34,7 +34,12 @@ if TYPE_CHECKING:
   import jax.numpy as jnp
 
 
-ROUTINGS = ("topk_then_softmax", "softmax_then_topk", "sigmoid_then_topk")
+ROUTINGS = (
+    "topk_then_softmax",
+    "softmax_then_topk",
+    "sigmoid_then_topk",
+    "topk_then_sigmoid",
+)
 DROP_POLICIES = ("position", "probability")
 EXPERT_PARALLEL_STRATEGIES = ep_traffic.STRATEGIES
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
@@ -144,7 +149,9 @@ class MoEConfig:
       the chosen ones), "softmax_then_topk" (softmax over all experts, then
       top-k, renormalised when `norm_topk_prob`) or "sigmoid_then_topk"
       (DeepSeek-V3: sigmoid of each logit, top-k, the chosen sigmoids
-      renormalised when `norm_topk_prob`).
+      renormalised when `norm_topk_prob`) or "topk_then_sigmoid" (Llama-4:
+      top-k of the logits, the sigmoid of each chosen one, renormalised
+      when `norm_topk_prob`).
     norm_topk_prob: renormalise the chosen weights to sum to 1 (read by
       "softmax_then_topk" and "sigmoid_then_topk"; "topk_then_softmax"
       always sums to 1).
@@ -170,6 +177,9 @@ class MoEConfig:
     per_expert_scale: learn a `[E]` scale multiplied into routing weights.
     router_bias: the router has a bias `gate/bias` [E], added to its logits
       (so to the choice and the weights alike; GPT-OSS).
+    weights_on_input: the routing weight multiplies the expert's input
+      instead of its output (Llama-4: expert(w x), not w expert(x)); needs
+      one expert per token.
     expert_bias: each routed expert's projections have biases:
       `wi_0_bias`, `wi_1_bias` [E, H] and `wo_bias` [E, M], added after
       each contraction (the down bias inside the routing weight's product,
@@ -232,6 +242,7 @@ class MoEConfig:
   router_jitter: float = run_field(0.0)
   per_expert_scale: bool = False
   router_bias: bool = False
+  weights_on_input: bool = False
   expert_bias: bool = False
   swiglu_alpha: float = 1.0
   swiglu_limit: float = 0.0
@@ -324,6 +335,7 @@ class MoEConfig:
         "routed_bias",
         "per_expert_scale",
         "router_bias",
+        "weights_on_input",
         "expert_bias",
         "sparse_matmul",
         "serving",
@@ -382,6 +394,14 @@ class MoEConfig:
           "routed_bias_update_rate",
           self.routed_bias_update_rate,
           "a non-zero rate needs routed_bias=True",
+      )
+    if self.weights_on_input and self.num_experts_per_tok != 1:
+      fail(
+          cls,
+          "weights_on_input",
+          self.weights_on_input,
+          "the weight scales the one chosen expert's input: needs "
+          f"num_experts_per_tok=1, not {self.num_experts_per_tok}",
       )
     check_positive_ints(self, ("num_routing_groups", "topk_routing_group"))
     e, g, t = self.num_experts, self.num_routing_groups, self.topk_routing_group

@@ -75,6 +75,10 @@ _NEWER_FIELDS = (
     "attention_out_bias",
     "rotary_dim",
     "qk_norm_over_heads",
+    "attention_chunk",
+    "full_nope",
+    "qk_norm_after_rope",
+    "attention_temperature_floor",
 )
 
 
@@ -263,6 +267,7 @@ def _unsupported(config: ModelConfig, family: Family) -> list[str]:
   need(not moe.per_expert_scale, "per_expert_scale=True")
   need(not moe.router_bias, "router_bias=True")
   need(not moe.expert_bias, "expert_bias=True")
+  need(not moe.weights_on_input, "weights_on_input=True")
   need(moe.mlp_activations[0] in _ACTIVATION_NAMES, "mlp_activations")
   need(config.qk_norm == family.qk_norm, f"qk_norm={config.qk_norm}")
   need(

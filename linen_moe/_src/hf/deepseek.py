@@ -277,7 +277,9 @@ FIXED_MOE = {
 
 def unsupported(config: ModelConfig) -> list[str]:
   """The fields of `config` that a DeepSeek-V3 config.json cannot say."""
-  return f.differing(config, FIXED, FIXED_MOE) + moe_unsupported(config)
+  bad = f.differing(config, FIXED | f.NO_LLAMA4, FIXED_MOE | f.NO_LLAMA4_MOE)
+  bad += f.llama3_rope(config)
+  return bad + moe_unsupported(config)
 
 
 def hf_config(config: ModelConfig, dtype: str) -> dict[str, Any]:

@@ -131,6 +131,22 @@ def activation(hf: Mapping, field: str, default: str) -> str:
   return ACTIVATIONS[act]
 
 
+# The Llama-4 fields, which every other family keeps at these values.
+NO_LLAMA4 = {
+    "attention_chunk": 0,
+    "full_nope": False,
+    "qk_norm_after_rope": False,
+    "attention_temperature_floor": 0,
+}
+NO_LLAMA4_MOE = {"weights_on_input": False}
+
+
+def llama3_rope(config) -> list[str]:
+  """["rope_type='llama3'"] for a config with Llama-4's rotary scaling,
+  which the other families' config.json readers do not take."""
+  return ["rope_type='llama3'"] if config.rope_type == "llama3" else []
+
+
 def differing(config, fixed: Mapping, fixed_moe: Mapping) -> list[str]:
   """`field=value` of each field of a `ModelConfig` (`fixed`) or of its
   `moe` (`fixed_moe`) that differs from the value a family requires."""
@@ -140,6 +156,36 @@ def differing(config, fixed: Mapping, fixed_moe: Mapping) -> list[str]:
       for k, v in table.items()
       if getattr(obj, k) != v
   ]
+
+
+def text_fields(
+    hf: Mapping[str, Any],
+    model_type: str,
+    outer_fields: Set[str],
+    tied_default: bool,
+) -> dict[str, Any]:
+  """The text decoder's config.json fields of a family with a multimodal
+  checkpoint: `hf` itself, or the `text_config` of a multimodal config of
+  `model_type` (whose own keys must be `outer_fields`), with its dtype; its
+  tied head must be the outer config's (both default `tied_default`)."""
+  if hf.get("model_type") != model_type:
+    return dict(hf)
+  check_known(hf, outer_fields, model_type)
+  text = hf.get("text_config")
+  if not isinstance(text, Mapping):
+    raise error("text_config", text, "expected the text decoder's config")
+  text = dict(text)
+  outer_tied = read_bool(hf, "tie_word_embeddings", tied_default)
+  if read_bool(text, "tie_word_embeddings", tied_default) != outer_tied:
+    raise error(
+        "text_config.tie_word_embeddings",
+        text.get("tie_word_embeddings"),
+        f"it must equal tie_word_embeddings={outer_tied}",
+    )
+  for key in ("dtype", "torch_dtype"):
+    if key not in text and key in hf:
+      text[key] = hf[key]
+  return text
 
 
 def norm_eps(hf: Mapping, default: float = 1e-6) -> float:

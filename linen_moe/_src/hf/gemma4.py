@@ -94,24 +94,7 @@ def text_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
   """The text decoder's config.json fields: `hf` itself (`gemma4_text`),
   or the `text_config` of a multimodal `gemma4` config (with its dtype
   and tied head)."""
-  if hf.get("model_type") != MODEL_TYPE:
-    return dict(hf)
-  f.check_known(hf, OUTER_FIELDS, MODEL_TYPE)
-  text = hf.get("text_config")
-  if not isinstance(text, Mapping):
-    raise f.error("text_config", text, "expected the text decoder's config")
-  text = dict(text)
-  outer_tied = f.read_bool(hf, "tie_word_embeddings", True)
-  if f.read_bool(text, "tie_word_embeddings", True) != outer_tied:
-    raise f.error(
-        "text_config.tie_word_embeddings",
-        text.get("tie_word_embeddings"),
-        f"it must equal tie_word_embeddings={outer_tied}",
-    )
-  for key in ("dtype", "torch_dtype"):
-    if key not in text and key in hf:
-      text[key] = hf[key]
-  return text
+  return f.text_fields(hf, MODEL_TYPE, OUTER_FIELDS, tied_default=True)
 
 
 def _layer_types(hf: Mapping[str, Any], layers: int) -> list[str]:
@@ -343,7 +326,7 @@ _GEMMA_MOE = {
 def unsupported(config: ModelConfig) -> list[str]:
   """The fields of `config` that a Gemma-4 config.json cannot say."""
   moe = config.moe
-  bad = f.differing(config, _GEMMA, _GEMMA_MOE)
+  bad = f.differing(config, _GEMMA | f.NO_LLAMA4, _GEMMA_MOE | f.NO_LLAMA4_MOE)
   if moe.mlp_activations[0] not in f.ACTIVATION_NAMES:
     bad.append("mlp_activations")
   sliding = config.num_layers > len(config.full_attention_layers)

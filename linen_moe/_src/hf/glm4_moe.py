@@ -138,7 +138,12 @@ _FIXED |= {
 
 def unsupported(config: ModelConfig) -> list[str]:
   """The fields of `config` that a GLM-4.5 config.json cannot say."""
-  bad = f.differing(config, _FIXED, deepseek.FIXED_MOE)
+  bad = f.differing(
+      config,
+      _FIXED | f.NO_LLAMA4,
+      deepseek.FIXED_MOE | f.NO_LLAMA4_MOE,
+  )
+  bad += f.llama3_rope(config)
   return bad + deepseek.moe_unsupported(config)
 
 

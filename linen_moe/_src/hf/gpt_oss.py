@@ -174,11 +174,12 @@ _FIXED_MOE = {
 
 def unsupported(config: ModelConfig) -> list[str]:
   """The fields of `config` that a GPT-OSS config.json cannot say."""
-  bad = f.differing(config, _FIXED, _FIXED_MOE)
+  bad = f.differing(config, _FIXED | f.NO_LLAMA4, _FIXED_MOE | f.NO_LLAMA4_MOE)
   if config.attention_qkv_bias != config.attention_out_bias:
     bad.append("attention_qkv_bias != attention_out_bias")
   if config.full_attention_layers and not config.sliding_window:
     bad.append("full_attention_layers without a sliding_window")
+  bad += f.llama3_rope(config)
   return bad
 
 

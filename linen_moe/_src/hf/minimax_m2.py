@@ -198,9 +198,10 @@ _FIXED_MOE = {
 
 def unsupported(config: ModelConfig) -> list[str]:
   """The fields of `config` that a MiniMax-M2 config.json cannot say."""
-  bad = f.differing(config, _FIXED, _FIXED_MOE)
+  bad = f.differing(config, _FIXED | f.NO_LLAMA4, _FIXED_MOE | f.NO_LLAMA4_MOE)
   if config.moe.mlp_activations[0] not in f.ACTIVATION_NAMES:
     bad.append(f"mlp_activations={config.moe.mlp_activations}")
+  bad += f.llama3_rope(config)
   return bad
 
 

@@ -326,6 +326,9 @@ class RoutedMoE(JitInit, nn.Module):
 
     experts = self._expert_kernels(init)
     x = sharding.constrain(inputs.astype(dt), sharding.BSM)
+    if cfg.weights_on_input:  # Llama-4: expert(w x), one expert a token
+      x = x * router.weights.reshape(b, s, 1).astype(dt)
+      router = router.replace(weights=jnp.ones_like(router.weights))
     act = activation(cfg.mlp_activations[0], cfg.swiglu_alpha, cfg.swiglu_limit)
 
     dropped = jnp.zeros((), jnp.float32)

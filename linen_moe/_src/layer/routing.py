@@ -107,7 +107,8 @@ def route(
   "topk_then_softmax" (Mixtral): top-k of the logits, softmax over the k.
   "softmax_then_topk": softmax over all E, top-k, optionally renormalised.
   "sigmoid_then_topk" (DeepSeek-V3): sigmoid of each logit, top-k, optionally
-  renormalised.
+  renormalised. "topk_then_sigmoid" (Llama-4): top-k of the logits, the
+  sigmoid of each chosen one, optionally renormalised.
   `selection_bias` <float>[E] is added to the selection scores (logits,
   softmax or sigmoid) only to choose; `n_groups` / `topk_groups` limit the
   choice to the best groups. The weights, computed from the unbiased scores,
@@ -116,7 +117,7 @@ def route(
   Args:
     logits: <float>[T, E] router logits (computed in float32 here).
     k: experts per token, 1 <= k <= E.
-    routing: "topk_then_softmax", "softmax_then_topk" or "sigmoid_then_topk".
+    routing: one of `MoEConfig`'s routings (`ROUTINGS`).
     norm_topk_prob: renormalise the k chosen probabilities / sigmoids to sum
       to 1 (ignored by "topk_then_softmax", whose softmax already does).
     per_expert_scale: optional <float>[E] learned scale of each expert's
@@ -132,12 +133,14 @@ def route(
     <int32>[T, k] and `probs` <float32>[T, E].
 
   Raises:
-    ValueError: if `routing` is not one of the three names above.
+    ValueError: if `routing` is not one of the names above.
   """
   logits = logits.astype(jnp.float32)
-  if routing == "sigmoid_then_topk":
+  if routing in ("sigmoid_then_topk", "topk_then_sigmoid"):
     scores = jax.nn.sigmoid(logits)
     probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
+    if routing == "topk_then_sigmoid":  # choose by the logits
+      scores = logits
   elif routing in ("topk_then_softmax", "softmax_then_topk"):
     probs = jax.nn.softmax(logits, axis=-1)
     scores = logits if routing == "topk_then_softmax" else probs
@@ -150,6 +153,10 @@ def route(
   chosen = jnp.take_along_axis(scores, indices, axis=-1)  # [T, k], unbiased
   if routing == "topk_then_softmax":
     weights = jax.nn.softmax(chosen, axis=-1)
+  elif routing == "topk_then_sigmoid":
+    weights = jax.nn.sigmoid(chosen)
+    if norm_topk_prob:
+      weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
   elif norm_topk_prob:
     weights = chosen / jnp.sum(chosen, axis=-1, keepdims=True)
   else:

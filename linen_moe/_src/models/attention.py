@@ -29,9 +29,10 @@ shared with `mla.py`).
   TPU only, under `shard_map` when a mesh is set.
 - "auto": on CPU "einsum" below `CPU_BLOCKWISE_FROM` query positions and
   "blockwise" from there; on GPU "dot_product" where cuDNN takes the call
-  (bfloat16 / float16, no segment ids, no sinks, head widths multiples of
-  8 up to `CUDNN_MAX_HEAD_DIM`), on TPU "splash" where S is a multiple of 128, and
-  "blockwise" otherwise.
+  (bfloat16 / float16, no segment ids, sinks or chunks, head widths
+  multiples of 8 up to `CUDNN_MAX_HEAD_DIM`), on TPU "splash" where S is a
+  multiple of 128 (and not chunks beside segment ids), and "blockwise"
+  otherwise.
 
 A request the platform or the call cannot honour is a ValueError naming
 why, never a quiet fallback. The KV-cache decode step always runs the
@@ -43,8 +44,6 @@ heads, G = N / K, D head_dim.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import flax.linen as nn
 import jax
@@ -58,12 +57,12 @@ from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.lora import adapters as lora_adapters
 from linen_moe._src.models import attention_blockwise
 from linen_moe._src.models import attention_fused
+from linen_moe._src.models.attention_geometry import Geometry  # noqa: F401
+from linen_moe._src.models.attention_geometry import geometry
+from linen_moe._src.models.attention_geometry import position_qk
 from linen_moe._src.models.attention_mask import attention_mask
 from linen_moe._src.models.kv_cache import write_cache
-from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize
-from linen_moe._src.models.rotary import Rope
-from linen_moe._src.models.rotary import rope_of
 from linen_moe._src.parallel import sharding
 
 IMPLEMENTATIONS = ATTENTION_IMPLEMENTATIONS
@@ -208,11 +207,12 @@ def einsum_attend(
     segment_ids: jax.Array | None = None,
     key_segment_ids: jax.Array | None = None,
     sinks: jax.Array | None = None,
+    chunk: int = 0,
 ) -> jax.Array:
   """The reference: the whole float32 score matrix [B, K, G, S, T] and the
   [B, S, T] mask (`attend` "einsum")."""
   visible = attention_mask(
-      positions, key_positions, window, segment_ids, key_segment_ids
+      positions, key_positions, window, segment_ids, key_segment_ids, chunk
   )
   b, s, n, dk = q.shape
   kv = k.shape[2]
@@ -236,6 +236,7 @@ def resolve_implementation(
     has_segments: bool,
     self_attention: bool,
     has_sinks: bool = False,
+    has_chunk: bool = False,
 ) -> str:
   """The implementation `attend` runs for `implementation` ("auto" picks
   one; see the module docstring's rule). Raises a ValueError for an unknown
@@ -256,12 +257,14 @@ def resolve_implementation(
         jnp.dtype(dtype).name in attention_fused.CUDNN_DTYPES
         and not has_segments
         and not has_sinks
+        and not has_chunk
         and max(head_dims) <= CUDNN_MAX_HEAD_DIM
         and all(d % 8 == 0 for d in head_dims)
     )
     return "dot_product" if fits else "blockwise"
   if platform == "tpu":
     fits = q_len == kv_len and q_len % attention_fused.SPLASH_MULTIPLE == 0
+    fits = fits and not (has_chunk and has_segments)
     return "splash" if fits else "blockwise"
   return "blockwise"
 
@@ -281,6 +284,7 @@ def attend(
     implementation: str = "einsum",
     self_attention: bool = False,
     sinks: jax.Array | None = None,
+    chunk: int = 0,
 ) -> jax.Array:
   """Causal grouped-query attention: q [B, S, N, Dk], k [B, T, K, Dk], v
   [B, T, K, Dv] -> [B, S, N, Dv]; query head n reads key / value head
@@ -295,7 +299,10 @@ def attend(
   a block can see, and the fused kernels mask by index. `sinks`: an
   optional <float32>[N], query head n's sink logit in each of its rows'
   softmax denominators (no value; `ModelConfig.attention_sinks`), in
-  every implementation (cuDNN excepted: a ValueError).
+  every implementation (cuDNN excepted: a ValueError). `chunk` C > 0:
+  chunked attention (Llama-4), a query sees only the keys of its own
+  chunk of C positions (cuDNN, and splash with segment ids, cannot: a
+  ValueError).
 
   Raises:
     ValueError: an unknown implementation, or one the platform or this
@@ -312,6 +319,7 @@ def attend(
       has_segments=segment_ids is not None,
       self_attention=self_attention,
       has_sinks=sinks is not None,
+      has_chunk=chunk > 0,
   )
   common = dict(
       positions=positions,
@@ -322,6 +330,7 @@ def attend(
       segment_ids=segment_ids,
       key_segment_ids=key_segment_ids,
       sinks=sinks,
+      chunk=chunk,
   )
   if name == "einsum":
     return einsum_attend(q, k, v, **common)
@@ -344,62 +353,8 @@ def attend(
       self_attention=self_attention,
       platform=platform,
       sinks=sinks,
+      chunk=chunk,
   )
-
-
-@dataclasses.dataclass(frozen=True)
-class Geometry:
-  """The shape of one kind of layer's attention.
-
-  Attributes:
-    heads: N, query heads.
-    kv_heads: K, key / value heads.
-    head_dim: D.
-    window: the sliding window W (0 = the whole causal past).
-    k_eq_v: no value projection: the values are the raw keys.
-    rope: the rotary embedding of the queries and keys.
-  """
-
-  heads: int
-  kv_heads: int
-  head_dim: int
-  window: int
-  k_eq_v: bool
-  rope: Rope
-
-
-def geometry(cfg: ModelConfig, full: bool = False) -> Geometry:
-  """The attention geometry of a full-attention layer of `cfg` (`full`) or
-  of its other layers."""
-  if not full:
-    d = cfg.resolved_head_dim
-    return Geometry(
-        cfg.num_heads,
-        cfg.resolved_kv_heads,
-        d,
-        cfg.sliding_window,
-        False,
-        rope_of(cfg, d),
-    )
-  d = cfg.full_head_dim or cfg.resolved_head_dim
-  return Geometry(
-      cfg.num_heads,
-      cfg.full_kv_heads or cfg.resolved_kv_heads,
-      d,
-      0,
-      cfg.full_k_eq_v,
-      rope_of(cfg, d, full=True),
-  )
-
-
-def _qk_norm(cfg: ModelConfig, name: str, x: jax.Array) -> jax.Array:
-  """`qk_norm` of q or k [B, S, heads, D]: per head (a [D] scale), or with
-  `qk_norm_over_heads` one RMS over all the heads' dims (MiniMax-M2: a
-  [heads * D] scale)."""
-  if not cfg.qk_norm_over_heads:
-    return RMSNorm(cfg.norm_eps, name=name)(x)
-  flat = x.reshape(*x.shape[:2], -1)  # [B, S, heads * D]
-  return RMSNorm(cfg.norm_eps, name=name)(flat).reshape(x.shape)
 
 
 class CausalSelfAttention(nn.Module):
@@ -408,18 +363,20 @@ class CausalSelfAttention(nn.Module):
   Parameters: `query/kernel` [M, N, D], `key/kernel` and `value/kernel`
   [M, K, D] (no `value` with `Geometry.k_eq_v`), `out/kernel` [N, D, M];
   with `qk_norm`, `query_norm/scale` and `key_norm/scale` [D] ([N * D],
-  [K * D] with `qk_norm_over_heads`; D, K of the layer's `Geometry`); with `attention_qkv_bias` a `bias` [N or K, D]
-  beside each of the first three kernels, with `attention_out_bias`
-  `out/bias` [M]; with `attention_sinks`, `sinks` [N].
+  [K * D] with `qk_norm_over_heads`; D, K of the layer's `Geometry`);
+  with `attention_qkv_bias` a `bias` [N or K, D] beside each of the first
+  three kernels, with `attention_out_bias` `out/bias` [M]; with
+  `attention_sinks`, `sinks` [N]. What q and k go through before they
+  meet (norms, rotary, temperature) is `attention_geometry.position_qk`.
 
   With `decode`, the keys and values live in the `cache` collection
   (`cached_key`, `cached_value`: [B, K, C, D], and `cached_position`,
   created by `init` on a [B, max_len] sample; C is max_len, or the window
-  for a sliding-window layer's ring buffer, `kv_cache.py`): a call writes
-  its S new ones at their rows' positions (negative: padding, not written)
-  and attends over the cache, the mask (causal, and the sliding window)
-  reading each slot's stored position. The parameters are the same in both
-  modes.
+  or chunk for a sliding-window or chunked layer's ring buffer,
+  `kv_cache.py`): a call writes its S new ones at their rows' positions
+  (negative: padding, not written) and attends over the cache, the mask
+  (causal, the sliding window, the chunk) reading each slot's stored
+  position. The parameters are the same in both modes.
 
   Attributes:
     config: the `ModelConfig`.
@@ -462,18 +419,15 @@ class CausalSelfAttention(nn.Module):
 
     q, k = project("query", n), project("key", kv)
     v = k if geo.k_eq_v else project("value", kv)  # the raw projection
-    if cfg.qk_norm:
-      q = _qk_norm(cfg, "query_norm", q)
-      k = _qk_norm(cfg, "key_norm", k)
     if cfg.value_norm:
       v = rms_normalize(v, cfg.norm_eps)
-    q, k = geo.rope(q, positions), geo.rope(k, positions)
+    q, k = position_qk(cfg, geo, self.full, q, k, positions)
     key_positions, key_segment_ids = positions, segment_ids
     implementation = cfg.attention
     if self.decode:  # S is 1 .. a prompt: the einsum over the cache
       implementation = "einsum"
       cached, key_positions, key_valid, valid = write_cache(
-          self, {"key": k, "value": v}, positions, geo.window
+          self, {"key": k, "value": v}, positions, geo.cache_window
       )
       k, v = cached["key"], cached["value"]
       segment_ids, key_segment_ids = valid.astype(jnp.int32), key_valid
@@ -501,6 +455,7 @@ class CausalSelfAttention(nn.Module):
         implementation=implementation,
         self_attention=not self.decode,
         sinks=sinks,
+        chunk=geo.chunk,
     )  # [B, S, N, D]
     out = Projection(
         "BSND,NDM->BSM",

@@ -13,13 +13,14 @@ the block) with a loop over the query blocks (accumulating dQ in place), so
 it keeps no block's probabilities either.
 
 Which keys a query sees is exactly `attention_mask.attention_mask` (causal by
-positions, the window, the same segment), applied inside each block. With
-`self_attention` (the keys are the queries' own tokens, and each segment's
-positions count up by at least one per token: the decoders' layout), key j
-is visible to query i only if j <= i and, with a window W, i - j < W, so the
-loops visit only the key blocks a query block can see: blocks wholly above
-the diagonal or wholly behind the window are skipped, not masked. Without
-it every block is visited (still linear memory).
+positions, the window or chunk, the same segment), applied inside each
+block. With `self_attention` (the keys are the queries' own tokens, and
+each segment's positions count up by at least one per token: the
+decoders' layout), key j is visible to query i only if j <= i and, with a
+window W (or a chunk of W), i - j < W, so the loops visit only the key
+blocks a query block can see: blocks wholly above the diagonal or wholly
+behind the window are skipped, not masked. Without it every block is
+visited (still linear memory).
 
 Logits, the softmax statistics and every accumulator are float32; the
 probabilities are cast to the compute `dtype` before they meet the values,
@@ -66,7 +67,7 @@ def _unblock(x: jax.Array, length: int) -> jax.Array:
   return x[:, :length]
 
 
-# `static`: (window, scale, dtype, bq, bk, skip), hashable.
+# `static`: (window, chunk, scale, dtype, bq, bk, skip), hashable.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
 def _attend_blocks(qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static):
   out, _ = _forward(qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static)
@@ -94,7 +95,7 @@ def _query_range(j, window: int, bq: int, bk: int, nq: int, skip: bool):
   return lo, hi
 
 
-def _scores(qi, kj, qpos_i, kpos_j, qseg_i, kseg_j, window, scale):
+def _scores(qi, kj, qpos_i, kpos_j, qseg_i, kseg_j, window, chunk, scale):
   """One block's float32 logits [B, K, G, bq, bk] and what is visible
   ([B, 1, 1, bq, bk], as `attention_mask.attention_mask`)."""
   s = jnp.einsum(
@@ -105,6 +106,8 @@ def _scores(qi, kj, qpos_i, kpos_j, qseg_i, kseg_j, window, scale):
   visible = (distance >= 0) & (qseg_i[:, :, None] == kseg_j[:, None, :])
   if window > 0:
     visible &= distance < window
+  if chunk > 0:
+    visible &= qpos_i[:, :, None] // chunk == kpos_j[:, None, :] // chunk
   return s, visible[:, None, None]
 
 
@@ -113,7 +116,7 @@ def _forward(qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static):
   `sinks` [K, G] each row's running maximum starts at its head's sink and
   its sum at 1 (the sink's own term), so the sink is in every row's
   denominator and in its lse."""
-  window, scale, dtype, bq, bk, skip = static
+  window, chunk, scale, dtype, bq, bk, skip = static
   nk = kb.shape[0]
   _, b, _, kv, g, _ = qb.shape
   dv = vb.shape[-1]
@@ -125,7 +128,7 @@ def _forward(qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static):
       m, total, acc = carry
       kj, vj = kb[j], vb[j]
       s, visible = _scores(
-          qi, kj, qpos_i, kpos[j], qseg_i, kseg[j], window, scale
+          qi, kj, qpos_i, kpos[j], qseg_i, kseg[j], window, chunk, scale
       )
       s = jnp.where(visible, s, -jnp.inf)
       m_new = jnp.maximum(m, s.max(-1))
@@ -148,7 +151,7 @@ def _forward(qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static):
       m0 = jnp.broadcast_to(sinks[None, :, :, None], (b, kv, g, bq))
       total0 = jnp.ones((b, kv, g, bq), jnp.float32)
     init = (m0, total0, jnp.zeros((b, kv, g, bq, dv), jnp.float32))
-    lo, hi = _key_range(i, window, bq, bk, nk, skip)
+    lo, hi = _key_range(i, window or chunk, bq, bk, nk, skip)
     m, total, acc = lax.fori_loop(lo, hi + 1, key_block, init)
     empty = total == 0  # a padded query row: it sees no key
     total = jnp.where(empty, 1.0, total)
@@ -167,7 +170,7 @@ def _fwd(qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static):
 
 
 def _bwd(static, residuals, dout):
-  window, scale, dtype, bq, bk, skip = static
+  window, chunk, scale, dtype, bq, bk, skip = static
   qb, kb, vb, qpos, kpos, qseg, kseg, sinks, out, lse = residuals
   nq, nk = qb.shape[0], kb.shape[0]
   dout = dout.astype(jnp.float32)  # [nq, B, K, G, bq, Dv]
@@ -180,7 +183,7 @@ def _bwd(static, residuals, dout):
       dq, dk, dv = carry
       qi = qb[i]
       s, visible = _scores(
-          qi, kj, qpos[i], kpos_j, qseg[i], kseg_j, window, scale
+          qi, kj, qpos[i], kpos_j, qseg[i], kseg_j, window, chunk, scale
       )
       p = jnp.where(visible, jnp.exp(s - lse[i][..., None]), 0.0)
       g_out = dout[i].astype(dtype)
@@ -211,7 +214,7 @@ def _bwd(static, residuals, dout):
         jnp.zeros(kj.shape, jnp.float32),
         jnp.zeros(vj.shape, jnp.float32),
     )
-    lo, hi = _query_range(j, window, bq, bk, nq, skip)
+    lo, hi = _query_range(j, window or chunk, bq, bk, nq, skip)
     dq, dk, dv = lax.fori_loop(lo, hi + 1, query_block, init)
     return dq, (dk, dv)
 
@@ -252,6 +255,7 @@ def attend(
     block_q: int | None = None,
     block_k: int | None = None,
     sinks: jax.Array | None = None,
+    chunk: int = 0,
 ) -> jax.Array:
   """Blockwise causal grouped-query attention, the same function as
   `attention.attend`'s einsum: q [B, S, N, Dk], k [B, T, K, Dk], v [B, T, K,
@@ -259,7 +263,9 @@ def attend(
   cannot see by index (see the module docstring); block sizes that do not
   divide S or T are padded (default `BLOCK_Q`, `BLOCK_K`, read at the
   call); `sinks` <float32>[N]: each query head's sink logit (see
-  `_forward`), differentiated too."""
+  `_forward`), differentiated too; `chunk` C > 0: chunked attention (a
+  query sees its own chunk of C positions: within a document, keys at
+  most C - 1 tokens back, which is what the block skipping uses)."""
   b, s, n, dk = q.shape
   t, kv = k.shape[1], k.shape[2]
   if segment_ids is None or key_segment_ids is None:
@@ -275,7 +281,8 @@ def attend(
   if sinks is not None:
     sinks = sinks.astype(jnp.float32).reshape(kv, n // kv)
   skip = bool(self_attention)
-  static = (int(window), float(scale), jnp.dtype(dtype), bq, bk, skip)
+  static = (int(window), int(chunk), float(scale), jnp.dtype(dtype))
+  static += (bq, bk, skip)
   out = _attend_blocks(
       qb, kb, vb, qpos, kpos, qseg, kseg, sinks, static
   )  # [nq, B, K, G, bq, Dv]

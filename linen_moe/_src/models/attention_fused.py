@@ -23,6 +23,10 @@ Both take Dk != Dv (MLA): "dot_product" pads the narrower side with zeros
 (zeros add nothing to a dot product and the scale is explicit), and splash
 takes a value width of its own.
 
+Chunked attention (Llama-4): XLA's "dot_product" masks by positions as the
+others; splash uses jax's `ChunkedCausalMask`, whose chunks count from
+index 0, so not beside segment ids; cuDNN has no chunked mask.
+
 Attention sinks (GPT-OSS, a logit per query head in every softmax's
 denominator): splash takes them natively (its kernels start each row's
 running maximum at the sink); XLA's "dot_product" gets one extra key of
@@ -72,11 +76,18 @@ def check_dot_product(
     has_segments: bool,
     self_attention: bool,
     has_sinks: bool = False,
+    has_chunk: bool = False,
 ) -> None:
   """Raises a ValueError naming why "dot_product" cannot run this call on
   `platform`."""
   if platform != "gpu":
     return
+  if has_chunk:
+    raise ValueError(
+        "attention='dot_product' on GPU runs cuDNN's fused attention, which "
+        "has no chunked mask (ModelConfig.attention_chunk); use 'blockwise' "
+        "or 'einsum'."
+    )
   if has_sinks:
     raise ValueError(
         "attention='dot_product' on GPU runs cuDNN's fused attention, which "
@@ -117,6 +128,7 @@ def dot_product_attend(
     self_attention,
     platform,
     sinks=None,
+    chunk=0,
 ):
   """`jax.nn.dot_product_attention` (see the module docstring)."""
   check_dot_product(
@@ -125,6 +137,7 @@ def dot_product_attend(
       segment_ids is not None,
       self_attention,
       sinks is not None,
+      chunk > 0,
   )
   dv = v.shape[-1]
   width = max(q.shape[-1], dv)
@@ -141,7 +154,7 @@ def dot_product_attend(
     )
   else:
     visible = attention_mask(
-        positions, key_positions, window, segment_ids, key_segment_ids
+        positions, key_positions, window, segment_ids, key_segment_ids, chunk
     )
     bias = None
     if sinks is not None:  # one more key: q . 0 = 0, bias = the sink, v = 0
@@ -163,7 +176,13 @@ def dot_product_attend(
   return out[..., :dv]
 
 
-def check_splash(platform: str, s: int, t: int, self_attention: bool) -> None:
+def check_splash(
+    platform: str,
+    s: int,
+    t: int,
+    self_attention: bool,
+    chunk_with_segments: bool = False,
+) -> None:
   """Raises a ValueError naming why "splash" cannot run this call."""
   if platform != "tpu":
     raise ValueError(
@@ -180,6 +199,12 @@ def check_splash(platform: str, s: int, t: int, self_attention: bool) -> None:
     raise ValueError(
         "attention='splash' needs a sequence length that is a multiple of "
         f"{SPLASH_MULTIPLE}, got S={s} (keys T={t})."
+    )
+  if chunk_with_segments:
+    raise ValueError(
+        "attention='splash' counts its chunks from index 0, and packed "
+        "documents (segment ids) start theirs at each document's first "
+        "token; use 'blockwise' for chunked attention over packed rows."
     )
 
 
@@ -211,7 +236,7 @@ def at_default_precision(fn):
 
 
 @functools.lru_cache(maxsize=64)
-def _splash_kernel(heads: int, s: int, window: int, head_dim: int):
+def _splash_kernel(heads: int, s: int, window: int, head_dim: int, chunk=0):
   """The splash kernel of these shapes, its mask tables NumPy constants.
 
   Built in a thread of its own, outside the caller's trace and mesh: built
@@ -222,15 +247,23 @@ def _splash_kernel(heads: int, s: int, window: int, head_dim: int):
   """
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     kernel = pool.submit(
-        _build_splash_kernel, heads, s, window, head_dim
+        _build_splash_kernel, heads, s, window, head_dim, chunk
     ).result()
   return kernel
 
 
-def _build_splash_kernel(heads: int, s: int, window: int, head_dim: int):
+def _build_splash_kernel(
+    heads: int, s: int, window: int, head_dim: int, chunk: int = 0
+):
   from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
 
-  if window > 0:
+  if chunk > 0:  # not re-exported by the package in jax 0.12
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+      splash_attention_mask as masks,  # noqa: PLC0415
+    )
+
+    one = masks.ChunkedCausalMask((s, s), chunk_size=chunk)
+  elif window > 0:
     one = sa.LocalMask((s, s), window_size=(window - 1, 0), offset=0)
   else:
     one = sa.CausalMask((s, s))
@@ -273,14 +306,18 @@ def splash_attend(
     self_attention,
     platform,
     sinks=None,
+    chunk=0,
 ):
   """The splash attention kernels (see the module docstring); `sinks`
-  <float32>[N] or None."""
+  <float32>[N] or None; `chunk` > 0: jax's `ChunkedCausalMask` (chunks
+  from index 0: no segment ids)."""
   from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
 
   b, s, n, _ = q.shape
   t = k.shape[1]
-  check_splash(platform, s, t, self_attention)
+  check_splash(
+      platform, s, t, self_attention, chunk > 0 and segment_ids is not None
+  )
   if segment_ids is None:
     segment_ids = jnp.zeros((b, s), jnp.int32)
   q = (q.astype(jnp.float32) * scale).astype(dtype)
@@ -295,7 +332,7 @@ def splash_attend(
 
   def body(q, k, v, seg, sinks):
     kernel = _splash_kernel(
-        q.shape[1], s, window, max(q.shape[-1], v.shape[-1])
+        q.shape[1], s, window, max(q.shape[-1], v.shape[-1]), chunk
     )
 
     def one(q, k, v, seg, sinks):

@@ -11,6 +11,9 @@ What differs between the families is `inv_freq` and the factor:
                   cos and sin times YaRN's attention factor (DeepSeek-V3)
   "proportional"  base ** (-2i / D) for i < int(fraction * D / 2), else 0:
                   the rest pass through (Gemma-4's full-attention layers)
+  "llama3"        base ** (-2i / D) with wavelengths above original / low
+                  divided by the factor, below original / high kept, and
+                  a smooth ramp between (Llama-3's and Llama-4's)
 
 and, with `interleave` (DeepSeek's `rope_interleave`), the lanes (2i,
 2i + 1) are read as the pair i: the output is written half-split, as
@@ -27,7 +30,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-KINDS = ("default", "yarn", "proportional")
+KINDS = ("default", "yarn", "proportional", "llama3")
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -63,6 +66,10 @@ class Rope:
     interleave: read the pairs as adjacent lanes (2i, 2i + 1).
     truncate: YaRN: floor / ceil the correction range's ends (False: keep
       them fractional, transformers' `truncate: false`).
+    low_freq_factor: "llama3": wavelengths above original_max_len / it are
+      divided by `factor`.
+    high_freq_factor: "llama3": wavelengths below original_max_len / it
+      keep their frequency.
   """
 
   dim: int
@@ -77,6 +84,8 @@ class Rope:
   fraction: float = 1.0
   interleave: bool = False
   truncate: bool = True
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -105,7 +114,21 @@ class Rope:
       angles = int(self.fraction * d // 2)
       freq = inverse_frequencies(d, self.base)
       return jnp.where(jnp.arange(d // 2) < angles, freq, 0.0)
+    if self.kind == "llama3":
+      return self._llama3()
     return self._yarn()
+
+  def _llama3(self) -> jax.Array:
+    """transformers' `_compute_llama3_parameters`, in float32."""
+    freq = inverse_frequencies(self.dim, self.base)
+    original, factor = self.original_max_len, self.factor
+    low, high = self.low_freq_factor, self.high_freq_factor
+    wavelen = 2 * math.pi / freq
+    scaled = jnp.where(wavelen > original / low, freq / factor, freq)
+    smooth = (original / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < original / high) & ~(wavelen > original / low)
+    return jnp.where(medium, smoothed, scaled)
 
   def _yarn(self) -> jax.Array:
     """transformers' `_compute_yarn_parameters` (the correction range
@@ -187,4 +210,6 @@ def rope_of(config, dim: int, full: bool = False) -> Rope:
       mscale_all_dim=config.rope_mscale_all_dim,
       interleave=config.rope_interleave,
       truncate=config.rope_truncate,
+      low_freq_factor=config.rope_low_freq_factor,
+      high_freq_factor=config.rope_high_freq_factor,
   )
