@@ -68,6 +68,21 @@ DERIVED = {
             "heads, sigmoid routing with a selection bias)"
         ),
     ),
+    "llama4_scout": (
+        "configs/hf/llama4_scout/config.json",
+        "Llama-4-Scout-17B-16E (its text decoder)",
+    ),
+    "llama4_maverick": (
+        "configs/hf/llama4_maverick/config.json",
+        "Llama-4-Maverick-17B-128E (its text decoder)",
+    ),
+    "tiny_llama4": (
+        "tests/fixtures/hf/llama4_text_nope_chunked/config.json",
+        (
+            "a tiny Llama-4 (dense and MoE layers, a shared expert beside "
+            "top-1 sigmoid routing, chunked RoPE and NoPE layers, llama3 RoPE)"
+        ),
+    ),
 }
 
 

@@ -136,3 +136,23 @@ def assert_config_refused(test, name: str, change: dict, pattern: str):
   (d / "config.json").write_text(json.dumps(config))
   with test.assertRaisesRegex(ValueError, pattern):
     hf.load_checkpoint(d)
+
+
+def assert_packed_equals_alone(name: str, implementation: str = "einsum"):
+  """Two documents of fixture `name` packed in one row (segment ids,
+  positions restarting) give the logits each gives alone."""
+  ids = fixture(name)[0]
+  config, variables = load(name, True)
+  config = config.replace(attention=implementation)
+  docs = (ids[0, :5], ids[1, :7])
+  row = np.concatenate(docs)[None]
+  seg = np.concatenate([np.full(len(d), i + 1) for i, d in enumerate(docs)])
+  forward = jax.jit(
+      lambda v, t, s: Decoder(config).apply(v, t, segment_ids=s)[0]
+  )
+  packed = np.asarray(forward(variables, row, seg[None].astype(np.int32)))
+  alone = np.zeros((2, 7), np.int32)
+  alone[0, :5], alone[1] = docs
+  apart = np.asarray(jax.jit(Decoder(config).apply)(variables, alone)[0])
+  np.testing.assert_allclose(packed[0, :5], apart[0, :5], atol=2e-5, rtol=0)
+  np.testing.assert_allclose(packed[0, 5:], apart[1], atol=2e-5, rtol=0)

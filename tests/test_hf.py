@@ -43,6 +43,9 @@ NAMES = (
     "glm4_moe_partial_qknorm_groups",
     "glm4_moe_nogroup_tied",
     "minimax_m2_partial_qknorm",
+    "llama4_text_nope_chunked",
+    "llama4_text_all_moe",
+    "llama4_conditional_text",
 )
 # fixture -> (scanned, front end, path) of the default run: one fixture a
 # family, together scanned and unrolled, Linen and NNX, sparse and dense;

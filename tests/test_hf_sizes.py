@@ -46,6 +46,8 @@ TOTALS = {
     "glm4_5": 352_797_814_784,  # no MTP layer (transformers builds none)
     "glm4_5_air": 106_852_245_504,
     "minimax_m2": 228_689_748_992,
+    "llama4_scout": 107_769_861_120,  # the text decoder
+    "llama4_maverick": 400_711_848_960,  # the text decoder
 }
 # The models whose active parameters (per token: every parameter less
 # (E - k) / E of the routed experts') are checked against transformers'.
@@ -55,6 +57,8 @@ ACTIVE = (
     "glm4_5",
     "glm4_5_air",
     "minimax_m2",
+    "llama4_scout",
+    "llama4_maverick",
 )
 
 
@@ -191,6 +195,8 @@ DOC_ROWS = {
     "glm4_5": "GLM-4.5 (no MTP)",
     "glm4_5_air": "GLM-4.5-Air (no MTP)",
     "minimax_m2": "MiniMax-M2",
+    "llama4_scout": "Llama-4-Scout (text)",
+    "llama4_maverick": "Llama-4-Maverick (text)",
 }
 
 
@@ -276,6 +282,9 @@ DERIVED = {
     ),
     "minimax_m2": CONFIGS / "minimax_m2" / "config.json",
     "tiny_minimax_m2": FIXTURES / "minimax_m2_partial_qknorm" / "config.json",
+    "llama4_scout": CONFIGS / "llama4_scout" / "config.json",
+    "llama4_maverick": CONFIGS / "llama4_maverick" / "config.json",
+    "tiny_llama4": FIXTURES / "llama4_text_nope_chunked" / "config.json",
 }
 
 

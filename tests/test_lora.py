@@ -55,6 +55,7 @@ FAMILIES = {
     "gpt_oss": "gpt_oss_sinks_swa_yarn",
     "glm4_moe": "glm4_moe_partial_qknorm_groups",
     "minimax_m2": "minimax_m2_partial_qknorm",
+    "llama4": "llama4_text_nope_chunked",
 }
 # (family, path, front end, scanned): the default run's one case (about 7 s
 # of compiling on CI's machine); the product of every axis is `slow`.

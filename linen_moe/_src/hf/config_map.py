@@ -293,7 +293,8 @@ def _unsupported(config: ModelConfig, family: Family) -> list[str]:
 def _candidate(config: ModelConfig) -> Family:
   """The one family that could express `config`: multi-head latent
   attention is DeepSeek-V3's; attention sinks GPT-OSS's; q/k norms over
-  all heads MiniMax-M2's; sigmoid routing without MLA GLM-4.5's; Gemma-4's block (post-MoE norms) Gemma-4's; q/k
+  all heads MiniMax-M2's; top-k then sigmoid routing Llama-4's; sigmoid
+  routing without MLA GLM-4.5's; Gemma-4's block (post-MoE norms) Gemma-4's; q/k
   norms Qwen3-MoE's; else Mixtral's."""
   if config.kv_lora_rank:
     return FAMILIES["deepseek_v3"]
@@ -301,6 +302,8 @@ def _candidate(config: ModelConfig) -> Family:
     return FAMILIES["gpt_oss"]
   if config.qk_norm_over_heads:
     return FAMILIES["minimax_m2"]
+  if config.moe.routing == "topk_then_sigmoid":
+    return FAMILIES["llama4_text"]
   if config.moe.routing == "sigmoid_then_topk":
     return FAMILIES["glm4_moe"]
   if config.post_moe_norms:

@@ -16,6 +16,7 @@ from linen_moe._src.hf import deepseek
 from linen_moe._src.hf import gemma4
 from linen_moe._src.hf import glm4_moe
 from linen_moe._src.hf import gpt_oss
+from linen_moe._src.hf import llama4
 from linen_moe._src.hf import minimax_m2
 
 
@@ -56,6 +57,9 @@ class Family:
       as x @ W, `gate_up_proj` [E, M, 2H] with gate and up columns
       alternating (GPT-OSS); "split_columns", the same with the gate
       columns first (Llama-4).
+    shared_module: the shared experts' module under the MoE module.
+    dense_module: a dense layer's MLP module.
+    lm_head: the untied head's tensor.
     selection_bias: the name, under the MoE module, of the routed layer's
       selection bias (`routed_bias`): DeepSeek-V3's under its router,
       MiniMax-M2's on the MoE block itself.
@@ -78,6 +82,9 @@ class Family:
   router: str = "gate"
   experts_layout: str = "rows"
   selection_bias: str = "gate.e_score_correction_bias"
+  shared_module: str = "shared_experts"
+  dense_module: str = "mlp"
+  lm_head: str = "lm_head.weight"
 
 
 MIXTRAL = Family(
@@ -197,6 +204,36 @@ MINIMAX_M2 = Family(
     selection_bias="e_score_correction_bias",
 )
 
+LLAMA4_TEXT = Family(
+    model_type=llama4.TEXT_MODEL_TYPE,
+    architecture=llama4.TEXT_ARCHITECTURE,
+    default_rope_theta=llama4.DEFAULT_THETA,
+    moe_module="feed_forward",
+    expert_projections=("gate_up_proj", "gate_up_proj", "down_proj"),
+    expert_width_field="intermediate_size",
+    dense_width_field="intermediate_size_mlp",
+    qk_norm=False,
+    norm_topk_prob=False,
+    fields=(),
+    codec=llama4,
+    router="router",
+    experts_layout="split_columns",
+    shared_module="shared_expert",
+    dense_module="feed_forward",
+)
+
+# The multimodal checkpoint: its text decoder under `language_model.`, its
+# config under `text_config`; the vision tower is not loaded.
+LLAMA4 = dataclasses.replace(
+    LLAMA4_TEXT,
+    model_type=llama4.MODEL_TYPE,
+    architecture=llama4.ARCHITECTURE,
+    prefix="language_model.model.",
+    lm_head="language_model.lm_head.weight",
+    skipped_prefixes=llama4.TOWER_PREFIXES,
+    text_config="text_config",
+)
+
 FAMILIES = {
     f.model_type: f
     for f in (
@@ -208,6 +245,8 @@ FAMILIES = {
         GPT_OSS,
         GLM4_MOE,
         MINIMAX_M2,
+        LLAMA4_TEXT,
+        LLAMA4,
     )
 }
 

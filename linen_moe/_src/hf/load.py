@@ -454,7 +454,7 @@ def skipped_tensors(
         "Skipping %d tensors of the multimodal towers (%s...): only the "
         "text decoder is loaded.",
         len(towers),
-        ", ".join(sorted({n.split(".")[1] for n in towers})),
+        ", ".join(sorted({p.strip(".").split(".")[-1] for p in prefixes})),
     )
   mtp = []
   if family.codec is not None and hasattr(family.codec, "mtp_layers"):

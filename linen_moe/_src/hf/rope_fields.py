@@ -3,9 +3,11 @@
 Both styles transformers has written: `rope_parameters` (transformers 5,
 with `rope_theta` inside) and the older `rope_scaling` beside a top-level
 `rope_theta`. Read here for every family with one rotary embedding on all
-its layers: "default" and "yarn" (transformers' `_compute_yarn_parameters`:
+its layers: "default", "yarn" (transformers' `_compute_yarn_parameters`:
 `factor`, `original_max_position_embeddings`, `beta_fast`, `beta_slow`,
-`mscale`, `mscale_all_dim`, `truncate`), and for the families that rotate
+`mscale`, `mscale_all_dim`, `truncate`), "llama3" for the families that
+have it (Llama-4: `factor`, `low_freq_factor`, `high_freq_factor`,
+`original_max_position_embeddings`), and for the families that rotate
 part of each head (GLM-4.5) its `partial_rotary_factor`. A key that
 changes the rotary embedding in a way not implemented (e.g. yarn's
 explicit `attention_factor`) is an error naming it.
@@ -29,9 +31,17 @@ YARN_KEYS = BASE_KEYS | {
     "mscale_all_dim",
     "truncate",
 }
+LLAMA3_KEYS = BASE_KEYS | {
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+}
 
 
-def _yarn(hf: Mapping[str, Any], field: str, params: Mapping) -> dict:
+def _original(hf: Mapping[str, Any], field: str, params: Mapping) -> int:
+  """`original_max_position_embeddings`, else `max_position_embeddings`
+  (transformers' standardisation)."""
   key = "original_max_position_embeddings"
   original = params.get(key) or hf.get("max_position_embeddings", 4096)
   if (
@@ -40,6 +50,27 @@ def _yarn(hf: Mapping[str, Any], field: str, params: Mapping) -> dict:
       or original < 1
   ):
     raise f.error(f"{field}.{key}", original, "expected an integer >= 1")
+  return original
+
+
+def _llama3(hf: Mapping[str, Any], field: str, params: Mapping) -> dict:
+  values = {}
+  for key in ("factor", "low_freq_factor", "high_freq_factor"):
+    value = params.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise f.error(f"{field}.{key}", value, "expected a number")
+    values[key] = float(value)
+  return {
+      "rope_type": "llama3",
+      "rope_factor": values["factor"],
+      "rope_low_freq_factor": values["low_freq_factor"],
+      "rope_high_freq_factor": values["high_freq_factor"],
+      "rope_original_max_len": _original(hf, field, params),
+  }
+
+
+def _yarn(hf: Mapping[str, Any], field: str, params: Mapping) -> dict:
+  original = _original(hf, field, params)
   factor = params.get("factor")
   if factor is None:  # transformers: the ratio of the context lengths
     factor = f.read_int(hf, "max_position_embeddings", 4096) / original
@@ -89,6 +120,7 @@ def read(
     params: Mapping | None = None,
     head_dim: int | None = None,
     partial_default: float = 1.0,
+    kinds: tuple[str, ...] = ("default", "yarn"),
 ) -> dict[str, Any]:
   """The `ModelConfig` rotary fields (`rope_max_wavelength`, YaRN's, and
   `rotary_dim`) of a config.json.
@@ -102,10 +134,12 @@ def read(
       (`partial_rotary_factor`, default `partial_default`); None: the key
       is not implemented for the family.
     partial_default: the share that rotates when config.json gives none.
+    kinds: the rope types the family implements, of "default", "yarn"
+      and "llama3" (Llama-4's, without YaRN).
 
   Raises:
-    ValueError: a `rope_type` other than "default" or "yarn", or a key
-      not implemented; the message names it.
+    ValueError: a `rope_type` not in `kinds`, or a key not implemented;
+      the message names it.
   """
   field, given = f.rope_parameters(hf)
   if not given and params is not None:
@@ -117,13 +151,17 @@ def read(
   if head_dim is not None:
     partial = {"partial_rotary_factor"}
     out |= _rotary_dim(hf, field, given, head_dim, partial_default)
+  if kind not in kinds:
+    names = " and ".join(
+        [", ".join(repr(k) for k in kinds[:-1]), repr(kinds[-1])]
+    )
+    raise f.error(f"{field}.rope_type", kind, f"only {names} are implemented")
   if kind == "default":
     f.check_keys(field, given, BASE_KEYS | partial)
     return out
-  if kind != "yarn":
-    raise f.error(
-        f"{field}.rope_type", kind, "only 'default' and 'yarn' are implemented"
-    )
+  if kind == "llama3":
+    f.check_keys(field, given, LLAMA3_KEYS | partial)
+    return out | _llama3(hf, field, given)
   f.check_keys(field, given, YARN_KEYS | partial)
   return out | _yarn(hf, field, given)
 
@@ -138,6 +176,13 @@ def to_json(config, partial: bool = False) -> dict[str, Any]:
   if partial:
     head_dim = config.resolved_head_dim
     rope["partial_rotary_factor"] = (config.rotary_dim or head_dim) / head_dim
+  if config.rope_type == "llama3":
+    return rope | {
+        "factor": config.rope_factor,
+        "low_freq_factor": config.rope_low_freq_factor,
+        "high_freq_factor": config.rope_high_freq_factor,
+        "original_max_position_embeddings": config.rope_original_max_len,
+    }
   if config.rope_type != "yarn":
     return rope
   rope |= {
@@ -161,6 +206,6 @@ def max_positions(config) -> int:
   """A `max_position_embeddings` for the config.json of a `ModelConfig`:
   YaRN's extended context, else at least 4096 (default RoPE never reads
   it)."""
-  if config.rope_type == "yarn":
+  if config.rope_type in ("yarn", "llama3"):
     return math.ceil(config.rope_original_max_len * config.rope_factor)
   return max(4096, config.rope_original_max_len)

@@ -248,7 +248,7 @@ def _moe(
     )
   out |= _experts(family, config, module, fused, at)
   if config.shared_in_moe:  # DeepSeek's `mlp.shared_experts`
-    out |= _mlp(f"{module}shared_experts", ("moe", "shared_experts"))
+    out |= _mlp(f"{module}{family.shared_module}", ("moe", "shared_experts"))
   return out
 
 
@@ -281,7 +281,7 @@ def _dense(family: Family, config: ModelConfig, i: int) -> dict[Path, Source]:
   norm = "pre_feedforward" if config.post_attention_norm else "post_attention"
   return {
       ("pre_mlp_norm", "scale"): Copy(f"{p}{norm}_layernorm.weight"),
-      **_mlp(f"{p}mlp", ("mlp",)),
+      **_mlp(f"{p}{family.dense_module}", ("mlp",)),
   }
 
 
@@ -298,7 +298,7 @@ def sources(
       ("final_norm", "scale"): Copy(f"{family.prefix}norm.weight"),
   }
   if not config.tie_embeddings:
-    out[("logits", "kernel")] = Matrix("lm_head.weight")
+    out[("logits", "kernel")] = Matrix(family.lm_head)
   for i, (kind, full) in enumerate(config.block_kinds):
     layer = _attention(config, _layer(family, i), full)
     if kind == "dense":
