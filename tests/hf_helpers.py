@@ -18,6 +18,7 @@ from linen_moe import Decoder
 from linen_moe import decoding
 from linen_moe import hf
 from linen_moe._src.hf.safetensors_io import Checkpoint
+from linen_moe._src.testing import helpers
 import nnx_adapter
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
@@ -156,3 +157,28 @@ def assert_packed_equals_alone(name: str, implementation: str = "einsum"):
   apart = np.asarray(jax.jit(Decoder(config).apply)(variables, alone)[0])
   np.testing.assert_allclose(packed[0, :5], apart[0, :5], atol=2e-5, rtol=0)
   np.testing.assert_allclose(packed[0, 5:], apart[1], atol=2e-5, rtol=0)
+
+
+# int8 per-channel serving weights against transformers' float logits
+# (tests/test_hf.py's bound).
+INT8_REL = 0.04
+
+
+def assert_int8_serving(test, name: str, scan: bool = True):
+  """Fixture `name` loaded straight to int8 serving weights is
+  `quantization.quantize_weights` of its float load, within `INT8_REL` of
+  transformers' logits."""
+  from linen_moe import quantization  # noqa: PLC0415
+
+  config, variables = hf.load_checkpoint(
+      FIXTURES / name, scan_layers=scan, quantization="int8", serving=True
+  )
+  float_config, floats = hf.load_checkpoint(
+      FIXTURES / name, scan_layers=scan, quantization="int8"
+  )
+  want_config, want = quantization.quantize_weights(float_config, floats)
+  test.assertEqual(config, want_config)
+  equal_trees(test, variables, want)
+  ids, expected, _, _ = fixture(name)
+  got = np.asarray(jax.jit(Decoder(config).apply)(variables, ids)[0])
+  test.assertLess(helpers.rel_err(got, expected), INT8_REL)

@@ -366,6 +366,21 @@ class FlopsTest(absltest.TestCase):
       expected += 2 * 3 * pairs * heads * 2 * width
     self.assertEqual(flops.attention_flops(cfg, 3, seq), expected)
 
+  def test_attention_pairs_of_chunks_match_the_mask(self):
+    cfg = load_model_config("tiny_llama4")  # chunked and NoPE full layers
+    c = cfg.attention_chunk
+    seq = 3 * c + 2
+    i, j = np.meshgrid(np.arange(seq), np.arange(seq), indexing="ij")
+    causal = j <= i
+    chunked = causal & (i // c == j // c)
+    width = cfg.resolved_head_dim
+    expected = 0
+    for layer in range(cfg.num_layers):
+      full = layer in cfg.full_attention_layers
+      pairs = int((causal if full else chunked).sum())
+      expected += 2 * 3 * pairs * cfg.num_heads * 2 * width
+    self.assertEqual(flops.attention_flops(cfg, 3, seq), expected)
+
   def test_decode_counts_one_token_per_row(self):
     cfg = load_model_config("tiny_mixtral")
     _, active = flops.matmul_parameters(cfg)

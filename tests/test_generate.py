@@ -40,6 +40,8 @@ FAMILIES = (
     "gemma4_text_moe_keqv",
     "deepseek_v3_plain_nogroup",
     "qwen3_moe_dense0_norm",
+    "gpt_oss_sinks_swa_yarn",  # sinks in every step, a window of 4
+    "llama4_text_nope_chunked",  # chunks of 4, NoPE layers' temperature
 )
 
 

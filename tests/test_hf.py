@@ -22,6 +22,8 @@ from linen_moe import testing
 from linen_moe._src.models import attention_blockwise
 from linen_moe._src.testing import helpers
 from tests.hf_helpers import ATOL
+from tests.hf_helpers import assert_int8_serving
+from tests.hf_helpers import assert_packed_equals_alone
 from tests.hf_helpers import fixture as _fixture
 from tests.hf_helpers import generate as _generate
 from tests.hf_helpers import load as _load
@@ -216,6 +218,41 @@ class SlowProductTest(parameterized.TestCase):
     config, variables = _load(name, scan)
     tokens = _generate(config, variables, frontend, expected[:, :prompt_len], 8)
     np.testing.assert_array_equal(tokens, expected)
+
+
+# The newer families' fixtures (issue 50) for the checks below: by default
+# one each (Llama-4's are in tests/test_hf_llama4.py, GPT-OSS's int8 from
+# MXFP4 in tests/test_hf_gpt_oss.py), every one under slow.
+NEWER = (
+    "gpt_oss_sinks_swa_yarn",
+    "glm4_moe_partial_qknorm_groups",
+    "glm4_moe_nogroup_tied",
+    "minimax_m2_partial_qknorm",
+    "llama4_text_nope_chunked",
+    "llama4_text_all_moe",
+)
+
+
+class NewerFamiliesTest(parameterized.TestCase):
+  """Packed documents (segment ids, positions restarting) give the logits
+  each gives alone, sinks, windows and chunks included; int8 serving
+  weights on load stay within their bound of transformers' logits."""
+
+  def test_packed_documents_equal_each_alone(self):
+    assert_packed_equals_alone("gpt_oss_sinks_swa_yarn")  # sinks, a window
+
+  def test_int8_serving_within_its_bound(self):
+    assert_int8_serving(self, "glm4_moe_partial_qknorm_groups")
+
+  @testing.slow
+  @parameterized.product(name=NEWER, implementation=("einsum", "blockwise"))
+  def test_packed_documents_everywhere(self, name, implementation):
+    assert_packed_equals_alone(name, implementation)
+
+  @testing.slow
+  @parameterized.product(name=NEWER, scan=(True, False))
+  def test_int8_serving_everywhere(self, name, scan):
+    assert_int8_serving(self, name, scan)
 
 
 if __name__ == "__main__":

@@ -16,25 +16,21 @@ from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
-import jax
 import numpy as np
 from safetensors.numpy import load_file
 
-from linen_moe import Decoder
 from linen_moe import hf
-from linen_moe import quantization
 from linen_moe._src.hf import families
 from linen_moe._src.models import attention_blockwise
 from linen_moe._src.models import attention_geometry
-from linen_moe._src.testing import helpers
 from tests.hf_helpers import ATOL
 from tests.hf_helpers import FIXTURES
 from tests.hf_helpers import assert_config_refused
 from tests.hf_helpers import assert_greedy
+from tests.hf_helpers import assert_int8_serving
 from tests.hf_helpers import assert_logits
 from tests.hf_helpers import assert_packed_equals_alone
 from tests.hf_helpers import assert_save_is_the_fixture
-from tests.hf_helpers import equal_trees
 from tests.hf_helpers import fixture
 from tests.hf_helpers import forbid_data_reads
 from tests.hf_helpers import load
@@ -44,9 +40,6 @@ from tests.hf_helpers import tempdir
 CHUNKED = "llama4_text_nope_chunked"
 ALL_MOE = "llama4_text_all_moe"
 CONDITIONAL = "llama4_conditional_text"
-# int8 per-channel serving weights against the float model (tests/test_hf.py's
-# bound).
-INT8_REL = 0.04
 
 
 class LogitsTest(parameterized.TestCase):
@@ -143,18 +136,7 @@ class ModelConfigTest(absltest.TestCase):
 class ServingOnLoadTest(absltest.TestCase):
 
   def test_int8_within_its_bound(self):
-    config, variables = hf.load_checkpoint(
-        FIXTURES / ALL_MOE, quantization="int8", serving=True
-    )
-    float_config, floats = hf.load_checkpoint(
-        FIXTURES / ALL_MOE, quantization="int8"
-    )
-    want_config, want = quantization.quantize_weights(float_config, floats)
-    self.assertEqual(config, want_config)
-    equal_trees(self, variables, want)
-    ids, expected, _, _ = fixture(ALL_MOE)
-    got, _ = jax.jit(Decoder(config).apply)(variables, ids)
-    self.assertLess(helpers.rel_err(got, expected), INT8_REL)
+    assert_int8_serving(self, ALL_MOE)
 
 
 class FilesTest(absltest.TestCase):

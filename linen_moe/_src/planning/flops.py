@@ -71,9 +71,13 @@ def matmul_parameters(config: ModelConfig) -> tuple[int, float]:
   return total, active
 
 
-def _pairs(seq: int, window: int) -> int:
+def _pairs(seq: int, window: int, chunk: int = 0) -> int:
   """Query-key pairs of causal attention over `seq` positions, each query
-  seeing at most `window` keys (itself included; 0 = unlimited)."""
+  seeing at most `window` keys (itself included; 0 = unlimited), or only
+  its own chunk of `chunk` positions."""
+  if chunk > 0:
+    whole, rest = divmod(seq, chunk)
+    return whole * chunk * (chunk + 1) // 2 + rest * (rest + 1) // 2
   if window <= 0 or window >= seq:
     return seq * (seq + 1) // 2
   return window * (window + 1) // 2 + (seq - window) * window
@@ -85,9 +89,10 @@ def attention_flops(
   """Forward FLOPs of every layer's attention scores and values.
 
   Per layer 2 * B * pairs * heads * (qk width + v width), pairs the
-  query-key pairs the causal (and sliding-window) mask keeps: S (S + 1) /
-  2 for S positions, fewer with a window; one decode step's query sees
-  min(S, window) cached keys.
+  query-key pairs the causal (and sliding-window or chunked) mask keeps:
+  S (S + 1) / 2 for S positions, fewer with a window or chunks; one decode
+  step's query sees min(S, window) cached keys (min(S, chunk) at most,
+  chunked).
 
   Args:
     config: the decoder's config.
@@ -101,6 +106,7 @@ def attention_flops(
   full_layers = set(config.full_attention_layers)
   total = 0
   for i in range(config.num_layers):
+    chunk = 0
     if config.kv_lora_rank > 0:  # multi-head latent attention
       heads, window = config.num_heads, config.sliding_window
       qk = config.qk_nope_head_dim + config.qk_rope_head_dim
@@ -108,10 +114,12 @@ def attention_flops(
     else:
       g = attention.geometry(config, full=i in full_layers)
       heads, window, qk, v = g.heads, g.window, g.head_dim, g.head_dim
+      chunk = g.chunk
     if decode:
-      pairs = min(seq, window) if window > 0 else seq
+      kept = window or chunk
+      pairs = min(seq, kept) if kept > 0 else seq
     else:
-      pairs = _pairs(seq, window)
+      pairs = _pairs(seq, window, chunk)
     total += 2 * batch * pairs * heads * (qk + v)
   return total
 
