@@ -57,7 +57,6 @@ from linen_moe._src.layer import checkpoint_names
 from linen_moe._src.lora import adapters as lora_adapters
 from linen_moe._src.models import attention_blockwise
 from linen_moe._src.models import attention_fused
-from linen_moe._src.models.attention_geometry import Geometry  # noqa: F401
 from linen_moe._src.models.attention_geometry import geometry
 from linen_moe._src.models.attention_geometry import position_qk
 from linen_moe._src.models.attention_mask import attention_mask

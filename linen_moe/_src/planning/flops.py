@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src.config.model_config import ModelConfig
-from linen_moe._src.models import attention
+from linen_moe._src.models import attention_geometry
 from linen_moe._src.models.decoder import Decoder
 
 
@@ -112,7 +112,7 @@ def attention_flops(
       qk = config.qk_nope_head_dim + config.qk_rope_head_dim
       v = config.v_head_dim
     else:
-      g = attention.geometry(config, full=i in full_layers)
+      g = attention_geometry.geometry(config, full=i in full_layers)
       heads, window, qk, v = g.heads, g.window, g.head_dim, g.head_dim
       chunk = g.chunk
     if decode:
