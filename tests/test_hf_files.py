@@ -343,8 +343,12 @@ class SaveErrorsTest(absltest.TestCase):
   def test_rejects(self):
     out = pathlib.Path(_tempdir(self)) / "out"
     config, variables = hf.load_checkpoint(FIXTURES / "mixtral_gqa_swa")
-    own = load_model_config("tiny_mixtral")
-    with self.assertRaisesRegex(ValueError, r"as mixtral it would need \['sca"):
+    own = load_model_config("tiny_mixtral", scale_embeddings=True)
+    with self.assertRaisesRegex(
+        ValueError,
+        r"the nearest family, mixtral, needs scale_embeddings=False \(this "
+        r"config: True\)\.$",
+    ):
       hf.save_checkpoint(own, variables, out)
     with self.assertRaisesRegex(ValueError, "variables are not the parameters"):
       hf.save_checkpoint(config.replace(num_layers=3), variables, out)

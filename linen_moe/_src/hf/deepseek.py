@@ -235,13 +235,28 @@ _FIXED_MOE = {
 def unsupported(config: ModelConfig) -> list[str]:
   """The fields of `config` that a DeepSeek-V3 config.json cannot say."""
   moe = config.moe
-  bad = f.differing(config, _FIXED, _FIXED_MOE)
+  bad = []
+  if not config.kv_lora_rank:
+    bad.append(
+        "kv_lora_rank >= 1, multi-head latent attention (this config: 0)"
+    )
+  bad += f.differing(config, _FIXED, _FIXED_MOE)
   if moe.shared_experts < 1 or moe.shared_mlp_dim != moe.moe_mlp_dim:
-    bad.append(f"shared_experts={moe.shared_experts} of {moe.shared_mlp_dim}")
+    bad.append(
+        "shared_experts >= 1 of shared_mlp_dim=moe_mlp_dim (this config: "
+        f"{moe.shared_experts} of {moe.shared_mlp_dim}, moe_mlp_dim="
+        f"{moe.moe_mlp_dim})"
+    )
   if config.dense_layers != tuple(range(len(config.dense_layers))):
-    bad.append(f"dense_layers={config.dense_layers} (not a prefix)")
+    bad.append(
+        "dense_layers a prefix (0, 1, ...) (this config: "
+        f"{config.dense_layers})"
+    )
   if moe.mlp_activations[0] not in f.ACTIVATION_NAMES:
-    bad.append(f"mlp_activations={moe.mlp_activations}")
+    bad.append(
+        f"mlp_activations[0] in {sorted(f.ACTIVATION_NAMES)} (this config: "
+        f"{moe.mlp_activations[0]!r})"
+    )
   return bad
 
 

@@ -132,10 +132,11 @@ def activation(hf: Mapping, field: str, default: str) -> str:
 
 
 def differing(config, fixed: Mapping, fixed_moe: Mapping) -> list[str]:
-  """`field=value` of each field of a `ModelConfig` (`fixed`) or of its
-  `moe` (`fixed_moe`) that differs from the value a family requires."""
+  """`field=required (this config: value)` of each field of a
+  `ModelConfig` (`fixed`) or of its `moe` (`fixed_moe`) that differs from
+  the value a family requires."""
   return [
-      f"{k}={getattr(obj, k)!r}"
+      f"{k}={v!r} (this config: {getattr(obj, k)!r})"
       for obj, table in ((config, fixed), (config.moe, fixed_moe))
       for k, v in table.items()
       if getattr(obj, k) != v
