@@ -112,6 +112,7 @@ PUBLIC = {
         "variables_of",
     ),
     "linen_moe.hf": (
+        "family_match",
         "load_checkpoint",
         "model_config",
         "MODEL_TYPES",
@@ -205,6 +206,7 @@ PUBLIC = {
         "decoder_loss",
         "default_optimizer",
         "init_train_state",
+        "kept_files",
         "learning_rate_schedule",
         "LinenFrontend",
         "make_eval_step",

@@ -66,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
       raise ValueError(f"--max-shard-size: {e}") from e
     from linen_moe import checkpoint  # noqa: PLC0415 (imports jax)
     from linen_moe import hf  # noqa: PLC0415
+    from linen_moe import training  # noqa: PLC0415
 
+    kept = training.kept_files(args.checkpoint_dir)
     config, variables, step = checkpoint.read_variables(
         args.checkpoint_dir, dtype=args.dtype, step=args.step
     )
@@ -80,11 +82,15 @@ def run(args: argparse.Namespace) -> int:
         args.out,
         max_shard_size=args.max_shard_size,
         weight_format="block_fp8" if args.format == "hf-fp8" else "float",
+        generation_config=kept.generation_config or {},
+        tokenizer_files=kept.tokenizer_files,
     )
+    tokenizer = "the tokenizer" if kept.tokenizer else "no tokenizer"
     print(
         f"exported step {step} of {args.checkpoint_dir} to {args.out} "
         f"(Hugging Face{', block fp8' if args.format == 'hf-fp8' else ''}, "
-        f"{len(files)} safetensors file(s))"
+        f"{len(files)} safetensors file(s), generation_config.json, "
+        f"{tokenizer})"
     )
     return 0
   from linen_moe import checkpoint  # noqa: PLC0415 (imports jax)
