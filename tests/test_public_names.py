@@ -118,6 +118,7 @@ PUBLIC = {
         "MODEL_TYPES",
         "parse_size",
         "save_checkpoint",
+        "save_peft_adapters",
     ),
     "linen_moe.hlo": (
         "collective_summary",
