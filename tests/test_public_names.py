@@ -253,6 +253,7 @@ PUBLIC = {
         "RuleState",
         "train_step",
         "TrainState",
+        "value_and_grad",
     ),
 }
 
