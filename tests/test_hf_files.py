@@ -294,6 +294,11 @@ class BadInputTest(absltest.TestCase):
     self.assert_fails(d, r"holds neither model.safetensors nor model.safet")
     (d / "config.json").unlink()
     self.assert_fails(d, r"has no config.json")
+    self.assert_fails(d / "nowhere", r"^path='.*nowhere' does not exist \(rel")
+    self.assert_fails(
+        d / "model-00001-of-00003.safetensors",
+        r"is a file, not a checkpoint directory",
+    )
 
   def test_arguments(self):
     d = FIXTURES / "mixtral_gqa_swa"
