@@ -133,6 +133,20 @@ class EagerToNNX(nnx.bridge.ToNNX):
     self.to_nnx__rngs = None
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    """Applies the Linen module, as `nnx.bridge.ToNNX` does.
+
+    Args:
+      *args: its inputs.
+      **kwargs: its keyword inputs, and `ToNNX`'s (`rngs`, `method`,
+        `mutable`).
+
+    Returns:
+      What the Linen module returns.
+
+    Warns (`UserWarning`, once per traced step) when the parameters are
+    differentiated and the fp8 state is not: a training loop of one's own
+    that never updates the fp8 scales (`nnx_adapter.value_and_grad`).
+    """
     warn_if_fp8_frozen(self)
     return super().__call__(*args, **kwargs)
 

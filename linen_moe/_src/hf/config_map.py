@@ -381,8 +381,8 @@ def family_match(config: ModelConfig) -> FamilyMatch:
     config: a `ModelConfig`.
 
   Returns:
-    The `FamilyMatch`: the family's `model_type`, and what it needs
-    (empty when `save_checkpoint` writes `config`).
+    The `FamilyMatch` (the family's `model_type`, and what it needs; none
+    when `save_checkpoint` writes `config`).
 
   Raises:
     TypeError: `config` is not a `ModelConfig`.

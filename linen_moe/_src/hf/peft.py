@@ -261,8 +261,8 @@ def save_peft_adapters(
       as PEFT records it; None when unknown.
 
   Returns:
-    The files written: `adapter_config.json` (PEFT's `LoraConfig`: LORA,
-    CAUSAL_LM, r, lora_alpha, the targets) and
+    The files written, `adapter_config.json` (PEFT's `LoraConfig` of a
+    LORA adapter for CAUSAL_LM: r, lora_alpha, the targets) and
     `adapter_model.safetensors`.
 
   Raises:
