@@ -187,7 +187,6 @@ PUBLIC = {
     ),
     "linen_moe.testing": (
         "FAMILY_CONFIGS",
-        "is_slow",
         "kernels_on_cpu",
         "license_texts",
         "run_capturing",
