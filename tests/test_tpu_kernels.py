@@ -111,8 +111,12 @@ class PallasGroupedMatmulTest(parameterized.TestCase):
       bad = np.argwhere(~np.isfinite(g64))
       self.assertEqual(bad.size, 0, f"{what}: not finite at {bad[:8].tolist()}")
       tol = TOLERANCE[dtype]
+      # On a TPU (jax 0.10.2), ragged_dot leaves the rows past the groups'
+      # total unwritten (garbage, NaN): it is compared on the groups' rows,
+      # the NumPy oracle on every row.
+      rows = slice(None) if what == "drhs" else slice(int(np.sum(sizes)))
       np.testing.assert_allclose(
-          g64, np.asarray(w, np.float64), err_msg=what, **tol
+          g64[rows], np.asarray(w, np.float64)[rows], err_msg=what, **tol
       )
       np.testing.assert_allclose(g64, o, err_msg=what, **tol)
     out, dlhs, drhs = (np.asarray(x) for x in got)
