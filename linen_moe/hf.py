@@ -9,15 +9,18 @@ Gemma-4 (its text decoder).
 its slice, straight into the decoder's variables (scanned or unrolled, float
 or int8/fp8 serving weights); `Decoder(config)` then computes transformers'
 logits. `save_checkpoint` writes what transformers loads back.
-`model_config` maps a config.json alone.
+`model_config` maps a config.json alone; `family_match` says whether a
+`ModelConfig` has a Hugging Face form (and, when not, what the nearest
+family needs).
 """
 
 from linen_moe._src.faces import lazy_face as _lazy_face
 
 _EXPORTS = {
-    "linen_moe._src.hf.config_map": ("model_config",),
+    "linen_moe._src.hf.config_map": ("family_match", "model_config"),
     "linen_moe._src.hf.families": ("MODEL_TYPES",),
     "linen_moe._src.hf.load": ("load_checkpoint",),
+    "linen_moe._src.hf.peft": ("save_peft_adapters",),
     "linen_moe._src.hf.safetensors_io": ("parse_size",),
     "linen_moe._src.hf.save": ("save_checkpoint",),
 }

@@ -22,7 +22,7 @@ _EXPORTS = {
         "use_fast_compile",
     ),
     "linen_moe._src.testing.helpers": ("run_capturing",),
-    "linen_moe._src.testing.marks": ("is_slow", "slow"),
+    "linen_moe._src.testing.marks": ("slow",),
 }
 
 

@@ -6,6 +6,7 @@ Imports no jax: the config names and quantization modes are read without it.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import yaml
 
@@ -30,16 +31,39 @@ def check_serve(args: argparse.Namespace) -> None:
     )
 
 
+@functools.cache
+def config_list() -> str:
+  """The shipped configs, each with the Hugging Face `model_type` that
+  `export --format hf` writes it as, or "no HF form" and the nearest
+  family (`linen_moe.hf.family_match`; reads the YAML files, no jax)."""
+  from linen_moe import hf  # noqa: PLC0415 (no jax)
+  from linen_moe import load_model_config  # noqa: PLC0415
+
+  items = []
+  for name in available_configs():
+    match = hf.family_match(load_model_config(name))
+    if match.exports:
+      items.append(f"{name} [hf: {match.model_type}]")
+    else:
+      n = len(match.differences)
+      items.append(
+          f"{name} [no HF form: {n} field{'s' * (n > 1)} differ from "
+          f"{match.model_type}]"
+      )
+  return (
+      "shipped (in brackets, the Hugging Face model_type export --format hf "
+      "writes): "
+      + ", ".join(items)
+  )
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
   """--config, --quantization, --sparse-matmul, --capacity-factor,
   --layers and --set (read back with `model_overrides`)."""
   p.add_argument(
       "--config",
       default="tiny_mixtral",
-      help=(
-          f"config name ({', '.join(available_configs())}) or a "
-          "path to a .yml file"
-      ),
+      help=f"a config name or a path to a .yml file; {config_list()}",
   )
   p.add_argument(
       "--quantization",

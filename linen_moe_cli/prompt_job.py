@@ -35,6 +35,7 @@ from linen_moe import decoding
 from linen_moe import hf
 from linen_moe.quantization import quantize_weights
 from linen_moe.tokens import validate_tokens
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe_cli.generate_options import GenerateOptions
 
 GENERATION_CONFIG = "generation_config.json"
@@ -79,8 +80,11 @@ def load_model(hf_dir, checkpoint_dir, serve: str, quantization: str | None):
   config, variables, _ = checkpoint.read_variables(checkpoint_dir)
   if serving_weights:
     return quantize_weights(config.replace(quantization=mode), variables)
-  if mode == "none":
-    return config.replace(quantization="none"), {"params": variables["params"]}
+  if mode == "none":  # every collection but the fp8 state (routed biases too)
+    float_vars = {
+        k: v for k, v in variables.items() if k != OVERWRITE_WITH_GRADIENT
+    }
+    return config.replace(quantization="none"), float_vars
   if mode != config.moe.quantization:
     raise ValueError(
         f"--quantization {mode}: {checkpoint_dir} trained in"
@@ -90,14 +94,16 @@ def load_model(hf_dir, checkpoint_dir, serve: str, quantization: str | None):
   return config, variables
 
 
-def stop_ids_of(hf_dir: str | None, stop_ids: list[int] | None) -> list[int]:
-  """`stop_ids` when given, else the checkpoint's `generation_config.json`
-  `eos_token_id` (an int or a list; none without the file or the field)."""
+def stop_ids_of(directory: str | None, stop_ids: list[int] | None) -> list[int]:
+  """`stop_ids` when given, else the `eos_token_id` of `directory`'s
+  `generation_config.json` (a Hugging Face checkpoint's, or the one a
+  training run kept; an int or a list; none without the file or the
+  field)."""
   if stop_ids is not None:
     return list(stop_ids)
-  if hf_dir is None:
+  if directory is None:
     return []
-  path = os.path.join(hf_dir, GENERATION_CONFIG)
+  path = os.path.join(directory, GENERATION_CONFIG)
   if not os.path.isfile(path):
     return []
   with open(path, encoding="utf-8") as f:
@@ -192,7 +198,7 @@ def generate(
   validate_tokens(
       np.asarray([prompt_ids], np.int32), config.vocab_size, name="prompt"
   )
-  stops = stop_ids_of(hf_dir, sampling.stop_ids)
+  stops = stop_ids_of(hf_dir or checkpoint_dir, sampling.stop_ids)
   weights = _weights(serve, quantization)
   stream = decoding.generate_stream(
       config,
@@ -315,7 +321,7 @@ def generate_file(
       )
     rows.append(_encode(tok, tokenizer, record["prompt"], sampling))
   config, variables = load_model(hf_dir, checkpoint_dir, serve, quantization)
-  stops = stop_ids_of(hf_dir, sampling.stop_ids)
+  stops = stop_ids_of(hf_dir or checkpoint_dir, sampling.stop_ids)
   sink = sys.stdout if output is None else open(output, "w", encoding="utf-8")
   start, total, compiled = time.perf_counter(), 0, None
   try:

@@ -2,8 +2,10 @@
 
 `Decoder` is the NNX twin of `linen_moe.Decoder` (the same blocks, so the
 same math and the same variable paths), trained by `train_step` /
-`make_train_step` on a `TrainState`, sharded by `NNXFrontend.sharded`, and
-decoded by `greedy_generate`. `EagerToNNX` wraps any Linen module with all
+`make_train_step` on a `TrainState` (or in a loop of your own, with
+`value_and_grad` in place of `nnx.value_and_grad` so that fp8 scales
+update), sharded by `NNXFrontend.sharded`, and decoded by
+`greedy_generate`. `EagerToNNX` wraps any Linen module with all
 of its state built at construction. `FRONTENDS` names the two training
 front ends (`frontend` builds one by name).
 
@@ -20,6 +22,7 @@ _EXPORTS = {
     "nnx_adapter._adapter": ("EagerToNNX", "Fp8State", "RuleState"),
     "nnx_adapter._decoder": ("Decoder", "linen_to_nnx", "nnx_to_linen"),
     "nnx_adapter._decoding": ("generate", "greedy_generate"),
+    "nnx_adapter._fp8_loop": ("value_and_grad",),
     "nnx_adapter._frontend": ("NNXFrontend", "frontend"),
     "nnx_adapter._train": (
         "accumulate_gradients",
@@ -76,6 +79,7 @@ __all__ = [
     "make_train_step",
     "nnx_to_linen",
     "train_step",
+    "value_and_grad",
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+import warnings
 
 from flax import nnx
 import flax.linen as nn
@@ -31,6 +32,35 @@ class RuleState(nnx.Variable):
 class Cache(nnx.Variable):
   """A decoding decoder's KV cache and its token count: the Linen `cache`
   collection. Written by every decoding call; never trained or saved."""
+
+
+GUIDE = "docs/guides/quantization.md"
+WARNING = (
+    "nnx_adapter: this step differentiates the parameters but not the fp8 "
+    "state (Fp8State: the fp8 scales and amax histories), so the scales never "
+    "update. Differentiate with nnx_adapter.value_and_grad(loss_fn), a "
+    "drop-in for nnx.value_and_grad that also writes the new fp8 state into "
+    f"the model, or train with nnx_adapter.train_step; see {GUIDE}."
+)
+
+
+def _tracer_types(module: nnx.Module, variable_type: Any) -> set[type]:
+  leaves = jax.tree.leaves(nnx.state(module, variable_type))
+  return {type(x) for x in leaves if isinstance(x, jax.core.Tracer)}
+
+
+def warn_if_fp8_frozen(module: nnx.Module) -> None:
+  """Warns (`WARNING`) when `module` holds fp8 state and is being
+  differentiated with respect to its parameters but not its fp8 state:
+  some `nnx.Param` is a tracer of a kind no `Fp8State` leaf is (jax.grad
+  traces what it differentiates with its own tracers). Called when a
+  module is traced, so a jitted step warns once, on its first call."""
+  fp8 = jax.tree.leaves(nnx.state(module, Fp8State))
+  if not fp8:
+    return
+  fp8_types = {type(x) for x in fp8}
+  if _tracer_types(module, nnx.Param) - fp8_types:
+    warnings.warn(WARNING, UserWarning, stacklevel=3)
 
 
 # The bridge maps Linen collections to NNX variable types through this
@@ -101,6 +131,24 @@ class EagerToNNX(nnx.bridge.ToNNX):
       ).items():
         setattr(self, name, nnx.data(value))
     self.to_nnx__rngs = None
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    """Applies the Linen module, as `nnx.bridge.ToNNX` does.
+
+    Args:
+      *args: its inputs.
+      **kwargs: its keyword inputs, and `ToNNX`'s (`rngs`, `method`,
+        `mutable`).
+
+    Returns:
+      What the Linen module returns.
+
+    Warns (`UserWarning`, once per traced step) when the parameters are
+    differentiated and the fp8 state is not: a training loop of one's own
+    that never updates the fp8 scales (`nnx_adapter.value_and_grad`).
+    """
+    warn_if_fp8_frozen(self)
+    return super().__call__(*args, **kwargs)
 
 
 def _linen_rngs(rngs: nnx.Rngs | None) -> dict[str, jax.Array]:

@@ -22,6 +22,7 @@ from linen_moe.variables import CACHE
 from linen_moe.variables import rng_dict
 from nnx_adapter._adapter import Cache
 from nnx_adapter._adapter import EagerToNNX
+from nnx_adapter._adapter import warn_if_fp8_frozen
 
 PyTree = dict[str, Any]
 # The stacked layer axis carries the logical name "layers" (as under the
@@ -170,6 +171,7 @@ class Decoder(nnx.Module):
         shape or holds a negative value, or is given with `decode`.
     """
     cfg = self.config
+    warn_if_fp8_frozen(self)  # a loop of one's own that freezes the scales
     tokens = validate_tokens_if_concrete(tokens, cfg.vocab_size)
     frontend.validate_segments(
         np.shape(tokens), segment_ids, positions, self.decode

@@ -16,8 +16,8 @@ from hypothesis import settings
 import pytest
 
 import linen_moe
-from linen_moe import testing
 from linen_moe._src.testing.compile_options import add_xla_flag
+from linen_moe._src.testing.marks import is_slow
 from linen_moe.testing import use_compilation_cache
 from linen_moe.testing import use_fast_compile
 
@@ -39,7 +39,7 @@ def pytest_collection_modifyitems(config, items):
   del config
   for item in items:
     test = getattr(item, "obj", None)
-    if testing.is_slow(test) or testing.is_slow(getattr(item, "cls", None)):
+    if is_slow(test) or is_slow(getattr(item, "cls", None)):
       item.add_marker(pytest.mark.slow)
     elif item.get_closest_marker("slow") is not None:
       raise pytest.UsageError(

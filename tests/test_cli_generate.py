@@ -11,11 +11,16 @@ import shutil
 import tempfile
 
 from absl.testing import absltest
+import jax
 import numpy as np
 
+from linen_moe import checkpoint
+from linen_moe import frontend
+from linen_moe import hf
 from linen_moe import testing
 from linen_moe.decoding import Sampling
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe.variables import UPDATED_BY_RULE
 from linen_moe_cli import prompt_job
 from linen_moe_cli.commands import generate
 from linen_moe_cli.generate_options import GenerateOptions
@@ -24,6 +29,7 @@ from linen_moe_cli.main import main
 from tests import cli_helpers
 
 MIXTRAL = pathlib.Path(__file__).parent / "fixtures" / "hf" / "mixtral_gqa_swa"
+DEEPSEEK = MIXTRAL.parent / "deepseek_v3_plain_nogroup"
 
 
 def _error(*argv: str) -> str:
@@ -101,6 +107,22 @@ class GenerateModelTest(absltest.TestCase):
         self.assertEqual(config.moe.quantization, mode)
         self.assertEqual(config.moe.serving, serving)
         self.assertEqual(OVERWRITE_WITH_GRADIENT in variables, fp8_state)
+
+  def test_a_training_checkpoint_keeps_its_routed_biases(self):
+    # DeepSeek-V3's routed biases (`updated_by_rule`) choose the experts:
+    # float weights without them do not decode.
+    config, variables = hf.load_checkpoint(DEEPSEEK)
+    directory = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+    meta = {"model_config": checkpoint.config_dict(config)}
+    with checkpoint.Checkpoints(directory) as ckpts:
+      ckpts.save(1, {frontend.VARIABLES: variables}, meta)
+    _, loaded = prompt_job.load_model(None, directory, "none", None)
+    self.assertEqual(sorted(loaded), ["params", UPDATED_BY_RULE])
+    np.testing.assert_array_equal(
+        jax.tree.leaves(loaded[UPDATED_BY_RULE]),
+        jax.tree.leaves(variables[UPDATED_BY_RULE]),
+    )
 
   def test_float_weights_in_fp8_contractions(self):
     status, out, err = testing.run_capturing(

@@ -14,12 +14,16 @@ import tempfile
 from absl.testing import absltest
 import jax
 import numpy as np
+from safetensors.numpy import load_file
 
 from linen_moe import Decoder
 from linen_moe import checkpoint
+from linen_moe import frontend
 from linen_moe import hf
+from linen_moe import load_model_config
 from linen_moe import lora
 from linen_moe import testing
+from linen_moe._src.hf import peft
 from linen_moe._src.lora import tree
 from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
@@ -219,14 +223,58 @@ class QLoRARunTest(absltest.TestCase):
         ],
     )
     self.assertEqual(code, 0, out + err)
+    self.assertIn("in PEFT's format", out)
+    # PEFT's files (what PEFT reads of them: test_hf_peft.py), for the base
+    # the run started from; the same tensors as the library writes.
     meta = json.loads(pathlib.Path(out_dir, "adapter_config.json").read_text())
-    self.assertEqual((meta["rank"], meta["alpha"]), (4, 8.0))
+    self.assertEqual(
+        (meta["peft_type"], meta["r"], meta["lora_alpha"]), ("LORA", 4, 8.0)
+    )
+    self.assertEqual(meta["base_model_name_or_path"], self.base)
+    written = load_file(os.path.join(out_dir, "adapter_model.safetensors"))
+    want, _ = peft.peft_tensors(config, variables)
+    self.assertEqual(list(written), list(want))
+    for name, value in want.items():
+      np.testing.assert_array_equal(written[name], value)
+    # linen_moe's own files load back.
+    own = os.path.join(self.tmp, "own")
+    lora.save_adapters(config, variables, own)
     base_cfg = tree.without_adapters(config)
-    _, back = lora.load_adapters(base_cfg, variables, out_dir)
+    _, back = lora.load_adapters(base_cfg, variables, own)
     jax.tree.map(
         np.testing.assert_array_equal,
         lora.split(back["params"])[0],
         lora.split(unbox(variables)["params"])[0],
+    )
+
+
+class AdaptersWithoutHFFormTest(absltest.TestCase):
+
+  def test_export_writes_linen_moe_files(self):
+    # tiny_gemma4_26b has no Hugging Face form, so no PEFT form either.
+    cfg = load_model_config("tiny_gemma4_26b", lora_rank=2, num_layers=1)
+    tokens = np.zeros((1, 4), np.int32)
+    variables = unbox(Decoder(cfg).init(jax.random.key(0), tokens))
+    run = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, run, ignore_errors=True)
+    with checkpoint.Checkpoints(run) as ckpts:
+      meta = {"model_config": checkpoint.config_dict(cfg)}
+      ckpts.save(1, {frontend.VARIABLES: variables}, meta)
+    out = os.path.join(run, "adapters")
+    code, printed, err = testing.run_capturing(
+        cli.main,
+        ["export", "--checkpoint-dir", run, "--out", out, "--format",
+         "adapters"],
+    )  # fmt: skip
+    self.assertEqual(code, 0, err)
+    self.assertRegex(
+        printed,
+        r"as linen_moe's adapters.safetensors and adapters.json .*not "
+        r"PEFT's: this model has no Hugging Face form \(the nearest family, "
+        r"gemma4_text, needs qk_norm=True",
+    )
+    self.assertEqual(
+        sorted(os.listdir(out)), ["adapters.json", "adapters.safetensors"]
     )
 
 

@@ -99,6 +99,8 @@ class StructureTest(absltest.TestCase):
       argv = [name] if name != "launch" else [name, "--local-processes=1"]
       if name == "export":
         argv += ["--checkpoint-dir=a", "--out=b"]
+      if name == "tokenizer":
+        argv += ["train", "a.txt", "--vocab-size=8", "--out=t.json"]
       self.assertIs(parser.parse_args(argv).run, command.run, name)
 
   def test_train_options_from_default_flags(self):

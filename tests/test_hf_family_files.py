@@ -365,7 +365,9 @@ class SaveErrorsTest(absltest.TestCase):
     out = _tempdir(self) / "out"
     config, variables = hf.load_checkpoint(FIXTURES / "gemma4_text_moe_keqv")
     with self.assertRaisesRegex(
-        ValueError, r"as gemma4_text it would need \['rope_interleave=True'\]"
+        ValueError,
+        r"the nearest family, gemma4_text, needs rope_interleave=False \(this"
+        r" config: True\)\.$",
     ):
       hf.save_checkpoint(config.replace(rope_interleave=True), variables, out)
     ds, ds_variables = hf.load_checkpoint(

@@ -294,6 +294,11 @@ class BadInputTest(absltest.TestCase):
     self.assert_fails(d, r"holds neither model.safetensors nor model.safet")
     (d / "config.json").unlink()
     self.assert_fails(d, r"has no config.json")
+    self.assert_fails(d / "nowhere", r"^path='.*nowhere' does not exist \(rel")
+    self.assert_fails(
+        d / "model-00001-of-00003.safetensors",
+        r"is a file, not a checkpoint directory",
+    )
 
   def test_arguments(self):
     d = FIXTURES / "mixtral_gqa_swa"
@@ -343,8 +348,12 @@ class SaveErrorsTest(absltest.TestCase):
   def test_rejects(self):
     out = pathlib.Path(_tempdir(self)) / "out"
     config, variables = hf.load_checkpoint(FIXTURES / "mixtral_gqa_swa")
-    own = load_model_config("tiny_mixtral")
-    with self.assertRaisesRegex(ValueError, r"as mixtral it would need \['sca"):
+    own = load_model_config("tiny_mixtral", scale_embeddings=True)
+    with self.assertRaisesRegex(
+        ValueError,
+        r"the nearest family, mixtral, needs scale_embeddings=False \(this "
+        r"config: True\)\.$",
+    ):
       hf.save_checkpoint(own, variables, out)
     with self.assertRaisesRegex(ValueError, "variables are not the parameters"):
       hf.save_checkpoint(config.replace(num_layers=3), variables, out)

@@ -112,11 +112,13 @@ PUBLIC = {
         "variables_of",
     ),
     "linen_moe.hf": (
+        "family_match",
         "load_checkpoint",
         "model_config",
         "MODEL_TYPES",
         "parse_size",
         "save_checkpoint",
+        "save_peft_adapters",
     ),
     "linen_moe.hlo": (
         "collective_summary",
@@ -185,7 +187,6 @@ PUBLIC = {
     ),
     "linen_moe.testing": (
         "FAMILY_CONFIGS",
-        "is_slow",
         "kernels_on_cpu",
         "license_texts",
         "run_capturing",
@@ -205,6 +206,7 @@ PUBLIC = {
         "decoder_loss",
         "default_optimizer",
         "init_train_state",
+        "kept_files",
         "learning_rate_schedule",
         "LinenFrontend",
         "make_eval_step",
@@ -250,6 +252,7 @@ PUBLIC = {
         "RuleState",
         "train_step",
         "TrainState",
+        "value_and_grad",
     ),
 }
 

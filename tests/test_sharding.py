@@ -122,8 +122,16 @@ class MeshSpecTest(absltest.TestCase):
         sharding_lib.parse_mesh_spec(spec)
 
   def test_product_must_match_devices(self):
+    n = jax.device_count() + 1
     with self.assertRaisesRegex(ValueError, "multiply to the device count"):
-      sharding.make_mesh(f"data={jax.device_count() + 1}")
+      sharding.make_mesh(f"data={n}")
+    # On a CPU the message says how to simulate the devices.
+    with self.assertRaisesRegex(
+        ValueError,
+        rf"On a CPU, simulate {n} devices: set XLA_FLAGS="
+        rf"--xla_force_host_platform_device_count={n} before jax starts",
+    ):
+      sharding.make_mesh(f"data={n}", jax.devices("cpu"))
 
   def test_rules_cover_every_parameter_name(self):
     cfg = load_model_config("tiny_gemma4_26b", quantization="fp8")

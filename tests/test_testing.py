@@ -10,6 +10,7 @@ import numpy as np
 
 from linen_moe import testing
 from linen_moe._src.testing import helpers
+from linen_moe._src.testing.marks import is_slow
 
 
 class SlowTest(absltest.TestCase):
@@ -43,21 +44,21 @@ class SlowTest(absltest.TestCase):
     slow = sorted(
         name
         for name in dir(Cases)
-        if name.startswith("test") and testing.is_slow(getattr(Cases, name))
+        if name.startswith("test") and is_slow(getattr(Cases, name))
     )
     self.assertEqual(
         slow,
         ["test_above0", "test_above1", "test_below0", "test_below1"]
         + ["test_named_a", "test_property"],
     )
-    self.assertFalse(testing.is_slow(Cases.test_plain))
+    self.assertFalse(is_slow(Cases.test_plain))
 
   def test_marks_a_class_and_rejects_the_rest(self):
     @testing.slow
     class Slow(absltest.TestCase):
       pass
 
-    self.assertTrue(testing.is_slow(Slow))
+    self.assertTrue(is_slow(Slow))
     with self.assertRaisesRegex(TypeError, "slow marks a test class or method"):
       testing.slow(3)
 

@@ -40,6 +40,20 @@ _T16 = GmmTiling(gmm=(16, 128, 128), gmm_t=(16, 128, 128), tgmm=(16, 128, 128))
 PROBLEMS = {
     "ragged": (72, 384, 128, (5, 0, 17, 1, 0, 30), _T16),
     "skewed": (64, 128, 256, (0, 32, 0, 9, 0, 23), _T16),
+    # 256-row tiles multiplied in 128-row sub-blocks where a group holds
+    # part of a tile: group 0 only the first sub-block of tile 0, group 2
+    # across the boundary, group 3 the second sub-block and on into tile 1;
+    # K = 256 in two contraction tiles (the accumulator), rows past the
+    # total (513 of 640), a partial last tile.
+    "split": (
+        640,
+        256,
+        128,
+        (100, 0, 60, 200, 3, 150),
+        GmmTiling(
+            gmm=(256, 128, 128), gmm_t=(256, 128, 128), tgmm=(256, 128, 128)
+        ),
+    ),
     "whole": (
         48,
         24,
@@ -97,8 +111,12 @@ class PallasGroupedMatmulTest(parameterized.TestCase):
       bad = np.argwhere(~np.isfinite(g64))
       self.assertEqual(bad.size, 0, f"{what}: not finite at {bad[:8].tolist()}")
       tol = TOLERANCE[dtype]
+      # On a TPU (jax 0.10.2), ragged_dot leaves the rows past the groups'
+      # total unwritten (garbage, NaN): it is compared on the groups' rows,
+      # the NumPy oracle on every row.
+      rows = slice(None) if what == "drhs" else slice(int(np.sum(sizes)))
       np.testing.assert_allclose(
-          g64, np.asarray(w, np.float64), err_msg=what, **tol
+          g64[rows], np.asarray(w, np.float64)[rows], err_msg=what, **tol
       )
       np.testing.assert_allclose(g64, o, err_msg=what, **tol)
     out, dlhs, drhs = (np.asarray(x) for x in got)
@@ -108,7 +126,10 @@ class PallasGroupedMatmulTest(parameterized.TestCase):
     np.testing.assert_array_equal(drhs[np.asarray(sizes) == 0], 0, "empty")
 
   @parameterized.parameters(
-      ("ragged", jnp.float32), ("skewed", jnp.bfloat16), ("whole", jnp.float32)
+      ("ragged", jnp.float32),
+      ("skewed", jnp.bfloat16),
+      ("whole", jnp.float32),
+      ("split", jnp.float32),
   )
   def test_equals_ragged_dot_and_numpy(self, name, dtype):
     self.check(name, dtype)

@@ -27,6 +27,14 @@
 #              each shape written as it ends; GMM_ARGS adds options
 #              (e.g. "--shapes 8192,2048,5632,8 --top 2"). Not in the
 #              default run.
+#   gmm_tests  gmm's tests alone.
+#   gather     benchmarks/device/bench_gather.py: XLA's row gather beside
+#              the Pallas DMA row gather at a Qwen3-30B-A3B layer's sizes
+#              (dispatch, masked dispatch, one combine gather, float32 in
+#              both DMA forms), ms and fraction of the HBM roofline;
+#              $OUT/gather/bench_gather.json; 120 s at most; GATHER_ARGS
+#              adds options (e.g. "--block-rows 128 256 512 1024"). Not in
+#              the default run.
 #   mfu        benchmarks/device/bench_mfu.py: one decoder layer's MFU at
 #              Mixtral-8x7B and Qwen3-30B-A3B layer dimensions (two depths,
 #              the variants alternating); $OUT/mfu/bench_mfu.json; 400 s
@@ -81,7 +89,7 @@ for s in $steps; do
         --target tpu:v5e-1 --config qwen3_30b_a3b \
         --set num_layers=2 num_experts=32 vocab_size=32768 \
         --batch-size 16 --seq-len 4096 --remat full --steps 2 ;;
-    gmm)
+    gmm | gmm_tests)
       # The tests need pytest, absl and hypothesis (wheels); the bench only
       # jax and numpy, and checks ours against ragged_dot itself.
       if python3 -c 'import pytest, absl, hypothesis' 2>/dev/null; then
@@ -90,9 +98,14 @@ for s in $steps; do
       else
         echo "== gmm_tests: skipped (no pytest / absl / hypothesis here)"
       fi
+      [ "$s" = gmm ] || continue
       # shellcheck disable=SC2086  # GMM_ARGS: extra options, word-split
       step gmm 420 python3 benchmarks/device/bench_gmm.py --out "$OUT/gmm" \
         ${GMM_ARGS:-} ;;
+    gather)
+      # shellcheck disable=SC2086  # GATHER_ARGS: extra options, word-split
+      step gather 120 python3 benchmarks/device/bench_gather.py \
+        --out "$OUT/gather" ${GATHER_ARGS:-} ;;
     mfu)
       # shellcheck disable=SC2086  # MFU_ARGS: extra options, word-split
       step mfu 420 python3 benchmarks/device/bench_mfu.py --out "$OUT/mfu" \

@@ -126,7 +126,8 @@ def group_of(name: str, opcode: str, op_name: str) -> str:
     return "permutation" if "gate_and_up" not in op_name else "expert matmuls"
   if "norm" in last or re.search(r"_norm(/|$)", op_name):
     return "head and loss" if "final_norm" in op_name else "norms"
-  if "attention" in op_name:
+  # Splash's custom calls carry no op_name: their kernels' names say it.
+  if "attention" in op_name or name.startswith(("splash", "flash")):
     return "attention"
   if "embed" in op_name or "(Decoder)" not in op_name and "jvp()" in op_name:
     return "head and loss"

@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from linen_moe import testing
+# The mark's reader is the suites' own, not public (tests/conftest.py too).
+from linen_moe._src.testing.marks import is_slow  # noqa: TID251
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1]
 for folder in ("device", "layer", "model", "serving"):
@@ -27,5 +28,5 @@ def pytest_collection_modifyitems(config, items):
   del config
   for item in items:
     test = getattr(item, "obj", None)
-    if testing.is_slow(test) or testing.is_slow(getattr(item, "cls", None)):
+    if is_slow(test) or is_slow(getattr(item, "cls", None)):
       item.add_marker(pytest.mark.slow)

@@ -243,6 +243,13 @@ class ReduceTraceTest(absltest.TestCase):
           profile_step.group_of("fusion.1", "fusion", op_name), group, op_name
       )
     self.assertEqual(profile_step.group_of("copy.3", "copy", ""), "copies")
+    # Splash's kernels carry no op_name (seen on the chip).
+    self.assertEqual(
+        profile_step.group_of(
+            "splash_mha_dkv_segmented_no_residuals.2", "custom-call", ""
+        ),
+        "attention",
+    )
 
   def test_instructions(self):
     got = profile_step.instructions(_TPU_HLO)

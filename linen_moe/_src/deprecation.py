@@ -181,6 +181,7 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
         "replicated": (None, "linen_moe._src.parallel.sharding"),
     },
     "linen_moe.testing": {
+        "is_slow": (None, "linen_moe._src.testing.marks"),
         "all_gather_shapes": (None, "linen_moe._src.hlo.reading"),
         "Collective": (None, "linen_moe._src.hlo.reading"),
         "collective_bytes": (None, "linen_moe._src.hlo.traffic"),

@@ -11,7 +11,8 @@ from linen_moe_cli.commands import generate
 from linen_moe_cli.commands import launch
 from linen_moe_cli.commands import matrix
 from linen_moe_cli.commands import plan
+from linen_moe_cli.commands import tokenizer
 from linen_moe_cli.commands import train
 
 # In the order `linen-moe --help` lists them.
-COMMANDS = (train, export, matrix, launch, generate, plan)
+COMMANDS = (train, export, matrix, launch, generate, plan, tokenizer)

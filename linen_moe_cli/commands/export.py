@@ -36,8 +36,11 @@ def register(subparsers) -> None:
           "hf-fp8: the same with the linear weights in block fp8 (128 x 128 "
           "blocks, weight_scale_inv), as DeepSeek-V3 and Qwen3-FP8 ship; "
           "a LoRA run's hf export is the merged model "
-          "(linen_moe.lora.merge); adapters: a LoRA run's adapters alone "
-          "(adapters.safetensors, adapter_config.json)"
+          "(linen_moe.lora.merge); adapters: a LoRA run's adapters alone, in "
+          "PEFT's format (adapter_config.json, adapter_model.safetensors: "
+          "peft.PeftModel.from_pretrained loads them on the transformers "
+          "model of the base), or, for a model with no Hugging Face form, "
+          "linen_moe's (adapters.safetensors, adapters.json)"
       ),
   )
   p.add_argument(
@@ -66,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
       raise ValueError(f"--max-shard-size: {e}") from e
     from linen_moe import checkpoint  # noqa: PLC0415 (imports jax)
     from linen_moe import hf  # noqa: PLC0415
+    from linen_moe import training  # noqa: PLC0415
 
+    kept = training.kept_files(args.checkpoint_dir)
     config, variables, step = checkpoint.read_variables(
         args.checkpoint_dir, dtype=args.dtype, step=args.step
     )
@@ -80,11 +85,15 @@ def run(args: argparse.Namespace) -> int:
         args.out,
         max_shard_size=args.max_shard_size,
         weight_format="block_fp8" if args.format == "hf-fp8" else "float",
+        generation_config=kept.generation_config or {},
+        tokenizer_files=kept.tokenizer_files,
     )
+    tokenizer = "the tokenizer" if kept.tokenizer else "no tokenizer"
     print(
         f"exported step {step} of {args.checkpoint_dir} to {args.out} "
         f"(Hugging Face{', block fp8' if args.format == 'hf-fp8' else ''}, "
-        f"{len(files)} safetensors file(s))"
+        f"{len(files)} safetensors file(s), generation_config.json, "
+        f"{tokenizer})"
     )
     return 0
   from linen_moe import checkpoint  # noqa: PLC0415 (imports jax)
@@ -100,10 +109,33 @@ def run(args: argparse.Namespace) -> int:
           f"--format adapters: {args.checkpoint_dir} is not a LoRA run "
           "(its config has lora_rank 0): there are no adapters to write."
       )
-    lora.save_adapters(config, variables, args.out)
+    from linen_moe import hf  # noqa: PLC0415
+
+    match = hf.family_match(config)
+    if not match.exports:  # PEFT loads onto a transformers model only
+      lora.save_adapters(config, variables, args.out)
+      print(
+          f"exported the adapters of step {step} of {args.checkpoint_dir} to "
+          f"{args.out} (rank {config.moe.lora_rank}) as linen_moe's "
+          "adapters.safetensors and adapters.json (lora.load_adapters reads "
+          "them), not PEFT's: this model has no Hugging Face form (the "
+          f"nearest family, {match.model_type}, needs "
+          f"{'; '.join(match.differences)})"
+      )
+      return 0
+    with checkpoint.Checkpoints(args.checkpoint_dir, create=False) as ckpts:
+      run = ckpts.meta(step).get("run", {})
+    hf.save_peft_adapters(
+        config,
+        variables,
+        args.out,
+        base_model_name_or_path=run.get("init_from_hf"),
+    )
     print(
         f"exported the adapters of step {step} of {args.checkpoint_dir} to "
-        f"{args.out} (rank {config.moe.lora_rank})"
+        f"{args.out} (rank {config.moe.lora_rank}) in PEFT's format: "
+        "peft.PeftModel.from_pretrained(model, out) loads them onto the "
+        f"transformers model of the base ({run.get('init_from_hf')})"
     )
     return 0
   step = checkpoint.export(

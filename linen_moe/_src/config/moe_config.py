@@ -13,11 +13,14 @@ import math
 from typing import TYPE_CHECKING
 from typing import Any
 
-# No jax at import: the command line's --help reads MODES and
-# available_configs(). The activations and grouped matmuls (which import
-# jax) are read when a config is validated, the layer stack when asked for;
-# the quantization modes' table and the traffic model import none.
+# No jax at import or validation: the command line's --help reads
+# MODES, available_configs() and which config has a Hugging Face
+# form. The activation and grouped-matmul names come from modules that
+# import no jax (the functions load it on first use), the layer stack when
+# asked for; the quantization modes' table and the traffic model import
+# none.
 from linen_moe._src import deprecation
+from linen_moe._src.config import activations
 from linen_moe._src.config import lora as lora_config
 from linen_moe._src.config.checks import check_choice
 from linen_moe._src.config.checks import check_keys
@@ -28,6 +31,7 @@ from linen_moe._src.config.checks import run_field
 from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.config.quantization_modes import SERVING_MODES
 from linen_moe._src.deprecation import renamed_field
+from linen_moe._src.kernels import implementations
 from linen_moe._src.parallel import ep_traffic
 
 if TYPE_CHECKING:
@@ -290,12 +294,9 @@ class MoEConfig:
           self.num_experts_per_tok,
           f"must be <= num_experts={self.num_experts}",
       )
-    from linen_moe._src.config import activations  # noqa: PLC0415 (imports jax)
-    from linen_moe._src.kernels import grouped_matmul  # noqa: PLC0415 (imports jax)
-
     acts = tuple(self.mlp_activations)
     object.__setattr__(self, "mlp_activations", acts)
-    names = tuple(activations.ACTIVATIONS)
+    names = activations.NAMES
     if len(acts) != 2 or acts[0] not in names or acts[1] != "linear":
       fail(
           cls,
@@ -316,7 +317,7 @@ class MoEConfig:
       )
     check_choice(self, "routing", ROUTINGS)
     check_choice(self, "quantization", tuple(MODES))
-    check_choice(self, "grouped_matmul", grouped_matmul.IMPLEMENTATIONS)
+    check_choice(self, "grouped_matmul", implementations.IMPLEMENTATIONS)
     check_choice(self, "expert_parallel", EXPERT_PARALLEL_STRATEGIES)
     check_choice(self, "dtype", FLOAT_DTYPES)
     check_choice(self, "param_dtype", FLOAT_DTYPES)

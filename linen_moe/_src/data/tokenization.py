@@ -121,6 +121,24 @@ def end_of_document_id(tokenizer: Any, path: str | None = None) -> int:
   )
 
 
+def _check_text_files(files: Sequence[str]) -> None:
+  """Raises unless every file of `files` (one at least) holds text."""
+  if isinstance(files, (str, os.PathLike)) or not files:
+    raise ValueError(
+        f"train_bpe_tokenizer: files={files!r} must be a non-empty list of "
+        "text files."
+    )
+  for file in files:
+    if not os.path.isfile(file):
+      raise ValueError(f"train_bpe_tokenizer: {file} does not exist.")
+    with open(file, encoding="utf-8", errors="replace") as f:
+      if not any(line.strip() for line in f):
+        raise ValueError(
+            f"train_bpe_tokenizer: {file} is empty: it holds no text to "
+            "learn a vocabulary from."
+        )
+
+
 def train_bpe_tokenizer(
     files: Sequence[str],
     vocab_size: int,
@@ -144,7 +162,8 @@ def train_bpe_tokenizer(
 
   Raises:
     TypeError: if `vocab_size` is not an int.
-    ValueError: if it is below 3.
+    ValueError: if it is below 3, `files` is empty, or a file does not
+      exist or holds no text (white space only).
   """
   from tokenizers import Tokenizer  # noqa: PLC0415
   from tokenizers import decoders  # noqa: PLC0415
@@ -159,6 +178,7 @@ def train_bpe_tokenizer(
     raise ValueError(
         f"train_bpe_tokenizer: vocab_size={vocab_size} must be >= 3."
     )
+  _check_text_files(files)
   tokenizer = Tokenizer(models.BPE(unk_token=UNKNOWN))
   tokenizer.normalizer = normalizers.NFC()
   tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()

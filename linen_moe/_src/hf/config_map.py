@@ -16,8 +16,10 @@ that one of the families can express.
 from __future__ import annotations
 
 from collections.abc import Mapping
+import dataclasses
 from typing import Any
 
+from linen_moe._src.config.activations import CLAMPED_SWIGLU
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.moe_config import MoEConfig
 from linen_moe._src.hf import fields
@@ -246,83 +248,214 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
 
 
 def _unsupported(config: ModelConfig, family: Family) -> list[str]:
-  """The fields of `config` that `family` cannot express."""
+  """What `family` (Mixtral or Qwen3-MoE) needs that `config` has not: one
+  `field=needed (this config: value)` each."""
   moe, bad = config.moe, []
 
-  def need(ok, what):
+  def need(ok: bool, needed: str, ours: Any) -> None:
     if not ok:
-      bad.append(what)
+      bad.append(f"{needed} (this config: {ours!r})")
 
   defaults = ModelConfig(moe=moe)
-  for name in _NEWER_FIELDS:  # DeepSeek-V3's and Gemma-4's
-    value = getattr(config, name)
-    need(value == getattr(defaults, name), f"{name}={value!r}")
-  need(not config.scale_embeddings, "scale_embeddings=True")
-  need(not config.router_input_norm, "router_input_norm=True")
-  need(not config.post_moe_norms, "post_moe_norms=True")
-  need(moe.shared_experts == 0, f"shared_experts={moe.shared_experts}")
-  need(moe.routed_scaling_factor == 1, "routed_scaling_factor != 1")
-  need(moe.num_routing_groups == 1, "num_routing_groups != 1")
-  need(not moe.routed_bias, "routed_bias=True")
-  need(not moe.per_expert_scale, "per_expert_scale=True")
-  need(not moe.router_bias, "router_bias=True")
-  need(not moe.expert_bias, "expert_bias=True")
-  need(not moe.weights_on_input, "weights_on_input=True")
-  need(moe.mlp_activations[0] in _ACTIVATION_NAMES, "mlp_activations")
-  need(config.qk_norm == family.qk_norm, f"qk_norm={config.qk_norm}")
+  for name in _NEWER_FIELDS:  # the other families'
+    value, default = getattr(config, name), getattr(defaults, name)
+    need(value == default, f"{name}={default!r}", value)
+  for name in ("scale_embeddings", "router_input_norm", "post_moe_norms"):
+    need(not getattr(config, name), f"{name}=False", True)
+  need(moe.shared_experts == 0, "shared_experts=0", moe.shared_experts)
+  need(
+      moe.routed_scaling_factor == 1,
+      "routed_scaling_factor=1.0",
+      moe.routed_scaling_factor,
+  )
+  need(
+      moe.num_routing_groups == 1,
+      "num_routing_groups=1",
+      moe.num_routing_groups,
+  )
+  need(not moe.routed_bias, "routed_bias=False", True)
+  need(not moe.per_expert_scale, "per_expert_scale=False", True)
+  for name in ("router_bias", "expert_bias", "weights_on_input"):
+    need(not getattr(moe, name), f"{name}=False", True)
+  need(
+      moe.mlp_activations[0] in _ACTIVATION_NAMES,
+      f"mlp_activations[0] in {sorted(_ACTIVATION_NAMES)}",
+      moe.mlp_activations[0],
+  )
+  need(
+      config.qk_norm == family.qk_norm,
+      f"qk_norm={family.qk_norm}",
+      config.qk_norm,
+  )
   need(
       family.dense_width_field is not None or not config.dense_layers,
-      "dense_layers",
+      "dense_layers=()",
+      config.dense_layers,
   )
   renormalised = moe.routing == "topk_then_softmax" or (
       moe.routing == "softmax_then_topk" and moe.norm_topk_prob
   )
+  routing = f"routing={moe.routing!r}, norm_topk_prob={moe.norm_topk_prob}"
   if "norm_topk_prob" in family.fields:
     need(
-        moe.routing == "softmax_then_topk" or renormalised,
-        f"routing={moe.routing!r}",
+        moe.routing in ("softmax_then_topk", "topk_then_softmax"),
+        "routing='softmax_then_topk' or 'topk_then_softmax'",
+        moe.routing,
     )
-  else:
-    need(
-        renormalised,
-        f"routing={moe.routing!r} (norm_topk_prob={moe.norm_topk_prob})",
+  elif not renormalised:
+    bad.append(
+        "routing='topk_then_softmax', or 'softmax_then_topk' with "
+        f"norm_topk_prob=True (this config: {routing})"
     )
   return bad
 
 
-def _candidate(config: ModelConfig) -> Family:
-  """The one family that could express `config`: multi-head latent
-  attention is DeepSeek-V3's; attention sinks GPT-OSS's; q/k norms over
-  all heads MiniMax-M2's; top-k then sigmoid routing Llama-4's; sigmoid
-  routing without MLA GLM-4.5's; Gemma-4's block (post-MoE norms) Gemma-4's; q/k
-  norms Qwen3-MoE's; else Mixtral's."""
+# The families a `ModelConfig` is written as (no config is two of them:
+# their needs exclude each other).
+_WRITTEN_AS = (
+    "mixtral",
+    "qwen3_moe",
+    "deepseek_v3",
+    "gemma4_text",
+    "gpt_oss",
+    "glm4_moe",
+    "minimax_m2",
+    "llama4_text",
+)
+
+
+def differences(config: ModelConfig, family: Family) -> list[str]:
+  """What `family` needs that `config` has not, one `field=needed (this
+  config: value)` each; [] when `family` expresses `config`."""
+  if family.codec is not None:
+    return family.codec.unsupported(config)
+  return _unsupported(config, family)
+
+
+def _resembled(config: ModelConfig) -> Family:
+  """The family whose layers `config` has: latent attention is
+  DeepSeek-V3's; attention sinks, router or expert biases or the clamped
+  SwiGLU GPT-OSS's; q/k norms over all heads MiniMax-M2's; top-k then
+  sigmoid routing, weights on the expert's input or a Llama-4 attention
+  field (chunks, NoPE, norms after RoPE, temperature tuning) Llama-4's;
+  DeepSeek's routing (sigmoid, groups, routed biases) GLM-4.5's with its
+  attention (q/k norms, grouped kv heads, q/k/v biases, partial rotary),
+  else DeepSeek-V3's; Gemma-4's MoE block (post-MoE norms, router input
+  norm, per-expert scales) Gemma-4's; q/k norms or softmax-then-top-k
+  routing Qwen3-MoE's; else Mixtral's."""
+  moe = config.moe
   if config.kv_lora_rank:
     return FAMILIES["deepseek_v3"]
-  if config.attention_sinks:
+  if (
+      config.attention_sinks
+      or moe.router_bias
+      or moe.expert_bias
+      or moe.mlp_activations[0] == CLAMPED_SWIGLU
+  ):
     return FAMILIES["gpt_oss"]
   if config.qk_norm_over_heads:
     return FAMILIES["minimax_m2"]
-  if config.moe.routing == "topk_then_sigmoid":
+  if (
+      moe.routing == "topk_then_sigmoid"
+      or moe.weights_on_input
+      or any(getattr(config, k) != v for k, v in fields.NO_LLAMA4.items())
+  ):
     return FAMILIES["llama4_text"]
-  if config.moe.routing == "sigmoid_then_topk":
-    return FAMILIES["glm4_moe"]
-  if config.post_moe_norms:
+  if (
+      moe.routing == "sigmoid_then_topk"
+      or moe.routed_bias
+      or moe.num_routing_groups > 1
+  ):
+    glm = (
+        config.qk_norm
+        or config.resolved_kv_heads < config.num_heads
+        or config.attention_qkv_bias
+        or config.rotary_dim
+    )
+    return FAMILIES["glm4_moe" if glm else "deepseek_v3"]
+  if config.post_moe_norms or config.router_input_norm or moe.per_expert_scale:
     return FAMILIES["gemma4_text"]
-  return FAMILIES["qwen3_moe" if config.qk_norm else "mixtral"]
+  if config.qk_norm or moe.routing == "softmax_then_topk":
+    return FAMILIES["qwen3_moe"]
+  return FAMILIES["mixtral"]
+
+
+def nearest_family(config: ModelConfig) -> tuple[Family, list[str]]:
+  """The family that expresses `config` and [], or else the family whose
+  layers it has (`_resembled`: latent attention, DeepSeek-V3; attention
+  sinks or GPT-OSS's biases and activation, GPT-OSS; q/k norms over all
+  heads, MiniMax-M2; Llama-4's routing or attention, Llama-4; DeepSeek's
+  routing, GLM-4.5 with its attention, else DeepSeek-V3; Gemma-4's MoE
+  block, Gemma-4; q/k norms or softmax-then-top-k routing, Qwen3-MoE;
+  else Mixtral) and what that family needs (`differences`)."""
+  for model_type in _WRITTEN_AS:
+    if not differences(config, FAMILIES[model_type]):
+      return FAMILIES[model_type], []
+  family = _resembled(config)
+  return family, differences(config, family)
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyMatch:
+  """Whether a `ModelConfig` has a Hugging Face form (`family_match`).
+
+  Attributes:
+    model_type: config.json's `model_type` of the family that expresses
+      the config or, when none does, of the nearest one
+      (`nearest_family`).
+    differences: what that family needs that the config has not, one
+      `field=needed (this config: value)` each; empty when it expresses
+      the config.
+  """
+
+  model_type: str
+  differences: tuple[str, ...] = ()
+
+  @property
+  def exports(self) -> bool:
+    """Whether `save_checkpoint` (`linen-moe export --format hf`) writes
+    the config."""
+    return not self.differences
+
+
+def family_match(config: ModelConfig) -> FamilyMatch:
+  """Which Hugging Face family writes `config`, or which one is nearest
+  and what it needs; no jax, no weights, no training.
+
+  Example usage:
+
+    match = hf.family_match(linen_moe.load_model_config("tiny_deepseek_v3"))
+    match.exports      # False
+    match.model_type   # "deepseek_v3"
+    match.differences  # ("kv_lora_rank >= 1, ... (this config: 0)", ...)
+
+  Args:
+    config: a `ModelConfig`.
+
+  Returns:
+    The `FamilyMatch` (the family's `model_type`, and what it needs; none
+    when `save_checkpoint` writes `config`).
+
+  Raises:
+    TypeError: `config` is not a `ModelConfig`.
+  """
+  if not isinstance(config, ModelConfig):
+    raise TypeError(
+        "family_match: config must be a ModelConfig; got "
+        f"{type(config).__name__}."
+    )
+  family, bad = nearest_family(config)
+  return FamilyMatch(family.model_type, tuple(bad))
 
 
 def family_for(config: ModelConfig) -> Family:
-  """The family that expresses `config` (see `_candidate`), or a
-  ValueError naming what no family expresses."""
-  family = _candidate(config)
-  if family.codec is not None:
-    bad = family.codec.unsupported(config)
-  else:
-    bad = _unsupported(config, family)
+  """The family that expresses `config`, or a ValueError naming the
+  nearest family and what it needs (`nearest_family`)."""
+  family, bad = nearest_family(config)
   if bad:
     raise ValueError(
-        f"This ModelConfig has no Hugging Face form: as {family.model_type} "
-        f"it would need {bad} to be the defaults of that family."
+        "This ModelConfig has no Hugging Face form: the nearest family, "
+        f"{family.model_type}, needs {'; '.join(bad)}."
     )
   return family
 

@@ -185,14 +185,25 @@ def moe_json(config: ModelConfig) -> dict[str, Any]:
 
 
 def moe_unsupported(config: ModelConfig) -> list[str]:
-  """What `sigmoid_moe` and `leading_dense` cannot say of `config`."""
+  """What `sigmoid_moe` and `leading_dense` need that `config` has not,
+  one `field=needed (this config: value)` each."""
   moe, bad = config.moe, []
   if moe.shared_experts < 1 or moe.shared_mlp_dim != moe.moe_mlp_dim:
-    bad.append(f"shared_experts={moe.shared_experts} of {moe.shared_mlp_dim}")
+    bad.append(
+        "shared_experts >= 1 of shared_mlp_dim=moe_mlp_dim (this config: "
+        f"{moe.shared_experts} of {moe.shared_mlp_dim}, moe_mlp_dim="
+        f"{moe.moe_mlp_dim})"
+    )
   if config.dense_layers != tuple(range(len(config.dense_layers))):
-    bad.append(f"dense_layers={config.dense_layers} (not a prefix)")
+    bad.append(
+        "dense_layers a prefix (0, 1, ...) (this config: "
+        f"{config.dense_layers})"
+    )
   if moe.mlp_activations[0] not in f.ACTIVATION_NAMES:
-    bad.append(f"mlp_activations={moe.mlp_activations}")
+    bad.append(
+        f"mlp_activations[0] in {sorted(f.ACTIVATION_NAMES)} (this config: "
+        f"{moe.mlp_activations[0]!r})"
+    )
   return bad
 
 
@@ -276,8 +287,14 @@ FIXED_MOE = {
 
 
 def unsupported(config: ModelConfig) -> list[str]:
-  """The fields of `config` that a DeepSeek-V3 config.json cannot say."""
-  bad = f.differing(config, FIXED | f.NO_LLAMA4, FIXED_MOE | f.NO_LLAMA4_MOE)
+  """What a DeepSeek-V3 config.json needs that `config` has not, one
+  `field=needed (this config: value)` each; [] when it says `config`."""
+  bad = []
+  if not config.kv_lora_rank:
+    bad.append(
+        "kv_lora_rank >= 1, multi-head latent attention (this config: 0)"
+    )
+  bad += f.differing(config, FIXED | f.NO_LLAMA4, FIXED_MOE | f.NO_LLAMA4_MOE)
   bad += f.llama3_rope(config)
   return bad + moe_unsupported(config)
 

@@ -142,16 +142,20 @@ NO_LLAMA4_MOE = {"weights_on_input": False}
 
 
 def llama3_rope(config) -> list[str]:
-  """["rope_type='llama3'"] for a config with Llama-4's rotary scaling,
-  which the other families' config.json readers do not take."""
-  return ["rope_type='llama3'"] if config.rope_type == "llama3" else []
+  """What a family reading only "default" and "yarn" rotary embeddings
+  needs of a config with Llama-4's rotary scaling (`rope_type='llama3'`):
+  [] for any other config."""
+  if config.rope_type != "llama3":
+    return []
+  return ["rope_type='default' or 'yarn' (this config: 'llama3')"]
 
 
 def differing(config, fixed: Mapping, fixed_moe: Mapping) -> list[str]:
-  """`field=value` of each field of a `ModelConfig` (`fixed`) or of its
-  `moe` (`fixed_moe`) that differs from the value a family requires."""
+  """`field=required (this config: value)` of each field of a
+  `ModelConfig` (`fixed`) or of its `moe` (`fixed_moe`) that differs from
+  the value a family requires."""
   return [
-      f"{k}={getattr(obj, k)!r}"
+      f"{k}={v!r} (this config: {getattr(obj, k)!r})"
       for obj, table in ((config, fixed), (config.moe, fixed_moe))
       for k, v in table.items()
       if getattr(obj, k) != v

@@ -328,10 +328,16 @@ def unsupported(config: ModelConfig) -> list[str]:
   moe = config.moe
   bad = f.differing(config, _GEMMA | f.NO_LLAMA4, _GEMMA_MOE | f.NO_LLAMA4_MOE)
   if moe.mlp_activations[0] not in f.ACTIVATION_NAMES:
-    bad.append("mlp_activations")
+    bad.append(
+        f"mlp_activations[0] in {sorted(f.ACTIVATION_NAMES)} (this config: "
+        f"{moe.mlp_activations[0]!r})"
+    )
   sliding = config.num_layers > len(config.full_attention_layers)
   if sliding and config.sliding_window == 0:
-    bad.append("sliding_window=0 (Gemma-4's other layers slide)")
+    bad.append(
+        "sliding_window >= 1 on the layers not in full_attention_layers "
+        "(this config: 0)"
+    )
   return bad
 
 

@@ -137,7 +137,8 @@ _FIXED |= {
 
 
 def unsupported(config: ModelConfig) -> list[str]:
-  """The fields of `config` that a GLM-4.5 config.json cannot say."""
+  """What a GLM-4.5 config.json needs that `config` has not, one
+  `field=needed (this config: value)` each; [] when it says `config`."""
   bad = f.differing(
       config,
       _FIXED | f.NO_LLAMA4,

@@ -173,12 +173,20 @@ _FIXED_MOE = {
 
 
 def unsupported(config: ModelConfig) -> list[str]:
-  """The fields of `config` that a GPT-OSS config.json cannot say."""
+  """What a GPT-OSS config.json needs that `config` has not, one
+  `field=needed (this config: value)` each; [] when it says `config`."""
   bad = f.differing(config, _FIXED | f.NO_LLAMA4, _FIXED_MOE | f.NO_LLAMA4_MOE)
   if config.attention_qkv_bias != config.attention_out_bias:
-    bad.append("attention_qkv_bias != attention_out_bias")
+    bad.append(
+        "attention_out_bias=attention_qkv_bias, config.json's one "
+        f"attention_bias (this config: {config.attention_out_bias}, "
+        f"attention_qkv_bias={config.attention_qkv_bias})"
+    )
   if config.full_attention_layers and not config.sliding_window:
-    bad.append("full_attention_layers without a sliding_window")
+    bad.append(
+        "sliding_window >= 1 on the layers not in full_attention_layers "
+        "(this config: 0)"
+    )
   bad += f.llama3_rope(config)
   return bad
 

@@ -248,19 +248,35 @@ _FIXED_MOE = {
 
 
 def unsupported(config: ModelConfig) -> list[str]:
-  """The fields of `config` that a Llama-4 config.json cannot say."""
+  """What a Llama-4 config.json needs that `config` has not, one
+  `field=needed (this config: value)` each; [] when it says `config`."""
   moe = config.moe
   bad = f.differing(config, _FIXED, _FIXED_MOE)
   if moe.shared_mlp_dim != moe.moe_mlp_dim:
-    bad.append(f"shared_mlp_dim={moe.shared_mlp_dim} != moe_mlp_dim")
-  if config.full_nope != bool(config.full_attention_layers):
-    bad.append(f"full_nope={config.full_nope} (the NoPE layers are full)")
+    bad.append(
+        f"shared_mlp_dim=moe_mlp_dim={moe.moe_mlp_dim} (this config: "
+        f"{moe.shared_mlp_dim})"
+    )
+  if config.full_attention_layers and not config.full_nope:
+    bad.append(
+        "full_nope=True, the full_attention_layers being Llama-4's layers "
+        "without RoPE (this config: False)"
+    )
   if config.attention_qkv_bias != config.attention_out_bias:
-    bad.append("attention_qkv_bias != attention_out_bias")
+    bad.append(
+        "attention_out_bias=attention_qkv_bias, config.json's one "
+        f"attention_bias (this config: {config.attention_out_bias}, "
+        f"attention_qkv_bias={config.attention_qkv_bias})"
+    )
   if config.rope_type not in ("default", "llama3"):
-    bad.append(f"rope_type={config.rope_type!r}")
+    bad.append(
+        f"rope_type='default' or 'llama3' (this config: {config.rope_type!r})"
+    )
   if moe.mlp_activations[0] not in f.ACTIVATION_NAMES:
-    bad.append(f"mlp_activations={moe.mlp_activations}")
+    bad.append(
+        f"mlp_activations[0] in {sorted(f.ACTIVATION_NAMES)} (this config: "
+        f"{moe.mlp_activations[0]!r})"
+    )
   return bad
 
 

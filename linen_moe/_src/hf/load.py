@@ -396,8 +396,16 @@ def load_checkpoint(
   """
   _check_arguments(path, scan_layers, dtype, quantization, serving)
   directory = pathlib.Path(path)
+  if not directory.exists():
+    raise ValueError(
+        f"path={str(directory)!r} does not exist (relative paths are read "
+        f"from {pathlib.Path.cwd()})."
+    )
   if not directory.is_dir():
-    raise ValueError(f"{directory} is not a checkpoint directory.")
+    raise ValueError(
+        f"path={str(directory)!r} is a file, not a checkpoint directory "
+        "(with config.json and safetensors)."
+    )
   hf = read_config(directory)
   on_disk = hf.pop("quantization_config", None)  # the files', not the model's
   block, fp4 = None, mxfp4.is_mxfp4(on_disk)

@@ -197,10 +197,15 @@ _FIXED_MOE = {
 
 
 def unsupported(config: ModelConfig) -> list[str]:
-  """The fields of `config` that a MiniMax-M2 config.json cannot say."""
+  """What a MiniMax-M2 config.json needs that `config` has not, one
+  `field=needed (this config: value)` each; [] when it says `config`."""
   bad = f.differing(config, _FIXED | f.NO_LLAMA4, _FIXED_MOE | f.NO_LLAMA4_MOE)
-  if config.moe.mlp_activations[0] not in f.ACTIVATION_NAMES:
-    bad.append(f"mlp_activations={config.moe.mlp_activations}")
+  act = config.moe.mlp_activations[0]
+  if act not in f.ACTIVATION_NAMES:
+    bad.append(
+        f"mlp_activations[0] in {sorted(f.ACTIVATION_NAMES)} (this config: "
+        f"{act!r})"
+    )
   bad += f.llama3_rope(config)
   return bad
 

@@ -14,13 +14,15 @@ everything is written into a temporary sibling that is renamed at the end.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Mapping
+from collections.abc import Sequence
 import json
 import os
 import pathlib
 import shutil
-import tempfile
 from typing import Any
+import uuid
 
 from flax import traverse_util
 import jax
@@ -217,6 +219,42 @@ def _block(weight_format: str, block_size) -> tuple[int, int] | None:
   return block_fp8.check_block(block_size, "block_size")
 
 
+_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+def _extra_files(
+    generation_config: Mapping[str, Any] | None,
+    tokenizer_files: Sequence[str | os.PathLike],
+) -> dict[str, Callable[[pathlib.Path], None]]:
+  """{file name: writes it at a path} of the files beside the weights,
+  checked before anything is written."""
+  out: dict[str, Callable[[pathlib.Path], None]] = {}
+  if generation_config is not None:
+    if not isinstance(generation_config, Mapping):
+      raise ValueError(
+          f"generation_config={generation_config!r} is invalid: expected a "
+          "mapping, e.g. {'eos_token_id': 0}."
+      )
+    text = json.dumps(dict(generation_config), indent=2) + "\n"
+    out[GENERATION_CONFIG_FILE] = lambda p: p.write_text(text)
+  if isinstance(tokenizer_files, (str, os.PathLike)):
+    tokenizer_files = [tokenizer_files]
+  for file in tokenizer_files:
+    source = pathlib.Path(file)
+    if not source.is_file():
+      raise ValueError(f"tokenizer_files: {source} does not exist.")
+    if source.name in (CONFIG_FILE, GENERATION_CONFIG_FILE) or (
+        source.name in out
+    ):
+      raise ValueError(
+          f"tokenizer_files: {source} would overwrite the checkpoint's "
+          f"{source.name}."
+      )
+    out[source.name] = lambda p, s=source: shutil.copyfile(s, p)
+  return out
+
+
 def save_checkpoint(
     config: ModelConfig,
     variables: Any,
@@ -226,6 +264,8 @@ def save_checkpoint(
     max_shard_size: int | str = "2GB",
     weight_format: str = "float",
     block_size: tuple[int, int] | None = None,
+    generation_config: Mapping[str, Any] | None = None,
+    tokenizer_files: Sequence[str | os.PathLike] = (),
 ) -> list[pathlib.Path]:
   """Writes the float weights of `variables` as a Hugging Face checkpoint.
 
@@ -252,6 +292,13 @@ def save_checkpoint(
       tensor in `dtype`.
     block_size: "block_fp8"'s [rows, cols] of W [out, in] per scale;
       default (128, 128), the released checkpoints'.
+    generation_config: written as `generation_config.json` (e.g.
+      `{"eos_token_id": 0}`); its `bos_token_id`, `eos_token_id` and
+      `pad_token_id` go into config.json too. None: no such file, and
+      config.json's ids are null.
+    tokenizer_files: files copied into the directory as they are named
+      (`tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja`,
+      ...), for `transformers.AutoTokenizer`.
 
   Returns:
     The safetensors files written.
@@ -259,9 +306,15 @@ def save_checkpoint(
   Raises:
     TypeError: `config` is no `ModelConfig`, or `variables` holds no params.
     ValueError: a config no family expresses (the message names the
-      fields), a serving config, parameters that are not the config's, a
-      bad `dtype`, `max_shard_size`, `weight_format` or `block_size`, or a
-      `path` that holds files.
+      nearest family and what it needs), a serving config, parameters that
+      are not the config's, a bad `dtype`, `max_shard_size`,
+      `weight_format` or `block_size`, a `generation_config` that is not a
+      mapping, a tokenizer file that does not exist, or a `path` that
+      holds files.
+
+  The directory and its files get the modes a new folder and file get
+  (the process umask's, as `save_pretrained` writes them): never a
+  private temporary folder's.
   """
   if not isinstance(config, ModelConfig):
     raise TypeError(
@@ -277,6 +330,7 @@ def save_checkpoint(
         f"dtype={dtype!r} is invalid: allowed None or"
         f" {sorted(config_map.DTYPES)}."
     )
+  extra = _extra_files(generation_config, tokenizer_files)
   limit = parse_size(max_shard_size)
   block = _block(weight_format, block_size)
   family = config_map.family_for(config)
@@ -297,16 +351,22 @@ def save_checkpoint(
     planned += _planned(state_srcs, state, None)
   disk_dtype = dtype or str(config.moe.param_dtype)
   hf = config_map.hf_config(config, disk_dtype)
+  for key in _TOKEN_IDS:
+    if generation_config and generation_config.get(key) is not None:
+      hf[key] = generation_config[key]
   if block is not None:
     planned = block_fp8.planned(planned, block_fp8.quantized_names(srcs), block)
     hf["quantization_config"] = block_fp8.hf_quantization_config(srcs, block)
   target.parent.mkdir(parents=True, exist_ok=True)
-  staging = pathlib.Path(
-      tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent)
-  )
+  # A folder made as any other (mode 0o777 less the umask), not
+  # `tempfile.mkdtemp`'s 0o700: the checkpoint is for others to read.
+  staging = target.parent / f".{target.name}.{uuid.uuid4().hex[:12]}"
+  staging.mkdir()
   try:
     (staging / CONFIG_FILE).write_text(json.dumps(hf, indent=2) + "\n")
     files = write_checkpoint(staging, planned, limit)
+    for name, write in extra.items():
+      write(staging / name)
     if target.exists():
       target.rmdir()
     os.replace(staging, target)

@@ -303,6 +303,32 @@ def int8_kernel(implementation: str) -> Callable[..., jax.Array] | None:
   return kernel.int8_scaled
 
 
+def row_gather(implementation: str) -> str:
+  """How the sparse path's row gathers run where they are traced, for the
+  layer's `grouped_matmul` setting: "pallas" (`pallas_gather`, rows moved
+  by DMA) for "kernel" or "auto" on a TPU, and for "kernel" on a CPU inside
+  `kernels_on_cpu("pallas")` (interpreted); "xla" (XLA's gather)
+  elsewhere, and inside a `shard_map` (the kernel's output carries no
+  manual-axis type, as `Kernel.in_shard_map` says of ours)."""
+  platform = target_platform()
+  on_tpu = platform == "tpu" and implementation in ("kernel", "auto")
+  on_cpu = platform == "cpu" and implementation == "kernel"
+  if not (on_tpu or (on_cpu and _ON_CPU[0] == "pallas")):
+    return "xla"
+  if jax.sharding.get_abstract_mesh().manual_axes:
+    return "xla"
+  return "pallas"
+
+
+def gather_rows(table, index, valid=None) -> jax.Array:
+  """`pallas_gather.gather_rows` for where it is traced (interpreted on a
+  CPU)."""
+  from linen_moe._src.kernels import pallas_gather
+
+  interpret = target_platform() == "cpu"
+  return pallas_gather.gather_rows(table, index, valid, interpret=interpret)
+
+
 def auto_on_tpu(shape: tuple[int, ...] | None, dtypes: tuple[Any, ...]) -> str:
   """What `grouped_matmul="auto"` runs on a TPU for lhs [M, K] x [G, K, N]
   (`shape` = (M, K, N, G), or None when unknown): "kernel" where the tile

@@ -49,10 +49,9 @@ from jax import lax
 import jax.numpy as jnp
 
 from linen_moe._src.kernels import accelerator as grouped_kernels
+from linen_moe._src.kernels.implementations import IMPLEMENTATIONS
 from linen_moe._src.kernels.operand_shapes import check_shapes
 from linen_moe._src.kernels.platform import target_platform
-
-IMPLEMENTATIONS = ("auto", "ragged_dot", "blocked", "kernel")
 
 # Row-tile size of the overflow loop of "blocked". Measured on a 2-core CPU, M = 8192, G = 8, K, N
 # in {512, 1024} and K, N = 64, 128: 256 rows per tile run each matmul at

@@ -67,12 +67,13 @@ def _precision(dtype):
 def gmm_vmem_bytes(tiling, lhs_dtype, rhs_dtype, out_dtype, tiles_c) -> int:
   """VMEM of `gmm` with `tiling` (tm, tc, to): lhs, rhs and output blocks
   double-buffered, the float32 product, and the accumulator when the
-  contraction has more than one tile."""
+  contraction has more than one tile or the rows split (`sub_block`)."""
   tm, tc, to = tiling
   size = lambda d: jnp.dtype(d).itemsize  # noqa: E731
   blocks = tm * tc * size(lhs_dtype) + tc * to * size(rhs_dtype)
   blocks += tm * to * size(out_dtype)
-  return 2 * blocks + tm * to * 4 * (2 if tiles_c > 1 else 1)
+  accumulator = tiles_c > 1 or sub_block(tm) is not None
+  return 2 * blocks + tm * to * 4 * (2 if accumulator else 1)
 
 
 def tgmm_vmem_bytes(tiling, lhs_dtype, dout_dtype, out_dtype) -> int:
@@ -92,9 +93,23 @@ def _compiler_params(semantics, vmem_limit_bytes):
   )
 
 
-def _row_mask(tile, tm, shape, lo, hi):
-  """<bool>[shape]: rows of row tile `tile` in [lo, hi)."""
-  rows = tile * tm + lax.broadcasted_iota(jnp.int32, shape, 0)
+# Rows of the sub-blocks a row tile is multiplied in where a visit's group
+# holds only part of it: the MXU's height, so that no product is smaller.
+SUB_BLOCK_ROWS = 128
+
+
+def sub_block(tm: int) -> int | None:
+  """The rows of a `tm`-row tile's sub-blocks (`SUB_BLOCK_ROWS`), or None
+  when the tile is one sub-block or not a whole number of them."""
+  if tm > SUB_BLOCK_ROWS and tm % SUB_BLOCK_ROWS == 0:
+    return SUB_BLOCK_ROWS
+  return None
+
+
+def _rows_in(first_row, shape, lo, hi):
+  """<bool>[shape]: which rows of a block whose first row is `first_row`
+  lie in [lo, hi)."""
+  rows = first_row + lax.broadcasted_iota(jnp.int32, shape, 0)
   return (rows >= lo) & (rows < hi)
 
 
@@ -157,6 +172,7 @@ def gmm(
   else:
     dtype, acc_dtype, precision = jnp.dtype(jnp.int8), jnp.int32, None
   dims = _PRODUCT_DIMS_T if transpose_rhs else _PRODUCT_DIMS
+  split = sub_block(tm)
 
   def kernel(group, tile, compute, _rg, _rt, starts, ends, x, w, *refs):
     if scales is None:
@@ -173,34 +189,64 @@ def gmm(
 
     def store(value):  # value: <f32>[tm, to], this visit's rows kept
       g = group[i]
-      keep = _row_mask(tile[i], tm, (tm, to), starts[g], ends[g])
+      keep = _rows_in(tile[i] * tm, (tm, to), starts[g], ends[g])
       before = jnp.where(first, 0.0, out[...].astype(_F32))
       out[...] = jnp.where(keep, value, before).astype(out.dtype)
 
-    @pl.when(does)
-    def _():
-      p = lax.dot_general(
-          x[...].astype(dtype),
+    def product(rows):  # this visit's [rows, to] product of x[rows]
+      return lax.dot_general(
+          x[rows, :].astype(dtype),
           w[...].astype(dtype),
           dims,
           precision=precision,
           preferred_element_type=acc_dtype,
       )
+
+    def accumulate(rows, p):  # into acc[rows] over the contraction's tiles
+      @pl.when(kc == 0)
+      def _():
+        acc[0][rows, :] = p
+
+      @pl.when(kc > 0)
+      def _():
+        acc[0][rows, :] += p
+
+    g = group[i]
+    row0 = tile[i] * tm
+    inside = (row0 >= starts[g]) & (row0 + tm <= ends[g])
+
+    @pl.when(does & inside if split else does)
+    def _():
+      p = product(slice(None))
       if tiles_c == 1:
         store(epilogue(p))
         return
 
-      @pl.when(kc == 0)
+      @pl.when(kc < last_c)
       def _():
-        acc[0][...] = p
-
-      @pl.when((kc > 0) & (kc < last_c))
-      def _():
-        acc[0][...] += p
+        accumulate(slice(None), p)
 
       @pl.when(kc == last_c)
       def _():
         store(epilogue(acc[0][...] + p))
+
+    if split:
+      # A tile the visit's group only partly holds: only the sub-blocks
+      # holding its rows are multiplied (the rest stay stale in the
+      # accumulator, and `store` keeps none of their rows).
+      @pl.when(does & jnp.logical_not(inside))
+      def _():
+        for b in range(tm // split):
+          lo, hi = row0 + b * split, row0 + (b + 1) * split
+
+          @pl.when((lo < ends[g]) & (hi > starts[g]))
+          def _(b=b):
+            rows = slice(b * split, (b + 1) * split)
+            accumulate(rows, product(rows))
+
+        @pl.when(kc == last_c)
+        def _():
+          store(epilogue(acc[0][...]))
 
     @pl.when(jnp.logical_not(does) & (kc == last_c))
     def _():
@@ -258,7 +304,7 @@ def gmm(
           ],
           out_specs=pl.BlockSpec((tm, to), out_map),
           scratch_shapes=(
-              [pltpu.VMEM((tm, to), acc_dtype)] if tiles_c > 1 else []
+              [pltpu.VMEM((tm, to), acc_dtype)] if tiles_c > 1 or split else []
           ),
       ),
       compiler_params=_compiler_params(
@@ -310,6 +356,7 @@ def tgmm(
   )
   last_visit = gmm_schedule.max_visits(m, tm, num_groups) - 1
   dtype = compute_dtype(lhs.dtype, dout.dtype)
+  split = sub_block(tm)
 
   def kernel(group, tile, compute, _rg, _rt, starts, ends, x, dy, out, acc):
     i = pl.program_id(2)
@@ -340,14 +387,27 @@ def tgmm(
     def _():
       accumulate(x[...], dy[...])
 
+    def masked(rows):  # the block's rows of the group, else 0 (both)
+      a, b = x[rows, :], dy[rows, :]
+      first_row = row0 + (rows.start or 0)
+      return tuple(
+          jnp.where(_rows_in(first_row, v.shape, lo, hi), v, 0) for v in (a, b)
+      )
+
     # Both operands masked: a foreign row's inf (or a partial tile's
-    # garbage past M) times a zero would still be NaN.
+    # garbage past M) times a zero would still be NaN. Split tiles multiply
+    # only the sub-blocks that hold the group's rows.
     @pl.when(does & jnp.logical_not(inside))
     def _():
-      a, b = x[...], dy[...]
-      a = jnp.where(_row_mask(tile[i], tm, a.shape, lo, hi), a, 0)
-      b = jnp.where(_row_mask(tile[i], tm, b.shape, lo, hi), b, 0)
-      accumulate(a, b)
+      if split is None:
+        accumulate(*masked(slice(None)))
+        return
+      for blk in range(tm // split):
+        start = row0 + blk * split
+
+        @pl.when((start < hi) & (start + split > lo))
+        def _(blk=blk):
+          accumulate(*masked(slice(blk * split, (blk + 1) * split)))
 
     @pl.when(last)
     def _():

@@ -117,7 +117,11 @@ def sparse_experts_remat(
     [T, M], as `sparse_experts`.
   """
   plan = permute.sort_plan(
-      indices, experts[0].shape[0], first_expert, all_local=all_experts
+      indices,
+      experts[0].shape[0],
+      first_expert,
+      all_local=all_experts,
+      implementation=module.config.grouped_matmul,
   )
   wi_0, wi_1, wo = experts
 

@@ -1,5 +1,6 @@
 """Adapters on disk: `save_adapters` writes a LoRA run's adapters alone, as
-safetensors beside a small JSON of their config."""
+safetensors beside a small JSON of their config (this library's layout;
+PEFT's is `linen_moe.hf.save_peft_adapters`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from linen_moe._src.lora.adapters import SUFFIX_B
 from linen_moe._src.parallel import sharding
 
 ADAPTERS_FILE = "adapters.safetensors"
-CONFIG_FILE = "adapter_config.json"
+CONFIG_FILE = "adapters.json"
+# Where linen_moe 0.2 wrote the config: PEFT's file name, in another
+# schema. `load_adapters` still reads it.
+LEGACY_CONFIG_FILE = "adapter_config.json"
 
 
 def save_adapters(
@@ -28,8 +32,9 @@ def save_adapters(
 
   `adapters.safetensors` holds each adapter leaf under its `params` path
   joined by "/" (e.g. `layers/moe/routed_experts/wi_0_lora_a`, float32
-  [L, E, M, r] in a scanned stack); `adapter_config.json` holds `rank`,
-  `alpha`, `scale`, `targets`, `dropout` and `scan_layers`.
+  [L, E, M, r] in a scanned stack); `adapters.json` holds `rank`,
+  `alpha`, `scale`, `targets`, `dropout` and `scan_layers`. (For PEFT and
+  transformers: `linen_moe.hf.save_peft_adapters`.)
 
   Args:
     config: the adapted decoder's `ModelConfig` (`lora_rank >= 1`).
@@ -54,7 +59,7 @@ def save_adapters(
   out = os.fspath(out)
   if os.path.exists(out):
     raise ValueError(f"save_adapters: out={out} exists; it never overwrites.")
-  from safetensors.numpy import save_file  # noqa: PLC0415
+  from safetensors.numpy import save  # noqa: PLC0415
 
   os.makedirs(out)
   flat = traverse_util.flatten_dict(adapters, sep="/")
@@ -69,7 +74,10 @@ def save_adapters(
       "scan_layers": config.scan_layers,
   }
   paths = [os.path.join(out, ADAPTERS_FILE), os.path.join(out, CONFIG_FILE)]
-  save_file(tensors, paths[0], metadata={"format": "linen_moe.lora"})
+  # Written as any new file (the umask's mode; safetensors' save_file
+  # makes it private).
+  with open(paths[0], "wb") as f:
+    f.write(save(tensors, metadata={"format": "linen_moe.lora"}))
   with open(paths[1], "w", encoding="utf-8") as f:
     json.dump(meta, f, indent=2)
     f.write("\n")
@@ -97,11 +105,20 @@ def load_adapters(
   """
   directory = os.fspath(directory)
   paths = [os.path.join(directory, f) for f in (ADAPTERS_FILE, CONFIG_FILE)]
+  legacy = os.path.join(directory, LEGACY_CONFIG_FILE)
+  if not os.path.isfile(paths[1]) and os.path.isfile(legacy):
+    paths[1] = legacy  # written by linen_moe 0.2
   for path in paths:
     if not os.path.isfile(path):
       raise ValueError(f"load_adapters: no {path} (see save_adapters).")
   with open(paths[1], encoding="utf-8") as f:
     meta = json.load(f)
+  if "peft_type" in meta:
+    raise ValueError(
+        f"load_adapters: {paths[1]} is PEFT's adapter config "
+        "(`hf.save_peft_adapters`, for transformers); load_adapters reads "
+        "what save_adapters writes."
+    )
   from safetensors.numpy import load_file  # noqa: PLC0415
 
   config = config.replace(

@@ -157,10 +157,18 @@ def make_mesh(
   if math.prod(sizes.values()) != len(devices):
     processes = {getattr(d, "process_index", 0) for d in devices}
     where = f" over {len(processes)} processes" if len(processes) > 1 else ""
+    wanted = math.prod(sizes.values())
+    hint = ""
+    if all(getattr(d, "platform", "") == "cpu" for d in devices):
+      hint = (
+          f" On a CPU, simulate {wanted} devices: set XLA_FLAGS="
+          f"--xla_force_host_platform_device_count={wanted} before jax "
+          "starts (e.g. in the shell that runs the command)."
+      )
     raise ValueError(
-        f"Mesh {spec!r} has {math.prod(sizes.values())} devices "
-        f"({sizes}), but {len(devices)} are available{where}; the axis "
-        "sizes must multiply to the device count."
+        f"Mesh {spec!r} has {wanted} devices ({sizes}), but {len(devices)} "
+        f"are available{where}; the axis sizes must multiply to the device "
+        f"count.{hint}"
     )
   return jax.make_mesh(
       tuple(sizes.values()),

@@ -232,6 +232,27 @@ def _finite_amax_history_bwd(_, new_history):
 finite_amax_history.defvjp(_finite_amax_history_fwd, _finite_amax_history_bwd)
 
 
+def _check_fp8_state(module: nn.Module, name: str) -> None:
+  """Raises a ValueError naming the collection and the guide when an fp8
+  contraction is applied without its state (flax would raise
+  `ScopeCollectionNotFound`, which names neither)."""
+  if module.is_initializing() or module.has_variable(
+      OVERWRITE_WITH_GRADIENT, name
+  ):
+    return
+  if module.is_mutable_collection(OVERWRITE_WITH_GRADIENT):
+    return  # created now, as `init` would
+  raise ValueError(
+      f"The fp8 contraction {'/'.join(module.scope.path)} has no "
+      f"{name!r}: the variables applied hold no {OVERWRITE_WITH_GRADIENT!r} "
+      "collection (its fp8 scales and amax histories). Apply every "
+      "collection that init made, e.g. {'params': params, "
+      f"{OVERWRITE_WITH_GRADIENT!r}: fp8_state}} (a TrainState's "
+      "`fp8_state`), and train it with linen_moe.training.make_train_step "
+      "(it writes the new state back); see docs/guides/quantization.md."
+  )
+
+
 class _Fp8(_Contraction):
   """Delayed-scaling fp8 around the contraction (Flax `fp8_ops` qdq).
 
@@ -260,6 +281,7 @@ class _Fp8(_Contraction):
 
   def _qdq(self, qdq_fn, role: str, q_dtype, x: jax.Array) -> jax.Array:
     """`fp8_ops.in_qdq` or `out_qdq` of `x` with the `role`'s scale/history."""
+    _check_fp8_state(self, f"{role}_scale")
     scale = self.variable(
         OVERWRITE_WITH_GRADIENT, f"{role}_scale", jnp.ones, (1,), jnp.float32
     )

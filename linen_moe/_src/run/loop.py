@@ -32,6 +32,7 @@ from linen_moe._src.run import loss_chart
 from linen_moe._src.run import schedule
 from linen_moe._src.run import sources
 from linen_moe._src.run import throughput
+from linen_moe._src.run import tokenizer_files
 from linen_moe._src.run.checkpoints import RunCheckpoints
 from linen_moe._src.run.directory import RunLock
 from linen_moe._src.run.options import RunOptions
@@ -280,6 +281,9 @@ def run(
       if latest is None:
         latest = ckpts.latest_step()
       job = _set_up(opts, fe, _optimizer_settings(opts, ckpts, latest, log))
+      tokenizer_files.keep(
+          opts, sources.tokenizer_path(opts), ckpts.main_process
+      )
       if latest is not None and latest >= opts.steps:
         log(
             f"{opts.checkpoint_dir} is already at step {latest} (--steps "

@@ -31,6 +31,7 @@ from linen_moe._src.data import tokenization
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.tokens import validate_tokens
 from linen_moe._src.parallel import sharding
+from linen_moe._src.run import tokenizer_files
 from linen_moe._src.run.options import RunOptions
 from linen_moe._src.training import evaluation
 from linen_moe._src.training.markov_data import MarkovData
@@ -45,11 +46,14 @@ BATCH_FIELDS = ("tokens", "mask", "segment_ids", "positions")
 def tokenizer_path(opts: RunOptions) -> str | None:
   """`--tokenizer`, else the tokenizer.json of the Hugging Face checkpoint
   the run starts from (`--init-from-hf DIR`, where the command has it),
+  else the one the run kept in its `--checkpoint-dir` (a resumed run),
   else None."""
   if opts.tokenizer is not None:
     return opts.tokenizer
   init_from = getattr(opts, "init_from_hf", None)
-  return tokenization.find_tokenizer(init_from) if init_from else None
+  if init_from:
+    return tokenization.find_tokenizer(init_from)
+  return tokenizer_files.kept_tokenizer(getattr(opts, "checkpoint_dir", None))
 
 
 def _other_data(where: str, saved: dict, here: str) -> ValueError:

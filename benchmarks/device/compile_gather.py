@@ -1,0 +1,139 @@
+"""Compiles the DMA row gather for a TPU through libtpu, without the TPU:
+`pallas_gather.gather_rows` at the sparse path's real sizes (a [32768,
+2048] bf16 table, 262,144 rows; float32 in both DMA forms), then a
+Qwen3-30B-A3B-dims MoE layer's forward + backward ([8, 4096, 2048] bf16,
+`grouped_matmul="kernel"`), whose program must hold the gather kernel
+(its dispatch, the dispatch again in the rematerialized backward, the
+combine's backward) and no XLA gather of [R, M] rows. Mosaic must accept
+each.
+
+  python benchmarks/device/compile_gather.py [--target tpu:v5e-1] \\
+      [--batch 8] [--json compile_gather.json]
+
+Exit status 1 if any compile failed or the layer's program lacks the
+kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+
+# The kernel has no public name: the layer reaches it through
+# `MoEConfig.grouped_matmul`; this compiles it alone and in the layer.
+from linen_moe._src.planning import targets  # noqa: TID251
+
+TOKENS, CHOICES, WIDTH = 32768, 8, 2048
+
+
+def _record(records, what, fn):
+  rec = {"what": what}
+  start = time.perf_counter()
+  try:
+    rec.update(fn())
+    rec["ok"] = rec.get("ok", True)
+  except Exception as e:  # noqa: BLE001 (Mosaic's refusals are reported)
+    rec["ok"], rec["error"] = False, f"{type(e).__name__}: {str(e)[:800]}"
+  rec["compile_s"] = round(time.perf_counter() - start, 1)
+  records.append(rec)
+  detail = rec.get("error") or {
+      k: v for k, v in rec.items() if k not in ("what", "ok")
+  }
+  print(f"{'ok' if rec['ok'] else 'FAIL'} {what}: {detail}", flush=True)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--target", default="tpu:v5e-1")
+  parser.add_argument("--batch", type=int, default=8, help="rows of 4096")
+  parser.add_argument("--json", help="write the records here")
+  args = parser.parse_args(argv)
+  target = targets.parse_target(args.target)
+  targets.prepare_process(target)
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  from linen_moe import RoutedMoE  # noqa: PLC0415
+  from linen_moe import load_moe_config  # noqa: PLC0415
+  from linen_moe._src.kernels import pallas_gather  # noqa: PLC0415, TID251
+
+  device = targets.target_devices(target)[0]
+  print(f"jax {jax.__version__}, {args.target}: {device.device_kind}")
+  mesh = jax.sharding.Mesh([device], ("x",))
+  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def arg(*shape, dtype=jnp.bfloat16):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=whole)
+
+  records = []
+  for dtype, via, block in (
+      (jnp.bfloat16, "vmem", 256),
+      (jnp.bfloat16, "vmem", 512),
+      (jnp.float32, "vmem", 256),
+      (jnp.float32, "hbm", 256),
+  ):
+
+    def gather(dtype=dtype, via=via, block=block):
+      fn = lambda x, i, v: pallas_gather.gather_rows(  # noqa: E731
+          x, i, v, block_rows=block, via=via
+      )
+      jax.jit(fn).lower(
+          arg(TOKENS, WIDTH, dtype=dtype),
+          arg(TOKENS * CHOICES, dtype=jnp.int32),
+          arg(dtype=jnp.int32),
+      ).compile()
+      return {}
+
+    name = f"gather_rows {jnp.dtype(dtype).name} {via} {block}"
+    _record(records, name, gather)
+
+  def layer():
+    cfg = load_moe_config(
+        "qwen3_30b_a3b", grouped_matmul="kernel", sparse_matmul=True
+    )
+    x = arg(args.batch, 4096, cfg.emb_dim)
+    shapes = jax.eval_shape(  # the parameters' shapes, traced on this CPU
+        RoutedMoE(cfg.replace(grouped_matmul="ragged_dot")).init,
+        jax.random.key(0),
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+    )
+    params = jax.tree.map(
+        lambda s: arg(*s.shape, dtype=s.dtype), shapes["params"]
+    )
+    with jax.set_mesh(mesh):
+
+      def loss(params, x):
+        y, aux = RoutedMoE(cfg).apply({"params": params}, x)
+        return jnp.sum(y.astype(jnp.float32)) + aux.load_balance_loss
+
+      step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+      compiled = step.lower(params, x).compile()
+    text = compiled.as_text()
+    kernels = len(
+        re.findall(r"= \S+ custom-call\([^\n]*linen_moe_gather", text)
+    )
+    gathers = re.findall(r"= (\S+\[\d+,\d+\]\S*) gather\(", text)
+    rows = args.batch * 4096 * cfg.num_experts_per_tok
+    big = [g for g in gathers if g.split("[")[1].startswith(f"{rows},")]
+    mem = compiled.memory_analysis()
+    return {
+        "gather_kernels": kernels,
+        "xla_row_gathers": big,
+        "temp_gb": round(getattr(mem, "temp_size_in_bytes", 0) / 1e9, 2),
+        "ok": kernels >= 3 and not big,
+    }
+
+  _record(records, f"layer fwd+bwd [{args.batch}, 4096] kernel", layer)
+  failed = [r for r in records if not r["ok"]]
+  print(f"{len(records) - len(failed)} of {len(records)} compiled and checked")
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump(records, f, indent=1)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
