@@ -6,7 +6,9 @@ The flags become a `linen_moe.training.RunOptions` (checked before jax is
 imported); with `--coordinator`, `--num-processes` and `--process-id` this
 process first joins the others (`linen_moe.distributed.initialize`), then
 every process runs the same job (`linen_moe.training.run`) and process 0
-prints the summary.
+prints the summary, or, when a SIGTERM or Ctrl-C stopped the run
+(`linen_moe.training.RunInterrupted`), where it stopped and the command
+that resumes it, and the command exits with 128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
 import sys
 import time
 
@@ -21,6 +24,7 @@ from linen_moe import data
 from linen_moe.distributed import DEFAULT_HEARTBEAT_TIMEOUT_S
 from linen_moe.distributed import DEFAULT_INIT_TIMEOUT_S
 from linen_moe.training import SCHEDULES
+from linen_moe.training import RunInterrupted
 from linen_moe.training import RunOptions
 from linen_moe.training import RunStopped
 from linen_moe_cli import model_args
@@ -35,6 +39,14 @@ def register(subparsers) -> None:
       help=(
           "train the reference decoder on synthetic Markov data, or on "
           "your own text or token ids (--data)"
+      ),
+      epilog=(
+          "SIGTERM or Ctrl-C (SIGINT): the step in flight finishes, every "
+          "process stops after the same step, which is saved (with "
+          "--checkpoint-dir); one line says where and how to resume; exit "
+          "status 143 (SIGTERM) or 130 (SIGINT). A second signal exits at "
+          "once, the last committed checkpoint kept. A hang past "
+          "--step-timeout: exit status 75."
       ),
   )
   model_args.add_model_args(p)
@@ -139,6 +151,21 @@ def register(subparsers) -> None:
           "also write each step's scalars (loss, learning_rate, tokens_per_s, "
           "model_tflops_per_s, mfu, ...) as TensorBoard events into DIR "
           "(needs tensorboardX: pip install 'linen_moe[tensorboard]')"
+      ),
+  )
+  p.add_argument(
+      "--step-timeout",
+      type=float,
+      default=train_default("step_timeout"),
+      metavar="SECONDS",
+      help=(
+          "end the run with exit status 75, every thread's stack on stderr "
+          "and in CHECKPOINT_DIR/stacks.process_<i>.txt, when a phase of a "
+          "step (data, step, eval, stop agreement, save) takes longer; not "
+          "the first step and evaluation, which compile; 0: off (default: "
+          "off on a CPU; on GPU and TPU 20 x the median of the 5 steps "
+          "after the first, at least 300 s, on data, steps and the stop "
+          "agreement)"
       ),
   )
   _add_data_args(p)
@@ -374,10 +401,11 @@ def run(args: argparse.Namespace) -> int:
       args.process_id,
       **{k: v for k, v in timeouts.items() if v is not None},
   )
+  argv = getattr(args, "argv", None)
   if not several:
-    return train_and_report(opts, frontend)
+    return train_and_report(opts, frontend, argv)
   try:
-    return train_and_report(opts, frontend)
+    return train_and_report(opts, frontend, argv)
   except (ValueError, RunStopped):
     # Every process rejects the same input, and sees the same (replicated)
     # skipped steps: they exit together.
@@ -395,15 +423,24 @@ def run(args: argparse.Namespace) -> int:
     os._exit(1)
 
 
-def train_and_report(opts: RunOptions, frontend: str = "linen") -> int:
+def train_and_report(
+    opts: RunOptions, frontend: str = "linen", argv: list[str] | None = None
+) -> int:
   """Runs the job with the front end named `frontend` (this process already
   joined any others) and prints its one-line summary on process 0; the exit
-  status."""
+  status. `argv` (the command's arguments) is the resume command of a run
+  a signal stopped."""
   from linen_moe import distributed  # noqa: PLC0415 (imports jax)
   from linen_moe import training  # noqa: PLC0415
 
   start = time.perf_counter()
-  result = training.run(opts, nnx_adapter.frontend(frontend))
+  try:
+    result = training.run(opts, nnx_adapter.frontend(frontend))
+  except RunInterrupted as e:
+    if distributed.is_main_process():
+      hint = _resume_hint(opts, argv, e)
+      print(f"linen-moe: {e} {hint}", file=sys.stderr, flush=True)
+    return e.exit_code
   if not result.losses:  # already at --steps
     return 0
   if distributed.is_main_process():
@@ -428,3 +465,30 @@ def train_and_report(opts: RunOptions, frontend: str = "linen") -> int:
         f"{load}wall: {time.perf_counter() - start:.1f}s"
     )
   return 0
+
+
+def _resume_hint(
+    opts: RunOptions, argv: list[str] | None, stopped: RunInterrupted
+) -> str:
+  """How to resume a run a signal stopped: the same command, without a
+  `--resume-step` (the newest checkpoint is the stop's)."""
+  if opts.checkpoint_dir is None:
+    return "Without --checkpoint-dir a new run starts from step 0."
+  if stopped.checkpoint is None:
+    return "Nothing was saved: the same command starts from step 0."
+  import jax  # noqa: PLC0415
+
+  where = ""
+  if jax.process_count() > 1:
+    where = f" (on each of the {jax.process_count()} processes)"
+  if argv is None:
+    return f"Resume with the same command{where}."
+  kept, skip = [], False
+  for arg in argv:
+    if skip:
+      skip = False
+    elif arg == "--resume-step":
+      skip = True
+    elif not arg.startswith("--resume-step="):
+      kept.append(arg)
+  return f"Resume with{where}: {shlex.join(['linen-moe', *kept])}"

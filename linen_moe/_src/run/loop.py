@@ -33,10 +33,13 @@ from linen_moe._src.run import schedule
 from linen_moe._src.run import sources
 from linen_moe._src.run import throughput
 from linen_moe._src.run import tokenizer_files
+from linen_moe._src.run import watchdog
 from linen_moe._src.run.checkpoints import RunCheckpoints
 from linen_moe._src.run.directory import RunLock
 from linen_moe._src.run.options import RunOptions
 from linen_moe._src.run.options import RunStopped
+from linen_moe._src.run.stop import RunInterrupted
+from linen_moe._src.run.stop import StopRequest
 from linen_moe._src.training.frontend import LinenFrontend
 from linen_moe._src.training.frontend import TrainingFrontend
 
@@ -221,6 +224,8 @@ def run(
       run holds: before the first step.
     RunStopped: the run stopped on purpose (too many skipped steps in a row,
       a failed save), saying where and why.
+    RunInterrupted: (a RunStopped) a SIGTERM or SIGINT stopped the run
+      after a step, that step saved (see below).
 
   A batch holding an id outside [0, vocab_size) is a `ValueError`
   (`linen_moe.tokens.validate_tokens`) before its step.
@@ -258,17 +263,51 @@ def run(
   it was; `linen_moe.training.skip`) and counted; after
   `max_consecutive_skips` skipped steps in a row the run stops with
   `RunStopped`.
+
+  A SIGTERM or SIGINT (`StopRequest`) lets the step in flight finish;
+  every process stops after the same step, which is saved (after any save
+  in flight), its metrics row written, TensorBoard flushed, the directory
+  unlocked, and the run raises `RunInterrupted`. A second signal exits at
+  once with 128 + its number. With `opts.step_timeout` a phase of a step
+  that hangs ends the process (`STEP_TIMEOUT_EXIT`, the stacks written).
   """
   if not isinstance(opts, RunOptions):
     raise TypeError(f"opts must be a RunOptions; got {type(opts).__name__}.")
   fe = LinenFrontend() if frontend is None else frontend
+  held = []  # the lock, released by the exits that skip `finally`
+  release = lambda: [lock.release() for lock in held]  # noqa: E731
+  with (
+      StopRequest(on_exit=release) as stop,
+      watchdog.Watchdog(
+          opts.step_timeout,
+          platform=jax.default_backend(),
+          directory=opts.checkpoint_dir
+          and os.path.abspath(opts.checkpoint_dir),
+          process=(jax.process_index(), jax.process_count()),
+          on_exit=release,
+      ) as watch,
+  ):
+    return _run(opts, fe, log, _Guard(stop, watch), held)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Guard:
+  """What a run's steps are watched by: the stop request and the
+  watchdog."""
+
+  stop: StopRequest
+  watch: watchdog.Watchdog
+
+
+def _run(opts: RunOptions, fe, log, guard: _Guard, held: list) -> RunResult:
   lock = None
   if opts.checkpoint_dir is not None:
     lock = _lock(opts.checkpoint_dir, log)
+    held.append(lock)
   try:
     if opts.checkpoint_dir is None:
       job = _set_up(opts, fe, schedule.settings(opts))
-      return _train_from(opts, job, None, resume=False, log=log)
+      return _train_from(opts, job, None, resume=False, log=log, guard=guard)
     ckpts = RunCheckpoints(
         opts.checkpoint_dir,
         steps=opts.steps,
@@ -292,7 +331,9 @@ def run(
         result = RunResult([], job.data.best_loss, start_step=latest)
       else:
         resume = bool(ckpts.checkpoints.all_steps())
-        result = _train_from(opts, job, ckpts, resume=resume, log=log)
+        result = _train_from(
+            opts, job, ckpts, resume=resume, log=log, guard=guard
+        )
     except BaseException:
       ckpts.close(report=False)
       raise
@@ -301,6 +342,7 @@ def run(
   finally:
     if lock is not None:
       lock.release()
+      held.remove(lock)
 
 
 def _optimizer_settings(opts, ckpts, latest: int | None, log) -> dict:
@@ -345,10 +387,10 @@ def _lock(directory: str, log: Callable[[str], None]) -> RunLock | None:
 
 
 def _train_from(
-    opts: RunOptions, job: _Setup, ckpts, *, resume: bool, log=print
+    opts: RunOptions, job: _Setup, ckpts, *, resume: bool, log, guard: _Guard
 ):
   """Restores a checkpoint (`resume`) or initialises, and trains to the
-  end."""
+  end, or to the step after which `guard.stop` stops it."""
   fe, run, cfg, source = job.fe, job.run, job.cfg, job.data
   fill = source.meta.get("pipeline", {}).get("fill_fraction")
   if fill is not None:
@@ -423,16 +465,22 @@ def _train_from(
   board = throughput.TensorBoard(
       opts.tensorboard if distributed.is_main_process() else None
   )
+  watch = guard.watch.phase
+  if guard.stop.should_stop():  # during set-up: nothing new to save
+    resumed = ckpts and start and ckpts.checkpoints.step_dir(start)
+    raise RunInterrupted(guard.stop.signal, start, opts.steps, resumed or None)
   try:
     for i in bar:
       profiler.before(i + 1)
       meter.start()
-      tokens, *extras = next(stream)
+      with watch("data", i + 1):
+        tokens, *extras = next(stream)
       key = jax.random.fold_in(rng, i)
       while extras and extras[-1] is None:  # e.g. every position real: the
         extras.pop()  # unmasked loss, the step without a mask
-      state, metrics = step(state, tokens, key, *extras)
-      loss = float(metrics["cross_entropy"])
+      with watch("step", i + 1):
+        state, metrics = step(state, tokens, key, *extras)
+        loss = float(metrics["cross_entropy"])
       speed = meter.stop()
       profiler.after(i + 1)
       metrics = {
@@ -445,7 +493,8 @@ def _train_from(
       loads.append(metrics["expert_load"])
       done = i + 1
       if evaluate is not None and done % opts.eval_every == 0:
-        eval_loss = evaluate(state)
+        with watch("eval", done):
+          eval_loss = evaluate(state)
         held_out.append((done, eval_loss))
         perplexity = math.exp(min(eval_loss, 700.0))
         metrics = {
@@ -462,11 +511,24 @@ def _train_from(
             bar.write(line)
           else:
             log(line)
+      with watch("stop agreement", done):  # a collective: every process
+        stopping = guard.stop.should_stop() and done < opts.steps
       board.write(done, metrics)
       if ckpts is not None:
-        ckpts.after_step(
-            done, metrics, fe.checkpoint_tree, state, data=source.iterator
-        )
+        with watch("save", done):
+          ckpts.after_step(
+              done,
+              metrics,
+              fe.checkpoint_tree,
+              state,
+              data=source.iterator,
+              force=stopping,
+          )
+          if stopping:  # on disk and committed before the run ends
+            ckpts.wait(done)
+      if stopping:
+        saved = ckpts and ckpts.checkpoints.step_dir(done)
+        raise RunInterrupted(guard.stop.signal, done, opts.steps, saved)
       in_a_row = in_a_row + 1 if int(metrics["skipped"]) else 0
       skipped += in_a_row > 0
       if in_a_row >= opts.max_consecutive_skips:

@@ -123,6 +123,11 @@ class RunOptions:
     frozen_base_serving: QLoRA: the frozen base's expert kernels stored
       in the `--quantization` mode's type (int8 / fp8), the serving
       weights (`serving=True`).
+    step_timeout: seconds a phase of a step (data, step, evaluation, stop
+      agreement, save) may take before the run dumps every thread's stack
+      and exits with status 75 (`linen_moe.training.STEP_TIMEOUT_EXIT`);
+      0: off; None: off on a CPU, on an accelerator 20 x the median step
+      time (of the 5 steps after the first), at least 300 s.
   """
 
   config: str = "tiny_mixtral"
@@ -162,6 +167,7 @@ class RunOptions:
   lora_targets: str | None = None
   lora_dropout: float | None = None
   frozen_base_serving: bool = False
+  step_timeout: float | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "overrides", dict(self.overrides))
@@ -215,6 +221,11 @@ class RunOptions:
       self._check_init_from_hf()
     self._check_optimizer()
     self._check_observers()
+    timeout = self.step_timeout
+    if timeout is not None and not (
+        _is_number(timeout) and math.isfinite(timeout) and timeout >= 0
+    ):
+      _fail("step_timeout", timeout, "expected seconds >= 0 (0: off)")
 
   def _check_remat(self) -> None:
     """--remat names a policy (checked here too, before jax loads)."""
