@@ -30,7 +30,6 @@ them.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import faulthandler
@@ -46,13 +45,13 @@ import jax
 from orbax.checkpoint._src.path import atomicity
 
 from linen_moe import checkpoint
-from linen_moe import distributed
-from linen_moe import testing
 from linen_moe._src.run import checkpoints as run_checkpoints
 from linen_moe._src.run import watchdog
+from linen_moe._src.testing import helpers
 from linen_moe_cli import main as cli_main
 from linen_moe_cli import options
 from linen_moe_cli.commands import train as train_command
+from tests import workers
 
 
 def _mine(fault: dict) -> bool:
@@ -162,7 +161,7 @@ def run(spec: dict) -> dict:
   directory = spec["argv"][spec["argv"].index("--checkpoint-dir") + 1]
   with checkpoint.Checkpoints(directory, create=False) as ckpts:
     committed = ckpts.all_steps()
-  rows = testing.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
   return {
       "code": code,
       "after_signal_s": faults.signalled and end - faults.signalled,
@@ -174,20 +173,8 @@ def run(spec: dict) -> dict:
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser()
-  parser.add_argument("runs")
-  parser.add_argument("--coordinator")
-  parser.add_argument("--num-processes", type=int)
-  parser.add_argument("--process-id", type=int)
-  parser.add_argument("--heartbeat-timeout", type=int, default=30)
-  args = parser.parse_args(argv)
   faulthandler.register(signal.SIGUSR2, all_threads=True)  # to debug a test
-  distributed.initialize(
-      args.coordinator,
-      args.num_processes,
-      args.process_id,
-      heartbeat_timeout_s=args.heartbeat_timeout,
-  )
+  args = workers.join_group(argv, "runs")
   for i, spec in enumerate(json.loads(args.runs)):
     result = run(spec)
     record = {"run": i, "process": jax.process_index(), **result}

@@ -35,6 +35,18 @@ def _child(code: str) -> subprocess.Popen:
   )
 
 
+def assert_stacks(test, err: str, path: str, head: str) -> str:
+  """`head`, then every thread's stack (the watchdog's own thread's among
+  them), on stderr (`err`) and in the file `path`; returns the file's
+  text."""
+  with open(path, encoding="utf-8") as f:
+    written = f.read()
+  for stacks in (err, written):
+    test.assertIn(head, stacks)
+    test.assertIn("Current thread", stacks)
+  return written
+
+
 class StopRequestTest(parameterized.TestCase):
   """Signals sent to this process inside a `StopRequest`."""
 
@@ -127,18 +139,14 @@ class WatchdogTest(absltest.TestCase):
     start = time.monotonic()
     _, err = child.communicate(timeout=60)
     self.assertLess(time.monotonic() - start, 5)
-    self.assertEqual(child.returncode, training.STEP_TIMEOUT_EXIT, err)
+    self.assertEqual(child.returncode, watchdog.STEP_TIMEOUT_EXIT, err)
     path = os.path.join(directory, "stacks.process_1.txt")
     head = (
         "linen-moe: step 2: step ran past --step-timeout 0.5s on process 1 "
         f"of 2; every thread's stack follows (also in {path}). Exit status 75."
     )
-    self.assertIn(head, err)
-    with open(path, encoding="utf-8") as f:
-      written = f.read()
-    self.assertIn(head, written)
+    written = assert_stacks(self, err, path, head)
     for stacks in (err, written):
-      self.assertIn("Current thread", stacks)  # the watchdog's own
       self.assertRegex(stacks, r"line \d+ in <module>")  # the main thread
       self.assertGreaterEqual(stacks.count("Thread 0x"), 2)  # and the helper
 

@@ -125,9 +125,9 @@ class RunOptions:
       weights (`serving=True`).
     step_timeout: seconds a phase of a step (data, step, evaluation, stop
       agreement, save) may take before the run dumps every thread's stack
-      and exits with status 75 (`linen_moe.training.STEP_TIMEOUT_EXIT`);
-      0: off; None: off on a CPU, on an accelerator 20 x the median step
-      time (of the 5 steps after the first), at least 300 s.
+      and exits with status 75 (sysexits.h's `EX_TEMPFAIL`); 0: off;
+      None: off on a CPU, on an accelerator 20 x the median step time (of
+      the 5 steps after the first), at least 300 s.
   """
 
   config: str = "tiny_mixtral"
