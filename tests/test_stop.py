@@ -81,8 +81,23 @@ class StopRequestTest(parameterized.TestCase):
       os.kill(os.getpid(), signal.SIGUSR1)
       self.assertEqual(outer.should_stop(), True)
     self.assertEqual(outer.exit_code, 128 + signal.SIGUSR1)
-    with self.assertRaisesRegex(ValueError, "signals is empty"):
-      training.StopRequest([])
+
+  @parameterized.parameters(
+      ([], ValueError, r"signals=\[\] is invalid: expected a non-empty"),
+      ("SIGTERM", TypeError, r"signals='SIGTERM' is invalid: expected"),
+      ([15, "2"], TypeError, r"signals=\[15, '2'\] is invalid: '2' is not a"),
+      ([signal.SIGKILL], ValueError, r".*: 9 \(SIGKILL\) cannot be handled"),
+      ([0], ValueError, r"signals=\[0\] is invalid: 0 \(signal 0\) cannot"),
+  )
+  def test_bad_signals(self, signals, error, message):
+    with self.assertRaisesRegex(error, "^StopRequest: " + message):
+      training.StopRequest(signals)
+
+  def test_bad_on_exit(self):
+    with self.assertRaisesRegex(
+        TypeError, r"^StopRequest: on_exit='exit' is invalid: expected a "
+    ):
+      training.StopRequest(on_exit="exit")
 
   def test_second_signal_exits_at_once(self):
     """The main thread sleeps; the first SIGTERM asks, the second ends the

@@ -58,6 +58,35 @@ def signal_name(signum: int) -> str:
     return f"signal {signum}"
 
 
+# Signals no handler can catch.
+_UNCATCHABLE = frozenset({signal_module.SIGKILL, signal_module.SIGSTOP})
+
+
+def _check_signals(signals: Any) -> tuple[int, ...]:
+  """`signals` as signal numbers, or a TypeError / ValueError naming it."""
+  allowed = (
+      "expected a non-empty sequence of signal numbers (e.g. "
+      "signal.SIGTERM), other than SIGKILL and SIGSTOP"
+  )
+  if isinstance(signals, (str, bytes)) or not isinstance(signals, Sequence):
+    raise TypeError(f"StopRequest: signals={signals!r} is invalid: {allowed}.")
+  valid = set(signal_module.valid_signals()) - _UNCATCHABLE
+  for s in signals:
+    if isinstance(s, bool) or not isinstance(s, int):
+      raise TypeError(
+          f"StopRequest: signals={signals!r} is invalid: {s!r} is not a "
+          f"signal number; {allowed}."
+      )
+    if s not in valid:
+      raise ValueError(
+          f"StopRequest: signals={signals!r} is invalid: {int(s)} "
+          f"({signal_name(s)}) cannot be handled; {allowed}."
+      )
+  if not signals:
+    raise ValueError(f"StopRequest: signals={signals!r} is invalid: {allowed}.")
+  return tuple(int(s) for s in signals)
+
+
 class StopRequest:
   """Stop after a step when a signal arrives, on every process at once.
 
@@ -81,9 +110,15 @@ class StopRequest:
       sys.exit(stop.exit_code)  # 143 for SIGTERM, 130 for Ctrl-C
 
   Args:
-    signals: the signals that ask for a stop.
+    signals: the signals that ask for a stop (signal numbers; not SIGKILL
+      or SIGSTOP, which no process can catch).
     on_exit: called (without arguments) just before a second signal ends
       the process at once, e.g. to release a lock; its errors are ignored.
+
+  Raises:
+    TypeError: `signals` is not a sequence of ints, or `on_exit` is not
+      callable.
+    ValueError: `signals` is empty or names a signal no handler can catch.
 
   Attributes:
     signals: the signals handled.
@@ -99,9 +134,12 @@ class StopRequest:
       *,
       on_exit: Callable[[], Any] | None = None,
   ):
-    self.signals = tuple(int(s) for s in signals)
-    if not self.signals:
-      raise ValueError("StopRequest: signals is empty: give at least one.")
+    self.signals = _check_signals(signals)
+    if on_exit is not None and not callable(on_exit):
+      raise TypeError(
+          f"StopRequest: on_exit={on_exit!r} is invalid: expected a callable "
+          "taking no arguments, or None."
+      )
     self.on_exit = on_exit
     self.received: int | None = None
     self.signal: int | None = None
