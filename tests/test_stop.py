@@ -18,6 +18,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from linen_moe import training
+from linen_moe._src.run import stop as stop_lib
 from linen_moe._src.run import watchdog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,9 +65,13 @@ class StopRequestTest(parameterized.TestCase):
       self.assertTrue(stop.should_stop())  # once True, True
     self.assertEqual((stop.signal, stop.exit_code), (signum, code))
     self.assertIs(signal.getsignal(signum), before)  # restored
-    stopped = training.RunInterrupted(signum, 7, 12, "/runs/a/7")
+    stopped = stop_lib.RunInterrupted(signum, 7, 12, "/runs/a/7")
     self.assertIsInstance(stopped, training.RunStopped)
-    self.assertEqual(stopped.exit_code, code)
+    self.assertEqual((stopped.signal, stopped.exit_code), (signum, code))
+    self.assertEqual(
+        (training.RunStopped("x").signal, training.RunStopped("x").exit_code),
+        (None, 1),
+    )
     self.assertEqual(
         str(stopped),
         f"stopped by {name} after step 7 of 12; its checkpoint is /runs/a/7.",

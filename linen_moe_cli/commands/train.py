@@ -7,7 +7,7 @@ imported); with `--coordinator`, `--num-processes` and `--process-id` this
 process first joins the others (`linen_moe.distributed.initialize`), then
 every process runs the same job (`linen_moe.training.run`) and process 0
 prints the summary, or, when a SIGTERM or Ctrl-C stopped the run
-(`linen_moe.training.RunInterrupted`), where it stopped and the command
+(`linen_moe.training.RunStopped` with its `signal`), where it stopped and the command
 that resumes it, and the command exits with 128 + the signal's number.
 """
 
@@ -24,7 +24,6 @@ from linen_moe import data
 from linen_moe.distributed import DEFAULT_HEARTBEAT_TIMEOUT_S
 from linen_moe.distributed import DEFAULT_INIT_TIMEOUT_S
 from linen_moe.training import SCHEDULES
-from linen_moe.training import RunInterrupted
 from linen_moe.training import RunOptions
 from linen_moe.training import RunStopped
 from linen_moe_cli import model_args
@@ -436,7 +435,9 @@ def train_and_report(
   start = time.perf_counter()
   try:
     result = training.run(opts, nnx_adapter.frontend(frontend))
-  except RunInterrupted as e:
+  except RunStopped as e:
+    if e.signal is None:
+      raise
     if distributed.is_main_process():
       hint = _resume_hint(opts, argv, e)
       print(f"linen-moe: {e} {hint}", file=sys.stderr, flush=True)
@@ -468,7 +469,7 @@ def train_and_report(
 
 
 def _resume_hint(
-    opts: RunOptions, argv: list[str] | None, stopped: RunInterrupted
+    opts: RunOptions, argv: list[str] | None, stopped: RunStopped
 ) -> str:
   """How to resume a run a signal stopped: the same command, without a
   `--resume-step` (the newest checkpoint is the stop's)."""

@@ -22,8 +22,19 @@ from linen_moe._src.run import throughput
 
 
 class RunStopped(Exception):
-  """A run stopped on purpose (e.g. too many skipped steps, or a save that
-  failed); the message says where and why."""
+  """A run stopped on purpose (e.g. too many skipped steps, a save that
+  failed, or a SIGTERM / SIGINT after a step); the message says where and
+  why.
+
+  Attributes:
+    signal: the signal's number when a signal stopped the run (15 for
+      SIGTERM, 2 for SIGINT; its last step saved, see `StopRequest`), else
+      None.
+    exit_code: what `linen-moe train` exits with: 128 + `signal`, else 1.
+  """
+
+  signal: int | None = None
+  exit_code: int = 1
 
 
 def _fail(name: str, value: Any, allowed: str) -> None:

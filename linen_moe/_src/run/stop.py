@@ -259,7 +259,8 @@ class StopRequest:
 
 class RunInterrupted(RunStopped):
   """A run stopped by a signal after a step (`StopRequest`): that step's
-  checkpoint saved and committed, its metrics row written.
+  checkpoint saved and committed, its metrics row written. Public as the
+  `RunStopped` it is, whose `signal` is set.
 
   Attributes:
     signal: the signal's number (15 for SIGTERM, 2 for SIGINT).
