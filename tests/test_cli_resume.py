@@ -105,7 +105,11 @@ class TrainCommandResumeTest(absltest.TestCase):
       resumed = _metrics(dirs["in_nnx"])
       self.assertIn("resumed from step 6", outputs["in_nnx"][0])
       self.assertEqual(resumed[-1]["step"], STEPS)
-      self.assertEqual(resumed[-1]["loss"], whole[-1]["loss"])
+      # Another front end is another program: equal to float rounding
+      # (5e-7 relative seen), not to the bit.
+      self.assertAlmostEqual(
+          resumed[-1]["loss"], whole[-1]["loss"], delta=1e-5 * whole[-1]["loss"]
+      )
     with checkpoint.Checkpoints(dirs["split"]) as ckpts:
       self.assertEqual(ckpts.all_steps(), [6, 9, 12])  # --keep 3
       self.assertEqual(ckpts.meta()["data"]["position"], STEPS)
