@@ -96,10 +96,10 @@ class StopRequest:
   hears the signals until it is left). Enter it after
   `jax.distributed.initialize`, in the main thread: Python delivers
   signals there, and in another thread it installs nothing (`should_stop`
-  then hears the other processes' signals only).
+  then hears the other processes' signals only). In the example,
+  `train_step` and `save` are the loop's own.
 
-  Example usage (`train_step` and `save` are the loop's own):
-
+  Example usage:
     with StopRequest() as stop:
       for step in range(start, steps):
         state = train_step(state, batch(step))
