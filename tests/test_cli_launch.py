@@ -162,6 +162,8 @@ class LaunchTest(absltest.TestCase):
         env["XLA_FLAGS"], "--a --xla_force_host_platform_device_count=4"
     )
     self.assertEqual(env["JAX_PLATFORMS"], "cpu")
+    # A group's processes do not share the persistent compilation cache.
+    self.assertEqual(env["JAX_ENABLE_COMPILATION_CACHE"], "false")
 
   def test_cli_rejects_other_commands(self):
     code, _, err = testing.run_capturing(
