@@ -18,6 +18,7 @@ from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.model_config import check_remat
 from linen_moe._src.config.quantization_modes import SERVING_MODES
 from linen_moe._src.config.schedules import SCHEDULES
+from linen_moe._src.run import recipes
 from linen_moe._src.run import throughput
 
 
@@ -73,7 +74,13 @@ class RunOptions:
     batch_size: sequences per step, B; split into `grad_accum` equal
       microbatches.
     seq_len: tokens per sequence, S >= 2 (a next-token loss needs two).
-    learning_rate: AdamW's, > 0.
+    learning_rate: AdamW's peak rate, > 0.
+
+    These four, `lr_schedule` and `warmup_steps` default to the run's
+    recipe (`recipe`): from scratch, a high constant rate on short rows;
+    from a pretrained start (`init_from_hf`, `init_from`) or with adapters
+    (`lora_rank`), the peers' fine-tuning rates with a warmup and a cosine
+    decay on rows of 1,024 tokens (`linen_moe._src.run.recipes`).
     grad_accum: microbatches per step; divides `batch_size`.
     seed: the initialisation and dropout key, and (`seed + 1`) the data.
     mesh: e.g. "data=2,expert=4" (`linen_moe.sharding.make_mesh`); None for
@@ -112,6 +119,11 @@ class RunOptions:
       (`linen_moe.hf.load_checkpoint`): its config.json is the model
       (`config` is not read), `overrides` may change only the run fields
       and `param_dtype`; a checkpoint in `checkpoint_dir` resumes instead.
+    init_from: another run's checkpoint directory to start a NEW run from:
+      its latest checkpoint's model (config, parameters, fp8 and routing
+      state), with a fresh optimizer, step 0 and this run's settings
+      (`overrides` as for `init_from_hf`). To continue a run exactly,
+      resume it (`checkpoint_dir`) instead.
     lr_schedule: "constant", "cosine" or "linear"
       (`linen_moe.training.learning_rate_schedule`); "cosine" and "linear"
       decay over `steps` (those of the run that began the schedule).
@@ -143,10 +155,10 @@ class RunOptions:
 
   config: str = "tiny_mixtral"
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  steps: int = 200
-  batch_size: int = 16
-  seq_len: int = 32
-  learning_rate: float = 1e-2
+  steps: int | None = None
+  batch_size: int | None = None
+  seq_len: int | None = None
+  learning_rate: float | None = None
   grad_accum: int = 1
   seed: int = 0
   mesh: str | None = None
@@ -167,8 +179,9 @@ class RunOptions:
   eval_batches: int = 4
   eval_fraction: float = 0.1
   init_from_hf: str | None = None
-  lr_schedule: str = "constant"
-  warmup_steps: int = 0
+  init_from: str | None = None
+  lr_schedule: str | None = None
+  warmup_steps: int | None = None
   final_lr_ratio: float | None = None
   weight_decay: float = 0.0
   profile_steps: str | None = None
@@ -183,6 +196,7 @@ class RunOptions:
   def __post_init__(self):
     object.__setattr__(self, "overrides", dict(self.overrides))
     self._check_lora()
+    self._fill_from_recipe()
     check_int("steps", self.steps, 1)
     check_int("batch_size", self.batch_size, 1)
     check_int("seq_len", self.seq_len, 2)
@@ -230,6 +244,8 @@ class RunOptions:
     self._check_data()
     if self.init_from_hf is not None:
       self._check_init_from_hf()
+    if self.init_from is not None:
+      self._check_init_from()
     self._check_optimizer()
     self._check_observers()
     timeout = self.step_timeout
@@ -237,6 +253,37 @@ class RunOptions:
         _is_number(timeout) and math.isfinite(timeout) and timeout >= 0
     ):
       _fail("step_timeout", timeout, "expected seconds >= 0 (0: off)")
+
+  @property
+  def recipe(self) -> recipes.Recipe:
+    """The kind of run whose defaults fill the unset fields: "lora" with
+    adapters, else "fine-tune" from a pretrained start, else "scratch"."""
+    pretrained = self.init_from_hf is not None or self.init_from is not None
+    return recipes.recipe_for(pretrained=pretrained, lora=self.lora_rank > 0)
+
+  @classmethod
+  def default_of(cls, field: str) -> str:
+    """How field `field` defaults, for a flag's help: its value, or each
+    recipe's for a field the recipe fills.
+
+    Args:
+      field: a field name.
+
+    Returns:
+      E.g. "3" or "200 from scratch, 1000 fine-tuning, 1000 with LoRA".
+    """
+    if field in recipes.FIELDS:
+      return recipes.described(field)
+    return str(cls.__dataclass_fields__[field].default)
+
+  def _fill_from_recipe(self) -> None:
+    """The recipe's value of every recipe field left unset."""
+    recipe = self.recipe
+    for name in recipes.FIELDS[:-1]:
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, getattr(recipe, name))
+    if self.warmup_steps is None and isinstance(self.steps, int):
+      object.__setattr__(self, "warmup_steps", recipe.warmup_steps(self.steps))
 
   def _check_remat(self) -> None:
     """--remat names a policy (checked here too, before jax loads)."""
@@ -416,22 +463,58 @@ class RunOptions:
     chat_template.load_chat_template(where)  # a one-line error naming the file
 
   def _check_init_from_hf(self) -> None:
-    run_fields = ModelConfig.run_fields
-
     where = self.init_from_hf
+    if not os.path.isdir(where):
+      _fail("init_from_hf", where, "it does not exist")
     if not os.path.isfile(os.path.join(where, "config.json")):
       _fail(
           "init_from_hf",
           where,
           "expected a Hugging Face checkpoint directory (with config.json)",
       )
+    self._check_fixed_model("init_from_hf", where)
+
+  def _check_init_from(self) -> None:
+    where = self.init_from
+    if self.init_from_hf is not None:
+      _fail(
+          "init_from", where, "a run starts from one model: drop --init-from-hf"
+      )
+    if not os.path.isdir(where):
+      _fail("init_from", where, "it does not exist")
+    steps = [d for d in os.listdir(where) if d.isdigit()]
+    if not steps:
+      _fail(
+          "init_from",
+          where,
+          "expected a run's checkpoint directory (a `linen-moe train "
+          "--checkpoint-dir`): it holds no checkpoint",
+      )
+    mine = self.checkpoint_dir
+    if (
+        mine is not None
+        and os.path.isdir(mine)
+        and os.path.samefile(where, mine)
+    ):
+      _fail(
+          "init_from",
+          where,
+          "it is this run's --checkpoint-dir: to continue that run, resume"
+          " it (drop --init-from)",
+      )
+    self._check_fixed_model("init_from", where)
+
+  def _check_fixed_model(self, name: str, where: str) -> None:
+    """A pretrained start fixes the model: the overrides may change only
+    the run fields, `param_dtype` and the adapters."""
+    run_fields = ModelConfig.run_fields
     adapters = {"lora_rank", "lora_alpha", "lora_targets", "serving"}
     fixed = sorted(
         set(self.overrides) - run_fields() - {"param_dtype"} - adapters
     )
     if fixed:
       _fail(
-          "init_from_hf",
+          name,
           where,
           f"the checkpoint fixes the model, so {fixed} cannot be overridden "
           f"(only the run fields {sorted(run_fields())} and param_dtype)",
