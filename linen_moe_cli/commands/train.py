@@ -14,6 +14,7 @@ that resumes it, and the command exits with 128 + the signal's number.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import shlex
@@ -53,14 +54,16 @@ def register(subparsers) -> None:
       "--steps",
       type=int,
       default=train_default("steps"),
-      help="train up to this step (a resumed run continues to it)",
+      help=options.recipe_help(
+          "train up to this step (a resumed run continues to it)", "steps"
+      ),
   )
   options.add_step_args(p, "batch_size", "seq_len")
   p.add_argument(
       "--learning-rate",
       type=float,
       default=train_default("learning_rate"),
-      help="AdamW's peak learning rate",
+      help=options.recipe_help("AdamW's peak learning rate", "learning_rate"),
   )
   options.add_step_args(p, "grad_accum")
   p.add_argument(
@@ -79,14 +82,30 @@ def register(subparsers) -> None:
           "non-finite loss or gradient"
       ),
   )
-  p.add_argument("--no-progress", action="store_true", help="no progress bar")
+  p.add_argument(
+      "--no-progress",
+      action="store_true",
+      help=(
+          "no progress bar: a line every N steps instead (--log-every), as "
+          "when the output is not a terminal"
+      ),
+  )
+  p.add_argument(
+      "--log-every",
+      type=int,
+      default=train_default("log_every"),
+      metavar="N",
+      help="without a progress bar, a line every N steps",
+  )
   p.add_argument(
       "--checkpoint-dir",
       default=None,
       help=(
           "save checkpoints here and resume from the latest one (any front "
           "end, layer mode or mesh); per-step metrics in DIR/metrics.jsonl; "
-          "one run at a time (DIR/run.lock)"
+          "one run at a time (DIR/run.lock) (default: a new "
+          "runs/<config>-<timestamp>, printed; none when several processes "
+          "train)"
       ),
   )
   p.add_argument(
@@ -130,6 +149,17 @@ def register(subparsers) -> None:
           "--layers, the path flags and --set of run fields apply), on "
           "synthetic data over its vocabulary unless --data is given (text "
           "tokenized with its tokenizer.json unless --tokenizer)"
+      ),
+  )
+  p.add_argument(
+      "--init-from",
+      default=None,
+      metavar="RUN",
+      help=(
+          "start a new run from the latest checkpoint of another run's "
+          "--checkpoint-dir RUN: its model and weights, with this run's "
+          "flags, a fresh optimizer and step 0, and the fine-tuning recipe "
+          "(to continue RUN exactly, resume it with --checkpoint-dir RUN)"
       ),
   )
   p.add_argument(
@@ -276,9 +306,10 @@ def _add_optimizer_args(p: argparse.ArgumentParser) -> None:
       "--lr-schedule",
       choices=SCHEDULES,
       default=train_default("lr_schedule"),
-      help=(
+      help=options.recipe_help(
           "after the warmup: constant, or cosine / linear decay to "
-          "--final-lr-ratio times the peak at --steps"
+          "--final-lr-ratio times the peak at --steps",
+          "lr_schedule",
       ),
   )
   group.add_argument(
@@ -286,7 +317,10 @@ def _add_optimizer_args(p: argparse.ArgumentParser) -> None:
       type=int,
       default=train_default("warmup_steps"),
       metavar="N",
-      help="linear warmup from 0 to the peak over the first N updates",
+      help=options.recipe_help(
+          "linear warmup from 0 to the peak over the first N updates",
+          "warmup_steps",
+      ),
   )
   group.add_argument(
       "--final-lr-ratio",
@@ -402,6 +436,10 @@ def run(args: argparse.Namespace) -> int:
   )
   argv = getattr(args, "argv", None)
   if not several:
+    if opts.checkpoint_dir is None:  # one process: its own new directory
+      where = options.default_run_dir(opts.config)
+      opts = dataclasses.replace(opts, checkpoint_dir=where)
+      print(f"run directory: {where} (--checkpoint-dir chooses one)")
     return train_and_report(opts, frontend, argv)
   try:
     return train_and_report(opts, frontend, argv)
@@ -460,7 +498,8 @@ def train_and_report(
       )
     print(
         f"steps: {result.start_step + 1}-{opts.steps}  first loss:"
-        f" {result.first_loss:.4f}  final loss: {result.final_loss:.4f}  "
+        f" {result.first_loss:.4f}  final loss: {result.final_loss:.4f} "
+        f"(mean of the last {min(len(result.losses), 10)} steps)  "
         f"{best}{held_out}"
         f"skipped steps: {result.skipped_steps}  "
         f"{load}wall: {time.perf_counter() - start:.1f}s"

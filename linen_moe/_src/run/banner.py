@@ -2,13 +2,14 @@
 its named config, its parameters (total, active per token, trainable), the
 devices and mesh, the data and its epoch, and the recipe's settings.
 
-    linen-moe train: tiny_mixtral (quantization=fp8), fine-tune recipe
+    linen-moe train: tiny_mixtral (quantization=fp8), scratch recipe
+      Hugging Face: exports as mixtral
       parameters: 1.42 M total, 0.53 M active a token, 1.42 M trainable
       devices: 8 cpu, mesh data=2,expert=4
       data: 3 files of text, 40,961 tokens, 1,170 training sequences of 32:
         73 steps an epoch at batch 16
-      steps 1-200, batch 16 x 32 tokens, learning rate 2e-05 (cosine after
-        6 warmup steps), weight decay 0
+      steps 1-200, batch 16 x 32 tokens (102,400 in all), learning rate
+        0.01 (constant), weight decay 0
 
 Counts come from the shapes of the state's parameters (no computation).
 """
@@ -71,13 +72,27 @@ def _millions(n: int) -> str:
   return f"{n / 1e6:.2f} M"
 
 
-def _model_line(opts: Any, config: Any) -> str:
+def _model_line(opts: Any) -> str:
   start = opts.init_from_hf or opts.init_from
   name = f"from {start}" if start else opts.config
   changed = ", ".join(f"{k}={v}" for k, v in sorted(opts.overrides.items()))
   return (
       f"linen-moe train: {name}{f' ({changed})' if changed else ''}, "
       f"{opts.recipe.name} recipe"
+  )
+
+
+def _family_line(config: Any) -> str:
+  """Whether `linen-moe export --format hf` writes the model, said before
+  training rather than at export."""
+  from linen_moe._src.hf import config_map  # noqa: PLC0415
+
+  match = config_map.family_match(config)
+  if match.exports:
+    return f"  Hugging Face: exports as {match.model_type}"
+  return (
+      f"  Hugging Face: no form (the nearest family, {match.model_type}, "
+      f"needs {'; '.join(match.differences)})"
   )
 
 
@@ -127,8 +142,10 @@ def lines(
   schedule = optimizer["lr_schedule"]
   warmup = optimizer["warmup_steps"]
   after = f"{schedule} after {warmup} warmup steps" if warmup else schedule
+  tokens = opts.batch_size * opts.seq_len
   return [
-      _model_line(opts, config),
+      _model_line(opts),
+      _family_line(config),
       (
           f"  parameters: {_millions(counts['total'])} total, "
           f"{_millions(counts['active'])} active a token, "
@@ -139,7 +156,8 @@ def lines(
       *_data_line(opts, data_meta),
       (
           f"  steps 1-{opts.steps}, batch {opts.batch_size} x {opts.seq_len} "
-          f"tokens, learning rate {optimizer['learning_rate']:g} ({after}), "
-          f"weight decay {optimizer['weight_decay']:g}"
+          f"tokens ({tokens * opts.steps:,} in all), learning rate "
+          f"{optimizer['learning_rate']:g} ({after}), weight decay "
+          f"{optimizer['weight_decay']:g}"
       ),
   ]

@@ -19,7 +19,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tqdm
 
 from linen_moe._src.checkpoint import manager as ckpt_manager
 from linen_moe._src.checkpoint import meta as ckpt_meta
@@ -27,8 +26,12 @@ from linen_moe._src.checkpoint import tree as ckpt_tree
 from linen_moe._src.config.files import load_model_config
 from linen_moe._src.parallel import distributed
 from linen_moe._src.parallel import sharding
+from linen_moe._src.run import banner
 from linen_moe._src.run import host_memory
+from linen_moe._src.run import init_from
 from linen_moe._src.run import loss_chart
+from linen_moe._src.run import progress
+from linen_moe._src.run import recipes
 from linen_moe._src.run import schedule
 from linen_moe._src.run import sources
 from linen_moe._src.run import throughput
@@ -78,7 +81,8 @@ class RunResult:
 
   @property
   def final_loss(self) -> float:
-    """Mean of the last 10 steps' finite losses (less noisy than the last)."""
+    """Mean of the last `TAIL_STEPS` (10) steps' finite losses (less noisy
+    than the last one); `linen-moe train` prints it so labelled."""
     tail = [x for x in self.losses[-TAIL_STEPS:] if math.isfinite(x)]
     return sum(tail) / len(tail) if tail else math.nan
 
@@ -115,7 +119,9 @@ def _set_up(
   if mesh is None and jax.process_count() > 1:
     mesh = f"data={jax.device_count()}"
   device_mesh = None if mesh is None else sharding.make_mesh(mesh)
-  if opts.init_from_hf is None:
+  if opts.init_from is not None:
+    cfg = init_from.model_config(opts.init_from, opts.overrides)
+  elif opts.init_from_hf is None:
     cfg = load_model_config(opts.config, **opts.overrides)
   else:
     from linen_moe._src.hf import config_map  # noqa: PLC0415
@@ -423,6 +429,20 @@ def _train_from(
       del variables
       if run is not None:
         state = run.place(state, sample, rng)
+    elif opts.init_from is not None:
+      state = init_from.load(opts.init_from, fe, state, cfg, log)
+  if distributed.is_main_process():
+    for line in banner.lines(
+        opts,
+        cfg,
+        fe.checkpoint_tree(state)[ckpt_tree.VARIABLES]["params"],
+        source.meta,
+        _run_devices(job),
+        job.mesh,
+        job.optimizer_settings,
+    ):
+      log(line)
+  recipe = recipes.record(opts.recipe.name, job.optimizer_settings, opts)
   if run is None:
     step = jax.jit(
         fe.make_step(cfg, job.optimizer, opts.grad_accum), donate_argnums=0
@@ -439,6 +459,8 @@ def _train_from(
             "run": {
                 "config": opts.config,
                 "init_from_hf": opts.init_from_hf,
+                "init_from": opts.init_from,
+                "recipe": recipe["name"],
                 "frontend": job.fe.name,
                 "mesh": job.mesh,
                 "seed": opts.seed,
@@ -452,8 +474,15 @@ def _train_from(
   stream = source.batches(start)
   losses, skipped, in_a_row, held_out = [], 0, 0, []
   loads = collections.deque(maxlen=TAIL_STEPS)
-  show = opts.progress and distributed.is_main_process()
-  bar = tqdm.trange(start, opts.steps, disable=not show, desc="train")
+  bar = progress.StepReport(
+      start,
+      opts.steps,
+      main=distributed.is_main_process(),
+      bar=opts.progress,
+      every=opts.log_every,
+      best_loss=source.best_loss,
+      log=log,
+  )
   meter = throughput.Throughput(
       cfg, opts.batch_size, opts.seq_len, _run_devices(job)
   )
@@ -502,23 +531,19 @@ def _train_from(
             "eval_loss": eval_loss,
             "eval_perplexity": perplexity,
         }
-        if distributed.is_main_process():
-          line = (
-              f"step {done}: held-out loss {eval_loss:.4f}, perplexity "
-              f"{perplexity:.2f} (train loss {loss:.4f})"
-          )
-          if show:
-            bar.write(line)
-          else:
-            log(line)
+        bar.write(
+            f"step {done}: held-out loss {eval_loss:.4f}, perplexity "
+            f"{perplexity:.2f} (train loss {loss:.4f})"
+        )
       with watch("stop agreement", done):  # a collective: every process
         stopping = guard.stop.should_stop() and done < opts.steps
       board.write(done, metrics)
       if ckpts is not None:
         with watch("save", done):
+          row = {**metrics, "recipe": recipe} if done == 1 else metrics
           ckpts.after_step(
               done,
-              metrics,
+              row,
               fe.checkpoint_tree,
               state,
               data=source.iterator,
@@ -539,12 +564,7 @@ def _train_from(
             f"{opts.max_consecutive_skips}; {skipped} skipped in all). The run "
             "is not recovering: lower --learning-rate, or check the data."
         )
-      bar.set_postfix(
-          loss=f"{loss:.3f}",
-          best=f"{source.best_loss:.3f}",
-          skipped=skipped,
-          **_speed_postfix(speed),
-      )
+      bar.step(done, loss, metrics["learning_rate"], skipped, speed)
   finally:
     profiler.close()
     board.close()
@@ -565,11 +585,3 @@ def _run_devices(job: _Setup) -> list:
   if job.device_mesh is not None:
     return list(job.device_mesh.devices.flat)
   return jax.devices()[:1]
-
-
-def _speed_postfix(speed: dict[str, float]) -> dict[str, str]:
-  """The progress bar's throughput fields."""
-  out = {"tok/s": f"{speed['tokens_per_s']:.3g}"}
-  if "mfu" in speed:
-    out["mfu"] = f"{speed['mfu']:.1%}"
-  return out

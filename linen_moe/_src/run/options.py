@@ -86,7 +86,10 @@ class RunOptions:
     mesh: e.g. "data=2,expert=4" (`linen_moe.sharding.make_mesh`); None for
       one device (or "data=<device count>" over several processes).
     max_consecutive_skips: stop after this many skipped steps in a row.
-    progress: show a progress bar (process 0 only).
+    progress: show a progress bar (process 0 only, and only on a
+      terminal); without one, a line every `log_every` steps.
+    log_every: N >= 1: without a progress bar, a line every N steps (and
+      the first and the last).
     checkpoint_dir: save here and resume from the latest checkpoint.
     save_every: save every N steps (default: only the last); needs
       `checkpoint_dir`.
@@ -164,6 +167,7 @@ class RunOptions:
   mesh: str | None = None
   max_consecutive_skips: int = 10
   progress: bool = True
+  log_every: int = 10
   checkpoint_dir: str | None = None
   save_every: int | None = None
   keep: int = 3
@@ -218,6 +222,7 @@ class RunOptions:
     check_int("seed", self.seed, 0)
     self._check_remat()
     check_int("max_consecutive_skips", self.max_consecutive_skips, 1)
+    check_int("log_every", self.log_every, 1)
     if self.save_every is not None:
       check_int("save_every", self.save_every, 1)
       if self.checkpoint_dir is None:
@@ -270,7 +275,7 @@ class RunOptions:
       field: a field name.
 
     Returns:
-      E.g. "3" or "200 from scratch, 1000 fine-tuning, 1000 with LoRA".
+      E.g. "3" or "200 from scratch, 1000 from a pretrained model, 1000 with LoRA".
     """
     if field in recipes.FIELDS:
       return recipes.described(field)

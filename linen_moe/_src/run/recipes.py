@@ -7,12 +7,16 @@ A run's options leave these fields unset unless the user sets them
 them. From scratch, the reference decoder's tiny configs train on synthetic
 data in seconds at a high constant rate. From a pretrained start (a Hugging
 Face checkpoint, another run's checkpoint) the rates are the ones the peers
-fine-tune at: about 2e-5 for every weight (TRL's and Axolotl's full
-fine-tuning examples; Hugging Face's Trainer defaults to 5e-5), 2e-4 for
-adapters (the QLoRA paper, PEFT's examples), each after a linear warmup of 3
-% of the steps (Alpaca's and TRL's `warmup_ratio`) and with a cosine decay
-to a tenth (`DEFAULT_FINAL_LR_RATIO`), on rows of 1,024 tokens in batches of
-8, what one small GPU or TPU host trains. Imports no jax.
+fine-tune at: about 2e-5 for every weight (torchtune's full fine-tuning
+configs, TRL's and Axolotl's examples; Hugging Face's Trainer defaults to
+5e-5), 2e-4 for adapters (the QLoRA paper, PEFT's and TRL's examples;
+torchtune's LoRA configs use 3e-4), each after a linear warmup of 3 % of
+the steps (Alpaca's and TRL's `warmup_ratio`) and with a cosine decay to a
+tenth (`DEFAULT_FINAL_LR_RATIO`), on rows of 1,024 tokens in batches of 8,
+what one small GPU or TPU host trains.
+
+The recipe and what it resolved to go into the first row of a run's
+metrics.jsonl (`record`) and its start banner. Imports no jax.
 """
 
 from __future__ import annotations
@@ -91,17 +95,41 @@ def recipe_for(*, pretrained: bool, lora: bool) -> Recipe:
 
 def described(field: str) -> str:
   """Each recipe's default of `field`, for a flag's help: "200 from
-  scratch, 1000 fine-tuning, 1000 with LoRA"."""
+  scratch, 1000 from a pretrained model, 1000 with LoRA"."""
   where = {
       "scratch": "from scratch",
-      "fine-tune": "fine-tuning",
+      "fine-tune": "from a pretrained model",
       "lora": "with LoRA",
   }
   if field == "warmup_steps":
     values = {
-        r.name: f"{round(100 * r.warmup_fraction)}% of the steps"
+        r.name: (
+            f"{round(100 * r.warmup_fraction)}% of the steps"
+            if r.warmup_fraction
+            else "0"
+        )
         for r in RECIPES.values()
     }
   else:
     values = {r.name: f"{getattr(r, field)}" for r in RECIPES.values()}
   return ", ".join(f"{values[n]} {where[n]}" for n in RECIPES)
+
+
+def record(name: str, optimizer: dict, opts) -> dict:
+  """What a run trains with, for its metrics' first row.
+
+  Args:
+    name: the recipe's name.
+    optimizer: the run's optimizer settings (`schedule.settings`).
+    opts: its `RunOptions` (filled: no field unset).
+
+  Returns:
+    {"name", "steps", "batch_size", "seq_len", "learning_rate",
+    "lr_schedule", "warmup_steps", "final_lr_ratio", "weight_decay"}: the
+    values the run uses, the recipe's or the user's.
+  """
+  out = {"name": name}
+  out.update({f: getattr(opts, f) for f in FIELDS[:3]})
+  for key in (*FIELDS[3:], "final_lr_ratio", "weight_decay"):
+    out[key] = optimizer[key]
+  return out
