@@ -186,7 +186,7 @@ class TwoProcessTrainTest(absltest.TestCase):
     self.assertEqual(one.code, 0, ref_err)
     self.assertEqual(LOSSES.findall(out), LOSSES.findall(ref_out))
     self.assertLen(LOSSES.findall(out), 1)
-    self.assertIn("3/3", err)  # process 0's progress bar
+    self.assertIn("step 3/3: loss", out)  # process 0's line (no terminal)
     # Process 1 stays quiet: no progress bar, no result line.
     self.assertFalse([t for t in two.tails[1] if "loss" in t or "train" in t])
 
