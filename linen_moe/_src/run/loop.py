@@ -431,11 +431,14 @@ def _train_from(
         state = run.place(state, sample, rng)
     elif opts.init_from is not None:
       state = init_from.load(opts.init_from, fe, state, cfg, log)
+  # Shapes only: a cast of a global array would be a program that the
+  # other processes do not run.
+  params = fe.checkpoint_tree(ckpt_tree.abstract(state))
   if distributed.is_main_process():
     for line in banner.lines(
         opts,
         cfg,
-        fe.checkpoint_tree(state)[ckpt_tree.VARIABLES]["params"],
+        params[ckpt_tree.VARIABLES]["params"],
         source.meta,
         _run_devices(job),
         job.mesh,
