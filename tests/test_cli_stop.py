@@ -52,12 +52,17 @@ DATA_TRAIN = [a if a != "2" else "4" for a in TRAIN]
 
 
 def _rows(directory: str) -> list[dict]:
-  """DIR/metrics.jsonl without the step times' metrics."""
+  """DIR/metrics.jsonl without the step times' metrics, and without the
+  steps the run was started for (the first row's recipe): a stopped run
+  and the one it is compared with are started for other step counts."""
   rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
-  return [
-      {k: v for k, v in r.items() if k not in throughput.TIMING_METRICS}
-      for r in rows
-  ]
+  out = []
+  for r in rows:
+    r = {k: v for k, v in r.items() if k not in throughput.TIMING_METRICS}
+    if "recipe" in r:
+      r["recipe"] = {k: v for k, v in r["recipe"].items() if k != "steps"}
+    out.append(r)
+  return out
 
 
 def _committed(directory: str) -> list[int]:
