@@ -201,10 +201,15 @@ def abstract_args(run, mesh, batch: int, seq: int):
 
 
 # What a compiled step holds, by HLO text: the grouped matmul XLA's way,
-# and Pallas kernels (ours, splash attention).
+# Pallas kernels (ours, splash attention), and of those the sparse path's
+# row gathers (`pallas_gather`: the dispatch, its recomputes, the
+# combine's backward).
 _COUNTS = {
     "ragged_dot_ops": re.compile(r"\sragged-dot\("),
     "pallas_calls": re.compile(r'custom_call_target="tpu_custom_call"'),
+    "row_gathers": re.compile(
+        r'custom_call_target="tpu_custom_call".*linen_moe_gather'
+    ),
 }
 
 
@@ -728,7 +733,7 @@ def aot(args, shapes) -> int:
         f" {rec['remat']}: "
         + (
             facts.get("error", "")[:300]
-            or f"peak {m['peak'] / GIB:.2f} GiB (temp {m['temp'] / GIB:.2f}), compile {facts['compile_s']:.0f} s, compiler FLOPs {facts.get('compiler_flops', -1):.4g}, ragged-dot {facts['ragged_dot_ops']}, Pallas calls {facts['pallas_calls']}"
+            or f"peak {m['peak'] / GIB:.2f} GiB (temp {m['temp'] / GIB:.2f}), compile {facts['compile_s']:.0f} s, compiler FLOPs {facts.get('compiler_flops', -1):.4g}, ragged-dot {facts['ragged_dot_ops']}, Pallas calls {facts['pallas_calls']} (row gathers {facts['row_gathers']})"
         ),
         flush=True,
     )
