@@ -22,6 +22,8 @@ train state per depth (they share its layout), medians of `--rounds`:
   int8      the same with `quantization="int8"` (AQT)
   kernel    the same with `grouped_matmul="kernel"` (our Pallas gmm)
   ragged_dot  the same with `grouped_matmul="ragged_dot"` (XLA's)
+  rows_once the same with `remat_moe_rows=False` (the MoE layer's own
+            row recompute dropped inside the block's remat)
   no_remat  `remat="none"` at the largest batch that fits without it
             (`Shape.no_remat_batch`, at `Shape.no_remat_depths`)
 
@@ -118,6 +120,7 @@ VARIANTS = {
     "kernel": {"grouped_matmul": "kernel"},
     "ragged_dot": {"grouped_matmul": "ragged_dot"},
     "no_remat": {"remat": "none"},
+    "rows_once": {"remat_moe_rows": False},
 }
 
 
