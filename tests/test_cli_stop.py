@@ -57,11 +57,11 @@ def _rows(directory: str) -> list[dict]:
   and the one it is compared with are started for other step counts."""
   rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
   out = []
-  for r in rows:
-    r = {k: v for k, v in r.items() if k not in throughput.TIMING_METRICS}
-    if "recipe" in r:
-      r["recipe"] = {k: v for k, v in r["recipe"].items() if k != "steps"}
-    out.append(r)
+  for row in rows:
+    kept = {k: v for k, v in row.items() if k not in throughput.TIMING_METRICS}
+    if "recipe" in kept:
+      kept["recipe"] = {k: v for k, v in kept["recipe"].items() if k != "steps"}
+    out.append(kept)
   return out
 
 
