@@ -18,7 +18,6 @@ from linen_moe._src.faces import lazy_face as _lazy_face
 
 _EXPORTS = {
     "linen_moe._src.hf.config_map": ("family_match", "model_config"),
-    "linen_moe._src.hf.families": ("MODEL_TYPES",),
     "linen_moe._src.hf.load": ("load_checkpoint",),
     "linen_moe._src.hf.peft": ("save_peft_adapters",),
     "linen_moe._src.hf.safetensors_io": ("parse_size",),

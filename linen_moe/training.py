@@ -2,7 +2,8 @@
 `linen-moe train` does, from Python), the train step (with an optional
 loss mask), the optimizer (AdamW, learning-rate schedules, the weight-decay
 mask), the held-out loss, the sharded step, synthetic data and the
-front-end protocol (real data: `linen_moe.data`).
+front-end protocol (real data: `linen_moe.data`), and stopping a loop on
+SIGTERM or Ctrl-C after the same step on every process (`StopRequest`).
 
 The layer itself does not depend on this module. Its names load on first
 use: `RunOptions` is checked before jax loads.
@@ -16,6 +17,7 @@ _EXPORTS = {
     "linen_moe._src.run.loop": ("RunResult", "run"),
     "linen_moe._src.run.options": ("RunOptions", "RunStopped"),
     "linen_moe._src.run.tokenizer_files": ("kept_files",),
+    "linen_moe._src.run.stop": ("StopRequest",),
     "linen_moe._src.training.chunked_loss": ("chunked_cross_entropy",),
     "linen_moe._src.training.evaluation": ("make_eval_step",),
     "linen_moe._src.training.frontend": ("LinenFrontend", "TrainingFrontend"),

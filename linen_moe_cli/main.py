@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"linen-moe {linen_moe.__version__}")
     return 0
   args = _parse(argv)
+  args.argv = argv
   try:
     return args.run(args)
   except ValueError as e:

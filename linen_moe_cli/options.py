@@ -61,8 +61,42 @@ def run_options(args: argparse.Namespace) -> RunOptions:
 
 
 def train_default(name: str) -> Any:
-  """The default of `RunOptions` field `name` (the flag's default)."""
+  """The default of `RunOptions` field `name` (the flag's default; None
+  for a field the run's recipe fills)."""
   return RunOptions.__dataclass_fields__[name].default
+
+
+def recipe_help(text: str, name: str) -> str:
+  """`text` and how field `name` defaults: the recipe's value, which
+  depends on where the run starts (`RunOptions.default_of`)."""
+  default = RunOptions.default_of(name).replace("%", "%%")  # argparse's
+  return f"{text} (default: the recipe's: {default})"
+
+
+def default_run_dir(config: str, now: float | None = None) -> str:
+  """runs/<config>-<YYYYmmdd-HHMMSS>, the run directory of a `train`
+  without --checkpoint-dir (a new one: -2, -3, ... if it exists); runs/ is
+  $LINEN_MOE_RUNS_DIR where that is set.
+
+  Args:
+    config: the config name or YAML path (its file name, without the
+      extension, names the directory).
+    now: the time (default: now).
+
+  Returns:
+    The path, relative to the working directory.
+  """
+  import os  # noqa: PLC0415
+  import time  # noqa: PLC0415
+
+  name = os.path.splitext(os.path.basename(config))[0] or "run"
+  stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+  runs = os.environ.get("LINEN_MOE_RUNS_DIR") or "runs"
+  path, n = os.path.join(runs, f"{name}-{stamp}"), 1
+  while os.path.lexists(path):
+    n += 1
+    path = os.path.join(runs, f"{name}-{stamp}-{n}")
+  return path
 
 
 def add_step_args(
@@ -77,12 +111,12 @@ def add_step_args(
       "batch_size": {
           "type": int,
           "default": train_default("batch_size"),
-          "help": "sequences per step",
+          "help": recipe_help("sequences per step", "batch_size"),
       },
       "seq_len": {
           "type": int,
           "default": train_default("seq_len"),
-          "help": "tokens per sequence",
+          "help": recipe_help("tokens per sequence", "seq_len"),
       },
       "grad_accum": {
           "type": int,

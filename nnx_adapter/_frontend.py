@@ -21,6 +21,8 @@ class NNXFrontend:
   `TrainState`.
   """
 
+  name = "nnx"
+
   @staticmethod
   def init(model_config, optimizer, tokens, rng) -> TrainState:
     """The initial train state of a freshly initialized NNX decoder.

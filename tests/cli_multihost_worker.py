@@ -23,7 +23,6 @@ Jobs:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -50,6 +49,7 @@ from linen_moe_cli import main as cli_main
 from linen_moe_cli import options
 from linen_moe_cli.commands import train as train_command
 import nnx_adapter
+from tests import workers
 
 
 def train(job: dict) -> dict:
@@ -191,20 +191,7 @@ CHECKS = {
 
 
 def main(argv: list[str]) -> None:
-  parser = argparse.ArgumentParser()
-  parser.add_argument("jobs")
-  parser.add_argument("--coordinator")
-  parser.add_argument("--num-processes", type=int)
-  parser.add_argument("--process-id", type=int)
-  parser.add_argument("--heartbeat-timeout", type=int, default=30)
-  args = parser.parse_args(argv)
-
-  distributed.initialize(
-      args.coordinator,
-      args.num_processes,
-      args.process_id,
-      heartbeat_timeout_s=args.heartbeat_timeout,
-  )
+  args = workers.join_group(argv, "jobs")
   for i, job in enumerate(json.loads(args.jobs)):
     result = CHECKS[job["check"]](job)
     if distributed.is_main_process():

@@ -10,6 +10,7 @@ way for every test. See tests/README.md.
 """
 
 import os
+import tempfile
 
 from hypothesis import Phase
 from hypothesis import settings
@@ -74,6 +75,13 @@ use_compilation_cache()
 # new compile, so the default run draws a few examples, the same ones every
 # run, and reports a failing one as drawn (shrinking it would compile dozens
 # of programs); `--hypothesis-profile=slow` explores many more, randomly.
+# `linen-moe train` without --checkpoint-dir makes runs/<config>-<time>
+# under $LINEN_MOE_RUNS_DIR: in a directory of this session, never the
+# checkout's (a worker process inherits it).
+os.environ.setdefault(
+    "LINEN_MOE_RUNS_DIR", tempfile.mkdtemp(prefix="linen_moe_runs-")
+)
+
 settings.register_profile(
     "ci",
     max_examples=8,

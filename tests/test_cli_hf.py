@@ -14,6 +14,7 @@ from linen_moe import checkpoint
 from linen_moe import hf
 from linen_moe import training
 from linen_moe._src.run import loop as train_job
+from linen_moe._src.testing import helpers
 from linen_moe.training import RunOptions
 from tests import cli_helpers
 
@@ -42,7 +43,28 @@ class TrainAndExportTest(absltest.TestCase):
         progress=False,
         checkpoint_dir=str(tmp / "run"),
     )
-    result = train_job.run(opts, log=lambda _: None)
+    logs = []
+    result = train_job.run(opts, log=logs.append)
+    # A pretrained start trains with the fine-tuning recipe (the sizes
+    # given here win), says so first and records it in the first row.
+    self.assertIn("fine-tune recipe", logs[0])
+    self.assertIn("learning rate 2e-05 (cosine)", "\n".join(logs))
+    first = helpers.read_jsonl(tmp / "run" / "metrics.jsonl")[0]
+    self.assertEqual(
+        first["recipe"],
+        {
+            "name": "fine-tune",
+            "steps": 1,
+            "batch_size": 4,
+            "seq_len": 8,
+            "learning_rate": 2e-5,
+            "lr_schedule": "cosine",
+            "warmup_steps": 0,
+            "final_lr_ratio": 0.1,
+            "weight_decay": 0.0,
+        },
+    )
+    self.assertAlmostEqual(first["learning_rate"], 2e-5, delta=1e-12)
     # The first step's loss is the loaded model's on the first batch.
     config, variables = hf.load_checkpoint(QWEN)
     batch = next(
@@ -105,9 +127,13 @@ class TrainAndExportTest(absltest.TestCase):
 
   def test_bad_flags(self):
     with self.assertRaisesRegex(
-        ValueError, r"--init-from-hf.*with config.json"
+        ValueError, r"--init-from-hf\) is invalid: it does not exist"
     ):
       RunOptions(init_from_hf=str(FIXTURES / "nowhere"))
+    with self.assertRaisesRegex(
+        ValueError, r"--init-from-hf.*with config.json"
+    ):
+      RunOptions(init_from_hf=str(FIXTURES))
     with self.assertRaisesRegex(
         ValueError, r"fixes the model, so \['num_layers'\] cannot"
     ):

@@ -162,6 +162,8 @@ class LaunchTest(absltest.TestCase):
         env["XLA_FLAGS"], "--a --xla_force_host_platform_device_count=4"
     )
     self.assertEqual(env["JAX_PLATFORMS"], "cpu")
+    # A group's processes do not share the persistent compilation cache.
+    self.assertEqual(env["JAX_ENABLE_COMPILATION_CACHE"], "false")
 
   def test_cli_rejects_other_commands(self):
     code, _, err = testing.run_capturing(
@@ -184,7 +186,7 @@ class TwoProcessTrainTest(absltest.TestCase):
     self.assertEqual(one.code, 0, ref_err)
     self.assertEqual(LOSSES.findall(out), LOSSES.findall(ref_out))
     self.assertLen(LOSSES.findall(out), 1)
-    self.assertIn("3/3", err)  # process 0's progress bar
+    self.assertIn("step 3/3: loss", out)  # process 0's line (no terminal)
     # Process 1 stays quiet: no progress bar, no result line.
     self.assertFalse([t for t in two.tails[1] if "loss" in t or "train" in t])
 

@@ -20,6 +20,9 @@ from tests import cli_helpers
 # names are read without it); its modules import flax.
 HEAVY = ("jax", "flax", "optax", "aqt", "orbax")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HF_FIXTURE = os.path.join(
+    ROOT, "tests", "fixtures", "hf", "qwen3_moe_dense0_norm"
+)
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
@@ -154,19 +157,37 @@ class StructureTest(absltest.TestCase):
     status, out, _ = cli_helpers.cli("train", "--help")
     self.assertEqual(status, 0)
     text = " ".join(out.split("options:", 1)[1].split())  # argparse wraps
+    # A recipe's field: each recipe's value (the run's start picks one).
+    scratch = RunOptions()
+    pretrained = RunOptions(init_from_hf=str(HF_FIXTURE))
+    lora = RunOptions(lora_rank=4)
     for flag, default in (
-        ("--steps", RunOptions().steps),
-        ("--batch-size", RunOptions().batch_size),
-        ("--seq-len", RunOptions().seq_len),
-        ("--learning-rate", RunOptions().learning_rate),
-        ("--seed", RunOptions().seed),
+        ("--steps", None),
+        ("--batch-size", None),
+        ("--seq-len", None),
+        ("--learning-rate", None),
+        ("--seed", scratch.seed),
+        ("--log-every", scratch.log_every),
         ("--init-timeout", 300),
         ("--heartbeat-timeout", 30),
     ):
       entry = text[text.index(f"{flag} ") :]
       end = entry.find(" --", 2)
       entry = entry if end < 0 else entry[:end]
-      self.assertIn(f"(default: {default})", entry, flag)
+      name = flag[2:].replace("-", "_")
+      shown = default
+      if default is None:
+        shown = (
+            f"the recipe's: {getattr(scratch, name)} from scratch, "
+            f"{getattr(pretrained, name)} from a pretrained model, "
+            f"{getattr(lora, name)} with LoRA"
+        )
+      self.assertIn(f"(default: {shown})", entry, flag)
+    self.assertIn(  # --warmup-steps
+        "(default: the recipe's: 0 from scratch, 3% of the steps from a "
+        "pretrained model, 3% of the steps with LoRA)",
+        text,
+    )
     self.assertNotIn("DEFAULT_", out)  # a value, not a constant's name
 
   def test_frontend_help_names_every_front_end(self):

@@ -97,6 +97,10 @@ class TrainCommandResumeTest(absltest.TestCase):
       run("in_nnx", STEPS, "--frontend", "nnx")
 
     whole, split = _metrics(dirs["whole"]), _metrics(dirs["split"])
+    # The first row records the steps the run was started for.
+    self.assertEqual(split[0]["recipe"]["steps"], STOP)
+    self.assertEqual(whole[0]["recipe"]["steps"], STEPS)
+    split[0]["recipe"]["steps"] = STEPS
     self.assertEqual([m["step"] for m in split], list(range(1, STEPS + 1)))
     self.assertEqual(split, whole)  # every metric of every step, exactly
     self.assertNotIn("resumed", outputs["split"][0])
@@ -105,7 +109,11 @@ class TrainCommandResumeTest(absltest.TestCase):
       resumed = _metrics(dirs["in_nnx"])
       self.assertIn("resumed from step 6", outputs["in_nnx"][0])
       self.assertEqual(resumed[-1]["step"], STEPS)
-      self.assertEqual(resumed[-1]["loss"], whole[-1]["loss"])
+      # Another front end is another program: equal to float rounding
+      # (5e-7 relative seen), not to the bit.
+      self.assertAlmostEqual(
+          resumed[-1]["loss"], whole[-1]["loss"], delta=1e-5 * whole[-1]["loss"]
+      )
     with checkpoint.Checkpoints(dirs["split"]) as ckpts:
       self.assertEqual(ckpts.all_steps(), [6, 9, 12])  # --keep 3
       self.assertEqual(ckpts.meta()["data"]["position"], STEPS)
@@ -115,7 +123,9 @@ class TrainCommandResumeTest(absltest.TestCase):
     )
     self.assertEqual(code, 0)
     self.assertIn("already at step 12 (--steps 12)", out)
-    self.assertEqual(_metrics(dirs["split"]), whole)
+    again = _metrics(dirs["split"])
+    again[0]["recipe"]["steps"] = STEPS
+    self.assertEqual(again, whole)
 
     argv = [*TRAIN, "--steps", "13", "--checkpoint-dir", dirs["split"]]
     gemma = [a if a != "tiny_mixtral" else "tiny_gemma4_26b" for a in argv]

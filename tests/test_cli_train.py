@@ -168,8 +168,8 @@ class ResultLineTest(absltest.TestCase):
     self.assertEqual(status, 0)
     self.assertRegex(
         out,
-        r"^steps: 1-3  first loss: 2.0000  final loss: 1.5000  best"
-        r" achievable: "
+        r"(?m)^steps: 1-3  first loss: 2.0000  final loss: 1.5000 \(mean of "
+        r"the last 3 steps\)  best achievable: "
         r"1.5000  skipped steps: 1  wall: ",
     )
 

@@ -79,8 +79,11 @@ class SettingsTest(absltest.TestCase):
     with self.assertRaisesRegex(
         ValueError,
         r"ckpt/12 has another optimizer: --learning-rate 0.003 here, 0.01 "
-        r"there\. Resume with its flags \(--learning-rate 0.01 --lr-schedule "
-        r"linear --warmup-steps 0 --final-lr-ratio 0.1 --weight-decay 0.0\)",
+        r"there\. A resume continues a run exactly: resume with its flags "
+        r"\(--learning-rate 0.01 --lr-schedule linear --warmup-steps 0 "
+        r"--final-lr-ratio 0.1 --weight-decay 0.0\), or start a new run from "
+        r"its weights with these settings: --init-from ckpt and a new "
+        r"--checkpoint-dir\.",
     ):
       schedule.resumed(other, {"optimizer": began}, "ckpt/12")
 

@@ -260,9 +260,11 @@ def _sparse_as_written(
     first_expert=0,
     all_experts=False,
     max_group_size=None,
+    remat=True,
 ):
-  """`sparse.sparse_experts_remat` without its remat: the path
-  differentiated as written."""
+  """`sparse.sparse_experts_remat` without its remat (whatever `remat`
+  says): the path differentiated as written."""
+  del remat
   grouped = functools.partial(module.grouped, max_group_size=max_group_size)
   return sparse.sparse_experts(
       grouped, x, indices, weights, experts, act, first_expert, all_experts

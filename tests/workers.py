@@ -8,6 +8,7 @@ CI's copy of `tests/` beside the installed wheel), with that directory on
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -76,3 +77,30 @@ def run_json(module: str, *argv: str, timeout: int = 900) -> Any:
   if proc.returncode:
     raise AssertionError(f"worker failed:\n{proc.stderr[-4000:]}")
   return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def join_group(argv: list[str], jobs: str) -> argparse.Namespace:
+  """A process-group worker's command line: a JSON list named `jobs`, then
+  the process flags (`--coordinator`, `--num-processes`, `--process-id`,
+  `--heartbeat-timeout`); joins the group (`linen_moe.distributed
+  .initialize`; alone without them).
+
+  Returns:
+    The parsed arguments.
+  """
+  parser = argparse.ArgumentParser()
+  parser.add_argument(jobs)
+  parser.add_argument("--coordinator")
+  parser.add_argument("--num-processes", type=int)
+  parser.add_argument("--process-id", type=int)
+  parser.add_argument("--heartbeat-timeout", type=int, default=30)
+  args = parser.parse_args(argv)
+  from linen_moe import distributed  # noqa: PLC0415 (imports jax)
+
+  distributed.initialize(
+      args.coordinator,
+      args.num_processes,
+      args.process_id,
+      heartbeat_timeout_s=args.heartbeat_timeout,
+  )
+  return args

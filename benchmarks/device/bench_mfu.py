@@ -22,6 +22,8 @@ train state per depth (they share its layout), medians of `--rounds`:
   int8      the same with `quantization="int8"` (AQT)
   kernel    the same with `grouped_matmul="kernel"` (our Pallas gmm)
   ragged_dot  the same with `grouped_matmul="ragged_dot"` (XLA's)
+  rows_once the same with `remat_moe_rows=False` (the MoE layer's own
+            row recompute dropped inside the block's remat)
   no_remat  `remat="none"` at the largest batch that fits without it
             (`Shape.no_remat_batch`, at `Shape.no_remat_depths`)
 
@@ -118,6 +120,7 @@ VARIANTS = {
     "kernel": {"grouped_matmul": "kernel"},
     "ragged_dot": {"grouped_matmul": "ragged_dot"},
     "no_remat": {"remat": "none"},
+    "rows_once": {"remat_moe_rows": False},
 }
 
 
@@ -201,10 +204,15 @@ def abstract_args(run, mesh, batch: int, seq: int):
 
 
 # What a compiled step holds, by HLO text: the grouped matmul XLA's way,
-# and Pallas kernels (ours, splash attention).
+# Pallas kernels (ours, splash attention), and of those the sparse path's
+# row gathers (`pallas_gather`: the dispatch, its recomputes, the
+# combine's backward).
 _COUNTS = {
     "ragged_dot_ops": re.compile(r"\sragged-dot\("),
     "pallas_calls": re.compile(r'custom_call_target="tpu_custom_call"'),
+    "row_gathers": re.compile(
+        r'custom_call_target="tpu_custom_call".*linen_moe_gather'
+    ),
 }
 
 
@@ -728,7 +736,7 @@ def aot(args, shapes) -> int:
         f" {rec['remat']}: "
         + (
             facts.get("error", "")[:300]
-            or f"peak {m['peak'] / GIB:.2f} GiB (temp {m['temp'] / GIB:.2f}), compile {facts['compile_s']:.0f} s, compiler FLOPs {facts.get('compiler_flops', -1):.4g}, ragged-dot {facts['ragged_dot_ops']}, Pallas calls {facts['pallas_calls']}"
+            or f"peak {m['peak'] / GIB:.2f} GiB (temp {m['temp'] / GIB:.2f}), compile {facts['compile_s']:.0f} s, compiler FLOPs {facts.get('compiler_flops', -1):.4g}, ragged-dot {facts['ragged_dot_ops']}, Pallas calls {facts['pallas_calls']} (row gathers {facts['row_gathers']})"
         ),
         flush=True,
     )

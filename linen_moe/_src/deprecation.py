@@ -180,6 +180,9 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
         "parse_mesh_spec": (None, "linen_moe._src.parallel.sharding"),
         "replicated": (None, "linen_moe._src.parallel.sharding"),
     },
+    "linen_moe.hf": {
+        "MODEL_TYPES": (None, "linen_moe._src.hf.families"),
+    },
     "linen_moe.testing": {
         "is_slow": (None, "linen_moe._src.testing.marks"),
         "all_gather_shapes": (None, "linen_moe._src.hlo.reading"),

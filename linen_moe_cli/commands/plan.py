@@ -24,6 +24,7 @@ import argparse
 import json
 import sys
 
+from linen_moe.training import RunOptions
 from linen_moe_cli import model_args
 from linen_moe_cli import options
 import nnx_adapter
@@ -69,7 +70,11 @@ def register(subparsers) -> None:
           "the rematerialisation policy (the config's remat field; "
           "default: the config's)"
       ),
+      batch_size="sequences per step",
+      seq_len="tokens per sequence",
   )
+  scratch = RunOptions()  # the from-scratch recipe's shape
+  p.set_defaults(batch_size=scratch.batch_size, seq_len=scratch.seq_len)
   p.add_argument(
       "--serve",
       nargs="?",

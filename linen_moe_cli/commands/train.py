@@ -6,14 +6,18 @@ The flags become a `linen_moe.training.RunOptions` (checked before jax is
 imported); with `--coordinator`, `--num-processes` and `--process-id` this
 process first joins the others (`linen_moe.distributed.initialize`), then
 every process runs the same job (`linen_moe.training.run`) and process 0
-prints the summary.
+prints the summary, or, when a SIGTERM or Ctrl-C stopped the run
+(`linen_moe.training.RunStopped` with its `signal`), where it stopped and the command
+that resumes it, and the command exits with 128 + the signal's number.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
+import shlex
 import sys
 import time
 
@@ -36,20 +40,30 @@ def register(subparsers) -> None:
           "train the reference decoder on synthetic Markov data, or on "
           "your own text or token ids (--data)"
       ),
+      epilog=(
+          "SIGTERM or Ctrl-C (SIGINT): the step in flight finishes, every "
+          "process stops after the same step, which is saved (with "
+          "--checkpoint-dir); one line says where and how to resume; exit "
+          "status 143 (SIGTERM) or 130 (SIGINT). A second signal exits at "
+          "once, the last committed checkpoint kept. A hang past "
+          "--step-timeout: exit status 75."
+      ),
   )
   model_args.add_model_args(p)
   p.add_argument(
       "--steps",
       type=int,
       default=train_default("steps"),
-      help="train up to this step (a resumed run continues to it)",
+      help=options.recipe_help(
+          "train up to this step (a resumed run continues to it)", "steps"
+      ),
   )
   options.add_step_args(p, "batch_size", "seq_len")
   p.add_argument(
       "--learning-rate",
       type=float,
       default=train_default("learning_rate"),
-      help="AdamW's peak learning rate",
+      help=options.recipe_help("AdamW's peak learning rate", "learning_rate"),
   )
   options.add_step_args(p, "grad_accum")
   p.add_argument(
@@ -68,14 +82,30 @@ def register(subparsers) -> None:
           "non-finite loss or gradient"
       ),
   )
-  p.add_argument("--no-progress", action="store_true", help="no progress bar")
+  p.add_argument(
+      "--no-progress",
+      action="store_true",
+      help=(
+          "no progress bar: a line every N steps instead (--log-every), as "
+          "when the output is not a terminal"
+      ),
+  )
+  p.add_argument(
+      "--log-every",
+      type=int,
+      default=train_default("log_every"),
+      metavar="N",
+      help="without a progress bar, a line every N steps",
+  )
   p.add_argument(
       "--checkpoint-dir",
       default=None,
       help=(
           "save checkpoints here and resume from the latest one (any front "
           "end, layer mode or mesh); per-step metrics in DIR/metrics.jsonl; "
-          "one run at a time (DIR/run.lock)"
+          "one run at a time (DIR/run.lock) (default: a new "
+          "runs/<config>-<timestamp>, printed; none when several processes "
+          "train)"
       ),
   )
   p.add_argument(
@@ -122,6 +152,17 @@ def register(subparsers) -> None:
       ),
   )
   p.add_argument(
+      "--init-from",
+      default=None,
+      metavar="RUN",
+      help=(
+          "start a new run from the latest checkpoint of another run's "
+          "--checkpoint-dir RUN: its model and weights, with this run's "
+          "flags, a fresh optimizer and step 0, and the fine-tuning recipe "
+          "(to continue RUN exactly, resume it with --checkpoint-dir RUN)"
+      ),
+  )
+  p.add_argument(
       "--profile-steps",
       default=None,
       metavar="A:B",
@@ -139,6 +180,21 @@ def register(subparsers) -> None:
           "also write each step's scalars (loss, learning_rate, tokens_per_s, "
           "model_tflops_per_s, mfu, ...) as TensorBoard events into DIR "
           "(needs tensorboardX: pip install 'linen_moe[tensorboard]')"
+      ),
+  )
+  p.add_argument(
+      "--step-timeout",
+      type=float,
+      default=train_default("step_timeout"),
+      metavar="SECONDS",
+      help=(
+          "end the run with exit status 75, every thread's stack on stderr "
+          "and in CHECKPOINT_DIR/stacks.process_<i>.txt, when a phase of a "
+          "step (data, step, eval, stop agreement, save) takes longer; not "
+          "the first step and evaluation, which compile; 0: off (default: "
+          "off on a CPU; on GPU and TPU 20 x the median of the 5 steps "
+          "after the first, at least 300 s, on data, steps and the stop "
+          "agreement)"
       ),
   )
   _add_data_args(p)
@@ -250,9 +306,10 @@ def _add_optimizer_args(p: argparse.ArgumentParser) -> None:
       "--lr-schedule",
       choices=SCHEDULES,
       default=train_default("lr_schedule"),
-      help=(
+      help=options.recipe_help(
           "after the warmup: constant, or cosine / linear decay to "
-          "--final-lr-ratio times the peak at --steps"
+          "--final-lr-ratio times the peak at --steps",
+          "lr_schedule",
       ),
   )
   group.add_argument(
@@ -260,7 +317,10 @@ def _add_optimizer_args(p: argparse.ArgumentParser) -> None:
       type=int,
       default=train_default("warmup_steps"),
       metavar="N",
-      help="linear warmup from 0 to the peak over the first N updates",
+      help=options.recipe_help(
+          "linear warmup from 0 to the peak over the first N updates",
+          "warmup_steps",
+      ),
   )
   group.add_argument(
       "--final-lr-ratio",
@@ -374,10 +434,15 @@ def run(args: argparse.Namespace) -> int:
       args.process_id,
       **{k: v for k, v in timeouts.items() if v is not None},
   )
+  argv = getattr(args, "argv", None)
   if not several:
-    return train_and_report(opts, frontend)
+    if opts.checkpoint_dir is None:  # one process: its own new directory
+      where = options.default_run_dir(opts.config)
+      opts = dataclasses.replace(opts, checkpoint_dir=where)
+      print(f"run directory: {where} (--checkpoint-dir chooses one)")
+    return train_and_report(opts, frontend, argv)
   try:
-    return train_and_report(opts, frontend)
+    return train_and_report(opts, frontend, argv)
   except (ValueError, RunStopped):
     # Every process rejects the same input, and sees the same (replicated)
     # skipped steps: they exit together.
@@ -395,15 +460,26 @@ def run(args: argparse.Namespace) -> int:
     os._exit(1)
 
 
-def train_and_report(opts: RunOptions, frontend: str = "linen") -> int:
+def train_and_report(
+    opts: RunOptions, frontend: str = "linen", argv: list[str] | None = None
+) -> int:
   """Runs the job with the front end named `frontend` (this process already
   joined any others) and prints its one-line summary on process 0; the exit
-  status."""
+  status. `argv` (the command's arguments) is the resume command of a run
+  a signal stopped."""
   from linen_moe import distributed  # noqa: PLC0415 (imports jax)
   from linen_moe import training  # noqa: PLC0415
 
   start = time.perf_counter()
-  result = training.run(opts, nnx_adapter.frontend(frontend))
+  try:
+    result = training.run(opts, nnx_adapter.frontend(frontend))
+  except RunStopped as e:
+    if e.signal is None:
+      raise
+    if distributed.is_main_process():
+      hint = _resume_hint(opts, argv, e)
+      print(f"linen-moe: {e} {hint}", file=sys.stderr, flush=True)
+    return e.exit_code
   if not result.losses:  # already at --steps
     return 0
   if distributed.is_main_process():
@@ -422,9 +498,37 @@ def train_and_report(opts: RunOptions, frontend: str = "linen") -> int:
       )
     print(
         f"steps: {result.start_step + 1}-{opts.steps}  first loss:"
-        f" {result.first_loss:.4f}  final loss: {result.final_loss:.4f}  "
+        f" {result.first_loss:.4f}  final loss: {result.final_loss:.4f} "
+        f"(mean of the last {min(len(result.losses), 10)} steps)  "
         f"{best}{held_out}"
         f"skipped steps: {result.skipped_steps}  "
         f"{load}wall: {time.perf_counter() - start:.1f}s"
     )
   return 0
+
+
+def _resume_hint(
+    opts: RunOptions, argv: list[str] | None, stopped: RunStopped
+) -> str:
+  """How to resume a run a signal stopped: the same command, without a
+  `--resume-step` (the newest checkpoint is the stop's)."""
+  if opts.checkpoint_dir is None:
+    return "Without --checkpoint-dir a new run starts from step 0."
+  if stopped.checkpoint is None:
+    return "Nothing was saved: the same command starts from step 0."
+  import jax  # noqa: PLC0415
+
+  where = ""
+  if jax.process_count() > 1:
+    where = f" (on each of the {jax.process_count()} processes)"
+  if argv is None:
+    return f"Resume with the same command{where}."
+  kept, skip = [], False
+  for arg in argv:
+    if skip:
+      skip = False
+    elif arg == "--resume-step":
+      skip = True
+    elif not arg.startswith("--resume-step="):
+      kept.append(arg)
+  return f"Resume with{where}: {shlex.join(['linen-moe', *kept])}"

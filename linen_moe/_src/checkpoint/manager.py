@@ -431,6 +431,7 @@ class Checkpoints:
       *,
       config: ModelConfig | None = None,
       fresh_fp8_state: bool = False,
+      partial: bool = False,
   ) -> Restored:
     """Restores `step` (default: the latest) into `target`, a checkpoint
     tree of arrays or ShapeDtypeStructs (`tree_of` a state) whose leaves
@@ -452,6 +453,9 @@ class Checkpoints:
         (`check_model_config`).
       fresh_fp8_state: replace an fp8 state that does not fit by the
         target's.
+      partial: read only the target's top-level entries (e.g. a target
+        of `variables` alone: the model without its optimizer state);
+        the checkpoint's others are left unread.
 
     Returns:
       A `Restored` with the tree in the target's layout and shardings.
@@ -470,6 +474,8 @@ class Checkpoints:
     if config is not None:
       check_model_config(meta.get("model_config", {}), config, where)
     saved = self.saved_leaves(step)
+    if partial:
+      saved = {p: v for p, v in saved.items() if p[0] in target}
     want = traverse_util.flatten_dict(abstract(dict(target)))
     read, convert = want, None
     plans = layer_plan(want), layer_plan(saved)

@@ -408,6 +408,7 @@ def sparse_moe(
           # A token picks an expert once: no group exceeds the tokens here.
           max_group_size=tokens[0].shape[0],
           gather=gather_kernel if shards else None,
+          remat=mdl.remat_rows,
       )
     out = out.reshape(x.shape)
     if gathered:

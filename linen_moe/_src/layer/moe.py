@@ -44,6 +44,16 @@ CALL_SITES = ("wi_0", "wi_1", "wo", "dispatch", "combine")
 WEIGHT_SITES = expert_weights.KERNELS
 
 
+def check_remat_rows(remat_rows) -> None:
+  """Raises TypeError unless `remat_rows` (`RoutedMoE.remat_rows`) is a
+  bool."""
+  if not isinstance(remat_rows, bool):
+    raise TypeError(
+        "RoutedMoE.remat_rows must be a bool (True or False); got"
+        f" {remat_rows!r}."
+    )
+
+
 @flax.struct.dataclass
 class MoEAux:
   """Auxiliary outputs of `RoutedMoE`.
@@ -85,9 +95,16 @@ class RoutedMoE(JitInit, nn.Module):
 
   Attributes:
     config: the `MoEConfig`.
+    remat_rows: the sparse path's backward gathers the sorted rows [T * k,
+      M] again rather than keep them (`sparse.sparse_experts_remat`).
+      False keeps them: for a caller that recomputes the whole layer in
+      its backward anyway (a decoder block under `ModelConfig.remat` other
+      than "none"), where the layer's own recompute would be a third
+      gather. The numbers are the same.
   """
 
   config: MoEConfig
+  remat_rows: bool = True
 
   def _contractions(self):
     """The mode's einsum and grouped-matmul modules (built once per mode)."""
@@ -256,8 +273,10 @@ class RoutedMoE(JitInit, nn.Module):
     Raises:
       ValueError: if `inputs` is not [B, S, `config.emb_dim`], or
         `gate_inputs` does not have the shape of `inputs`.
+      TypeError: if `remat_rows` is not a bool.
     """
     cfg = self.config
+    check_remat_rows(self.remat_rows)
     if inputs.ndim != 3 or inputs.shape[-1] != cfg.emb_dim:
       raise ValueError(
           f"RoutedMoE expects inputs [batch, seq, emb_dim={cfg.emb_dim}]; got "
@@ -447,7 +466,13 @@ class RoutedMoE(JitInit, nn.Module):
       out = sparse.chosen_experts(grouped, *tokens, experts, act)
     else:
       out = sparse.sparse_experts_remat(
-          self, *tokens, experts, act, all_experts=True, max_group_size=b * s
+          self,
+          *tokens,
+          experts,
+          act,
+          all_experts=True,
+          max_group_size=b * s,
+          remat=self.remat_rows,
       )
     return out.reshape(b, s, m)
 
@@ -462,9 +487,11 @@ class RoutedAndSharedMoE(JitInit, nn.Module):
   Attributes:
     config: the `MoEConfig`; `shared_experts` (and `shared_mlp_dim`) size the
       shared part.
+    remat_rows: the routed experts' `RoutedMoE.remat_rows`.
   """
 
   config: MoEConfig
+  remat_rows: bool = True
 
   @nn.compact
   def __call__(self, inputs, gate_inputs=None):
@@ -482,10 +509,11 @@ class RoutedAndSharedMoE(JitInit, nn.Module):
     Raises:
       ValueError: from `RoutedMoE` if `inputs` is not [B, S, emb_dim] or
         `gate_inputs` has another shape.
+      TypeError: from `RoutedMoE` if `remat_rows` is not a bool.
     """
-    out, aux = RoutedMoE(self.config, name="routed_experts")(
-        inputs, gate_inputs
-    )
+    out, aux = RoutedMoE(
+        self.config, remat_rows=self.remat_rows, name="routed_experts"
+    )(inputs, gate_inputs)
     if self.config.shared_experts > 0:
       out = out + SharedExpert(self.config, name="shared_experts")(inputs)
     return out, aux

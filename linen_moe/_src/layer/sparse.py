@@ -11,7 +11,14 @@ quantized by the layer's mode and owns its state. Under a mesh,
 The layer calls it through `sparse_experts_remat`, whose backward gathers
 the sorted rows [R, M] from x [T, M] again (x is kept anyway, k times
 smaller) instead of keeping them from the forward: at Qwen3-30B-A3B's
-routed shape, S = 8192, bf16, 0.27 GB a layer.
+routed shape, S = 8192, bf16, 0.27 GB a layer. Inside a block that is
+rematerialized as a whole (a decoder's `remat` other than "none") that
+recompute is a third gather of the rows (the forward, the block's
+recompute, its own; JAX already leaves out the gate and up matmuls, whose
+outputs the backward does not read). `RoutedMoE.remat_rows=False`
+(`ModelConfig.remat_moe_rows=False` in a decoder) turns it off: one
+[R, M] gather fewer a layer, for the rows of the layer in its backward
+held (1 GiB at 8 x 4096 tokens of Qwen3-30B-A3B's).
 
 At decode sizes (a handful of tokens, `uses_every_expert`) the layer runs
 `every_expert` instead: each expert on every token, through the same hook,
@@ -82,9 +89,10 @@ def sparse_experts_remat(
     all_experts: bool = False,
     max_group_size: int | None = None,
     gather: Callable[[str, jax.Array], jax.Array] | None = None,
+    remat: bool = True,
 ) -> jax.Array:
   """`sparse_experts` through `module.grouped`, whose backward gathers the
-  sorted rows again instead of keeping them.
+  sorted rows again instead of keeping them (with `remat`).
 
   The gather of the rows and the gate and up projections are one
   `nn.checkpoint` that keeps nothing of its own (its arguments, x and the
@@ -112,10 +120,20 @@ def sparse_experts_remat(
       regions (wi_0 and wi_1 in the gate and up one, wo in its own), so
       that a backward gathers each weight again where it needs it rather
       than keeping the forward's gathered copy.
+    remat: rematerialize as above. False: no checkpoint of its own (the
+      backward keeps the rows, and the gathered weights), for a caller
+      that recomputes the whole layer in its backward anyway (a decoder
+      block's remat); the same numbers.
 
   Returns:
     [T, M], as `sparse_experts`.
+
+  Raises:
+    TypeError: if `remat` is not a bool.
   """
+  if not isinstance(remat, bool):
+    raise TypeError(f"remat must be a bool; got {remat!r}.")
+  checkpoint = nn.checkpoint if remat else lambda fn: fn
   plan = permute.sort_plan(
       indices,
       experts[0].shape[0],
@@ -138,11 +156,12 @@ def sparse_experts_remat(
         project(mdl, plan, "wi_1", rows, whole("wi_1", wi_1)),
     )  # [R, H] each
 
-  gate, up = nn.checkpoint(gate_and_up)(module, x, plan, wi_0, wi_1)
+  gate, up = checkpoint(gate_and_up)(module, x, plan, wi_0, wi_1)
   gate = names.tag(gate, names.EXPERT_GATE)
   up = names.tag(up, names.EXPERT_UP)
   if gather is not None:
-    wo = jax.checkpoint(functools.partial(gather, "wo"))(wo)
+    gather_wo = functools.partial(gather, "wo")
+    wo = (jax.checkpoint(gather_wo) if remat else gather_wo)(wo)
   down = functools.partial(project, module, plan)
   expert_out = gated_down(down, act, gate, up, wo)  # [R, M]
   return permute.combine_rows(expert_out, weights.astype(x.dtype), plan)

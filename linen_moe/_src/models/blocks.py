@@ -25,6 +25,7 @@ from linen_moe._src.models.attention import CausalSelfAttention
 from linen_moe._src.models.mla import MultiHeadLatentAttention
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize
+from linen_moe._src.models.remat import layer_remats_rows
 from linen_moe._src.parallel import sharding
 
 AUX_FIELDS = (
@@ -63,6 +64,10 @@ class DecoderBlock(nn.Module):
   (of the full-attention geometry when `full`). Gemma-4's sandwich norms
   (`post_attention_norm`, `post_mlp_norm`) normalise a branch's output
   before its residual, and `layer_scalar` scales the block's output.
+  With `config.remat_moe_rows` False under a `config.remat` other than
+  "none" the MoE layer leaves the recompute of its sorted rows to the
+  block's (`RoutedMoE.remat_rows`, `remat.layer_remats_rows`): such a
+  block is meant to run wrapped by `remat_block`, as the decoders run it.
   The signature fits `nn.scan` (carry, broadcast positions and segment
   ids).
   `decode` keeps a KV cache in the attention.
@@ -158,10 +163,13 @@ class DecoderBlock(nn.Module):
       gate_inputs = (
           rms_normalize(x, cfg.norm_eps) * router_scale * moe_cfg.emb_dim**-0.5
       )
+    remat_rows = layer_remats_rows(cfg)
     if cfg.shared_in_moe:
-      mlp_out, aux = RoutedAndSharedMoE(moe_cfg, name="moe")(h, gate_inputs)
+      mlp_out, aux = RoutedAndSharedMoE(moe_cfg, remat_rows, name="moe")(
+          h, gate_inputs
+      )
     else:
-      routed, aux = RoutedMoE(moe_cfg, name="moe")(h, gate_inputs)
+      routed, aux = RoutedMoE(moe_cfg, remat_rows, name="moe")(h, gate_inputs)
       if cfg.post_moe_norms:
         routed = RMSNorm(cfg.norm_eps, name="post_routed_norm")(routed)
       mlp_out = routed

@@ -63,7 +63,14 @@ def process_flags(num_processes: int) -> list[list[str]]:
 
 
 def child_env(devices_per_process: int | None) -> dict[str, str]:
-  """This environment, unbuffered; with D, each process on D CPU devices."""
+  """This environment, unbuffered; with D, each process on D CPU devices,
+  without JAX's persistent compilation cache.
+
+  The processes of a group on CPUs compile one program each under one
+  cache key, not always to the same bytes: a two-process group that found
+  an entry an earlier group wrote never ran its first all-reduce (jax 0.12,
+  gloo; a fresh cache or none ran it at once).
+  """
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   if devices_per_process is None:
     return env
@@ -75,7 +82,11 @@ def child_env(devices_per_process: int | None) -> dict[str, str]:
       env.get("XLA_FLAGS", ""),
   ).split()
   flags.append(f"--xla_force_host_platform_device_count={devices_per_process}")
-  env.update(XLA_FLAGS=" ".join(flags), JAX_PLATFORMS="cpu")
+  env.update(
+      XLA_FLAGS=" ".join(flags),
+      JAX_PLATFORMS="cpu",
+      JAX_ENABLE_COMPILATION_CACHE="false",
+  )
   return env
 
 

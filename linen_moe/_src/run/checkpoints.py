@@ -289,17 +289,24 @@ class RunCheckpoints:
       ) from e
 
   def after_step(
-      self, done: int, metrics: dict, tree_of, state, data: Any = None
+      self,
+      done: int,
+      metrics: dict,
+      tree_of,
+      state,
+      data: Any = None,
+      force: bool = False,
   ) -> None:
     """Appends step `done`'s metrics; saves `tree_of(state)` (and the state
-    of `data`, a Grain iterator, if given) when due.
+    of `data`, a Grain iterator, if given) when due, or `force`d (a run
+    that stops early).
 
     Raises:
       RunStopped: the metrics cannot be written, or a save failed
         (this one, or an earlier one found failed).
     """
     record = {"step": done, **{k: _json_value(v) for k, v in metrics.items()}}
-    due = done % self.save_every == 0 or done == self.steps
+    due = force or done % self.save_every == 0 or done == self.steps
     if self.main_process:
       try:
         with open(self.metrics_path, "a", encoding="utf-8") as f:
@@ -329,6 +336,15 @@ class RunCheckpoints:
         self.checkpoints.save(done, tree_of(state), meta, force=True, data=data)
       except Exception as e:  # noqa: BLE001
         raise self._stopped(e, done) from e
+
+  def wait(self, done: int) -> None:
+    """Waits until the save in flight is on disk and committed.
+
+    Raises:
+      RunStopped: it failed (naming the last complete checkpoint); `done`
+        is the step the run stopped after.
+    """
+    self._raise_save_error(done)
 
   def _raise_save_error(self, done: int) -> None:
     """Waits for the save in flight; raises its failure, if it failed."""

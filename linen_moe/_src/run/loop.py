@@ -19,7 +19,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tqdm
 
 from linen_moe._src.checkpoint import manager as ckpt_manager
 from linen_moe._src.checkpoint import meta as ckpt_meta
@@ -27,16 +26,23 @@ from linen_moe._src.checkpoint import tree as ckpt_tree
 from linen_moe._src.config.files import load_model_config
 from linen_moe._src.parallel import distributed
 from linen_moe._src.parallel import sharding
+from linen_moe._src.run import banner
 from linen_moe._src.run import host_memory
+from linen_moe._src.run import init_from
 from linen_moe._src.run import loss_chart
+from linen_moe._src.run import progress
+from linen_moe._src.run import recipes
 from linen_moe._src.run import schedule
 from linen_moe._src.run import sources
 from linen_moe._src.run import throughput
 from linen_moe._src.run import tokenizer_files
+from linen_moe._src.run import watchdog
 from linen_moe._src.run.checkpoints import RunCheckpoints
 from linen_moe._src.run.directory import RunLock
 from linen_moe._src.run.options import RunOptions
 from linen_moe._src.run.options import RunStopped
+from linen_moe._src.run.stop import RunInterrupted
+from linen_moe._src.run.stop import StopRequest
 from linen_moe._src.training.frontend import LinenFrontend
 from linen_moe._src.training.frontend import TrainingFrontend
 
@@ -75,7 +81,8 @@ class RunResult:
 
   @property
   def final_loss(self) -> float:
-    """Mean of the last 10 steps' finite losses (less noisy than the last)."""
+    """Mean of the last `TAIL_STEPS` (10) steps' finite losses (less noisy
+    than the last one); `linen-moe train` prints it so labelled."""
     tail = [x for x in self.losses[-TAIL_STEPS:] if math.isfinite(x)]
     return sum(tail) / len(tail) if tail else math.nan
 
@@ -112,7 +119,9 @@ def _set_up(
   if mesh is None and jax.process_count() > 1:
     mesh = f"data={jax.device_count()}"
   device_mesh = None if mesh is None else sharding.make_mesh(mesh)
-  if opts.init_from_hf is None:
+  if opts.init_from is not None:
+    cfg = init_from.model_config(opts.init_from, opts.overrides)
+  elif opts.init_from_hf is None:
     cfg = load_model_config(opts.config, **opts.overrides)
   else:
     from linen_moe._src.hf import config_map  # noqa: PLC0415
@@ -221,6 +230,8 @@ def run(
       run holds: before the first step.
     RunStopped: the run stopped on purpose (too many skipped steps in a row,
       a failed save), saying where and why.
+    RunInterrupted: (a RunStopped) a SIGTERM or SIGINT stopped the run
+      after a step, that step saved (see below).
 
   A batch holding an id outside [0, vocab_size) is a `ValueError`
   (`linen_moe.tokens.validate_tokens`) before its step.
@@ -258,17 +269,51 @@ def run(
   it was; `linen_moe.training.skip`) and counted; after
   `max_consecutive_skips` skipped steps in a row the run stops with
   `RunStopped`.
+
+  A SIGTERM or SIGINT (`StopRequest`) lets the step in flight finish;
+  every process stops after the same step, which is saved (after any save
+  in flight), its metrics row written, TensorBoard flushed, the directory
+  unlocked, and the run raises `RunInterrupted`. A second signal exits at
+  once with 128 + its number. With `opts.step_timeout` a phase of a step
+  that hangs ends the process (`STEP_TIMEOUT_EXIT`, the stacks written).
   """
   if not isinstance(opts, RunOptions):
     raise TypeError(f"opts must be a RunOptions; got {type(opts).__name__}.")
   fe = LinenFrontend() if frontend is None else frontend
+  held = []  # the lock, released by the exits that skip `finally`
+  release = lambda: [lock.release() for lock in held]  # noqa: E731
+  with (
+      StopRequest(on_exit=release) as stop,
+      watchdog.Watchdog(
+          opts.step_timeout,
+          platform=jax.default_backend(),
+          directory=opts.checkpoint_dir
+          and os.path.abspath(opts.checkpoint_dir),
+          process=(jax.process_index(), jax.process_count()),
+          on_exit=release,
+      ) as watch,
+  ):
+    return _run(opts, fe, log, _Guard(stop, watch), held)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Guard:
+  """What a run's steps are watched by: the stop request and the
+  watchdog."""
+
+  stop: StopRequest
+  watch: watchdog.Watchdog
+
+
+def _run(opts: RunOptions, fe, log, guard: _Guard, held: list) -> RunResult:
   lock = None
   if opts.checkpoint_dir is not None:
     lock = _lock(opts.checkpoint_dir, log)
+    held.append(lock)
   try:
     if opts.checkpoint_dir is None:
       job = _set_up(opts, fe, schedule.settings(opts))
-      return _train_from(opts, job, None, resume=False, log=log)
+      return _train_from(opts, job, None, resume=False, log=log, guard=guard)
     ckpts = RunCheckpoints(
         opts.checkpoint_dir,
         steps=opts.steps,
@@ -292,7 +337,9 @@ def run(
         result = RunResult([], job.data.best_loss, start_step=latest)
       else:
         resume = bool(ckpts.checkpoints.all_steps())
-        result = _train_from(opts, job, ckpts, resume=resume, log=log)
+        result = _train_from(
+            opts, job, ckpts, resume=resume, log=log, guard=guard
+        )
     except BaseException:
       ckpts.close(report=False)
       raise
@@ -301,6 +348,7 @@ def run(
   finally:
     if lock is not None:
       lock.release()
+      held.remove(lock)
 
 
 def _optimizer_settings(opts, ckpts, latest: int | None, log) -> dict:
@@ -345,10 +393,10 @@ def _lock(directory: str, log: Callable[[str], None]) -> RunLock | None:
 
 
 def _train_from(
-    opts: RunOptions, job: _Setup, ckpts, *, resume: bool, log=print
+    opts: RunOptions, job: _Setup, ckpts, *, resume: bool, log, guard: _Guard
 ):
   """Restores a checkpoint (`resume`) or initialises, and trains to the
-  end."""
+  end, or to the step after which `guard.stop` stops it."""
   fe, run, cfg, source = job.fe, job.run, job.cfg, job.data
   fill = source.meta.get("pipeline", {}).get("fill_fraction")
   if fill is not None:
@@ -381,6 +429,23 @@ def _train_from(
       del variables
       if run is not None:
         state = run.place(state, sample, rng)
+    elif opts.init_from is not None:
+      state = init_from.load(opts.init_from, fe, state, cfg, log)
+  # Shapes only: a cast of a global array would be a program that the
+  # other processes do not run.
+  params = fe.checkpoint_tree(ckpt_tree.abstract(state))
+  if distributed.is_main_process():
+    for line in banner.lines(
+        opts,
+        cfg,
+        params[ckpt_tree.VARIABLES]["params"],
+        source.meta,
+        _run_devices(job),
+        job.mesh,
+        job.optimizer_settings,
+    ):
+      log(line)
+  recipe = recipes.record(opts.recipe.name, job.optimizer_settings, opts)
   if run is None:
     step = jax.jit(
         fe.make_step(cfg, job.optimizer, opts.grad_accum), donate_argnums=0
@@ -397,6 +462,8 @@ def _train_from(
             "run": {
                 "config": opts.config,
                 "init_from_hf": opts.init_from_hf,
+                "init_from": opts.init_from,
+                "recipe": recipe["name"],
                 "frontend": job.fe.name,
                 "mesh": job.mesh,
                 "seed": opts.seed,
@@ -410,8 +477,15 @@ def _train_from(
   stream = source.batches(start)
   losses, skipped, in_a_row, held_out = [], 0, 0, []
   loads = collections.deque(maxlen=TAIL_STEPS)
-  show = opts.progress and distributed.is_main_process()
-  bar = tqdm.trange(start, opts.steps, disable=not show, desc="train")
+  bar = progress.StepReport(
+      start,
+      opts.steps,
+      main=distributed.is_main_process(),
+      bar=opts.progress,
+      every=opts.log_every,
+      best_loss=source.best_loss,
+      log=log,
+  )
   meter = throughput.Throughput(
       cfg, opts.batch_size, opts.seq_len, _run_devices(job)
   )
@@ -423,16 +497,22 @@ def _train_from(
   board = throughput.TensorBoard(
       opts.tensorboard if distributed.is_main_process() else None
   )
+  watch = guard.watch.phase
+  if guard.stop.should_stop():  # during set-up: nothing new to save
+    resumed = ckpts and start and ckpts.checkpoints.step_dir(start)
+    raise RunInterrupted(guard.stop.signal, start, opts.steps, resumed or None)
   try:
     for i in bar:
       profiler.before(i + 1)
       meter.start()
-      tokens, *extras = next(stream)
+      with watch("data", i + 1):
+        tokens, *extras = next(stream)
       key = jax.random.fold_in(rng, i)
       while extras and extras[-1] is None:  # e.g. every position real: the
         extras.pop()  # unmasked loss, the step without a mask
-      state, metrics = step(state, tokens, key, *extras)
-      loss = float(metrics["cross_entropy"])
+      with watch("step", i + 1):
+        state, metrics = step(state, tokens, key, *extras)
+        loss = float(metrics["cross_entropy"])
       speed = meter.stop()
       profiler.after(i + 1)
       metrics = {
@@ -445,7 +525,8 @@ def _train_from(
       loads.append(metrics["expert_load"])
       done = i + 1
       if evaluate is not None and done % opts.eval_every == 0:
-        eval_loss = evaluate(state)
+        with watch("eval", done):
+          eval_loss = evaluate(state)
         held_out.append((done, eval_loss))
         perplexity = math.exp(min(eval_loss, 700.0))
         metrics = {
@@ -453,20 +534,29 @@ def _train_from(
             "eval_loss": eval_loss,
             "eval_perplexity": perplexity,
         }
-        if distributed.is_main_process():
-          line = (
-              f"step {done}: held-out loss {eval_loss:.4f}, perplexity "
-              f"{perplexity:.2f} (train loss {loss:.4f})"
-          )
-          if show:
-            bar.write(line)
-          else:
-            log(line)
+        bar.write(
+            f"step {done}: held-out loss {eval_loss:.4f}, perplexity "
+            f"{perplexity:.2f} (train loss {loss:.4f})"
+        )
+      with watch("stop agreement", done):  # a collective: every process
+        stopping = guard.stop.should_stop() and done < opts.steps
       board.write(done, metrics)
       if ckpts is not None:
-        ckpts.after_step(
-            done, metrics, fe.checkpoint_tree, state, data=source.iterator
-        )
+        with watch("save", done):
+          row = {**metrics, "recipe": recipe} if done == 1 else metrics
+          ckpts.after_step(
+              done,
+              row,
+              fe.checkpoint_tree,
+              state,
+              data=source.iterator,
+              force=stopping,
+          )
+          if stopping:  # on disk and committed before the run ends
+            ckpts.wait(done)
+      if stopping:
+        saved = ckpts and ckpts.checkpoints.step_dir(done)
+        raise RunInterrupted(guard.stop.signal, done, opts.steps, saved)
       in_a_row = in_a_row + 1 if int(metrics["skipped"]) else 0
       skipped += in_a_row > 0
       if in_a_row >= opts.max_consecutive_skips:
@@ -477,12 +567,7 @@ def _train_from(
             f"{opts.max_consecutive_skips}; {skipped} skipped in all). The run "
             "is not recovering: lower --learning-rate, or check the data."
         )
-      bar.set_postfix(
-          loss=f"{loss:.3f}",
-          best=f"{source.best_loss:.3f}",
-          skipped=skipped,
-          **_speed_postfix(speed),
-      )
+      bar.step(done, loss, metrics["learning_rate"], skipped, speed)
   finally:
     profiler.close()
     board.close()
@@ -503,11 +588,3 @@ def _run_devices(job: _Setup) -> list:
   if job.device_mesh is not None:
     return list(job.device_mesh.devices.flat)
   return jax.devices()[:1]
-
-
-def _speed_postfix(speed: dict[str, float]) -> dict[str, str]:
-  """The progress bar's throughput fields."""
-  out = {"tok/s": f"{speed['tokens_per_s']:.3g}"}
-  if "mfu" in speed:
-    out["mfu"] = f"{speed['mfu']:.1%}"
-  return out

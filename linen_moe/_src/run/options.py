@@ -18,12 +18,24 @@ from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.model_config import check_remat
 from linen_moe._src.config.quantization_modes import SERVING_MODES
 from linen_moe._src.config.schedules import SCHEDULES
+from linen_moe._src.run import recipes
 from linen_moe._src.run import throughput
 
 
 class RunStopped(Exception):
-  """A run stopped on purpose (e.g. too many skipped steps, or a save that
-  failed); the message says where and why."""
+  """A run stopped on purpose (e.g. too many skipped steps, a save that
+  failed, or a SIGTERM / SIGINT after a step); the message says where and
+  why.
+
+  Attributes:
+    signal: the signal's number when a signal stopped the run (15 for
+      SIGTERM, 2 for SIGINT; its last step saved, see `StopRequest`), else
+      None.
+    exit_code: what `linen-moe train` exits with: 128 + `signal`, else 1.
+  """
+
+  signal: int | None = None
+  exit_code: int = 1
 
 
 def _fail(name: str, value: Any, allowed: str) -> None:
@@ -62,13 +74,22 @@ class RunOptions:
     batch_size: sequences per step, B; split into `grad_accum` equal
       microbatches.
     seq_len: tokens per sequence, S >= 2 (a next-token loss needs two).
-    learning_rate: AdamW's, > 0.
+    learning_rate: AdamW's peak rate, > 0.
+
+    These four, `lr_schedule` and `warmup_steps` default to the run's
+    recipe (`recipe`): from scratch, a high constant rate on short rows;
+    from a pretrained start (`init_from_hf`, `init_from`) or with adapters
+    (`lora_rank`), the peers' fine-tuning rates with a warmup and a cosine
+    decay on rows of 1,024 tokens (`linen_moe._src.run.recipes`).
     grad_accum: microbatches per step; divides `batch_size`.
     seed: the initialisation and dropout key, and (`seed + 1`) the data.
     mesh: e.g. "data=2,expert=4" (`linen_moe.sharding.make_mesh`); None for
       one device (or "data=<device count>" over several processes).
     max_consecutive_skips: stop after this many skipped steps in a row.
-    progress: show a progress bar (process 0 only).
+    progress: show a progress bar (process 0 only, and only on a
+      terminal); without one, a line every `log_every` steps.
+    log_every: N >= 1: without a progress bar, a line every N steps (and
+      the first and the last).
     checkpoint_dir: save here and resume from the latest checkpoint.
     save_every: save every N steps (default: only the last); needs
       `checkpoint_dir`.
@@ -101,6 +122,11 @@ class RunOptions:
       (`linen_moe.hf.load_checkpoint`): its config.json is the model
       (`config` is not read), `overrides` may change only the run fields
       and `param_dtype`; a checkpoint in `checkpoint_dir` resumes instead.
+    init_from: another run's checkpoint directory to start a NEW run from:
+      its latest checkpoint's model (config, parameters, fp8 and routing
+      state), with a fresh optimizer, step 0 and this run's settings
+      (`overrides` as for `init_from_hf`). To continue a run exactly,
+      resume it (`checkpoint_dir`) instead.
     lr_schedule: "constant", "cosine" or "linear"
       (`linen_moe.training.learning_rate_schedule`); "cosine" and "linear"
       decay over `steps` (those of the run that began the schedule).
@@ -123,19 +149,25 @@ class RunOptions:
     frozen_base_serving: QLoRA: the frozen base's expert kernels stored
       in the `--quantization` mode's type (int8 / fp8), the serving
       weights (`serving=True`).
+    step_timeout: seconds a phase of a step (data, step, evaluation, stop
+      agreement, save) may take before the run dumps every thread's stack
+      and exits with status 75 (sysexits.h's `EX_TEMPFAIL`); 0: off;
+      None: off on a CPU, on an accelerator 20 x the median step time (of
+      the 5 steps after the first), at least 300 s.
   """
 
   config: str = "tiny_mixtral"
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  steps: int = 200
-  batch_size: int = 16
-  seq_len: int = 32
-  learning_rate: float = 1e-2
+  steps: int | None = None
+  batch_size: int | None = None
+  seq_len: int | None = None
+  learning_rate: float | None = None
   grad_accum: int = 1
   seed: int = 0
   mesh: str | None = None
   max_consecutive_skips: int = 10
   progress: bool = True
+  log_every: int = 10
   checkpoint_dir: str | None = None
   save_every: int | None = None
   keep: int = 3
@@ -151,8 +183,9 @@ class RunOptions:
   eval_batches: int = 4
   eval_fraction: float = 0.1
   init_from_hf: str | None = None
-  lr_schedule: str = "constant"
-  warmup_steps: int = 0
+  init_from: str | None = None
+  lr_schedule: str | None = None
+  warmup_steps: int | None = None
   final_lr_ratio: float | None = None
   weight_decay: float = 0.0
   profile_steps: str | None = None
@@ -162,10 +195,12 @@ class RunOptions:
   lora_targets: str | None = None
   lora_dropout: float | None = None
   frozen_base_serving: bool = False
+  step_timeout: float | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "overrides", dict(self.overrides))
     self._check_lora()
+    self._fill_from_recipe()
     check_int("steps", self.steps, 1)
     check_int("batch_size", self.batch_size, 1)
     check_int("seq_len", self.seq_len, 2)
@@ -187,6 +222,7 @@ class RunOptions:
     check_int("seed", self.seed, 0)
     self._check_remat()
     check_int("max_consecutive_skips", self.max_consecutive_skips, 1)
+    check_int("log_every", self.log_every, 1)
     if self.save_every is not None:
       check_int("save_every", self.save_every, 1)
       if self.checkpoint_dir is None:
@@ -213,8 +249,46 @@ class RunOptions:
     self._check_data()
     if self.init_from_hf is not None:
       self._check_init_from_hf()
+    if self.init_from is not None:
+      self._check_init_from()
     self._check_optimizer()
     self._check_observers()
+    timeout = self.step_timeout
+    if timeout is not None and not (
+        _is_number(timeout) and math.isfinite(timeout) and timeout >= 0
+    ):
+      _fail("step_timeout", timeout, "expected seconds >= 0 (0: off)")
+
+  @property
+  def recipe(self) -> recipes.Recipe:
+    """The kind of run whose defaults fill the unset fields: "lora" with
+    adapters, else "fine-tune" from a pretrained start, else "scratch"."""
+    pretrained = self.init_from_hf is not None or self.init_from is not None
+    return recipes.recipe_for(pretrained=pretrained, lora=self.lora_rank > 0)
+
+  @classmethod
+  def default_of(cls, field: str) -> str:
+    """How field `field` defaults, for a flag's help: its value, or each
+    recipe's for a field the recipe fills.
+
+    Args:
+      field: a field name.
+
+    Returns:
+      E.g. "3" or "200 from scratch, 1000 from a pretrained model, 1000 with LoRA".
+    """
+    if field in recipes.FIELDS:
+      return recipes.described(field)
+    return str(cls.__dataclass_fields__[field].default)
+
+  def _fill_from_recipe(self) -> None:
+    """The recipe's value of every recipe field left unset."""
+    recipe = self.recipe
+    for name in recipes.FIELDS[:-1]:
+      if getattr(self, name) is None:
+        object.__setattr__(self, name, getattr(recipe, name))
+    if self.warmup_steps is None and isinstance(self.steps, int):
+      object.__setattr__(self, "warmup_steps", recipe.warmup_steps(self.steps))
 
   def _check_remat(self) -> None:
     """--remat names a policy (checked here too, before jax loads)."""
@@ -394,22 +468,58 @@ class RunOptions:
     chat_template.load_chat_template(where)  # a one-line error naming the file
 
   def _check_init_from_hf(self) -> None:
-    run_fields = ModelConfig.run_fields
-
     where = self.init_from_hf
+    if not os.path.isdir(where):
+      _fail("init_from_hf", where, "it does not exist")
     if not os.path.isfile(os.path.join(where, "config.json")):
       _fail(
           "init_from_hf",
           where,
           "expected a Hugging Face checkpoint directory (with config.json)",
       )
+    self._check_fixed_model("init_from_hf", where)
+
+  def _check_init_from(self) -> None:
+    where = self.init_from
+    if self.init_from_hf is not None:
+      _fail(
+          "init_from", where, "a run starts from one model: drop --init-from-hf"
+      )
+    if not os.path.isdir(where):
+      _fail("init_from", where, "it does not exist")
+    steps = [d for d in os.listdir(where) if d.isdigit()]
+    if not steps:
+      _fail(
+          "init_from",
+          where,
+          "expected a run's checkpoint directory (a `linen-moe train "
+          "--checkpoint-dir`): it holds no checkpoint",
+      )
+    mine = self.checkpoint_dir
+    if (
+        mine is not None
+        and os.path.isdir(mine)
+        and os.path.samefile(where, mine)
+    ):
+      _fail(
+          "init_from",
+          where,
+          "it is this run's --checkpoint-dir: to continue that run, resume"
+          " it (drop --init-from)",
+      )
+    self._check_fixed_model("init_from", where)
+
+  def _check_fixed_model(self, name: str, where: str) -> None:
+    """A pretrained start fixes the model: the overrides may change only
+    the run fields, `param_dtype` and the adapters."""
+    run_fields = ModelConfig.run_fields
     adapters = {"lora_rank", "lora_alpha", "lora_targets", "serving"}
     fixed = sorted(
         set(self.overrides) - run_fields() - {"param_dtype"} - adapters
     )
     if fixed:
       _fail(
-          "init_from_hf",
+          name,
           where,
           f"the checkpoint fixes the model, so {fixed} cannot be overridden "
           f"(only the run fields {sorted(run_fields())} and param_dtype)",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Mapping
+import os
 from typing import Any
 
 from linen_moe._src.config.schedules import DEFAULT_FINAL_LR_RATIO
@@ -93,9 +94,12 @@ def resumed(
         for key, flag in FLAGS.items()
         if saved.get(key) is not None
     )
+    run_dir = os.path.dirname(os.path.normpath(where))
     raise ValueError(
         f"The run in {where} has another optimizer: {'; '.join(diffs)}. "
-        f"Resume with its flags ({same}) or start a new --checkpoint-dir."
+        f"A resume continues a run exactly: resume with its flags ({same}), "
+        "or start a new run from its weights with these settings: "
+        f"--init-from {run_dir} and a new --checkpoint-dir."
     )
   out = {**wanted, "total_steps": saved.get("total_steps")}
   if out["total_steps"] != wanted["total_steps"]:

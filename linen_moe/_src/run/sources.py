@@ -46,13 +46,16 @@ BATCH_FIELDS = ("tokens", "mask", "segment_ids", "positions")
 def tokenizer_path(opts: RunOptions) -> str | None:
   """`--tokenizer`, else the tokenizer.json of the Hugging Face checkpoint
   the run starts from (`--init-from-hf DIR`, where the command has it),
-  else the one the run kept in its `--checkpoint-dir` (a resumed run),
-  else None."""
+  else the one kept by the run it starts from (`--init-from RUN`), else
+  the one the run kept in its `--checkpoint-dir` (a resumed run), else
+  None."""
   if opts.tokenizer is not None:
     return opts.tokenizer
   init_from = getattr(opts, "init_from_hf", None)
   if init_from:
     return tokenization.find_tokenizer(init_from)
+  if getattr(opts, "init_from", None):
+    return tokenizer_files.kept_tokenizer(opts.init_from)
   return tokenizer_files.kept_tokenizer(getattr(opts, "checkpoint_dir", None))
 
 

@@ -56,11 +56,13 @@ def _write_json(path: str, value: Any) -> None:
 
 def generation_config(opts: Any, tokenizer: str | None) -> dict[str, Any]:
   """The generation_config.json of a run: the starting Hugging Face
-  checkpoint's (when it has one), with the end-of-document id the run's
+  checkpoint's or run's (when it has one), with the end-of-document id the run's
   data used (`eod_id`, or its tokenizer's) as `eos_token_id` where that
   says none; {} when neither is known."""
   out: dict[str, Any] = {}
-  start = getattr(opts, "init_from_hf", None)
+  start = getattr(opts, "init_from_hf", None) or getattr(
+      opts, "init_from", None
+  )
   if start is not None:
     path = os.path.join(start, GENERATION_CONFIG)
     if os.path.isfile(path):
