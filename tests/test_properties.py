@@ -189,6 +189,7 @@ def check_weights(test, config, tokens, logit_scale, seed):
   logits = np.asarray(logits, np.float64)
   scores = {
       "topk_then_softmax": logits,
+      "topk_then_sigmoid": logits,  # Llama-4: chosen by logit, then squashed
       "softmax_then_topk": (
           np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
       ),

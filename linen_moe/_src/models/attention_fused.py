@@ -259,7 +259,7 @@ def _build_splash_kernel(
 
   if chunk > 0:  # not re-exported by the package in jax 0.12
     from jax.experimental.pallas.ops.tpu.splash_attention import (
-      splash_attention_mask as masks,  # noqa: PLC0415
+        splash_attention_mask as masks,  # noqa: PLC0415
     )
 
     one = masks.ChunkedCausalMask((s, s), chunk_size=chunk)
