@@ -9,8 +9,8 @@ each once; the product of layouts, front ends, paths and attention
 implementations runs under slow in tests/test_hf.py (`NAMES`).
 """
 
+import importlib.resources
 import json
-import pathlib
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -67,8 +67,9 @@ class ModelConfigTest(absltest.TestCase):
   def test_partial_rotary_is_transformers(self):
     # transformers' `compute_default_rope_parameters` with
     # partial_rotary_factor 0.5 of head_dim 128: base ** (-2i / 64)
+    # The released config.json ships in the package (configs/hf/).
     released = json.loads(
-        (pathlib.Path(__file__).parent.parent / "configs" / "hf" / "glm4_5")
+        (importlib.resources.files("linen_moe.configs") / "hf" / "glm4_5")
         .joinpath("config.json")
         .read_text()
     )
