@@ -9,7 +9,9 @@
 Both work on the visits of `gmm_schedule`: a row tile straddling two groups
 is visited once per group and each visit keeps only its group's rows (a
 select on the rows, only on the tiles that straddle), so a group costs the
-tiles it touches, not whole tiles of padding; tiles past sum(group_sizes)
+tiles it touches, not whole tiles of padding (and of a straddled tile of
+more than 128 rows, only the 128-row sub-blocks holding its rows:
+`sub_block`); tiles past sum(group_sizes)
 are visited by no group (`gmm` writes their zeros without a matmul), and
 visits beyond the schedule's count are not run at all (a dynamic grid). A
 visit without a matmul reads the blocks its predecessor read, so it issues
@@ -104,6 +106,16 @@ def sub_block(tm: int) -> int | None:
   if tm > SUB_BLOCK_ROWS and tm % SUB_BLOCK_ROWS == 0:
     return SUB_BLOCK_ROWS
   return None
+
+
+def _each_sub_block(row0, tm, split, lo, hi, body):
+  """Calls `body(rows)` (a static slice of the tile) for each `split`-row
+  sub-block of the `tm`-row tile starting at row `row0` that holds rows of
+  [lo, hi); the others are not multiplied at all."""
+  for b in range(tm // split):
+    start = row0 + b * split
+    rows = slice(b * split, (b + 1) * split)
+    pl.when((start < hi) & (start + split > lo))(functools.partial(body, rows))
 
 
 def _rows_in(first_row, shape, lo, hi):
@@ -236,13 +248,14 @@ def gmm(
       # accumulator, and `store` keeps none of their rows).
       @pl.when(does & jnp.logical_not(inside))
       def _():
-        for b in range(tm // split):
-          lo, hi = row0 + b * split, row0 + (b + 1) * split
-
-          @pl.when((lo < ends[g]) & (hi > starts[g]))
-          def _(b=b):
-            rows = slice(b * split, (b + 1) * split)
-            accumulate(rows, product(rows))
+        _each_sub_block(
+            row0,
+            tm,
+            split,
+            starts[g],
+            ends[g],
+            lambda rows: accumulate(rows, product(rows)),
+        )
 
         @pl.when(kc == last_c)
         def _():
@@ -402,12 +415,9 @@ def tgmm(
       if split is None:
         accumulate(*masked(slice(None)))
         return
-      for blk in range(tm // split):
-        start = row0 + blk * split
-
-        @pl.when((start < hi) & (start + split > lo))
-        def _(blk=blk):
-          accumulate(*masked(slice(blk * split, (blk + 1) * split)))
+      _each_sub_block(
+          row0, tm, split, lo, hi, lambda rows: accumulate(*masked(rows))
+      )
 
     @pl.when(last)
     def _():
