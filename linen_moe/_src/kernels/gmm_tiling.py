@@ -270,13 +270,13 @@ def lookup(
   (in ratio) to `m`, or None. Where the table has no entry of K x N but one
   of N x K (the transposed problem), that one, turned (`_transposed`)."""
   name = jnp.dtype(dtype).name
+  ours = [
+      e
+      for e in load_table()
+      if (e["chip"], e["dtype"], e["groups"]) == (chip, name, g)
+  ]
   for turn in (lambda e: e, _transposed):
-    same = [
-        turn(e)
-        for e in load_table()
-        if (e["chip"], e["dtype"], e["groups"]) == (chip, name, g)
-        and (turn(e)["k"], turn(e)["n"]) == (k, n)
-    ]
+    same = [t for t in map(turn, ours) if (t["k"], t["n"]) == (k, n)]
     if same:
       return min(same, key=lambda e: abs(math.log(e["m"] / max(m, 1))))
   return None
