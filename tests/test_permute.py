@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe._src.layer import index_ops
 from linen_moe._src.layer import permute
 
 T, K, M = 12, 3, 5
@@ -36,18 +37,23 @@ class PermuteTest(parameterized.TestCase):
 
   # (num_experts, num_local, first): all local; a shard of the experts, as
   # under expert parallelism (other experts' choices contribute nothing).
-  @parameterized.named_parameters(
-      ("all_local", 6, 6, 0),
-      ("shard", 8, 3, 2),
-      ("one_expert_shard", 8, 1, 7),
+  @parameterized.product(
+      (
+          dict(num_experts=6, num_local=6, first=0),  # all local
+          dict(num_experts=8, num_local=3, first=2),  # a shard
+          dict(num_experts=8, num_local=1, first=7),  # one expert: R < A
+      ),
+      method=index_ops.METHODS,
   )
-  def test_round_trip_matches_numpy(self, num_experts, num_local, first):
+  def test_round_trip_matches_numpy(
+      self, num_experts, num_local, first, method
+  ):
     indices, weights = _routing(num_experts)
     x = jax.random.normal(jax.random.key(0), (T, M))
     scale = jnp.arange(1.0, num_local + 1.0)  # expert e's rows times e + 1
 
     def layer(x, weights):
-      plan = permute.sort_plan(indices, num_local, first)
+      plan = permute.sort_plan(indices, num_local, first, scalar_method=method)
       rows = permute.dispatch_rows(x, plan)
       row_scale = jnp.repeat(
           scale, plan.group_sizes, total_repeat_length=rows.shape[0]
@@ -60,10 +66,18 @@ class PermuteTest(parameterized.TestCase):
     )
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
-  @parameterized.named_parameters(
-      ("all_local", 6, 6, 0), ("shard", 8, 3, 2), ("first_shard", 8, 4, 0)
+  @parameterized.product(
+      (
+          dict(num_experts=6, num_local=6, first=0),
+          dict(num_experts=8, num_local=3, first=2),
+          dict(num_experts=8, num_local=4, first=0),
+          dict(num_experts=8, num_local=2, first=6),  # R < A
+      ),
+      method=index_ops.METHODS,
   )
-  def test_gradients_match_plain_indexing(self, num_experts, num_local, first):
+  def test_gradients_match_plain_indexing(
+      self, num_experts, num_local, first, method
+  ):
     """Both custom VJPs against autodiff of the same gathers written plainly."""
     indices, weights = _routing(num_experts, seed=1)
     keys = jax.random.split(jax.random.key(1), 3)
@@ -72,7 +86,7 @@ class PermuteTest(parameterized.TestCase):
     cotangent = jax.random.normal(keys[2], (T, M))
 
     def ours(x, weights):
-      plan = permute.sort_plan(indices, num_local, first)
+      plan = permute.sort_plan(indices, num_local, first, scalar_method=method)
       rows = permute.dispatch_rows(x, plan)
       rows = jnp.tanh(rows * w_rows[: rows.shape[0]])
       return permute.combine_rows(rows, weights, plan)
@@ -82,7 +96,9 @@ class PermuteTest(parameterized.TestCase):
       valid = plan.valid_rows()[:, None]
       rows = jnp.where(valid, x[plan.order // K], 0)
       rows = jnp.tanh(rows * w_rows[: rows.shape[0]])
-      unsorted = rows[plan.position]  # [T*K, M]
+      # Assignments no row holds (other experts') sit past R: weight 0.
+      held = jnp.minimum(plan.position, rows.shape[0] - 1)
+      unsorted = rows[held]  # [T*K, M]
       w = jnp.where(plan.is_local, weights.reshape(-1), 0)
       return jnp.sum((unsorted * w[:, None]).reshape(T, K, M), axis=1)
 

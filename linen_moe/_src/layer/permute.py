@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from linen_moe._src.kernels import accelerator
+from linen_moe._src.layer import index_ops
 
 
 @flax.struct.dataclass
@@ -38,8 +39,9 @@ class SortPlan:
     order: <int32>[R] the assignment in each sorted row; rows at and past
       `sum(group_sizes)` hold other experts' assignments (or repeats), and are
       masked.
-    position: <int32>[A] the sorted row of each assignment; meaningful where
-      `is_local`.
+    position: <int32>[A] the sorted row of each assignment (a permutation
+      of 0 .. A - 1: the rows past R are the assignments no row holds, all
+      of other experts); meaningful where `is_local`.
     is_local: <bool>[A] the assignment's expert is one held here.
     group_sizes: <int32>[E_l] rows per local expert, in expert order.
     choices: k (static).
@@ -47,6 +49,8 @@ class SortPlan:
       valid and no row needs masking.
     row_gather: (static) "xla", or "pallas" for the DMA row gather
       (`accelerator.row_gather`).
+    scalar_method: (static) how vectors of assignments are permuted
+      (`index_ops`): "gather", or "sort" (on a TPU).
   """
 
   order: jax.Array
@@ -56,6 +60,7 @@ class SortPlan:
   choices: int = flax.struct.field(pytree_node=False, default=1)
   all_local: bool = flax.struct.field(pytree_node=False, default=False)
   row_gather: str = flax.struct.field(pytree_node=False, default="xla")
+  scalar_method: str = flax.struct.field(pytree_node=False, default="gather")
 
   @property
   def num_tokens(self) -> int:
@@ -66,6 +71,29 @@ class SortPlan:
     """<bool>[R]: sorted rows that hold a local assignment."""
     return jnp.arange(self.order.shape[0]) < jnp.sum(self.group_sizes)
 
+  def to_sorted(self, values: jax.Array) -> jax.Array:
+    """[A] per assignment -> [R]: row r's assignment's value
+    (`values[order]`)."""
+    if self.scalar_method == "gather":
+      return values[self.order]
+    rows = self.order.shape[0]
+    return index_ops.take_by_inverse(values, self.position)[:rows]
+
+  def from_sorted(self, values: jax.Array) -> jax.Array:
+    """[R] per sorted row -> [A]: each assignment's row's value (0 for the
+    assignments no row holds)."""
+    a, rows = self.position.shape[0], self.order.shape[0]
+    padded = jnp.pad(values, (0, a - rows))
+    if self.scalar_method == "gather":
+      return padded[self.position]
+    # The sort needs the whole order, which `order` is when R = A.
+    whole = (
+        self.order
+        if rows == a
+        else index_ops.invert(self.position, self.scalar_method)
+    )
+    return index_ops.take_by_inverse(padded, whole)
+
 
 def sort_plan(
     indices: jax.Array,
@@ -74,6 +102,7 @@ def sort_plan(
     rows: int | None = None,
     all_local: bool = False,
     implementation: str | None = None,
+    scalar_method: str | None = None,
 ) -> SortPlan:
   """Sorts the assignments `indices` <int>[T, k] by local expert.
 
@@ -84,25 +113,24 @@ def sort_plan(
   pick from (then every one of the T * k sorted rows is valid).
   `implementation` is the layer's `grouped_matmul` setting: it decides how
   the rows are gathered (`accelerator.row_gather`); None for XLA's gather.
+  `scalar_method` says how vectors of assignments are permuted and counted
+  (`index_ops.METHODS`); None: the platform's (`index_ops.platform_method`).
   """
+  if scalar_method is None:
+    scalar_method = index_ops.platform_method()
   t, k = indices.shape
   if rows is None:
     rows = t * min(k, num_local)
   flat = indices.reshape(-1) - first_expert  # [A] local expert ids
   is_local = (flat >= 0) & (flat < num_local)
   key = jnp.where(is_local, flat, num_local)
-  order = jnp.argsort(key, stable=True)[:rows].astype(jnp.int32)  # [R]
-  counts = jnp.bincount(key, length=num_local + 1)
-  position = (
-      jnp.zeros(t * k, jnp.int32)
-      .at[order]
-      .set(jnp.arange(rows, dtype=jnp.int32), unique_indices=True)
-  )
+  whole = index_ops.argsort(key)  # [A]
+  counts = index_ops.counts(key, num_local, scalar_method)
   return SortPlan(
-      order=order,
-      position=position,
+      order=whole[:rows],  # [R]
+      position=index_ops.invert(whole, scalar_method),
       is_local=is_local,
-      group_sizes=counts[:num_local].astype(jnp.int32),
+      group_sizes=counts,
       choices=k,
       all_local=all_local and rows == t * k,
       row_gather=(
@@ -110,6 +138,7 @@ def sort_plan(
           if implementation is None
           else accelerator.row_gather(implementation)
       ),
+      scalar_method=scalar_method,
   )
 
 
@@ -186,13 +215,14 @@ def _combine_bwd(residuals, g):
   # drows[r] = w(a) * g[token(a)] for a = order[r]; rows holding no local
   # assignment (every row past sum(group_sizes): the sort puts the other
   # experts' assignments last) get w = 0.
-  w = jnp.where(plan.is_local, weights.reshape(-1), 0)[a].astype(g.dtype)
+  w = plan.to_sorted(jnp.where(plan.is_local, weights.reshape(-1), 0))
+  w = w.astype(g.dtype)
   drows = g_sorted * w[:, None]
   # dweights(a) = <g[token(a)], rows[position(a)]>, summed in sorted order.
   per_row = jnp.sum(
       g_sorted.astype(jnp.float32) * rows.astype(jnp.float32), axis=1
   )  # [R]
-  dweights = jnp.where(plan.is_local, per_row[plan.position], 0)
+  dweights = jnp.where(plan.is_local, plan.from_sorted(per_row), 0)
   return (
       drows.astype(rows.dtype),
       dweights.reshape(weights.shape).astype(weights.dtype),

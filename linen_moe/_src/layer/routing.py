@@ -21,6 +21,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src.layer import index_ops
+
 
 @flax.struct.dataclass
 class RouterResult:
@@ -150,7 +152,8 @@ def route(
   if selection_bias is not None:
     biased = scores + selection_bias.astype(jnp.float32)
   indices = select_experts(biased, k, n_groups, topk_groups)
-  chosen = jnp.take_along_axis(scores, indices, axis=-1)  # [T, k], unbiased
+  # [T, k], unbiased
+  chosen = index_ops.pick(scores, indices, index_ops.platform_method())
   if routing == "topk_then_softmax":
     weights = jax.nn.softmax(chosen, axis=-1)
   elif routing == "topk_then_sigmoid":
@@ -196,8 +199,9 @@ def expert_assignment_fraction(
   Returns:
     <float32>[E], summing to 1.
   """
-  counts = jnp.zeros((num_experts,), jnp.float32).at[indices.reshape(-1)].add(1)
-  return counts / indices.size
+  method = index_ops.platform_method()
+  counts = index_ops.counts(indices, num_experts, method)
+  return counts.astype(jnp.float32) / indices.size
 
 
 def load_balance_loss(router: RouterResult, num_experts: int) -> jax.Array:
