@@ -9,8 +9,9 @@ other half):
 
   sweep   each op of the Pallas kernels (forward `gmm`, input gradient
           `gmm_t`, weight gradient `tgmm`) alone, for the tiles
-          `gmm_tiling.sweep_candidates` lists (equal layout); the fastest
-          per op becomes the shape's tiles.
+          `gmm_tiling.sweep_candidates` lists, on each layout of
+          --sweep-layouts (default equal); the least total time per op
+          becomes the shape's tiles.
   compare out, dlhs and drhs of a random cotangent, medians of --repeats
           rounds that alternate the implementations call by call:
             dense       `jnp.dot` [M, K] x [K, N] (no groups)
@@ -164,14 +165,30 @@ def _op_call(op, tiles, limit, interpret):
 
 
 def sweep(shape, operands, chip, args) -> tuple[dict, list]:
-  """({op: fastest tiles}, records) of each op's sweep candidates."""
+  """({op: fastest tiles}, records) of each op's sweep candidates, each
+  timed on every layout of `args.sweep_layouts` (the fastest: the least
+  sum over them)."""
   m, k, n, g = shape
-  lhs, rhs, sizes, dout = operands
-  op_args = {"gmm": (lhs, rhs, sizes), "gmm_t": (dout, rhs, sizes)}
-  op_args["tgmm"] = (lhs, dout, sizes)
+  lhs, rhs, dout = operands
+  layouts = {
+      layout: jnp.asarray(group_sizes(m, g, layout))
+      for layout in args.sweep_layouts
+  }
+
+  def op_args(op, sizes):
+    return {
+        "gmm": (lhs, rhs, sizes),
+        "gmm_t": (dout, rhs, sizes),
+        "tgmm": (lhs, dout, sizes),
+    }[op]
+
+  first = layouts[args.sweep_layouts[0]]
   limit = int(0.85 * gmm_tiling.CHIPS[chip].vmem_bytes)
   jobs = {
-      (op, tiles): (_op_call(op, tiles, limit, args.interpret), op_args[op])
+      (op, tiles): (
+          _op_call(op, tiles, limit, args.interpret),
+          op_args(op, first),
+      )
       for op in gmm_tiling.OPS
       for tiles in gmm_tiling.sweep_candidates(
           op, m, k, n, g, BF16, chip, args.top
@@ -186,14 +203,23 @@ def sweep(shape, operands, chip, args) -> tuple[dict, list]:
       records.append({"op": op, "tiles": tiles, "error": str(call)[:300]})
       print(f"  {op} {tiles}: {type(call).__name__}", flush=True)
       continue
-    seconds = alternating_medians(
-        {"x": call}, {"x": op_args[op]}, args.repeats
-    )["x"]
+    each = {
+        layout: alternating_medians(
+            {"x": call}, {"x": op_args(op, sizes)}, args.repeats
+        )["x"]
+        for layout, sizes in layouts.items()
+    }
+    seconds = sum(each.values())
     timed[op, tiles] = seconds
-    records.append({"op": op, "tiles": tiles, "ms": seconds * 1e3})
-    tflops = 2 * m * k * n / seconds / 1e12
+    ms = {layout: round(s * 1e3, 4) for layout, s in each.items()}
+    records.append({"op": op, "tiles": tiles, "ms": seconds * 1e3, **ms})
     print(
-        f"  {op} {tiles}: {seconds * 1e3:.3f} ms, {tflops:.1f} TFLOP/s",
+        f"  {op} {tiles}: "
+        + ", ".join(
+            f"{layout} {s * 1e3:.3f} ms ({2 * m * k * n / s / 1e12:.1f}"
+            " TFLOP/s)"
+            for layout, s in each.items()
+        ),
         flush=True,
     )
   for op in gmm_tiling.OPS:
@@ -214,9 +240,7 @@ def bench_shape(spec: str, chip: str, args) -> dict:
   tiling = gmm_tiling.choose_tiling(m, k, n, g, BF16, chip)
   sweep_records = []
   if args.top > 0:
-    best, sweep_records = sweep(
-        (m, k, n, g), (lhs, rhs, equal, dout), chip, args
-    )
+    best, sweep_records = sweep((m, k, n, g), (lhs, rhs, dout), chip, args)
     fit = {op: best.get(op, getattr(tiling, op)) for op in gmm_tiling.OPS}
     limit = int(0.85 * gmm_tiling.CHIPS[chip].vmem_bytes)
     tiling = gmm_tiling.GmmTiling(**fit, vmem_limit_bytes=limit, source="sweep")
@@ -369,6 +393,13 @@ def main(argv=None) -> int:
       type=float,
       default=240,
       help="after this many seconds, later shapes skip the sweep",
+  )
+  parser.add_argument(
+      "--sweep-layouts",
+      nargs="+",
+      default=["equal"],
+      choices=["equal", "skewed"],
+      help="group layouts each sweep candidate is timed on (summed)",
   )
   parser.add_argument("--out", default=".", help="where to write the JSON")
   parser.add_argument("--chip", help="the table's chip (default: this one's)")

@@ -37,10 +37,19 @@ class TinyRunTest(absltest.TestCase):
           "1",
           "--chip",
           "v5e",
+          "--sweep-layouts",
+          "equal",
+          "skewed",
           "--out",
           out,
       ])
       table = json.loads(pathlib.Path(out, "gmm_tiles.json").read_text())
+      (result,) = json.loads(pathlib.Path(out, "bench_gmm.json").read_text())
+    # Each sweep candidate timed on both layouts, its total their sum.
+    for record in result["sweep"]:
+      self.assertAlmostEqual(
+          record["ms"], record["equal"] + record["skewed"], places=3
+      )
     (entry,) = [e for e in table["entries"] if e["m"] == 128]
     self.assertEqual(
         (entry["chip"], entry["k"], entry["n"], entry["groups"]),
