@@ -81,6 +81,48 @@ class GatherRowsTest(parameterized.TestCase):
       pallas_gather.gather_rows(table.astype(jnp.int8), index)
 
 
+class GatherScaleDotTest(parameterized.TestCase):
+
+  # (dtype, table rows, width, gathered rows, block rows): a partial last
+  # block, repeated indices, one block.
+  @parameterized.parameters(
+      (jnp.float32, 30, 128, 100, 32),
+      (jnp.bfloat16, 30, 256, 70, 64),
+      (jnp.bfloat16, 5, 128, 8, 32),
+  )
+  def test_equals_the_numpy_loop(self, dtype, n, m, r, block):
+    rng = np.random.default_rng(n + r)
+    table = jnp.asarray(rng.normal(size=(n, m)), dtype)
+    other = jnp.asarray(rng.normal(size=(r, m)), dtype)
+    scale = jnp.asarray(rng.uniform(-1, 1, r), dtype)
+    index = rng.integers(0, n, r)
+    scaled, dot = pallas_gather.gather_scale_dot(
+        table,
+        jnp.asarray(index, jnp.int32),
+        scale,
+        other,
+        block_rows=block,
+        interpret=True,
+    )
+    t, o, s = (np.asarray(a, np.float64) for a in (table, other, scale))
+    want_scaled = np.stack([t[index[i]] * s[i] for i in range(r)])
+    want_dot = np.array([t[index[i]] @ o[i] for i in range(r)])
+    self.assertEqual((scaled.dtype, dot.dtype), (table.dtype, jnp.float32))
+    # Products of the rounded inputs, in float32 (then rounded to bf16).
+    tol = 1e-6 if dtype == jnp.float32 else 8e-3
+    np.testing.assert_allclose(
+        np.asarray(scaled, np.float64), want_scaled, rtol=tol, atol=tol
+    )
+    np.testing.assert_allclose(dot, want_dot, rtol=1e-5, atol=1e-4)
+
+  def test_bad_shapes_name_themselves(self):
+    table, index = jnp.zeros((4, 128)), jnp.zeros(8, jnp.int32)
+    with self.assertRaisesRegex(ValueError, r"scale \[8\] and other"):
+      pallas_gather.gather_scale_dot(
+          table, index, jnp.zeros(7), jnp.zeros((8, 128)), interpret=True
+      )
+
+
 class PermuteWithKernelTest(parameterized.TestCase):
   """`dispatch_rows` / `combine_rows` forward and gradients: the same bits
   with the row gather on the kernel as with XLA's."""
@@ -120,11 +162,19 @@ class PermuteWithKernelTest(parameterized.TestCase):
 
   def test_sparse_layer_reaches_the_kernel(self):
     # test_gmm_tiling's LayerWithPallasTest checks this layer's numbers.
-    with mock.patch.object(
-        pallas_gather, "gather_rows", wraps=pallas_gather.gather_rows
-    ) as called:
+    with (
+        mock.patch.object(
+            pallas_gather, "gather_rows", wraps=pallas_gather.gather_rows
+        ) as called,
+        mock.patch.object(
+            pallas_gather,
+            "gather_scale_dot",
+            wraps=pallas_gather.gather_scale_dot,
+        ) as backward,
+    ):
       test_kernels._layer_step("none", "kernel", "pallas")
-    self.assertGreaterEqual(called.call_count, 2)  # dispatch, combine's bwd
+    self.assertGreaterEqual(called.call_count, 1)  # the dispatch
+    self.assertEqual(backward.call_count, 1)  # the combine's backward
 
   def test_xla_outside_the_kernels(self):
     self.assertEqual(accelerator.row_gather("kernel"), "xla")  # plain CPU

@@ -1,6 +1,7 @@
 """Compiles the DMA row gather for a TPU through libtpu, without the TPU:
 `pallas_gather.gather_rows` at the sparse path's real sizes (a [32768,
 2048] bf16 table, 262,144 rows; float32 in both DMA forms), then a
+the combine backward's gather, scale and dot (`gather_scale_dot`), then a
 Qwen3-30B-A3B-dims MoE layer's forward + backward ([8, 4096, 2048] bf16,
 `grouped_matmul="kernel"`), whose program must hold the gather kernel
 (its dispatch, the dispatch again in the rematerialized backward, the
@@ -89,6 +90,17 @@ def main(argv=None) -> int:
 
     name = f"gather_rows {jnp.dtype(dtype).name} {via} {block}"
     _record(records, name, gather)
+
+  def scale_dot():
+    pallas_gather.gather_scale_dot.lower(
+        arg(TOKENS, WIDTH),
+        arg(TOKENS * CHOICES, dtype=jnp.int32),
+        arg(TOKENS * CHOICES),
+        arg(TOKENS * CHOICES, WIDTH),
+    ).compile()
+    return {}
+
+  _record(records, "gather_scale_dot bfloat16 vmem 256", scale_dot)
 
   def layer():
     cfg = load_moe_config(

@@ -329,6 +329,17 @@ def gather_rows(table, index, valid=None) -> jax.Array:
   return pallas_gather.gather_rows(table, index, valid, interpret=interpret)
 
 
+def gather_scale_dot(table, index, scale, other) -> tuple[jax.Array, jax.Array]:
+  """`pallas_gather.gather_scale_dot` for where it is traced (interpreted
+  on a CPU)."""
+  from linen_moe._src.kernels import pallas_gather
+
+  interpret = target_platform() == "cpu"
+  return pallas_gather.gather_scale_dot(
+      table, index, scale, other, interpret=interpret
+  )
+
+
 def auto_on_tpu(shape: tuple[int, ...] | None, dtypes: tuple[Any, ...]) -> str:
   """What `grouped_matmul="auto"` runs on a TPU for lhs [M, K] x [G, K, N]
   (`shape` = (M, K, N, G), or None when unknown): "kernel" where the tile

@@ -59,11 +59,27 @@ def _unpack_halves(words: jax.Array, dtype) -> jax.Array:
 
 
 def _vmem_kernel(
-    valid_ref, idx_ref, next_idx_ref, table, out, buf, sem, *, tm, unroll
+    valid_ref,
+    idx_ref,
+    next_idx_ref,
+    table,
+    *refs,
+    tm,
+    unroll,
+    num_inputs,
+    store,
 ):
   """Grid step i: rows of block i + 1 start into the free slot, block i's
-  are waited for and stored to the output block (unpacked, and masked
-  where the block straddles `valid`); Pallas writes that block back."""
+  are waited for and handed to `store` (unpacked, and zeroed past `valid`
+  where the block straddles it); Pallas writes its output blocks back.
+
+  `refs` are `num_inputs` more input blocks, the output blocks, then the
+  scratch (the row buffer, its semaphores). `store(rows, inputs, outputs)`
+  writes block i's outputs from its rows <[tm, M]>; `store(None, inputs,
+  outputs)` a block wholly past `valid`.
+  """
+  inputs, outputs = refs[:num_inputs], refs[num_inputs:-2]
+  buf, sem = refs[-2:]
   i = pl.program_id(0)
   valid = valid_ref[0]
   slot = i % 2
@@ -86,10 +102,11 @@ def _vmem_kernel(
     start_rows(i + 1, 1 - slot, next_idx_ref)
 
   base = i * tm
+  dtype = outputs[0].dtype
 
   def rows():
     got = buf[slot]
-    return got if got.dtype == out.dtype else _unpack_halves(got, out.dtype)
+    return got if got.dtype == dtype else _unpack_halves(got, dtype)
 
   @pl.when(base < valid)
   def _():
@@ -97,16 +114,39 @@ def _vmem_kernel(
 
     @pl.when(base + tm <= valid)
     def _():
-      out[...] = rows()
+      store(rows(), inputs, outputs)
 
     @pl.when(base + tm > valid)
     def _():
       row = base + lax.broadcasted_iota(jnp.int32, (tm, 1), 0)
-      out[...] = jnp.where(row < valid, rows(), 0).astype(out.dtype)
+      store(jnp.where(row < valid, rows(), 0).astype(dtype), inputs, outputs)
 
   @pl.when(base >= valid)
   def _():
+    store(None, inputs, outputs)
+
+
+def _store_rows(rows, inputs, outputs):
+  """The plain gather: the rows themselves (zeros past `valid`)."""
+  del inputs
+  (out,) = outputs
+  out[...] = jnp.zeros(out.shape, out.dtype) if rows is None else rows
+
+
+def _store_scaled_and_dot(rows, inputs, outputs):
+  """`gather_scale_dot`: each row times its scale, and its dot product with
+  the other operand's row, in float32."""
+  scale, other = inputs
+  out, dot = outputs
+  if rows is None:
     out[...] = jnp.zeros(out.shape, out.dtype)
+    dot[...] = jnp.zeros(dot.shape, dot.dtype)
+    return
+  rows = rows.astype(jnp.float32)
+  out[...] = (rows * scale[...].astype(jnp.float32)).astype(out.dtype)
+  dot[...] = jnp.sum(
+      rows * other[...].astype(jnp.float32), axis=1, keepdims=True
+  )
 
 
 def _hbm_kernel(
@@ -190,13 +230,75 @@ def gather_rows(
   Returns:
     [R, M] in `table`'s dtype.
   """
-  if table.ndim != 2 or index.ndim != 1:
-    raise ValueError(
-        f"gather_rows takes table [N, M] and index [R]; got {table.shape} "
-        f"and {index.shape}."
-    )
   if via not in VIAS:
     raise ValueError(f"via must be one of {VIAS}; got {via!r}.")
+  rows, width = index.shape[0], table.shape[1]
+  itemsize = jnp.dtype(table.dtype).itemsize
+  tm, idx = _blocks(table, index, block_rows, "gather_rows")
+  if rows == 0:
+    return jnp.zeros((0, width), table.dtype)
+  num_blocks = idx.shape[0]
+  valid = rows if valid is None else valid
+  valid = jnp.minimum(jnp.asarray(valid, jnp.int32), rows).reshape(1)
+  smem_block = lambda f: pl.BlockSpec(  # noqa: E731
+      (None, 1, tm), f, memory_space=pltpu.SMEM
+  )
+  any_space = pl.BlockSpec(memory_space=pl.ANY)
+  if via == "vmem":
+    return _vmem_call(
+        table,
+        idx,
+        valid,
+        (),
+        (),
+        [(width, table.dtype)],
+        _store_rows,
+        tm=tm,
+        rows=rows,
+        unroll=min(unroll, tm),
+        interpret=interpret,
+    )[0]
+  if itemsize != 4:
+    raise ValueError(
+        f'via="hbm" copies 32-bit rows only; got {table.dtype} (Mosaic '
+        "refuses a single-row slice of a 16-bit array)."
+    )
+  kernel = functools.partial(
+      _hbm_kernel, tm=tm, rows=rows, unroll=min(unroll, tm)
+  )
+  scratch = [
+      pltpu.VMEM((tm, width), table.dtype),
+      pltpu.SemaphoreType.DMA((2,)),
+  ]
+  moved = rows * width * itemsize
+  return pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((rows, width), table.dtype),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=1,
+          grid=(num_blocks,),
+          in_specs=[smem_block(lambda i, v: (i, 0, 0)), any_space],
+          out_specs=any_space,
+          scratch_shapes=scratch,
+      ),
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+      interpret=interpret,
+      cost_estimate=pl.CostEstimate(
+          flops=0, transcendentals=0, bytes_accessed=2 * moved + 4 * rows
+      ),
+      name="linen_moe_gather_hbm",
+  )(valid, idx, table)
+
+
+def _blocks(table, index, block_rows, name) -> tuple[int, jax.Array]:
+  """(rows per block tm, <int32>[blocks, 1, tm] `index` padded) of a
+  gather, after checking `table` [N, M], `index` [R] and `block_rows`
+  (`name` the caller's, for the errors)."""
+  if table.ndim != 2 or index.ndim != 1:
+    raise ValueError(
+        f"{name} takes table [N, M] and index [R]; got {table.shape} "
+        f"and {index.shape}."
+    )
   if block_rows <= 0 or block_rows % 32:
     raise ValueError(
         f"block_rows must be a positive multiple of 32; got {block_rows}."
@@ -205,65 +307,135 @@ def gather_rows(
   itemsize = jnp.dtype(table.dtype).itemsize
   if itemsize not in (2, 4) or (itemsize == 2 and width % 2):
     raise ValueError(
-        "gather_rows takes 32-bit tables, or 16-bit ones of an even width; "
+        f"{name} takes 32-bit tables, or 16-bit ones of an even width; "
         f"got {table.dtype} [{table.shape[0]}, {width}]."
     )
-  if rows == 0:
-    return jnp.zeros((0, width), table.dtype)
-  tm = min(block_rows, -(-rows // 32) * 32)
+  tm = min(block_rows, max(-(-rows // 32) * 32, 32))
   num_blocks = -(-rows // tm)
   idx = jnp.pad(index.astype(jnp.int32), (0, num_blocks * tm - rows))
-  idx = idx.reshape(num_blocks, 1, tm)  # an SMEM block is whole in 2 dims
-  valid = rows if valid is None else valid
-  valid = jnp.minimum(jnp.asarray(valid, jnp.int32), rows).reshape(1)
+  return tm, idx.reshape(num_blocks, 1, tm)  # SMEM blocks: whole in 2 dims
+
+
+def _vmem_call(
+    table,
+    idx,
+    valid,
+    inputs,
+    input_widths,
+    outputs,
+    store,
+    *,
+    tm,
+    rows,
+    unroll,
+    interpret,
+    name="linen_moe_gather_vmem",
+):
+  """The "vmem" form's `pallas_call`: rows of `table` by `idx` <[blocks,
+  1, tm]> into VMEM, handed to `store` with each grid step's blocks of
+  `inputs` ([R, w] arrays, w from `input_widths`) and of the outputs
+  (`outputs`: (width, dtype) of each [R, width] result). Returns the
+  outputs."""
+  num_blocks = idx.shape[0]
   smem_block = lambda f: pl.BlockSpec(  # noqa: E731
       (None, 1, tm), f, memory_space=pltpu.SMEM
   )
-  any_space = pl.BlockSpec(memory_space=pl.ANY)
-  kw = dict(tm=tm, rows=rows, unroll=min(unroll, tm))
-  if via == "vmem":
-    kernel = functools.partial(_vmem_kernel, tm=tm, unroll=kw["unroll"])
-    in_specs = [
-        smem_block(lambda i, v: (i, 0, 0)),
-        smem_block(lambda i, v: (jnp.minimum(i + 1, num_blocks - 1), 0, 0)),
-        any_space,
-    ]
-    packed = _pack_halves(table) if itemsize == 2 else table
-    operands = (idx, idx, packed)
-    out_spec = pl.BlockSpec((tm, width), lambda i, v: (i, 0))
-    scratch = [
-        pltpu.VMEM((2, tm, packed.shape[1]), packed.dtype),
-        pltpu.SemaphoreType.DMA((2,)),
-    ]
-  else:
-    if itemsize != 4:
-      raise ValueError(
-          f'via="hbm" copies 32-bit rows only; got {table.dtype} (Mosaic '
-          "refuses a single-row slice of a 16-bit array)."
-      )
-    out_spec = any_space
-    kernel = functools.partial(_hbm_kernel, **kw)
-    in_specs = [smem_block(lambda i, v: (i, 0, 0)), any_space]
-    operands = (idx, table)
-    scratch = [
-        pltpu.VMEM((tm, width), table.dtype),
-        pltpu.SemaphoreType.DMA((2,)),
-    ]
-  moved = rows * width * itemsize
+  row_block = lambda w: pl.BlockSpec((tm, w), lambda i, v: (i, 0))  # noqa: E731
+  packed = _pack_halves(table) if table.dtype.itemsize == 2 else table
+  kernel = functools.partial(
+      _vmem_kernel,
+      tm=tm,
+      unroll=unroll,
+      num_inputs=len(inputs),
+      store=store,
+  )
+  moved = rows * table.shape[1] * table.dtype.itemsize
+  moved += sum(x.size * x.dtype.itemsize for x in inputs)
+  moved += sum(rows * w * jnp.dtype(d).itemsize for w, d in outputs)
   return pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((rows, width), table.dtype),
+      out_shape=[jax.ShapeDtypeStruct((rows, w), d) for w, d in outputs],
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=1,
           grid=(num_blocks,),
-          in_specs=in_specs,
-          out_specs=out_spec,
-          scratch_shapes=scratch,
+          in_specs=[
+              smem_block(lambda i, v: (i, 0, 0)),
+              smem_block(
+                  lambda i, v: (jnp.minimum(i + 1, num_blocks - 1), 0, 0)
+              ),
+              pl.BlockSpec(memory_space=pl.ANY),
+              *[row_block(w) for w in input_widths],
+          ],
+          out_specs=[row_block(w) for w, _ in outputs],
+          scratch_shapes=[
+              pltpu.VMEM((2, tm, packed.shape[1]), packed.dtype),
+              pltpu.SemaphoreType.DMA((2,)),
+          ],
       ),
       compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
       interpret=interpret,
       cost_estimate=pl.CostEstimate(
-          flops=0, transcendentals=0, bytes_accessed=2 * moved + 4 * rows
+          flops=0, transcendentals=0, bytes_accessed=moved + 4 * rows
       ),
-      name=f"linen_moe_gather_{via}",
-  )(valid, *operands)
+      name=name,
+  )(valid, idx, idx, packed, *inputs)
+
+
+@functools.partial(jax.jit, static_argnames=("block_rows", "interpret"))
+def gather_scale_dot(
+    table: jax.Array,
+    index: jax.Array,
+    scale: jax.Array,
+    other: jax.Array,
+    *,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+  """Gathered rows scaled, and their dot products with other rows, in one
+  pass: with g = table[index] <[R, M]>,
+
+    scaled[r] = g[r] * scale[r]           (in float32, then table's dtype)
+    dot[r] = sum_m g[r, m] * other[r, m]  (float32)
+
+  The sparse path's combine backward (`layer/permute.py`): table the
+  output's cotangent [T, M], scale the combine weight of each sorted row,
+  other the expert outputs [R, M]; the gathered [R, M] rows never go to
+  HBM.
+
+  Args:
+    table: [N, M], a 16-bit float or float32.
+    index: <int>[R], rows of `table`.
+    scale: [R], any float dtype (taken as float32).
+    other: [R, M].
+    block_rows: rows per grid step (a multiple of 32).
+    interpret: run the Pallas interpreter (on a CPU).
+
+  Returns:
+    (scaled [R, M] in `table`'s dtype, dot <float32>[R]).
+  """
+  rows, width = index.shape[0], table.shape[-1]
+  if scale.shape != (rows,) or other.shape != (rows, width):
+    raise ValueError(
+        f"gather_scale_dot takes scale [{rows}] and other [{rows}, {width}]"
+        f" for index [{rows}] and table [N, {width}]; got {scale.shape} and"
+        f" {other.shape}."
+    )
+  tm, idx = _blocks(table, index, block_rows, "gather_scale_dot")
+  if rows == 0:
+    return jnp.zeros((0, width), table.dtype), jnp.zeros((0,), jnp.float32)
+  valid = jnp.full((1,), rows, jnp.int32)
+  scaled, dot = _vmem_call(
+      table,
+      idx,
+      valid,
+      (scale.astype(jnp.float32).reshape(rows, 1), other),
+      (1, width),
+      [(width, table.dtype), (1, jnp.float32)],
+      _store_scaled_and_dot,
+      tm=tm,
+      rows=rows,
+      unroll=min(8, tm),
+      interpret=interpret,
+      name="linen_moe_gather_scale_dot",
+  )
+  return scaled, dot.reshape(rows)

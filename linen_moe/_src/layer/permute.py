@@ -17,8 +17,11 @@ is zero-initialised or scattered.
 Where the layer runs kernels on a TPU (`grouped_matmul` "kernel" or "auto":
 `SortPlan.row_gather` is "pallas"), the [R, M] row gathers (the dispatch,
 and the combine's backward) move rows by DMA (`kernels/pallas_gather.py`):
-XLA's TPU gather reaches ~0.3 of a v5e's HBM roofline there. Same numbers:
-a gather copies bits.
+XLA's TPU gather reaches ~0.3 of a v5e's HBM roofline there; the
+combine's backward also weights the gathered rows and takes their dot
+products with the expert outputs in the same kernel
+(`pallas_gather.gather_scale_dot`). Same numbers: a gather copies bits,
+and the products are the same float32 products.
 """
 
 from __future__ import annotations
@@ -207,21 +210,21 @@ def _combine_fwd(rows, weights, plan):
 
 def _combine_bwd(residuals, g):
   rows, weights, plan = residuals
-  a = plan.order  # [R]
-  if plan.row_gather == "pallas":
-    g_sorted = accelerator.gather_rows(g, a // plan.choices)
-  else:
-    g_sorted = g[a // plan.choices]  # [R, M]: each row's token cotangent
+  tokens = plan.order // plan.choices  # [R]: each row's token
   # drows[r] = w(a) * g[token(a)] for a = order[r]; rows holding no local
   # assignment (every row past sum(group_sizes): the sort puts the other
   # experts' assignments last) get w = 0.
   w = plan.to_sorted(jnp.where(plan.is_local, weights.reshape(-1), 0))
   w = w.astype(g.dtype)
-  drows = g_sorted * w[:, None]
   # dweights(a) = <g[token(a)], rows[position(a)]>, summed in sorted order.
-  per_row = jnp.sum(
-      g_sorted.astype(jnp.float32) * rows.astype(jnp.float32), axis=1
-  )  # [R]
+  if plan.row_gather == "pallas":  # g's rows never land in HBM
+    drows, per_row = accelerator.gather_scale_dot(g, tokens, w, rows)
+  else:
+    g_sorted = g[tokens]  # [R, M]: each row's token cotangent
+    drows = g_sorted * w[:, None]
+    per_row = jnp.sum(
+        g_sorted.astype(jnp.float32) * rows.astype(jnp.float32), axis=1
+    )  # [R]
   dweights = jnp.where(plan.is_local, plan.from_sorted(per_row), 0)
   return (
       drows.astype(rows.dtype),
