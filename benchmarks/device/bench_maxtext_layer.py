@@ -52,6 +52,7 @@ import argparse
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import importlib.metadata
 import json
 import os
@@ -62,6 +63,7 @@ import types
 import bench_gmm
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import linen_moe
 
@@ -167,9 +169,16 @@ def our_layer(shape: Shape, impl: str, rows_once: bool = False):
   return linen_moe.RoutedMoE(cfg, remat_rows=not rows_once)
 
 
-def operands(shape: Shape) -> dict:
+def operands(shape: Shape, sharding=None) -> dict:
   """{"params": the layer's weights (ours initialised them; MaxText's get
-  the same), "dense": the dense MLP's, "x": [B, S, M], "cot": [B, S, M]}."""
+  the same), "dense": the dense MLP's, "x": [B, S, M], "cot": [B, S, M]};
+  with a `sharding`, their `jax.ShapeDtypeStruct`s placed by it (to
+  compile for a target without running)."""
+  if sharding is not None:
+    return jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
+        jax.eval_shape(lambda: operands(shape)),
+    )
   kx, kc, kd = jax.random.split(jax.random.key(0), 3)
   x = jax.random.normal(kx, (shape.batch, shape.seq, shape.emb), BF16)
   cot = jax.random.normal(kc, x.shape, BF16)
@@ -272,9 +281,10 @@ def import_maxtext() -> types.SimpleNamespace:
   )
 
 
-def maxtext_config(mt, shape: Shape, path: str):
-  """MaxText's config of the layer: base.yml, then the shape, bf16, its
-  router in float32 and `path`'s grouped matmul."""
+def maxtext_config(mt, shape: Shape, path: str, platform: str):
+  """MaxText's config of the layer on `platform` ("tpu", "cpu"): base.yml,
+  then the shape, bf16, its router in float32 and `path`'s grouped
+  matmul."""
   if shape.routing == "topk_then_softmax":
     routing = {"decoder_block": "mixtral"}
   elif shape.routing == "softmax_then_topk":
@@ -287,7 +297,7 @@ def maxtext_config(mt, shape: Shape, path: str):
       enable_checkpointing=False,
       skip_jax_distributed_system=True,
       log_config=False,
-      hardware="tpu" if jax.default_backend() == "tpu" else "cpu",
+      hardware="tpu" if platform == "tpu" else "cpu",
       num_experts=shape.experts,
       num_experts_per_tok=shape.top_k,
       base_emb_dim=shape.emb,
@@ -312,13 +322,22 @@ def _maxtext_context(mt, cfg, mesh):
     yield
 
 
-def maxtext_step(mt, shape: Shape, path: str):
-  """(jitted step over our weight layout, the context to trace it in)."""
-  cfg = maxtext_config(mt, shape, path)
-  mesh = jax.sharding.Mesh(
-      mt.maxtext_utils.create_device_mesh(cfg), cfg.mesh_axes
-  )
-  with _maxtext_context(mt, cfg, mesh):
+def maxtext_step(mt, shape: Shape, path: str, device=None):
+  """(jitted step over our weight layout, the context to trace it in); on
+  `device` (one of a target's, to compile for) or else MaxText's mesh of
+  this process's devices."""
+  platform = jax.default_backend() if device is None else device.platform
+  cfg = maxtext_config(mt, shape, path, platform)
+  if device is None:
+    devices = mt.maxtext_utils.create_device_mesh(cfg)
+    building = _maxtext_context(
+        mt, cfg, jax.sharding.Mesh(devices, cfg.mesh_axes)
+    )
+  else:  # its weights built here, not on the target
+    devices = np.array([device]).reshape([1] * len(cfg.mesh_axes))
+    building = mt.partitioning.axis_rules(cfg.logical_axis_rules)
+  mesh = jax.sharding.Mesh(devices, cfg.mesh_axes)
+  with building:
     layer = mt.moe.RoutedMoE(
         config=cfg,
         num_experts=shape.experts,
@@ -352,32 +371,38 @@ def maxtext_step(mt, shape: Shape, path: str):
 # -- timing and comparing ----------------------------------------------------
 
 
-def build(names, shape: Shape, ops: dict, interpret: bool, workers: int):
-  """({variant: compiled step}, {variant: error text}, {variant: args})."""
+def build(names, shape: Shape, ops: dict, args):
+  """({variant: compiled step}, {variant: error text}, {variant: its
+  arguments}); for `args.device`, a target's, when it is set."""
+  interpret, workers, device = args.interpret, args.workers, args.device
+  ours_mesh = contextlib.nullcontext
+  if device is not None:
+    mesh = jax.sharding.Mesh(np.array([device]), ("data",))
+    ours_mesh = functools.partial(jax.set_mesh, mesh)
   mt = None
-  lowered, errors, args = {}, {}, {}
+  lowered, errors, call_args = {}, {}, {}
   for name in names:
     side, impl, rows_once = parse_variant(name)
-    args[name] = (
+    call_args[name] = (
         ops["dense"] if side == "dense" else ops["params"],
         ops["x"],
         ops["cot"],
     )
     try:
       if side == "dense":
-        step, context = dense_step(), contextlib.nullcontext()
+        step, context = dense_step(), ours_mesh()
       elif side == "ours":
         step = our_step(shape, impl, rows_once)
-        context = contextlib.nullcontext()
+        context = ours_mesh()
         if interpret and impl == "kernel":
           from linen_moe._src.kernels import accelerator  # noqa: PLC0415, TID251
 
           context = accelerator.kernels_on_cpu("pallas")
       else:
         mt = mt or import_maxtext()
-        step, context = maxtext_step(mt, shape, impl)
+        step, context = maxtext_step(mt, shape, impl, device)
       with context:
-        lowered[name] = step.lower(*args[name])
+        lowered[name] = step.lower(*call_args[name])
     except Exception as e:  # noqa: BLE001 (a variant that fails is a result)
       errors[name] = f"{type(e).__name__}: {e}"[:600]
   start = time.perf_counter()
@@ -399,7 +424,7 @@ def build(names, shape: Shape, ops: dict, interpret: bool, workers: int):
   print(f"  compiled {len(compiled)} in {time.perf_counter() - start:.1f} s")
   for name, text in errors.items():
     print(f"  {name}: not run: {text}", flush=True)
-  return compiled, errors, args
+  return compiled, errors, call_args
 
 
 @jax.jit
@@ -454,11 +479,15 @@ def bench_shape(label: str, shape: Shape, args) -> dict:
       f" {shape.routing} (bf16)",
       flush=True,
   )
-  ops = operands(shape)
-  calls, errors, call_args = build(
-      args.variants, shape, ops, args.interpret, args.workers
-  )
+  sharding = None
+  if args.device is not None:
+    sharding = jax.sharding.SingleDeviceSharding(args.device)
+  ops = operands(shape, sharding)
+  calls, errors, call_args = build(args.variants, shape, ops, args)
   result = {"shape": dataclasses.asdict(shape), "errors": errors}
+  if args.device is not None:
+    result["compiled"] = compiled_sizes(calls, shape)
+    return result
   if not calls:
     return result
   seconds = bench_gmm.alternating_medians(calls, call_args, args.repeats)
@@ -480,6 +509,28 @@ def bench_shape(label: str, shape: Shape, args) -> dict:
     print(line, flush=True)
   result["differences"] = differences(calls, call_args)
   return result
+
+
+def compiled_sizes(calls: dict, shape: Shape) -> dict:
+  """{variant: its compiled program's temporaries, arguments (GiB) and
+  FLOPs over the useful ones}, printed: a target's compile, not run."""
+  out = {}
+  for name, call in calls.items():
+    mem = call.memory_analysis()
+    cost = call.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    out[name] = {
+        "temp_gib": mem.temp_size_in_bytes / 2**30,
+        "argument_gib": mem.argument_size_in_bytes / 2**30,
+        "flops_over_useful": float(cost.get("flops", -1)) / useful_flops(shape),
+    }
+    print(
+        f"  {name:>22}: temp {out[name]['temp_gib']:.2f} GiB, arguments "
+        f"{out[name]['argument_gib']:.2f} GiB, FLOPs "
+        f"{out[name]['flops_over_useful']:.2f} of the useful",
+        flush=True,
+    )
+  return out
 
 
 def _version(name: str) -> str:
@@ -505,12 +556,26 @@ def main(argv=None) -> int:
       action="store_true",
       help="tiny shapes, Pallas in interpret mode (a CPU rehearsal)",
   )
+  parser.add_argument(
+      "--target",
+      help=(
+          "compile for this target (e.g. tpu:v5e-1, through libtpu) and"
+          " print each program's sizes; nothing runs"
+      ),
+  )
   args = parser.parse_args(argv)
+  args.device = None
+  if args.target:
+    from linen_moe import planning  # noqa: PLC0415
+
+    target = planning.parse_target(args.target)
+    planning.prepare_process(target)
+    args.device = planning.target_devices(target)[0]
   for name in args.variants:
     parse_variant(name)
   table = TINY if args.interpret else SHAPES
   head = {
-      "device": jax.devices()[0].device_kind,
+      "device": (args.device or jax.devices()[0]).device_kind,
       "jax": jax.__version__,
       "maxtext": _version("maxtext"),
       "flax": _version("flax"),
