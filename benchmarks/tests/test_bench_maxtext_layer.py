@@ -1,14 +1,16 @@
 """bench_maxtext_layer.py's counting and a tiny run of its own variants
 (dense and ours; MaxText's need MaxText, which only the chip's run
-installs)."""
+installs), and maxtext_wheels.py's trimming of MaxText's wheel."""
 
 import json
 import pathlib
 import sys
 import tempfile
+import zipfile
 
 from absl.testing import absltest
 import bench_maxtext_layer as bench
+import maxtext_wheels
 
 
 class CountingTest(absltest.TestCase):
@@ -75,6 +77,35 @@ class TinyRunTest(absltest.TestCase):
     )
     self.assertLess(max(leaves.values()), 2e-2)  # bf16
     self.assertNotIn("maxtext", sys.modules)
+
+
+class TrimWheelTest(absltest.TestCase):
+
+  def test_drops_assets_and_their_record_lines(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      source, target = pathlib.Path(tmp, "a.whl"), pathlib.Path(tmp, "b.whl")
+      with zipfile.ZipFile(source, "w") as z:
+        z.writestr("maxtext/layers/moe.py", "x = 1\n")
+        z.writestr("maxtext/assets/tokenizers/t.model", "big")
+        z.writestr("maxtext/examples/demo.ipynb", "{}")
+        z.writestr(
+            "maxtext-0.2.5.dist-info/RECORD",
+            "maxtext/layers/moe.py,sha256=a,6\n"
+            "maxtext/assets/tokenizers/t.model,sha256=b,3\n"
+            "maxtext/examples/demo.ipynb,sha256=c,2\n"
+            "maxtext-0.2.5.dist-info/RECORD,,\n",
+        )
+      self.assertEqual(maxtext_wheels.trim_wheel(source, target), 2)
+      with zipfile.ZipFile(target) as z:
+        self.assertEqual(
+            z.namelist(),
+            ["maxtext/layers/moe.py", "maxtext-0.2.5.dist-info/RECORD"],
+        )
+        self.assertEqual(
+            z.read("maxtext-0.2.5.dist-info/RECORD").decode(),
+            "maxtext/layers/moe.py,sha256=a,6\n"
+            "maxtext-0.2.5.dist-info/RECORD,,\n",
+        )
 
 
 if __name__ == "__main__":
