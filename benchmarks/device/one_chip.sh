@@ -130,14 +130,15 @@ for s in $steps; do
         echo "== maxtext: skipped (no .whl-maxtext: carry it)"
         continue
       fi
-      # The index's packages first (with their requirements), then the
-      # carried wheels as they are; both after this project's .whl-tpu/.
-      # shellcheck disable=SC2046  # the names, word-split
-      PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q \
-        --only-binary=:all: --no-compile --no-cache-dir --upgrade \
-        --index-url "${MAXTEXT_INDEX:-file:///opt/pypi/simple}" \
-        --target "$SITE-maxtext/index" \
-        $(python3 benchmarks/device/maxtext_wheels.py --index) 2>&1 | tail -3
+      # The index's packages first (each with its requirements, one at a
+      # time: a name the index lacks costs only itself), then the carried
+      # wheels as they are; both after this project's .whl-tpu/.
+      for name in $(python3 benchmarks/device/maxtext_wheels.py --index); do
+        PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q \
+          --only-binary=:all: --no-compile --no-cache-dir --upgrade \
+          --index-url "${MAXTEXT_INDEX:-file:///opt/pypi/simple}" \
+          --target "$SITE-maxtext/index" "$name" 2>&1 | tail -3
+      done
       PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q \
         --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --ignore-requires-python --target "$SITE-maxtext/whl" \
