@@ -43,15 +43,26 @@
 #   profile    benchmarks/device/profile_step.py: the top device ops of a
 #              few traced steps, by group; $OUT/profile/; PROFILE_ARGS adds
 #              options (e.g. "--shape mixtral"). Not in the default run.
+#   maxtext    benchmarks/device/bench_maxtext_layer.py: MaxText 0.2.5's
+#              MoE layer (megablox, ragged_dot, tokamax) beside ours (auto,
+#              ragged_dot) and a dense gated MLP of the same FLOPs, forward +
+#              backward, same weights and input, at 8 x 2048 x 5632 top-2
+#              and 128 x 2048 x 768 top-8; $OUT/maxtext/; 480 s at most.
+#              Needs .whl-maxtext/ carried (maxtext_wheels.py makes it)
+#              beside .whl-tpu/; installs the rest from the machine's index
+#              (MAXTEXT_INDEX: another index, for a rehearsal elsewhere);
+#              MAXTEXT_ARGS adds options (e.g. "--variants dense ours_auto
+#              maxtext_megablox"). Not in the default run.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/one_chip}
+SITE=${SITE:-/tmp/site}  # where the carried wheels install
 mkdir -p "$OUT"
 if [ -d .whl-tpu ]; then
   PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index \
     --no-deps --no-compile --no-cache-dir --upgrade --ignore-requires-python \
-    --target /tmp/site .whl-tpu/*.whl 2>&1 | tail -3
-  export PYTHONPATH=${PYTHONPATH:-}:/tmp/site
+    --target "$SITE" .whl-tpu/*.whl 2>&1 | tail -3
+  export PYTHONPATH=${PYTHONPATH:-}:$SITE
 fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 # linen_moe.configs is configs/ (setup.py's package_dir); a checkout that is
@@ -114,6 +125,29 @@ for s in $steps; do
       # shellcheck disable=SC2086  # PROFILE_ARGS: extra options
       step profile 240 python3 benchmarks/device/profile_step.py \
         --out "$OUT/profile" ${PROFILE_ARGS:-} ;;
+    maxtext)
+      if [ ! -d .whl-maxtext ]; then
+        echo "== maxtext: skipped (no .whl-maxtext: carry it)"
+        continue
+      fi
+      # The index's packages first (each with its requirements, one at a
+      # time: a name the index lacks costs only itself), then the carried
+      # wheels as they are; both after this project's .whl-tpu/.
+      for name in $(python3 benchmarks/device/maxtext_wheels.py --index); do
+        PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q \
+          --only-binary=:all: --no-compile --no-cache-dir --upgrade \
+          --index-url "${MAXTEXT_INDEX:-file:///opt/pypi/simple}" \
+          --target "$SITE-maxtext/index" "$name" 2>&1 | tail -3
+      done
+      PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q \
+        --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --ignore-requires-python --target "$SITE-maxtext/whl" \
+        .whl-maxtext/*.whl 2>&1 | tail -3
+      # shellcheck disable=SC2086  # MAXTEXT_ARGS: extra options
+      step maxtext 480 env \
+        PYTHONPATH="$PYTHONPATH:$SITE-maxtext/whl:$SITE-maxtext/index" \
+        python3 benchmarks/device/bench_maxtext_layer.py \
+        --out "$OUT/maxtext" ${MAXTEXT_ARGS:-} ;;
     generate)
       step generate 300 python3 benchmarks/serving/bench_generate.py \
         --set num_layers=8 num_heads=16 vocab_size=32000 emb_dim=2048 \
