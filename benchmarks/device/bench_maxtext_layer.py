@@ -569,6 +569,15 @@ def main(argv=None) -> int:
       ),
   )
   args = parser.parse_args(argv)
+  # tokamax reads absl flags, which parse sys.argv on first use and refuse
+  # this script's own options (the chip's first run: "Unknown command line
+  # flag 'out'"): parse none of them there.
+  try:
+    from absl import flags as absl_flags  # noqa: PLC0415
+  except ImportError:
+    absl_flags = None
+  if absl_flags is not None and not absl_flags.FLAGS.is_parsed():
+    absl_flags.FLAGS(sys.argv[:1])
   args.device = None
   if args.target:
     from linen_moe import planning  # noqa: PLC0415
