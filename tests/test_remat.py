@@ -247,6 +247,36 @@ class SavedTensorsTest(parameterized.TestCase):
     self.assertEqual(found, set(names.CHECKPOINT_NAMES))
 
 
+class GroupedStackTest(parameterized.TestCase):
+  """A scanned stack of groups (GPT-OSS's sliding / full pairs, Llama-4's
+  periods of four) rematerializes each member, as a stack of one kind
+  rematerializes each layer: the backward holds one member's activations
+  and gathered weights at a time, not the whole period's."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.cfg = load_model_config(
+        "tiny_gpt_oss",
+        num_layers=4,
+        full_attention_layers=(1, 3),
+        scan_layers=True,
+        remat="full",
+    )
+
+  def test_full_keeps_every_members_input(self):
+    plan = self.cfg.stack_plan
+    self.assertEqual((plan.period, plan.repeats), (2, 2))
+    got = _residuals(self.cfg)
+    # [R, B, S, M]: one stacked input per member, none for the group.
+    self.assertEqual(got[str((2, 2, 16, self.cfg.moe.emb_dim))], plan.period)
+
+  def test_equals_no_remat(self):
+    want = _loss_and_grads(self.cfg.replace(remat="none"))
+    np.testing.assert_allclose(_loss_and_grads(self.cfg)[0], want[0], 1e-6)
+    assert_close_per_leaf(self, _loss_and_grads(self.cfg)[1], want[1])
+
+
 @functools.cache
 def _train_step(cfg, grad_accum):
   optimizer = optax.sgd(0.1)

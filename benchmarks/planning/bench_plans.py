@@ -144,11 +144,23 @@ def main(argv: list[str] | None = None) -> int:
   )
   p.add_argument("--timeout", type=int, default=3600, help="seconds per case")
   p.add_argument("--jsonl", default=None, help="append each plan here")
+  p.add_argument(
+      "--set",
+      action="append",
+      default=[],
+      metavar="FIELD=VALUE",
+      help=(
+          "a config override for every case (repeatable; `linen-moe plan "
+          "--set`), e.g. --set param_dtype=bfloat16"
+      ),
+  )
   args = p.parse_args(argv)
   cases = [parse_case(c) for c in args.case or REFERENCE]
+  extra = tuple(f"--set={item}" for item in args.set)
   print(HEADER, flush=True)
   for case in cases:
-    plan = run_case(case, args.python, args.timeout)
+    plan = run_case(case, args.python, args.timeout, extra)
+    plan["set"] = list(args.set)
     if args.jsonl:
       with open(args.jsonl, "a", encoding="utf-8") as f:
         f.write(json.dumps(plan) + "\n")

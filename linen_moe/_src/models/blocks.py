@@ -26,6 +26,7 @@ from linen_moe._src.models.mla import MultiHeadLatentAttention
 from linen_moe._src.models.norms import RMSNorm
 from linen_moe._src.models.norms import rms_normalize
 from linen_moe._src.models.remat import layer_remats_rows
+from linen_moe._src.models.remat import remat_block
 from linen_moe._src.parallel import sharding
 
 AUX_FIELDS = (
@@ -194,6 +195,11 @@ class BlockGroup(nn.Module):
   mixed stack's scan. Returns `(x, aux)` with each aux field stacked over
   the members [P, ...].
 
+  Each member is wrapped by `remat_block` itself (and `remat_block` leaves
+  the group alone), so that a backward pass recomputes and holds one
+  member at a time, as in a stack of one kind, not the whole period's
+  activations and gathered weights at once.
+
   Attributes:
     config: the `ModelConfig`.
     decode: keep and extend a KV cache.
@@ -205,6 +211,8 @@ class BlockGroup(nn.Module):
   decode: bool = False
   kinds: tuple[tuple[str, bool], ...] = ()
 
+  rematerializes_members = True
+
   @nn.compact
   def __call__(
       self,
@@ -213,8 +221,9 @@ class BlockGroup(nn.Module):
       segment_ids: jax.Array | None = None,
   ):
     outs = []
+    member = remat_block(DecoderBlock, self.config, self.decode)
     for j, (kind, full) in enumerate(self.kinds):
-      block = DecoderBlock(
+      block = member(
           self.config, self.decode, kind, full, name=stack_plan.member_name(j)
       )
       x, aux = block(x, positions, segment_ids)

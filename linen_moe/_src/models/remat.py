@@ -133,9 +133,13 @@ def remat_block(
     decode: a decoding block (no backward pass): never wrapped.
 
   Returns:
-    `block` itself for "none" or `decode`, else its `nn.remat` class.
+    `block` itself for "none", `decode` or a block whose members are
+    rematerialized one by one (a `stack_body` group), else its `nn.remat`
+    class.
   """
   if decode or config.remat == "none":
+    return block
+  if getattr(block, "rematerializes_members", False):
     return block
   return _rematted(block, config.remat)
 
