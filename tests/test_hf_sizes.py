@@ -147,13 +147,14 @@ class RealSizesTest(parameterized.TestCase):
     self.assertEqual(active, want)
 
   def test_mla_cache_per_token(self):
+    # The decoder's cache of the same model holds 61 x 576 values a token:
+    # checked in `DocsFiguresTest.test_kv_cache_figures`, which traces it
+    # anyway (seconds of tracing 61 layers, once per test process).
     config = hf.model_config(_released("deepseek_v3"))
     self.assertEqual(
         mla.cache_values_per_token(config),
         {"latent": 512 + 64, "expanded": 128 * (128 + 64 + 128)},
     )
-    cache = _abstract_cache("deepseek_v3")
-    self.assertEqual(_kv_values(cache) // CACHE_LEN, 61 * 576)
 
 
 # The cache length of the shapes below (no window of these models is
@@ -242,6 +243,9 @@ class DocsFiguresTest(absltest.TestCase):
     page = FAMILIES_PAGE.read_text(encoding="utf-8")
     rows = _table_rows(page)
     deepseek = hf.model_config(_released("deepseek_v3"))
+    with self.subTest("mla_cache_per_token"):  # RealSizesTest's formula
+      cache = _abstract_cache("deepseek_v3")
+      self.assertEqual(_kv_values(cache) // CACHE_LEN, 61 * 576)
     per_layer = mla.cache_values_per_token(deepseek)
     kept = _cache_bytes_per_token("deepseek_v3")
     self.assertEqual(kept, deepseek.num_layers * per_layer["latent"] * 2)

@@ -457,7 +457,7 @@ class NNXServingTest(absltest.TestCase):
     state = nnx.state(layer)
     self.assertEqual(state["wi_0"].get_value().dtype, jnp.float8_e4m3fn)
     nnx_adapter.linen_to_nnx(served, layer)
-    y = layer(x)[0]
+    y = nnx.jit(lambda m: m(x)[0])(layer)
     after = nnx.state(layer)
     self.assertEqual(
         jax.tree.structure(after), jax.tree.structure(state), "grew on call"
