@@ -103,6 +103,9 @@ _EXPERT_SITES = ("wi_0_dot", "wi_1_dot", "wo_dot", "gate_up_dot")
 _PERMUTE_PRIMITIVES = ("sort", "gather", "scatter", "argsort", "cumsum")
 _COPIES = ("copy", "copy-start", "copy-done", "transpose")
 _OPTIMIZER = ("cond/branch_1_fun", "apply_updates", "scale_by", "sgd", "adam")
+# The permutation's row-gather kernels (and their operands' packing), which
+# run inside the gate-and-up checkpoint on a TPU.
+_GATHER_CALLS = ("jit(gather_rows)", "jit(gather_scale_dot)")
 
 
 def group_of(name: str, opcode: str, op_name: str) -> str:
@@ -113,6 +116,10 @@ def group_of(name: str, opcode: str, op_name: str) -> str:
     return "copies"
   if any(k in op_name for k in _OPTIMIZER):
     return "optimizer"
+  if name.startswith("linen_moe_gather") or any(
+      k in op_name for k in _GATHER_CALLS
+  ):
+    return "permutation"
   if any(k in op_name for k in _EXPERT_SITES):
     return "expert matmuls"
   if "/moe/" in op_name or op_name.endswith("/moe"):

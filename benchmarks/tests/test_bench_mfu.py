@@ -228,6 +228,8 @@ class ReduceTraceTest(absltest.TestCase):
         ".../moe/gate/dot_general": "routing",
         ".../moe/moe._sparse/gather": "permutation",
         ".../moe/moe._sparse/scatter-add": "permutation",
+        # The DMA gather's operand packing, inside the gate-and-up checkpoint.
+        ".../moe._sparse/moe.gate_and_up/jit(gather_rows)/or": "permutation",
         ".../layers._attention/attention/query/BSM,MND->BSND/dot_general": (
             "attention"
         ),
@@ -250,6 +252,23 @@ class ReduceTraceTest(absltest.TestCase):
         ),
         "attention",
     )
+
+  def test_gather_kernels_are_permutation(self):
+    # Seen on the chip: the dispatch's kernel inside the gate-and-up
+    # checkpoint, and the combine's backward.
+    for name, op_name in (
+        (
+            "linen_moe_gather_vmem.15",
+            (
+                ".../moe._sparse/moe.gate_and_up/jit(gather_rows)/"
+                "linen_moe_gather_vmem/pallas_call"
+            ),
+        ),
+        ("linen_moe_gather_scale_dot.2", ""),
+    ):
+      self.assertEqual(
+          profile_step.group_of(name, "custom-call", op_name), "permutation"
+      )
 
   def test_instructions(self):
     got = profile_step.instructions(_TPU_HLO)
