@@ -116,6 +116,11 @@ class PermuteTest(parameterized.TestCase):
     self.assertTrue(np.all(np.asarray(got[2])[local] != 0))
     self.assertTrue(np.all(np.asarray(got[2])[~local] == 0))
 
+  def test_bad_scalar_method_names_itself(self):
+    indices, _ = _routing(6)
+    with self.assertRaisesRegex(ValueError, "scalar_method.*'scan'"):
+      permute.sort_plan(indices, 6, scalar_method="scan")
+
   def test_rows_past_local_are_zero(self):
     indices, _ = _routing(8)
     x = jax.random.normal(jax.random.key(2), (T, M)) + 10.0

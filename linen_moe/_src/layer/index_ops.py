@@ -83,6 +83,7 @@ def invert(perm: jax.Array, method: str) -> jax.Array:
 
 def take_by_inverse(values: jax.Array, inverse: jax.Array) -> jax.Array:
   """[N]: `values[perm]` for the permutation `perm` of 0 .. N - 1 whose
-  inverse is `inverse` <int>[N], by one sort ("sort" of `METHODS`:
-  `values` sorted by `inverse`); without the inverse, index."""
+  inverse is `inverse` <int>[N], by one sort (`values` sorted by
+  `inverse`): the "sort" method's gather. The "gather" method indexes
+  `values[perm]` itself."""
   return lax.sort((inverse.astype(jnp.int32), values), num_keys=1)[1]

@@ -39,9 +39,8 @@ class SortPlan:
   """Where each assignment goes in expert order.
 
   Attributes:
-    order: <int32>[R] the assignment in each sorted row; rows at and past
-      `sum(group_sizes)` hold other experts' assignments (or repeats), and are
-      masked.
+    whole_order: <int32>[A] the assignments sorted by local expert (the
+      other experts' last); its first R are the sorted rows' (`order`).
     position: <int32>[A] the sorted row of each assignment (a permutation
       of 0 .. A - 1: the rows past R are the assignments no row holds, all
       of other experts); meaningful where `is_local`.
@@ -54,16 +53,24 @@ class SortPlan:
       (`accelerator.row_gather`).
     scalar_method: (static) how vectors of assignments are permuted
       (`index_ops`): "gather", or "sort" (on a TPU).
+    rows: (static) R.
   """
 
-  order: jax.Array
+  whole_order: jax.Array
   position: jax.Array
   is_local: jax.Array
   group_sizes: jax.Array
+  rows: int = flax.struct.field(pytree_node=False)
   choices: int = flax.struct.field(pytree_node=False, default=1)
   all_local: bool = flax.struct.field(pytree_node=False, default=False)
   row_gather: str = flax.struct.field(pytree_node=False, default="xla")
   scalar_method: str = flax.struct.field(pytree_node=False, default="gather")
+
+  @property
+  def order(self) -> jax.Array:
+    """<int32>[R] the assignment in each sorted row; rows at and past
+    `sum(group_sizes)` hold other experts' assignments, and are masked."""
+    return self.whole_order[: self.rows]
 
   @property
   def num_tokens(self) -> int:
@@ -72,30 +79,22 @@ class SortPlan:
 
   def valid_rows(self) -> jax.Array:
     """<bool>[R]: sorted rows that hold a local assignment."""
-    return jnp.arange(self.order.shape[0]) < jnp.sum(self.group_sizes)
+    return jnp.arange(self.rows) < jnp.sum(self.group_sizes)
 
   def to_sorted(self, values: jax.Array) -> jax.Array:
     """[A] per assignment -> [R]: row r's assignment's value
     (`values[order]`)."""
     if self.scalar_method == "gather":
       return values[self.order]
-    rows = self.order.shape[0]
-    return index_ops.take_by_inverse(values, self.position)[:rows]
+    return index_ops.take_by_inverse(values, self.position)[: self.rows]
 
   def from_sorted(self, values: jax.Array) -> jax.Array:
     """[R] per sorted row -> [A]: each assignment's row's value (0 for the
     assignments no row holds)."""
-    a, rows = self.position.shape[0], self.order.shape[0]
-    padded = jnp.pad(values, (0, a - rows))
+    padded = jnp.pad(values, (0, self.position.shape[0] - self.rows))
     if self.scalar_method == "gather":
       return padded[self.position]
-    # The sort needs the whole order, which `order` is when R = A.
-    whole = (
-        self.order
-        if rows == a
-        else index_ops.invert(self.position, self.scalar_method)
-    )
-    return index_ops.take_by_inverse(padded, whole)
+    return index_ops.take_by_inverse(padded, self.whole_order)
 
 
 def sort_plan(
@@ -121,6 +120,11 @@ def sort_plan(
   """
   if scalar_method is None:
     scalar_method = index_ops.platform_method()
+  if scalar_method not in index_ops.METHODS:
+    raise ValueError(
+        f"scalar_method must be one of {index_ops.METHODS} or None; got"
+        f" {scalar_method!r}."
+    )
   t, k = indices.shape
   if rows is None:
     rows = t * min(k, num_local)
@@ -130,10 +134,11 @@ def sort_plan(
   whole = index_ops.argsort(key)  # [A]
   counts = index_ops.counts(key, num_local, scalar_method)
   return SortPlan(
-      order=whole[:rows],  # [R]
+      whole_order=whole,
       position=index_ops.invert(whole, scalar_method),
       is_local=is_local,
       group_sizes=counts,
+      rows=rows,
       choices=k,
       all_local=all_local and rows == t * k,
       row_gather=(
