@@ -145,7 +145,7 @@ def main(argv=None) -> int:
         "gather_kernels": kernels,
         "xla_row_gathers": big,
         "scatters": scatters,
-        "sorts": len(re.findall(r"\) sort\(", text)),
+        "sorts": len(re.findall(r" sort\(", text)),
         "temp_gb": round(getattr(mem, "temp_size_in_bytes", 0) / 1e9, 2),
         "ok": kernels >= 3 and not big and not scatters,
     }

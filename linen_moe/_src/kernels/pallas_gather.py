@@ -240,9 +240,6 @@ def gather_rows(
   num_blocks = idx.shape[0]
   valid = rows if valid is None else valid
   valid = jnp.minimum(jnp.asarray(valid, jnp.int32), rows).reshape(1)
-  smem_block = lambda f: pl.BlockSpec(  # noqa: E731
-      (None, 1, tm), f, memory_space=pltpu.SMEM
-  )
   any_space = pl.BlockSpec(memory_space=pl.ANY)
   if via == "vmem":
     return _vmem_call(
@@ -277,7 +274,7 @@ def gather_rows(
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=1,
           grid=(num_blocks,),
-          in_specs=[smem_block(lambda i, v: (i, 0, 0)), any_space],
+          in_specs=[_index_block(tm, lambda i, v: (i, 0, 0)), any_space],
           out_specs=any_space,
           scratch_shapes=scratch,
       ),
@@ -288,6 +285,12 @@ def gather_rows(
       ),
       name="linen_moe_gather_hbm",
   )(valid, idx, table)
+
+
+def _index_block(tm: int, index_map) -> pl.BlockSpec:
+  """One grid step's [1, tm] indices in SMEM (an SMEM block is whole in
+  its last 2 dims)."""
+  return pl.BlockSpec((None, 1, tm), index_map, memory_space=pltpu.SMEM)
 
 
 def _blocks(table, index, block_rows, name) -> tuple[int, jax.Array]:
@@ -337,9 +340,6 @@ def _vmem_call(
   (`outputs`: (width, dtype) of each [R, width] result). Returns the
   outputs."""
   num_blocks = idx.shape[0]
-  smem_block = lambda f: pl.BlockSpec(  # noqa: E731
-      (None, 1, tm), f, memory_space=pltpu.SMEM
-  )
   row_block = lambda w: pl.BlockSpec((tm, w), lambda i, v: (i, 0))  # noqa: E731
   packed = _pack_halves(table) if table.dtype.itemsize == 2 else table
   kernel = functools.partial(
@@ -359,9 +359,9 @@ def _vmem_call(
           num_scalar_prefetch=1,
           grid=(num_blocks,),
           in_specs=[
-              smem_block(lambda i, v: (i, 0, 0)),
-              smem_block(
-                  lambda i, v: (jnp.minimum(i + 1, num_blocks - 1), 0, 0)
+              _index_block(tm, lambda i, v: (i, 0, 0)),
+              _index_block(
+                  tm, lambda i, v: (jnp.minimum(i + 1, num_blocks - 1), 0, 0)
               ),
               pl.BlockSpec(memory_space=pl.ANY),
               *[row_block(w) for w in input_widths],
