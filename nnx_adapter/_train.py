@@ -268,9 +268,13 @@ def init_train_state(
     return model, nnx.Optimizer(model, optimizer, wrt=trained(config))
 
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: build(rng)))
-  # One compiled program, not an eager op per optimizer leaf.
-  state = jit_once(lambda r: nnx.split(build(r))[1])(rng)
-  return TrainState(graphdef, state)
+  # One compiled program, not an eager op per optimizer leaf; placed as a
+  # restored state is, so a resumed step is the fresh step's program.
+  state, skipped = jit_once(
+      lambda r: (nnx.split(build(r))[1], jnp.zeros((), jnp.int32)),
+      placed=True,
+  )(rng)
+  return TrainState(graphdef, state, skipped)
 
 
 def make_train_step(grad_accum: int = 1):

@@ -73,6 +73,8 @@ class ExactResumeMixin(parameterized.TestCase):
     resumed, resumed_tail = train(resumed, STOP, STEPS)
 
     np.testing.assert_array_equal(resumed_tail, tail)
+    # The restored state is the fresh one's kind of argument: one program.
+    self.assertEqual(step._cache_size(), 1)
     got = _flat_numpy(fe.checkpoint_tree(resumed))
     self.assertEqual(sorted(got), sorted(final))
     for p in final:
@@ -104,6 +106,28 @@ class ExactResumeTest(ExactResumeMixin):
 
   def test_resume_is_exact(self):
     self.check_exact_resume("nnx", "int8", "dense")
+
+  @parameterized.parameters("linen", "nnx")
+  def test_a_restored_state_needs_no_second_compile(self, frontend):
+    # Its leaves committed to the device and its tree (an NNX graph's static
+    # modules too) equal to a fresh state's: a step jitted over either is
+    # one program, not a second compile on every resume.
+    cfg = helpers.config_on_path("tiny_mixtral", "none", "dense", num_layers=1)
+    fe, tx, rng = get_frontend(frontend), default_optimizer(), jax.random.key(0)
+    tokens = jnp.zeros((BATCH, SEQ), jnp.int32)
+    fresh = fe.init(cfg, tx, tokens, rng)
+    directory = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+    template = jax.eval_shape(lambda: fe.init(cfg, tx, tokens, rng))
+    with checkpoint.Checkpoints(directory) as ckpts:
+      ckpts.save(0, fe.checkpoint_tree(fresh), {})
+      ckpts.wait_until_finished()
+      restored = ckpts.restore(fe.checkpoint_tree(template))
+    resumed = fe.from_checkpoint_tree(restored.tree, template)
+    read = jax.jit(lambda state: jax.tree.leaves(state)[0] + 1)
+    read(fresh)
+    read(resumed)
+    self.assertEqual(read._cache_size(), 1)
 
 
 if __name__ == "__main__":

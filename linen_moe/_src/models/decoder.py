@@ -13,6 +13,8 @@ L num_layers.
 
 from __future__ import annotations
 
+import functools
+
 from flax import traverse_util
 import flax.linen as nn
 import jax
@@ -124,11 +126,20 @@ def embedding(cfg: ModelConfig, **kwargs) -> TokenEmbed:
   return TokenEmbed(
       cfg.vocab_size,
       cfg.moe.emb_dim,
-      embedding_init=nn.with_logical_partitioning(
-          nn.initializers.normal(cfg.moe.emb_dim**-0.5), ("vocab", "embed")
-      ),
+      embedding_init=_embedding_init(cfg.moe.emb_dim),
       param_dtype=cfg.moe.param_dtype,
       **kwargs,
+  )
+
+
+@functools.cache
+def _embedding_init(emb_dim: int):
+  # One initializer object per width: a module holding it compares equal to
+  # another built from the same config (an NNX graph holds the module as a
+  # static field, so a fresh closure each time would make every state's
+  # tree another one, and every jitted step over it another program).
+  return nn.with_logical_partitioning(
+      nn.initializers.normal(emb_dim**-0.5), ("vocab", "embed")
   )
 
 

@@ -184,7 +184,8 @@ class LinenFrontend:
     """
     model = Decoder(model_config)
     init = jit_once(
-        lambda t, r: step_lib.init_train_state(model, optimizer, t, r)
+        lambda t, r: step_lib.init_train_state(model, optimizer, t, r),
+        placed=True,
     )
     return init(tokens, rng)
 
