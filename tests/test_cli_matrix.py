@@ -89,9 +89,12 @@ class MatrixTest(parameterized.TestCase):
 
 class FamilyMatrixTest(parameterized.TestCase):
   """The whole-model families (tiny DeepSeek-V3 with MLA, tiny Gemma-4) on
-  their matrix cells: Gemma-4 in int8 here (MLA trains by default in
-  test_hf_family_files.FineTuneTest), every mode of both in the slow set."""
+  their matrix cells, slow: by default a cell's mechanics are
+  `MatrixTest`'s, MLA trains in test_hf_family_files.FineTuneTest and
+  Gemma-4 in test_decoder.TrainStepTest; every mode of both is
+  `FamilyMatrixFullTest`."""
 
+  @testing.slow
   def test_cell_trains(self):
     self.check("tiny_gemma4_text", "int8")
 

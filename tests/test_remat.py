@@ -271,6 +271,10 @@ class GroupedStackTest(parameterized.TestCase):
     # [R, B, S, M]: one stacked input per member, none for the group.
     self.assertEqual(got[str((2, 2, 16, self.cfg.moe.emb_dim))], plan.period)
 
+  # Slow: two compiles of a four-layer stack. By default the member-wise
+  # remat is `test_full_keeps_every_members_input`, and a remat stack's
+  # loss and gradients equal no remat's in `RematGradientsTest`.
+  @testing.slow
   def test_equals_no_remat(self):
     want = _loss_and_grads(self.cfg.replace(remat="none"))
     np.testing.assert_allclose(_loss_and_grads(self.cfg)[0], want[0], 1e-6)

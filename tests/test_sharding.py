@@ -271,28 +271,43 @@ class RulesTest(absltest.TestCase):
         self.assertLess(r["fp8_err"], 1e-5)
 
 
+FSDP_MESHES = [("fsdp=4,expert=2", "default"), ("fsdp=8", "default")]
+
+
 class FsdpKernelGatherTest(absltest.TestCase):
   """Kernels split over `fsdp` enter the expert-parallel `shard_map` split
   and are all-gathered inside the sparse path's rematerialized regions
   (`expert_parallel.kernel_shards`): loss, parameter, fp8-state and input
   gradients equal one device's in every quantization mode, with experts
-  also split (`expert`) and not."""
+  also split (`expert`) and not: by default each mode on one of the two
+  meshes (each mesh in two modes), every mode on both in the slow set."""
 
   def test_every_mode_matches_one_device(self):
-    (result,) = run_worker({
-        "check": "layer",
-        "quantizations": list(tuple(MODES)),
-        "meshes": [("fsdp=4,expert=2", "default"), ("fsdp=8", "default")],
-    })
-    self.assertLen(result, 2 * len(tuple(MODES)))
-    for case, r in result.items():
-      with self.subTest(case=case):
-        self.assertLess(r["loss_err"], 1e-5)
-        self.assertEqual(r["fraction_err"], 0.0)
-        for what in ("param_grad", "input_grad", "fp8"):
-          self.assertLessEqual(
-              r[f"{what}_err"], 1e-5 * max(1.0, r[f"{what}_scale"]), what
-          )
+    modes = tuple(MODES)
+    half = len(modes) // 2
+    self.check(
+        (modes[:half], [FSDP_MESHES[0]]), (modes[half:], [FSDP_MESHES[1]])
+    )
+
+  @testing.slow
+  def test_every_mode_on_both_meshes(self):
+    self.check((tuple(MODES), FSDP_MESHES))
+
+  def check(self, *cases):
+    results = run_worker(*[
+        {"check": "layer", "quantizations": list(modes), "meshes": meshes}
+        for modes, meshes in cases
+    ])
+    for (modes, meshes), result in zip(cases, results, strict=True):
+      self.assertLen(result, len(modes) * len(meshes))
+      for case, r in result.items():
+        with self.subTest(case=case):
+          self.assertLess(r["loss_err"], 1e-5)
+          self.assertEqual(r["fraction_err"], 0.0)
+          for what in ("param_grad", "input_grad", "fp8"):
+            self.assertLessEqual(
+                r[f"{what}_err"], 1e-5 * max(1.0, r[f"{what}_scale"]), what
+            )
 
 
 class EquivalenceTest(EquivalenceMixin):
