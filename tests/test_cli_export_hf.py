@@ -21,6 +21,7 @@ import pathlib
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -150,8 +151,8 @@ class TrainThenExportTest(parameterized.TestCase):
     config, variables, _ = checkpoint.read_variables(run)
     back_config, back = hf.load_checkpoint(out)
     tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 64
-    want, _ = Decoder(config).apply(variables, tokens)
-    got, _ = Decoder(back_config).apply(back, tokens)
+    want, _ = jax.jit(Decoder(config).apply)(variables, tokens)
+    got, _ = jax.jit(Decoder(back_config).apply)(back, tokens)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 

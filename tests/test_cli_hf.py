@@ -70,7 +70,7 @@ class TrainAndExportTest(absltest.TestCase):
     batch = next(
         training.MarkovData(config.vocab_size).batches(4, 8, opts.seed + 1)
     )
-    logits, aux = Decoder(config).apply(variables, jnp.asarray(batch))
+    logits, aux = jax.jit(Decoder(config).apply)(variables, jnp.asarray(batch))
     loss = training.decoder_loss(logits, aux, jnp.asarray(batch))[1]
     self.assertAlmostEqual(
         result.losses[0], float(loss["cross_entropy"]), places=4

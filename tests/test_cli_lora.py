@@ -207,8 +207,8 @@ class QLoRARunTest(absltest.TestCase):
     self.assertEqual(code, 0, out + err)
     loaded_cfg, loaded = hf.load_checkpoint(merged)
     ids = np.arange(16, dtype=np.int32).reshape(2, 8) + 3
-    want = Decoder(plain_cfg).apply(plain, ids)[0]
-    got = Decoder(loaded_cfg).apply(loaded, ids)[0]
+    want = jax.jit(Decoder(plain_cfg).apply)(plain, ids)[0]
+    got = jax.jit(Decoder(loaded_cfg).apply)(loaded, ids)[0]
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
     out_dir = os.path.join(self.tmp, "adapters")

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 
 from absl.testing import absltest
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -217,8 +218,8 @@ class RunKeepsItsTokenizerTest(absltest.TestCase):
     config, variables, _ = checkpoint.read_variables(self.run_dir)
     back_config, back = hf.load_checkpoint(out)
     tokens = jnp.asarray([[9, 11, 13, 9, 15, 12, 0, 9]])
-    want, _ = Decoder(config).apply(variables, tokens)
-    got, _ = Decoder(back_config).apply(back, tokens)
+    want, _ = jax.jit(Decoder(config).apply)(variables, tokens)
+    got, _ = jax.jit(Decoder(back_config).apply)(back, tokens)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 

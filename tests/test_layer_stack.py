@@ -158,8 +158,8 @@ class MixedStackDecoderTest(absltest.TestCase):
     self.assertIn("moe", variables["params"]["layers"]["block_1"])
     unrolled_cfg = cfg.replace(scan_layers=False)
     unrolled = ckpt_tree.relayout(variables, False, cfg.stack_plan)
-    scanned_logits, aux = Decoder(cfg).apply(variables, tokens)
-    unrolled_logits, _ = Decoder(unrolled_cfg).apply(unrolled, tokens)
+    scanned_logits, aux = jax.jit(Decoder(cfg).apply)(variables, tokens)
+    unrolled_logits, _ = jax.jit(Decoder(unrolled_cfg).apply)(unrolled, tokens)
     np.testing.assert_allclose(
         scanned_logits, unrolled_logits, atol=1e-5, rtol=1e-5
     )
