@@ -6,7 +6,7 @@ checkpoints carry (`rope_theta`, `rope_scaling`, `torch_dtype`). Every field
 is accounted for: mapped to a `ModelConfig` field, checked to hold a value
 we compute as transformers does (a value that would change the computation
 in a way we do not implement is a `ValueError` naming the field), or known
-to change nothing (`_NO_EFFECT`). An unknown field is an error too: we cannot
+to change nothing (`fields.NO_EFFECT`). An unknown field is an error too: we cannot
 tell that it changes nothing.
 
 `hf_config` is the inverse, in the transformers 5 style, for a `ModelConfig`
@@ -27,36 +27,23 @@ from linen_moe._src.hf.families import FAMILIES
 from linen_moe._src.hf.families import Family
 from linen_moe._src.hf.fields import ACTIVATIONS
 from linen_moe._src.hf.fields import DTYPES  # noqa: F401 (load, save)
-from linen_moe._src.hf.fields import NO_EFFECT as _NO_EFFECT
 
 _error, _int, _zero = fields.error, fields.read_int, fields.zero
 _dtype = fields.dtype_of
 _ACTIVATION_NAMES = fields.ACTIVATION_NAMES
 
-# Fields every family here reads the same way.
-_COMMON = frozenset({
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
+# Fields Mixtral and Qwen3-MoE read the same way.
+_COMMON = fields.DECODER_FIELDS | {
     "hidden_act",
-    "rms_norm_eps",
-    "rope_parameters",
     "rope_theta",
     "rope_scaling",
-    "tie_word_embeddings",
     "sliding_window",
-    "attention_dropout",
     "num_experts_per_tok",
     "num_local_experts",
     "num_experts",
     "output_router_logits",
     "router_aux_loss_coef",
-    "dtype",
-    "torch_dtype",
-})
+}
 _ROPE_KEYS = frozenset({"rope_type", "type", "rope_theta"})
 # The ModelConfig fields of the families with a codec of their own, which
 # Mixtral and Qwen3-MoE keep at their defaults.
@@ -174,7 +161,7 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
   family = family_of(hf)
   if family.codec is not None:
     return family.codec.model_config(hf)
-  known = set(_NO_EFFECT | _COMMON | set(family.fields))
+  known = set(_COMMON | set(family.fields))
   known |= {family.expert_width_field}
   if family.dense_width_field:
     known.add(family.dense_width_field)
@@ -198,9 +185,7 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
   act = hf.get("hidden_act", "silu")
   if act not in ACTIVATIONS:
     raise _error("hidden_act", act, f"expected one of {sorted(ACTIVATIONS)}")
-  experts_field = (
-      "num_local_experts" if "num_local_experts" in hf else "num_experts"
-  )
+  experts_field = fields.num_experts_field(hf)
   dense = _dense_layers(hf, family, layers)
   dtype = _dtype(hf)
   eps = hf.get("rms_norm_eps", 1e-6)

@@ -34,6 +34,23 @@ NO_EFFECT = frozenset({
     "label2id",
     "tokenizer_class",
 })
+# The keys every family's decoder config.json has and reads alike (each
+# family adds its own to these).
+DECODER_FIELDS = NO_EFFECT | {
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "tie_word_embeddings",
+    "rope_parameters",
+    "attention_dropout",
+    "dtype",
+    "torch_dtype",
+}
 # transformers' `hidden_act` -> our expert activation, and back.
 ACTIVATIONS = {
     "silu": "silu",
@@ -115,6 +132,13 @@ def zero(hf: Mapping, field: str) -> None:
   value = hf.get(field, 0) or 0
   if value != 0:
     raise error(field, value, "only 0 is implemented")
+
+
+def num_experts_field(hf: Mapping) -> str:
+  """The key that holds the number of routed experts: `num_local_experts`
+  where the file has it (Mixtral's name, kept by GPT-OSS and MiniMax-M2),
+  else `num_experts`."""
+  return "num_local_experts" if "num_local_experts" in hf else "num_experts"
 
 
 def dtype_of(hf: Mapping) -> str:

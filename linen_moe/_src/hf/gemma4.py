@@ -36,20 +36,9 @@ TOWER_PREFIXES = (
 )
 SLIDING, FULL = "sliding_attention", "full_attention"
 # The text decoder's fields (Gemma4TextConfig's).
-FIELDS = f.NO_EFFECT | {
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
+FIELDS = f.DECODER_FIELDS | {
     "hidden_activation",
-    "rms_norm_eps",
-    "tie_word_embeddings",
-    "rope_parameters",
     "attention_bias",
-    "attention_dropout",
     "sliding_window",
     "layer_types",
     "final_logit_softcapping",
@@ -66,8 +55,6 @@ FIELDS = f.NO_EFFECT | {
     "per_layer_config",
     "global_head_dim",
     "num_global_key_value_heads",
-    "dtype",
-    "torch_dtype",
 }
 # The multimodal config's own fields: token ids and the towers' configs,
 # none of which touches the text decoder.

@@ -45,24 +45,13 @@ DEFAULTS = {
     "first_k_dense_replace": 1,
     "intermediate_size": 10944,
 }
-FIELDS = f.NO_EFFECT | {
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
+FIELDS = f.DECODER_FIELDS | {
     "moe_intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
     "hidden_act",
-    "rms_norm_eps",
-    "tie_word_embeddings",
-    "rope_parameters",
     "rope_scaling",
     "rope_theta",
     "partial_rotary_factor",
     "attention_bias",
-    "attention_dropout",
     "use_qk_norm",
     "n_routed_experts",
     "num_local_experts",
@@ -73,8 +62,6 @@ FIELDS = f.NO_EFFECT | {
     "topk_group",
     "first_k_dense_replace",
     "norm_topk_prob",
-    "dtype",
-    "torch_dtype",
     "quantization_config",  # the weights on disk, not the model (load.py)
     # no effect on what transformers computes: the MTP layers it never
     # builds, the training-only aux loss.

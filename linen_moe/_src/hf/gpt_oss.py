@@ -41,23 +41,12 @@ DEFAULT_ROPE = {
     "truncate": False,
     "original_max_position_embeddings": 4096,
 }
-FIELDS = f.NO_EFFECT | {
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "rms_norm_eps",
-    "tie_word_embeddings",
-    "rope_parameters",
+FIELDS = f.DECODER_FIELDS | {
     "rope_scaling",
     "rope_theta",
     "sliding_window",
     "layer_types",
     "attention_bias",
-    "attention_dropout",
     "num_local_experts",
     "num_experts",
     "num_experts_per_tok",
@@ -65,8 +54,6 @@ FIELDS = f.NO_EFFECT | {
     "swiglu_limit",
     "output_router_logits",
     "router_aux_loss_coef",
-    "dtype",
-    "torch_dtype",
     # no effect on what transformers computes: `GptOssExperts` reads no
     # `hidden_act`; the released file's `experts_per_token` duplicates
     # `num_experts_per_tok`; the pretraining context length.
@@ -99,7 +86,7 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
   balance = 0.0
   if f.read_bool(hf, "output_router_logits", False):
     balance = f.read_number(hf, "router_aux_loss_coef", 0.001)
-  experts = "num_local_experts" if "num_local_experts" in hf else "num_experts"
+  experts = f.num_experts_field(hf)
   dtype = f.dtype_of(hf)
   with f.building_model():
     moe = MoEConfig(

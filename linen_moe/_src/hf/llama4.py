@@ -39,23 +39,12 @@ CHUNKED, FULL = "chunked_attention", "full_attention"
 # The multimodal checkpoint's vision tower, which the text decoder does not
 # read.
 TOWER_PREFIXES = ("vision_model.", "multi_modal_projector.")
-FIELDS = f.NO_EFFECT | {
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
+FIELDS = f.DECODER_FIELDS | {
     "intermediate_size_mlp",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
     "hidden_act",
-    "rms_norm_eps",
-    "tie_word_embeddings",
-    "rope_parameters",
     "rope_scaling",
     "rope_theta",
     "attention_bias",
-    "attention_dropout",
     "num_local_experts",
     "num_experts_per_tok",
     "moe_layers",
@@ -69,8 +58,6 @@ FIELDS = f.NO_EFFECT | {
     "floor_scale",
     "attn_scale",
     "router_jitter_noise",
-    "dtype",
-    "torch_dtype",
     "quantization_config",  # the weights on disk, not the model (load.py)
     # no effect on what transformers computes (no aux loss is computed).
     "output_router_logits",

@@ -44,32 +44,19 @@ HARD_CODED = {
     "shared_intermediate_size": (0,),
 }
 FIELDS = (
-    f.NO_EFFECT
+    f.DECODER_FIELDS
     | set(HARD_CODED)
     | {
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
         "hidden_act",
-        "rms_norm_eps",
-        "tie_word_embeddings",
-        "rope_parameters",
         "rope_scaling",
         "rope_theta",
         "rotary_dim",
         "partial_rotary_factor",
-        "attention_dropout",
         "num_local_experts",
         "num_experts",
         "num_experts_per_tok",
         "router_jitter_noise",
         "attn_type_list",
-        "dtype",
-        "torch_dtype",
         "quantization_config",  # the weights on disk, not the model (load.py)
         # no effect on what transformers computes: the training-only aux loss,
         # the multi-token-prediction modules it never builds, the shared-expert
@@ -128,7 +115,7 @@ def model_config(hf: Mapping[str, Any]) -> ModelConfig:
         "the rotary parameters' partial_rotary_factor rotates "
         f"{rope.get('rotary_dim', head_dim)} dims",
     )
-  experts = "num_local_experts" if "num_local_experts" in hf else "num_experts"
+  experts = f.num_experts_field(hf)
   dtype = f.dtype_of(hf)
   with f.building_model():
     moe = MoEConfig(
