@@ -8,6 +8,7 @@ Linen: applying an fp8 model without its `_overwrite_with_gradient`
 collection is an error naming the collection and the guide.
 """
 
+import functools
 import warnings
 
 from absl.testing import absltest
@@ -142,25 +143,31 @@ class NNXOwnLoopTest(absltest.TestCase):
 class LinenWithoutFp8StateTest(absltest.TestCase):
 
   def test_applying_without_the_collection_names_it_and_the_guide(self):
+    # The check is made while tracing: shapes alone show it, nothing runs.
     cfg = load_model_config("tiny_mixtral", quantization="fp8", num_layers=1)
     tokens = jnp.zeros((1, 4), jnp.int32)
-    variables = Decoder(cfg).init(jax.random.key(0), tokens)
+    key = jax.random.key(0)
+    variables = jax.eval_shape(Decoder(cfg).init, key, tokens)
+    apply = functools.partial(jax.eval_shape, Decoder(cfg).apply)
     message = (
         r"The fp8 contraction layers/moe/wi_0_dot has no 'input_scale': the "
         r"variables applied hold no '_overwrite_with_gradient' collection"
         r".*see docs/guides/quantization\.md\.$"
     )
     with self.assertRaisesRegex(ValueError, message):
-      Decoder(cfg).apply({"params": variables["params"]}, tokens)
-    Decoder(cfg).apply(variables, tokens)  # every collection: fine
+      apply({"params": variables["params"]}, tokens)
+    apply(variables, tokens)  # every collection: fine
     # The layer alone, and a mutable collection that init would make.
     moe_cfg = load_moe_config("tiny_mixtral", quantization="fp8")
     x = jnp.zeros((1, 4, moe_cfg.emb_dim))
-    params = RoutedMoE(moe_cfg).init(jax.random.key(0), x)["params"]
+    params = jax.eval_shape(RoutedMoE(moe_cfg).init, key, x)["params"]
+    moe = RoutedMoE(moe_cfg)
     with self.assertRaisesRegex(ValueError, "'_overwrite_with_gradient'"):
-      RoutedMoE(moe_cfg).apply({"params": params}, x)
-    RoutedMoE(moe_cfg).apply(
-        {"params": params}, x, mutable=["_overwrite_with_gradient"]
+      jax.eval_shape(moe.apply, {"params": params}, x)
+    jax.eval_shape(
+        functools.partial(moe.apply, mutable=["_overwrite_with_gradient"]),
+        {"params": params},
+        x,
     )
 
 
