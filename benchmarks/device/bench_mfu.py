@@ -20,6 +20,8 @@ train state per depth (they share its layout), medians of `--rounds`:
 
   bf16      the plan's remat and batch, `grouped_matmul="auto"`
   int8      the same with `quantization="int8"` (AQT)
+  int8_kernel  int8 on our Pallas int8 gmm (`grouped_matmul="kernel"`:
+            the scales in its epilogue; "auto" runs XLA's s8 ragged_dot)
   kernel    the same with `grouped_matmul="kernel"` (our Pallas gmm)
   ragged_dot  the same with `grouped_matmul="ragged_dot"` (XLA's)
   rows_once the same with `remat_moe_rows=False` (the MoE layer's own
@@ -117,6 +119,7 @@ TINY = {
 VARIANTS = {
     "bf16": {},
     "int8": {"quantization": "int8"},
+    "int8_kernel": {"quantization": "int8", "grouped_matmul": "kernel"},
     "kernel": {"grouped_matmul": "kernel"},
     "ragged_dot": {"grouped_matmul": "ragged_dot"},
     "no_remat": {"remat": "none"},
