@@ -35,43 +35,20 @@ if os.environ.get("LINEN_MOE_REQUIRE_INSTALLED") and "site-packages" not in (
   )
 
 
-# The files that take longest, longest first (cold, 2 cores: `--durations=0`
-# summed per file, each over 13 s): a parallel run starts them first and
-# ends on short files, so that neither worker waits long for the other. A
-# stale list only schedules less well.
+# The files that take longest (cold, 2 cores: `--durations=0`, summed per
+# file), which a parallel run starts first; a stale list only schedules
+# less well.
 _LONGEST_FILES = (
     "test_sharding.py",
     "test_remat.py",
     "test_nnx_adapter.py",
     "test_lora.py",
     "test_decoder.py",
-    "test_hf.py",
     "test_decoding.py",
-    "test_serving.py",
+    "test_hf.py",
     "test_cli_launch.py",
-    "test_routing_layer.py",
-    "test_checkpoint.py",
+    "test_serving.py",
     "test_routed_bias.py",
-    "test_fp8_own_loop.py",
-    "test_hf_llama4.py",
-    "test_ragged_all_to_all.py",
-    "test_cli_hf.py",
-    "test_docs.py",
-    "test_moe.py",
-    "test_grouped_matmul.py",
-    "test_quantization.py",
-    "test_family_layers.py",
-    "test_tpu_kernels.py",
-    "test_cli_matrix.py",
-    "test_attention.py",
-    "test_packing.py",
-    "test_chunked_loss.py",
-    "test_pallas_gather.py",
-    "test_skip_steps.py",
-    "test_remat_rows.py",
-    "test_kernels.py",
-    "test_hf_peft.py",
-    "test_hf_sizes.py",
 )
 
 
