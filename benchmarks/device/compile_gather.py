@@ -56,18 +56,17 @@ def main(argv=None) -> int:
   targets.prepare_process(target)
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
+  import tpu_programs  # noqa: PLC0415 (imports jax)
 
-  from linen_moe import RoutedMoE  # noqa: PLC0415
   from linen_moe import load_moe_config  # noqa: PLC0415
   from linen_moe._src.kernels import pallas_gather  # noqa: PLC0415, TID251
 
   device = targets.target_devices(target)[0]
   print(f"jax {jax.__version__}, {args.target}: {device.device_kind}")
-  mesh = jax.sharding.Mesh([device], ("x",))
-  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  place = tpu_programs.placer(device)
 
   def arg(*shape, dtype=jnp.bfloat16):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=whole)
+    return place(shape, dtype)
 
   records = []
   for dtype, via, block in (
@@ -107,22 +106,7 @@ def main(argv=None) -> int:
         "qwen3_30b_a3b", grouped_matmul="kernel", sparse_matmul=True
     )
     x = arg(args.batch, 4096, cfg.emb_dim)
-    shapes = jax.eval_shape(  # the parameters' shapes, traced on this CPU
-        RoutedMoE(cfg.replace(grouped_matmul="ragged_dot")).init,
-        jax.random.key(0),
-        jax.ShapeDtypeStruct(x.shape, x.dtype),
-    )
-    params = jax.tree.map(
-        lambda s: arg(*s.shape, dtype=s.dtype), shapes["params"]
-    )
-    with jax.set_mesh(mesh):
-
-      def loss(params, x):
-        y, aux = RoutedMoE(cfg).apply({"params": params}, x)
-        return jnp.sum(y.astype(jnp.float32)) + aux.load_balance_loss
-
-      step = jax.jit(jax.grad(loss, argnums=(0, 1)))
-      compiled = step.lower(params, x).compile()
+    compiled = tpu_programs.layer_gradients(cfg, x, place)
     text = compiled.as_text()
     kernels = len(
         re.findall(r"= \S+ custom-call\([^\n]*linen_moe_gather", text)

@@ -52,6 +52,7 @@ def check_shape(m, k, n, g, device, top: int) -> list[dict]:
   forward + backward with the chosen tiles."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
+  import tpu_programs  # noqa: PLC0415 (imports jax)
 
   from linen_moe._src.kernels import gmm_tiling  # noqa: TID251
   from linen_moe._src.kernels import pallas_gmm  # noqa: TID251
@@ -59,12 +60,11 @@ def check_shape(m, k, n, g, device, top: int) -> list[dict]:
   from linen_moe._src.kernels import tpu_chips  # noqa: TID251
 
   chip = tpu_chips.tpu_chip_name(device.device_kind)
-  mesh = jax.sharding.Mesh([device], ("x",))
-  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  place = tpu_programs.placer(device)
   bf16 = jnp.bfloat16
 
   def arg(*shape, dtype=bf16):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=whole)
+    return place(shape, dtype)
 
   sizes = arg(g, dtype=jnp.int32)
   useful = 2 * m * k * n

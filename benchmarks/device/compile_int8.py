@@ -153,19 +153,13 @@ def main(argv=None) -> int:
   target = targets.parse_target(args.target)
   targets.prepare_process(target)
   import jax  # noqa: PLC0415
-  import jax.numpy as jnp  # noqa: PLC0415
+  import tpu_programs  # noqa: PLC0415 (imports jax)
 
-  from linen_moe import RoutedMoE  # noqa: PLC0415
   from linen_moe import load_moe_config  # noqa: PLC0415
 
   device = targets.target_devices(target)[0]
   print(f"jax {jax.__version__}, {args.target}: {device.device_kind}")
-  mesh = jax.sharding.Mesh([device], ("x",))
-  whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-
-  def arg(shape, dtype):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=whole)
-
+  place = tpu_programs.placer(device)
   records = []
   variants = [("none", "auto")]
   variants += [("int8", g) for g in args.grouped_matmul]
@@ -178,24 +172,8 @@ def main(argv=None) -> int:
           dtype="bfloat16",
           param_dtype="bfloat16",
       )
-      x = arg((args.batch, SEQ, cfg.emb_dim), jnp.bfloat16)
-      shapes = jax.eval_shape(  # traced on this CPU: the parameters' shapes
-          RoutedMoE(cfg.replace(grouped_matmul="ragged_dot")).init,
-          jax.random.key(0),
-          jax.ShapeDtypeStruct(x.shape, x.dtype),
-      )
-      params = jax.tree.map(lambda s: arg(s.shape, s.dtype), shapes["params"])
-      with jax.set_mesh(mesh):
-
-        def loss(params, x, cfg=cfg):
-          y, aux = RoutedMoE(cfg).apply(
-              {"params": params}, x, rngs={"params": jax.random.key(1)}
-          )
-          return jnp.sum(y.astype(jnp.float32)) + aux.load_balance_loss
-
-        compiled = (
-            jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
-        )
+      x = place((args.batch, SEQ, cfg.emb_dim))
+      compiled = tpu_programs.layer_gradients(cfg, x, place)
       cost = compiled.cost_analysis()
       read = read_program(compiled.as_text())
       rec = {
