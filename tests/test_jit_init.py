@@ -44,6 +44,26 @@ class CompiledInitTest(absltest.TestCase):
         np.array_equal(a["params"]["wi_0"].value, b["params"]["wi_0"].value)
     )
 
+  def test_placed_outputs_are_the_arguments_a_restore_gives(self):
+    # A restored checkpoint's arrays are committed to their device: a step
+    # jitted over `placed` outputs is then one program for both.
+    device = jax.devices()[0]
+    make = lambda placed: jit_init.jit_once(  # noqa: E731
+        lambda k: jax.random.normal(k, (3,)), placed=placed
+    )(jax.random.key(0))
+    restored = jax.device_put(np.ones(3, np.float32), device)
+    for placed, programs in ((True, 1), (False, 2)):
+      with self.subTest(placed=placed):
+        step = jax.jit(lambda x: x + 1)
+        step(make(placed))
+        step(restored)
+        self.assertEqual(step._cache_size(), programs)
+    np.testing.assert_array_equal(make(True), make(False))  # no other value
+
+  def test_placed_must_be_a_bool(self):
+    with self.assertRaisesRegex(TypeError, "placed='yes' must be True or"):
+      jit_init.jit_once(lambda x: x, placed="yes")
+
   def test_under_jit_and_with_linen_options(self):
     cfg = load_moe_config("tiny_mixtral")
     x = jnp.ones((1, 4, cfg.emb_dim))

@@ -53,7 +53,12 @@ def jit_once(fun: Any, *, placed: bool = False, **jit_kwargs: Any):
   Returns:
     The jitted function (its `top_level` attribute is the `jax.jit` object
     that compiles with the fast options).
+
+  Raises:
+    TypeError: `placed` is not a bool.
   """
+  if not isinstance(placed, bool):
+    raise TypeError(f"jit_once: placed={placed!r} must be True or False.")
   fast = jax.jit(fun, compiler_options=_INIT_COMPILER_OPTIONS, **jit_kwargs)
   plain = jax.jit(fun, **jit_kwargs)
 
