@@ -28,6 +28,14 @@ train state per depth (they share its layout), medians of `--rounds`:
             row recompute dropped inside the block's remat)
   no_remat  `remat="none"` at the largest batch that fits without it
             (`Shape.no_remat_batch`, at `Shape.no_remat_depths`)
+  unrolled  `scan_layers=False` at `Shape.unrolled_batch`: each layer's
+            weights their own arrays. A stack of layers keeps each weight
+            as one [L, ...] array, and a Pallas call cannot read a layer's
+            slice of it in place (XLA fuses no slice into a custom call's
+            operand, `allow_input_fusion` or not): the step copies every
+            layer's expert weights out of the stack and their gradients
+            back into it. Its own train state (another layout), timed
+            after the stacked variants'.
 
 Per variant with both depths: the layer's seconds (step less SGD update,
 deeper less shallower, per layer), its model FLOPs
@@ -84,6 +92,8 @@ class Shape:
     no_remat_depths: the depths at which `no_remat_batch` fits.
     depths: the two depths.
     changes: further config fields (the tiny rehearsal's sizes).
+    unrolled_batch: the largest batch that fits with `remat` and the layers
+      unrolled (`scan_layers=False`); None: `batch`.
   """
 
   config: str
@@ -94,13 +104,17 @@ class Shape:
   no_remat_depths: tuple[int, ...]
   depths: tuple[int, int] = (1, 2)
   changes: tuple[tuple[str, Any], ...] = ()
+  unrolled_batch: int | None = None
 
 
 # Planned for tpu:v5e-1 (15.75 GiB) with SGD, jax 0.10.2 and libtpu 0.0.42.1
 # (the chip's jax), `--plan` (benchmarks/device/README.md has the table).
 SHAPES = {
     "qwen3": Shape("qwen3_30b_a3b", 48, 8, "full", 4, (1, 2)),
-    "mixtral": Shape("mixtral_8x7b", 32, 2, "full", 1, (1,)),
+    # Unrolled, the deeper Mixtral step holds no stacked copy of its expert
+    # weights (jax 0.12.0.1 / libtpu 0.0.50.1: peak 13.76 GiB at batch 2,
+    # 15.64 at 4, against 16.39 scanned at 2).
+    "mixtral": Shape("mixtral_8x7b", 32, 2, "full", 1, (1,), unrolled_batch=4),
 }
 # A CPU rehearsal of the same code (`--tiny`): its figures mean nothing.
 TINY = {
@@ -124,6 +138,7 @@ VARIANTS = {
     "ragged_dot": {"grouped_matmul": "ragged_dot"},
     "no_remat": {"remat": "none"},
     "rows_once": {"remat_moe_rows": False},
+    "unrolled": {"scan_layers": False},
 }
 
 
@@ -156,7 +171,19 @@ def programs(shapes: dict, names, variants) -> list[Program]:
 
 
 def batch_of(shape: Shape, variant: str) -> int:
-  return shape.no_remat_batch if variant == "no_remat" else shape.batch
+  if variant == "no_remat":
+    return shape.no_remat_batch
+  if variant == "unrolled" and shape.unrolled_batch:
+    return shape.unrolled_batch
+  return shape.batch
+
+
+def layouts(variants: list[str]) -> list[list[str]]:
+  """`variants` split by the train state's layout they need (stacked
+  first, then unrolled), each list in the given order."""
+  stacked = [v for v in variants if "scan_layers" not in VARIANTS[v]]
+  unrolled = [v for v in variants if "scan_layers" in VARIANTS[v]]
+  return [x for x in (stacked, unrolled) if x]
 
 
 def model_config(shape: Shape, depth: int, variant: str = "bf16"):
@@ -413,8 +440,9 @@ def time_group(
     rounds: int,
     deadline: float,
 ) -> dict:
-  """Medians of alternating steps of `variants` at `depth` on one state,
-  then the SGD update alone on that state's parameters."""
+  """Medians of alternating steps of `variants` at `depth`, on one state
+  per layout (`layouts`), then the SGD update alone on the first state's
+  parameters."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
@@ -431,10 +459,8 @@ def time_group(
       print(f"  {key}: {facts['error'][:200]}", flush=True)
   if not ready:
     return group
-  mesh = compiler.mesh
   runs = {v: compiler.runs[Program(name, depth, v).key] for v in ready}
-  first = runs[ready[0]]
-  rng = jax.device_put(jax.random.key(1), replicated(mesh))
+  rng = jax.device_put(jax.random.key(1), replicated(compiler.mesh))
   vocab = model_config(shape, depth).vocab_size
   rows = np.random.default_rng(0)
   tokens = {}
@@ -443,37 +469,17 @@ def time_group(
     if b not in tokens:
       tokens[b] = jax.device_put(
           jnp.asarray(rows.integers(0, vocab, (b, compiler.seq)), jnp.int32),
-          first.token_sharding(),
+          runs[v].token_sharding(),
       )
-  start = time.perf_counter()
-  state = first.init(tokens[batch_of(shape, ready[0])], jax.random.key(0))
-  _block(state)
-  group["init_s"] = time.perf_counter() - start
-  samples = {v: [] for v in ready}
-  metrics = {}
-  for r in range(rounds + 1):  # round 0 warms up
-    for v in list(ready):
-      if time.monotonic() > deadline:
-        group["cut"] = f"deadline in round {r}"
-        break
-      start = time.perf_counter()
-      try:
-        state, m = runs[v].step(state, tokens[batch_of(shape, v)], rng)
-        _block((state, m))
-      except Exception as e:  # noqa: BLE001 (the chip refuses: reported)
-        group["programs"][v]["error"] = f"run: {type(e).__name__}: {e}"[:600]
-        ready.remove(v)
-        samples.pop(v)
-        print(f"  {name}/{depth}/{v}: {group['programs'][v]['error'][:200]}")
-        if state is None or any(
-            getattr(x, "is_deleted", lambda: False)()
-            for x in jax.tree.leaves(state)
-        ):
-          return group  # the state went with it
-        continue
-      if r:
-        samples[v].append(time.perf_counter() - start)
-      metrics[v] = m
+  samples, metrics = {}, {}
+  for layout in layouts(ready):  # one state at a time: a chip holds one
+    timing = _Timing(runs, tokens, shape, rng, rounds, deadline)
+    state = _alternate(group, layout, timing, samples, metrics)
+    if state is None:
+      continue
+    if time.monotonic() < deadline and "optimizer_ms" not in group:
+      group["optimizer_ms"] = _time_update(state, rounds)
+    del state
   group["step_ms"] = {
       v: statistics.median(s) * 1e3 for v, s in samples.items() if s
   }
@@ -485,10 +491,65 @@ def time_group(
         skipped_steps=int(m["skipped_steps"]),
         expert_load_max_over_mean=load_balance(m["expert_load"]),
     )
-  if time.monotonic() < deadline:
-    group["optimizer_ms"] = _time_update(state, rounds)
-  del state
   return group
+
+
+@dataclasses.dataclass(frozen=True)
+class _Timing:
+  """What one depth's timing shares: the compiled runs by variant, the
+  token batches by size, the shape, the key, rounds and deadline."""
+
+  runs: dict
+  tokens: dict
+  shape: Shape
+  rng: Any
+  rounds: int
+  deadline: float
+
+
+def _alternate(group, variants, t: _Timing, samples, metrics):
+  """Steps of `variants` (one layout) alternating on one fresh state:
+  their times into `samples`, last metrics into `metrics`. Returns the
+  state, or None where a failed step took it."""
+  import jax  # noqa: PLC0415
+
+  variants = list(variants)
+  first = t.runs[variants[0]]
+  start = time.perf_counter()
+  state = first.init(
+      t.tokens[batch_of(t.shape, variants[0])], jax.random.key(0)
+  )
+  _block(state)
+  group.setdefault("init_s", {})[variants[0]] = time.perf_counter() - start
+  for v in variants:
+    samples[v] = []
+  for r in range(t.rounds + 1):  # round 0 warms up
+    for v in list(variants):
+      if time.monotonic() > t.deadline:
+        group["cut"] = f"deadline in round {r}"
+        break
+      start = time.perf_counter()
+      try:
+        state, m = t.runs[v].step(state, t.tokens[batch_of(t.shape, v)], t.rng)
+        _block((state, m))
+      except Exception as e:  # noqa: BLE001 (the chip refuses: reported)
+        group["programs"][v]["error"] = f"run: {type(e).__name__}: {e}"[:600]
+        variants.remove(v)
+        samples.pop(v)
+        print(
+            f"  {group['shape']}/{group['depth']}/{v}:"
+            f" {group['programs'][v]['error'][:200]}"
+        )
+        if state is None or any(
+            getattr(x, "is_deleted", lambda: False)()
+            for x in jax.tree.leaves(state)
+        ):
+          return None  # the state went with it
+        continue
+      if r:
+        samples[v].append(time.perf_counter() - start)
+      metrics[v] = m
+  return state
 
 
 def _time_update(state, rounds: int) -> float:

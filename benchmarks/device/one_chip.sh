@@ -40,6 +40,10 @@
 #              the variants alternating); $OUT/mfu/bench_mfu.json; 400 s
 #              at most; MFU_ARGS adds options (e.g. "--variants bf16
 #              ragged_dot"). Not in the default run.
+#   int8_mxu   benchmarks/device/bench_int8_mxu.py: int8 against bf16 on
+#              the matrix unit (XLA's dense dot, our gmm at several tiles)
+#              and the int8 path's quantizations, forward only;
+#              $OUT/int8_mxu/; 150 s at most. Not in the default run.
 #   profile    benchmarks/device/profile_step.py: the top device ops of a
 #              few traced steps, by group; $OUT/profile/; PROFILE_ARGS adds
 #              options (e.g. "--shape mixtral"). Not in the default run.
@@ -121,6 +125,9 @@ for s in $steps; do
       # shellcheck disable=SC2086  # MFU_ARGS: extra options, word-split
       step mfu 420 python3 benchmarks/device/bench_mfu.py --out "$OUT/mfu" \
         --budget-s 400 ${MFU_ARGS:-} ;;
+    int8_mxu)
+      step int8_mxu 150 python3 benchmarks/device/bench_int8_mxu.py \
+        --out "$OUT/int8_mxu" ;;
     profile)
       # shellcheck disable=SC2086  # PROFILE_ARGS: extra options
       step profile 240 python3 benchmarks/device/profile_step.py \

@@ -109,6 +109,22 @@ class ProgramsTest(absltest.TestCase):
     )
     self.assertEqual(bench_mfu.batch_of(shapes["a"], "no_remat"), 2)
     self.assertEqual(bench_mfu.batch_of(shapes["a"], "int8"), 4)
+    self.assertEqual(bench_mfu.batch_of(shapes["a"], "unrolled"), 4)
+    wider = bench_mfu.Shape("x", 32, 4, "full", 2, (1,), unrolled_batch=6)
+    self.assertEqual(bench_mfu.batch_of(wider, "unrolled"), 6)
+    self.assertEqual(bench_mfu.batch_of(wider, "bf16"), 4)
+
+  def test_one_state_per_layout(self):
+    # The unrolled variant holds another variables' layout: its own state,
+    # after the stacked ones, each list in the order given.
+    self.assertEqual(
+        bench_mfu.layouts(["unrolled", "bf16", "int8"]),
+        [["bf16", "int8"], ["unrolled"]],
+    )
+    self.assertEqual(bench_mfu.layouts(["unrolled"]), [["unrolled"]])
+    self.assertEqual(bench_mfu.layouts(["bf16"]), [["bf16"]])
+    cfg = bench_mfu.model_config(bench_mfu.SHAPES["mixtral"], 2, "unrolled")
+    self.assertFalse(cfg.scan_layers)
 
   def test_variant_configs(self):
     shape = bench_mfu.SHAPES["qwen3"]
