@@ -21,7 +21,9 @@ train state per depth (they share its layout), medians of `--rounds`:
   bf16      the plan's remat and batch, `grouped_matmul="auto"`
   int8      the same with `quantization="int8"` (AQT)
   int8_kernel  int8 on our Pallas int8 gmm (`grouped_matmul="kernel"`:
-            the scales in its epilogue; "auto" runs XLA's s8 ragged_dot)
+            the scales in its epilogue; "auto" takes it too from
+            `accelerator.AUTO_INT8_MIN_ROWS` rows, XLA's s8 ragged_dot
+            below)
   kernel    the same with `grouped_matmul="kernel"` (our Pallas gmm)
   ragged_dot  the same with `grouped_matmul="ragged_dot"` (XLA's)
   rows_once the same with `remat_moe_rows=False` (the MoE layer's own

@@ -286,16 +286,40 @@ def _pallas(interpret: bool) -> tuple[Kernel | None, str | None]:
   return Kernel("pallas gmm", fn, _FLOATS, False, int8), None
 
 
-def int8_kernel(implementation: str) -> Callable[..., jax.Array] | None:
+# The fewest rows at which `int8_kernel` gives "auto" the Pallas int8
+# kernel on a TPU: the fewest it was measured faster at (a Mixtral-8x7B
+# layer's 2 x 4096 tokens, top-2). Fewer (decoding a served int8 layer)
+# keep XLA's int8 `ragged_dot`, never measured slower there.
+AUTO_INT8_MIN_ROWS = 16384
+
+
+def int8_kernel(
+    implementation: str, rows: int | None = None
+) -> Callable[..., jax.Array] | None:
   """The int8 grouped matmul with in-kernel scales that `implementation`
-  runs where it is traced: the Pallas one for "kernel" on a TPU (or on a
-  CPU inside `kernels_on_cpu("pallas")`), outside a `shard_map`; else None
-  (the caller runs its int8 contraction through `grouped_matmul`, which
-  falls back to `ragged_dot` visibly). "auto" gets None too: the tile table
-  has no int8 timings."""
+  runs where it is traced: the Pallas one for "kernel" or "auto" on a TPU
+  (and for "kernel" on a CPU inside `kernels_on_cpu("pallas")`), outside a
+  `shard_map`; else None (the caller runs its int8 contraction through
+  `grouped_matmul`, which falls back to `ragged_dot` visibly).
+
+  "auto" takes it on a TPU for `rows` of at least `AUTO_INT8_MIN_ROWS`
+  (None: any), where it was measured faster than XLA's int8 `ragged_dot`
+  (whose int32 results go to HBM to be scaled by separate passes): on a
+  v5e the int8 train step of a Mixtral-8x7B layer ran 1.12x faster on it,
+  and of a Qwen3-30B-A3B layer 1.12x, with less memory
+  (benchmarks/device/README.md).
+
+  Args:
+    implementation: the layer's `grouped_matmul` setting.
+    rows: M, the rows of the contraction's lhs.
+  """
+  platform = target_platform()
+  enough = rows is None or rows >= AUTO_INT8_MIN_ROWS
+  if implementation == "auto" and platform == "tpu" and enough:
+    implementation = "kernel"
   if implementation != "kernel":
     return None
-  kernel, _ = find_kernel(target_platform())
+  kernel, _ = find_kernel(platform)
   if kernel is None or kernel.int8_scaled is None:
     return None
   if not kernel.in_shard_map and jax.sharding.get_abstract_mesh().manual_axes:

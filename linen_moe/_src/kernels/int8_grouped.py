@@ -24,12 +24,12 @@ same weights on the same int8 grid (and serving stores that grid, see
 `int8_grouped_matmul_stored` is the forward from an already quantized rhs
 (int8 values and their [G, 1, N] scales): the serving path.
 
-Where `implementation` runs the Pallas kernels ("kernel" on a TPU), the
-forward and dlhs contractions run the Pallas int8 grouped matmul
-(`accelerator.int8_kernel`): int8 operands into the MXU, int32
-accumulation, the scales applied in its epilogue, the same numbers bit for
-bit; elsewhere they run `grouped_matmul` on int8 operands (int32 output)
-and scale the result.
+Where `implementation` runs the Pallas kernels ("kernel" on a TPU, and
+"auto" there at training sizes), the forward and dlhs contractions run the
+Pallas int8 grouped matmul (`accelerator.int8_kernel`): int8 operands into
+the MXU, int32 accumulation, the scales applied in its epilogue, the same
+numbers bit for bit; elsewhere they run `grouped_matmul` on int8 operands
+(int32 output) and scale the result.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def _int8_forward_stored(
 ):
   """[M, K] x <int8>[G, K, N] (scales [G, 1, N]) -> <float32>[M, N]."""
   q_lhs, lhs_scale = quantize_int8(lhs, axis=1)  # [M, K], [M, 1]
-  kernel = accelerator.int8_kernel(implementation)
+  kernel = accelerator.int8_kernel(implementation, lhs.shape[0])
   if kernel is not None:  # int8 into the MXU, scales in its epilogue
     return kernel(q_lhs, lhs_scale, q_rhs, rhs_scale, group_sizes)
   acc = gmm_lib.grouped_matmul(
@@ -181,7 +181,7 @@ def _fwd(lhs, rhs, group_sizes, implementation, bound):
 
 def _bwd(implementation, bound, residuals, g):
   lhs, rhs, group_sizes = residuals
-  kernel = accelerator.int8_kernel(implementation)
+  kernel = accelerator.int8_kernel(implementation, lhs.shape[0])
   if kernel is not None:
     # rhs quantized along N is rhs^T quantized along its first axis, bit for
     # bit; the kernel contracts it transposed, so no [G, N, K] copy is made.
