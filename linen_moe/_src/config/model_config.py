@@ -68,7 +68,14 @@ class ModelConfig:
       output are each RMS-normalised before they are added.
     scan_layers: True to scan the blocks with `nn.scan`, False to unroll. A
       stack that mixes dense and MoE layers scans as a repeated group with
-      the layers outside it unrolled (`stack_plan`).
+      the layers outside it unrolled (`stack_plan`). A scanned stack keeps
+      each weight as one [L, ...] array, and on a TPU the Pallas grouped
+      matmul cannot read a layer's slice of it in place: each step copies
+      every layer's expert weights out of the stack and their gradients
+      back (a v5e, Mixtral-8x7B layer dims: 17 ms a layer of 237, and
+      2.6 GiB held at 2 layers). Unrolled, that layer ran at 54 % MFU
+      (benchmarks/device/README.md), for a compile time that grows with
+      the depth.
     scan_unroll: how many layers one iteration of the scanned stack's loop
       runs (`nn.scan`'s `unroll`), an int >= 1; 0 (the default) compiles a
       stack of at most 4 layers with no loop (faster steps, as fast a
