@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -171,6 +172,50 @@ class LaunchTest(absltest.TestCase):
     )
     self.assertEqual(code, 2)
     self.assertIn("launch runs `train`", err)
+
+
+class ExitAfterShutdownTest(absltest.TestCase):
+  """A process of a group that rejects its input leaves with its status
+  once the shutdown barrier passes, fails, or takes longer than the wait:
+  never held at it (a loaded machine once held one there past the
+  launcher's grace, killed with -9)."""
+
+  def _exit(self, shutdown: str) -> tuple[int, str, float]:
+    code = (
+        "import sys, time\n"
+        "from linen_moe_cli.commands.train import exit_after_shutdown\n"
+        "def shutdown():\n"
+        f"  {shutdown}\n"
+        "print('said before', flush=False)\n"
+        "sys.stderr.write('error before\\n')\n"
+        "exit_after_shutdown(2, 2.0, shutdown)\n"
+        "print('never')\n"
+    )
+    start = time.monotonic()
+    got = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    return got.returncode, got.stdout + got.stderr, time.monotonic() - start
+
+  def test_leaves_after_the_barrier_or_the_wait(self):
+    for shutdown, slowest in (
+        ("time.sleep(600)", 2.0),  # the wait ends it
+        ("return None", 0.0),
+        ("raise RuntimeError('barrier failed')", 0.0),
+    ):
+      with self.subTest(shutdown=shutdown):
+        status, out, took = self._exit(shutdown)
+        self.assertEqual(status, 2, out)
+        self.assertIn("said before", out)
+        self.assertIn("error before", out)
+        self.assertNotIn("never", out)
+        self.assertGreaterEqual(took, slowest)
+        self.assertLess(took, slowest + 60)
 
 
 class TwoProcessTrainTest(absltest.TestCase):

@@ -443,9 +443,17 @@ def run(args: argparse.Namespace) -> int:
     return train_and_report(opts, frontend, argv)
   try:
     return train_and_report(opts, frontend, argv)
-  except (ValueError, RunStopped):
-    # Every process rejects the same input, and sees the same (replicated)
-    # skipped steps: they exit together.
+  except ValueError as e:
+    # Every process rejects the same input together. The normal exit would
+    # wait at JAX's shutdown barrier, where a loaded CI machine once held
+    # process 0 past the launcher's 60 s grace (killed, -9): leave after it
+    # or after the heartbeat timeout, whichever comes first.
+    print(f"linen-moe: error: {e}", file=sys.stderr)
+    wait_s = args.heartbeat_timeout or DEFAULT_HEARTBEAT_TIMEOUT_S
+    exit_after_shutdown(2, wait_s)
+  except RunStopped:
+    # The same (replicated) skipped steps, or the same agreed stop: every
+    # process exits together.
     raise
   except BaseException:  # noqa: BLE001
     # Leave now: the normal exit waits at a shutdown barrier for peers that
@@ -458,6 +466,34 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)
+
+
+def exit_after_shutdown(code: int, wait_s: float, shutdown=None) -> None:
+  """Exits this process with `code` (`os._exit`: no other exit handler,
+  no wait for other threads) once `shutdown` (`jax.distributed.shutdown`:
+  the processes' barrier) returns or raises, or after `wait_s` seconds,
+  whichever comes first; stdout and stderr flushed first."""
+  import threading  # noqa: PLC0415
+
+  if shutdown is None:
+    import jax  # noqa: PLC0415
+
+    shutdown = jax.distributed.shutdown
+  sys.stdout.flush()
+  sys.stderr.flush()
+  done = threading.Event()
+
+  def leave():
+    try:
+      shutdown()
+    except BaseException:  # noqa: BLE001 (a failed barrier: leave anyway)
+      pass
+    finally:
+      done.set()
+
+  threading.Thread(target=leave, daemon=True).start()
+  done.wait(wait_s)
+  os._exit(code)
 
 
 def train_and_report(
