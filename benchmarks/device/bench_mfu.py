@@ -38,6 +38,8 @@ train state per depth (they share its layout), medians of `--rounds`:
             layer's expert weights out of the stack and their gradients
             back into it. Its own train state (another layout), timed
             after the stacked variants'.
+  unrolled_no_remat  the same with `remat="none"`, at
+            `Shape.unrolled_no_remat_batch`
 
 Per variant with both depths: the layer's seconds (step less SGD update,
 deeper less shallower, per layer), its model FLOPs
@@ -96,6 +98,8 @@ class Shape:
     changes: further config fields (the tiny rehearsal's sizes).
     unrolled_batch: the largest batch that fits with `remat` and the layers
       unrolled (`scan_layers=False`); None: `batch`.
+    unrolled_no_remat_batch: the largest that fits unrolled with remat
+      "none" at both depths; None: `no_remat_batch` (at its depths).
   """
 
   config: str
@@ -107,16 +111,38 @@ class Shape:
   depths: tuple[int, int] = (1, 2)
   changes: tuple[tuple[str, Any], ...] = ()
   unrolled_batch: int | None = None
+  unrolled_no_remat_batch: int | None = None
 
 
 # Planned for tpu:v5e-1 (15.75 GiB) with SGD, jax 0.10.2 and libtpu 0.0.42.1
 # (the chip's jax), `--plan` (benchmarks/device/README.md has the table).
 SHAPES = {
-    "qwen3": Shape("qwen3_30b_a3b", 48, 8, "full", 4, (1, 2)),
-    # Unrolled, the deeper Mixtral step holds no stacked copy of its expert
-    # weights (jax 0.12.0.1 / libtpu 0.0.50.1: peak 13.76 GiB at batch 2,
-    # 15.64 at 4, against 16.39 scanned at 2).
-    "mixtral": Shape("mixtral_8x7b", 32, 2, "full", 1, (1,), unrolled_batch=4),
+    # Unrolled, the deeper step holds no stacked copy of the expert weights.
+    # Compiled for tpu:v5e-1 with jax 0.12.0.1 / libtpu 0.0.50.1, 2 layers:
+    # Qwen3 full remat 14.09 GiB at batch 12 (16: 15.68, at the edge), no
+    # remat 14.51 at 8 (12: 16.65 temporaries, does not fit); Mixtral full
+    # remat 15.64 at 4 (13.76 at 2, against 16.39 scanned), no remat 15.06
+    # at 3 (scanned, no remat fits 1 layer at batch 1).
+    "qwen3": Shape(
+        "qwen3_30b_a3b",
+        48,
+        8,
+        "full",
+        4,
+        (1, 2),
+        unrolled_batch=12,
+        unrolled_no_remat_batch=8,
+    ),
+    "mixtral": Shape(
+        "mixtral_8x7b",
+        32,
+        2,
+        "full",
+        1,
+        (1,),
+        unrolled_batch=4,
+        unrolled_no_remat_batch=3,
+    ),
 }
 # A CPU rehearsal of the same code (`--tiny`): its figures mean nothing.
 TINY = {
@@ -141,6 +167,7 @@ VARIANTS = {
     "no_remat": {"remat": "none"},
     "rows_once": {"remat_moe_rows": False},
     "unrolled": {"scan_layers": False},
+    "unrolled_no_remat": {"scan_layers": False, "remat": "none"},
 }
 
 
@@ -166,10 +193,19 @@ def programs(shapes: dict, names, variants) -> list[Program]:
     shape = shapes[name]
     for variant in variants:
       for depth in shape.depths:
-        if variant == "no_remat" and depth not in shape.no_remat_depths:
+        if depth not in _depths(shape, variant):
           continue
         out.append(Program(name, depth, variant))
   return out
+
+
+def _depths(shape: Shape, variant: str) -> tuple[int, ...]:
+  """The depths `variant` is measured at: where its batch fits."""
+  if variant == "no_remat" or (
+      variant == "unrolled_no_remat" and not shape.unrolled_no_remat_batch
+  ):
+    return shape.no_remat_depths
+  return shape.depths
 
 
 def batch_of(shape: Shape, variant: str) -> int:
@@ -177,7 +213,13 @@ def batch_of(shape: Shape, variant: str) -> int:
     return shape.no_remat_batch
   if variant == "unrolled" and shape.unrolled_batch:
     return shape.unrolled_batch
+  if variant == "unrolled_no_remat":
+    return shape.unrolled_no_remat_batch or shape.no_remat_batch
   return shape.batch
+
+
+def remat_of(shape: Shape, variant: str) -> str:
+  return VARIANTS[variant].get("remat", shape.remat)
 
 
 def layouts(variants: list[str]) -> list[list[str]]:
@@ -790,7 +832,7 @@ def aot(args, shapes) -> int:
     rec = {
         "program": p.key,
         "batch": batch_of(shape, p.variant),
-        "remat": "none" if p.variant == "no_remat" else shape.remat,
+        "remat": remat_of(shape, p.variant),
         **facts,
     }
     records.append(rec)

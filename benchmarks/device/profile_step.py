@@ -353,7 +353,7 @@ def main(argv=None) -> int:
 
 
 def cfg_name(shape, variant: str) -> str:
-  remat = "none" if variant == "no_remat" else shape.remat
+  remat = bench_mfu.remat_of(shape, variant)
   return f"{shape.config} ({variant}, remat {remat})"
 
 

@@ -114,6 +114,35 @@ class ProgramsTest(absltest.TestCase):
     self.assertEqual(bench_mfu.batch_of(wider, "unrolled"), 6)
     self.assertEqual(bench_mfu.batch_of(wider, "bf16"), 4)
 
+  def test_unrolled_without_remat(self):
+    # Its own batch at both depths where one is given; else no_remat's
+    # batch at no_remat's depths.
+    shape = bench_mfu.Shape("x", 32, 4, "full", 2, (1,))
+    keys = [
+        p.key
+        for p in bench_mfu.programs({"a": shape}, ["a"], ["unrolled_no_remat"])
+    ]
+    self.assertEqual(keys, ["a/1/unrolled_no_remat"])
+    self.assertEqual(bench_mfu.batch_of(shape, "unrolled_no_remat"), 2)
+    wider = bench_mfu.Shape(
+        "tiny_mixtral", 32, 4, "full", 2, (1,), unrolled_no_remat_batch=3
+    )
+    keys = [
+        p.key
+        for p in bench_mfu.programs({"a": wider}, ["a"], ["unrolled_no_remat"])
+    ]
+    self.assertEqual(keys, ["a/1/unrolled_no_remat", "a/2/unrolled_no_remat"])
+    self.assertEqual(bench_mfu.batch_of(wider, "unrolled_no_remat"), 3)
+    for variant, remat in (
+        ("bf16", "full"),
+        ("no_remat", "none"),
+        ("unrolled", "full"),
+        ("unrolled_no_remat", "none"),
+    ):
+      self.assertEqual(bench_mfu.remat_of(wider, variant), remat)
+    cfg = bench_mfu.model_config(wider, 2, "unrolled_no_remat")
+    self.assertEqual((cfg.scan_layers, cfg.remat), (False, "none"))
+
   def test_one_state_per_layout(self):
     # The unrolled variant holds another variables' layout: its own state,
     # after the stacked ones, each list in the order given.
