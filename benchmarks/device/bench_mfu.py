@@ -58,6 +58,7 @@ each group.
   python benchmarks/device/bench_mfu.py --target tpu:v5e-1      # AOT here
   python benchmarks/device/bench_mfu.py --plan --target tpu:v5e-1 \\
       --shapes mixtral --batches 1 2 4                            # the search
+      [--plan-variant unrolled]                          # of another layout
   python benchmarks/device/bench_mfu.py --tiny --out DIR         # CPU rehearsal
 """
 
@@ -869,7 +870,8 @@ def plan_search(args, shapes) -> int:
     depth = max(shape.depths)
     for batch in args.batches:
       for remat in args.remats:
-        cfg = model_config(dataclasses.replace(shape, remat=remat), depth)
+        planned = dataclasses.replace(shape, remat=remat)
+        cfg = model_config(planned, depth, args.plan_variant)
         p = planning.plan(
             cfg,
             target,
@@ -878,7 +880,8 @@ def plan_search(args, shapes) -> int:
             optimizer=optax.sgd(LEARNING_RATE),
         )
         print(
-            f"{name} {depth} layer(s) batch {batch} remat {remat}: fits"
+            f"{name} {depth} layer(s) {args.plan_variant} batch {batch}"
+            f" remat {remat}: fits"
             f" {p.fits}, peak {p.per_device.peak_bytes / GIB:.2f} GiB of"
             f" {p.device_memory_bytes / GIB:.2f}, temp"
             f" {p.per_device.temp_bytes / GIB:.2f} GiB, compile"
@@ -921,6 +924,12 @@ def main(argv=None) -> int:
       "--plan", action="store_true", help="--target: the batch search"
   )
   parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
+  parser.add_argument(
+      "--plan-variant",
+      default="bf16",
+      choices=[v for v in VARIANTS if "remat" not in VARIANTS[v]],
+      help="--plan: the variant searched (e.g. unrolled)",
+  )
   parser.add_argument("--remats", nargs="+", default=["none", "full"])
   parser.add_argument(
       "--tiny",
