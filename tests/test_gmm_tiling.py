@@ -130,6 +130,19 @@ class TableTest(parameterized.TestCase):
           (128, 5632, 2048),
       )
 
+  def test_raised_vmem_limit_is_most_of_the_chips_vmem(self):
+    # 0.85 of the chip's VMEM (the rest Mosaic's own); the table's big
+    # tiles ask for exactly this.
+    for chip in ("v5e", "v5p"):
+      vmem = gmm_tiling.CHIPS[chip].vmem_bytes
+      self.assertEqual(gmm_tiling.raised_vmem_limit(chip), int(0.85 * vmem))
+    big = gmm_tiling.choose_tiling(32768, 4096, 14336, 8, jnp.bfloat16, "v5e")
+    self.assertEqual(big.vmem_limit_bytes, gmm_tiling.raised_vmem_limit("v5e"))
+    self.assertEqual(
+        gmm_tiling.raised_vmem_limit(),
+        gmm_tiling.raised_vmem_limit(gmm_tiling.DEFAULT_CHIP),
+    )
+
   @parameterized.parameters(*SHAPES)
   def test_rule_picks_tiles_that_divide_and_fit(self, m, k, n, g):
     for chip in ("v5e", "v5p"):

@@ -183,7 +183,7 @@ def sweep(shape, operands, chip, args) -> tuple[dict, list]:
     }[op]
 
   first = layouts[args.sweep_layouts[0]]
-  limit = int(0.85 * gmm_tiling.CHIPS[chip].vmem_bytes)
+  limit = gmm_tiling.raised_vmem_limit(chip)
   jobs = {
       (op, tiles): (
           _op_call(op, tiles, limit, args.interpret),
@@ -242,7 +242,7 @@ def bench_shape(spec: str, chip: str, args) -> dict:
   if args.top > 0:
     best, sweep_records = sweep((m, k, n, g), (lhs, rhs, dout), chip, args)
     fit = {op: best.get(op, getattr(tiling, op)) for op in gmm_tiling.OPS}
-    limit = int(0.85 * gmm_tiling.CHIPS[chip].vmem_bytes)
+    limit = gmm_tiling.raised_vmem_limit(chip)
     tiling = gmm_tiling.GmmTiling(**fit, vmem_limit_bytes=limit, source="sweep")
   print(f"  tiles: {tiling}", flush=True)
   operands = {name: (lhs, rhs, equal, dout) for name in IMPLEMENTATIONS}

@@ -35,7 +35,6 @@ import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -93,9 +92,7 @@ def calls(m, k, n, g, chip, top, interpret) -> dict:
       )
       if t != bf16.gmm
   ]
-  limit = int(
-      0.85 * gmm_tiling.CHIPS[chip or gmm_tiling.DEFAULT_CHIP].vmem_bytes
-  )
+  limit = gmm_tiling.raised_vmem_limit(chip)
   for t in tiles:
     out[f"gmm_int8 {t[0]}x{t[1]}x{t[2]}"] = (
         jax.jit(
@@ -192,5 +189,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-  np.set_printoptions(precision=3)
   sys.exit(main())

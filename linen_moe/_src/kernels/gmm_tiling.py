@@ -209,6 +209,12 @@ def sweep_candidates(
   ]
 
 
+def raised_vmem_limit(chip: str | None = None) -> int:
+  """The scoped VMEM limit (bytes) asked of Mosaic for tiles whose blocks
+  outgrow its default: `_VMEM_LIMIT_SHARE` of `chip`'s VMEM."""
+  return int(_VMEM_LIMIT_SHARE * CHIPS[chip or DEFAULT_CHIP].vmem_bytes)
+
+
 def _limit(tiles: GmmTiling, m, k, n, dtype, chip) -> int | None:
   need = max(
       vmem_bytes(op, getattr(tiles, op), dtype, dtype, _dims(op, m, k, n)[1])
@@ -216,7 +222,7 @@ def _limit(tiles: GmmTiling, m, k, n, dtype, chip) -> int | None:
   )
   if need <= _DEFAULT_SCOPED_VMEM // 2:
     return None
-  return int(_VMEM_LIMIT_SHARE * CHIPS[chip or DEFAULT_CHIP].vmem_bytes)
+  return raised_vmem_limit(chip)
 
 
 def rule_tiling(
