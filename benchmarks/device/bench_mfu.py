@@ -200,23 +200,32 @@ def programs(shapes: dict, names, variants) -> list[Program]:
   return out
 
 
+def _own_batch(shape: Shape, variant: str) -> int | None:
+  """The batch `shape` names for `variant` alone, or None."""
+  if variant == "unrolled":
+    return shape.unrolled_batch
+  if variant == "unrolled_no_remat":
+    return shape.unrolled_no_remat_batch
+  return None
+
+
+def _no_remat_fallback(shape: Shape, variant: str) -> bool:
+  """A variant without remat and without a batch of its own takes
+  `no_remat_batch`, at `no_remat_depths`."""
+  return remat_of(shape, variant) == "none" and not _own_batch(shape, variant)
+
+
 def _depths(shape: Shape, variant: str) -> tuple[int, ...]:
   """The depths `variant` is measured at: where its batch fits."""
-  if variant == "no_remat" or (
-      variant == "unrolled_no_remat" and not shape.unrolled_no_remat_batch
-  ):
+  if _no_remat_fallback(shape, variant):
     return shape.no_remat_depths
   return shape.depths
 
 
 def batch_of(shape: Shape, variant: str) -> int:
-  if variant == "no_remat":
+  if _no_remat_fallback(shape, variant):
     return shape.no_remat_batch
-  if variant == "unrolled" and shape.unrolled_batch:
-    return shape.unrolled_batch
-  if variant == "unrolled_no_remat":
-    return shape.unrolled_no_remat_batch or shape.no_remat_batch
-  return shape.batch
+  return _own_batch(shape, variant) or shape.batch
 
 
 def remat_of(shape: Shape, variant: str) -> str:
@@ -517,8 +526,8 @@ def time_group(
           runs[v].token_sharding(),
       )
   samples, metrics = {}, {}
+  timing = _Timing(runs, tokens, shape, rng, rounds, deadline)
   for layout in layouts(ready):  # one state at a time: a chip holds one
-    timing = _Timing(runs, tokens, shape, rng, rounds, deadline)
     state = _alternate(group, layout, timing, samples, metrics)
     if state is None:
       continue
