@@ -330,6 +330,64 @@ class TrainStepTest(parameterized.TestCase):
         m_full["cross_entropy"], m_acc["cross_entropy"], rtol=1e-5
     )
 
+  def test_accumulate_gradients_from_the_formula(self):
+    """Means of the gradients and metrics over the microbatches, maximum of
+    the fp8 "gradients", also when all are negative (in a dtype without
+    infinities too), for NumPy's loop over the same microbatches."""
+    x = np.arange(24, dtype=np.float32).reshape(6, 4) / 7.0 - 2.0
+
+    def grad_fn(xs, rng):
+      del rng
+      fp8 = {
+          "f32": xs.min() - 10.0,
+          "e4m3": (-3.0 - xs.max()).astype("float8_e4m3fn"),
+      }
+      return (xs.sum(0), fp8), {"loss": (xs**2).mean()}
+
+    for grad_accum in (1, 3):
+      (p, o), m = jax.jit(
+          lambda x, g=grad_accum: train_lib.accumulate_gradients(
+              grad_fn, x, g, jax.random.key(0)
+          )
+      )(x)
+      micro = np.split(x, grad_accum)
+      np.testing.assert_allclose(
+          p, np.mean([b.sum(0) for b in micro], 0), rtol=1e-6
+      )
+      np.testing.assert_allclose(
+          m["loss"], np.mean([(b**2).mean() for b in micro]), rtol=1e-6
+      )
+      self.assertEqual(float(o["f32"]), max(b.min() - 10.0 for b in micro))
+      self.assertEqual(o["e4m3"].dtype, jnp.float8_e4m3fn)
+      want = max(
+          float(jnp.asarray(-3.0 - b.max(), jnp.float8_e4m3fn)) for b in micro
+      )
+      self.assertEqual(float(o["e4m3"]), want)
+
+  def test_microbatches_share_one_copy_of_the_model(self):
+    """The step's program holds the forward and backward once, whatever
+    `grad_accum` (a microbatch outside the scan would double it)."""
+    cfg = load_model_config("tiny_mixtral", num_layers=1)
+    model = Decoder(cfg)
+    opt = optax.sgd(0.1)
+    tokens = jnp.zeros((4, 8), jnp.int32)
+    state = jax.eval_shape(
+        lambda: train_lib.init_train_state(
+            model, opt, tokens, jax.random.key(0)
+        )
+    )
+
+    def dots(grad_accum):
+      step = train_lib.make_train_step(model, opt, grad_accum)
+      jaxpr = jax.make_jaxpr(step)(state, tokens, jax.random.key(0))
+      return sum(
+          eqn.primitive.name == "dot_general"
+          for eqn in helpers.jaxpr_equations(jaxpr)
+      )
+
+    self.assertGreater(dots(1), 0)
+    self.assertEqual(dots(2), dots(1))
+
   def test_grad_accum_must_divide_batch(self):
     with self.assertRaisesRegex(ValueError, "grad_accum=3"):
       train_lib.split_microbatches(jnp.zeros((8, 4), jnp.int32), 3)

@@ -230,20 +230,11 @@ class SavedTensorsTest(parameterized.TestCase):
     decoder (MLA's query, key and value too)."""
     cfg = load_model_config(config, scan_layers=False)
     loss, params = _loss_fn(cfg)
-    found = set()
-
-    def walk(jaxpr):
-      for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "name":
-          found.add(eqn.params["name"])
-        for value in eqn.params.values():
-          for sub in value if isinstance(value, (tuple, list)) else (value,):
-            if isinstance(sub, jax.extend.core.ClosedJaxpr):
-              walk(sub.jaxpr)
-            elif isinstance(sub, jax.extend.core.Jaxpr):
-              walk(sub)
-
-    walk(jax.make_jaxpr(loss)(params).jaxpr)
+    found = {
+        eqn.params["name"]
+        for eqn in helpers.jaxpr_equations(jax.make_jaxpr(loss)(params))
+        if eqn.primitive.name == "name"
+    }
     self.assertEqual(found, set(names.CHECKPOINT_NAMES))
 
 

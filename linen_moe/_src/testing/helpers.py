@@ -9,6 +9,7 @@ Shapes: B batch, S sequence, M emb_dim, E num_experts.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Iterator
 import contextlib
 import io
 import json
@@ -227,3 +228,21 @@ def read_jsonl(path: str) -> list[dict]:
   """
   with open(path, encoding="utf-8") as f:
     return [json.loads(line) for line in f]
+
+
+def jaxpr_equations(jaxpr: Any) -> Iterator[Any]:
+  """Every equation of `jaxpr` and of the sub-jaxprs in its equations'
+  parameters (scan and cond bodies, custom_vjp rules, ...), depth first.
+
+  Args:
+    jaxpr: a `jax.extend.core.Jaxpr` or `ClosedJaxpr` (`jax.make_jaxpr`).
+
+  Yields:
+    The equations, each before those of its sub-jaxprs.
+  """
+  for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+    yield eqn
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        if hasattr(getattr(sub, "jaxpr", sub), "eqns"):
+          yield from jaxpr_equations(sub)

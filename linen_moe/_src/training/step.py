@@ -19,6 +19,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
@@ -367,9 +368,19 @@ def accumulate_gradients(
     return grad_fn(tokens, rng)
   micro = split_microbatches(tokens, grad_accum)
   rngs = jax.random.split(rng, grad_accum)
-  first = jax.tree.map(lambda x: x[0], micro)
-  rest = jax.tree.map(lambda x: x[1:], micro)
-  (p0, o0), m0 = grad_fn(first, rngs[0])
+  # The sums start at their identities (0; the lowest value for the fp8
+  # maximum), so every microbatch runs in the scan: the program holds one
+  # copy of the model's forward and backward, not two (a first microbatch
+  # peeled off the scan doubled the step's compile time: 2.64 -> 1.38 s for
+  # tiny_mixtral's step with two microbatches on a CPU). 0 + x and
+  # max(lowest, x) are x; the sums equal the peeled ones to float rounding.
+  (p_shape, o_shape), m_shape = jax.eval_shape(
+      grad_fn, jax.tree.map(lambda x: x[0], micro), rngs[0]
+  )
+  zeros = lambda t: jax.tree.map(  # noqa: E731
+      lambda s: jnp.zeros(s.shape, s.dtype), t
+  )
+  init = ((zeros(p_shape), jax.tree.map(_lowest, o_shape)), zeros(m_shape))
 
   def body(carry, xs):
     (p, o), m = carry
@@ -379,9 +390,24 @@ def accumulate_gradients(
         jax.tree.map(jnp.add, m, mi),
     ), None
 
-  ((p, o), m), _ = jax.lax.scan(body, ((p0, o0), m0), (rest, rngs[1:]))
+  ((p, o), m), _ = jax.lax.scan(body, init, (micro, rngs))
   scale = lambda t: jax.tree.map(lambda x: x / grad_accum, t)  # noqa: E731
   return (scale(p), o), scale(m)
+
+
+def _lowest(shape: jax.ShapeDtypeStruct) -> jax.Array:
+  """The identity of `jnp.maximum` over `shape`'s dtype: -inf, or the lowest
+  finite value where the dtype has no infinity (e.g. float8_e4m3fn)."""
+  dtype = np.dtype(shape.dtype)
+  if jnp.issubdtype(dtype, jnp.floating):
+    value = np.array(-np.inf).astype(dtype)
+    if not np.isneginf(value):
+      value = np.array(jnp.finfo(dtype).min, dtype)
+  elif jnp.issubdtype(dtype, jnp.integer):
+    value = np.array(jnp.iinfo(dtype).min, dtype)
+  else:
+    value = np.zeros((), dtype)  # bool: False
+  return jnp.full(shape.shape, value, dtype)
 
 
 def _zero_count() -> jax.Array:
