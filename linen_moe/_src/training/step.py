@@ -342,8 +342,9 @@ def accumulate_gradients(
   """Runs `grad_fn` over microbatches and combines what it returns.
 
   Parameter gradients and metrics are averaged, fp8 "gradients" combined by
-  `combine_overwrite_microbatches`. The microbatches run in a `lax.scan`
-  (one traced `grad_fn`); `grad_accum=1` calls `grad_fn` once, as is.
+  `combine_overwrite_microbatches`. Every microbatch runs in one `lax.scan`
+  (one copy of `grad_fn` in the program; it is also traced abstractly, for
+  the shapes of the sums); `grad_accum=1` calls `grad_fn` once, as is.
 
   Args:
     grad_fn: `grad_fn(tokens, rng) -> ((param_grads, fp8_grads), metrics)`
