@@ -122,8 +122,8 @@ class Plan:
       all devices, or None where it gives none. It counts what the
       program executes (recomputation, the optimizer, every expert of a
       grouped matmul) but a loop's body once: a scanned stack of more
-      than 4 layers counts about one layer; no FLOPs inside Pallas
-      kernels.
+      than 4 layers counts about one layer, `grad_accum` microbatches one
+      of them; no FLOPs inside Pallas kernels.
     tokens_per_step: tokens one step trains on (decode: generates).
     estimated_step_s: the roofline time of a step: the slower of the
       model FLOPs at the chip's peak and the bytes the step reads and
