@@ -7,6 +7,8 @@ scanned stack compiled as a loop, `scan_unroll=1`; the same learning rate),
 and the size of the compiled step (lines of optimised HLO). Point
 `JAX_COMPILATION_CACHE_DIR` at an empty directory for cold-cache figures;
 `--fast-compile` compiles as `linen-moe matrix` does by default.
+`--grad-accum 1 2` compiles each cell's step with each number of
+microbatches, all at the batch of the largest (2 rows a microbatch).
 
   JAX_COMPILATION_CACHE_DIR=$(mktemp -d) python \\
       benchmarks/model/bench_cell_compile.py --fast-compile \\
@@ -32,6 +34,13 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("cells", nargs="+", help="config/quant/path/layers/fe")
   parser.add_argument("--fast-compile", action="store_true")
+  parser.add_argument(
+      "--grad-accum",
+      type=int,
+      nargs="+",
+      default=[1],
+      help="microbatches per step, each compiled (default: 1)",
+  )
   a = parser.parse_args()
   if a.fast_compile:
     use_fast_compile()
@@ -55,21 +64,26 @@ def main() -> None:
     )
     fe = frontend(frontend_name)
     optimizer = default_optimizer(MATRIX_LEARNING_RATE)
-    tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(2, 8)))
+    batch = 2 * max(a.grad_accum)
+    tokens = jnp.asarray(next(MarkovData(cfg.vocab_size).batches(batch, 8)))
     rng = jax.random.key(0)
     start = time.perf_counter()
     state = jax.block_until_ready(fe.init(cfg, optimizer, tokens, rng))
     inited = time.perf_counter()
-    lowered = jax.jit(fe.make_step(cfg, optimizer)).lower(state, tokens, rng)
-    traced = time.perf_counter()
-    compiled = lowered.compile()
-    done = time.perf_counter()
-    hlo_lines = len(compiled.as_text().splitlines())
-    print(
-        f"{spec}: init {inited - start:.2f}s  trace+lower "
-        f"{traced - inited:.2f}s  compile {done - traced:.2f}s  "
-        f"({hlo_lines} lines of optimised HLO)"
-    )
+    print(f"{spec}: init {inited - start:.2f}s ({batch} x 8 tokens)")
+    for grad_accum in a.grad_accum:
+      start = time.perf_counter()
+      step = fe.make_step(cfg, optimizer, grad_accum)
+      lowered = jax.jit(step).lower(state, tokens, rng)
+      traced = time.perf_counter()
+      compiled = lowered.compile()
+      done = time.perf_counter()
+      hlo_lines = len(compiled.as_text().splitlines())
+      print(
+          f"  grad_accum {grad_accum}: trace+lower {traced - start:.2f}s  "
+          f"compile {done - traced:.2f}s  ({hlo_lines} lines of optimised "
+          "HLO)"
+      )
 
 
 if __name__ == "__main__":
