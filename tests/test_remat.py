@@ -89,9 +89,12 @@ def _nnx_loss_and_grads(cfg):
     return train_lib.decoder_loss(logits, aux, tokens)[0]
 
   value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
+  # The gradients are the nnx.Param's; the other variables (a routed bias)
+  # complete the graph for the conversion.
+  graphdef, _, rest = nnx.split(model, nnx.Param, ...)
   return (
       value,
-      nnx_adapter.nnx_to_linen(nnx.merge(nnx.graphdef(model), grads))["params"],
+      nnx_adapter.nnx_to_linen(nnx.merge(graphdef, grads, rest))["params"],
   )
 
 
