@@ -46,6 +46,15 @@ def _metrics(directory: str) -> list[dict]:
   return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
+def _as_started_for(test, rows: list[dict], steps: int) -> list[dict]:
+  """The metrics rows of a run started for STOP steps and resumed, with the
+  steps its first row records (checked: STOP) set to `steps`, to compare
+  with a run started for `steps`."""
+  test.assertEqual(rows[0]["recipe"]["steps"], STOP)
+  rows[0]["recipe"]["steps"] = steps
+  return rows
+
+
 TRAIN = (
     "train",
     "--config",
@@ -98,10 +107,8 @@ class TrainCommandResumeTest(absltest.TestCase):
       run("in_nnx", STEPS, "--frontend", "nnx")
 
     whole, split = _metrics(dirs["whole"]), _metrics(dirs["split"])
-    # The first row records the steps the run was started for.
-    self.assertEqual(split[0]["recipe"]["steps"], STOP)
     self.assertEqual(whole[0]["recipe"]["steps"], STEPS)
-    split[0]["recipe"]["steps"] = STEPS
+    split = _as_started_for(self, split, STEPS)
     self.assertEqual([m["step"] for m in split], list(range(1, STEPS + 1)))
     self.assertEqual(split, whole)  # every metric of every step, exactly
     self.assertNotIn("resumed", outputs["split"][0])
@@ -124,8 +131,7 @@ class TrainCommandResumeTest(absltest.TestCase):
     )
     self.assertEqual(code, 0)
     self.assertIn("already at step 12 (--steps 12)", out)
-    again = _metrics(dirs["split"])
-    again[0]["recipe"]["steps"] = STEPS
+    again = _as_started_for(self, _metrics(dirs["split"]), STEPS)
     self.assertEqual(again, whole)
 
     argv = [*TRAIN, "--steps", "13", "--checkpoint-dir", dirs["split"]]
@@ -295,11 +301,10 @@ class TrainResumeProductTest(parameterized.TestCase):
             save_every=3,
         )
         train_job.run(opts, nnx_adapter.frontend(frontend), log=lambda _: None)
-    split_rows, whole_rows = _metrics(dirs["split"]), _metrics(dirs["whole"])
-    # The first row records the steps the run was started for.
-    self.assertEqual(split_rows[0]["recipe"]["steps"], STOP)
-    split_rows[0]["recipe"]["steps"] = STEPS
-    self.assertEqual(split_rows, whole_rows)
+    self.assertEqual(
+        _as_started_for(self, _metrics(dirs["split"]), STEPS),
+        _metrics(dirs["whole"]),
+    )
     whole, split = _final_tree(dirs["whole"]), _final_tree(dirs["split"])
     self.assertEqual(sorted(split), sorted(whole))
     for p in whole:

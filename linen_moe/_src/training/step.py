@@ -379,9 +379,7 @@ def accumulate_gradients(
   (p_shape, o_shape), m_shape = jax.eval_shape(
       grad_fn, jax.tree.map(lambda x: x[0], micro), rngs[0]
   )
-  zeros = lambda t: jax.tree.map(  # noqa: E731
-      lambda s: jnp.zeros(s.shape, s.dtype), t
-  )
+  zeros = lambda t: jax.tree.map(jnp.zeros_like, t)  # noqa: E731
   init = ((zeros(p_shape), jax.tree.map(_lowest, o_shape)), zeros(m_shape))
 
   def body(carry, xs):
