@@ -47,6 +47,12 @@
 #   profile    benchmarks/device/profile_step.py: the top device ops of a
 #              few traced steps, by group; $OUT/profile/; PROFILE_ARGS adds
 #              options (e.g. "--shape mixtral"). Not in the default run.
+#   profile_layer  benchmarks/device/profile_layer.py: the MoE layer alone
+#              (ours, "auto") and its dense equivalent, forward + backward
+#              at bench_maxtext_layer.py's two shapes, traced and reduced
+#              to the top device ops by group; $OUT/profile_layer/; 200 s
+#              at most; PROFILE_LAYER_ARGS adds options. Not in the
+#              default run.
 #   maxtext    benchmarks/device/bench_maxtext_layer.py: MaxText 0.2.5's
 #              MoE layer (megablox, ragged_dot, tokamax) beside ours (auto,
 #              ragged_dot) and a dense gated MLP of the same FLOPs, forward +
@@ -132,6 +138,10 @@ for s in $steps; do
       # shellcheck disable=SC2086  # PROFILE_ARGS: extra options
       step profile 240 python3 benchmarks/device/profile_step.py \
         --out "$OUT/profile" ${PROFILE_ARGS:-} ;;
+    profile_layer)
+      # shellcheck disable=SC2086  # PROFILE_LAYER_ARGS: extra options
+      step profile_layer 200 python3 benchmarks/device/profile_layer.py \
+        --out "$OUT/profile_layer" ${PROFILE_LAYER_ARGS:-} ;;
     maxtext)
       if [ ! -d .whl-maxtext ]; then
         echo "== maxtext: skipped (no .whl-maxtext: carry it)"

@@ -192,10 +192,16 @@ def self_ms(events: list[dict], steps: int) -> collections.Counter:
 
 
 def reduce_trace(
-    trace: dict, hlo_text: str, steps: int, top: int = 30, module="jit_step"
+    trace: dict,
+    hlo_text: str,
+    steps: int,
+    top: int = 30,
+    module="jit_step",
+    group=group_of,
+    groups=GROUPS,
 ) -> dict:
   """The trace reduced: per step ms and share of the top ops and of each
-  group.
+  group (`group(name, opcode, op_name)`, one of `groups`).
 
   Returns:
     {"step_ms": the device ops' total per step, "groups": [{group, ms,
@@ -205,16 +211,16 @@ def reduce_trace(
   ops = self_ms(device_op_events(trace, module), steps)
   info = instructions(hlo_text)
   total = sum(ops.values())
-  groups = collections.Counter({g: 0.0 for g in GROUPS})
+  by_group = collections.Counter({g: 0.0 for g in groups})
   rows = []
   for op, ms in ops.most_common():
     opcode, op_name = info.get(op, ("", ""))
-    group = group_of(op, opcode, op_name)
-    groups[group] += ms
+    name = group(op, opcode, op_name)
+    by_group[name] += ms
     rows.append({
         "op": op,
         "opcode": opcode,
-        "group": group,
+        "group": name,
         "ms": ms,
         "share": ms / total if total else 0.0,
         "op_name": op_name,
@@ -223,7 +229,7 @@ def reduce_trace(
       "step_ms": total,
       "groups": [
           {"group": g, "ms": ms, "share": ms / total if total else 0.0}
-          for g, ms in groups.most_common()
+          for g, ms in by_group.most_common()
       ],
       "top": rows[:top],
       "ops": len(rows),
