@@ -40,6 +40,9 @@ train state per depth (they share its layout), medians of `--rounds`:
             after the stacked variants'.
   unrolled_no_remat  the same with `remat="none"`, at
             `Shape.unrolled_no_remat_batch`
+  unrolled_save_experts  the same with `remat="save_experts"` (the
+            expert matmuls' outputs kept, attention recomputed), at
+            `Shape.unrolled_save_experts_batch`
 
 Per variant with both depths: the layer's seconds (step less SGD update,
 deeper less shallower, per layer), its model FLOPs
@@ -101,6 +104,8 @@ class Shape:
       unrolled (`scan_layers=False`); None: `batch`.
     unrolled_no_remat_batch: the largest that fits unrolled with remat
       "none" at both depths; None: `no_remat_batch` (at its depths).
+    unrolled_save_experts_batch: the largest that fits unrolled with
+      remat "save_experts"; None: `unrolled_batch`.
   """
 
   config: str
@@ -113,6 +118,7 @@ class Shape:
   changes: tuple[tuple[str, Any], ...] = ()
   unrolled_batch: int | None = None
   unrolled_no_remat_batch: int | None = None
+  unrolled_save_experts_batch: int | None = None
 
 
 # Planned for tpu:v5e-1 (15.75 GiB) with SGD, jax 0.10.2 and libtpu 0.0.42.1
@@ -123,7 +129,9 @@ SHAPES = {
     # Qwen3 full remat 14.09 GiB at batch 12 (16: 15.68, at the edge), no
     # remat 14.51 at 8 (12: 16.65 temporaries, does not fit); Mixtral full
     # remat 15.64 at 4 (13.76 at 2, against 16.39 scanned), no remat 15.06
-    # at 3 (scanned, no remat fits 1 layer at batch 1).
+    # at 3 (scanned, no remat fits 1 layer at batch 1). Remat
+    # "save_experts" at the unrolled batch: Qwen3 15.00 GiB at 12 (13.12
+    # at 8), Mixtral 15.57 at 4.
     "qwen3": Shape(
         "qwen3_30b_a3b",
         48,
@@ -169,6 +177,7 @@ VARIANTS = {
     "rows_once": {"remat_moe_rows": False},
     "unrolled": {"scan_layers": False},
     "unrolled_no_remat": {"scan_layers": False, "remat": "none"},
+    "unrolled_save_experts": {"scan_layers": False, "remat": "save_experts"},
 }
 
 
@@ -206,6 +215,8 @@ def _own_batch(shape: Shape, variant: str) -> int | None:
     return shape.unrolled_batch
   if variant == "unrolled_no_remat":
     return shape.unrolled_no_remat_batch
+  if variant == "unrolled_save_experts":
+    return shape.unrolled_save_experts_batch or shape.unrolled_batch
   return None
 
 

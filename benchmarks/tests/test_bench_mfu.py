@@ -143,6 +143,40 @@ class ProgramsTest(absltest.TestCase):
     cfg = bench_mfu.model_config(wider, 2, "unrolled_no_remat")
     self.assertEqual((cfg.scan_layers, cfg.remat), (False, "none"))
 
+  def test_unrolled_saving_the_experts(self):
+    # Its own batch where one is given, else the unrolled variant's.
+    shape = bench_mfu.Shape("x", 32, 4, "full", 2, (1,), unrolled_batch=6)
+    self.assertEqual(bench_mfu.batch_of(shape, "unrolled_save_experts"), 6)
+    own = bench_mfu.Shape(
+        "tiny_mixtral",
+        32,
+        4,
+        "full",
+        2,
+        (1,),
+        unrolled_batch=6,
+        unrolled_save_experts_batch=5,
+    )
+    self.assertEqual(bench_mfu.batch_of(own, "unrolled_save_experts"), 5)
+    self.assertEqual(
+        bench_mfu.remat_of(own, "unrolled_save_experts"), "save_experts"
+    )
+    keys = [
+        p.key
+        for p in bench_mfu.programs(
+            {"a": own}, ["a"], ["unrolled_save_experts"]
+        )
+    ]
+    self.assertEqual(
+        keys, ["a/1/unrolled_save_experts", "a/2/unrolled_save_experts"]
+    )
+    cfg = bench_mfu.model_config(own, 2, "unrolled_save_experts")
+    self.assertEqual((cfg.scan_layers, cfg.remat), (False, "save_experts"))
+    self.assertEqual(
+        bench_mfu.layouts(["unrolled_save_experts", "bf16"]),
+        [["bf16"], ["unrolled_save_experts"]],
+    )
+
   def test_one_state_per_layout(self):
     # The unrolled variant holds another variables' layout: its own state,
     # after the stacked ones, each list in the order given.
