@@ -53,13 +53,13 @@ def group_of(name: str, opcode: str, op_name: str) -> str:
     activation   the gate's activation and its gradient
     copies       copy / transpose ops that only move bytes
   """
-  if opcode in profile_step._COPIES or name.startswith(("copy", "transpose")):  # noqa: SLF001
+  if opcode in profile_step.COPIES or name.startswith(("copy", "transpose")):
     return "copies"
   if name.startswith("linen_moe_gather") or any(
-      k in op_name for k in profile_step._GATHER_CALLS  # noqa: SLF001
+      k in op_name for k in profile_step.GATHER_CALLS
   ):
     return "permutation"
-  if any(k in op_name for k in profile_step._EXPERT_SITES):  # noqa: SLF001
+  if any(k in op_name for k in profile_step.EXPERT_SITES):
     return "matmuls"
   if "silu" in op_name or "gelu" in op_name:
     return "activation"
@@ -83,7 +83,7 @@ def profile_one(compiled, call_args, calls: int, top: int) -> dict:
       for _ in range(calls):
         jax.block_until_ready(compiled(*call_args))
     wall_ms = (time.perf_counter() - start) * 1e3 / calls
-    path = profile_step._trace_file(trace_dir)  # noqa: SLF001
+    path = profile_step.trace_file(trace_dir)
     if path is None:
       raise RuntimeError(f"no trace under {os.listdir(trace_dir)}")
     with gzip.open(path) as f:

@@ -99,28 +99,28 @@ def instructions(hlo_text: str) -> dict[str, tuple[str, str]]:
 
 
 # The grouped matmul's call sites (the contraction submodules' names).
-_EXPERT_SITES = ("wi_0_dot", "wi_1_dot", "wo_dot", "gate_up_dot")
+EXPERT_SITES = ("wi_0_dot", "wi_1_dot", "wo_dot", "gate_up_dot")
 _PERMUTE_PRIMITIVES = ("sort", "gather", "scatter", "argsort", "cumsum")
-_COPIES = ("copy", "copy-start", "copy-done", "transpose")
+COPIES = ("copy", "copy-start", "copy-done", "transpose")
 _OPTIMIZER = ("cond/branch_1_fun", "apply_updates", "scale_by", "sgd", "adam")
 # The permutation's row-gather kernels (and their operands' packing), which
 # run inside the gate-and-up checkpoint on a TPU.
-_GATHER_CALLS = ("jit(gather_rows)", "jit(gather_scale_dot)")
+GATHER_CALLS = ("jit(gather_rows)", "jit(gather_scale_dot)")
 
 
 def group_of(name: str, opcode: str, op_name: str) -> str:
   """The `GROUPS` entry of one device op: its instruction name, opcode
   and `op_name` metadata (first rule that matches)."""
   last = op_name.rsplit("/", 1)[-1]
-  if opcode in _COPIES or name.startswith(("copy", "transpose")):
+  if opcode in COPIES or name.startswith(("copy", "transpose")):
     return "copies"
   if any(k in op_name for k in _OPTIMIZER):
     return "optimizer"
   if name.startswith("linen_moe_gather") or any(
-      k in op_name for k in _GATHER_CALLS
+      k in op_name for k in GATHER_CALLS
   ):
     return "permutation"
-  if any(k in op_name for k in _EXPERT_SITES):
+  if any(k in op_name for k in EXPERT_SITES):
     return "expert matmuls"
   if "/moe/" in op_name or op_name.endswith("/moe"):
     if "moe._sparse" not in op_name:
@@ -258,7 +258,7 @@ def table(reduced: dict, title: str) -> str:
   return "\n".join(lines)
 
 
-def _trace_file(trace_dir: str) -> str | None:
+def trace_file(trace_dir: str) -> str | None:
   found = glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)
   return found[0] if found else None
 
@@ -320,7 +320,7 @@ def main(argv=None) -> int:
         state, metrics = run.step(state, tokens, rng)
         jax.block_until_ready((state, metrics))
     wall_ms = (time.perf_counter() - start) * 1e3 / args.steps
-    path = _trace_file(trace_dir)
+    path = trace_file(trace_dir)
     if path is None:
       print(f"no *.trace.json.gz under the trace: {os.listdir(trace_dir)}")
       return 1
