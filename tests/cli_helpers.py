@@ -57,3 +57,14 @@ def tempdir(test: absltest.TestCase) -> str:
   directory = tempfile.mkdtemp()
   test.addCleanup(shutil.rmtree, directory, ignore_errors=True)
   return directory
+
+
+def as_started_for(
+    test: absltest.TestCase, rows: list[dict], started: int, steps: int
+) -> list[dict]:
+  """The metrics rows of a run started for `started` steps and resumed,
+  with the steps its first row records (checked: `started`) set to
+  `steps`, to compare with a run started for `steps`."""
+  test.assertEqual(rows[0]["recipe"]["steps"], started)
+  rows[0]["recipe"]["steps"] = steps
+  return rows

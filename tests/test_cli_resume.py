@@ -46,15 +46,6 @@ def _metrics(directory: str) -> list[dict]:
   return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
-def _as_started_for(test, rows: list[dict], steps: int) -> list[dict]:
-  """The metrics rows of a run started for STOP steps and resumed, with the
-  steps its first row records (checked: STOP) set to `steps`, to compare
-  with a run started for `steps`."""
-  test.assertEqual(rows[0]["recipe"]["steps"], STOP)
-  rows[0]["recipe"]["steps"] = steps
-  return rows
-
-
 TRAIN = (
     "train",
     "--config",
@@ -108,7 +99,7 @@ class TrainCommandResumeTest(absltest.TestCase):
 
     whole, split = _metrics(dirs["whole"]), _metrics(dirs["split"])
     self.assertEqual(whole[0]["recipe"]["steps"], STEPS)
-    split = _as_started_for(self, split, STEPS)
+    split = cli_helpers.as_started_for(self, split, STOP, STEPS)
     self.assertEqual([m["step"] for m in split], list(range(1, STEPS + 1)))
     self.assertEqual(split, whole)  # every metric of every step, exactly
     self.assertNotIn("resumed", outputs["split"][0])
@@ -131,7 +122,9 @@ class TrainCommandResumeTest(absltest.TestCase):
     )
     self.assertEqual(code, 0)
     self.assertIn("already at step 12 (--steps 12)", out)
-    again = _as_started_for(self, _metrics(dirs["split"]), STEPS)
+    again = cli_helpers.as_started_for(
+        self, _metrics(dirs["split"]), STOP, STEPS
+    )
     self.assertEqual(again, whole)
 
     argv = [*TRAIN, "--steps", "13", "--checkpoint-dir", dirs["split"]]
@@ -302,7 +295,7 @@ class TrainResumeProductTest(parameterized.TestCase):
         )
         train_job.run(opts, nnx_adapter.frontend(frontend), log=lambda _: None)
     self.assertEqual(
-        _as_started_for(self, _metrics(dirs["split"]), STEPS),
+        cli_helpers.as_started_for(self, _metrics(dirs["split"]), STOP, STEPS),
         _metrics(dirs["whole"]),
     )
     whole, split = _final_tree(dirs["whole"]), _final_tree(dirs["split"])

@@ -118,7 +118,10 @@ class _Corpus(absltest.TestCase):
     return out
 
   def check_same_run(self, whole: str, split: str, trees: bool = True):
-    self.assertEqual(_metrics(split), _metrics(whole))  # every value
+    """The run in `whole` (started for STEPS steps) against `split`'s
+    (started for STOP, resumed to STEPS): every metric of every step."""
+    resumed = cli_helpers.as_started_for(self, _metrics(split), STOP, STEPS)
+    self.assertEqual(resumed, _metrics(whole))
     if trees:
       a, b = _final_tree(whole), _final_tree(split)
       self.assertEqual(sorted(a), sorted(b))
