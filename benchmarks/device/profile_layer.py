@@ -53,13 +53,11 @@ def group_of(name: str, opcode: str, op_name: str) -> str:
     activation   the gate's activation and its gradient
     copies       copy / transpose ops that only move bytes
   """
-  if opcode in profile_step.COPIES or name.startswith(("copy", "transpose")):
+  if profile_step.is_copy(name, opcode):
     return "copies"
-  if name.startswith("linen_moe_gather") or any(
-      k in op_name for k in profile_step.GATHER_CALLS
-  ):
+  if profile_step.is_row_gather(name, op_name):
     return "permutation"
-  if any(k in op_name for k in profile_step.EXPERT_SITES):
+  if profile_step.is_expert_matmul(op_name):
     return "matmuls"
   if "silu" in op_name or "gelu" in op_name:
     return "activation"
@@ -147,7 +145,7 @@ def main(argv=None) -> int:
           f" {jax.__version__}; {args.calls} calls traced,"
           f" {reduced['wall_ms']:.2f} ms a call on the host's clock"
       )
-      text = profile_step.table(reduced, title).replace("a step", "a call")
+      text = profile_step.table(reduced, title, per="call")
       print(text + "\n", flush=True)
       pathlib.Path(args.out, f"{label}.{name}.txt").write_text(text + "\n")
       results.append({"shape": label, "variant": name, **reduced})

@@ -99,28 +99,44 @@ def instructions(hlo_text: str) -> dict[str, tuple[str, str]]:
 
 
 # The grouped matmul's call sites (the contraction submodules' names).
-EXPERT_SITES = ("wi_0_dot", "wi_1_dot", "wo_dot", "gate_up_dot")
+_EXPERT_SITES = ("wi_0_dot", "wi_1_dot", "wo_dot", "gate_up_dot")
 _PERMUTE_PRIMITIVES = ("sort", "gather", "scatter", "argsort", "cumsum")
-COPIES = ("copy", "copy-start", "copy-done", "transpose")
+_COPIES = ("copy", "copy-start", "copy-done", "transpose")
 _OPTIMIZER = ("cond/branch_1_fun", "apply_updates", "scale_by", "sgd", "adam")
 # The permutation's row-gather kernels (and their operands' packing), which
 # run inside the gate-and-up checkpoint on a TPU.
-GATHER_CALLS = ("jit(gather_rows)", "jit(gather_scale_dot)")
+_GATHER_CALLS = ("jit(gather_rows)", "jit(gather_scale_dot)")
+
+
+def is_copy(name: str, opcode: str) -> bool:
+  """Whether a device op only moves bytes (a copy or a transpose)."""
+  return opcode in _COPIES or name.startswith(("copy", "transpose"))
+
+
+def is_row_gather(name: str, op_name: str) -> bool:
+  """Whether a device op is one of the permutation's row-gather kernels
+  (or its operands' packing)."""
+  return name.startswith("linen_moe_gather") or any(
+      k in op_name for k in _GATHER_CALLS
+  )
+
+
+def is_expert_matmul(op_name: str) -> bool:
+  """Whether a device op belongs to a grouped matmul's call site."""
+  return any(k in op_name for k in _EXPERT_SITES)
 
 
 def group_of(name: str, opcode: str, op_name: str) -> str:
   """The `GROUPS` entry of one device op: its instruction name, opcode
   and `op_name` metadata (first rule that matches)."""
   last = op_name.rsplit("/", 1)[-1]
-  if opcode in COPIES or name.startswith(("copy", "transpose")):
+  if is_copy(name, opcode):
     return "copies"
   if any(k in op_name for k in _OPTIMIZER):
     return "optimizer"
-  if name.startswith("linen_moe_gather") or any(
-      k in op_name for k in GATHER_CALLS
-  ):
+  if is_row_gather(name, op_name):
     return "permutation"
-  if any(k in op_name for k in EXPERT_SITES):
+  if is_expert_matmul(op_name):
     return "expert matmuls"
   if "/moe/" in op_name or op_name.endswith("/moe"):
     if "moe._sparse" not in op_name:
@@ -237,19 +253,21 @@ def reduce_trace(
   }
 
 
-def table(reduced: dict, title: str) -> str:
+def table(reduced: dict, title: str, per: str = "step") -> str:
+  """`reduced` as text: its groups and top ops, in ms a `per` (a 4-letter
+  word: "step", or "call" for a profile of calls)."""
   lines = [
       title,
       (
-          f"device ops: {reduced['step_ms']:.2f} ms a step,"
+          f"device ops: {reduced['step_ms']:.2f} ms a {per},"
           f" {reduced['ops']} distinct ops"
       ),
       "",
-      "by group:        ms a step   share",
+      f"by group:        ms a {per}   share",
   ]
   for g in reduced["groups"]:
     lines.append(f"  {g['group']:15s} {g['ms']:9.2f}  {g['share']:6.1%}")
-  lines += ["", "top ops:   ms a step  share  group           op (opcode)"]
+  lines += ["", f"top ops:   ms a {per}  share  group           op (opcode)"]
   for r in reduced["top"]:
     lines.append(
         f"  {r['ms']:9.3f}  {r['share']:6.1%}  {r['group']:15s}"
