@@ -92,6 +92,9 @@ class Kernel:
     int8_scaled: the int8 grouped matmul with in-kernel scales, where the
       kernel has one (`pallas_int8.int8_grouped_matmul_scaled`'s
       signature), else None.
+    gated: the down projection with the gated product fused, where the
+      kernel has one (`pallas_gated.gated_grouped_matmul`'s signature),
+      else None.
   """
 
   name: str
@@ -99,6 +102,7 @@ class Kernel:
   operand_dtypes: tuple[Any, ...]
   in_shard_map: bool = True
   int8_scaled: Callable[..., jax.Array] | None = None
+  gated: Callable[..., jax.Array] | None = None
 
   def takes(self, dtypes: tuple[Any, ...]) -> bool:
     allowed = {jnp.dtype(d) for d in self.operand_dtypes}
@@ -273,6 +277,7 @@ _FLOATS = (jnp.float32, jnp.bfloat16)
 
 def _pallas(interpret: bool) -> tuple[Kernel | None, str | None]:
   try:
+    from linen_moe._src.kernels import pallas_gated
     from linen_moe._src.kernels import pallas_grouped
     from linen_moe._src.kernels import pallas_int8
   except ImportError as e:  # a jax without Pallas TPU
@@ -283,7 +288,10 @@ def _pallas(interpret: bool) -> tuple[Kernel | None, str | None]:
   int8 = functools.partial(
       pallas_int8.int8_grouped_matmul_scaled, interpret=interpret
   )
-  return Kernel("pallas gmm", fn, _FLOATS, False, int8), None
+  gated = functools.partial(
+      pallas_gated.gated_grouped_matmul, interpret=interpret
+  )
+  return Kernel("pallas gmm", fn, _FLOATS, False, int8, gated), None
 
 
 # The fewest rows at which `int8_kernel` gives "auto" the Pallas int8
@@ -418,6 +426,29 @@ def find_kernel(backend: str) -> tuple[Kernel | None, str | None]:
   if backend == "cpu" and on_cpu == "tokamax_pallas":
     return _tokamax(_tokamax_pallas_interpreted)
   return None, f"no grouped-matmul kernel is known for backend {backend!r}"
+
+
+_FUSE_GATED = [True]
+
+
+def fuses_gated_product() -> bool:
+  """Whether a kernel's fused gated down projection may run (the default;
+  `unfused_gated_product` turns it off)."""
+  return _FUSE_GATED[0]
+
+
+@contextlib.contextmanager
+def unfused_gated_product():
+  """Inside, the sparse path's down projection never runs a kernel's fused
+  gated product (`Kernel.gated`): act(gate) * up is its own XLA pass, as
+  before the fusion (for measuring the fusion side by side). Resolution
+  happens while a function is traced, as for `kernels_on_cpu`."""
+  saved = _FUSE_GATED[0]
+  _FUSE_GATED[0] = False
+  try:
+    yield
+  finally:
+    _FUSE_GATED[0] = saved
 
 
 @contextlib.contextmanager
