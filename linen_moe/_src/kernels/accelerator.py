@@ -361,6 +361,15 @@ def gather_rows(table, index, valid=None) -> jax.Array:
   return pallas_gather.gather_rows(table, index, valid, interpret=interpret)
 
 
+def gather_sum(table, index, weights) -> jax.Array:
+  """`pallas_gather.gather_sum` for where it is traced (interpreted on a
+  CPU)."""
+  from linen_moe._src.kernels import pallas_gather
+
+  interpret = target_platform() == "cpu"
+  return pallas_gather.gather_sum(table, index, weights, interpret=interpret)
+
+
 def gather_scale_dot(table, index, scale, other) -> tuple[jax.Array, jax.Array]:
   """`pallas_gather.gather_scale_dot` for where it is traced (interpreted
   on a CPU)."""

@@ -333,14 +333,16 @@ def _vmem_call(
     unroll,
     interpret,
     name="linen_moe_gather_vmem",
+    block_out=None,
 ):
   """The "vmem" form's `pallas_call`: rows of `table` by `idx` <[blocks,
   1, tm]> into VMEM, handed to `store` with each grid step's blocks of
   `inputs` ([R, w] arrays, w from `input_widths`) and of the outputs
-  (`outputs`: (width, dtype) of each [R, width] result). Returns the
-  outputs."""
+  (`outputs`: (width, dtype) of each [R, width] result), `block_out`
+  rows each (default tm). Returns the outputs."""
   num_blocks = idx.shape[0]
-  row_block = lambda w: pl.BlockSpec((tm, w), lambda i, v: (i, 0))  # noqa: E731
+  out_rows = block_out or tm
+  row_block = lambda w: pl.BlockSpec((out_rows, w), lambda i, v: (i, 0))  # noqa: E731
   packed = _pack_halves(table) if table.dtype.itemsize == 2 else table
   kernel = functools.partial(
       _vmem_kernel,
@@ -349,7 +351,7 @@ def _vmem_call(
       num_inputs=len(inputs),
       store=store,
   )
-  moved = rows * table.shape[1] * table.dtype.itemsize
+  moved = idx.size * table.shape[1] * table.dtype.itemsize
   moved += sum(x.size * x.dtype.itemsize for x in inputs)
   moved += sum(rows * w * jnp.dtype(d).itemsize for w, d in outputs)
   return pl.pallas_call(
@@ -439,3 +441,94 @@ def gather_scale_dot(
       name="linen_moe_gather_scale_dot",
   )
   return scaled, dot.reshape(rows)
+
+
+def _store_weighted_sum(k: int):
+  """`gather_sum`'s store: block i's rows arrive choice-major (choice j of
+  its token r at row j * tm + r); each token's k rows, weighted, summed in
+  float32."""
+
+  def store(rows, inputs, outputs):
+    (weights,) = inputs
+    (out,) = outputs
+    if rows is None:  # never: every block is valid
+      out[...] = jnp.zeros(out.shape, out.dtype)
+      return
+    tm = out.shape[0]
+    w = weights[...]
+    total = jnp.zeros(out.shape, jnp.float32)
+    for j in range(k):
+      row = rows[j * tm : (j + 1) * tm].astype(jnp.float32)
+      wj = w[:, j : j + 1]
+      total += jnp.where(wj != 0, row * wj, 0.0)
+    out[...] = total.astype(out.dtype)
+
+  return store
+
+
+@functools.partial(jax.jit, static_argnames=("block_rows", "interpret"))
+def gather_sum(
+    table: jax.Array,
+    index: jax.Array,
+    weights: jax.Array,
+    *,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    interpret: bool = False,
+) -> jax.Array:
+  """Each output row the weighted sum of k gathered rows, in one pass:
+
+    out[t] = sum_j weights[t, j] * table[index[t, j]]   (float32 sums)
+
+  a term whose weight is 0 adds 0 whatever its row holds. The sparse
+  path's combine (table the expert outputs [R, M], the routing weights)
+  and its dispatch's backward (weights 1 or 0): XLA's k gathers of [T, M]
+  rows and their sum, without the gathered rows ever in HBM.
+
+  Args:
+    table: [N, M], a 16-bit float or float32.
+    index: <int>[T, k], rows of `table` (clamped into [0, N)).
+    weights: [T, k], any float dtype (taken as float32).
+    block_rows: rows gathered per grid step, about: a step takes
+      block_rows // k tokens, rounded down to a multiple of 8 (at least 8).
+    interpret: run the Pallas interpreter (on a CPU).
+
+  Returns:
+    [T, M] in `table`'s dtype.
+
+  Raises:
+    ValueError: shapes that do not fit, a table `_blocks` refuses.
+  """
+  if index.ndim != 2 or weights.shape != index.shape:
+    raise ValueError(
+        "gather_sum takes index [T, k] and weights of its shape; got "
+        f"{index.shape} and {weights.shape}."
+    )
+  t, k = index.shape
+  tokens = max(8, block_rows // max(k, 1) // 8 * 8)  # per grid step
+  tokens = min(tokens, -(-t // 8) * 8)
+  _blocks(table, index.reshape(-1), 32, "gather_sum")  # the table's checks
+  if t == 0 or k == 0:
+    return jnp.zeros((t, table.shape[-1]), table.dtype)
+  blocks = -(-t // tokens)
+  # Choice-major within each block: row j * tokens + r is token r's choice j.
+  idx = jnp.pad(index.astype(jnp.int32), ((0, blocks * tokens - t), (0, 0)))
+  idx = idx.reshape(blocks, tokens, k).transpose(0, 2, 1)
+  # Every block is whole for the kernel (no row zeroed): the padded
+  # tokens' rows are row 0's, and Pallas drops their outputs.
+  every_row = jnp.full((1,), blocks * tokens * k, jnp.int32)
+  (out,) = _vmem_call(
+      table,
+      idx.reshape(blocks, 1, tokens * k),
+      every_row,
+      (weights.astype(jnp.float32),),
+      (k,),
+      [(table.shape[-1], table.dtype)],
+      _store_weighted_sum(k),
+      tm=tokens * k,
+      rows=t,
+      unroll=8,
+      interpret=interpret,
+      name="linen_moe_gather_sum",
+      block_out=tokens,
+  )
+  return out

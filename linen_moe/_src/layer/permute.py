@@ -158,6 +158,11 @@ def _gather_sum(
   t, k = plan.num_tokens, plan.choices
   position = plan.position.reshape(t, k)
   is_local = plan.is_local.reshape(t, k)
+  if plan.row_gather == "pallas":  # the k gathered [T, M] never in HBM
+    w = is_local.astype(jnp.float32)
+    if weights is not None:
+      w = w * weights.astype(rows.dtype).astype(jnp.float32)
+    return accelerator.gather_sum(rows, position, w)
   out = None
   for j in range(k):  # k gathers of [T, M], summed in one fusion
     w = is_local[:, j].astype(rows.dtype)
