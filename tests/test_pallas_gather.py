@@ -123,6 +123,53 @@ class GatherScaleDotTest(parameterized.TestCase):
       )
 
 
+class GatherSumTest(parameterized.TestCase):
+
+  # (dtype, table rows, width, tokens, choices, block rows): a partial last
+  # block of tokens, k not a power of two, one block.
+  @parameterized.parameters(
+      (jnp.float32, 30, 128, 37, 3, 64),
+      (jnp.bfloat16, 40, 256, 50, 8, 128),
+      (jnp.bfloat16, 5, 128, 6, 2, 256),
+  )
+  def test_equals_the_numpy_loop(self, dtype, n, m, t, k, block):
+    rng = np.random.default_rng(n + t)
+    table = rng.normal(size=(n, m))
+    index = rng.integers(0, n, (t, k))
+    weights = rng.uniform(-1, 1, (t, k))
+    # A zero weight adds nothing, even on a row of infs.
+    weights[0, 0] = 0.0
+    table[index[0, 0]] = np.inf
+    chosen = (weights != 0)[..., None]
+    table_in = jnp.asarray(table, dtype)
+    got = pallas_gather.gather_sum(
+        table_in,
+        jnp.asarray(index, jnp.int32),
+        jnp.asarray(weights, jnp.float32),
+        block_rows=block,
+        interpret=True,
+    )
+    rows = np.asarray(table_in, np.float64)[index]  # [T, k, M]
+    want = np.where(chosen, rows * weights[..., None], 0).sum(axis=1)
+    self.assertEqual(got.dtype, dtype)
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(np.isfinite(np.asarray(got)), finite)
+    # Float32 sums of k products of the rounded inputs, rounded to dtype.
+    tol = 1e-6 if dtype == jnp.float32 else 8e-3
+    np.testing.assert_allclose(
+        np.asarray(got, np.float64)[finite], want[finite], rtol=tol, atol=tol
+    )
+
+  def test_bad_shapes_name_themselves(self):
+    table, index = jnp.zeros((4, 128)), jnp.zeros((8, 2), jnp.int32)
+    with self.assertRaisesRegex(ValueError, r"index \[T, k\] and weights"):
+      pallas_gather.gather_sum(table, index, jnp.zeros((8, 3)), interpret=True)
+    with self.assertRaisesRegex(ValueError, "table"):
+      pallas_gather.gather_sum(
+          jnp.zeros((4, 3), jnp.bfloat16), index, jnp.zeros((8, 2))
+      )
+
+
 class PermuteWithKernelTest(parameterized.TestCase):
   """`dispatch_rows` / `combine_rows` forward and gradients: the same bits
   with the row gather on the kernel as with XLA's."""
@@ -171,10 +218,15 @@ class PermuteWithKernelTest(parameterized.TestCase):
             "gather_scale_dot",
             wraps=pallas_gather.gather_scale_dot,
         ) as backward,
+        mock.patch.object(
+            pallas_gather, "gather_sum", wraps=pallas_gather.gather_sum
+        ) as sums,
     ):
       test_kernels._layer_step("none", "kernel", "pallas")
     self.assertGreaterEqual(called.call_count, 1)  # the dispatch
     self.assertEqual(backward.call_count, 1)  # the combine's backward
+    # The combine (init's forward, the step's) and the dispatch's backward.
+    self.assertEqual(sums.call_count, 3)
 
   def test_xla_outside_the_kernels(self):
     self.assertEqual(accelerator.row_gather("kernel"), "xla")  # plain CPU
