@@ -88,20 +88,22 @@ def gmm_vmem_bytes(
 ) -> int:
   """VMEM of `gmm` with `tiling` (tm, tc, to): lhs, rhs and output blocks
   double-buffered, the float32 product, and the accumulator when the
-  contraction has more than one tile, the rows split (`sub_block`) or an
-  epilogue reads it. Fused (`lhs_operands` > 1: a prologue, whose LHS tile
-  has a buffer; `row_operands` or `outputs` > 1: an epilogue): their
-  blocks too, all of `lhs_dtype`."""
+  contraction has more than one tile or the rows split (`sub_block`).
+  Fused (`lhs_operands` > 1, `row_operands`, `outputs` > 1): their blocks
+  too (of `lhs_dtype`), and the float32 tiles a prologue and an epilogue
+  compute (two per operand)."""
   tm, tc, to = tiling
   size = lambda d: jnp.dtype(d).itemsize  # noqa: E731
   blocks = lhs_operands * tm * tc * size(lhs_dtype) + tc * to * size(rhs_dtype)
-  blocks += (
-      (outputs * size(out_dtype) + row_operands * size(lhs_dtype)) * tm * to
-  )
-  epilogue = row_operands > 0 or outputs > 1
-  accumulator = tiles_c > 1 or sub_block(tm) is not None or epilogue
-  buffer = tm * tc * size(lhs_dtype) if lhs_operands > 1 else 0
-  return 2 * blocks + tm * to * 4 * (2 if accumulator else 1) + buffer
+  blocks += outputs * tm * to * size(out_dtype)
+  blocks += row_operands * tm * to * size(lhs_dtype)
+  accumulator = tiles_c > 1 or sub_block(tm) is not None
+  fused = 0
+  if lhs_operands > 1:
+    fused += 2 * lhs_operands * tm * tc * 4
+  if row_operands or outputs > 1:
+    fused += 2 * (row_operands + outputs) * tm * to * 4
+  return 2 * blocks + tm * to * 4 * (2 if accumulator else 1) + fused
 
 
 def tgmm_vmem_bytes(
@@ -110,13 +112,13 @@ def tgmm_vmem_bytes(
   """VMEM of `tgmm` with `tiling` (tm, tk, tn): lhs, dout and output blocks
   double-buffered, the transposed lhs tile, the float32 product and
   accumulator; with a prologue (`lhs_operands` > 1) its operands' blocks
-  and the LHS tile's buffer."""
+  and float32 tiles."""
   tm, tk, tn = tiling
   size = lambda d: jnp.dtype(d).itemsize  # noqa: E731
   blocks = lhs_operands * tm * tk * size(lhs_dtype) + tm * tn * size(dout_dtype)
   blocks += tk * tn * size(out_dtype)
-  buffer = tm * tk * size(lhs_dtype) if lhs_operands > 1 else 0
-  return 2 * blocks + tm * tk * size(lhs_dtype) + 2 * tk * tn * 4 + buffer
+  fused = 2 * lhs_operands * tm * tk * 4 if lhs_operands > 1 else 0
+  return 2 * blocks + tm * tk * size(lhs_dtype) + 2 * tk * tn * 4 + fused
 
 
 def _compiler_params(semantics, vmem_limit_bytes):
@@ -146,45 +148,6 @@ def _each_sub_block(row0, tm, split, lo, hi, body):
     start = row0 + b * split
     rows = slice(b * split, (b + 1) * split)
     pl.when((start < hi) & (start + split > lo))(functools.partial(body, rows))
-
-
-# Rows and columns of the chunks a prologue or an epilogue works in: [16,
-# 256] of float32 is 4 vector registers a value, so the elementwise work
-# stays in registers; on a whole [tm, to] tile every intermediate spills
-# to VMEM (on a v5e, an 8-expert down projection's input gradient with its
-# epilogue on [512, 2816] tiles took 11.0 ms, the plain one 4.6).
-_CHUNK_ROWS, _CHUNK_COLS = 16, 256
-
-
-def _in_chunks(rows: int, cols: int, body) -> None:
-  """Calls `body(r, c)` (`pl.ds` slices) over a [rows, cols] block in
-  chunks of [`_CHUNK_ROWS`, `_CHUNK_COLS`] (or 128 columns, or the whole
-  dimension where it is no multiple of them), in a loop."""
-  cr = _CHUNK_ROWS if rows % _CHUNK_ROWS == 0 else rows
-  cc = next((c for c in (_CHUNK_COLS, 128) if cols % c == 0), cols)
-  nr, nc = rows // cr, cols // cc
-  if nr * nc == 1:
-    body(pl.ds(0, rows), pl.ds(0, cols))
-    return
-
-  def step(t, carry):  # lax.div, lax.rem: t >= 0 needs no floor's sign
-    r = pl.ds(pl.multiple_of(lax.div(t, nc) * cr, cr), cr)
-    c = pl.ds(pl.multiple_of(lax.rem(t, nc) * cc, cc), cc)
-    body(r, c)
-    return carry
-
-  lax.fori_loop(0, nr * nc, step, 0)
-
-
-def _fill_lhs(buf, xs, prologue, tm, tc) -> None:
-  """buf [tm, tc] = prologue of the `xs` tiles (in float32), chunk by
-  chunk, in buf's dtype."""
-
-  def body(r, c):
-    value = prologue(*(x[r, c].astype(_F32) for x in xs))
-    buf[r, c] = value.astype(buf.dtype)
-
-  _in_chunks(tm, tc, body)
 
 
 def _rows_in(first_row, shape, lo, hi):
@@ -272,22 +235,19 @@ def gmm(
   dims = _PRODUCT_DIMS_T if transpose_rhs else _PRODUCT_DIMS
   split = sub_block(tm)
   num_lhs, num_rows = len(lhs_operands), len(row_operands)
-  # An epilogue reads the product from the accumulator, chunk by chunk.
-  uses_acc = tiles_c > 1 or split is not None or epilogue is not None
 
   def kernel(group, tile, compute, _rg, _rt, starts, ends, *refs):
     xs, (w, *refs) = refs[:num_lhs], refs[num_lhs:]
-    finish = lambda v: (v,)  # noqa: E731
-    if scales is not None:
+    if scales is None:
+      finish = epilogue or (lambda v: (v,))
+    else:
       lhs_scale, rhs_scale, *refs = refs
 
       def finish(v):  # <int32>[tm, to] -> <f32>, scaled
         return (v.astype(_F32) * lhs_scale[...] * rhs_scale[...],)
 
     rows_in, refs = refs[:num_rows], refs[num_rows:]
-    outs, scratch = refs[:outputs], refs[outputs:]
-    acc = scratch[0] if uses_acc else None
-    buf = scratch[-1] if prologue is not None else None
+    outs, acc = refs[:outputs], refs[outputs:]
     i, kc = pl.program_id(1), pl.program_id(2)
     first = (i == 0) | (tile[i] != tile[jnp.maximum(i - 1, 0)])
     does = compute[i] == 1
@@ -299,37 +259,13 @@ def gmm(
         before = jnp.where(first, 0.0, out[...].astype(_F32))
         out[...] = jnp.where(keep, value, before).astype(out.dtype)
 
-    def store_chunks():  # the epilogue of acc, chunk by chunk
-      g = group[i]
-
-      def body(r, c):
-        values = epilogue(acc[r, c], *(x[r, c].astype(_F32) for x in rows_in))
-        first_row = tile[i] * tm + r.start
-        keep = _rows_in(first_row, values[0].shape, starts[g], ends[g])
-        for out, value in zip(outs, values, strict=True):
-          before = jnp.where(first, 0.0, out[r, c].astype(_F32))
-          out[r, c] = jnp.where(keep, value, before).astype(out.dtype)
-
-      _in_chunks(tm, to, body)
-
-    def store_product(p, add_acc):  # acc (when add_acc) + p (unless None)
-      if epilogue is None:
-        total = acc[...] if p is None else acc[...] + p if add_acc else p
-        store(finish(total))
-        return
-      if p is not None:
-        if add_acc:
-          acc[...] += p
-        else:
-          acc[...] = p
-      store_chunks()
+    def store_product(p):  # the whole product, through the epilogue
+      store(finish(p, *(r[...].astype(_F32) for r in rows_in)))
 
     def lhs_tile(rows):
-      return xs[0][rows, :] if prologue is None else buf[rows, :]
-
-    def fill_lhs():
-      if prologue is not None:
-        _fill_lhs(buf, xs, prologue, tm, tc)
+      if prologue is None:
+        return xs[0][rows, :]
+      return prologue(*(x[rows, :].astype(_F32) for x in xs))
 
     def product(rows):  # this visit's [rows, to] product of x[rows]
       return lax.dot_general(
@@ -343,11 +279,11 @@ def gmm(
     def accumulate(rows, p):  # into acc[rows] over the contraction's tiles
       @pl.when(kc == 0)
       def _():
-        acc[rows, :] = p
+        acc[0][rows, :] = p
 
       @pl.when(kc > 0)
       def _():
-        acc[rows, :] += p
+        acc[0][rows, :] += p
 
     g = group[i]
     row0 = tile[i] * tm
@@ -355,10 +291,9 @@ def gmm(
 
     @pl.when(does & inside if split else does)
     def _():
-      fill_lhs()
       p = product(slice(None))
       if tiles_c == 1:
-        store_product(p, add_acc=False)
+        store_product(p)
         return
 
       @pl.when(kc < last_c)
@@ -367,7 +302,7 @@ def gmm(
 
       @pl.when(kc == last_c)
       def _():
-        store_product(p, add_acc=True)
+        store_product(acc[0][...] + p)
 
     if split:
       # A tile the visit's group only partly holds: only the sub-blocks
@@ -375,7 +310,6 @@ def gmm(
       # accumulator, and `store` keeps none of their rows).
       @pl.when(does & jnp.logical_not(inside))
       def _():
-        fill_lhs()
         _each_sub_block(
             row0,
             tm,
@@ -387,7 +321,7 @@ def gmm(
 
         @pl.when(kc == last_c)
         def _():
-          store_product(None, add_acc=True)
+          store_product(acc[0][...])
 
     @pl.when(jnp.logical_not(does) & (kc == last_c))
     def _():
@@ -448,10 +382,9 @@ def gmm(
               *[out_spec] * num_rows,
           ],
           out_specs=(out_spec,) * outputs,
-          scratch_shapes=[
-              *([pltpu.VMEM((tm, to), acc_dtype)] if uses_acc else []),
-              *([pltpu.VMEM((tm, tc), dtype)] if prologue is not None else []),
-          ],
+          scratch_shapes=(
+              [pltpu.VMEM((tm, to), acc_dtype)] if tiles_c > 1 or split else []
+          ),
       ),
       compiler_params=_compiler_params(
           ("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes
@@ -519,7 +452,7 @@ def tgmm(
   split = sub_block(tm)
 
   def kernel(group, tile, compute, _rg, _rt, starts, ends, *refs):
-    xs, (dy, out, acc, *buf) = refs[:num_lhs], refs[num_lhs:]
+    xs, (dy, out, acc) = refs[:num_lhs], refs[num_lhs:]
     i = pl.program_id(2)
     g = group[i]
     first = (i == 0) | (group[jnp.maximum(i - 1, 0)] != g)
@@ -545,10 +478,9 @@ def tgmm(
       )
 
     def lhs_tile(rows):
-      return xs[0][rows, :] if prologue is None else buf[0][rows, :]
-
-    if prologue is not None:
-      pl.when(does)(lambda: _fill_lhs(buf[0], xs, prologue, tm, tk))
+      if prologue is None:
+        return xs[0][rows, :]
+      return prologue(*(x[rows, :].astype(_F32) for x in xs))
 
     @pl.when(does & inside)
     def _():
@@ -607,10 +539,7 @@ def tgmm(
               pl.BlockSpec((tm, tn), dout_map),
           ],
           out_specs=pl.BlockSpec((None, tk, tn), out_map),
-          scratch_shapes=[
-              pltpu.VMEM((tk, tn), _F32),
-              *([pltpu.VMEM((tm, tk), dtype)] if prologue is not None else []),
-          ],
+          scratch_shapes=[pltpu.VMEM((tk, tn), _F32)],
       ),
       compiler_params=_compiler_params(
           ("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes
