@@ -197,24 +197,30 @@ class LayerWithPallasTest(test_kernels.LayerKernelChecks):
   the Pallas kernels (interpreted) equal those with ragged_dot."""
 
   def test_sparse_layer(self):
+    self.check_layer("none", "pallas")
+
+  def test_sparse_layer_with_the_fused_gated_product(self):
     # Its down projection runs the fused kernel (act(gate) * up inside it).
-    with mock.patch.object(
-        pallas_gated,
-        "gated_grouped_matmul",
-        wraps=pallas_gated.gated_grouped_matmul,
-    ) as fused:
+    with (
+        accelerator.fused_gated_product(),
+        mock.patch.object(
+            pallas_gated,
+            "gated_grouped_matmul",
+            wraps=pallas_gated.gated_grouped_matmul,
+        ) as fused,
+    ):
       self.check_layer("none", "pallas")
     self.assertTrue(fused.called)
 
   def test_fused_gated_product_where_the_pallas_kernel_runs(self):
     shape, floats = (64, 128, 128, 4), (jnp.bfloat16, jnp.bfloat16)
     with testing.kernels_on_cpu("pallas"):
-      self.assertIsNotNone(gmm_lib.gated_kernel("kernel", floats, shape))
-      self.assertIsNone(gmm_lib.gated_kernel("auto", floats, shape))  # blocked
-      with accelerator.unfused_gated_product():
-        self.assertIsNone(gmm_lib.gated_kernel("kernel", floats, shape))
-      self.assertIsNotNone(gmm_lib.gated_kernel("kernel", floats, shape))
-    with testing.kernels_on_cpu("megablox"):  # it has no fused product
+      self.assertIsNone(gmm_lib.gated_kernel("kernel", floats, shape))  # off
+      with accelerator.fused_gated_product():
+        self.assertIsNotNone(gmm_lib.gated_kernel("kernel", floats, shape))
+        self.assertIsNone(gmm_lib.gated_kernel("auto", floats, shape))  # CPU
+      self.assertIsNone(gmm_lib.gated_kernel("kernel", floats, shape))
+    with testing.kernels_on_cpu("megablox"), accelerator.fused_gated_product():
       self.assertIsNone(gmm_lib.gated_kernel("kernel", floats, shape))
 
   def test_int8_layer_reaches_the_kernel(self):

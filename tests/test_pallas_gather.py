@@ -209,6 +209,7 @@ class PermuteWithKernelTest(parameterized.TestCase):
 
   def test_sparse_layer_reaches_the_kernel(self):
     # test_gmm_tiling's LayerWithPallasTest checks this layer's numbers.
+    jax.clear_caches()  # every call traced here, none cached by another test
     with (
         mock.patch.object(
             pallas_gather, "gather_rows", wraps=pallas_gather.gather_rows

@@ -17,12 +17,12 @@ input, and is timed in rounds that call each variant once in turn
                       `ragged_dot` (Mosaic)
   ours_auto           `linen_moe.RoutedMoE`, `grouped_matmul="auto"`
   ours_ragged_dot     ... `grouped_matmul="ragged_dot"`
-  ours_auto_unfused   ... `"auto"` with the gated product act(gate) * up
-                      its own XLA pass, not inside the down projection's
-                      kernels (`accelerator.unfused_gated_product`)
+  ours_auto_fused     ... `"auto"` with the gated product act(gate) * up
+                      inside the down projection's kernels, not its own
+                      XLA pass (`accelerator.fused_gated_product`)
   ours_kernel         ... `"kernel"` (not in the default run)
   ours_*_rows_once    ... with `remat_rows=False` (not in the default run;
-                      before `_unfused` where both are asked)
+                      before `_fused` where both are asked)
 
 Both layers compute the same function: MaxText's router in float32
 (`float32_gate_logits=True`; ours always is), no load-balance loss, and
@@ -72,7 +72,7 @@ import numpy as np
 
 import linen_moe
 
-# The fusion's switch has no public name (benchmarks compare with it off).
+# The fusion's switch has no public name (benchmarks compare with it on).
 from linen_moe._src.kernels import accelerator  # noqa: TID251
 
 BF16 = jnp.bfloat16
@@ -113,7 +113,7 @@ DEFAULT_VARIANTS = (
     "maxtext_ragged_dot",
     "maxtext_tokamax",
     "ours_auto",
-    "ours_auto_unfused",
+    "ours_auto_fused",
     "ours_ragged_dot",
 )
 REFERENCE = "ours_ragged_dot"
@@ -143,7 +143,7 @@ class Variant(NamedTuple):
   side: str
   impl: str
   rows_once: bool = False
-  unfused: bool = False
+  fused: bool = False
 
 
 def parse_variant(name: str) -> Variant:
@@ -151,17 +151,17 @@ def parse_variant(name: str) -> Variant:
   if name == "dense":
     return Variant("dense", "")
   side, _, impl = name.partition("_")
-  unfused = impl.endswith("_unfused")
-  impl = impl.removesuffix("_unfused")
+  fused = impl.endswith("_fused")
+  impl = impl.removesuffix("_fused")
   rows_once = impl.endswith("_rows_once")
   impl = impl.removesuffix("_rows_once")
-  if side == "maxtext" and impl in MAXTEXT_PATHS and not (rows_once or unfused):
+  if side == "maxtext" and impl in MAXTEXT_PATHS and not (rows_once or fused):
     return Variant(side, impl)
   if side == "ours" and impl in OURS_IMPLEMENTATIONS:
-    return Variant(side, impl, rows_once, unfused)
+    return Variant(side, impl, rows_once, fused)
   raise ValueError(
       f"unknown variant {name!r}: dense, maxtext_{{{','.join(MAXTEXT_PATHS)}}}"
-      f" or ours_{{{','.join(OURS_IMPLEMENTATIONS)}}}[_rows_once][_unfused]"
+      f" or ours_{{{','.join(OURS_IMPLEMENTATIONS)}}}[_rows_once][_fused]"
   )
 
 
@@ -404,7 +404,7 @@ def build(names, shape: Shape, ops: dict, args):
   mt = None
   lowered, errors, call_args = {}, {}, {}
   for name in names:
-    side, impl, rows_once, unfused = parse_variant(name)
+    side, impl, rows_once, fused = parse_variant(name)
     call_args[name] = (
         ops["dense"] if side == "dense" else ops["params"],
         ops["x"],
@@ -418,8 +418,8 @@ def build(names, shape: Shape, ops: dict, args):
         context = ours_mesh()
         if interpret and impl == "kernel":
           context = accelerator.kernels_on_cpu("pallas")
-        if unfused:
-          context = _both(context, accelerator.unfused_gated_product())
+        if fused:
+          context = _both(context, accelerator.fused_gated_product())
       else:
         mt = mt or import_maxtext()
         step, context = maxtext_step(mt, shape, impl, device)

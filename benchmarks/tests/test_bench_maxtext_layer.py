@@ -33,15 +33,15 @@ class CountingTest(absltest.TestCase):
         ("ours", "auto", True, False),
     )
     self.assertEqual(
-        bench.parse_variant("ours_kernel_rows_once_unfused"),
+        bench.parse_variant("ours_kernel_rows_once_fused"),
         ("ours", "kernel", True, True),
     )
     for bad in (
         "maxtext_kernel",
         "maxtext_megablox_rows_once",
-        "maxtext_megablox_unfused",
+        "maxtext_megablox_fused",
         "ours_x",
-        "ours_auto_unfused_rows_once",
+        "ours_auto_fused_rows_once",
     ):
       with self.assertRaisesRegex(ValueError, "unknown variant"):
         bench.parse_variant(bad)
@@ -67,7 +67,7 @@ class TinyRunTest(absltest.TestCase):
           "ours_ragged_dot",
           "ours_auto",
           "ours_kernel",
-          "ours_kernel_unfused",
+          "ours_kernel_fused",
           "--repeats",
           "1",
           "--out",
@@ -85,7 +85,7 @@ class TinyRunTest(absltest.TestCase):
             "ours_ragged_dot",
             "ours_auto",
             "ours_kernel",
-            "ours_kernel_unfused",
+            "ours_kernel_fused",
         },
     )
     self.assertEqual(shape["fraction_of_dense"]["dense"], 1.0)
@@ -93,7 +93,7 @@ class TinyRunTest(absltest.TestCase):
     self.assertEqual(diffs["reference"], "ours_ragged_dot")
     # The Pallas kernels (interpreted), with the gated product fused into
     # the down projection and without, compute what ragged_dot does.
-    for name in ("ours_auto", "ours_kernel", "ours_kernel_unfused"):
+    for name in ("ours_auto", "ours_kernel", "ours_kernel_fused"):
       leaves = diffs["variants"][name]
       self.assertContainsSubset(
           {"out", "x_grad", "grad/wi_0", "grad/wo", "grad/gate/kernel"},

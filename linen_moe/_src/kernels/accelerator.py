@@ -437,23 +437,27 @@ def find_kernel(backend: str) -> tuple[Kernel | None, str | None]:
   return None, f"no grouped-matmul kernel is known for backend {backend!r}"
 
 
-_FUSE_GATED = [True]
+# Off by default: on a v5e the fused layer is slower so far (8 experts of
+# 2048 x 5632, 4 x 4096 tokens: 55.2 ms against 51.6 unfused,
+# benchmarks/device/README.md).
+_FUSE_GATED = [False]
 
 
 def fuses_gated_product() -> bool:
-  """Whether a kernel's fused gated down projection may run (the default;
-  `unfused_gated_product` turns it off)."""
+  """Whether a kernel's fused gated down projection may run (inside
+  `fused_gated_product`; not by default)."""
   return _FUSE_GATED[0]
 
 
 @contextlib.contextmanager
-def unfused_gated_product():
-  """Inside, the sparse path's down projection never runs a kernel's fused
-  gated product (`Kernel.gated`): act(gate) * up is its own XLA pass, as
-  before the fusion (for measuring the fusion side by side). Resolution
-  happens while a function is traced, as for `kernels_on_cpu`."""
+def fused_gated_product():
+  """Inside, the sparse path's down projection runs a kernel's fused gated
+  product where the kernel has one (`Kernel.gated`): act(gate) * up inside
+  its kernels rather than its own XLA pass (for measuring the fusion side
+  by side; measured slower so far, so off by default). Resolution happens
+  while a function is traced, as for `kernels_on_cpu`."""
   saved = _FUSE_GATED[0]
-  _FUSE_GATED[0] = False
+  _FUSE_GATED[0] = True
   try:
     yield
   finally:

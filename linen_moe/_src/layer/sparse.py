@@ -21,9 +21,11 @@ outputs the backward does not read). `RoutedMoE.remat_rows=False`
 held (1 GiB at 8 x 4096 tokens of Qwen3-30B-A3B's).
 
 Where the Pallas kernels run the down projection (a float layer, its `wo`
-a plain weight), the gated product act(gate) * up runs inside them
-(`kernels/pallas_gated.py`): the hidden activation [R, H] and its gradient
-never go through HBM, and the backward keeps gate and up alone.
+a plain weight) inside `accelerator.fused_gated_product`, the gated product
+act(gate) * up runs inside them (`kernels/pallas_gated.py`): the hidden
+activation [R, H] and its gradient never go through HBM, and the backward
+keeps gate and up alone. Measured slower on a v5e so far, it is off by
+default.
 
 At decode sizes (a handful of tokens, `uses_every_expert`) the layer runs
 `every_expert` instead: each expert on every token, through the same hook,
