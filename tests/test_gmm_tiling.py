@@ -19,7 +19,6 @@ from linen_moe import testing
 from linen_moe._src.kernels import accelerator
 from linen_moe._src.kernels import gmm_tiling
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
-from linen_moe._src.kernels import pallas_gated
 from linen_moe._src.kernels import pallas_grouped
 from linen_moe._src.kernels import tpu_chips
 from linen_moe._src.planning import targets
@@ -198,30 +197,6 @@ class LayerWithPallasTest(test_kernels.LayerKernelChecks):
 
   def test_sparse_layer(self):
     self.check_layer("none", "pallas")
-
-  def test_sparse_layer_with_the_fused_gated_product(self):
-    # Its down projection runs the fused kernel (act(gate) * up inside it).
-    with (
-        accelerator.fused_gated_product(),
-        mock.patch.object(
-            pallas_gated,
-            "gated_grouped_matmul",
-            wraps=pallas_gated.gated_grouped_matmul,
-        ) as fused,
-    ):
-      self.check_layer("none", "pallas")
-    self.assertTrue(fused.called)
-
-  def test_fused_gated_product_where_the_pallas_kernel_runs(self):
-    shape, floats = (64, 128, 128, 4), (jnp.bfloat16, jnp.bfloat16)
-    with testing.kernels_on_cpu("pallas"):
-      self.assertIsNone(gmm_lib.gated_kernel("kernel", floats, shape))  # off
-      with accelerator.fused_gated_product():
-        self.assertIsNotNone(gmm_lib.gated_kernel("kernel", floats, shape))
-        self.assertIsNone(gmm_lib.gated_kernel("auto", floats, shape))  # CPU
-      self.assertIsNone(gmm_lib.gated_kernel("kernel", floats, shape))
-    with testing.kernels_on_cpu("megablox"), accelerator.fused_gated_product():
-      self.assertIsNone(gmm_lib.gated_kernel("kernel", floats, shape))
 
   def test_int8_layer_reaches_the_kernel(self):
     # The int8 mode's forward and dlhs contractions run the int8 kernel

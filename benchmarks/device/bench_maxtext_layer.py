@@ -17,12 +17,8 @@ input, and is timed in rounds that call each variant once in turn
                       `ragged_dot` (Mosaic)
   ours_auto           `linen_moe.RoutedMoE`, `grouped_matmul="auto"`
   ours_ragged_dot     ... `grouped_matmul="ragged_dot"`
-  ours_auto_fused     ... `"auto"` with the gated product act(gate) * up
-                      inside the down projection's kernels, not its own
-                      XLA pass (`accelerator.fused_gated_product`)
   ours_kernel         ... `"kernel"` (not in the default run)
-  ours_*_rows_once    ... with `remat_rows=False` (not in the default run;
-                      before `_fused` where both are asked)
+  ours_*_rows_once    ... with `remat_rows=False` (not in the default run)
 
 Both layers compute the same function: MaxText's router in float32
 (`float32_gate_logits=True`; ours always is), no load-balance loss, and
@@ -63,7 +59,6 @@ import os
 import sys
 import time
 import types
-from typing import NamedTuple
 
 import bench_gmm
 import jax
@@ -71,9 +66,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import linen_moe
-
-# The fusion's switch has no public name (benchmarks compare with it on).
-from linen_moe._src.kernels import accelerator  # noqa: TID251
 
 BF16 = jnp.bfloat16
 
@@ -113,7 +105,6 @@ DEFAULT_VARIANTS = (
     "maxtext_ragged_dot",
     "maxtext_tokamax",
     "ours_auto",
-    "ours_auto_fused",
     "ours_ragged_dot",
 )
 REFERENCE = "ours_ragged_dot"
@@ -137,31 +128,21 @@ def useful_flops(shape: Shape) -> float:
   return 3.0 * 3 * 2 * shape.tokens * shape.top_k * shape.emb * shape.mlp
 
 
-class Variant(NamedTuple):
-  """A variant name read: side "dense", "maxtext" or "ours"; ours' options."""
-
-  side: str
-  impl: str
-  rows_once: bool = False
-  fused: bool = False
-
-
-def parse_variant(name: str) -> Variant:
-  """The `Variant` of a name (see the module docstring)."""
+def parse_variant(name: str) -> tuple[str, str, bool]:
+  """(side, implementation, rows_once) of a variant name: side "dense",
+  "maxtext" or "ours"."""
   if name == "dense":
-    return Variant("dense", "")
+    return "dense", "", False
   side, _, impl = name.partition("_")
-  fused = impl.endswith("_fused")
-  impl = impl.removesuffix("_fused")
   rows_once = impl.endswith("_rows_once")
   impl = impl.removesuffix("_rows_once")
-  if side == "maxtext" and impl in MAXTEXT_PATHS and not (rows_once or fused):
-    return Variant(side, impl)
+  if side == "maxtext" and impl in MAXTEXT_PATHS and not rows_once:
+    return side, impl, False
   if side == "ours" and impl in OURS_IMPLEMENTATIONS:
-    return Variant(side, impl, rows_once, fused)
+    return side, impl, rows_once
   raise ValueError(
       f"unknown variant {name!r}: dense, maxtext_{{{','.join(MAXTEXT_PATHS)}}}"
-      f" or ours_{{{','.join(OURS_IMPLEMENTATIONS)}}}[_rows_once][_fused]"
+      f" or ours_{{{','.join(OURS_IMPLEMENTATIONS)}}}[_rows_once]"
   )
 
 
@@ -404,7 +385,7 @@ def build(names, shape: Shape, ops: dict, args):
   mt = None
   lowered, errors, call_args = {}, {}, {}
   for name in names:
-    side, impl, rows_once, fused = parse_variant(name)
+    side, impl, rows_once = parse_variant(name)
     call_args[name] = (
         ops["dense"] if side == "dense" else ops["params"],
         ops["x"],
@@ -417,9 +398,9 @@ def build(names, shape: Shape, ops: dict, args):
         step = our_step(shape, impl, rows_once)
         context = ours_mesh()
         if interpret and impl == "kernel":
+          from linen_moe._src.kernels import accelerator  # noqa: PLC0415, TID251
+
           context = accelerator.kernels_on_cpu("pallas")
-        if fused:
-          context = _both(context, accelerator.fused_gated_product())
       else:
         mt = mt or import_maxtext()
         step, context = maxtext_step(mt, shape, impl, device)
@@ -447,12 +428,6 @@ def build(names, shape: Shape, ops: dict, args):
   for name, text in errors.items():
     print(f"  {name}: not run: {text}", flush=True)
   return compiled, errors, call_args
-
-
-@contextlib.contextmanager
-def _both(first, second):
-  with first, second:
-    yield
 
 
 @jax.jit

@@ -92,9 +92,6 @@ class Kernel:
     int8_scaled: the int8 grouped matmul with in-kernel scales, where the
       kernel has one (`pallas_int8.int8_grouped_matmul_scaled`'s
       signature), else None.
-    gated: the down projection with the gated product fused, where the
-      kernel has one (`pallas_gated.gated_grouped_matmul`'s signature),
-      else None.
   """
 
   name: str
@@ -102,7 +99,6 @@ class Kernel:
   operand_dtypes: tuple[Any, ...]
   in_shard_map: bool = True
   int8_scaled: Callable[..., jax.Array] | None = None
-  gated: Callable[..., jax.Array] | None = None
 
   def takes(self, dtypes: tuple[Any, ...]) -> bool:
     allowed = {jnp.dtype(d) for d in self.operand_dtypes}
@@ -277,7 +273,6 @@ _FLOATS = (jnp.float32, jnp.bfloat16)
 
 def _pallas(interpret: bool) -> tuple[Kernel | None, str | None]:
   try:
-    from linen_moe._src.kernels import pallas_gated
     from linen_moe._src.kernels import pallas_grouped
     from linen_moe._src.kernels import pallas_int8
   except ImportError as e:  # a jax without Pallas TPU
@@ -288,10 +283,7 @@ def _pallas(interpret: bool) -> tuple[Kernel | None, str | None]:
   int8 = functools.partial(
       pallas_int8.int8_grouped_matmul_scaled, interpret=interpret
   )
-  gated = functools.partial(
-      pallas_gated.gated_grouped_matmul, interpret=interpret
-  )
-  return Kernel("pallas gmm", fn, _FLOATS, False, int8, gated), None
+  return Kernel("pallas gmm", fn, _FLOATS, False, int8), None
 
 
 # The fewest rows at which `int8_kernel` gives "auto" the Pallas int8
@@ -435,33 +427,6 @@ def find_kernel(backend: str) -> tuple[Kernel | None, str | None]:
   if backend == "cpu" and on_cpu == "tokamax_pallas":
     return _tokamax(_tokamax_pallas_interpreted)
   return None, f"no grouped-matmul kernel is known for backend {backend!r}"
-
-
-# Off by default: on a v5e the fused layer is slower so far (8 experts of
-# 2048 x 5632, 4 x 4096 tokens: 55.2 ms against 51.6 unfused,
-# benchmarks/device/README.md).
-_FUSE_GATED = [False]
-
-
-def fuses_gated_product() -> bool:
-  """Whether a kernel's fused gated down projection may run (inside
-  `fused_gated_product`; not by default)."""
-  return _FUSE_GATED[0]
-
-
-@contextlib.contextmanager
-def fused_gated_product():
-  """Inside, the sparse path's down projection runs a kernel's fused gated
-  product where the kernel has one (`Kernel.gated`): act(gate) * up inside
-  its kernels rather than its own XLA pass (for measuring the fusion side
-  by side; measured slower so far, so off by default). Resolution happens
-  while a function is traced, as for `kernels_on_cpu`."""
-  saved = _FUSE_GATED[0]
-  _FUSE_GATED[0] = True
-  try:
-    yield
-  finally:
-    _FUSE_GATED[0] = saved
 
 
 @contextlib.contextmanager

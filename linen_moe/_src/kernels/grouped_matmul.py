@@ -38,7 +38,6 @@ Implementations:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import functools
 import math
 from typing import Any
@@ -593,27 +592,6 @@ def resolve_implementation(
   # and memory; a Qwen3-30B-A3B plan for 8 H100s: 80 GiB of temporaries a
   # GPU, 17.5 GiB with "blocked").
   return "blocked"
-
-
-def gated_kernel(
-    implementation: str,
-    dtypes: tuple[Any, ...],
-    shape: tuple[int, int, int, int],
-) -> Callable[..., jax.Array] | None:
-  """The fused down projection of a gated MLP (`Kernel.gated`: act(gate) *
-  up [M, H] x [G, H, N] with the product inside the kernels) where
-  `implementation` runs an accelerator kernel that has one for `dtypes`
-  and `shape` = (M, H, N, G), outside a `shard_map`, inside
-  `accelerator.fused_gated_product` (measured slower so far: off by
-  default); else None (the caller computes the product and calls
-  `grouped_matmul`)."""
-  if not grouped_kernels.fuses_gated_product():
-    return None
-  impl = resolve_implementation(implementation, dtypes=dtypes, shape=shape)
-  if impl != "kernel" or jax.sharding.get_abstract_mesh().manual_axes:
-    return None
-  kernel, _ = grouped_kernels.find_kernel(target_platform())
-  return None if kernel is None else kernel.gated
 
 
 def grouped_matmul(

@@ -28,15 +28,6 @@ not divide M (the last row tile is partial: Pallas drops the rows past M
 it writes, and the rows past M it reads are masked where they could meet
 a product).
 
-Fusion. Elementwise work around a product runs inside the kernel, on the
-tiles already in VMEM, instead of as its own pass over HBM: `gmm` and
-`tgmm` take the LHS as several [M, C] operands combined by a `prologue`
-(each tile computed from the operands' tiles, in float32, before the
-MXU); `gmm` takes an `epilogue` of the float32 result tile and the tiles of
-`row_operands` ([M, O] each, read at the output's block), writing one
-output per value it returns. The gated MLP's down projection fuses its
-act(gate) * up this way (`pallas_gated`).
-
 Grid order. `gmm`: (output column tiles, visits, contraction tiles), the
 contraction innermost so that an output tile is finished before the next
 visit; the visits of one row tile are consecutive, so its output block
@@ -47,7 +38,6 @@ consecutive, accumulating its [tk, tn] block.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import functools
 
 import jax
@@ -76,49 +66,27 @@ def _precision(dtype):
   return lax.Precision.HIGHEST if dtype == _F32 else None
 
 
-def gmm_vmem_bytes(
-    tiling,
-    lhs_dtype,
-    rhs_dtype,
-    out_dtype,
-    tiles_c,
-    lhs_operands: int = 1,
-    row_operands: int = 0,
-    outputs: int = 1,
-) -> int:
+def gmm_vmem_bytes(tiling, lhs_dtype, rhs_dtype, out_dtype, tiles_c) -> int:
   """VMEM of `gmm` with `tiling` (tm, tc, to): lhs, rhs and output blocks
   double-buffered, the float32 product, and the accumulator when the
-  contraction has more than one tile or the rows split (`sub_block`).
-  Fused (`lhs_operands` > 1, `row_operands`, `outputs` > 1): their blocks
-  too (of `lhs_dtype`), and the float32 tiles a prologue and an epilogue
-  compute (two per operand)."""
+  contraction has more than one tile or the rows split (`sub_block`)."""
   tm, tc, to = tiling
   size = lambda d: jnp.dtype(d).itemsize  # noqa: E731
-  blocks = lhs_operands * tm * tc * size(lhs_dtype) + tc * to * size(rhs_dtype)
-  blocks += outputs * tm * to * size(out_dtype)
-  blocks += row_operands * tm * to * size(lhs_dtype)
+  blocks = tm * tc * size(lhs_dtype) + tc * to * size(rhs_dtype)
+  blocks += tm * to * size(out_dtype)
   accumulator = tiles_c > 1 or sub_block(tm) is not None
-  fused = 0
-  if lhs_operands > 1:
-    fused += 2 * lhs_operands * tm * tc * 4
-  if row_operands or outputs > 1:
-    fused += 2 * (row_operands + outputs) * tm * to * 4
-  return 2 * blocks + tm * to * 4 * (2 if accumulator else 1) + fused
+  return 2 * blocks + tm * to * 4 * (2 if accumulator else 1)
 
 
-def tgmm_vmem_bytes(
-    tiling, lhs_dtype, dout_dtype, out_dtype, lhs_operands: int = 1
-) -> int:
+def tgmm_vmem_bytes(tiling, lhs_dtype, dout_dtype, out_dtype) -> int:
   """VMEM of `tgmm` with `tiling` (tm, tk, tn): lhs, dout and output blocks
   double-buffered, the transposed lhs tile, the float32 product and
-  accumulator; with a prologue (`lhs_operands` > 1) its operands' blocks
-  and float32 tiles."""
+  accumulator."""
   tm, tk, tn = tiling
   size = lambda d: jnp.dtype(d).itemsize  # noqa: E731
-  blocks = lhs_operands * tm * tk * size(lhs_dtype) + tm * tn * size(dout_dtype)
+  blocks = tm * tk * size(lhs_dtype) + tm * tn * size(dout_dtype)
   blocks += tk * tn * size(out_dtype)
-  fused = 2 * lhs_operands * tm * tk * 4 if lhs_operands > 1 else 0
-  return 2 * blocks + tm * tk * size(lhs_dtype) + 2 * tk * tn * 4 + fused
+  return 2 * blocks + tm * tk * size(lhs_dtype) + 2 * tk * tn * 4
 
 
 def _compiler_params(semantics, vmem_limit_bytes):
@@ -165,13 +133,10 @@ def _rows_in(first_row, shape, lo, hi):
         "transpose_rhs",
         "interpret",
         "vmem_limit_bytes",
-        "prologue",
-        "epilogue",
-        "outputs",
     ),
 )
 def gmm(
-    lhs: jax.Array | tuple[jax.Array, ...],
+    lhs: jax.Array,
     rhs: jax.Array,
     group_sizes: jax.Array,
     *,
@@ -181,11 +146,7 @@ def gmm(
     interpret: bool = False,
     vmem_limit_bytes: int | None = None,
     scales: tuple[jax.Array, jax.Array] | None = None,
-    prologue: Callable[..., jax.Array] | None = None,
-    epilogue: Callable[..., tuple[jax.Array, ...]] | None = None,
-    row_operands: tuple[jax.Array, ...] = (),
-    outputs: int = 1,
-) -> jax.Array | tuple[jax.Array, ...]:
+) -> jax.Array:
   """[M, C] x [G, C, O] (or [G, O, C] with `transpose_rhs`) -> [M, O].
 
   Rows past sum(group_sizes) are zeros. No argument checks: the caller
@@ -195,31 +156,21 @@ def gmm(
   copy of either operand is made.
 
   Args:
-    lhs: [M, C], rows sorted by group; with `prologue`, a tuple of them.
+    lhs: [M, C], rows sorted by group.
     rhs: [G, C, O], or [G, O, C] when `transpose_rhs`.
     group_sizes: <int32>[G].
     tiling: (tm, tc, to): rows, contraction and output columns per tile.
-    out_dtype: the outputs' dtype.
+    out_dtype: the output's dtype.
     transpose_rhs: contract rhs's last dimension.
     interpret: run in Pallas interpret mode (any backend).
     vmem_limit_bytes: Mosaic's scoped VMEM limit, or None for its default.
     scales: (lhs_scale <float32>[M, 1], rhs_scale <float32>[G, 1, O]) for
       int8 lhs and rhs; None for float operands.
-    prologue: `prologue(*tiles)`: the LHS tile from the float32 tiles of
-      the `lhs` operands, elementwise (a row's value from that row's
-      values alone); None: `lhs` is one array.
-    epilogue: `epilogue(acc, *tiles)`: `outputs` float32 [tm, to] tiles
-      from the float32 product `acc` and the float32 tiles of
-      `row_operands`, elementwise; None: the product itself.
-    row_operands: [M, O] arrays the epilogue reads at the output's rows
-      and columns.
-    outputs: how many values `epilogue` returns.
 
   Returns:
-    [M, O] in `out_dtype`; with `outputs` > 1, a tuple of them.
+    [M, O] in `out_dtype`.
   """
-  lhs_operands = lhs if prologue is not None else (lhs,)
-  m, c = lhs_operands[0].shape
+  m, c = lhs.shape
   o = rhs.shape[1] if transpose_rhs else rhs.shape[2]
   tm, tc, to = tiling
   tiles_c, tiles_o = c // tc, o // to
@@ -228,48 +179,35 @@ def gmm(
       group_sizes, m, tm, fill_tail=True, visit_empty=False
   )
   if scales is None:
-    dtype = compute_dtype(*(x.dtype for x in lhs_operands), rhs.dtype)
+    dtype = compute_dtype(lhs.dtype, rhs.dtype)
     acc_dtype, precision = _F32, _precision(dtype)
   else:
     dtype, acc_dtype, precision = jnp.dtype(jnp.int8), jnp.int32, None
   dims = _PRODUCT_DIMS_T if transpose_rhs else _PRODUCT_DIMS
   split = sub_block(tm)
-  num_lhs, num_rows = len(lhs_operands), len(row_operands)
 
-  def kernel(group, tile, compute, _rg, _rt, starts, ends, *refs):
-    xs, (w, *refs) = refs[:num_lhs], refs[num_lhs:]
+  def kernel(group, tile, compute, _rg, _rt, starts, ends, x, w, *refs):
     if scales is None:
-      finish = epilogue or (lambda v: (v,))
+      (out, *acc), epilogue = refs, lambda v: v
     else:
-      lhs_scale, rhs_scale, *refs = refs
+      lhs_scale, rhs_scale, out, *acc = refs
 
-      def finish(v):  # <int32>[tm, to] -> <f32>, scaled
-        return (v.astype(_F32) * lhs_scale[...] * rhs_scale[...],)
+      def epilogue(v):  # <int32>[tm, to] -> <f32>, scaled
+        return v.astype(_F32) * lhs_scale[...] * rhs_scale[...]
 
-    rows_in, refs = refs[:num_rows], refs[num_rows:]
-    outs, acc = refs[:outputs], refs[outputs:]
     i, kc = pl.program_id(1), pl.program_id(2)
     first = (i == 0) | (tile[i] != tile[jnp.maximum(i - 1, 0)])
     does = compute[i] == 1
 
-    def store(values):  # <f32>[tm, to] each, this visit's rows kept
+    def store(value):  # value: <f32>[tm, to], this visit's rows kept
       g = group[i]
       keep = _rows_in(tile[i] * tm, (tm, to), starts[g], ends[g])
-      for out, value in zip(outs, values, strict=True):
-        before = jnp.where(first, 0.0, out[...].astype(_F32))
-        out[...] = jnp.where(keep, value, before).astype(out.dtype)
-
-    def store_product(p):  # the whole product, through the epilogue
-      store(finish(p, *(r[...].astype(_F32) for r in rows_in)))
-
-    def lhs_tile(rows):
-      if prologue is None:
-        return xs[0][rows, :]
-      return prologue(*(x[rows, :].astype(_F32) for x in xs))
+      before = jnp.where(first, 0.0, out[...].astype(_F32))
+      out[...] = jnp.where(keep, value, before).astype(out.dtype)
 
     def product(rows):  # this visit's [rows, to] product of x[rows]
       return lax.dot_general(
-          lhs_tile(rows).astype(dtype),
+          x[rows, :].astype(dtype),
           w[...].astype(dtype),
           dims,
           precision=precision,
@@ -293,7 +231,7 @@ def gmm(
     def _():
       p = product(slice(None))
       if tiles_c == 1:
-        store_product(p)
+        store(epilogue(p))
         return
 
       @pl.when(kc < last_c)
@@ -302,7 +240,7 @@ def gmm(
 
       @pl.when(kc == last_c)
       def _():
-        store_product(acc[0][...] + p)
+        store(epilogue(acc[0][...] + p))
 
     if split:
       # A tile the visit's group only partly holds: only the sub-blocks
@@ -321,11 +259,11 @@ def gmm(
 
         @pl.when(kc == last_c)
         def _():
-          store_product(acc[0][...])
+          store(epilogue(acc[0][...]))
 
     @pl.when(jnp.logical_not(does) & (kc == last_c))
     def _():
-      store((jnp.zeros((tm, to), _F32),) * outputs)
+      store(jnp.zeros((tm, to), _F32))
 
   # A visit without a matmul reads its predecessor's last blocks: no copy.
   def k_of(i, kc, compute):
@@ -352,36 +290,32 @@ def gmm(
   num_groups = rhs.shape[0]
   visits = gmm_schedule.max_visits(m, tm, num_groups)
   itemsize = lambda a: jnp.dtype(a.dtype).itemsize  # noqa: E731
-  out_itemsize = jnp.dtype(out_dtype).itemsize
   cost = pl.CostEstimate(
       flops=2 * m * c * o,
       transcendentals=0,
-      bytes_accessed=sum(m * c * itemsize(x) for x in lhs_operands) * tiles_o
+      bytes_accessed=m * c * itemsize(lhs) * tiles_o
       + visits * c * o * itemsize(rhs)
-      + sum(m * o * itemsize(r) for r in row_operands)
-      + outputs * m * o * out_itemsize,
+      + m * o * jnp.dtype(out_dtype).itemsize,
   )
-  scale_specs = []
-  if scales is not None:
-    scale_specs = [
-        pl.BlockSpec((tm, 1), lhs_scale_map),
-        pl.BlockSpec((None, 1, to), rhs_scale_map),
-    ]
-  out_spec = pl.BlockSpec((tm, to), out_map)
-  out_shape = jax.ShapeDtypeStruct((m, o), out_dtype)
   call = pl.pallas_call(
       kernel,
-      out_shape=(out_shape,) * outputs,
+      out_shape=jax.ShapeDtypeStruct((m, o), out_dtype),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=7,
           grid=(tiles_o, schedule.num_visits, tiles_c),
           in_specs=[
-              *[pl.BlockSpec((tm, tc), lhs_map)] * num_lhs,
+              pl.BlockSpec((tm, tc), lhs_map),
               pl.BlockSpec(rhs_block, rhs_map),
-              *scale_specs,
-              *[out_spec] * num_rows,
+              *(
+                  []
+                  if scales is None
+                  else [
+                      pl.BlockSpec((tm, 1), lhs_scale_map),
+                      pl.BlockSpec((None, 1, to), rhs_scale_map),
+                  ]
+              ),
           ],
-          out_specs=(out_spec,) * outputs,
+          out_specs=pl.BlockSpec((tm, to), out_map),
           scratch_shapes=(
               [pltpu.VMEM((tm, to), acc_dtype)] if tiles_c > 1 or split else []
           ),
@@ -393,24 +327,15 @@ def gmm(
       cost_estimate=cost,
       name="linen_moe_gmm_t" if transpose_rhs else "linen_moe_gmm",
   )
-  result = call(
-      *schedule.prefetch(), *lhs_operands, rhs, *(scales or ()), *row_operands
-  )
-  return result if outputs > 1 else result[0]
+  return call(*schedule.prefetch(), lhs, rhs, *(scales or ()))
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=(
-        "tiling",
-        "out_dtype",
-        "interpret",
-        "vmem_limit_bytes",
-        "prologue",
-    ),
+    static_argnames=("tiling", "out_dtype", "interpret", "vmem_limit_bytes"),
 )
 def tgmm(
-    lhs: jax.Array | tuple[jax.Array, ...],
+    lhs: jax.Array,
     dout: jax.Array,
     group_sizes: jax.Array,
     *,
@@ -418,29 +343,24 @@ def tgmm(
     out_dtype,
     interpret: bool = False,
     vmem_limit_bytes: int | None = None,
-    prologue: Callable[..., jax.Array] | None = None,
 ) -> jax.Array:
   """lhs [M, K], dout [M, N] -> [G, K, N]: lhs[rows of g]^T @ dout[rows of g].
 
   Empty groups get zeros; rows past sum(group_sizes) take part in nothing.
 
   Args:
-    lhs: [M, K], rows sorted by group; with `prologue`, a tuple of them.
+    lhs: [M, K], rows sorted by group.
     dout: [M, N].
     group_sizes: <int32>[G].
     tiling: (tm, tk, tn): rows, K and N columns per tile.
     out_dtype: the output's dtype.
     interpret: run in Pallas interpret mode (any backend).
     vmem_limit_bytes: Mosaic's scoped VMEM limit, or None for its default.
-    prologue: as `gmm`'s: the lhs tile from the float32 tiles of the `lhs`
-      operands, elementwise; None: `lhs` is one array.
 
   Returns:
     [G, K, N] in `out_dtype`.
   """
-  lhs_operands = lhs if prologue is not None else (lhs,)
-  num_lhs = len(lhs_operands)
-  m, k = lhs_operands[0].shape
+  m, k = lhs.shape
   n = dout.shape[1]
   num_groups = group_sizes.shape[0]
   tm, tk, tn = tiling
@@ -448,11 +368,10 @@ def tgmm(
       group_sizes, m, tm, fill_tail=False, visit_empty=True
   )
   last_visit = gmm_schedule.max_visits(m, tm, num_groups) - 1
-  dtype = compute_dtype(*(x.dtype for x in lhs_operands), dout.dtype)
+  dtype = compute_dtype(lhs.dtype, dout.dtype)
   split = sub_block(tm)
 
-  def kernel(group, tile, compute, _rg, _rt, starts, ends, *refs):
-    xs, (dy, out, acc) = refs[:num_lhs], refs[num_lhs:]
+  def kernel(group, tile, compute, _rg, _rt, starts, ends, x, dy, out, acc):
     i = pl.program_id(2)
     g = group[i]
     first = (i == 0) | (group[jnp.maximum(i - 1, 0)] != g)
@@ -477,17 +396,12 @@ def tgmm(
           preferred_element_type=_F32,
       )
 
-    def lhs_tile(rows):
-      if prologue is None:
-        return xs[0][rows, :]
-      return prologue(*(x[rows, :].astype(_F32) for x in xs))
-
     @pl.when(does & inside)
     def _():
-      accumulate(lhs_tile(slice(None)), dy[...])
+      accumulate(x[...], dy[...])
 
     def masked(rows):  # the block's rows of the group, else 0 (both)
-      a, b = lhs_tile(rows), dy[rows, :]
+      a, b = x[rows, :], dy[rows, :]
       first_row = row0 + (rows.start or 0)
       return tuple(
           jnp.where(_rows_in(first_row, v.shape, lo, hi), v, 0) for v in (a, b)
@@ -521,10 +435,7 @@ def tgmm(
   cost = pl.CostEstimate(
       flops=2 * m * k * n,
       transcendentals=0,
-      bytes_accessed=sum(
-          m * k * jnp.dtype(x.dtype).itemsize for x in lhs_operands
-      )
-      * (n // tn)
+      bytes_accessed=m * k * jnp.dtype(lhs.dtype).itemsize * (n // tn)
       + m * n * jnp.dtype(dout.dtype).itemsize * (k // tk)
       + num_groups * k * n * jnp.dtype(out_dtype).itemsize,
   )
@@ -535,7 +446,7 @@ def tgmm(
           num_scalar_prefetch=7,
           grid=(n // tn, k // tk, schedule.num_visits),
           in_specs=[
-              *[pl.BlockSpec((tm, tk), lhs_map)] * num_lhs,
+              pl.BlockSpec((tm, tk), lhs_map),
               pl.BlockSpec((tm, tn), dout_map),
           ],
           out_specs=pl.BlockSpec((None, tk, tn), out_map),
@@ -548,4 +459,4 @@ def tgmm(
       cost_estimate=cost,
       name="linen_moe_tgmm",
   )
-  return call(*schedule.prefetch(), *lhs_operands, dout)
+  return call(*schedule.prefetch(), lhs, dout)

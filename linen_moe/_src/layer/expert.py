@@ -12,7 +12,6 @@ Shapes: M emb_dim, F the hidden width (H for a routed expert).
 from __future__ import annotations
 
 from collections.abc import Callable
-import dataclasses
 import functools
 
 import flax.linen as nn
@@ -71,22 +70,6 @@ def gated_down(
   return names.tag(project("wo", hidden, wo), names.EXPERT_DOWN)
 
 
-@dataclasses.dataclass(frozen=True)
-class GatedProduct:
-  """act(gate) * up (the linear branch shaped as `act` says), as one
-  hashable function of two arrays: what a kernel that fuses the product
-  takes (`pallas_gated`).
-
-  Attributes:
-    act: the activation of the gate.
-  """
-
-  act: Callable[[jax.Array], jax.Array]
-
-  def __call__(self, gate: jax.Array, up: jax.Array) -> jax.Array:
-    return self.act(gate) * linear_branch(self.act, up)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def gated_product(
     act: Callable[[jax.Array], jax.Array], gate: jax.Array, up: jax.Array
@@ -99,17 +82,17 @@ def gated_product(
   each a layer. The backward recomputes them from `gate` (the same
   operations, so the same numbers).
   """
-  return GatedProduct(act)(gate, up)
+  return act(gate) * linear_branch(act, up)
 
 
 def _gated_product_fwd(act, gate, up):
-  return GatedProduct(act)(gate, up), (gate, up)
+  return act(gate) * linear_branch(act, up), (gate, up)
 
 
 def _gated_product_bwd(act, residuals, g):
   # The barrier keeps XLA from merging this recompute with the forward's.
   gate, up = jax.lax.optimization_barrier(residuals)
-  return jax.vjp(GatedProduct(act), gate, up)[1](g)
+  return jax.vjp(lambda a, b: act(a) * linear_branch(act, b), gate, up)[1](g)
 
 
 gated_product.defvjp(_gated_product_fwd, _gated_product_bwd)

@@ -20,13 +20,6 @@ outputs the backward does not read). `RoutedMoE.remat_rows=False`
 [R, M] gather fewer a layer, for the rows of the layer in its backward
 held (1 GiB at 8 x 4096 tokens of Qwen3-30B-A3B's).
 
-Where the Pallas kernels run the down projection (a float layer, its `wo`
-a plain weight) inside `accelerator.fused_gated_product`, the gated product
-act(gate) * up runs inside them (`kernels/pallas_gated.py`): the hidden
-activation [R, H] and its gradient never go through HBM, and the backward
-keeps gate and up alone. Measured slower on a v5e so far, it is off by
-default.
-
 At decode sizes (a handful of tokens, `uses_every_expert`) the layer runs
 `every_expert` instead: each expert on every token, through the same hook,
 with the weights of the unchosen pairs 0. Each weight is still read once,
@@ -46,10 +39,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.layer import checkpoint_names as names
 from linen_moe._src.layer import permute
-from linen_moe._src.layer.expert import GatedProduct
 from linen_moe._src.layer.expert import gated_down
 from linen_moe._src.layer.expert import gated_mlp
 
@@ -171,29 +162,9 @@ def sparse_experts_remat(
   if gather is not None:
     gather_wo = functools.partial(gather, "wo")
     wo = (jax.checkpoint(gather_wo) if remat else gather_wo)(wo)
-  fused = _fused_down(module, gate, wo)
-  if fused is None:
-    down = functools.partial(project, module, plan)
-    expert_out = gated_down(down, act, gate, up, wo)  # [R, M]
-  else:
-    expert_out = fused(gate, up, wo, plan.group_sizes, GatedProduct(act))
-    expert_out = names.tag(expert_out, names.EXPERT_DOWN)
+  down = functools.partial(project, module, plan)
+  expert_out = gated_down(down, act, gate, up, wo)  # [R, M]
   return permute.combine_rows(expert_out, weights.astype(x.dtype), plan)
-
-
-def _fused_down(module: nn.Module, gate: jax.Array, wo) -> Callable | None:
-  """The kernel that runs the down projection with act(gate) * up inside
-  it (`grouped_matmul.gated_kernel`), where `module`'s `wo` contraction is
-  a plain float grouped matmul (no quantization, serving kernel, adapter
-  or bias) that the kernel runs; else None (`expert.gated_down`)."""
-  cfg = module.config
-  if cfg.serving or cfg.quantization != "none" or not isinstance(wo, jax.Array):
-    return None
-  r, h = gate.shape
-  g, _, m = wo.shape
-  return gmm_lib.gated_kernel(
-      cfg.grouped_matmul, (gate.dtype, wo.dtype), (r, h, m, g)
-  )
 
 
 # `every_expert` computes E * T rows where the sorted path needs T * k; at
