@@ -12,6 +12,11 @@ Two forms, `via`:
   "hbm"   rows go HBM to HBM, one DMA each; a block's copies are waited for
           one block later, so two blocks are in flight.
 
+The "vmem" form also backs two gathers that do more with the rows while
+they are in VMEM: `gather_scale_dot` (each row scaled, and its dot product
+with another row) and `gather_sum` (each output row the weighted sum of
+k gathered rows).
+
 Rows at and past `valid` come out as zeros (a block wholly past it issues
 no row copies; one straddling it copies its rows, then zeroes them). An
 index outside [0, N) is clamped into it, as XLA's gather clamps.

@@ -20,8 +20,12 @@ and the combine's backward) move rows by DMA (`kernels/pallas_gather.py`):
 XLA's TPU gather reaches ~0.3 of a v5e's HBM roofline there; the
 combine's backward also weights the gathered rows and takes their dot
 products with the expert outputs in the same kernel
-(`pallas_gather.gather_scale_dot`). Same numbers: a gather copies bits,
-and the products are the same float32 products.
+(`pallas_gather.gather_scale_dot`), and each token's k rows of the
+combine and of the dispatch's backward are gathered and summed in one
+kernel (`pallas_gather.gather_sum`, where XLA runs k gathers of [T, M]).
+Same numbers: a gather copies bits, and the products are the same float32
+products (the k-row sums are float32 sums, where XLA sums in the rows'
+dtype).
 """
 
 from __future__ import annotations
