@@ -19,6 +19,7 @@ from linen_moe import testing
 from linen_moe._src.kernels import accelerator
 from linen_moe._src.kernels import gmm_tiling
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
+from linen_moe._src.kernels import pallas_gate_up
 from linen_moe._src.kernels import pallas_grouped
 from linen_moe._src.kernels import tpu_chips
 from linen_moe._src.planning import targets
@@ -197,6 +198,30 @@ class LayerWithPallasTest(test_kernels.LayerKernelChecks):
 
   def test_sparse_layer(self):
     self.check_layer("none", "pallas")
+
+  def test_sparse_layer_with_the_paired_gate_up(self):
+    # Its gate and up projections run as one call each way.
+    with (
+        accelerator.paired_gate_up(),
+        mock.patch.object(
+            pallas_gate_up,
+            "paired_grouped_matmul",
+            wraps=pallas_gate_up.paired_grouped_matmul,
+        ) as paired,
+    ):
+      self.check_layer("none", "pallas")
+    self.assertTrue(paired.called)
+
+  def test_paired_gate_up_where_the_pallas_kernel_runs(self):
+    shape, floats = (64, 128, 128, 4), (jnp.bfloat16, jnp.bfloat16)
+    with testing.kernels_on_cpu("pallas"):
+      self.assertIsNone(gmm_lib.paired_kernel("kernel", floats, shape))  # off
+      with accelerator.paired_gate_up():
+        self.assertIsNotNone(gmm_lib.paired_kernel("kernel", floats, shape))
+        self.assertIsNone(gmm_lib.paired_kernel("auto", floats, shape))  # CPU
+      self.assertIsNone(gmm_lib.paired_kernel("kernel", floats, shape))
+    with testing.kernels_on_cpu("megablox"), accelerator.paired_gate_up():
+      self.assertIsNone(gmm_lib.paired_kernel("kernel", floats, shape))
 
   def test_int8_layer_reaches_the_kernel(self):
     # The int8 mode's forward and dlhs contractions run the int8 kernel

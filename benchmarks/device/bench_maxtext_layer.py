@@ -17,8 +17,11 @@ input, and is timed in rounds that call each variant once in turn
                       `ragged_dot` (Mosaic)
   ours_auto           `linen_moe.RoutedMoE`, `grouped_matmul="auto"`
   ours_ragged_dot     ... `grouped_matmul="ragged_dot"`
+  ours_auto_paired    ... `"auto"` with the gate and up projections as one
+                      kernel call each way (`accelerator.paired_gate_up`)
   ours_kernel         ... `"kernel"` (not in the default run)
-  ours_*_rows_once    ... with `remat_rows=False` (not in the default run)
+  ours_*_rows_once    ... with `remat_rows=False` (not in the default run;
+                      before `_paired` where both are asked)
 
 Both layers compute the same function: MaxText's router in float32
 (`float32_gate_logits=True`; ours always is), no load-balance loss, and
@@ -59,6 +62,7 @@ import os
 import sys
 import time
 import types
+from typing import NamedTuple
 
 import bench_gmm
 import jax
@@ -66,6 +70,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import linen_moe
+
+# The pairing's switch has no public name (benchmarks compare with it on).
+from linen_moe._src.kernels import accelerator  # noqa: TID251
 
 BF16 = jnp.bfloat16
 
@@ -105,6 +112,7 @@ DEFAULT_VARIANTS = (
     "maxtext_ragged_dot",
     "maxtext_tokamax",
     "ours_auto",
+    "ours_auto_paired",
     "ours_ragged_dot",
 )
 REFERENCE = "ours_ragged_dot"
@@ -128,21 +136,31 @@ def useful_flops(shape: Shape) -> float:
   return 3.0 * 3 * 2 * shape.tokens * shape.top_k * shape.emb * shape.mlp
 
 
-def parse_variant(name: str) -> tuple[str, str, bool]:
-  """(side, implementation, rows_once) of a variant name: side "dense",
-  "maxtext" or "ours"."""
+class Variant(NamedTuple):
+  """A variant name read: side "dense", "maxtext" or "ours"; ours' options."""
+
+  side: str
+  impl: str
+  rows_once: bool = False
+  paired: bool = False
+
+
+def parse_variant(name: str) -> Variant:
+  """The `Variant` of a name (see the module docstring)."""
   if name == "dense":
-    return "dense", "", False
+    return Variant("dense", "")
   side, _, impl = name.partition("_")
+  paired = impl.endswith("_paired")
+  impl = impl.removesuffix("_paired")
   rows_once = impl.endswith("_rows_once")
   impl = impl.removesuffix("_rows_once")
-  if side == "maxtext" and impl in MAXTEXT_PATHS and not rows_once:
-    return side, impl, False
+  if side == "maxtext" and impl in MAXTEXT_PATHS and not (rows_once or paired):
+    return Variant(side, impl)
   if side == "ours" and impl in OURS_IMPLEMENTATIONS:
-    return side, impl, rows_once
+    return Variant(side, impl, rows_once, paired)
   raise ValueError(
       f"unknown variant {name!r}: dense, maxtext_{{{','.join(MAXTEXT_PATHS)}}}"
-      f" or ours_{{{','.join(OURS_IMPLEMENTATIONS)}}}[_rows_once]"
+      f" or ours_{{{','.join(OURS_IMPLEMENTATIONS)}}}[_rows_once][_paired]"
   )
 
 
@@ -385,7 +403,7 @@ def build(names, shape: Shape, ops: dict, args):
   mt = None
   lowered, errors, call_args = {}, {}, {}
   for name in names:
-    side, impl, rows_once = parse_variant(name)
+    side, impl, rows_once, paired = parse_variant(name)
     call_args[name] = (
         ops["dense"] if side == "dense" else ops["params"],
         ops["x"],
@@ -398,9 +416,9 @@ def build(names, shape: Shape, ops: dict, args):
         step = our_step(shape, impl, rows_once)
         context = ours_mesh()
         if interpret and impl == "kernel":
-          from linen_moe._src.kernels import accelerator  # noqa: PLC0415, TID251
-
           context = accelerator.kernels_on_cpu("pallas")
+        if paired:
+          context = _both(context, accelerator.paired_gate_up())
       else:
         mt = mt or import_maxtext()
         step, context = maxtext_step(mt, shape, impl, device)
@@ -428,6 +446,12 @@ def build(names, shape: Shape, ops: dict, args):
   for name, text in errors.items():
     print(f"  {name}: not run: {text}", flush=True)
   return compiled, errors, call_args
+
+
+@contextlib.contextmanager
+def _both(first, second):
+  with first, second:
+    yield
 
 
 @jax.jit

@@ -5,7 +5,9 @@ for each op (forward `gmm`, input gradient `gmm_t`, weight gradient
 choose, at the issue's shapes (bf16). Mosaic must accept each (its VMEM
 limits), and the compiled program's `cost_analysis()` FLOPs must be the
 useful ones: 2 M K N per op, three times that forward + backward (plus
-the visit schedule's few, at most `_SCHEDULE_FLOPS` of them).
+the visit schedule's few, at most `_SCHEDULE_FLOPS` of them). Then the
+same shape as a gated MLP's gate and up projections in one call each way
+(`pallas_gate_up`: two weights, forward + backward), twice the FLOPs.
 
 Needs jax[tpu] (libtpu) and no flax: the kernels import only jax.
 
@@ -55,6 +57,7 @@ def check_shape(m, k, n, g, device, top: int) -> list[dict]:
   import tpu_programs  # noqa: PLC0415 (imports jax)
 
   from linen_moe._src.kernels import gmm_tiling  # noqa: TID251
+  from linen_moe._src.kernels import pallas_gate_up  # noqa: TID251
   from linen_moe._src.kernels import pallas_gmm  # noqa: TID251
   from linen_moe._src.kernels import pallas_grouped  # noqa: TID251
   from linen_moe._src.kernels import tpu_chips  # noqa: TID251
@@ -123,6 +126,23 @@ def check_shape(m, k, n, g, device, top: int) -> list[dict]:
   chosen = [list(getattr(tiling, op)) for op in gmm_tiling.OPS]
   args = (arg(m, k), arg(g, k, n), sizes, arg(m, n))
   record(f"fwd+bwd ({tiling.source})", chosen, fwd_bwd, args, 3 * useful)
+
+  paired = pallas_gate_up.paired_tiling(m, k, n, g, bf16, chip)
+
+  def paired_fwd_bwd(lhs, w0, w1, s, d0, d1):
+    outs, vjp = jax.vjp(
+        lambda a, b, c: pallas_gate_up.paired_grouped_matmul(
+            a, b, c, s, tiling=paired
+        ),
+        lhs,
+        w0,
+        w1,
+    )
+    return outs, vjp((d0, d1))
+
+  chosen = [list(getattr(paired, op)) for op in gmm_tiling.OPS]
+  args = (arg(m, k), arg(g, k, n), arg(g, k, n), sizes, arg(m, n), arg(m, n))
+  record("gate+up fwd+bwd", chosen, paired_fwd_bwd, args, 6 * useful)
   return records
 
 

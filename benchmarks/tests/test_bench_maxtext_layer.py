@@ -23,15 +23,26 @@ class CountingTest(absltest.TestCase):
     self.assertAlmostEqual(bench.useful_flops(many) / 73e-3 / 1e12, 51, 0)
 
   def test_variants(self):
-    self.assertEqual(bench.parse_variant("dense"), ("dense", "", False))
+    self.assertEqual(bench.parse_variant("dense"), ("dense", "", False, False))
     self.assertEqual(
         bench.parse_variant("maxtext_ragged_dot"),
-        ("maxtext", "ragged_dot", False),
+        ("maxtext", "ragged_dot", False, False),
     )
     self.assertEqual(
-        bench.parse_variant("ours_auto_rows_once"), ("ours", "auto", True)
+        bench.parse_variant("ours_auto_rows_once"),
+        ("ours", "auto", True, False),
     )
-    for bad in ("maxtext_kernel", "maxtext_megablox_rows_once", "ours_x"):
+    self.assertEqual(
+        bench.parse_variant("ours_kernel_rows_once_paired"),
+        ("ours", "kernel", True, True),
+    )
+    for bad in (
+        "maxtext_kernel",
+        "maxtext_megablox_rows_once",
+        "maxtext_megablox_paired",
+        "ours_x",
+        "ours_auto_paired_rows_once",
+    ):
       with self.assertRaisesRegex(ValueError, "unknown variant"):
         bench.parse_variant(bad)
 
@@ -55,6 +66,7 @@ class TinyRunTest(absltest.TestCase):
           "dense",
           "ours_ragged_dot",
           "ours_auto",
+          "ours_kernel_paired",
           "--repeats",
           "1",
           "--out",
@@ -66,16 +78,21 @@ class TinyRunTest(absltest.TestCase):
     shape = got["shapes"]["128x2048x768"]
     self.assertEqual(shape["errors"], {})
     self.assertEqual(
-        set(shape["ms"]), {"dense", "ours_ragged_dot", "ours_auto"}
+        set(shape["ms"]),
+        {"dense", "ours_ragged_dot", "ours_auto", "ours_kernel_paired"},
     )
     self.assertEqual(shape["fraction_of_dense"]["dense"], 1.0)
     diffs = shape["differences"]
     self.assertEqual(diffs["reference"], "ours_ragged_dot")
-    leaves = diffs["variants"]["ours_auto"]
-    self.assertContainsSubset(
-        {"out", "x_grad", "grad/wi_0", "grad/wo", "grad/gate/kernel"}, leaves
-    )
-    self.assertLess(max(leaves.values()), bench.BF16_TOLERANCE)
+    # ours_kernel_paired: the Pallas kernels (interpreted), the gate and up
+    # projections paired; both compute what ragged_dot does.
+    for name in ("ours_auto", "ours_kernel_paired"):
+      leaves = diffs["variants"][name]
+      self.assertContainsSubset(
+          {"out", "x_grad", "grad/wi_0", "grad/wo", "grad/gate/kernel"},
+          leaves,
+      )
+      self.assertLess(max(leaves.values()), bench.BF16_TOLERANCE, name)
     self.assertNotIn("maxtext", sys.modules)
 
 

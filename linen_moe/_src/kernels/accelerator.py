@@ -92,6 +92,9 @@ class Kernel:
     int8_scaled: the int8 grouped matmul with in-kernel scales, where the
       kernel has one (`pallas_int8.int8_grouped_matmul_scaled`'s
       signature), else None.
+    paired: the gate and up projections in one call each way, where the
+      kernel has it (`pallas_gate_up.paired_grouped_matmul`'s signature),
+      else None.
   """
 
   name: str
@@ -99,6 +102,7 @@ class Kernel:
   operand_dtypes: tuple[Any, ...]
   in_shard_map: bool = True
   int8_scaled: Callable[..., jax.Array] | None = None
+  paired: Callable[..., tuple[jax.Array, jax.Array]] | None = None
 
   def takes(self, dtypes: tuple[Any, ...]) -> bool:
     allowed = {jnp.dtype(d) for d in self.operand_dtypes}
@@ -273,6 +277,7 @@ _FLOATS = (jnp.float32, jnp.bfloat16)
 
 def _pallas(interpret: bool) -> tuple[Kernel | None, str | None]:
   try:
+    from linen_moe._src.kernels import pallas_gate_up
     from linen_moe._src.kernels import pallas_grouped
     from linen_moe._src.kernels import pallas_int8
   except ImportError as e:  # a jax without Pallas TPU
@@ -283,7 +288,10 @@ def _pallas(interpret: bool) -> tuple[Kernel | None, str | None]:
   int8 = functools.partial(
       pallas_int8.int8_grouped_matmul_scaled, interpret=interpret
   )
-  return Kernel("pallas gmm", fn, _FLOATS, False, int8), None
+  paired = functools.partial(
+      pallas_gate_up.paired_grouped_matmul, interpret=interpret
+  )
+  return Kernel("pallas gmm", fn, _FLOATS, False, int8, paired), None
 
 
 # The fewest rows at which `int8_kernel` gives "auto" the Pallas int8
@@ -427,6 +435,33 @@ def find_kernel(backend: str) -> tuple[Kernel | None, str | None]:
   if backend == "cpu" and on_cpu == "tokamax_pallas":
     return _tokamax(_tokamax_pallas_interpreted)
   return None, f"no grouped-matmul kernel is known for backend {backend!r}"
+
+
+# Off until measured on a chip: the paired gate and up projections
+# (`Kernel.paired`) compile for a v5e with the expected FLOPs, but have no
+# timing yet (benchmarks/device/README.md).
+_PAIR_GATE_UP = [False]
+
+
+def pairs_gate_up() -> bool:
+  """Whether a kernel's paired gate and up projections may run (inside
+  `paired_gate_up`; not by default)."""
+  return _PAIR_GATE_UP[0]
+
+
+@contextlib.contextmanager
+def paired_gate_up():
+  """Inside, the sparse path's gate and up projections run as one kernel
+  call each way where the kernel has it (`Kernel.paired`): the rows read
+  once for both weights, and their input gradients summed in the kernel
+  (for measuring it side by side; off by default until measured).
+  Resolution happens while a function is traced, as for `kernels_on_cpu`."""
+  saved = _PAIR_GATE_UP[0]
+  _PAIR_GATE_UP[0] = True
+  try:
+    yield
+  finally:
+    _PAIR_GATE_UP[0] = saved
 
 
 @contextlib.contextmanager

@@ -215,14 +215,20 @@ def raised_vmem_limit(chip: str | None = None) -> int:
   return int(_VMEM_LIMIT_SHARE * CHIPS[chip or DEFAULT_CHIP].vmem_bytes)
 
 
+def vmem_limit(need: int, chip: str | None = None) -> int | None:
+  """The scoped VMEM limit for blocks of `need` bytes: None (Mosaic's
+  default) where they fit in half of the default, else `raised_vmem_limit`."""
+  if need <= _DEFAULT_SCOPED_VMEM // 2:
+    return None
+  return raised_vmem_limit(chip)
+
+
 def _limit(tiles: GmmTiling, m, k, n, dtype, chip) -> int | None:
   need = max(
       vmem_bytes(op, getattr(tiles, op), dtype, dtype, _dims(op, m, k, n)[1])
       for op in OPS
   )
-  if need <= _DEFAULT_SCOPED_VMEM // 2:
-    return None
-  return raised_vmem_limit(chip)
+  return vmem_limit(need, chip)
 
 
 def rule_tiling(

@@ -38,6 +38,7 @@ Implementations:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 import functools
 import math
 from typing import Any
@@ -592,6 +593,26 @@ def resolve_implementation(
   # and memory; a Qwen3-30B-A3B plan for 8 H100s: 80 GiB of temporaries a
   # GPU, 17.5 GiB with "blocked").
   return "blocked"
+
+
+def paired_kernel(
+    implementation: str,
+    dtypes: tuple[Any, ...],
+    shape: tuple[int, int, int, int],
+) -> Callable[..., tuple[jax.Array, jax.Array]] | None:
+  """The gate and up projections as one call (`Kernel.paired`: lhs [M, K]
+  x two [G, K, N] weights, each way) where `implementation` runs an
+  accelerator kernel that has it for `dtypes` and `shape` = (M, K, N, G),
+  outside a `shard_map`, inside `accelerator.paired_gate_up` (off by
+  default until measured); else None (the caller makes two
+  `grouped_matmul` calls)."""
+  if not grouped_kernels.pairs_gate_up():
+    return None
+  impl = resolve_implementation(implementation, dtypes=dtypes, shape=shape)
+  if impl != "kernel" or jax.sharding.get_abstract_mesh().manual_axes:
+    return None
+  kernel, _ = grouped_kernels.find_kernel(target_platform())
+  return None if kernel is None else kernel.paired
 
 
 def grouped_matmul(

@@ -66,16 +66,24 @@ def _precision(dtype):
   return lax.Precision.HIGHEST if dtype == _F32 else None
 
 
-def gmm_vmem_bytes(tiling, lhs_dtype, rhs_dtype, out_dtype, tiles_c) -> int:
+def gmm_vmem_bytes(
+    tiling, lhs_dtype, rhs_dtype, out_dtype, tiles_c, pairs=(1, 1)
+) -> int:
   """VMEM of `gmm` with `tiling` (tm, tc, to): lhs, rhs and output blocks
   double-buffered, the float32 product, and the accumulator when the
-  contraction has more than one tile or the rows split (`sub_block`)."""
+  contraction has more than one tile or the rows split (`sub_block`);
+  `pairs` = (lhs, rhs) operands of a call with several (one output per
+  rhs for one lhs, else one)."""
   tm, tc, to = tiling
+  num_lhs, num_rhs = pairs
+  outputs = num_rhs if num_lhs == 1 else 1
   size = lambda d: jnp.dtype(d).itemsize  # noqa: E731
-  blocks = tm * tc * size(lhs_dtype) + tc * to * size(rhs_dtype)
-  blocks += tm * to * size(out_dtype)
+  blocks = num_lhs * tm * tc * size(lhs_dtype) + num_rhs * tc * to * size(
+      rhs_dtype
+  )
+  blocks += outputs * tm * to * size(out_dtype)
   accumulator = tiles_c > 1 or sub_block(tm) is not None
-  return 2 * blocks + tm * to * 4 * (2 if accumulator else 1)
+  return 2 * blocks + outputs * tm * to * 4 * (2 if accumulator else 1)
 
 
 def tgmm_vmem_bytes(tiling, lhs_dtype, dout_dtype, out_dtype) -> int:
@@ -136,8 +144,8 @@ def _rows_in(first_row, shape, lo, hi):
     ),
 )
 def gmm(
-    lhs: jax.Array,
-    rhs: jax.Array,
+    lhs: jax.Array | tuple[jax.Array, ...],
+    rhs: jax.Array | tuple[jax.Array, ...],
     group_sizes: jax.Array,
     *,
     tiling: tuple[int, int, int],
@@ -146,7 +154,7 @@ def gmm(
     interpret: bool = False,
     vmem_limit_bytes: int | None = None,
     scales: tuple[jax.Array, jax.Array] | None = None,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, ...]:
   """[M, C] x [G, C, O] (or [G, O, C] with `transpose_rhs`) -> [M, O].
 
   Rows past sum(group_sizes) are zeros. No argument checks: the caller
@@ -155,9 +163,14 @@ def gmm(
   lhs_scale[row] * rhs_scale[group, column] (in that order), so no float
   copy of either operand is made.
 
+  Several weights in one call (`pallas_gate_up`): with `rhs` a tuple of P
+  weights and one `lhs`, P outputs `lhs @ rhs[p]`, each lhs tile read once
+  for all; with `lhs` a tuple of P too, one output, the sum over p of
+  `lhs[p] @ rhs[p]`, accumulated in float32 in the kernel.
+
   Args:
-    lhs: [M, C], rows sorted by group.
-    rhs: [G, C, O], or [G, O, C] when `transpose_rhs`.
+    lhs: [M, C], rows sorted by group; or a tuple of them (see above).
+    rhs: [G, C, O], or [G, O, C] when `transpose_rhs`; or a tuple of them.
     group_sizes: <int32>[G].
     tiling: (tm, tc, to): rows, contraction and output columns per tile.
     out_dtype: the output's dtype.
@@ -168,10 +181,18 @@ def gmm(
       int8 lhs and rhs; None for float operands.
 
   Returns:
-    [M, O] in `out_dtype`.
+    [M, O] in `out_dtype`; a tuple of P of them for P weights and one lhs.
   """
-  m, c = lhs.shape
-  o = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+  lhs_all = lhs if isinstance(lhs, tuple) else (lhs,)
+  rhs_all = rhs if isinstance(rhs, tuple) else (rhs,)
+  summed = len(lhs_all) > 1
+  if summed and len(lhs_all) != len(rhs_all):
+    raise ValueError(
+        f"gmm sums lhs[p] @ rhs[p]: {len(lhs_all)} lhs for {len(rhs_all)} rhs."
+    )
+  outputs = 1 if summed else len(rhs_all)
+  m, c = lhs_all[0].shape
+  o = rhs_all[0].shape[1] if transpose_rhs else rhs_all[0].shape[2]
   tm, tc, to = tiling
   tiles_c, tiles_o = c // tc, o // to
   last_c = tiles_c - 1
@@ -179,33 +200,39 @@ def gmm(
       group_sizes, m, tm, fill_tail=True, visit_empty=False
   )
   if scales is None:
-    dtype = compute_dtype(lhs.dtype, rhs.dtype)
+    dtype = compute_dtype(*(a.dtype for a in (*lhs_all, *rhs_all)))
     acc_dtype, precision = _F32, _precision(dtype)
   else:
     dtype, acc_dtype, precision = jnp.dtype(jnp.int8), jnp.int32, None
   dims = _PRODUCT_DIMS_T if transpose_rhs else _PRODUCT_DIMS
   split = sub_block(tm)
+  num_lhs, num_rhs = len(lhs_all), len(rhs_all)
 
-  def kernel(group, tile, compute, _rg, _rt, starts, ends, x, w, *refs):
-    if scales is None:
-      (out, *acc), epilogue = refs, lambda v: v
-    else:
-      lhs_scale, rhs_scale, out, *acc = refs
+  def kernel(group, tile, compute, _rg, _rt, starts, ends, *refs):
+    xs, ws, refs = (
+        refs[:num_lhs],
+        refs[num_lhs : num_lhs + num_rhs],
+        refs[num_lhs + num_rhs :],
+    )
+    epilogue = lambda v: v  # noqa: E731
+    if scales is not None:
+      lhs_scale, rhs_scale, *refs = refs
 
       def epilogue(v):  # <int32>[tm, to] -> <f32>, scaled
         return v.astype(_F32) * lhs_scale[...] * rhs_scale[...]
 
+    outs, accs = refs[:outputs], refs[outputs:]
     i, kc = pl.program_id(1), pl.program_id(2)
     first = (i == 0) | (tile[i] != tile[jnp.maximum(i - 1, 0)])
     does = compute[i] == 1
 
-    def store(value):  # value: <f32>[tm, to], this visit's rows kept
+    def store(q, value):  # output q's <f32>[tm, to], this visit's rows kept
       g = group[i]
       keep = _rows_in(tile[i] * tm, (tm, to), starts[g], ends[g])
-      before = jnp.where(first, 0.0, out[...].astype(_F32))
-      out[...] = jnp.where(keep, value, before).astype(out.dtype)
+      before = jnp.where(first, 0.0, outs[q][...].astype(_F32))
+      outs[q][...] = jnp.where(keep, value, before).astype(outs[q].dtype)
 
-    def product(rows):  # this visit's [rows, to] product of x[rows]
+    def dot(x, w, rows):
       return lax.dot_general(
           x[rows, :].astype(dtype),
           w[...].astype(dtype),
@@ -214,14 +241,22 @@ def gmm(
           preferred_element_type=acc_dtype,
       )
 
-    def accumulate(rows, p):  # into acc[rows] over the contraction's tiles
+    def product(q, rows):  # output q's [rows, to] product of this visit
+      if not summed:
+        return dot(xs[0], ws[q], rows)
+      total = dot(xs[0], ws[0], rows)
+      for x, w in zip(xs[1:], ws[1:], strict=True):
+        total += dot(x, w, rows)
+      return total
+
+    def accumulate(q, rows, p):  # into accs[q][rows] over the contraction
       @pl.when(kc == 0)
       def _():
-        acc[0][rows, :] = p
+        accs[q][rows, :] = p
 
       @pl.when(kc > 0)
       def _():
-        acc[0][rows, :] += p
+        accs[q][rows, :] += p
 
     g = group[i]
     row0 = tile[i] * tm
@@ -229,18 +264,19 @@ def gmm(
 
     @pl.when(does & inside if split else does)
     def _():
-      p = product(slice(None))
-      if tiles_c == 1:
-        store(epilogue(p))
-        return
+      for q in range(outputs):
+        p = product(q, slice(None))
+        if tiles_c == 1:
+          store(q, epilogue(p))
+          continue
 
-      @pl.when(kc < last_c)
-      def _():
-        accumulate(slice(None), p)
+        @pl.when(kc < last_c)
+        def _(q=q, p=p):
+          accumulate(q, slice(None), p)
 
-      @pl.when(kc == last_c)
-      def _():
-        store(epilogue(acc[0][...] + p))
+        @pl.when(kc == last_c)
+        def _(q=q, p=p):
+          store(q, epilogue(accs[q][...] + p))
 
     if split:
       # A tile the visit's group only partly holds: only the sub-blocks
@@ -248,22 +284,25 @@ def gmm(
       # accumulator, and `store` keeps none of their rows).
       @pl.when(does & jnp.logical_not(inside))
       def _():
-        _each_sub_block(
-            row0,
-            tm,
-            split,
-            starts[g],
-            ends[g],
-            lambda rows: accumulate(rows, product(rows)),
-        )
+        for q in range(outputs):
+          _each_sub_block(
+              row0,
+              tm,
+              split,
+              starts[g],
+              ends[g],
+              lambda rows, q=q: accumulate(q, rows, product(q, rows)),
+          )
 
         @pl.when(kc == last_c)
         def _():
-          store(epilogue(acc[0][...]))
+          for q in range(outputs):
+            store(q, epilogue(accs[q][...]))
 
     @pl.when(jnp.logical_not(does) & (kc == last_c))
     def _():
-      store(jnp.zeros((tm, to), _F32))
+      for q in range(outputs):
+        store(q, jnp.zeros((tm, to), _F32))
 
   # A visit without a matmul reads its predecessor's last blocks: no copy.
   def k_of(i, kc, compute):
@@ -287,38 +326,39 @@ def gmm(
     return rgroup[i], 0, j
 
   rhs_block = (None, to, tc) if transpose_rhs else (None, tc, to)
-  num_groups = rhs.shape[0]
+  num_groups = rhs_all[0].shape[0]
   visits = gmm_schedule.max_visits(m, tm, num_groups)
   itemsize = lambda a: jnp.dtype(a.dtype).itemsize  # noqa: E731
   cost = pl.CostEstimate(
-      flops=2 * m * c * o,
+      flops=2 * m * c * o * max(num_lhs, num_rhs),
       transcendentals=0,
-      bytes_accessed=m * c * itemsize(lhs) * tiles_o
-      + visits * c * o * itemsize(rhs)
-      + m * o * jnp.dtype(out_dtype).itemsize,
+      bytes_accessed=sum(m * c * itemsize(x) for x in lhs_all) * tiles_o
+      + sum(visits * c * o * itemsize(w) for w in rhs_all)
+      + outputs * m * o * jnp.dtype(out_dtype).itemsize,
   )
+  scale_specs = []
+  if scales is not None:
+    scale_specs = [
+        pl.BlockSpec((tm, 1), lhs_scale_map),
+        pl.BlockSpec((None, 1, to), rhs_scale_map),
+    ]
+  uses_acc = tiles_c > 1 or split is not None
+  out_spec = pl.BlockSpec((tm, to), out_map)
   call = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((m, o), out_dtype),
+      out_shape=[jax.ShapeDtypeStruct((m, o), out_dtype)] * outputs,
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=7,
           grid=(tiles_o, schedule.num_visits, tiles_c),
           in_specs=[
-              pl.BlockSpec((tm, tc), lhs_map),
-              pl.BlockSpec(rhs_block, rhs_map),
-              *(
-                  []
-                  if scales is None
-                  else [
-                      pl.BlockSpec((tm, 1), lhs_scale_map),
-                      pl.BlockSpec((None, 1, to), rhs_scale_map),
-                  ]
-              ),
+              *[pl.BlockSpec((tm, tc), lhs_map)] * num_lhs,
+              *[pl.BlockSpec(rhs_block, rhs_map)] * num_rhs,
+              *scale_specs,
           ],
-          out_specs=pl.BlockSpec((tm, to), out_map),
-          scratch_shapes=(
-              [pltpu.VMEM((tm, to), acc_dtype)] if tiles_c > 1 or split else []
-          ),
+          out_specs=[out_spec] * outputs,
+          scratch_shapes=[pltpu.VMEM((tm, to), acc_dtype)] * outputs
+          if uses_acc
+          else [],
       ),
       compiler_params=_compiler_params(
           ("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes
@@ -327,7 +367,8 @@ def gmm(
       cost_estimate=cost,
       name="linen_moe_gmm_t" if transpose_rhs else "linen_moe_gmm",
   )
-  return call(*schedule.prefetch(), lhs, rhs, *(scales or ()))
+  result = call(*schedule.prefetch(), *lhs_all, *rhs_all, *(scales or ()))
+  return tuple(result) if isinstance(rhs, tuple) and not summed else result[0]
 
 
 @functools.partial(

@@ -20,6 +20,12 @@ outputs the backward does not read). `RoutedMoE.remat_rows=False`
 [R, M] gather fewer a layer, for the rows of the layer in its backward
 held (1 GiB at 8 x 4096 tokens of Qwen3-30B-A3B's).
 
+Inside `accelerator.paired_gate_up` (off by default until measured on a
+chip), where the Pallas kernels run a float layer's plain `wi_0` and
+`wi_1`, the gate and up projections are one call each way
+(`kernels/pallas_gate_up.py`): the rows read once for both, and their
+input gradients summed in the kernel rather than by XLA.
+
 At decode sizes (a handful of tokens, `uses_every_expert`) the layer runs
 `every_expert` instead: each expert on every token, through the same hook,
 with the weights of the unchosen pairs 0. Each weight is still read once,
@@ -39,6 +45,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.layer import checkpoint_names as names
 from linen_moe._src.layer import permute
 from linen_moe._src.layer.expert import gated_down
@@ -151,9 +158,13 @@ def sparse_experts_remat(
 
   def gate_and_up(mdl, x, plan, wi_0, wi_1):
     rows = permute.dispatch_rows(x, plan)  # [R, M] sorted by expert
+    wi_0, wi_1 = whole("wi_0", wi_0), whole("wi_1", wi_1)
+    paired = _paired_gate_up(mdl, rows, wi_0, wi_1)
+    if paired is not None:
+      return paired(rows, wi_0, wi_1, plan.group_sizes)
     return (
-        project(mdl, plan, "wi_0", rows, whole("wi_0", wi_0)),
-        project(mdl, plan, "wi_1", rows, whole("wi_1", wi_1)),
+        project(mdl, plan, "wi_0", rows, wi_0),
+        project(mdl, plan, "wi_1", rows, wi_1),
     )  # [R, H] each
 
   gate, up = checkpoint(gate_and_up)(module, x, plan, wi_0, wi_1)
@@ -165,6 +176,23 @@ def sparse_experts_remat(
   down = functools.partial(project, module, plan)
   expert_out = gated_down(down, act, gate, up, wo)  # [R, M]
   return permute.combine_rows(expert_out, weights.astype(x.dtype), plan)
+
+
+def _paired_gate_up(module: nn.Module, rows: jax.Array, wi_0, wi_1):
+  """The kernel that runs the gate and up projections as one call each way
+  (`grouped_matmul.paired_kernel`), where `module`'s `wi_0` and `wi_1`
+  contractions are plain float grouped matmuls (no quantization, serving
+  kernel, adapter or bias) that the kernel runs; else None."""
+  cfg = module.config
+  plain = all(isinstance(w, jax.Array) for w in (wi_0, wi_1))
+  if cfg.serving or cfg.quantization != "none" or not plain:
+    return None
+  if wi_0.shape != wi_1.shape or wi_0.dtype != wi_1.dtype:
+    return None
+  (r, m), (g, _, h) = rows.shape, wi_0.shape
+  return gmm_lib.paired_kernel(
+      cfg.grouped_matmul, (rows.dtype, wi_0.dtype), (r, m, h, g)
+  )
 
 
 # `every_expert` computes E * T rows where the sorted path needs T * k; at
