@@ -7,8 +7,9 @@ Qwen3-30B-A3B-dims MoE layer's forward + backward ([8, 4096, 2048] bf16,
 `grouped_matmul="kernel"`), whose program must hold the gather kernels
 (its dispatch, the dispatch again in the rematerialized backward, the
 combine's backward, the combine and the dispatch's backward as sums), no
-XLA gather of [R, M] or [T, M] rows and no scatter. Mosaic must accept
-each.
+XLA gather of [R, M] or [T, M] rows and no scatter; and the same layer
+with the gate and up projections paired (`accelerator.paired_gate_up`),
+beside it its bytes accessed and temporaries. Mosaic must accept each.
 
   python benchmarks/device/compile_gather.py [--target tpu:v5e-1] \\
       [--batch 8] [--json compile_gather.json]
@@ -20,6 +21,7 @@ kernel.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -61,6 +63,7 @@ def main(argv=None) -> int:
   import tpu_programs  # noqa: PLC0415 (imports jax)
 
   from linen_moe import load_moe_config  # noqa: PLC0415
+  from linen_moe._src.kernels import accelerator  # noqa: PLC0415, TID251
   from linen_moe._src.kernels import pallas_gather  # noqa: PLC0415, TID251
 
   device = targets.target_devices(target)[0]
@@ -113,12 +116,14 @@ def main(argv=None) -> int:
 
   _record(records, "gather_sum bfloat16 vmem 256", weighted_sum)
 
-  def layer():
+  def layer(paired=False):
     cfg = load_moe_config(
         "qwen3_30b_a3b", grouped_matmul="kernel", sparse_matmul=True
     )
     x = arg(args.batch, 4096, cfg.emb_dim)
-    compiled = tpu_programs.layer_gradients(cfg, x, place)
+    context = accelerator.paired_gate_up if paired else contextlib.nullcontext
+    with context():
+      compiled = tpu_programs.layer_gradients(cfg, x, place)
     text = compiled.as_text()
     kernels = len(
         re.findall(r"= \S+ custom-call\([^\n]*linen_moe_gather", text)
@@ -141,7 +146,10 @@ def main(argv=None) -> int:
         if int(n) >= tokens
     ]
     mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
     return {
+        "gb_accessed": round(float(cost.get("bytes accessed", 0)) / 1e9, 1),
         "gather_kernels": kernels,
         "xla_row_gathers": big,
         "scatters": scatters,
@@ -151,6 +159,11 @@ def main(argv=None) -> int:
     }
 
   _record(records, f"layer fwd+bwd [{args.batch}, 4096] kernel", layer)
+  _record(
+      records,
+      f"layer fwd+bwd [{args.batch}, 4096] kernel, gate and up paired",
+      lambda: layer(paired=True),
+  )
   failed = [r for r in records if not r["ok"]]
   print(f"{len(records) - len(failed)} of {len(records)} compiled and checked")
   if args.json:
