@@ -182,9 +182,19 @@ class PairedTilingTest(absltest.TestCase):
         pallas_gmm.gmm_vmem_bytes(tiling.gmm_t, *bf16, 1, pairs=(2, 2)),
         gradient,
     )
+    # The weight gradients, the largest: the lhs [512, 2048] (and its
+    # transpose), two cotangents [512, 768] and two outputs [2048, 768]
+    # (bf16, double-buffered), per output a float32 product and accumulator.
+    tm, tk, tn = tiling.tgmm
+    weights = 2 * 2 * (tm * tk + 2 * tm * tn + 2 * tk * tn) + 2 * tm * tk
+    weights += 2 * 2 * tk * tn * 4
+    self.assertEqual(
+        pallas_gmm.tgmm_vmem_bytes(tiling.tgmm, *bf16, outputs=2), weights
+    )
+    self.assertGreater(weights, max(forward, gradient))
     self.assertEqual(
         pallas_gate_up.paired_vmem_bytes(tiling, 2048, 768, jnp.bfloat16),
-        max(forward, gradient),
+        weights,
     )
 
 

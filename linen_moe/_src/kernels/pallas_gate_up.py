@@ -3,10 +3,10 @@ lhs [M, K] x (w0, w1) [G, K, N] -> (lhs @ w0, lhs @ w1), [M, N] each.
 
   forward  `gmm(lhs, (w0, w1))`                             two [M, N]
   dlhs     `gmm((d0, d1), (w0, w1), transpose_rhs=True)`    [M, K]
-  dw0, dw1 `tgmm(lhs, d0)`, `tgmm(lhs, d1)`                 [G, K, N] each
+  dw0, dw1 `tgmm(lhs, (d0, d1))`                            [G, K, N] each
 
-The forward reads each lhs tile once for both weights; the input gradient
-sums the two contractions in the kernel's float32 accumulator, where two
+The forward and the weight gradients read each lhs tile once for both
+weights; the input gradient sums the two contractions in the kernel's float32 accumulator, where two
 calls would write two [M, K] gradients for XLA to add (on a v5e, 2.4 ms of
 the 128-expert layer's 52: benchmarks/device/README.md). The contract and
 the checks are `pallas_grouped`'s, for both weights (one shape, one
@@ -30,15 +30,16 @@ from linen_moe._src.kernels.gmm_tiling import GmmTiling
 
 def paired_vmem_bytes(tiling: GmmTiling, k: int, n: int, dtype) -> int:
   """VMEM of the paired calls' blocks with `tiling` (of [M, K] x [G, K, N]
-  in `dtype`): the forward's (one lhs, two weights) or the input
-  gradient's (two of each), the larger."""
+  in `dtype`): the forward's (one lhs, two weights), the input gradient's
+  (two of each) or the weight gradients' (two cotangents), the largest."""
   gmm = pallas_gmm.gmm_vmem_bytes(
       tiling.gmm, dtype, dtype, dtype, k // tiling.gmm[1], pairs=(1, 2)
   )
   gmm_t = pallas_gmm.gmm_vmem_bytes(
       tiling.gmm_t, dtype, dtype, dtype, n // tiling.gmm_t[1], pairs=(2, 2)
   )
-  return max(gmm, gmm_t)
+  tgmm = pallas_gmm.tgmm_vmem_bytes(tiling.tgmm, dtype, dtype, dtype, 2)
+  return max(gmm, gmm_t, tgmm)
 
 
 def paired_tiling(
@@ -83,11 +84,8 @@ def _paired_bwd(out_dtype, tiling, interpret, residuals, douts):
       transpose_rhs=True,
       **run,
   )
-  dw0, dw1 = (
-      pallas_gmm.tgmm(
-          lhs, d, group_sizes, tiling=tiling.tgmm, out_dtype=w.dtype, **run
-      )
-      for d, w in ((d0, w0), (d1, w1))
+  dw0, dw1 = pallas_gmm.tgmm(
+      lhs, (d0, d1), group_sizes, tiling=tiling.tgmm, out_dtype=w0.dtype, **run
   )
   return dlhs, dw0, dw1, None
 

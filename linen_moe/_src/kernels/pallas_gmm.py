@@ -86,15 +86,17 @@ def gmm_vmem_bytes(
   return 2 * blocks + outputs * tm * to * 4 * (2 if accumulator else 1)
 
 
-def tgmm_vmem_bytes(tiling, lhs_dtype, dout_dtype, out_dtype) -> int:
+def tgmm_vmem_bytes(
+    tiling, lhs_dtype, dout_dtype, out_dtype, outputs: int = 1
+) -> int:
   """VMEM of `tgmm` with `tiling` (tm, tk, tn): lhs, dout and output blocks
   double-buffered, the transposed lhs tile, the float32 product and
-  accumulator."""
+  accumulator; with several cotangents (`outputs`), theirs each."""
   tm, tk, tn = tiling
   size = lambda d: jnp.dtype(d).itemsize  # noqa: E731
-  blocks = tm * tk * size(lhs_dtype) + tm * tn * size(dout_dtype)
-  blocks += tk * tn * size(out_dtype)
-  return 2 * blocks + tm * tk * size(lhs_dtype) + 2 * tk * tn * 4
+  blocks = tm * tk * size(lhs_dtype)
+  blocks += outputs * (tm * tn * size(dout_dtype) + tk * tn * size(out_dtype))
+  return 2 * blocks + tm * tk * size(lhs_dtype) + outputs * 2 * tk * tn * 4
 
 
 def _compiler_params(semantics, vmem_limit_bytes):
@@ -377,21 +379,23 @@ def gmm(
 )
 def tgmm(
     lhs: jax.Array,
-    dout: jax.Array,
+    dout: jax.Array | tuple[jax.Array, ...],
     group_sizes: jax.Array,
     *,
     tiling: tuple[int, int, int],
     out_dtype,
     interpret: bool = False,
     vmem_limit_bytes: int | None = None,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, ...]:
   """lhs [M, K], dout [M, N] -> [G, K, N]: lhs[rows of g]^T @ dout[rows of g].
 
   Empty groups get zeros; rows past sum(group_sizes) take part in nothing.
+  With `dout` a tuple (`pallas_gate_up`), one output per cotangent, each
+  lhs tile read once for all.
 
   Args:
     lhs: [M, K], rows sorted by group.
-    dout: [M, N].
+    dout: [M, N], or a tuple of them.
     group_sizes: <int32>[G].
     tiling: (tm, tk, tn): rows, K and N columns per tile.
     out_dtype: the output's dtype.
@@ -399,20 +403,27 @@ def tgmm(
     vmem_limit_bytes: Mosaic's scoped VMEM limit, or None for its default.
 
   Returns:
-    [G, K, N] in `out_dtype`.
+    [G, K, N] in `out_dtype`; a tuple of them for a tuple `dout`.
   """
+  douts = dout if isinstance(dout, tuple) else (dout,)
+  outputs = len(douts)
   m, k = lhs.shape
-  n = dout.shape[1]
+  n = douts[0].shape[1]
   num_groups = group_sizes.shape[0]
   tm, tk, tn = tiling
   schedule = gmm_schedule.build(
       group_sizes, m, tm, fill_tail=False, visit_empty=True
   )
   last_visit = gmm_schedule.max_visits(m, tm, num_groups) - 1
-  dtype = compute_dtype(lhs.dtype, dout.dtype)
+  dtype = compute_dtype(lhs.dtype, *(d.dtype for d in douts))
   split = sub_block(tm)
 
-  def kernel(group, tile, compute, _rg, _rt, starts, ends, x, dy, out, acc):
+  def kernel(group, tile, compute, _rg, _rt, starts, ends, x, *refs):
+    dys, outs, accs = (
+        refs[:outputs],
+        refs[outputs : 2 * outputs],
+        refs[2 * outputs :],
+    )
     i = pl.program_id(2)
     g = group[i]
     first = (i == 0) | (group[jnp.maximum(i - 1, 0)] != g)
@@ -426,27 +437,31 @@ def tgmm(
 
     @pl.when(first)
     def _():
-      acc[...] = jnp.zeros_like(acc)
+      for acc in accs:
+        acc[...] = jnp.zeros_like(acc)
 
-    def accumulate(a, b):
-      acc[...] += lax.dot_general(
-          a.astype(dtype).T,
-          b.astype(dtype),
-          _PRODUCT_DIMS,
-          precision=_precision(dtype),
-          preferred_element_type=_F32,
-      )
+    def accumulate(a, bs):  # a [rows, tk] into each acc with its b
+      a_t = a.astype(dtype).T
+      for acc, b in zip(accs, bs, strict=True):
+        acc[...] += lax.dot_general(
+            a_t,
+            b.astype(dtype),
+            _PRODUCT_DIMS,
+            precision=_precision(dtype),
+            preferred_element_type=_F32,
+        )
 
     @pl.when(does & inside)
     def _():
-      accumulate(x[...], dy[...])
+      accumulate(x[...], [dy[...] for dy in dys])
 
-    def masked(rows):  # the block's rows of the group, else 0 (both)
-      a, b = x[rows, :], dy[rows, :]
+    def masked(rows):  # the block's rows of the group, else 0 (all)
       first_row = row0 + (rows.start or 0)
-      return tuple(
-          jnp.where(_rows_in(first_row, v.shape, lo, hi), v, 0) for v in (a, b)
-      )
+
+      def keep(v):
+        return jnp.where(_rows_in(first_row, v.shape, lo, hi), v, 0)
+
+      return keep(x[rows, :]), [keep(dy[rows, :]) for dy in dys]
 
     # Both operands masked: a foreign row's inf (or a partial tile's
     # garbage past M) times a zero would still be NaN. Split tiles multiply
@@ -462,7 +477,8 @@ def tgmm(
 
     @pl.when(last)
     def _():
-      out[...] = acc[...].astype(out.dtype)
+      for out, acc in zip(outs, accs, strict=True):
+        out[...] = acc[...].astype(out.dtype)
 
   def lhs_map(j, kk, i, group, tile, compute, rgroup, rtile, *_):
     return rtile[i], kk
@@ -474,24 +490,24 @@ def tgmm(
     return group[i], kk, j
 
   cost = pl.CostEstimate(
-      flops=2 * m * k * n,
+      flops=2 * m * k * n * outputs,
       transcendentals=0,
       bytes_accessed=m * k * jnp.dtype(lhs.dtype).itemsize * (n // tn)
-      + m * n * jnp.dtype(dout.dtype).itemsize * (k // tk)
-      + num_groups * k * n * jnp.dtype(out_dtype).itemsize,
+      + sum(m * n * jnp.dtype(d.dtype).itemsize for d in douts) * (k // tk)
+      + outputs * num_groups * k * n * jnp.dtype(out_dtype).itemsize,
   )
   call = pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+      out_shape=[jax.ShapeDtypeStruct((num_groups, k, n), out_dtype)] * outputs,
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=7,
           grid=(n // tn, k // tk, schedule.num_visits),
           in_specs=[
               pl.BlockSpec((tm, tk), lhs_map),
-              pl.BlockSpec((tm, tn), dout_map),
+              *[pl.BlockSpec((tm, tn), dout_map)] * outputs,
           ],
-          out_specs=pl.BlockSpec((None, tk, tn), out_map),
-          scratch_shapes=[pltpu.VMEM((tk, tn), _F32)],
+          out_specs=[pl.BlockSpec((None, tk, tn), out_map)] * outputs,
+          scratch_shapes=[pltpu.VMEM((tk, tn), _F32)] * outputs,
       ),
       compiler_params=_compiler_params(
           ("parallel", "arbitrary", "arbitrary"), vmem_limit_bytes
@@ -500,4 +516,5 @@ def tgmm(
       cost_estimate=cost,
       name="linen_moe_tgmm",
   )
-  return call(*schedule.prefetch(), lhs, dout)
+  result = call(*schedule.prefetch(), lhs, *douts)
+  return tuple(result) if isinstance(dout, tuple) else result[0]
