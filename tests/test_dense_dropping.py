@@ -2,6 +2,8 @@
 whose slots come from NumPy, written from the documented priority rule
 (`numpy_reference.slots`), not from the code under test."""
 
+import functools
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -92,12 +94,14 @@ class IndexFormTest(parameterized.TestCase):
     def reference(x, router, experts):
       return _one_hot_dropping(x, router, experts, jax.nn.silu, slots)
 
-    results = []
-    for fn in (ours, reference):
-      out, vjp = jax.vjp(
-          lambda x, lg, w, fn=fn: run(fn, x, lg, w), x, logits, experts
-      )
-      results.append((out, *vjp(cotangent)))
+    @functools.partial(jax.jit, static_argnums=0)  # one program each
+    def out_and_grads(fn, x, logits, experts):
+      out, vjp = jax.vjp(lambda x, lg, w: run(fn, x, lg, w), x, logits, experts)
+      return (out, *vjp(cotangent))
+
+    results = [
+        out_and_grads(fn, x, logits, experts) for fn in (ours, reference)
+    ]
     for name, got, want in zip(
         ("out", "dx", "dlogits", "dexperts"), *results, strict=True
     ):

@@ -114,9 +114,10 @@ class NNXOwnLoopTest(absltest.TestCase):
         )
     ]
     self.assertTrue(any(moved))
-    # One step of the library's NNX train step, same optimizer and batch.
+    # One step of the library's NNX train step, same optimizer and batch
+    # (compiled, as the loop's: one program, not one per op).
     optimizer = nnx.Optimizer(reference, OPTIMIZER, wrt=nnx.Param)
-    nnx_adapter.train_step(
+    nnx.jit(nnx_adapter.train_step)(
         reference, optimizer, _tokens(reference.config, 0), jax.random.key(0)
     )
     for kind in (nnx.Param, nnx_adapter.Fp8State):

@@ -60,11 +60,20 @@ def _variables(cfg):
   return unbox(Decoder(cfg).init(jax.random.key(0), _tokens(cfg)))
 
 
-def _loss_fn(cfg):
+@functools.cache
+def _zero_variables(cfg):
+  """Zeros in the shapes of `_variables(cfg)`, for the checks that only
+  trace: no init program to compile and run."""
+  shapes = jax.eval_shape(Decoder(cfg).init, jax.random.key(0), _tokens(cfg))
+  return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), unbox(shapes))
+
+
+def _loss_fn(cfg, variables_of=_variables):
   """loss(params) of the Linen decoder at `cfg`, at the variables of its
-  config without remat (every policy has the same variables)."""
+  config without remat (every policy has the same variables); traced only,
+  `variables_of=_zero_variables` is enough."""
   tokens = _tokens(cfg)
-  variables = _variables(cfg.replace(remat="none"))
+  variables = variables_of(cfg.replace(remat="none"))
 
   def loss(p):
     logits, aux = Decoder(cfg).apply({**variables, "params": p}, tokens)
@@ -170,7 +179,7 @@ def _residuals(cfg):
   """The saved residuals of the decoder's loss, not its arguments: a
   Counter of names (named ones), "host <shape>" (offloaded) and
   "<shape>" (the rest)."""
-  loss, params = _loss_fn(cfg)
+  loss, params = _loss_fn(cfg, _zero_variables)
   out = collections.Counter()
   for aval, where in saved_residuals(loss, params):
     if "from the argument" in where:
@@ -232,7 +241,7 @@ class SavedTensorsTest(parameterized.TestCase):
     """Each name of `checkpoint_names.CHECKPOINT_NAMES` is on a tensor of the traced
     decoder (MLA's query, key and value too)."""
     cfg = load_model_config(config, scan_layers=False)
-    loss, params = _loss_fn(cfg)
+    loss, params = _loss_fn(cfg, _zero_variables)
     found = {
         eqn.params["name"]
         for eqn in helpers.jaxpr_equations(jax.make_jaxpr(loss)(params))

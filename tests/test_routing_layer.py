@@ -234,6 +234,11 @@ class ZLossJitterBiasLayerTest(absltest.TestCase):
 
 class DeepSeekDecoderServingTest(absltest.TestCase):
 
+  # Slow: the default run converts the same layout (routed and shared
+  # experts under `moe/`, a routed bias) in test_hf's
+  # `NewerFamiliesTest.test_int8_serving_within_its_bound` (GLM-4.5 MoE,
+  # against its direct int8 load and transformers' logits).
+  @testing.slow
   def test_quantize_weights_finds_the_routed_and_shared_experts(self):
     """The DeepSeek-style block keeps its experts under `moe/routed_experts/`
     and `moe/shared_experts/`; serving conversion finds both, keeps the
