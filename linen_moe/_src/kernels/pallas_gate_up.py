@@ -6,9 +6,10 @@ lhs [M, K] x (w0, w1) [G, K, N] -> (lhs @ w0, lhs @ w1), [M, N] each.
   dw0, dw1 `tgmm(lhs, (d0, d1))`                            [G, K, N] each
 
 The forward and the weight gradients read each lhs tile once for both
-weights; the input gradient sums the two contractions in the kernel's float32 accumulator, where two
-calls would write two [M, K] gradients for XLA to add (on a v5e, 2.4 ms of
-the 128-expert layer's 52: benchmarks/device/README.md). The contract and
+weights; the input gradient sums the two contractions in the kernel's
+float32 accumulator, where two calls would write two [M, K] gradients for
+XLA to add (on a v5e, 2.4 ms of the 128-expert layer's 52:
+benchmarks/device/README.md). The contract and
 the checks are `pallas_grouped`'s, for both weights (one shape, one
 dtype). Tiles are the single problem's (`gmm_tiling.choose_tiling`), the
 VMEM limit raised for the second weight's blocks where they need it.

@@ -298,26 +298,33 @@ def _index_block(tm: int, index_map) -> pl.BlockSpec:
   return pl.BlockSpec((None, 1, tm), index_map, memory_space=pltpu.SMEM)
 
 
-def _blocks(table, index, block_rows, name) -> tuple[int, jax.Array]:
-  """(rows per block tm, <int32>[blocks, 1, tm] `index` padded) of a
-  gather, after checking `table` [N, M], `index` [R] and `block_rows`
-  (`name` the caller's, for the errors)."""
-  if table.ndim != 2 or index.ndim != 1:
-    raise ValueError(
-        f"{name} takes table [N, M] and index [R]; got {table.shape} "
-        f"and {index.shape}."
-    )
-  if block_rows <= 0 or block_rows % 32:
-    raise ValueError(
-        f"block_rows must be a positive multiple of 32; got {block_rows}."
-    )
-  rows, width = index.shape[0], table.shape[1]
+def _check_table(table, name) -> None:
+  """Raises a `ValueError` (naming `name`, the caller) for a table the DMA
+  copies cannot move: not [N, M], or neither 32-bit nor 16-bit of an even
+  width."""
+  if table.ndim != 2:
+    raise ValueError(f"{name} takes table [N, M]; got {table.shape}.")
+  width = table.shape[1]
   itemsize = jnp.dtype(table.dtype).itemsize
   if itemsize not in (2, 4) or (itemsize == 2 and width % 2):
     raise ValueError(
         f"{name} takes 32-bit tables, or 16-bit ones of an even width; "
         f"got {table.dtype} [{table.shape[0]}, {width}]."
     )
+
+
+def _blocks(table, index, block_rows, name) -> tuple[int, jax.Array]:
+  """(rows per block tm, <int32>[blocks, 1, tm] `index` padded) of a
+  gather, after checking `table` [N, M], `index` [R] and `block_rows`
+  (`name` the caller's, for the errors)."""
+  if index.ndim != 1:
+    raise ValueError(f"{name} takes index [R]; got {index.shape}.")
+  if block_rows <= 0 or block_rows % 32:
+    raise ValueError(
+        f"block_rows must be a positive multiple of 32; got {block_rows}."
+    )
+  _check_table(table, name)
+  rows = index.shape[0]
   tm = min(block_rows, max(-(-rows // 32) * 32, 32))
   num_blocks = -(-rows // tm)
   idx = jnp.pad(index.astype(jnp.int32), (0, num_blocks * tm - rows))
@@ -501,7 +508,7 @@ def gather_sum(
     [T, M] in `table`'s dtype.
 
   Raises:
-    ValueError: shapes that do not fit, a table `_blocks` refuses.
+    ValueError: shapes that do not fit, a table `_check_table` refuses.
   """
   if index.ndim != 2 or weights.shape != index.shape:
     raise ValueError(
@@ -511,7 +518,7 @@ def gather_sum(
   t, k = index.shape
   tokens = max(8, block_rows // max(k, 1) // 8 * 8)  # per grid step
   tokens = min(tokens, -(-t // 8) * 8)
-  _blocks(table, index.reshape(-1), 32, "gather_sum")  # the table's checks
+  _check_table(table, "gather_sum")
   if t == 0 or k == 0:
     return jnp.zeros((t, table.shape[-1]), table.dtype)
   blocks = -(-t // tokens)
