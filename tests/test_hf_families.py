@@ -25,6 +25,7 @@ import numpy as np
 from linen_moe import Decoder
 from linen_moe import hf
 from linen_moe import quantization
+from linen_moe import testing
 from linen_moe._src.models import mla
 from linen_moe._src.models.rotary import Rope
 from linen_moe._src.testing import helpers
@@ -79,11 +80,16 @@ class ModelConfigTest(absltest.TestCase):
 
 class ServingOnLoadTest(parameterized.TestCase):
 
-  @parameterized.parameters(
-      ("deepseek_v3_qlora_yarn_groups", True, "int8"),
-      ("gemma4_text_moe_untied", False, "fp8"),
-  )
-  def test_stored_kernels_straight_from_the_checkpoint(self, name, scan, mode):
+  # One mode and layout each here, the other in the slow set;
+  # test_hf_files's default case has the other.
+  def test_stored_kernels_straight_from_the_checkpoint(self):
+    self.check("gemma4_text_moe_untied", False, "fp8")
+
+  @testing.slow
+  def test_stored_kernels_straight_from_the_checkpoint_slow(self):
+    self.check("deepseek_v3_qlora_yarn_groups", True, "int8")
+
+  def check(self, name, scan, mode):
     config, variables = load(name, scan, quantization=mode, serving=True)
     float_config, floats = load(name, scan, quantization=mode)
     want_config, want = quantization.quantize_weights(

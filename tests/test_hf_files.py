@@ -22,6 +22,7 @@ from linen_moe import Decoder
 from linen_moe import hf
 from linen_moe import load_model_config
 from linen_moe import quantization
+from linen_moe import testing
 from linen_moe._src.hf.safetensors_io import Checkpoint
 import nnx_adapter
 from tests import workers
@@ -124,11 +125,16 @@ class RoundTripTest(parameterized.TestCase):
 
 class ServingOnLoadTest(parameterized.TestCase):
 
-  @parameterized.parameters(
-      ("qwen3_moe_step2_nonorm_tied", True, "int8"),
-      ("mixtral_tied_sharded", False, "fp8"),
-  )
-  def test_stored_kernels_straight_from_the_checkpoint(self, name, scan, mode):
+  # One mode and layout each here, the other in the slow set;
+  # test_hf_families's default case has the other.
+  def test_stored_kernels_straight_from_the_checkpoint(self):
+    self.check("qwen3_moe_step2_nonorm_tied", True, "int8")
+
+  @testing.slow
+  def test_stored_kernels_straight_from_the_checkpoint_slow(self):
+    self.check("mixtral_tied_sharded", False, "fp8")
+
+  def check(self, name, scan, mode):
     d = FIXTURES / name
     config, variables = hf.load_checkpoint(
         d, scan_layers=scan, quantization=mode, serving=True
