@@ -82,17 +82,21 @@ def gated_product(
   each a layer. The backward recomputes them from `gate` (the same
   operations, so the same numbers).
   """
+  return _product(act, gate, up)
+
+
+def _product(act, gate, up):
   return act(gate) * linear_branch(act, up)
 
 
 def _gated_product_fwd(act, gate, up):
-  return act(gate) * linear_branch(act, up), (gate, up)
+  return _product(act, gate, up), (gate, up)
 
 
 def _gated_product_bwd(act, residuals, g):
   # The barrier keeps XLA from merging this recompute with the forward's.
   gate, up = jax.lax.optimization_barrier(residuals)
-  return jax.vjp(lambda a, b: act(a) * linear_branch(act, b), gate, up)[1](g)
+  return jax.vjp(functools.partial(_product, act), gate, up)[1](g)
 
 
 gated_product.defvjp(_gated_product_fwd, _gated_product_bwd)
