@@ -196,32 +196,45 @@ class LayerWithPallasTest(test_kernels.LayerKernelChecks):
   """The sparse layer's forward and gradients with every grouped matmul on
   the Pallas kernels (interpreted) equal those with ragged_dot."""
 
-  def test_sparse_layer(self):
-    self.check_layer("none", "pallas")
-
-  def test_sparse_layer_with_the_paired_gate_up(self):
-    # Its gate and up projections run as one call each way.
+  def _check_layer_pairing(self, paired: bool):
     with (
-        accelerator.paired_gate_up(),
+        accelerator.paired_gate_up(paired),
         mock.patch.object(
             pallas_gate_up,
             "paired_grouped_matmul",
             wraps=pallas_gate_up.paired_grouped_matmul,
-        ) as paired,
+        ) as pairs,
     ):
       self.check_layer("none", "pallas")
-    self.assertTrue(paired.called)
+    self.assertEqual(pairs.called, paired)
+
+  def test_sparse_layer(self):
+    # The gate and up projections as two calls each way.
+    self._check_layer_pairing(False)
+
+  def test_sparse_layer_with_the_paired_gate_up(self):
+    # Its gate and up projections run as one call each way.
+    self._check_layer_pairing(True)
 
   def test_paired_gate_up_where_the_pallas_kernel_runs(self):
     shape, floats = (64, 128, 128, 4), (jnp.bfloat16, jnp.bfloat16)
     with testing.kernels_on_cpu("pallas"):
-      self.assertIsNone(gmm_lib.paired_kernel("kernel", floats, shape))  # off
-      with accelerator.paired_gate_up():
-        self.assertIsNotNone(gmm_lib.paired_kernel("kernel", floats, shape))
-        self.assertIsNone(gmm_lib.paired_kernel("auto", floats, shape))  # CPU
+      self.assertIsNotNone(gmm_lib.paired_kernel("kernel", floats, shape))
+      self.assertIsNone(gmm_lib.paired_kernel("auto", floats, shape))  # CPU
+      with accelerator.paired_gate_up(False):
+        self.assertIsNone(gmm_lib.paired_kernel("kernel", floats, shape))
+        with accelerator.paired_gate_up():
+          self.assertIsNotNone(gmm_lib.paired_kernel("kernel", floats, shape))
+        self.assertIsNone(gmm_lib.paired_kernel("kernel", floats, shape))
+      self.assertIsNotNone(gmm_lib.paired_kernel("kernel", floats, shape))
+    with testing.kernels_on_cpu("megablox"):
       self.assertIsNone(gmm_lib.paired_kernel("kernel", floats, shape))
-    with testing.kernels_on_cpu("megablox"), accelerator.paired_gate_up():
-      self.assertIsNone(gmm_lib.paired_kernel("kernel", floats, shape))
+
+  def test_paired_gate_up_takes_a_bool(self):
+    with self.assertRaisesRegex(TypeError, "on=True or False; got 'no'"):
+      with accelerator.paired_gate_up("no"):
+        pass
+    self.assertTrue(accelerator.pairs_gate_up())
 
   def test_int8_layer_reaches_the_kernel(self):
     # The int8 mode's forward and dlhs contractions run the int8 kernel

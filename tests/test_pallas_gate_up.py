@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe._src.kernels import gmm_tiling
 from linen_moe._src.kernels import pallas_gate_up
 from linen_moe._src.kernels import pallas_gmm
 from linen_moe._src.kernels import pallas_grouped
@@ -196,6 +197,46 @@ class PairedTilingTest(absltest.TestCase):
         pallas_gate_up.paired_vmem_bytes(tiling, 2048, 768, jnp.bfloat16),
         weights,
     )
+
+  def test_smaller_tile(self):
+    self.assertEqual(pallas_gate_up.smaller_tile(1024, 2048), 512)
+    self.assertEqual(pallas_gate_up.smaller_tile(2048, 2048), 1024)
+    self.assertEqual(pallas_gate_up.smaller_tile(1408, 5632), 512)
+    self.assertIsNone(pallas_gate_up.smaller_tile(128, 2048))
+
+  def test_k_tiles_shrink_where_the_paired_blocks_fill_the_vmem(self):
+    # Half of the raised limit: 0.85 of a v5e's 128 MiB, halved.
+    budget = 0.85 * (128 << 20) / 2
+    bf16 = jnp.bfloat16
+
+    def need(t, k, n):
+      return pallas_gate_up.paired_vmem_bytes(t, k, n, bf16)
+
+    # 128 experts of 2048 x 768: the single problem's tiles fit; kept.
+    single = gmm_tiling.choose_tiling(131072, 2048, 768, 128, bf16, "v5e")
+    paired = pallas_gate_up.paired_tiling(131072, 2048, 768, 128, bf16, "v5e")
+    self.assertLessEqual(need(single, 2048, 768), budget)
+    self.assertEqual(
+        (paired.gmm, paired.gmm_t, paired.tgmm),
+        (single.gmm, single.gmm_t, single.tgmm),
+    )
+    # 8 experts of 2048 x 5632: they do not; each K tile one step smaller
+    # (the forward's and weight gradient's contraction, the input
+    # gradient's output), the rest kept.
+    single = gmm_tiling.choose_tiling(32768, 2048, 5632, 8, bf16, "v5e")
+    paired = pallas_gate_up.paired_tiling(32768, 2048, 5632, 8, bf16, "v5e")
+    self.assertGreater(need(single, 2048, 5632), budget)
+    self.assertLessEqual(need(paired, 2048, 5632), budget)
+    (am, ak, an), (bm, bn, bk), (cm, ck, cn) = (
+        single.gmm,
+        single.gmm_t,
+        single.tgmm,
+    )
+    step = lambda t: max(x for x in range(128, t, 128) if 2048 % x == 0)  # noqa: E731
+    self.assertEqual(paired.gmm, (am, step(ak), an))
+    self.assertEqual(paired.gmm_t, (bm, bn, step(bk)))
+    self.assertEqual(paired.tgmm, (cm, step(ck), cn))
+    self.assertIsNotNone(paired.vmem_limit_bytes)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,15 @@ input, and is timed in rounds that call each variant once in turn
   maxtext_ragged_dot  the same with `megablox=False`: `jax.lax.ragged_dot`
   maxtext_tokamax     the same with `use_tokamax_gmm=True`: tokamax's
                       `ragged_dot` (Mosaic)
-  ours_auto           `linen_moe.RoutedMoE`, `grouped_matmul="auto"`
+  ours_auto           `linen_moe.RoutedMoE`, `grouped_matmul="auto"` (the
+                      gate and up projections paired, as by default)
   ours_ragged_dot     ... `grouped_matmul="ragged_dot"`
-  ours_auto_paired    ... `"auto"` with the gate and up projections as one
-                      kernel call each way (`accelerator.paired_gate_up`)
+  ours_auto_unpaired  ... `"auto"` with the gate and up projections as two
+                      kernel calls each way
+                      (`accelerator.paired_gate_up(False)`)
   ours_kernel         ... `"kernel"` (not in the default run)
   ours_*_rows_once    ... with `remat_rows=False` (not in the default run;
-                      before `_paired` where both are asked)
+                      before `_unpaired` where both are asked)
 
 Both layers compute the same function: MaxText's router in float32
 (`float32_gate_logits=True`; ours always is), no load-balance loss, and
@@ -112,7 +114,7 @@ DEFAULT_VARIANTS = (
     "maxtext_ragged_dot",
     "maxtext_tokamax",
     "ours_auto",
-    "ours_auto_paired",
+    "ours_auto_unpaired",
     "ours_ragged_dot",
 )
 REFERENCE = "ours_ragged_dot"
@@ -142,7 +144,7 @@ class Variant(NamedTuple):
   side: str
   impl: str
   rows_once: bool = False
-  paired: bool = False
+  paired: bool = True
 
 
 def parse_variant(name: str) -> Variant:
@@ -150,17 +152,22 @@ def parse_variant(name: str) -> Variant:
   if name == "dense":
     return Variant("dense", "")
   side, _, impl = name.partition("_")
-  paired = impl.endswith("_paired")
-  impl = impl.removesuffix("_paired")
+  unpaired = impl.endswith("_unpaired")
+  impl = impl.removesuffix("_unpaired")
+  paired = not unpaired
   rows_once = impl.endswith("_rows_once")
   impl = impl.removesuffix("_rows_once")
-  if side == "maxtext" and impl in MAXTEXT_PATHS and not (rows_once or paired):
+  if (
+      side == "maxtext"
+      and impl in MAXTEXT_PATHS
+      and not (rows_once or unpaired)
+  ):
     return Variant(side, impl)
   if side == "ours" and impl in OURS_IMPLEMENTATIONS:
     return Variant(side, impl, rows_once, paired)
   raise ValueError(
       f"unknown variant {name!r}: dense, maxtext_{{{','.join(MAXTEXT_PATHS)}}}"
-      f" or ours_{{{','.join(OURS_IMPLEMENTATIONS)}}}[_rows_once][_paired]"
+      f" or ours_{{{','.join(OURS_IMPLEMENTATIONS)}}}[_rows_once][_unpaired]"
   )
 
 
@@ -417,8 +424,8 @@ def build(names, shape: Shape, ops: dict, args):
         context = ours_mesh()
         if interpret and impl == "kernel":
           context = accelerator.kernels_on_cpu("pallas")
-        if paired:
-          context = _both(context, accelerator.paired_gate_up())
+        if not paired:
+          context = _both(context, accelerator.paired_gate_up(False))
       else:
         mt = mt or import_maxtext()
         step, context = maxtext_step(mt, shape, impl, device)

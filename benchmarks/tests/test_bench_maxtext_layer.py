@@ -23,25 +23,26 @@ class CountingTest(absltest.TestCase):
     self.assertAlmostEqual(bench.useful_flops(many) / 73e-3 / 1e12, 51, 0)
 
   def test_variants(self):
-    self.assertEqual(bench.parse_variant("dense"), ("dense", "", False, False))
+    self.assertEqual(bench.parse_variant("dense"), ("dense", "", False, True))
     self.assertEqual(
         bench.parse_variant("maxtext_ragged_dot"),
-        ("maxtext", "ragged_dot", False, False),
+        ("maxtext", "ragged_dot", False, True),
     )
     self.assertEqual(
         bench.parse_variant("ours_auto_rows_once"),
-        ("ours", "auto", True, False),
+        ("ours", "auto", True, True),
     )
     self.assertEqual(
-        bench.parse_variant("ours_kernel_rows_once_paired"),
-        ("ours", "kernel", True, True),
+        bench.parse_variant("ours_kernel_rows_once_unpaired"),
+        ("ours", "kernel", True, False),
     )
     for bad in (
         "maxtext_kernel",
         "maxtext_megablox_rows_once",
-        "maxtext_megablox_paired",
+        "maxtext_megablox_unpaired",
         "ours_x",
-        "ours_auto_paired_rows_once",
+        "ours_auto_paired",
+        "ours_auto_unpaired_rows_once",
     ):
       with self.assertRaisesRegex(ValueError, "unknown variant"):
         bench.parse_variant(bad)
@@ -66,7 +67,7 @@ class TinyRunTest(absltest.TestCase):
           "dense",
           "ours_ragged_dot",
           "ours_auto",
-          "ours_kernel_paired",
+          "ours_kernel_unpaired",
           "--repeats",
           "1",
           "--out",
@@ -79,14 +80,14 @@ class TinyRunTest(absltest.TestCase):
     self.assertEqual(shape["errors"], {})
     self.assertEqual(
         set(shape["ms"]),
-        {"dense", "ours_ragged_dot", "ours_auto", "ours_kernel_paired"},
+        {"dense", "ours_ragged_dot", "ours_auto", "ours_kernel_unpaired"},
     )
     self.assertEqual(shape["fraction_of_dense"]["dense"], 1.0)
     diffs = shape["differences"]
     self.assertEqual(diffs["reference"], "ours_ragged_dot")
-    # ours_kernel_paired: the Pallas kernels (interpreted), the gate and up
-    # projections paired; both compute what ragged_dot does.
-    for name in ("ours_auto", "ours_kernel_paired"):
+    # ours_kernel_unpaired: the Pallas kernels (interpreted), the gate and
+    # up projections as two calls; both compute what ragged_dot does.
+    for name in ("ours_auto", "ours_kernel_unpaired"):
       leaves = diffs["variants"][name]
       self.assertContainsSubset(
           {"out", "x_grad", "grad/wi_0", "grad/wo", "grad/gate/kernel"},

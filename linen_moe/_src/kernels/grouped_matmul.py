@@ -603,9 +603,9 @@ def paired_kernel(
   """The gate and up projections as one call (`Kernel.paired`: lhs [M, K]
   x two [G, K, N] weights, each way) where `implementation` runs an
   accelerator kernel that has it for `dtypes` and `shape` = (M, K, N, G),
-  outside a `shard_map`, inside `accelerator.paired_gate_up` (off by
-  default until measured); else None (the caller makes two
-  `grouped_matmul` calls)."""
+  outside a `shard_map`, unless `accelerator.paired_gate_up(False)` turns
+  the pairing off; else None (the caller makes two `grouped_matmul`
+  calls)."""
   if not grouped_kernels.pairs_gate_up():
     return None
   impl = resolve_implementation(implementation, dtypes=dtypes, shape=shape)
