@@ -17,7 +17,8 @@ Cases (table [N, M] -> R rows; each timed XLA vs ours, medians of
 
 Each line: ms, GB/s of the rows moved (2 R M bytes: read and written; the
 16-bit packing pass is not counted as moved) and that as a fraction of the
-chip's HBM roofline (v5e: 819 GB/s). Ours runs with --block-rows each.
+chip's HBM roofline (v5e: 819 GB/s). Ours runs with each --block-rows
+and --unrolls (row copies issued per loop iteration).
 
 Writes --out/bench_gather.json after every case (a run cut short keeps
 what it measured); a case that fails is recorded with its error and the
@@ -81,7 +82,7 @@ def _xla(valid):
   return gather
 
 
-def _ours(valid, block_rows, via, interpret):
+def _ours(valid, block_rows, via, interpret, unroll):
   return jax.jit(
       functools.partial(
           pallas_gather.gather_rows,
@@ -89,6 +90,7 @@ def _ours(valid, block_rows, via, interpret):
           block_rows=block_rows,
           via=via,
           interpret=interpret,
+          unroll=unroll,
       )
   )
 
@@ -127,7 +129,10 @@ def bench_case(name, spec, width, args, roofline) -> dict:
   calls = {"xla": _xla(valid)}
   for via in vias:
     for block in args.block_rows:
-      calls[f"ours_{via}_{block}"] = _ours(valid, block, via, args.interpret)
+      for unroll in args.unrolls:
+        default = unroll == pallas_gather.DEFAULT_UNROLL
+        impl = f"ours_{via}_{block}" + ("" if default else f"_u{unroll}")
+        calls[impl] = _ours(valid, block, via, args.interpret, unroll)
   result = {
       "case": name,
       "table": [n, width],
@@ -172,6 +177,13 @@ def main(argv=None) -> int:
   parser.add_argument("--cases", nargs="+", help="names (default: all)")
   parser.add_argument(
       "--block-rows", nargs="+", type=int, default=[256, 512], help="ours"
+  )
+  parser.add_argument(
+      "--unrolls",
+      nargs="+",
+      type=int,
+      default=[pallas_gather.DEFAULT_UNROLL],
+      help="ours: row copies issued per loop iteration",
   )
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--out", default=".", help="where to write the JSON")
