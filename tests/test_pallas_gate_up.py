@@ -164,21 +164,20 @@ class PairedTilingTest(absltest.TestCase):
     tiling = GmmTiling(
         gmm=(512, 2048, 768), gmm_t=(512, 768, 2048), tgmm=(512, 2048, 768)
     )
-    # The forward: the lhs [512, 2048], two weights [2048, 768] and two
-    # outputs [512, 768] (bf16, double-buffered), and per output a float32
-    # product and accumulator (512-row tiles are split in 128-row blocks).
+    # The forward (one call a weight): the lhs [512, 2048], a weight
+    # [2048, 768] and an output [512, 768] (bf16, double-buffered), and a
+    # float32 product and accumulator (512-row tiles are split in 128-row
+    # blocks).
     tm, tc, to = tiling.gmm
-    forward = 2 * 2 * (tm * tc + 2 * tc * to + 2 * tm * to)
-    forward += 2 * 2 * tm * to * 4
+    forward = 2 * 2 * (tm * tc + tc * to + tm * to)
+    forward += 2 * tm * to * 4
     # The input gradient: two of each operand [512, 768] and [2048, 768],
     # one output [512, 2048], its float32 product and accumulator.
     tm, tc, to = tiling.gmm_t
     gradient = 2 * 2 * (2 * tm * tc + 2 * tc * to + tm * to)
     gradient += 2 * tm * to * 4
     bf16 = [jnp.bfloat16] * 3
-    self.assertEqual(
-        pallas_gmm.gmm_vmem_bytes(tiling.gmm, *bf16, 1, pairs=(1, 2)), forward
-    )
+    self.assertEqual(pallas_gmm.gmm_vmem_bytes(tiling.gmm, *bf16, 1), forward)
     self.assertEqual(
         pallas_gmm.gmm_vmem_bytes(tiling.gmm_t, *bf16, 1, pairs=(2, 2)),
         gradient,
@@ -204,39 +203,29 @@ class PairedTilingTest(absltest.TestCase):
     self.assertEqual(pallas_gate_up.smaller_tile(1408, 5632), 512)
     self.assertIsNone(pallas_gate_up.smaller_tile(128, 2048))
 
-  def test_k_tiles_shrink_where_the_paired_blocks_fill_the_vmem(self):
-    # Half of the raised limit: 0.85 of a v5e's 128 MiB, halved.
-    budget = 0.85 * (128 << 20) / 2
+  def test_the_backward_takes_k_tiles_one_step_smaller(self):
     bf16 = jnp.bfloat16
-
-    def need(t, k, n):
-      return pallas_gate_up.paired_vmem_bytes(t, k, n, bf16)
-
-    # 128 experts of 2048 x 768: the single problem's tiles fit; kept.
-    single = gmm_tiling.choose_tiling(131072, 2048, 768, 128, bf16, "v5e")
-    paired = pallas_gate_up.paired_tiling(131072, 2048, 768, 128, bf16, "v5e")
-    self.assertLessEqual(need(single, 2048, 768), budget)
-    self.assertEqual(
-        (paired.gmm, paired.gmm_t, paired.tgmm),
-        (single.gmm, single.gmm_t, single.tgmm),
-    )
-    # 8 experts of 2048 x 5632: they do not; each K tile one step smaller
-    # (the forward's and weight gradient's contraction, the input
-    # gradient's output), the rest kept.
-    single = gmm_tiling.choose_tiling(32768, 2048, 5632, 8, bf16, "v5e")
-    paired = pallas_gate_up.paired_tiling(32768, 2048, 5632, 8, bf16, "v5e")
-    self.assertGreater(need(single, 2048, 5632), budget)
-    self.assertLessEqual(need(paired, 2048, 5632), budget)
-    (am, ak, an), (bm, bn, bk), (cm, ck, cn) = (
-        single.gmm,
-        single.gmm_t,
-        single.tgmm,
-    )
-    step = lambda t: max(x for x in range(128, t, 128) if 2048 % x == 0)  # noqa: E731
-    self.assertEqual(paired.gmm, (am, step(ak), an))
-    self.assertEqual(paired.gmm_t, (bm, bn, step(bk)))
-    self.assertEqual(paired.tgmm, (cm, step(ck), cn))
-    self.assertIsNotNone(paired.vmem_limit_bytes)
+    for m, k, n, g in (
+        (131072, 2048, 768, 128),
+        (32768, 2048, 5632, 8),
+        (32768, 4096, 14336, 8),
+        (64, 128, 256, 4),  # K tiles of 128: none smaller, kept
+    ):
+      single = gmm_tiling.choose_tiling(m, k, n, g, bf16, "v5e")
+      paired = pallas_gate_up.paired_tiling(m, k, n, g, bf16, "v5e")
+      (bm, bn, bk), (cm, ck, cn) = single.gmm_t, single.tgmm
+      below = [t for t in range(128, bk, 128) if k % t == 0]
+      self.assertEqual(paired.gmm, single.gmm)  # the forward: two calls
+      self.assertEqual(paired.gmm_t, (bm, bn, max(below, default=bk)))
+      below = [t for t in range(128, ck, 128) if k % t == 0]
+      self.assertEqual(paired.tgmm, (cm, max(below, default=ck), cn))
+      self.assertEqual(
+          paired.vmem_limit_bytes,
+          single.vmem_limit_bytes
+          or gmm_tiling.vmem_limit(
+              pallas_gate_up.paired_vmem_bytes(paired, k, n, bf16), "v5e"
+          ),
+      )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The gate and up projections on the chip: two grouped-matmul calls beside
-the paired kernel (`pallas_gate_up`) at several tiles, forward + backward,
-bf16, in one process.
+the paired kernels (`pallas_gate_up`: the forward as two calls, the
+backward as one call each way) at several tiles, forward + backward, bf16,
+in one process.
 
 Variants, each the gradients of `sum(out0 * c0 + out1 * c1)` with respect
 to the rows and both weights (the forward alone timed too):
@@ -16,7 +17,10 @@ to the rows and both weights (the forward alone timed too):
                   weight gradient's output tile, the input gradient's
                   contraction tile) the next smaller divisor of N that is a
                   multiple of 128
-  paired_half_k   the same along K
+
+Before 2026-12-07 the paired forward was one call for both weights, and
+"paired_half_k" (every K tile one step smaller) was measured; the
+figures are in benchmarks/device/README.md.
 
 Equal groups (M / G rows each). Printed per variant: ms forward + backward,
 ms forward, and the forward + backward as a fraction of `two`'s.
@@ -49,7 +53,7 @@ BF16 = jnp.bfloat16
 # M, K, N, G: the sorted rows of bench_maxtext_layer.py's two layers.
 SHAPES = ("32768,2048,5632,8", "131072,2048,768,128")
 INTERPRET_SHAPES = ("512,256,384,4",)
-VARIANTS = ("two", "paired", "paired_single", "paired_half_n", "paired_half_k")
+VARIANTS = ("two", "paired", "paired_single", "paired_half_n")
 
 
 def variant_tiling(name, m, k, n, g, chip) -> gmm_tiling.GmmTiling | None:
@@ -71,8 +75,6 @@ def variant_tiling(name, m, k, n, g, chip) -> gmm_tiling.GmmTiling | None:
 
   if name == "paired_half_n":
     an, bn, cn = (smaller(t, n) for t in (an, bn, cn))
-  elif name == "paired_half_k":
-    ak, bk, ck = (smaller(t, k) for t in (ak, bk, ck))
   elif name != "paired_single":
     raise ValueError(f"unknown variant {name!r}; one of {VARIANTS}.")
   tiling = dataclasses.replace(

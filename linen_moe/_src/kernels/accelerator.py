@@ -92,9 +92,9 @@ class Kernel:
     int8_scaled: the int8 grouped matmul with in-kernel scales, where the
       kernel has one (`pallas_int8.int8_grouped_matmul_scaled`'s
       signature), else None.
-    paired: the gate and up projections in one call each way, where the
-      kernel has it (`pallas_gate_up.paired_grouped_matmul`'s signature),
-      else None.
+    paired: the gate and up projections, their backward in one call each
+      way, where the kernel has it (`pallas_gate_up.paired_grouped_matmul`'s
+      signature), else None.
   """
 
   name: str
@@ -437,10 +437,10 @@ def find_kernel(backend: str) -> tuple[Kernel | None, str | None]:
   return None, f"no grouped-matmul kernel is known for backend {backend!r}"
 
 
-# On by default: on a TPU v5e the paired calls run the gate and up
-# projections' forward + backward 1.30x as fast as two calls at 128 experts
-# of 2048 x 768 (131,072 rows) and 1.03x at 8 of 2048 x 5632 (32,768 rows),
-# with `pallas_gate_up.paired_tiling`'s tiles
+# On by default: on a TPU v5e the paired backward (`pallas_gate_up`, its
+# forward two calls) takes the gate and up projections' backward from 7.66
+# to 4.45 ms at 128 experts of 2048 x 768 (131,072 rows), 8.53 to 7.28 at 8
+# of 2048 x 5632 and 46.42 to 22.17 at 8 of 4096 x 14336 (32,768 rows)
 # (benchmarks/device/bench_gate_up.py, benchmarks/device/README.md).
 _PAIR_GATE_UP = [True]
 
@@ -453,11 +453,11 @@ def pairs_gate_up() -> bool:
 
 @contextlib.contextmanager
 def paired_gate_up(on: bool = True):
-  """Inside, the sparse path's gate and up projections run as one kernel
-  call each way where the kernel has it (`Kernel.paired`): the rows read
-  once for both weights, and their input gradients summed in the kernel.
-  On by default; `paired_gate_up(False)` runs them as two calls (for
-  measuring them side by side). Resolution happens while a function is
+  """Inside, the sparse path's gate and up projections run paired where
+  the kernel has it (`Kernel.paired`): their backward one call each way,
+  the rows read once for both weight gradients and the input gradients
+  summed in the kernel. On by default; `paired_gate_up(False)` runs them
+  as two calls (for measuring them side by side). Resolution happens while a function is
   traced, as for `kernels_on_cpu`.
 
   Raises:

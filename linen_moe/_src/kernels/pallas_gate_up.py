@@ -1,20 +1,18 @@
-"""A gated MLP's gate and up projections as one Pallas call each way:
-lhs [M, K] x (w0, w1) [G, K, N] -> (lhs @ w0, lhs @ w1), [M, N] each.
+"""A gated MLP's gate and up projections, their backward as one Pallas call
+each way: lhs [M, K] x (w0, w1) [G, K, N] -> (lhs @ w0, lhs @ w1), [M, N]
+each.
 
-  forward  `gmm(lhs, (w0, w1))`                             two [M, N]
+  forward  `gmm(lhs, w0)`, `gmm(lhs, w1)`                   two [M, N]
   dlhs     `gmm((d0, d1), (w0, w1), transpose_rhs=True)`    [M, K]
   dw0, dw1 `tgmm(lhs, (d0, d1))`                            [G, K, N] each
 
-The forward and the weight gradients read each lhs tile once for both
-weights; the input gradient sums the two contractions in the kernel's
-float32 accumulator, where two calls would write two [M, K] gradients for
-XLA to add (on a v5e, 2.4 ms of the 128-expert layer's 52:
-benchmarks/device/README.md). The contract and
-the checks are `pallas_grouped`'s, for both weights (one shape, one
-dtype). Tiles are the single problem's (`gmm_tiling.choose_tiling`), with
-smaller K tiles where the paired blocks would fill the VMEM
-(`paired_tiling`), the VMEM limit raised for the second weight's blocks
-where they need it.
+The input gradient sums the two contractions in the kernel's float32
+accumulator, where two calls would write two [M, K] gradients for XLA to
+add (on a v5e, 2.4 ms of the 128-expert layer's 52); the weight gradients
+read each lhs tile once for both. The forward stays two calls: one call
+for both weights ran slower on a v5e wherever N spans several tiles
+(`paired_tiling`). The contract and the checks are `pallas_grouped`'s, for
+both weights (one shape, one dtype).
 """
 
 from __future__ import annotations
@@ -32,11 +30,11 @@ from linen_moe._src.kernels.gmm_tiling import GmmTiling
 
 
 def paired_vmem_bytes(tiling: GmmTiling, k: int, n: int, dtype) -> int:
-  """VMEM of the paired calls' blocks with `tiling` (of [M, K] x [G, K, N]
-  in `dtype`): the forward's (one lhs, two weights), the input gradient's
-  (two of each) or the weight gradients' (two cotangents), the largest."""
+  """VMEM of the calls' blocks with `tiling` (of [M, K] x [G, K, N] in
+  `dtype`): the forward's (one weight), the input gradient's (two of each
+  operand) or the weight gradients' (two cotangents), the largest."""
   gmm = pallas_gmm.gmm_vmem_bytes(
-      tiling.gmm, dtype, dtype, dtype, k // tiling.gmm[1], pairs=(1, 2)
+      tiling.gmm, dtype, dtype, dtype, k // tiling.gmm[1]
   )
   gmm_t = pallas_gmm.gmm_vmem_bytes(
       tiling.gmm_t, dtype, dtype, dtype, n // tiling.gmm_t[1], pairs=(2, 2)
@@ -64,33 +62,29 @@ def smaller_tile(tile: int, size: int) -> int | None:
 def paired_tiling(
     m: int, k: int, n: int, g: int, dtype, chip: str | None
 ) -> GmmTiling:
-  """The single problem's tiles (`gmm_tiling.choose_tiling`); while their
-  paired blocks need more than half of the raised VMEM limit
-  (`gmm_tiling.raised_vmem_limit`), each op's K tile the next smaller
-  one. Then the VMEM limit they need.
+  """The single problem's tiles (`gmm_tiling.choose_tiling`), the paired
+  backward's K tiles (the input gradient's output, the weight gradients'
+  contraction) one step smaller (`smaller_tile`); then the VMEM limit they
+  need.
 
-  Measured on a v5e (benchmarks/device/bench_gate_up.py, forward +
-  backward against two calls): at 8 experts of 2048 x 5632 (32,768 rows)
-  the single problem's tiles need 80 MiB paired and run at 0.70x two
-  calls' speed, with the K tiles one step smaller (45.5 MiB) at 1.03x; at
-  128 experts of 2048 x 768 (131,072 rows) they need 45 MiB and run at
-  1.30x (1.28x with smaller K tiles).
+  Measured on a v5e (benchmarks/device/bench_gate_up.py, medians of 5,
+  equal groups; ms of the two calls' forward + backward, then of the
+  backward alone two calls / paired with these tiles / paired with the
+  single problem's): 131,072 rows of 2048 x 768, 128 groups: 13.03; 7.66 /
+  4.45 / 4.72. 32,768 of 2048 x 5632, 8 groups: 18.04; 8.53 / 7.28 /
+  11.49. 32,768 of 4096 x 14336, 8 groups: 87.47; 46.42 / 22.17 / 30.24
+  (there the single problem's tiles do not fit paired; 30.24 is with the
+  weight gradient's K tile 1024, the input gradient's kept). The forward
+  alone, two calls against one call for both weights: 5.37 / 5.32, 9.51 /
+  14.45, 41.05 / 54.78 ms; so it stays two calls.
   """
   tiling = gmm_tiling.choose_tiling(m, k, n, g, dtype, chip)
-  budget = gmm_tiling.raised_vmem_limit(chip) // 2
-  while paired_vmem_bytes(tiling, k, n, dtype) > budget:
-    (am, ak, an), (bm, bn, bk), (cm, ck, cn) = (
-        tiling.gmm,
-        tiling.gmm_t,
-        tiling.tgmm,
-    )
-    smaller = [smaller_tile(t, k) for t in (ak, bk, ck)]
-    if None in smaller:
-      break
-    ak, bk, ck = smaller
-    tiling = dataclasses.replace(
-        tiling, gmm=(am, ak, an), gmm_t=(bm, bn, bk), tgmm=(cm, ck, cn)
-    )
+  (bm, bn, bk), (cm, ck, cn) = tiling.gmm_t, tiling.tgmm
+  tiling = dataclasses.replace(
+      tiling,
+      gmm_t=(bm, bn, smaller_tile(bk, k) or bk),
+      tgmm=(cm, smaller_tile(ck, k) or ck, cn),
+  )
   return with_paired_limit(tiling, k, n, dtype, chip)
 
 
@@ -101,8 +95,9 @@ def _run(tiling: GmmTiling, interpret: bool) -> dict:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _paired(lhs, w0, w1, group_sizes, out_dtype, tiling, interpret):
   options = dict(tiling=tiling.gmm, out_dtype=out_dtype)
-  return pallas_gmm.gmm(
-      lhs, (w0, w1), group_sizes, **options, **_run(tiling, interpret)
+  return tuple(
+      pallas_gmm.gmm(lhs, w, group_sizes, **options, **_run(tiling, interpret))
+      for w in (w0, w1)
   )
 
 
@@ -147,7 +142,8 @@ def paired_grouped_matmul(
 ) -> tuple[jax.Array, jax.Array]:
   """(lhs @ w0, lhs @ w1) by group, as `pallas_grouped.pallas_grouped_matmul`
   makes each (the same arguments, two weights of one shape and dtype; the
-  default tiles `paired_tiling`'s), in one call each way, with the VJP.
+  default tiles `paired_tiling`'s), the forward as two calls, the backward
+  as one call each way.
 
   Returns:
     two [M, N]; rows past sum(group_sizes) are zeros. Gradients: lhs [M, K]
