@@ -6,7 +6,10 @@ Slow tests: mark a test class or method with `linen_moe.testing.slow`
 "slow" marker, which the default run (`-m 'not slow'`, pyproject.toml)
 leaves out and `pytest -m slow` runs. A bare `pytest.mark.slow` on a
 parameterized method is silently lost above the decorator, hence this one
-way for every test. See tests/README.md.
+way for every test. Heavy tests (`linen_moe._src.testing.marks.heavy`: the
+only check of a claim, too long for the default run) get the "heavy"
+marker the same way: out of the default run, in `pytest -m heavy`, which
+`.ci/run` runs after it. See tests/README.md.
 """
 
 import gc
@@ -19,6 +22,7 @@ import pytest
 
 import linen_moe
 from linen_moe._src.testing.compile_options import add_xla_flag
+from linen_moe._src.testing.marks import is_heavy
 from linen_moe._src.testing.marks import is_slow
 from linen_moe.testing import use_compilation_cache
 from linen_moe.testing import use_fast_compile
@@ -72,19 +76,29 @@ def _file_rank(item) -> int:
   return len(_LONGEST_FILES)
 
 
+# (marker, whether a test has it, the way to give it)
+_MARKS = (
+    ("slow", is_slow, "linen_moe.testing.slow"),
+    ("heavy", is_heavy, "linen_moe._src.testing.marks.heavy"),
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
   del config
   items.sort(key=_file_rank)  # stable: each file's tests keep their order
   for item in items:
     test = getattr(item, "obj", None)
-    if is_slow(test) or is_slow(getattr(item, "cls", None)):
-      item.add_marker(pytest.mark.slow)
-    elif item.get_closest_marker("slow") is not None:
-      raise pytest.UsageError(
-          f"{item.nodeid}: mark slow tests with linen_moe.testing.slow, not"
-          " pytest.mark.slow (lost above @parameterized); see tests/README.md"
-      )
+    cls = getattr(item, "cls", None)
+    for mark, is_marked, how in _MARKS:
+      if is_marked(test) or is_marked(cls):
+        item.add_marker(getattr(pytest.mark, mark))
+      elif item.get_closest_marker(mark) is not None:
+        raise pytest.UsageError(
+            f"{item.nodeid}: mark {mark} tests with {how}, not"
+            f" pytest.mark.{mark} (lost above @parameterized); see"
+            " tests/README.md"
+        )
 
 
 def pytest_report_header(config):

@@ -32,6 +32,7 @@ from linen_moe._src.checkpoint import tree as ckpt_tree
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.testing import helpers
+from linen_moe._src.testing.marks import heavy
 from linen_moe.training import LinenFrontend
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
@@ -469,6 +470,7 @@ class CheckpointMeshTest(absltest.TestCase):
         if not name.startswith("one device"):
           self.assertGreater(r["split"], 0)  # really split, not replicated
 
+  @heavy
   def test_data_to_other_meshes_front_ends_and_layouts(self):
     self.check({
         "quantization": "fp8",

@@ -15,6 +15,7 @@ from linen_moe import hf
 from linen_moe import training
 from linen_moe._src.run import loop as train_job
 from linen_moe._src.testing import helpers
+from linen_moe._src.testing.marks import heavy
 from linen_moe.training import RunOptions
 from tests import cli_helpers
 
@@ -33,6 +34,7 @@ def _tempdir(test) -> pathlib.Path:
 
 class TrainAndExportTest(absltest.TestCase):
 
+  @heavy
   def test_fine_tune_from_hf_then_export_for_transformers(self):
     tmp = _tempdir(self)
     opts = RunOptions(

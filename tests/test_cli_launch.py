@@ -39,6 +39,7 @@ import numpy as np
 from linen_moe import testing
 from linen_moe._src.parallel import launcher as launch
 from linen_moe._src.testing import helpers
+from linen_moe._src.testing.marks import heavy
 from linen_moe_cli import main as cli_main
 from linen_moe_cli.commands import launch as launch_command
 from tests import cli_helpers
@@ -221,6 +222,7 @@ class ExitAfterShutdownTest(absltest.TestCase):
 class TwoProcessTrainTest(absltest.TestCase):
   """`linen-moe train` on 2 processes x 4 devices = 1 process x 8 devices."""
 
+  @heavy
   def test_linen_sparse(self):
     argv = [*TRAIN, "--mesh", "data=2,expert=4", "--frontend", "linen"]
     two, out, err = run_train(argv, processes=2, devices=4)

@@ -26,6 +26,7 @@ from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.run import loop as train_job
 from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
+from linen_moe._src.testing.marks import heavy
 from linen_moe.training import RunOptions
 import nnx_adapter
 from nnx_adapter import FRONTENDS
@@ -69,6 +70,7 @@ class TrainCommandResumeTest(absltest.TestCase):
   resumes into NNX in the library, test_checkpoint.py). One test each, so
   that the runs are not repeated per test process."""
 
+  @heavy
   def test_resume_from_the_command_line(self):
     self.check_resume(in_nnx=False)
 

@@ -9,7 +9,7 @@ import re
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from linen_moe import testing
+from linen_moe._src.testing.marks import heavy
 
 # CI runs the suite from a copy of tests/ with README.md and docs/ beside it.
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
@@ -55,15 +55,16 @@ class ExamplesTest(parameterized.TestCase):
     self.assertGreaterEqual(len(_python_blocks("README.md")), 2)
     self.assertGreater(len(_PAGES), 10)
 
+  @heavy
   def test_readme_examples_run(self):
     self.check_examples_run("README.md")
 
   # The guides' examples (each compiles its own models: ~100 s of the
-  # default run's time on 2 cores) are slow; .ci/run runs them on the
-  # installed wheel, beside the docs build.
-  @testing.slow
+  # default run's time on 2 cores) are heavy: .ci/run runs them on the
+  # installed wheel, right after the default run.
+  @heavy
   @parameterized.parameters(*_PAGES[1:])
-  def test_examples_run_slow(self, page):
+  def test_guide_examples_run(self, page):
     self.check_examples_run(page)
 
   def check_examples_run(self, page):

@@ -40,6 +40,7 @@ from linen_moe import variables as variables_lib
 from linen_moe._src.config import lora as lora_config
 from linen_moe._src.lora import adapters as lora_adapters
 from linen_moe._src.lora import tree
+from linen_moe._src.testing.marks import heavy
 from linen_moe.sharding import unbox
 from linen_moe.testing import slow
 import nnx_adapter
@@ -600,6 +601,7 @@ class QLoRATest(parameterized.TestCase):
   unchanged, no contraction producing a frozen kernel's gradient in the
   compiled program) and a few steps lower the loss."""
 
+  @heavy
   def test_int8_base(self):
     self._check("int8")
 

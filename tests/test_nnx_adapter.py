@@ -22,6 +22,7 @@ from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.models.decoder import Decoder as LinenDecoder
 from linen_moe._src.testing import helpers
+from linen_moe._src.testing.marks import heavy
 from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData
@@ -338,6 +339,7 @@ class TrainingTest(absltest.TestCase):
     fp8 = nnx_adapter.nnx_to_linen(model).get(OVERWRITE_WITH_GRADIENT, {})
     return losses, fp8
 
+  @heavy
   def test_fp8_trains_and_linen_matches_nnx(self):
     # Scaled embeddings (tiny_mixtral's are unscaled, as Mixtral's): the
     # residual stream starts at unit RMS, and 20 steps train it far.

@@ -26,6 +26,7 @@ from linen_moe import testing
 from linen_moe._src.config.quantization_modes import FP8_MODES
 from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.parallel import ep_traffic
+from linen_moe._src.testing.marks import heavy
 from tests import workers
 
 RAGGED = "ragged_all_to_all"
@@ -124,6 +125,7 @@ class RaggedAllToAllTest(Checks):
   (`pytest -n`) hands each test to any of its processes, so checks that
   share one worker run must share one test to start it once."""
 
+  @heavy
   def test_default_checks(self):
     checks = (
         self.check_emulation_is_the_definition,

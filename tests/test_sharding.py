@@ -38,6 +38,7 @@ from linen_moe._src.config.quantization_modes import FP8_MODES
 from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.parallel import sharding as sharding_lib
+from linen_moe._src.testing.marks import heavy
 from tests import workers
 
 MESHES = ("data=8", "expert=8", "data=2,expert=4")
@@ -206,6 +207,7 @@ class SparseExpertParallelTest(EquivalenceMixin):
   steps on a mesh in `EquivalenceTest` and `SkipStepOnMeshTest`); NNX on
   the expert meshes is `test_nnx` (slow)."""
 
+  @heavy
   def test_sparse_matches_one_device_and_keeps_experts_local(self):
     self.check_sparse(("linen", MESHES))
 
@@ -282,6 +284,7 @@ class FsdpKernelGatherTest(absltest.TestCase):
   also split (`expert`) and not: by default each mode on one of the two
   meshes (each mesh in two modes), every mode on both in the slow set."""
 
+  @heavy
   def test_every_mode_matches_one_device(self):
     modes = tuple(MODES)
     half = len(modes) // 2
@@ -317,6 +320,7 @@ class EquivalenceTest(EquivalenceMixin):
   and front end at least once. The full product is `test_full_product`
   (slow), the rest of the old subset `test_more`."""
 
+  @heavy
   def test_matches_one_device(self):
     """The default cases, in one worker (one start-up); the first trains
     packed documents (segment ids and their positions)."""
@@ -352,6 +356,7 @@ class RoutedBiasMeshTest(EquivalenceMixin):
   one step on one device with the whole batch. Linen by default (NNX runs
   this file's other multi-device steps); NNX is slow."""
 
+  @heavy
   def test_rule_update_equals_one_device_one_batch(self):
     self.check_rule_update("linen")
 

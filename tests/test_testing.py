@@ -10,6 +10,8 @@ import numpy as np
 
 from linen_moe import testing
 from linen_moe._src.testing import helpers
+from linen_moe._src.testing.marks import heavy
+from linen_moe._src.testing.marks import is_heavy
 from linen_moe._src.testing.marks import is_slow
 
 
@@ -61,6 +63,35 @@ class SlowTest(absltest.TestCase):
     self.assertTrue(is_slow(Slow))
     with self.assertRaisesRegex(TypeError, "slow marks a test class or method"):
       testing.slow(3)
+
+
+class HeavyTest(absltest.TestCase):
+
+  def test_marks_generated_cases_apart_from_slow(self):
+    class Cases(parameterized.TestCase):
+
+      @heavy
+      @parameterized.parameters(1, 2)
+      def test_above(self, x):
+        del x
+
+      @testing.slow
+      def test_slow(self):
+        pass
+
+    self.assertTrue(is_heavy(Cases.test_above0) and is_heavy(Cases.test_above1))
+    self.assertFalse(is_slow(Cases.test_above0))
+    self.assertFalse(is_heavy(Cases.test_slow))
+
+    @heavy
+    class Whole(absltest.TestCase):
+      pass
+
+    self.assertTrue(is_heavy(Whole))
+    with self.assertRaisesRegex(
+        TypeError, "heavy marks a test class or method"
+    ):
+      heavy("test_x")
 
 
 class MeasuresTest(absltest.TestCase):

@@ -1,5 +1,5 @@
-"""The `slow` mark of the test suite. Imports no jax (the test session's
-conftest reads it before jax may load)."""
+"""The `slow` and `heavy` marks of the test suite. Imports no jax (the test
+session's conftest reads them before jax may load)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,21 @@ from typing import Any
 # The attribute `slow` sets; the test suite's conftest.py turns it into the
 # pytest marker "slow" (excluded from the default run).
 SLOW_ATTRIBUTE = "__linen_moe_slow__"
+# The attribute `heavy` sets; conftest.py turns it into the marker "heavy".
+HEAVY_ATTRIBUTE = "__linen_moe_heavy__"
+
+
+def _mark(test: Any, attribute: str, name: str) -> Any:
+  """Sets `attribute` on a test class or method (`slow`'s docstring)."""
+  # absl's parameterized wrapper: mark the method it will generate cases
+  # from (each case is a functools.wraps copy of it, attributes included).
+  target = getattr(test, "_test_method", test)
+  if not (inspect.isclass(target) or inspect.isfunction(target)):
+    raise TypeError(
+        f"{name} marks a test class or method; got {type(test).__name__}."
+    )
+  setattr(target, attribute, True)
+  return test
 
 
 def slow(test: Any) -> Any:
@@ -29,15 +44,19 @@ def slow(test: Any) -> Any:
   Raises:
     TypeError: `test` is none of those.
   """
-  # absl's parameterized wrapper: mark the method it will generate cases
-  # from (each case is a functools.wraps copy of it, attributes included).
-  target = getattr(test, "_test_method", test)
-  if not (inspect.isclass(target) or inspect.isfunction(target)):
-    raise TypeError(
-        f"slow marks a test class or method; got {type(test).__name__}."
-    )
-  setattr(target, SLOW_ATTRIBUTE, True)
-  return test
+  return _mark(test, SLOW_ATTRIBUTE, "slow")
+
+
+def heavy(test: Any) -> Any:
+  """Marks a test class or method as heavy: the only check of its claim,
+  too long for the default run, so out of it and in `pytest -m heavy`,
+  which `.ci/run` runs right after the default run (tests/README.md). Used
+  as `slow` is.
+
+  Raises:
+    TypeError: `test` is not a test class or method.
+  """
+  return _mark(test, HEAVY_ATTRIBUTE, "heavy")
 
 
 def is_slow(test: Any) -> bool:
@@ -51,3 +70,8 @@ def is_slow(test: Any) -> bool:
     True when `slow` marked it (or the method it was generated from).
   """
   return bool(getattr(test, SLOW_ATTRIBUTE, False))
+
+
+def is_heavy(test: Any) -> bool:
+  """Whether `heavy` marked a test (as `is_slow`)."""
+  return bool(getattr(test, HEAVY_ATTRIBUTE, False))
