@@ -57,7 +57,7 @@ def group_of(name: str, opcode: str, op_name: str) -> str:
     return "copies"
   if profile_step.is_row_gather(name, op_name):
     return "permutation"
-  if profile_step.is_expert_matmul(op_name):
+  if profile_step.is_expert_matmul(op_name, name):
     return "matmuls"
   if "silu" in op_name or "gelu" in op_name:
     return "activation"

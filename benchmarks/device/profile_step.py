@@ -100,6 +100,8 @@ def instructions(hlo_text: str) -> dict[str, tuple[str, str]]:
 
 # The grouped matmul's call sites (the contraction submodules' names).
 _EXPERT_SITES = ("wi_0_dot", "wi_1_dot", "wo_dot", "gate_up_dot")
+# The Pallas grouped-matmul kernels' custom calls (`pallas_gmm`).
+_MATMUL_CALLS = ("linen_moe_gmm", "linen_moe_tgmm")
 _PERMUTE_PRIMITIVES = ("sort", "gather", "scatter", "argsort", "cumsum")
 _COPIES = ("copy", "copy-start", "copy-done", "transpose")
 _OPTIMIZER = ("cond/branch_1_fun", "apply_updates", "scale_by", "sgd", "adam")
@@ -121,9 +123,13 @@ def is_row_gather(name: str, op_name: str) -> bool:
   )
 
 
-def is_expert_matmul(op_name: str) -> bool:
-  """Whether a device op belongs to a grouped matmul's call site."""
-  return any(k in op_name for k in _EXPERT_SITES)
+def is_expert_matmul(op_name: str, name: str = "") -> bool:
+  """Whether a device op belongs to a grouped matmul's call site, or is one
+  of the grouped-matmul kernels by its instruction `name` (the paired gate
+  and up projections run under no call site's name)."""
+  return name.startswith(_MATMUL_CALLS) or any(
+      k in op_name for k in _EXPERT_SITES
+  )
 
 
 def group_of(name: str, opcode: str, op_name: str) -> str:
@@ -136,7 +142,7 @@ def group_of(name: str, opcode: str, op_name: str) -> str:
     return "optimizer"
   if is_row_gather(name, op_name):
     return "permutation"
-  if is_expert_matmul(op_name):
+  if is_expert_matmul(op_name, name):
     return "expert matmuls"
   if "/moe/" in op_name or op_name.endswith("/moe"):
     if "moe._sparse" not in op_name:

@@ -58,6 +58,13 @@ class GroupTest(absltest.TestCase):
             "routing",
         ),
         ("fusion.7", "fusion", "jit(step)/jvp()/dot_general", "matmuls"),
+        (  # the paired gate and up projections: no call site's name
+            "linen_moe_tgmm.2",
+            "custom-call",
+            f"{_SPARSE}/checkpoint/RoutedMoE.gate_and_up/jit(tgmm)"
+            "/linen_moe_tgmm/pallas_call",
+            "matmuls",
+        ),
         (
             "divide_fusion",
             "fusion",
