@@ -50,8 +50,9 @@ from linen_moe._src.kernels import pallas_gate_up  # noqa: TID251
 from linen_moe._src.kernels import pallas_grouped  # noqa: TID251
 
 BF16 = jnp.bfloat16
-# M, K, N, G: the sorted rows of bench_maxtext_layer.py's two layers.
-SHAPES = ("32768,2048,5632,8", "131072,2048,768,128")
+# M, K, N, G: the sorted rows of bench_maxtext_layer.py's two layers, and
+# of a Mixtral-8x7B layer at 4 x 4096 tokens.
+SHAPES = ("32768,2048,5632,8", "131072,2048,768,128", "32768,4096,14336,8")
 INTERPRET_SHAPES = ("512,256,384,4",)
 VARIANTS = ("two", "paired", "paired_single", "paired_half_n")
 

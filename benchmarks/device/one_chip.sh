@@ -28,6 +28,13 @@
 #              (e.g. "--shapes 8192,2048,5632,8 --top 2"). Not in the
 #              default run.
 #   gmm_tests  gmm's tests alone.
+#   gate_up    the paired gate and up projections: their tests compiled for
+#              the chip (tests/test_pallas_gate_up.py -k on_tpu), then
+#              benchmarks/device/bench_gate_up.py: two calls beside the
+#              paired kernels at several tiles, forward + backward, at the
+#              layer benchmarks' shapes and Mixtral's; $OUT/gate_up/;
+#              120 + 300 s at most; GATE_UP_ARGS adds options (e.g.
+#              "--shapes 32768,4096,14336,8"). Not in the default run.
 #   gather     benchmarks/device/bench_gather.py: XLA's row gather beside
 #              the Pallas DMA row gather at a Qwen3-30B-A3B layer's sizes
 #              (dispatch, masked dispatch, one combine gather, float32 in
@@ -123,6 +130,16 @@ for s in $steps; do
       # shellcheck disable=SC2086  # GMM_ARGS: extra options, word-split
       step gmm 420 python3 benchmarks/device/bench_gmm.py --out "$OUT/gmm" \
         ${GMM_ARGS:-} ;;
+    gate_up)
+      # The tests of the paired kernels compiled for the chip, then the
+      # gate and up projections paired beside two calls.
+      if python3 -c 'import pytest, absl, hypothesis' 2>/dev/null; then
+        step gate_up_tests 120 python3 -m pytest -q -p no:cacheprovider \
+          tests/test_pallas_gate_up.py -k on_tpu
+      fi
+      # shellcheck disable=SC2086  # GATE_UP_ARGS: extra options, word-split
+      step gate_up 300 python3 benchmarks/device/bench_gate_up.py \
+        --out "$OUT/gate_up" ${GATE_UP_ARGS:-} ;;
     gather)
       # shellcheck disable=SC2086  # GATHER_ARGS: extra options, word-split
       step gather 120 python3 benchmarks/device/bench_gather.py \
