@@ -61,8 +61,10 @@ class GroupTest(absltest.TestCase):
         (  # the paired gate and up projections: no call site's name
             "linen_moe_tgmm.2",
             "custom-call",
-            f"{_SPARSE}/checkpoint/RoutedMoE.gate_and_up/jit(tgmm)"
-            "/linen_moe_tgmm/pallas_call",
+            (
+                f"{_SPARSE}/checkpoint/RoutedMoE.gate_and_up/jit(tgmm)"
+                "/linen_moe_tgmm/pallas_call"
+            ),
             "matmuls",
         ),
         (
