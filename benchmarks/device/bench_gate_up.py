@@ -36,10 +36,9 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
-import time
 
+import bench_gmm
 import jax
 import jax.numpy as jnp
 
@@ -110,12 +109,6 @@ def build(name, m, k, n, g, chip, interpret):
   return both, fwd, tiling
 
 
-def _time(fn, args) -> float:
-  start = time.perf_counter()
-  jax.block_until_ready(fn(*args))
-  return time.perf_counter() - start
-
-
 def bench_shape(shape, args, chip) -> dict:
   m, k, n, g = shape
   keys = jax.random.split(jax.random.key(0), 5)
@@ -133,18 +126,16 @@ def bench_shape(shape, args, chip) -> dict:
       both, fwd, tiling = build(name, m, k, n, g, chip, args.interpret)
       entry["tiling"] = None if tiling is None else dataclasses.asdict(tiling)
       jax.block_until_ready((both(*operands), fwd(*operands)))
-      calls[name] = (both, fwd)
+      calls[name], calls[f"{name} forward"] = both, fwd
     except Exception as e:  # noqa: BLE001 (a refused tiling is a result)
       entry["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-  times = {name: ([], []) for name in calls}
-  for _ in range(args.repeats):  # alternating, variant by variant
-    for name, (both, fwd) in calls.items():
-      times[name][0].append(_time(both, operands))
-      times[name][1].append(_time(fwd, operands))
-  for name, (t_both, t_fwd) in times.items():
-    entry = result["variants"][name]
-    entry["ms"] = statistics.median(t_both) * 1e3
-    entry["forward_ms"] = statistics.median(t_fwd) * 1e3
+  seconds = bench_gmm.alternating_medians(
+      calls, dict.fromkeys(calls, operands), args.repeats
+  )
+  for name, entry in result["variants"].items():
+    if name in seconds:
+      entry["ms"] = seconds[name] * 1e3
+      entry["forward_ms"] = seconds[f"{name} forward"] * 1e3
   base = result["variants"].get("two", {}).get("ms")
   print(f"== {m} x {k} x {n}, {g} groups", flush=True)
   for name, entry in result["variants"].items():

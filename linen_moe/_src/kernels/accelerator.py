@@ -457,8 +457,8 @@ def paired_gate_up(on: bool = True):
   the kernel has it (`Kernel.paired`): their backward one call each way,
   the rows read once for both weight gradients and the input gradients
   summed in the kernel. On by default; `paired_gate_up(False)` runs them
-  as two calls (for measuring them side by side). Resolution happens while a function is
-  traced, as for `kernels_on_cpu`.
+  as two calls (for measuring them side by side). Resolution happens while
+  a function is traced, as for `kernels_on_cpu`.
 
   Raises:
     TypeError: if `on` is not a bool.

@@ -25,8 +25,8 @@ gate and up projections' backward is one call each way
 (`kernels/pallas_gate_up.py`): the rows read once for both weight
 gradients, and the two input gradients summed in the kernel rather than by
 XLA (on a TPU v5e the backward 1.7x as fast as two calls at 128 experts
-of 2048 x 768, 2.1x at 8 of 4096 x 14336); `accelerator.paired_gate_up(
-False)` turns it off.
+of 2048 x 768, 2.1x at 8 of 4096 x 14336);
+`accelerator.paired_gate_up(False)` turns it off.
 
 At decode sizes (a handful of tokens, `uses_every_expert`) the layer runs
 `every_expert` instead: each expert on every token, through the same hook,
