@@ -16,22 +16,38 @@ special tokens (`bos_token`, `eos_token`, ...). Each message loses its
 keys whose value is None, and a reasoning field (`reasoning_content`,
 `thinking`, `reasoning`) is given under the names templates read.
 
-Where the assistant wrote (`assistant_spans`): for each assistant message,
-the conversation is rendered again with that message's content (and
-reasoning) replaced by a character the rendered text does not hold; the text before the first
+Where the assistant wrote (`assistant_spans`): everything the template
+writes for an assistant message after the generation prompt, the
+rendering of the messages before it with `add_generation_prompt=True`
+(the end-of-turn token after it is the mask's, `chat.loss_mask_of`).
+Mixtral's template writes `' ' + content` after `[/INST]` and has no
+generation prompt: the space, a `▁` token of its own before a digit, is
+the assistant's, as Qwen3's `<think>` block of the last turn is (the
+model writes both). The reply itself is found by rendering the
+conversation again with the message's content (and reasoning) replaced by
+a character the rendered text does not hold; the text before the first
 difference and after the last one is the template's, the rest is what
-that message rendered to. This needs no `{% generation %}` markers (the
-released Qwen3 and Mixtral templates have none), and, unlike rendering the
-prefixes `messages[:i]` and taking differences, it holds when a template
-renders a message by its position: Qwen3's renders the last assistant
-message with an empty `<think>` block and drops the reasoning of earlier
-turns, so a prefix's rendering is not a prefix of the whole. Most
-templates write the same text around any reply, and one more rendering,
-with every reply replaced by its own character, finds all the spans
-(about half the time of one rendering per reply; 2.2 ms for a system
-prompt and three turns of the Qwen3-style fixture, tokenization
-included); where the text around a reply depends on it (Qwen3's
-reasoning), it renders once per reply.
+that message rendered to. The span starts where the generation prompt
+and the conversation part, if that is after the reply before and no
+later than the message's content; else (a template that renders the
+turns before a reply differently once it follows) at the content.
+Replacing the content needs no `{% generation %}` markers (the released
+templates have none), and, unlike taking differences of the renderings
+of the prefixes `messages[:i]`, it holds when a template renders a
+message by its position: Qwen3's renders the last assistant message with
+an empty `<think>` block and drops the reasoning of earlier turns, so a
+prefix's rendering is not a prefix of the whole. Most templates write the
+same text around any reply, and one more rendering, with every reply
+replaced by its own character, finds all the replies; where the text
+around a reply depends on it (Qwen3's reasoning), it renders once per
+reply.
+
+Where a template's generation prompt writes what the training text does
+not (Gemma 4's empty thought channel, MiniMax-M2's `<think>`, after a
+reply without reasoning), training learns the reply after the text the
+two share, and `ChatTemplate.generation_prompt` (what `linen-moe generate
+--chat` renders) ends in the same place: the text before the span of a
+reply to the conversation, found as above.
 
 Imports no jax; jinja2 is imported when a template is first rendered.
 """
@@ -228,6 +244,34 @@ class ChatTemplate:
           f"{self.where} cannot render the conversation: {e}"
       ) from None
 
+  def generation_prompt(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    """The text a reply to `messages` follows, where training's loss starts.
+
+    It is the rendering of `messages` and a reply, cut where the reply's
+    span starts (`assistant_spans`): the generation prompt
+    (`render(messages, add_generation_prompt=True)`) where the training
+    text holds it whole, else the part of it that the training text holds
+    (Gemma 4's thought channel and MiniMax-M2's `<think>` are left out
+    before a reply without reasoning, as training leaves them out).
+
+    Args:
+      messages: the conversation so far, ending where the assistant
+        replies (its last message a user's, as a rule).
+
+    Returns:
+      The prompt's text; tokenized without special tokens added, its ids
+      are the ids that come before the reply's first learned token in
+      training (`chat.encode_conversation`).
+
+    Raises:
+      ValueError: the template cannot render the conversation.
+    """
+    prompt = self.render(messages, add_generation_prompt=True)
+    (reply,) = _sentinels(prompt + self.source, 1)
+    probe = [*messages, {"role": "assistant", "content": reply}]
+    text, spans = assistant_spans(self, probe)
+    return text[: spans[-1][0]]
+
 
 def load_chat_template(path: str | os.PathLike) -> ChatTemplate:
   """The chat template of a Hugging Face tokenizer.
@@ -373,19 +417,79 @@ def _spans_at_once(template, messages, text) -> list[tuple[int, int]] | None:
   return spans
 
 
+def content_spans(
+    template: ChatTemplate, messages: Sequence[Mapping[str, Any]]
+) -> tuple[str, list[tuple[int, int]]]:
+  """The rendered conversation and where each assistant message's content
+  (and reasoning) is in it.
+
+  See the module docstring: each span is where the rendering changes when
+  only that message's content (and reasoning, if it has a field of
+  `REASONING_FIELDS`) changes: what the template made of them (an empty
+  span for an empty content), not the text it writes whatever they are.
+  One more rendering, with every reply replaced at once, finds them all
+  where the template writes the same text around any reply; else
+  `spans_one_by_one` renders once per reply.
+
+  Args:
+    template: the chat template.
+    messages: the conversation; every assistant message has a string
+      "content".
+
+  Returns:
+    The pair `(text, spans)`, `template.render(messages)` and, for each
+    assistant message in order, its content's [start, end) character span
+    in `text`.
+
+  Raises:
+    ValueError: the template cannot render the conversation, or renders
+      one assistant message in more than one place (spans that overlap).
+  """
+  text = template.render(messages)
+  if not any(m.get("role") == "assistant" for m in messages):
+    return text, []
+  spans = _spans_at_once(template, messages, text)
+  if spans is None:
+    spans = spans_one_by_one(template, messages, text)
+  return text, spans
+
+
+def _prompt_end(template, messages, index, text, floor, content) -> int:
+  """Where assistant message `index`'s span starts, in [floor, content]:
+  the end of the text that `text` shares with the generation prompt of
+  `messages[:index]`; else, where the two part before `floor` (a template
+  that renders earlier turns by what follows them, as Qwen3's drops
+  reasoning), the end of the longest `text[floor:x]` that ends the prompt;
+  else `content`."""
+  try:
+    prompt = template.render(messages[:index], add_generation_prompt=True)
+  except ValueError:  # e.g. a template that refuses a reply first
+    return content
+  at = _common_prefix(text, prompt)
+  if floor <= at <= content:
+    return at
+  if at < floor:
+    for x in range(content, floor, -1):
+      if x - floor <= len(prompt) and text.startswith(
+          prompt[len(prompt) - (x - floor) :], floor
+      ):
+        return x
+  return content
+
+
 def assistant_spans(
     template: ChatTemplate, messages: Sequence[Mapping[str, Any]]
 ) -> tuple[str, list[tuple[int, int]]]:
-  """The rendered conversation and where each assistant message is in it.
+  """The rendered conversation and what the assistant wrote in it.
 
-  See the module docstring: each assistant message's span is where the
-  rendering changes when only that message's content (and reasoning, if
-  it has a field of `REASONING_FIELDS`) changes. It covers what the
-  template made of them (an empty span for an empty content), not the
-  text the template writes whatever they are (the role header, Qwen3's
-  `<think>` of the last turn). One more rendering, with every reply
-  replaced at once, finds them all where the template writes the same
-  text around any reply; else `spans_one_by_one` renders once per reply.
+  See the module docstring: each assistant message's span runs from the
+  end of the generation prompt before it (the rendering of the messages
+  before it with `add_generation_prompt=True`, as far as the conversation
+  holds it) to the end of its content (`content_spans`). It holds what
+  the template writes for the reply that no generation prompt wrote
+  (Mixtral's space before the content, Qwen3's `<think>` block of the last
+  turn); the token that ends the turn, right after it, is the loss mask's
+  (`chat.loss_mask_of`).
 
   Args:
     template: the chat template.
@@ -400,10 +504,11 @@ def assistant_spans(
     ValueError: the template cannot render the conversation, or renders
       one assistant message in more than one place (spans that overlap).
   """
-  text = template.render(messages)
-  if not any(m.get("role") == "assistant" for m in messages):
-    return text, []
-  spans = _spans_at_once(template, messages, text)
-  if spans is None:
-    spans = spans_one_by_one(template, messages, text)
+  text, contents = content_spans(template, messages)
+  replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+  spans, floor = [], 0
+  for i, (content, end) in zip(replies, contents, strict=True):
+    start = _prompt_end(template, messages, i, text, floor, content)
+    spans.append((start, end))
+    floor = end
   return text, spans
