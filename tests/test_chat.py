@@ -1,8 +1,10 @@
 """Chat data: our rendering of chat templates against transformers' (text
-and ids, from tests/fixtures/chat, written by scripts/make_chat_fixtures.py),
-the loss mask against transformers' `{% generation %}` mask and against
-cases checked by hand, the rows the train step reads, and bad input named
-in one line (file and line) before any work."""
+and ids, from tests/fixtures/chat, written by scripts/make_chat_fixtures.py,
+one template a model family the library loads), the loss mask against
+transformers' assistant mask of each template's `{% generation %}`-marked
+copy and against cases checked by hand, the generation prompt against the
+training ids before each reply, the rows the train step reads, and bad
+input named in one line (file and line) before any work."""
 
 from __future__ import annotations
 
@@ -22,9 +24,31 @@ from linen_moe import data
 from linen_moe._src.data import chat as chat_data
 from linen_moe._src.data import chat_rows
 from linen_moe._src.data import chat_template
+from linen_moe._src.hf import families
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "chat"
-STYLES = ("qwen3", "mixtral", "qwen3_generation")
+# The chat fixture of each model type the library loads (a template in the
+# style of the family's released one).
+FIXTURE_OF = {
+    "mixtral": "mixtral",
+    "qwen3_moe": "qwen3",
+    "deepseek_v3": "deepseek_v3",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4",
+    "gpt_oss": "gpt_oss",
+    "llama4": "llama4",
+    "llama4_text": "llama4",
+    "glm4_moe": "glm4_moe",
+    "minimax_m2": "minimax_m2",
+}
+STYLES = (*sorted(set(FIXTURE_OF.values())), "qwen3_generation")
+# Replies whose first token a mask can miss (every fixture has them).
+FIRST_CHARACTERS = {
+    "digit_first": "4",
+    "space_first": " ",
+    "punctuation_first": '"',
+    "multibyte_first": "☕",
+}
 
 
 def _fixture(name: str):
@@ -40,18 +64,16 @@ def _has_reply(case: dict) -> bool:
   return any(m["role"] == "assistant" for m in case["messages"])
 
 
-def _masked_runs(tokenizer, ids, mask) -> list[str]:
-  """The text of each run of masked tokens, special tokens kept."""
-  runs = []
-  for masked, group in itertools.groupby(
-      zip(ids, mask, strict=True), lambda p: p[1]
-  ):
-    if masked:
-      runs.append(
-          tokenizer.decode(
-              [int(i) for i, _ in group], skip_special_tokens=False
-          )
-      )
+def _masked_runs(tokenizer, text, mask) -> list[str]:
+  """The text each run of masked tokens covers in `text`."""
+  offsets = tokenizer.encode(text, add_special_tokens=False).offsets
+  runs, start = [], None
+  for t, masked in enumerate([*mask, False]):
+    if masked and start is None:
+      start = offsets[t][0]
+    elif not masked and start is not None:
+      runs.append(text[start : offsets[t - 1][1]])
+      start = None
   return runs
 
 
@@ -109,16 +131,27 @@ class RenderingTest(parameterized.TestCase):
 
 class MaskTest(parameterized.TestCase):
 
-  def test_equals_transformers_generation_mask(self):
-    # The template marks each reply and its <|im_end|> with {% generation
-    # %}; transformers' mask of it is an independent reference.
-    template, tokenizer, expected = _fixture("qwen3_generation")
+  def test_every_family_has_a_fixture(self):
+    self.assertEqual(set(FIXTURE_OF), set(families.FAMILIES))
+
+  @parameterized.parameters(*STYLES)
+  def test_equals_transformers_assistant_mask(self, name):
+    # transformers' mask of the template's marked copy (its `{% generation
+    # %}` around what the assistant writes after the generation prompt, up
+    # to and with the end of its turn) is an independent reference; ours
+    # reads the unmarked template.
+    template, tokenizer, expected = _fixture(name)
+    if name != "qwen3_generation":
+      self.assertNotIn("generation %}", template.source)
     cases = [
         c
         for c in expected["cases"]
         if _has_reply(c) and not c["add_generation_prompt"]
     ]
-    self.assertGreaterEqual(len(cases), 5)
+    self.assertGreaterEqual(len(cases), 11)
+    firsts = {c["name"]: c["messages"][-1]["content"][:1] for c in cases}
+    for case_name, character in FIRST_CHARACTERS.items():
+      self.assertEqual(firsts[case_name], character)
     for case in cases:
       with self.subTest(case=case["name"]):
         ids, mask = chat_data.encode_conversation(
@@ -127,6 +160,58 @@ class MaskTest(parameterized.TestCase):
         self.assertEqual(ids.tolist(), case["ids"])
         self.assertEqual(mask.astype(int).tolist(), case["assistant_masks"])
 
+  @parameterized.parameters(*STYLES)
+  def test_generation_prompt_is_what_training_reads(self, name):
+    # Before each reply, training reads the ids of transformers' rendering
+    # up to the reply's first masked token (transformers' mask); the
+    # generation prompt of the messages before it, tokenized, must be those
+    # ids (for a reply whose reasoning the template writes, the template's
+    # whole generation prompt: MiniMax-M2's <think> is then in the
+    # training text).
+    template, tokenizer, expected = _fixture(name)
+    checked = 0
+    for case in expected["cases"]:
+      if case["add_generation_prompt"] or not _has_reply(case):
+        continue
+      mask = case["assistant_masks"]
+      firsts = [
+          t for t, m in enumerate(mask) if m and (t == 0 or not mask[t - 1])
+      ]
+      messages = case["messages"]
+      replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+      self.assertLen(firsts, len(replies))
+      for i, first in zip(replies, firsts, strict=True):
+        with self.subTest(case=case["name"], reply=i):
+          fields = set(messages[i]) & set(chat_template.REASONING_FIELDS)
+          if any(messages[i][f] in case["text"] for f in fields):
+            prompt = template.render(messages[:i], add_generation_prompt=True)
+          else:
+            prompt = template.generation_prompt(messages[:i])
+          ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+          self.assertEqual(ids, case["ids"][:first])
+          checked += 1
+    self.assertGreaterEqual(checked, 14)
+
+  def test_generation_prompt_ends_where_training_text_parts(self):
+    # Gemma 4 and MiniMax-M2 prompt a reply with text (an empty thought
+    # channel, "<think>\n") that a reply without reasoning does not follow
+    # in training; the prompt stops before it. Others: the whole prompt.
+    question = [{"role": "user", "content": "What is 2 + 2?"}]
+    for name, cut in (
+        ("gemma4", "<|channel>thought\n<channel|>"),
+        ("minimax_m2", "<think>\n"),
+        ("mixtral", ""),
+        ("qwen3", ""),
+        ("gpt_oss", ""),
+    ):
+      with self.subTest(name=name):
+        template, _, _ = _fixture(name)
+        whole = template.render(question, add_generation_prompt=True)
+        self.assertTrue(whole.endswith(cut))
+        self.assertEqual(
+            template.generation_prompt(question), whole[: len(whole) - len(cut)]
+        )
+
   @parameterized.named_parameters(
       (
           "qwen3_multi_turn",
@@ -134,20 +219,20 @@ class MaskTest(parameterized.TestCase):
           "multi_turn",
           [
               "Seven is a prime number.<|im_end|>",
-              "Two is the only even prime.<|im_end|>",
+              "<think>\n\n</think>\n\nTwo is the only even prime.<|im_end|>",
           ],
       ),
       (
           "qwen3_system_prompt",
           "qwen3",
           "system_prompt",
-          ["Hello!<|im_end|>", "Hello again!<|im_end|>"],
+          ["Hello!<|im_end|>", "<think>\n\n</think>\n\nHello again!<|im_end|>"],
       ),
-      (  # the last turn's empty <think> block is the template's
+      (  # the last turn's empty <think> block: the model writes it
           "qwen3_empty_reply",
           "qwen3",
           "empty_reply",
-          ["<|im_end|>"],
+          ["<think>\n\n</think>\n\n<|im_end|>"],
       ),
       (  # the reasoning is the assistant's; earlier turns lose theirs
           "qwen3_reasoning",
@@ -155,32 +240,87 @@ class MaskTest(parameterized.TestCase):
           "reasoning",
           [
               "3 + 4 = 7.<|im_end|>",
-              "Add again.\n</think>\n\n5 + 6 = 11.<|im_end|>",
+              "<think>\nAdd again.\n</think>\n\n5 + 6 = 11.<|im_end|>",
           ],
       ),
       (
           "qwen3_reasoning_field",
           "qwen3",
           "reasoning_field",
-          ["8 times 2.\n</think>\n\n16.<|im_end|>"],
+          ["<think>\n8 times 2.\n</think>\n\n16.<|im_end|>"],
       ),
       (
           "qwen3_unicode",
           "qwen3",
           "unicode",
-          ["Ici: ☕ (¡olé!)<|im_end|>"],
+          ["<think>\n\n</think>\n\nIci: ☕ (¡olé!)<|im_end|>"],
       ),
       (  # "▁Seven": the reply's first token carries the template's space
           "mixtral_multi_turn",
           "mixtral",
           "multi_turn",
-          ["Seven is a prime number.</s>", "Two is the only even prime.</s>"],
+          [" Seven is a prime number.</s>", " Two is the only even prime.</s>"],
       ),
       (  # the system prompt is folded into the first user turn
           "mixtral_system_prompt",
           "mixtral",
           "system_prompt",
-          ["Hello!</s>", "Hello again!</s>"],
+          [" Hello!</s>", " Hello again!</s>"],
+      ),
+      ("mixtral_digit_first", "mixtral", "digit_first", [" 4.</s>"]),
+      ("mixtral_space_first", "mixtral", "space_first", ["  Hello!</s>"]),
+      (  # the turn's header is the generation prompt's
+          "deepseek_v3_digit_first",
+          "deepseek_v3",
+          "digit_first",
+          ["4.<｜end▁of▁sentence｜>"],
+      ),
+      (  # the generation prompt's empty thought channel is not written
+          "gemma4_digits_multi_turn",
+          "gemma4",
+          "digits_multi_turn",
+          ["4.<turn|>", "7.<turn|>"],
+      ),
+      ("gemma4_space_first", "gemma4", "space_first", ["Hello!<turn|>"]),
+      (  # the channel is the assistant's; the last turn ends in <|return|>
+          "gpt_oss_digits_multi_turn",
+          "gpt_oss",
+          "digits_multi_turn",
+          [
+              "<|channel|>final<|message|>4.<|end|>",
+              "<|channel|>final<|message|>7.<|return|>",
+          ],
+      ),
+      (
+          "gpt_oss_thinking",
+          "gpt_oss",
+          "thinking",
+          [
+              "<|channel|>analysis<|message|>8 times 2.<|end|><|start|>"
+              "assistant<|channel|>final<|message|>16.<|return|>"
+          ],
+      ),
+      ("llama4_space_first", "llama4", "space_first", ["Hello!<|eot|>"]),
+      (  # no end token: the next turn's <|user|> ends a reply
+          "glm4_moe_multi_turn",
+          "glm4_moe",
+          "multi_turn",
+          [
+              "\n<think></think>\nSeven is a prime number.<|user|>",
+              "\n<think></think>\nTwo is the only even prime.",
+          ],
+      ),
+      (  # the generation prompt's <think> is not written without reasoning
+          "minimax_m2_digit_first",
+          "minimax_m2",
+          "digit_first",
+          ["4.[e~["],
+      ),
+      (  # ... and is the prompt's with it
+          "minimax_m2_reasoning_field",
+          "minimax_m2",
+          "reasoning_field",
+          ["8 times 2.\n</think>\n\n16.[e~["],
       ),
   )
   def test_by_hand(self, name, case_name, replies):
@@ -194,7 +334,7 @@ class MaskTest(parameterized.TestCase):
         template, tokenizer, case["messages"]
     )
     self.assertEqual(ids.tolist(), case["ids"])
-    self.assertEqual(_masked_runs(tokenizer, ids, mask), replies)
+    self.assertEqual(_masked_runs(tokenizer, case["text"], mask), replies)
     # Everything else (system, user, headers) is not learned.
     unmasked = tokenizer.decode(
         [int(i) for i, m in zip(ids, mask, strict=True) if not m],
@@ -221,8 +361,12 @@ class MaskTest(parameterized.TestCase):
         continue
       with self.subTest(case=case["name"]):
         renders.clear()
-        text, spans = chat_template.assistant_spans(counting, case["messages"])
-        if "<think>" not in text:  # replies rendered by what they hold
+        text, spans = chat_template.content_spans(counting, case["messages"])
+        reasoning = any(
+            set(m) & set(chat_template.REASONING_FIELDS)
+            for m in case["messages"]
+        )
+        if "<think>" not in text and not reasoning:  # by what they hold
           self.assertLen(renders, 2)  # the conversation, then all replies
         self.assertEqual(
             spans,
@@ -248,8 +392,8 @@ class MaskTest(parameterized.TestCase):
     self.assertLen(ends, 4)
     self.assertLen(starts, 4)
     want = np.zeros(len(ids), bool)
-    # Reply k: after "<|im_start|>assistant\n" (3 tokens; the last turn
-    # adds "<think>\n\n</think>\n\n") up to and with its <|im_end|>.
+    # Reply k: after "<|im_start|>assistant\n" (3 tokens) up to and with
+    # its <|im_end|>.
     header = len(
         tokenizer.encode(
             "<|im_start|>assistant\n", add_special_tokens=False
@@ -261,7 +405,14 @@ class MaskTest(parameterized.TestCase):
         ).ids
     )
     want[starts[1] + header : ends[1] + 1] = True
-    want[starts[3] + header + think : ends[3] + 1] = True
+    want[starts[3] + header : ends[3] + 1] = True
+    # The last reply's empty <think> block is the assistant's to write.
+    self.assertEqual(
+        ids[starts[3] + header : starts[3] + header + think].tolist(),
+        tokenizer.encode(
+            "<think>\n\n</think>\n\n", add_special_tokens=False
+        ).ids,
+    )
     np.testing.assert_array_equal(mask, want)
 
   def test_loss_mask_of_offsets(self):
