@@ -123,8 +123,10 @@ def _tokenizer(path: str | None):
 
 def _encode(tok, tokenizer: str, text: str, sampling: GenerateOptions):
   """The ids of `text`, rendered first with the tokenizer's chat template
-  (a user turn after an optional system turn, then the assistant's header)
-  when `sampling.chat`."""
+  when `sampling.chat`: a user turn after an optional system turn, then
+  the generation prompt as far as a chat fine-tune's training text holds
+  it (`ChatTemplate.generation_prompt_ids`), so the reply starts where
+  the loss mask started."""
   if not sampling.chat:
     return tok.encode(text).ids
   from linen_moe.data import load_chat_template  # noqa: PLC0415
@@ -133,8 +135,7 @@ def _encode(tok, tokenizer: str, text: str, sampling: GenerateOptions):
   system = sampling.system
   messages = [{"role": "system", "content": system}] if system else []
   messages.append({"role": "user", "content": text})
-  rendered = template.render(messages, add_generation_prompt=True)
-  return tok.encode(rendered, add_special_tokens=False).ids
+  return template.generation_prompt_ids(messages, tok)
 
 
 def _decoding_args(sampling: GenerateOptions, stops: list[int]) -> dict:

@@ -187,6 +187,10 @@ class MaskTest(parameterized.TestCase):
             prompt = template.render(messages[:i], add_generation_prompt=True)
           else:
             prompt = template.generation_prompt(messages[:i])
+            self.assertEqual(
+                template.generation_prompt_ids(messages[:i], tokenizer),
+                case["ids"][:first],
+            )
           ids = tokenizer.encode(prompt, add_special_tokens=False).ids
           self.assertEqual(ids, case["ids"][:first])
           checked += 1
@@ -211,6 +215,32 @@ class MaskTest(parameterized.TestCase):
         self.assertEqual(
             template.generation_prompt(question), whole[: len(whole) - len(cut)]
         )
+
+  def test_generation_prompt_ids_stop_before_a_token_the_reply_needs(self):
+    # The assistant's header in training (w11) is not the generation
+    # prompt (w12): the two part inside a word, after "w1". Training
+    # learns the whole w11; the prompt's ids stop before it, where the
+    # prompt's text ("... w1 w1") would not.
+    from tokenizers import models as tok_models  # noqa: PLC0415
+    from tokenizers import pre_tokenizers  # noqa: PLC0415
+
+    tokenizer = Tokenizer(
+        tok_models.WordLevel({f"w{i}": i for i in range(16)}, unk_token="w0")
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    template = data.ChatTemplate(
+        "{% for m in messages %}w11 {{ m.content }} {% endfor %}"
+        "{% if add_generation_prompt %}w12{% endif %}"
+    )
+    question = [{"role": "user", "content": "w1"}]
+    reply = [*question, {"role": "assistant", "content": "w5"}]
+    ids, mask = chat_data.encode_conversation(template, tokenizer, reply)
+    self.assertEqual(ids.tolist(), [11, 1, 11, 5])
+    self.assertEqual(mask.tolist(), [False, False, True, True])
+    self.assertEqual(template.generation_prompt(question), "w11 w1 w1")
+    self.assertEqual(
+        template.generation_prompt_ids(question, tokenizer), [11, 1]
+    )
 
   @parameterized.named_parameters(
       (

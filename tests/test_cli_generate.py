@@ -137,7 +137,8 @@ class GenerateModelTest(absltest.TestCase):
 
 def _model_dir(test, eos=None) -> pathlib.Path:
   """The Mixtral fixture with a word-level tokenizer (w0 .. w63), a chat
-  template that renders words, and `eos` as generation_config's
+  template that renders words (a turn's header: w10 system, w11 user, w12
+  assistant, the generation prompt), and `eos` as generation_config's
   eos_token_id."""
   from tokenizers import Tokenizer  # noqa: PLC0415
   from tokenizers.models import WordLevel  # noqa: PLC0415
@@ -151,8 +152,9 @@ def _model_dir(test, eos=None) -> pathlib.Path:
   tok.pre_tokenizer = Whitespace()
   tok.save(str(d / "tokenizer.json"))
   template = (
-      "{% for m in messages %}{{ 'w10' if m.role == 'system' else 'w11' }} "
-      "{{ m.content }} {% endfor %}{% if add_generation_prompt %}w12{% endif %}"
+      "{% for m in messages %}{{ {'system': 'w10', 'assistant': 'w12'}"
+      ".get(m.role, 'w11') }} {{ m.content }} {% endfor %}"
+      "{% if add_generation_prompt %}w12{% endif %}"
   )
   (d / "tokenizer_config.json").write_text(
       json.dumps({"chat_template": template})

@@ -266,11 +266,46 @@ class ChatTemplate:
     Raises:
       ValueError: the template cannot render the conversation.
     """
+    text, start = self._reply_start(messages)
+    return text[:start]
+
+  def generation_prompt_ids(
+      self, messages: Sequence[Mapping[str, Any]], tokenizer: Any
+  ) -> list[int]:
+    """The ids a reply to `messages` follows: those of training's text
+    before the reply's first learned token.
+
+    The ids of the rendering of `messages` and a reply (as
+    `generation_prompt`) before the first token that holds a character of
+    the reply's span: where a token of the text that ends the generation
+    prompt runs on into the reply (a template whose prompt and training
+    text part inside a token), training learns that token, and the prompt
+    stops before it, as training's does.
+
+    Args:
+      messages: the conversation so far (see `generation_prompt`).
+      tokenizer: a `tokenizers.Tokenizer`.
+
+    Returns:
+      The prompt's ids (no special tokens added: the template writes
+      them).
+
+    Raises:
+      ValueError: the template cannot render the conversation.
+    """
+    text, start = self._reply_start(messages)
+    encoding = tokenizer.encode(text, add_special_tokens=False)
+    ends = [end for _, end in encoding.offsets]
+    first = next((t for t, end in enumerate(ends) if end > start), len(ends))
+    return list(encoding.ids[:first])
+
+  def _reply_start(self, messages) -> tuple[str, int]:
+    """The rendering of `messages` and a reply, and where its span starts."""
     prompt = self.render(messages, add_generation_prompt=True)
     (reply,) = _sentinels(prompt + self.source, 1)
     probe = [*messages, {"role": "assistant", "content": reply}]
     text, spans = assistant_spans(self, probe)
-    return text[: spans[-1][0]]
+    return text, spans[-1][0]
 
 
 def load_chat_template(path: str | os.PathLike) -> ChatTemplate:
