@@ -1,7 +1,8 @@
 """`linen-moe train --data-format chat`: conversations in JSONL through the
 tokenizer's chat template, batches whose loss counts the assistant's
-tokens only, and bad input named in one line (file and line) before any
-step. Rendering and masks against transformers: test_chat.py."""
+tokens only, bad input named in one line (file and line) before any
+step, and a fine-tune whose `generate --chat` answers what it was taught.
+Rendering and masks against transformers: test_chat.py."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ from absl.testing import absltest
 import jax
 import numpy as np
 
+from linen_moe import data
 from linen_moe import frontend
 from linen_moe import load_model_config
 from linen_moe import testing
+from linen_moe._src.data import chat as chat_data
 from linen_moe._src.run import sources as train_data
 from linen_moe._src.testing import helpers
+from linen_moe._src.testing.marks import heavy
 from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
 
@@ -210,6 +214,109 @@ class TrainTest(_Chats):
     self.assertLen(held_out, 3)
     self.assertLess(held_out[-1], held_out[0])
     self.assertIn("held-out loss", out)
+
+
+# Five questions, each reply starting where a loss mask can miss its first
+# token (Mixtral's template writes ' ' + reply after [/INST]; a digit is a
+# token of its own, so " 4." is "▁", "4", "."): a letter, a digit, a
+# space, punctuation, a multi-byte character.
+QA = (
+    ("What is the capital of France?", "Paris."),
+    ("What is 2 + 2?", "4."),
+    ("Greet me.", " Hello!"),
+    ("What did she say?", '"Paris," she said.'),
+    ("What is hot?", "☕ is hot."),
+)
+
+
+@heavy
+class FineTuneAnswersTest(absltest.TestCase):
+  """Issue 62: 200 conversations over five question/answer pairs, a tiny
+  Mixtral trained on them for 30 steps, then `generate --chat` on each
+  question from the run's checkpoint (its tokenizer and chat template):
+  greedy decoding gives the trained reply, every id of it, and its end
+  (about 40 s training and 25 s generating on 2 cores, most of it
+  compiling)."""
+
+  def test_generate_chat_answers_what_it_was_taught(self):
+    tmp = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+    chats = os.path.join(tmp, "chats.jsonl")
+    with open(chats, "w", encoding="utf-8") as f:
+      for i in range(200):
+        question, answer = QA[i % len(QA)]
+        messages = [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer},
+        ]
+        f.write(json.dumps({"messages": messages}) + "\n")
+    run = os.path.join(tmp, "run")
+    code, out, err = testing.run_capturing(
+        cli.main,
+        [
+            "train",
+            "--config",
+            "tiny_mixtral",
+            "--set",
+            "num_layers=1",
+            "--data",
+            chats,
+            "--data-format",
+            "chat",
+            "--tokenizer",
+            TOKENIZER,
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "8",
+            "--steps",
+            "30",
+            "--no-progress",
+            "--checkpoint-dir",
+            run,
+        ],
+    )
+    self.assertEqual(code, 0, out + err)
+    prompts = os.path.join(tmp, "prompts.txt")
+    with open(prompts, "w", encoding="utf-8") as f:
+      f.write("".join(question + "\n" for question, _ in QA))
+    results = os.path.join(tmp, "answers.jsonl")
+    code, out, err = testing.run_capturing(
+        cli.main,
+        [
+            "generate",
+            "--checkpoint-dir",
+            run,
+            "--chat",
+            "--prompts-file",
+            prompts,
+            "--new-tokens",
+            "12",
+            "--output",
+            results,
+        ],
+    )
+    self.assertEqual(code, 0, out + err)
+    from tokenizers import Tokenizer  # noqa: PLC0415
+
+    template = data.load_chat_template(run)
+    tok = Tokenizer.from_file(os.path.join(run, "tokenizer.json"))
+    answers = helpers.read_jsonl(results)
+    self.assertLen(answers, len(QA))
+    for (question, answer), result in zip(QA, answers, strict=True):
+      with self.subTest(question=question):
+        messages = [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer},
+        ]
+        ids, mask = chat_data.encode_conversation(template, tok, messages)
+        # The prompt is the training text before the reply's first learned
+        # token; the reply is the learned tokens, "</s>" last.
+        first = int(np.argmax(mask))
+        self.assertEqual(result["prompt_ids"], ids[:first].tolist())
+        self.assertEqual(result["new_ids"], ids[mask].tolist())
+        self.assertEqual(result["finish_reason"], "stop")
+        self.assertEqual(result["text"], answer)
 
 
 if __name__ == "__main__":
