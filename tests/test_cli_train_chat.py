@@ -310,13 +310,13 @@ class FineTuneAnswersTest(absltest.TestCase):
             {"role": "assistant", "content": answer},
         ]
         ids, mask = chat_data.encode_conversation(template, tok, messages)
-        # The prompt is the training text before the reply's first learned
-        # token; the reply is the learned tokens, "</s>" last.
-        first = int(np.argmax(mask))
-        self.assertEqual(result["prompt_ids"], ids[:first].tolist())
+        # The reply is the learned tokens, "</s>" last; the prompt, the
+        # training text before the first of them.
+        self.assertEqual(result["text"], answer)
         self.assertEqual(result["new_ids"], ids[mask].tolist())
         self.assertEqual(result["finish_reason"], "stop")
-        self.assertEqual(result["text"], answer)
+        first = int(np.argmax(mask))
+        self.assertEqual(result["prompt_ids"], ids[:first].tolist())
 
 
 if __name__ == "__main__":
