@@ -40,7 +40,9 @@ prefix's rendering is not a prefix of the whole. Most templates write the
 same text around any reply, and one more rendering, with every reply
 replaced by its own character, finds all the replies; where the text
 around a reply depends on it (Qwen3's reasoning), it renders once per
-reply.
+reply. Each generation prompt is one more rendering: 2.0 ms for a system
+prompt and three turns of the Qwen3-style fixture, 1.1 ms of the Mixtral
+one, tokenization included (one CPU core, shared).
 
 Where a template's generation prompt writes what the training text does
 not (Gemma 4's empty thought channel, MiniMax-M2's `<think>`, after a
