@@ -6,11 +6,14 @@ Each line of a chat file is one conversation, `{"messages": [{"role":
 rendered whole with the template (`chat_template.ChatTemplate.render`, as
 transformers' `apply_chat_template(..., tokenize=False)`), tokenized as
 transformers tokenizes it (`add_special_tokens=False`: the template writes
-its own), and becomes one *document*: its ids and a loss mask, True on the
-tokens of each assistant message's content (`assistant_spans`) and on the
-token right after it, the one that ends the turn (`<|im_end|>`, `</s>`,
-...), so the model learns to stop. A token counts when any of its
-characters is the assistant's.
+its own), and becomes one *document*: its ids and a loss mask, True on
+every token the template writes for each assistant message after its
+generation prompt (`assistant_spans`: Mixtral's space before the reply,
+Qwen3's `<think>` block, the reply) and on the token right after it, the
+one that ends the turn (`<|im_end|>`, `</s>`, ...), so the model learns to
+start and to stop; nothing of the system's or the users' turns. A token
+counts when any of its characters is the assistant's, as in transformers'
+`assistant_masks`.
 
 `read_chat` gives a `ChatCorpus`: a `sources.Corpus` whose documents are
 the conversations (so any packing of a corpus cuts it), and the loss mask
@@ -182,8 +185,8 @@ def encode_conversation(
   Returns:
     The pair `(ids, loss_mask)`, <int32>[N] the rendered text's ids (no
     special tokens added, the template writes them) and <bool>[N] True on
-    the assistant's tokens and the end token of each assistant turn
-    (`loss_mask_of`).
+    what the template writes for each assistant message after its
+    generation prompt and on the end token of its turn (`loss_mask_of`).
 
   Raises:
     ValueError: (from `chat_template.assistant_spans`) the template cannot
