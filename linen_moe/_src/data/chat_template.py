@@ -505,12 +505,14 @@ def _prompt_end(template, messages, index, text, floor, content) -> int:
   at = _common_prefix(text, prompt)
   if floor <= at <= content:
     return at
-  if at < floor:
-    for x in range(content, floor, -1):
-      if x - floor <= len(prompt) and text.startswith(
-          prompt[len(prompt) - (x - floor) :], floor
-      ):
-        return x
+  if at < floor < content:
+    # The longest suffix prompt[p:] that text[floor:content] starts with,
+    # tried where prompt[p] is text[floor].
+    p = max(0, len(prompt) - (content - floor))
+    while (p := prompt.find(text[floor], p)) >= 0:
+      if text.startswith(prompt[p:], floor):
+        return floor + len(prompt) - p
+      p += 1
   return content
 
 
