@@ -21,11 +21,8 @@ from linen_moe._src.faces import lazy_face as _lazy_face
 _EXPORTS = {
     "linen_moe._src.data.chat": ("CHAT_FORMAT", "ChatCorpus", "read_chat"),
     "linen_moe._src.data.chat_rows": ("ChatPipeline",),
-    "linen_moe._src.data.chat_template": (
-        "ChatTemplate",
-        "assistant_spans",
-        "load_chat_template",
-    ),
+    "linen_moe._src.data.chat_spans": ("assistant_spans",),
+    "linen_moe._src.data.chat_template": ("ChatTemplate", "load_chat_template"),
     "linen_moe._src.data.packing": ("PACKINGS",),
     "linen_moe._src.data.pipeline": ("DataPipeline",),
     "linen_moe._src.data.shards": ("global_batch", "process_rows"),

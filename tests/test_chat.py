@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from linen_moe import data
 from linen_moe._src.data import chat as chat_data
 from linen_moe._src.data import chat_rows
-from linen_moe._src.data import chat_template
+from linen_moe._src.data import chat_spans
 from linen_moe._src.hf import families
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "chat"
@@ -182,7 +182,7 @@ class MaskTest(parameterized.TestCase):
       self.assertLen(firsts, len(replies))
       for i, first in zip(replies, firsts, strict=True):
         with self.subTest(case=case["name"], reply=i):
-          fields = set(messages[i]) & set(chat_template.REASONING_FIELDS)
+          fields = set(messages[i]) & set(chat_spans.REASONING_FIELDS)
           if any(messages[i][f] in case["text"] for f in fields):
             prompt = template.render(messages[:i], add_generation_prompt=True)
           else:
@@ -391,16 +391,15 @@ class MaskTest(parameterized.TestCase):
         continue
       with self.subTest(case=case["name"]):
         renders.clear()
-        text, spans = chat_template.content_spans(counting, case["messages"])
+        text, spans = chat_spans.content_spans(counting, case["messages"])
         reasoning = any(
-            set(m) & set(chat_template.REASONING_FIELDS)
-            for m in case["messages"]
+            set(m) & set(chat_spans.REASONING_FIELDS) for m in case["messages"]
         )
         if "<think>" not in text and not reasoning:  # by what they hold
           self.assertLen(renders, 2)  # the conversation, then all replies
         self.assertEqual(
             spans,
-            chat_template.spans_one_by_one(template, case["messages"], text),
+            chat_spans.spans_one_by_one(template, case["messages"], text),
         )
 
   def test_qwen3_multi_turn_positions(self):

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from linen_moe._src.data import chat_spans
 from linen_moe._src.data import chat_template as template_lib
 from linen_moe._src.data import sources
 from linen_moe._src.data import tokenization
@@ -189,10 +190,10 @@ def encode_conversation(
     generation prompt and on the end token of its turn (`loss_mask_of`).
 
   Raises:
-    ValueError: (from `chat_template.assistant_spans`) the template cannot
+    ValueError: (from `chat_spans.assistant_spans`) the template cannot
       render the conversation.
   """
-  text, spans = template_lib.assistant_spans(template, messages)
+  text, spans = chat_spans.assistant_spans(template, messages)
   encoding = tokenizer.encode(text, add_special_tokens=False)
   ids = np.asarray(encoding.ids, np.int32)
   return ids, loss_mask_of(np.asarray(encoding.offsets), spans)
