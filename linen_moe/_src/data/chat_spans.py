@@ -168,17 +168,14 @@ def content_spans(
 
   Args:
     template: the chat template.
-    messages: the conversation; every assistant message has a string
-      "content".
+    messages: the conversation (as `assistant_spans` takes it).
 
   Returns:
-    The pair `(text, spans)`, `template.render(messages)` and, for each
-    assistant message in order, its content's [start, end) character span
-    in `text`.
+    `(text, spans)`: the rendering, and each assistant message's content
+    span [start, end) in it, in order.
 
   Raises:
-    ValueError: the template cannot render the conversation, or renders
-      one assistant message in more than one place (spans that overlap).
+    ValueError: as `assistant_spans`.
   """
   text = template.render(messages)
   if not any(m.get("role") == "assistant" for m in messages):
