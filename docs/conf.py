@@ -60,28 +60,22 @@ def _example_usage(app, what, name, obj, options, lines):
   lines[:] = out
 
 
-# The public faces, in the order of docs/api/index.md's table of contents.
-API_FACES = (
-    "linen_moe",
-    "linen_moe.quantization",
-    "linen_moe.routing",
-    "linen_moe.variables",
-    "linen_moe.sharding",
-    "linen_moe.models",
-    "linen_moe.training",
-    "linen_moe.decoding",
-    "linen_moe.checkpoint",
-    "linen_moe.data",
-    "linen_moe.distributed",
-    "linen_moe.hf",
-    "linen_moe.hlo",
-    "linen_moe.lora",
-    "linen_moe.planning",
-    "linen_moe.tokens",
-    "linen_moe.frontend",
-    "linen_moe.testing",
-    "nnx_adapter",
-)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _api_faces() -> tuple[str, ...]:
+  """The public faces, as docs/api/index.md's table of contents lists
+  their pages (`hf` is `linen_moe.hf`)."""
+  with open(os.path.join(_HERE, "api", "index.md"), encoding="utf-8") as f:
+    toc = f.read().split("```{toctree}")[1].split("```")[0].splitlines()
+  pages = [n for n in toc if n and not n.startswith(":")]
+  return tuple(
+      n if n in ("linen_moe", "nnx_adapter") else f"linen_moe.{n}"
+      for n in pages
+  )
+
+
+API_FACES = _api_faces()
 # Words a page says before its module's docstring.
 _INTROS = {
     "linen_moe": (
