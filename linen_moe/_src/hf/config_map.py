@@ -434,20 +434,17 @@ def family_match(config: ModelConfig) -> FamilyMatch:
 
 
 def exporting_configs(model_type: str) -> list[str]:
-  """The shipped configs that `save_checkpoint` writes as `model_type`,
-  the tiny ones first (read from their YAML files: no jax)."""
+  """The shipped configs `save_checkpoint` writes as `model_type`, the tiny
+  ones first (read from their YAML files: no jax)."""
   from linen_moe._src.config import files  # noqa: PLC0415
 
-  names = [
+  family = FAMILIES[model_type]
+  out = [
       name
       for name in files.available_configs()
-      if nearest_family(files.load_model_config(name))
-      == (
-          FAMILIES[model_type],
-          [],
-      )
+      if nearest_family(files.load_model_config(name)) == (family, [])
   ]
-  return sorted(names, key=lambda n: (not n.startswith("tiny_"), n))
+  return sorted(out, key=lambda n: (not n.startswith("tiny_"), n))
 
 
 def family_for(config: ModelConfig) -> Family:
@@ -456,16 +453,11 @@ def family_for(config: ModelConfig) -> Family:
   it writes."""
   family, bad = nearest_family(config)
   if bad:
-    siblings = exporting_configs(family.model_type)
-    also = (
-        f" The shipped configs that export as {family.model_type}: "
-        f"{', '.join(siblings)}."
-        if siblings
-        else ""
-    )
     raise ValueError(
         "This ModelConfig has no Hugging Face form: the nearest family, "
-        f"{family.model_type}, needs {'; '.join(bad)}.{also}"
+        f"{family.model_type}, needs {'; '.join(bad)}. The shipped configs "
+        f"that export as {family.model_type}: "
+        f"{', '.join(exporting_configs(family.model_type))}."
     )
   return family
 
