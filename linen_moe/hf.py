@@ -1,5 +1,6 @@
-"""Hugging Face checkpoints in and out: Mixtral, Qwen3-MoE, DeepSeek-V3 and
-Gemma-4 (its text decoder).
+"""Hugging Face checkpoints in and out: Mixtral, Qwen3-MoE, DeepSeek-V3,
+Gemma-4, GPT-OSS, GLM-4.5, MiniMax-M2 and Llama-4 (the text decoder of the
+multimodal Gemma-4 and Llama-4 checkpoints).
 
     config, variables = hf.load_checkpoint("path/to/Mixtral-8x7B-v0.1")
     logits, aux = linen_moe.Decoder(config).apply(variables, tokens)
@@ -11,7 +12,11 @@ or int8/fp8 serving weights); `Decoder(config)` then computes transformers'
 logits. `save_checkpoint` writes what transformers loads back.
 `model_config` maps a config.json alone; `family_match` says whether a
 `ModelConfig` has a Hugging Face form (and, when not, what the nearest
-family needs).
+family needs). `save_peft_adapters` writes a LoRA run's adapters for
+PEFT: all of them for Mixtral, Qwen3-MoE, DeepSeek-V3, Gemma-4, GLM-4.5
+and MiniMax-M2; for GPT-OSS and Llama-4, whose routed experts are stored
+as x @ W, all but the experts' (`linen-moe export --format adapters`
+writes those in this library's files beside them).
 """
 
 from linen_moe._src.faces import lazy_face as _lazy_face

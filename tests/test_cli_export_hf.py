@@ -28,6 +28,7 @@ import numpy as np
 from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import data
+from linen_moe import frontend
 from linen_moe import hf
 from linen_moe import load_model_config
 from linen_moe import testing
@@ -112,6 +113,38 @@ class ConfigListTest(absltest.TestCase):
     self.assertIn(
         "tiny_mixtral [hf: mixtral]", " ".join(out.getvalue().split())
     )
+
+
+class NoHFFormTest(parameterized.TestCase):
+  """A config with no Hugging Face form is refused with the shipped
+  configs of its nearest family that export (read from their files)."""
+
+  @parameterized.parameters(
+      ("tiny_gemma4_26b", "gemma4_text", "tiny_gemma4_text, gemma4_26b"),
+      ("tiny_deepseek_v3", "deepseek_v3",
+       "tiny_deepseek_v3_mla, deepseek_v3_671b"),
+  )  # fmt: skip
+  def test_refusal_names_the_configs_that_export(self, name, family, names):
+    config = load_model_config(name, num_layers=1)
+    shapes = jax.eval_shape(
+        Decoder(config).init, jax.random.key(0), jnp.zeros((1, 2), jnp.int32)
+    )
+    variables = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+    run = cli_helpers.tempdir(self)
+    with checkpoint.Checkpoints(run) as ckpts:
+      meta = {"model_config": checkpoint.config_dict(config)}
+      ckpts.save(1, {frontend.VARIABLES: variables}, meta)
+    status, _, err = cli_helpers.cli(
+        "export", "--checkpoint-dir", run, "--out", f"{run}/hf", "--format",
+        "hf",
+    )  # fmt: skip
+    self.assertNotEqual(status, 0)
+    self.assertIn(
+        f"no Hugging Face form: the nearest family, {family}, needs", err
+    )
+    self.assertIn(f"The shipped configs that export as {family}: {names}.",
+                  " ".join(err.split()))  # fmt: skip
+    self.assertFalse(os.path.exists(f"{run}/hf"))
 
 
 @testing.slow

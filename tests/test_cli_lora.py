@@ -10,6 +10,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import types
 
 from absl.testing import absltest
 import jax
@@ -25,6 +26,7 @@ from linen_moe import lora
 from linen_moe import testing
 from linen_moe._src.hf import peft
 from linen_moe._src.lora import tree
+from linen_moe._src.run import banner
 from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
 from linen_moe.sharding import unbox
@@ -247,6 +249,57 @@ class QLoRARunTest(absltest.TestCase):
         np.testing.assert_array_equal,
         lora.split(back["params"])[0],
         lora.split(unbox(variables)["params"])[0],
+    )
+
+
+class LoRABannerTest(absltest.TestCase):
+  """The banner's LoRA line and step range (no jax computation)."""
+
+  def banner(self, first_step: int = 1, **kwargs) -> str:
+    opts = RunOptions(steps=150, batch_size=2, seq_len=8, **kwargs)
+    config = load_model_config(opts.config, **opts.overrides)
+    settings = {
+        "lr_schedule": "constant",
+        "warmup_steps": 0,
+        "learning_rate": 2e-4,
+        "weight_decay": 0.0,
+    }
+    devices = [types.SimpleNamespace(platform="cpu")]
+    return "\n".join(
+        banner.lines(opts, config, {}, {}, devices, None, settings, first_step)
+    )
+
+  def test_alpha_is_the_effective_one(self):
+    # No --lora-alpha: alpha = rank (the config's 0 means it).
+    self.assertIn("lora_alpha=4.0,", self.banner(lora_rank=4))
+    self.assertNotIn("lora_alpha=0.0", self.banner(lora_rank=4))
+    self.assertIn("lora_alpha=8.0,", self.banner(lora_rank=4, lora_alpha=8.0))
+
+  def test_resumed_steps(self):
+    text = self.banner(first_step=54, lora_rank=4)
+    self.assertIn("  steps 54-150, batch 2 x 8 tokens (1,552 in all)", text)
+    self.assertIn("  steps 1-150, batch 2 x 8 tokens (2,400 in all)",
+                  self.banner(lora_rank=4))  # fmt: skip
+
+  def test_what_the_adapters_export_as(self):
+    for name, model_type in (("tiny_gpt_oss", "gpt_oss"),
+                             ("tiny_llama4", "llama4_text")):  # fmt: skip
+      self.assertIn(
+          f"  Hugging Face: exports as {model_type}, adapters in PEFT's "
+          "format but the routed experts' (stored as x @ W: linen_moe's "
+          "files hold them)",
+          self.banner(config=name, lora_rank=4),
+      )
+    self.assertIn(
+        "  Hugging Face: exports as mixtral, adapters in PEFT's format\n",
+        self.banner(config="tiny_mixtral", lora_rank=4),
+    )
+    # Without the experts as a target, all of it is PEFT's.
+    self.assertIn(
+        "exports as gpt_oss, adapters in PEFT's format\n",
+        self.banner(
+            config="tiny_gpt_oss", lora_rank=4, lora_targets="attention"
+        ),
     )
 
 

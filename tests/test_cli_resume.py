@@ -106,6 +106,9 @@ class TrainCommandResumeTest(absltest.TestCase):
     self.assertEqual(split, whole)  # every metric of every step, exactly
     self.assertNotIn("resumed", outputs["split"][0])
     self.assertIn("resumed from step 6", outputs["split"][1])
+    # The banner counts the steps this run takes, not those behind it.
+    self.assertIn(f"  steps {STOP + 1}-{STEPS}, ", outputs["split"][1])
+    self.assertIn(f"  steps 1-{STOP}, ", outputs["split"][0])
     if in_nnx:  # a Linen run resumed in NNX matches too
       resumed = _metrics(dirs["in_nnx"])
       self.assertIn("resumed from step 6", outputs["in_nnx"][0])

@@ -3,8 +3,12 @@ match the package."""
 
 import glob
 import importlib
+import importlib.util
 import os
 import re
+import shutil
+import tempfile
+import types
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -73,13 +77,25 @@ class ExamplesTest(parameterized.TestCase):
         exec(compile(block, f"{page}[python block {i}]", "exec"), {})  # noqa: S102
 
 
+def _docs_conf():
+  """docs/conf.py as a module (it writes the API pages at build time)."""
+  spec = importlib.util.spec_from_file_location(
+      "docs_conf", os.path.join(_ROOT, "docs", "conf.py")
+  )
+  conf = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(conf)
+  return conf
+
+
 class ApiReferenceTest(parameterized.TestCase):
-  """Each public face has a page that documents its `__all__` (autodoc reads
-  `__all__`); the top-level page names what it leaves to other pages."""
+  """Each public face gets a page, written from the docstrings when the
+  site is built (docs/conf.py; none is kept in the source tree), that
+  documents its `__all__` (autodoc reads `__all__`); the top-level page
+  names what it leaves to other pages."""
 
   @parameterized.parameters(*_FACES)
   def test_face_page(self, face):
-    page = _read(f"docs/api/{face}.md")
+    page = _docs_conf().api_pages()[f"{face}.md"]
     self.assertIn(f".. automodule:: linen_moe.{face}\n", page)
     module = importlib.import_module(f"linen_moe.{face}")
     self.assertNotEmpty(module.__all__)
@@ -89,13 +105,39 @@ class ApiReferenceTest(parameterized.TestCase):
   def test_top_level_page(self):
     import linen_moe  # noqa: PLC0415
 
-    page = _read("docs/api/linen_moe.md")
+    pages = _docs_conf().api_pages()
+    page = pages["linen_moe.md"]
     for face in _FACES:
       self.assertIn(face, dir(linen_moe))  # a module, not in __all__
       self.assertIn(f"`{face}`", page)
-    self.assertIn(
-        ".. automodule:: nnx_adapter", _read("docs/api/nnx_adapter.md")
+    self.assertIn(".. automodule:: nnx_adapter", pages["nnx_adapter.md"])
+    # A page for each face of the index's table of contents, the faces
+    # tested here among them.
+    self.assertEqual(
+        sorted(pages), sorted(f"{f}.md" for f in (*_FACES, "linen_moe",
+                                                   "nnx_adapter"))
+    )  # fmt: skip
+    self.assertIn("when the site is built", _read("docs/api/index.md"))
+
+  def test_pages_are_written_at_build(self):
+    conf = _docs_conf()
+    hooks = {}
+    conf.setup(
+        types.SimpleNamespace(
+            connect=lambda event, fn, **_: hooks.setdefault(event, fn)
+        )
     )
+    # Before Sphinx reads the sources, into its source tree's api/.
+    src = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, src)
+    os.mkdir(os.path.join(src, "api"))
+    hooks["builder-inited"](types.SimpleNamespace(srcdir=src))
+    pages = conf.api_pages()
+    self.assertCountEqual(os.listdir(os.path.join(src, "api")), pages)
+    for name, text in pages.items():
+      with open(os.path.join(src, "api", name), encoding="utf-8") as f:
+        self.assertEqual(f.read(), text)
+    self.assertEqual(conf.write_api_pages(os.path.join(src, "api")), [])
 
 
 class ModuleMapTest(absltest.TestCase):

@@ -367,7 +367,8 @@ class SaveErrorsTest(absltest.TestCase):
     with self.assertRaisesRegex(
         ValueError,
         r"the nearest family, gemma4_text, needs rope_interleave=False \(this"
-        r" config: True\)\.$",
+        r" config: True\)\. The shipped configs that export as gemma4_text: "
+        r"tiny_gemma4_text, gemma4_26b\.$",
     ):
       hf.save_checkpoint(config.replace(rope_interleave=True), variables, out)
     ds, ds_variables = hf.load_checkpoint(

@@ -120,7 +120,8 @@ class FamilyMatchTest(parameterized.TestCase):
         ValueError,
         r"^This ModelConfig has no Hugging Face form: the nearest family, "
         r"qwen3_moe, needs scale_embeddings=False \(this config: True\); "
-        r"qk_norm=True \(this config: False\)\.$",
+        r"qk_norm=True \(this config: False\)\. The shipped configs that "
+        r"export as qwen3_moe: tiny_qwen3_moe, qwen3_30b_a3b\.$",
     ):
       hf.save_checkpoint(config, {"params": {}}, cli_helpers.tempdir(self))
     # Mixtral's routing written as softmax-then-top-k renormalised is still

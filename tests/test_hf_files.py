@@ -358,7 +358,8 @@ class SaveErrorsTest(absltest.TestCase):
     with self.assertRaisesRegex(
         ValueError,
         r"the nearest family, mixtral, needs scale_embeddings=False \(this "
-        r"config: True\)\.$",
+        r"config: True\)\. The shipped configs that export as mixtral: "
+        r"tiny_mixtral, mixtral_8x7b\.$",
     ):
       hf.save_checkpoint(own, variables, out)
     with self.assertRaisesRegex(ValueError, "variables are not the parameters"):

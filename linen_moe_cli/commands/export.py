@@ -39,8 +39,13 @@ def register(subparsers) -> None:
           "(linen_moe.lora.merge); adapters: a LoRA run's adapters alone, in "
           "PEFT's format (adapter_config.json, adapter_model.safetensors: "
           "peft.PeftModel.from_pretrained loads them on the transformers "
-          "model of the base), or, for a model with no Hugging Face form, "
-          "linen_moe's (adapters.safetensors, adapters.json)"
+          "model of the base): every adapter for Mixtral, Qwen3-MoE, "
+          "DeepSeek-V3, Gemma-4, GLM-4.5 and MiniMax-M2; for GPT-OSS and "
+          "Llama-4 all but the routed experts' (stored as x @ W, they have "
+          "no PEFT form), with every adapter also in linen_moe's files "
+          "beside them (adapters.safetensors, adapters.json: "
+          "linen_moe.lora.load_adapters reads them); for a model with no "
+          "Hugging Face form, linen_moe's files alone"
       ),
   )
   p.add_argument(
@@ -125,21 +130,48 @@ def run(args: argparse.Namespace) -> int:
       return 0
     with checkpoint.Checkpoints(args.checkpoint_dir, create=False) as ckpts:
       run = ckpts.meta(step).get("run", {})
-    hf.save_peft_adapters(
+    base = run.get("init_from_hf")
+    files = hf.save_peft_adapters(
         config,
         variables,
         args.out,
-        base_model_name_or_path=run.get("init_from_hf"),
+        base_model_name_or_path=base,
+        no_peft_form="linen_moe",
     )
-    print(
-        f"exported the adapters of step {step} of {args.checkpoint_dir} to "
-        f"{args.out} (rank {config.moe.lora_rank}) in PEFT's format: "
-        "peft.PeftModel.from_pretrained(model, out) loads them onto the "
-        f"transformers model of the base ({run.get('init_from_hf')})"
-    )
+    print(_adapters_line(args, step, config, match, base, files))
     return 0
   step = checkpoint.export(
       args.checkpoint_dir, args.out, dtype=args.dtype, step=args.step
   )
   print(f"exported step {step} of {args.checkpoint_dir} to {args.out}")
   return 0
+
+
+def _adapters_line(args, step, config, match, base, files) -> str:
+  """What `--format adapters` wrote, and what reads it."""
+  names = {f.name for f in files}
+  head = (
+      f"exported the adapters of step {step} of {args.checkpoint_dir} to "
+      f"{args.out} (rank {config.moe.lora_rank})"
+  )
+  peft = (
+      "peft.PeftModel.from_pretrained(model, out) loads them onto the "
+      f"transformers model of the base ({base})"
+  )
+  if "adapters.json" not in names:
+    return f"{head} in PEFT's format: {peft}"
+  own = (
+      "linen_moe's adapters.safetensors and adapters.json hold every "
+      "adapter (linen_moe.lora.load_adapters reads them onto the base: the "
+      "run's model)"
+  )
+  without = (
+      f"the routed experts of {match.model_type} are stored as x @ W and "
+      "have no PEFT form"
+  )
+  if "adapter_config.json" not in names:
+    return f"{head} as linen_moe's files alone ({without}): {own}"
+  return (
+      f"{head}: in PEFT's format all but the routed experts' ({without}; "
+      f"{peft}, without the experts' adapters); {own}"
+  )

@@ -143,8 +143,9 @@ def register(subparsers) -> None:
       default=None,
       metavar="DIR",
       help=(
-          "fine-tune a Hugging Face checkpoint (Mixtral, Qwen3-MoE, "
-          "DeepSeek-V3, Gemma-4): its "
+          "fine-tune a Hugging Face checkpoint folder (Mixtral, Qwen3-MoE, "
+          "DeepSeek-V3, Gemma-4, GPT-OSS, GLM-4.5, MiniMax-M2, Llama-4; a "
+          "released model: `hf download NAME --local-dir DIR` first): its "
           "config.json is the model (--config is not read; --quantization, "
           "--layers, the path flags and --set of run fields apply), on "
           "synthetic data over its vocabulary unless --data is given (text "

@@ -433,14 +433,31 @@ def family_match(config: ModelConfig) -> FamilyMatch:
   return FamilyMatch(family.model_type, tuple(bad))
 
 
+def exporting_configs(model_type: str) -> list[str]:
+  """The shipped configs `save_checkpoint` writes as `model_type`, the tiny
+  ones first (read from their YAML files: no jax)."""
+  from linen_moe._src.config import files  # noqa: PLC0415
+
+  family = FAMILIES[model_type]
+  out = [
+      name
+      for name in files.available_configs()
+      if nearest_family(files.load_model_config(name)) == (family, [])
+  ]
+  return sorted(out, key=lambda n: (not n.startswith("tiny_"), n))
+
+
 def family_for(config: ModelConfig) -> Family:
   """The family that expresses `config`, or a ValueError naming the
-  nearest family and what it needs (`nearest_family`)."""
+  nearest family, what it needs (`nearest_family`) and the shipped configs
+  it writes."""
   family, bad = nearest_family(config)
   if bad:
     raise ValueError(
         "This ModelConfig has no Hugging Face form: the nearest family, "
-        f"{family.model_type}, needs {'; '.join(bad)}."
+        f"{family.model_type}, needs {'; '.join(bad)}. The shipped configs "
+        f"that export as {family.model_type}: "
+        f"{', '.join(exporting_configs(family.model_type))}."
     )
   return family
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from typing import NamedTuple
 
 from linen_moe._src.hf import deepseek
 from linen_moe._src.hf import gemma4
@@ -25,6 +26,8 @@ class Family:
   """One transformers model family.
 
   Attributes:
+    name: the family's name as its authors write it ("Qwen3-MoE"); a
+      multimodal checkpoint's text decoder shares its family's.
     model_type: config.json's `model_type`.
     architecture: the `architectures` entry transformers writes.
     default_rope_theta: the RoPE base when config.json gives none.
@@ -65,6 +68,7 @@ class Family:
       MiniMax-M2's on the MoE block itself.
   """
 
+  name: str
   model_type: str
   architecture: str
   default_rope_theta: float
@@ -88,6 +92,7 @@ class Family:
 
 
 MIXTRAL = Family(
+    name="Mixtral",
     model_type="mixtral",
     architecture="MixtralForCausalLM",
     default_rope_theta=1e6,
@@ -101,6 +106,7 @@ MIXTRAL = Family(
 )
 
 QWEN3_MOE = Family(
+    name="Qwen3-MoE",
     model_type="qwen3_moe",
     architecture="Qwen3MoeForCausalLM",
     default_rope_theta=1e4,
@@ -121,6 +127,7 @@ QWEN3_MOE = Family(
 )
 
 DEEPSEEK_V3 = Family(
+    name="DeepSeek-V3",
     model_type=deepseek.MODEL_TYPE,
     architecture=deepseek.ARCHITECTURE,
     default_rope_theta=1e4,
@@ -135,6 +142,7 @@ DEEPSEEK_V3 = Family(
 )
 
 GEMMA4_TEXT = Family(
+    name="Gemma-4",
     model_type=gemma4.TEXT_MODEL_TYPE,
     architecture=gemma4.TEXT_ARCHITECTURE,
     default_rope_theta=1e4,
@@ -160,6 +168,7 @@ GEMMA4 = dataclasses.replace(
 )
 
 GPT_OSS = Family(
+    name="GPT-OSS",
     model_type=gpt_oss.MODEL_TYPE,
     architecture=gpt_oss.ARCHITECTURE,
     default_rope_theta=gpt_oss.DEFAULT_THETA,
@@ -176,6 +185,7 @@ GPT_OSS = Family(
 )
 
 GLM4_MOE = Family(
+    name="GLM-4.5",
     model_type=glm4_moe.MODEL_TYPE,
     architecture=glm4_moe.ARCHITECTURE,
     default_rope_theta=glm4_moe.DEFAULT_THETA,
@@ -190,6 +200,7 @@ GLM4_MOE = Family(
 )
 
 MINIMAX_M2 = Family(
+    name="MiniMax-M2",
     model_type=minimax_m2.MODEL_TYPE,
     architecture=minimax_m2.ARCHITECTURE,
     default_rope_theta=minimax_m2.DEFAULT_THETA,
@@ -205,6 +216,7 @@ MINIMAX_M2 = Family(
 )
 
 LLAMA4_TEXT = Family(
+    name="Llama-4",
     model_type=llama4.TEXT_MODEL_TYPE,
     architecture=llama4.TEXT_ARCHITECTURE,
     default_rope_theta=llama4.DEFAULT_THETA,
@@ -252,3 +264,52 @@ FAMILIES = {
 
 # The `model_type`s of config.json that load.
 MODEL_TYPES = tuple(sorted(FAMILIES))
+
+
+class FamilyEntry(NamedTuple):
+  """One family as the entry points name it (`--help`, the README, the
+  guides and `linen_moe.hf`'s docstring, each checked against this table
+  by tests/test_hf_family_table.py).
+
+  Attributes:
+    name: the family's name ("GPT-OSS").
+    model_types: the config.json `model_type`s of it that load (the text
+      decoder's first, then a multimodal checkpoint's).
+    peft_experts: whether its routed experts' adapters have a PEFT form
+      (`save_peft_adapters`): transformers' fused `[E, rows, in]` layout
+      has one (PEFT loaded it for Mixtral, Qwen3-MoE, DeepSeek-V3 and
+      Gemma-4); the x @ W layouts (GPT-OSS, Llama-4) have none here, and
+      `linen-moe export --format adapters` writes their experts' adapters
+      in this library's files instead.
+  """
+
+  name: str
+  model_types: tuple[str, ...]
+  peft_experts: bool
+
+
+def _table() -> tuple[FamilyEntry, ...]:
+  by_name: dict[str, list[Family]] = {}
+  for family in FAMILIES.values():
+    by_name.setdefault(family.name, []).append(family)
+  return tuple(
+      FamilyEntry(
+          name,
+          tuple(f.model_type for f in members),
+          members[0].experts_layout == "rows",
+      )
+      for name, members in by_name.items()
+  )
+
+
+# The families `load_checkpoint` reads, once each, in the order the
+# documentation lists them: the one table the entry points name.
+SUPPORTED_FAMILIES = _table()
+
+
+def names_text(entries=SUPPORTED_FAMILIES) -> str:
+  """The families' names as a sentence's list: "A, B and C"."""
+  names = [e.name for e in entries]
+  if len(names) == 1:
+    return names[0]
+  return f"{', '.join(names[:-1])} and {names[-1]}"

@@ -399,7 +399,9 @@ def load_checkpoint(
   if not directory.exists():
     raise ValueError(
         f"path={str(directory)!r} does not exist (relative paths are read "
-        f"from {pathlib.Path.cwd()})."
+        f"from {pathlib.Path.cwd()}); it takes a folder of a checkpoint's "
+        f"files: download a released model first, `hf download {path} "
+        "--local-dir DIR` (pip install huggingface_hub), then pass DIR."
     )
   if not directory.is_dir():
     raise ValueError(

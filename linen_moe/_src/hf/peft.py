@@ -30,7 +30,11 @@ scripts/make_peft_fixtures.py):
                `experts.base_layer.lora_A.weight`, `down_proj`
                `experts.lora_A.weight`. GPT-OSS's and Llama-4's experts,
                stored as x @ W, have no proven PEFT form: an `experts`
-               target of theirs is an error.
+               target of theirs is an error, or, with
+               `no_peft_form="linen_moe"` (`linen-moe export --format
+               adapters`), left out of PEFT's files and written with every
+               other adapter in this library's (`lora.save_adapters`)
+               beside them.
 
 PEFT adapts a parameter only without dropout, so a file with parameter
 targets says `lora_dropout` 0 (dropout acts in training only: the logits
@@ -51,6 +55,7 @@ from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import save
 from linen_moe._src.hf import tensor_names as tn
+from linen_moe._src.lora import files as lora_files
 from linen_moe._src.lora import tree as lora_tree
 from linen_moe._src.lora.adapters import SUFFIX_A
 from linen_moe._src.lora.adapters import SUFFIX_B
@@ -113,17 +118,22 @@ def _suffixes(chosen: set[str], every: set[str]) -> list[str]:
   return sorted(chosen)
 
 
+def _has_peft_form(source) -> bool:
+  """Whether an adapted kernel stored as `source` has a PEFT form: an
+  `nn.Linear` weight, or transformers' fused experts [E, rows, in]."""
+  return isinstance(source, tn.Matrix | tn.FusedExperts)
+
+
 def _target(path: Path, source) -> str | None:
   """The `lora_targets` entry that adapts the kernel at `path` (None: no
   adapter, e.g. a norm or the router)."""
+  if path[-1] not in ("kernel", "wi_0", "wi_1", "wo"):
+    return None  # a bias, a norm, ...
   if isinstance(source, tn.FusedExperts | tn.Columns):
     return "experts"
-  if not isinstance(source, tn.Matrix) or path[-1] not in (
-      "kernel",
-      "wi_0",
-      "wi_1",
-      "wo",
-  ):
+  if isinstance(source, tn.Copy) and path[-1] != "kernel":
+    return "experts"  # GPT-OSS's, Llama-4's down_proj [E, H, M], x @ W
+  if not isinstance(source, tn.Matrix):
     return None
   if "attention" in path:
     return "attention"
@@ -132,8 +142,58 @@ def _target(path: Path, source) -> str | None:
   return "mlp" if "mlp" in path else None
 
 
+# What `no_peft_form` may say: refuse, or write this library's files too.
+NO_PEFT_FORM = ("raise", "linen_moe")
+
+
+def _no_peft_form_error(model_type: str, name: str) -> ValueError:
+  return ValueError(
+      f"save_peft_adapters: the routed experts of {model_type} ({name}, "
+      "stored as x @ W) have no PEFT form here; leave 'experts' out of "
+      "lora_targets, or pass no_peft_form='linen_moe' (what `linen-moe "
+      "export --format adapters` does) to write them in this library's "
+      "files (lora.save_adapters) beside PEFT's."
+  )
+
+
+def _sources(config: ModelConfig):
+  """(family, {params path: tensor source}) of the adapted `config`."""
+  base = lora_tree.without_adapters(config).replace(
+      quantization="none", serving=False
+  )
+  family = config_map.family_for(base)
+  fused_names = {
+      f"{family.prefix}layers.{i}.{'mlp.' if family.moe_module else ''}"
+      "experts.gate_up_proj"
+      for i in range(config.num_layers)
+  }
+  return family, tn.sources(family, base, fused_names)
+
+
+def without_peft_form(config: ModelConfig) -> list[str]:
+  """The tensors whose targeted adapters have no PEFT form: GPT-OSS's and
+  Llama-4's routed experts (stored as x @ W) when `experts` is a target;
+  [] for every other family and target.
+
+  Args:
+    config: the adapted decoder's `ModelConfig` (`lora_rank >= 1`), of a
+      family `save_checkpoint` writes.
+
+  Returns:
+    The hub's names of those tensors, sorted.
+  """
+  lora_tree.check_lora(config, "save_peft_adapters")
+  _, srcs = _sources(config)
+  targets = config.moe.lora.targets
+  return sorted({
+      source.name
+      for path, source in srcs.items()
+      if _target(path, source) in targets and not _has_peft_form(source)
+  })
+
+
 def peft_tensors(
-    config: ModelConfig, variables: Mapping
+    config: ModelConfig, variables: Mapping, *, skip_no_peft_form=False
 ) -> tuple[dict[str, np.ndarray], dict]:
   """The adapters of `variables` as PEFT's tensors and config.
 
@@ -141,6 +201,8 @@ def peft_tensors(
     config: the adapted decoder's `ModelConfig` (`lora_rank >= 1`), of a
       family `save_checkpoint` writes.
     variables: its variables (scanned or unrolled; a serving base too).
+    skip_no_peft_form: leave out the adapters `without_peft_form` names
+      (False: they are an error).
 
   Returns:
     ({PEFT tensor name: float32 array}, the adapter config's targets:
@@ -153,18 +215,9 @@ def peft_tensors(
       (the message names it).
   """
   lora_tree.check_lora(config, "save_peft_adapters")
-  base = lora_tree.without_adapters(config).replace(
-      quantization="none", serving=False
-  )
-  family = config_map.family_for(base)
+  family, srcs = _sources(config)
   lora = config.moe.lora
   layers = save._Layers(save._params_of(variables))  # noqa: SLF001
-  fused_names = {
-      f"{family.prefix}layers.{i}.{'mlp.' if family.moe_module else ''}"
-      "experts.gate_up_proj"
-      for i in range(config.num_layers)
-  }
-  srcs = tn.sources(family, base, fused_names)
   tensors: dict[str, np.ndarray] = {}
   modules, params, fused = set(), set(), {}
   # Every module and parameter a target could pick (PEFT matches targets
@@ -175,19 +228,18 @@ def peft_tensors(
       if isinstance(s, tn.Matrix)
   }
   every_param = {
-      s.name for s in srcs.values() if isinstance(s, tn.Matrix | tn.Copy)
-  } | {s.name for s in srcs.values() if isinstance(s, tn.FusedExperts)}
+      s.name
+      for s in srcs.values()
+      if isinstance(s, tn.Matrix | tn.Copy | tn.FusedExperts | tn.Columns)
+  }
   for path, source in srcs.items():
     a_path, b_path = _adapter_paths(path)
     if _target(path, source) not in lora.targets:
       continue
-    if isinstance(source, tn.Columns):  # GPT-OSS's, Llama-4's: x @ W
-      raise ValueError(
-          f"save_peft_adapters: the routed experts of {family.model_type} "
-          f"({source.name}, stored as x @ W) have no PEFT form here; leave "
-          "'experts' out of lora_targets, or write this library's adapter "
-          "files (lora.save_adapters)."
-      )
+    if not _has_peft_form(source):  # GPT-OSS's, Llama-4's experts: x @ W
+      if skip_no_peft_form:
+        continue
+      raise _no_peft_form_error(family.model_type, source.name)
     if a_path not in layers.where:
       raise ValueError(
           f"save_peft_adapters: variables hold no adapter {'/'.join(a_path)}"
@@ -244,6 +296,7 @@ def save_peft_adapters(
     out: str | os.PathLike,
     *,
     base_model_name_or_path: str | None = None,
+    no_peft_form: str = "raise",
 ) -> list[pathlib.Path]:
   """Writes the LoRA adapters of `variables` in PEFT's format.
 
@@ -251,7 +304,9 @@ def save_peft_adapters(
   transformers model of the base checkpoint, giving the logits of the
   merged model (`linen_moe.lora.merge`, then `save_checkpoint`). Routed
   experts, attention, dense MLPs and shared experts are all adapted (see
-  the module docstring for PEFT's names and layouts).
+  the module docstring for PEFT's names and layouts), except GPT-OSS's and
+  Llama-4's routed experts, stored as x @ W, which have no PEFT form here
+  (`no_peft_form` says what then).
 
   Example usage:
 
@@ -268,24 +323,40 @@ def save_peft_adapters(
     out: the directory to create; it must not exist.
     base_model_name_or_path: the base checkpoint (a hub id or a folder),
       as PEFT records it; None when unknown.
+    no_peft_form: what to do when a targeted adapter has no PEFT form
+      (`without_peft_form`): "raise" a ValueError, or "linen_moe": leave
+      those out of PEFT's files and write every adapter, theirs too, in
+      this library's files beside them (`adapters.safetensors`,
+      `adapters.json`: `lora.load_adapters` reads the whole adapted model
+      back); with no adapter in PEFT's form left, only this library's.
 
   Returns:
     The files written, `adapter_config.json` (PEFT's `LoraConfig` of a
     LORA adapter for CAUSAL_LM: r, lora_alpha, the targets) and
-    `adapter_model.safetensors`.
+    `adapter_model.safetensors`, then this library's when written.
 
   Raises:
     TypeError: `config` is not a `ModelConfig`.
     ValueError: `config` has no adapters or no Hugging Face form (the
-      message names the nearest family and what it needs), `variables`
-      lack an adapter of its targets, or `out` exists.
+      message names the nearest family and what it needs), an adapter has
+      no PEFT form and `no_peft_form` is "raise", `variables` lack an
+      adapter of its targets, `no_peft_form` is not one of `NO_PEFT_FORM`,
+      or `out` exists.
   """
+  if no_peft_form not in NO_PEFT_FORM:
+    raise ValueError(
+        f"save_peft_adapters: no_peft_form={no_peft_form!r} is invalid: "
+        f"expected one of {NO_PEFT_FORM}."
+    )
   out = pathlib.Path(out)
   if out.exists():
     raise ValueError(
         f"save_peft_adapters: out={out} exists; it never overwrites."
     )
-  tensors, targets = peft_tensors(config, dict(variables))
+  own = no_peft_form == "linen_moe" and bool(without_peft_form(config))
+  tensors, targets = peft_tensors(
+      config, dict(variables), skip_no_peft_form=own
+  )
   lora = config.moe.lora
   dropout = 0.0 if targets["target_parameters"] else lora.dropout
   adapter_config = {
@@ -312,19 +383,27 @@ def save_peft_adapters(
   out.parent.mkdir(parents=True, exist_ok=True)
   staging = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}"
   staging.mkdir()  # the umask's mode, as the weights' export
+  names = []
   try:
-    (staging / CONFIG_FILE).write_text(
-        json.dumps(adapter_config, indent=2) + "\n"
-    )
-    # Written as any new file (the umask's mode; safetensors' save_file
-    # makes it private).
-    (staging / WEIGHTS_FILE).write_bytes(
-        save(tensors, metadata={"format": "pt"})
-    )
+    if tensors:
+      (staging / CONFIG_FILE).write_text(
+          json.dumps(adapter_config, indent=2) + "\n"
+      )
+      # Written as any new file (the umask's mode; safetensors' save_file
+      # makes it private).
+      (staging / WEIGHTS_FILE).write_bytes(
+          save(tensors, metadata={"format": "pt"})
+      )
+      names += [CONFIG_FILE, WEIGHTS_FILE]
+    if own:
+      for path in lora_files.save_adapters(config, variables, staging / "own"):
+        os.replace(path, staging / os.path.basename(path))
+        names.append(os.path.basename(path))
+      (staging / "own").rmdir()
     os.replace(staging, out)
   except BaseException:
     import shutil  # noqa: PLC0415
 
     shutil.rmtree(staging, ignore_errors=True)
     raise
-  return [out / CONFIG_FILE, out / WEIGHTS_FILE]
+  return [out / name for name in names]

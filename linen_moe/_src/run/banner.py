@@ -72,10 +72,13 @@ def _millions(n: int) -> str:
   return f"{n / 1e6:.2f} M"
 
 
-def _model_line(opts: Any) -> str:
+def _model_line(opts: Any, config: Any) -> str:
   start = opts.init_from_hf or opts.init_from
   name = f"from {start}" if start else opts.config
-  changed = ", ".join(f"{k}={v}" for k, v in sorted(opts.overrides.items()))
+  overrides = dict(opts.overrides)
+  if "lora_alpha" in overrides and config.moe.lora is not None:
+    overrides["lora_alpha"] = config.moe.lora.alpha  # 0 means the rank
+  changed = ", ".join(f"{k}={v}" for k, v in sorted(overrides.items()))
   return (
       f"linen-moe train: {name}{f' ({changed})' if changed else ''}, "
       f"{opts.recipe.name} recipe"
@@ -88,6 +91,16 @@ def _family_line(config: Any) -> str:
   from linen_moe._src.hf import config_map  # noqa: PLC0415
 
   match = config_map.family_match(config)
+  if match.exports and config.moe.lora is not None:
+    from linen_moe._src.hf import peft  # noqa: PLC0415
+
+    adapters = "adapters in PEFT's format"
+    if peft.without_peft_form(config):
+      adapters += (
+          " but the routed experts' (stored as x @ W: linen_moe's files "
+          "hold them)"
+      )
+    return f"  Hugging Face: exports as {match.model_type}, {adapters}"
   if match.exports:
     return f"  Hugging Face: exports as {match.model_type}"
   return (
@@ -122,6 +135,7 @@ def lines(
     devices: list,
     mesh: str | None,
     optimizer: Mapping[str, Any],
+    first_step: int = 1,
 ) -> list[str]:
   """The banner of a run, a line a fact.
 
@@ -133,6 +147,8 @@ def lines(
     devices: the devices a step runs on.
     mesh: the mesh spec, or None on one device.
     optimizer: the run's optimizer settings (`schedule.settings`).
+    first_step: the first step this run takes (a resumed run's is the
+      restored step + 1).
 
   Returns:
     The lines, without newlines.
@@ -143,8 +159,9 @@ def lines(
   warmup = optimizer["warmup_steps"]
   after = f"{schedule} after {warmup} warmup steps" if warmup else schedule
   tokens = opts.batch_size * opts.seq_len
+  steps = opts.steps - first_step + 1
   return [
-      _model_line(opts),
+      _model_line(opts, config),
       _family_line(config),
       (
           f"  parameters: {_millions(counts['total'])} total, "
@@ -155,8 +172,8 @@ def lines(
       + (f", mesh {mesh}" if mesh else ""),
       *_data_line(opts, data_meta),
       (
-          f"  steps 1-{opts.steps}, batch {opts.batch_size} x {opts.seq_len} "
-          f"tokens ({tokens * opts.steps:,} in all), learning rate "
+          f"  steps {first_step}-{opts.steps}, batch {opts.batch_size} x "
+          f"{opts.seq_len} tokens ({tokens * steps:,} in all), learning rate "
           f"{optimizer['learning_rate']:g} ({after}), weight decay "
           f"{optimizer['weight_decay']:g}"
       ),

@@ -443,6 +443,7 @@ def _train_from(
         _run_devices(job),
         job.mesh,
         job.optimizer_settings,
+        first_step=start + 1,
     ):
       log(line)
   recipe = recipes.record(opts.recipe.name, job.optimizer_settings, opts)

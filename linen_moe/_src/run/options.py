@@ -470,7 +470,13 @@ class RunOptions:
   def _check_init_from_hf(self) -> None:
     where = self.init_from_hf
     if not os.path.isdir(where):
-      _fail("init_from_hf", where, "it does not exist")
+      _fail(
+          "init_from_hf",
+          where,
+          "it does not exist; it takes a folder of a checkpoint's files: "
+          f"download a released model first, `hf download {where} "
+          "--local-dir DIR` (pip install huggingface_hub), then pass DIR",
+      )
     if not os.path.isfile(os.path.join(where, "config.json")):
       _fail(
           "init_from_hf",
