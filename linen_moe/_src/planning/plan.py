@@ -222,6 +222,28 @@ def compiled_cost(compiled) -> dict[str, float]:
   return dict(cost or {})
 
 
+def roofline(
+    flops_per_device: float, bytes_per_device: float, chip
+) -> tuple[float, float, str]:
+  """A step's roofline on one device of `chip`.
+
+  Args:
+    flops_per_device: the model FLOPs each device does.
+    bytes_per_device: the bytes each device reads and writes.
+    chip: a `chips.Chip` (its peak FLOP/s and memory bandwidth).
+
+  Returns:
+    (step seconds: the slower of the FLOPs at the peak and the bytes at
+    the bandwidth, a lower bound; MFU in that time, an upper bound, 1.0
+    when compute-bound; "compute" or "memory", whichever bounds it).
+  """
+  compute_s = flops_per_device / chip.peak_flops
+  memory_s = bytes_per_device / chip.memory_bandwidth
+  step_s = max(compute_s, memory_s)
+  bound = "compute" if compute_s >= memory_s else "memory"
+  return step_s, compute_s / step_s, bound
+
+
 def _no_compiler_flops(target: targets_lib.Target, compiled) -> str:
   """Why a plan has no compiler FLOP count."""
   if compiled is None:
@@ -534,11 +556,7 @@ def plan(
         + per_device.output_bytes
         + per_device.temp_bytes,
     )
-    compute_s = flops / devices / chip.peak_flops
-    memory_s = moved / chip.memory_bandwidth
-    step_s = max(compute_s, memory_s)
-    bound = "compute" if compute_s >= memory_s else "memory"
-    mfu = flops / (devices * chip.peak_flops * step_s)
+    step_s, mfu, bound = roofline(flops / devices, moved, chip)
   consumers = per_device.consumers()
   return Plan(
       target=target.name,
