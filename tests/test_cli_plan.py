@@ -172,18 +172,18 @@ class PlanCommandTest(parameterized.TestCase):
     self.assertRegex(
         err,
         r"^linen-moe: error: target='gpu:h100-8' needs jax's CUDA plugin .*"
-        r"linen_moe\[gpu-plan\]",
+        r"pip install '\.\[gpu-plan\]'",
     )
     self.assertEqual(err.count("\n"), 1, err)
 
 
 @absltest.skipUnless(
     targets_lib.cuda_plugin_available(),
-    "needs jax's CUDA plugin: pip install 'linen_moe[gpu-plan]'",
+    "needs jax's CUDA plugin: pip install '.[gpu-plan]'",
 )
 class GpuPlanTest(absltest.TestCase):
   """A plan for 8 H100s, compiled through the CUDA plugin's topology
-  without a GPU (in a venv with `linen_moe[gpu-plan]`; skipped elsewhere)."""
+  without a GPU (in a venv with the `gpu-plan` extra; skipped elsewhere)."""
 
   def test_tiny_mixtral_on_eight_h100s(self):
     proc = workers.run(
@@ -215,7 +215,7 @@ class GpuPlanTest(absltest.TestCase):
 
 @absltest.skipUnless(
     targets_lib.libtpu_available(),
-    "needs libtpu to compile for a TPU: pip install 'linen_moe[tpu-plan]'",
+    "needs libtpu to compile for a TPU: pip install '.[tpu-plan]'",
 )
 class UsableMemoryOnTpuTest(parameterized.TestCase):
   """Each TPU chip's `usable_bytes` is libtpu's own limit: a program 16 MiB
