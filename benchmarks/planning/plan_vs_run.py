@@ -5,11 +5,16 @@ chip or an NVIDIA GPU), written as JSON for the device runs to collect.
       --config qwen3_30b_a3b --set num_layers=2 num_experts=32 \
       vocab_size=32768 --batch-size 4 --seq-len 4096 --remat full
 
-  # one H200 (benchmarks/gpu/'s run calls this; 23.1 GiB planned, 85 ms):
+  # one H200, the two cases of docs/guides/planning.md (blocked: 23.1 GiB
+  # planned, 85.1 ms; ragged_dot at a quarter of the batch: 43.2 GiB):
   python benchmarks/planning/plan_vs_run.py --target gpu:h200-1 \
       --config qwen3_30b_a3b --set num_layers=2 num_experts=32 \
       vocab_size=32768 grouped_matmul=blocked --batch-size 16 \
-      --seq-len 4096 --remat full --steps 6 --out $OUT/plan
+      --seq-len 4096 --remat full --steps 6 --out $OUT/plan --tag blocked
+  python benchmarks/planning/plan_vs_run.py --target gpu:h200-1 \
+      --config qwen3_30b_a3b --set num_layers=2 num_experts=32 \
+      vocab_size=32768 grouped_matmul=ragged_dot --batch-size 4 \
+      --seq-len 4096 --remat full --steps 6 --out $OUT/plan --tag ragged_dot
 
   # a rehearsal on this CPU (no chip figures: no roofline to compare)
   python benchmarks/planning/plan_vs_run.py --target cpu:1 \
@@ -31,7 +36,8 @@ chip or an NVIDIA GPU), written as JSON for the device runs to collect.
           to the byte (the difference, and their ratio), the plan's peak
           against the device's, the run's step time over the roofline's
           and its model TFLOP/s and MFU. Printed, and with `--out` written
-          to DIR/plan_vs_run.json ({"plan", "run", "compare"}).
+          to DIR/plan_vs_run.json (plan_vs_run_TAG.json with `--tag`):
+          {"plan", "run", "compare"}.
 
 The plan is right when its compiled bytes are the device's own compile's,
 when the device refuses the steps the plan says do not fit (`--batch-size`
@@ -238,12 +244,12 @@ def report(head: str, planned: dict, ran: dict, compared: dict) -> str:
   roofline = step["roofline"]
   mfu = compared["mfu"]
   lines.append(
-      f"  step: run {step['run'] * 1e3:.1f} ms ({ran['called']}), roofline"
+      f"  step: run {step['run'] * 1e3:.3g} ms ({ran['called']}), roofline"
       + (
           " - (no chip figures)"
           if roofline is None
           else (
-              f" {roofline * 1e3:.1f} ms: run / roofline"
+              f" {roofline * 1e3:.3g} ms: run / roofline"
               f" {step['run_over_roofline']:.2f}"
           )
       )
@@ -267,7 +273,10 @@ def main(argv=None) -> int:
       "--plan-timeout", type=int, default=1800, help="the plan's seconds"
   )
   parser.add_argument(
-      "--out", default=None, help="write DIR/plan_vs_run.json there"
+      "--out", default=None, help="write DIR/plan_vs_run[_TAG].json there"
+  )
+  parser.add_argument(
+      "--tag", default="", help="names the JSON file: several cases, one DIR"
   )
   args = parser.parse_args(argv)
   case = {
@@ -295,7 +304,8 @@ def main(argv=None) -> int:
   result = {"plan": planned, "run": ran, "compare": compared}
   if args.out:
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "plan_vs_run.json")
+    name = f"plan_vs_run_{args.tag}.json" if args.tag else "plan_vs_run.json"
+    path = os.path.join(args.out, name)
     with open(path, "w", encoding="utf-8") as f:
       json.dump(result, f, indent=1)
     print(f"wrote {path}")
