@@ -210,7 +210,31 @@ class GpuPlanTest(absltest.TestCase):
     self.assertEqual(device["parameter_bytes"], 4 * tiny_mixtral_parameters())
     self.assertEqual(plan["flops_per_step"], tiny_mixtral_train_flops(B, S))
     self.assertIsNone(plan["compiler_flops_per_step"])  # no cost analysis
+    self.assertEqual(
+        plan["compiler_flops_note"],
+        "XLA:GPU gives no cost analysis without the GPU",
+    )
     self.assertGreater(plan["estimated_step_s"], 0)
+
+  def test_one_h200_says_it_has_no_compiler_flops(self):
+    proc = workers.run(
+        "linen_moe_cli.main",
+        "plan",
+        "--config",
+        "tiny_mixtral",
+        "--target",
+        "gpu:h200-1",
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    self.assertIn(
+        "on gpu:h200-1 (1 devices, mesh 1), batch 16 x seq 32", proc.stdout
+    )
+    self.assertIn(
+        "(no compiler FLOPs: XLA:GPU gives no cost analysis without the GPU)",
+        proc.stdout,
+    )
+    self.assertIn("roofline (h200): >= ", proc.stdout)
+    self.assertNotIn("MFU <= 100", proc.stdout)
 
 
 @absltest.skipUnless(
