@@ -24,6 +24,7 @@ import numpy as np
 from linen_moe import load_model_config
 from linen_moe import planning
 from linen_moe._src.planning import chips as chips_lib
+from linen_moe._src.planning import costs
 from linen_moe._src.planning import plan as plan_lib
 from linen_moe._src.planning import targets as targets_lib
 from linen_moe_cli.commands import plan as plan_cmd
@@ -78,9 +79,9 @@ class NoCompilerFlopsTest(absltest.TestCase):
   def test_compiled_cost_of_none_is_empty(self):
     for returned in (None, [], [None], {}):
       fake = mock.Mock(cost_analysis=mock.Mock(return_value=returned))
-      self.assertEqual(plan_lib.compiled_cost(fake), {})
+      self.assertEqual(costs.compiled_cost(fake), {})
     fake = mock.Mock(cost_analysis=mock.Mock(return_value=[{"flops": 3.0}]))
-    self.assertEqual(plan_lib.compiled_cost(fake), {"flops": 3.0})
+    self.assertEqual(costs.compiled_cost(fake), {"flops": 3.0})
 
   def test_the_plan_says_there_are_none_and_uses_the_model_flops(self):
     plan = _gpu_plan_without_cost()
@@ -165,13 +166,9 @@ class RooflineTest(absltest.TestCase):
         source="https://x",
     )
     # 200 FLOPs take 2 s, 10 bytes 1 s: compute-bound, MFU 1 by definition.
-    self.assertEqual(
-        plan_lib.roofline(200.0, 10.0, chip), (2.0, 1.0, "compute")
-    )
+    self.assertEqual(costs.roofline(200.0, 10.0, chip), (2.0, 1.0, "compute"))
     # 100 FLOPs take 1 s, 40 bytes 4 s: memory-bound, a quarter of the peak.
-    self.assertEqual(
-        plan_lib.roofline(100.0, 40.0, chip), (4.0, 0.25, "memory")
-    )
+    self.assertEqual(costs.roofline(100.0, 40.0, chip), (4.0, 0.25, "memory"))
 
   def test_a_compute_bound_plan_prints_no_mfu_bound(self):
     text = plan_cmd.describe(_plan_with(), "qwen3_30b_a3b")

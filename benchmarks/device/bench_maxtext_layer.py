@@ -75,7 +75,7 @@ import linen_moe
 
 # The pairing's switch has no public name (benchmarks compare with it on).
 from linen_moe._src.kernels import accelerator  # noqa: TID251
-from linen_moe._src.planning import plan as plan_lib  # noqa: TID251
+from linen_moe._src.planning import costs  # noqa: TID251
 
 BF16 = jnp.bfloat16
 
@@ -556,7 +556,7 @@ def compiled_sizes(calls: dict, shape: Shape) -> dict:
   out = {}
   for name, call in calls.items():
     mem = call.memory_analysis()
-    flops = plan_lib.compiled_cost(call).get("flops")
+    flops = costs.compiled_cost(call).get("flops")
     out[name] = {
         "temp_gib": mem.temp_size_in_bytes / 2**30,
         "argument_gib": mem.argument_size_in_bytes / 2**30,

@@ -32,6 +32,7 @@ from linen_moe._src.config.variables import CACHE
 from linen_moe._src.models import decoding
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.parallel import sharding
+from linen_moe._src.planning import costs
 from linen_moe._src.planning import flops as flops_lib
 from linen_moe._src.planning import targets as targets_lib
 
@@ -200,57 +201,6 @@ def _shard_bytes(leaf: Any) -> int:
 
 def _tree_bytes(tree: Any) -> int:
   return sum(_shard_bytes(x) for x in jax.tree.leaves(tree))
-
-
-def compiled_cost(compiled) -> dict[str, float]:
-  """The compiler's cost analysis of `compiled` as one dict: empty where
-  it gives none (XLA:GPU compiled without a GPU returns None; a backend
-  may raise instead).
-
-  Args:
-    compiled: a `jax.stages.Compiled`.
-
-  Returns:
-    {"flops": ..., "bytes accessed": ..., ...}, or {}.
-  """
-  try:
-    cost = compiled.cost_analysis()
-  except Exception:  # noqa: BLE001 (a backend without cost analysis)
-    return {}
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else {}
-  return dict(cost or {})
-
-
-def roofline(
-    flops_per_device: float, bytes_per_device: float, chip
-) -> tuple[float, float, str]:
-  """A step's roofline on one device of `chip`.
-
-  Args:
-    flops_per_device: the model FLOPs each device does.
-    bytes_per_device: the bytes each device reads and writes.
-    chip: a `chips.Chip` (its peak FLOP/s and memory bandwidth).
-
-  Returns:
-    (step seconds: the slower of the FLOPs at the peak and the bytes at
-    the bandwidth, a lower bound; MFU in that time, an upper bound, 1.0
-    when compute-bound; "compute" or "memory", whichever bounds it).
-  """
-  compute_s = flops_per_device / chip.peak_flops
-  memory_s = bytes_per_device / chip.memory_bandwidth
-  step_s = max(compute_s, memory_s)
-  bound = "compute" if compute_s >= memory_s else "memory"
-  return step_s, compute_s / step_s, bound
-
-
-def _no_compiler_flops(target: targets_lib.Target, compiled) -> str:
-  """Why a plan has no compiler FLOP count."""
-  if compiled is None:
-    return "the step did not compile"
-  if target.platform == "gpu":
-    return "XLA:GPU gives no cost analysis without the GPU"
-  return "the compiler gave no cost analysis"
 
 
 # libtpu's out-of-memory messages: "... the total memory required for HLO
@@ -522,7 +472,7 @@ def plan(
   if compiled is not None:
     stats = compiled.memory_analysis()
     per_device = _per_device(stats, split)
-    cost = compiled_cost(compiled)
+    cost = costs.compiled_cost(compiled)
   else:  # the compiler's figures, where its message has them
     temp = 0
     if oom.used_bytes is not None:
@@ -544,7 +494,7 @@ def plan(
     compiler_flops = float(compiler_flops) * devices
   else:
     compiler_flops = None
-    flops_note = _no_compiler_flops(target, compiled)
+    flops_note = costs.no_compiler_flops(target, compiled)
   step_s = mfu = bound = None
   chip = target.chip
   if chip is not None and compiled is not None:
@@ -556,7 +506,7 @@ def plan(
         + per_device.output_bytes
         + per_device.temp_bytes,
     )
-    step_s, mfu, bound = roofline(flops / devices, moved, chip)
+    step_s, mfu, bound = costs.roofline(flops / devices, moved, chip)
   consumers = per_device.consumers()
   return Plan(
       target=target.name,
