@@ -1,7 +1,8 @@
 """Planning a run before renting the hardware: compile (never run) a
 config's train or decode step for a target (`cpu:N` simulated devices, a
-Cloud TPU slice through libtpu) and read its per-device memory, its FLOPs
-and a roofline step time.
+Cloud TPU slice through libtpu, NVIDIA GPUs such as `gpu:h200-1` through
+jax's CUDA plugin) and read its per-device memory, its FLOPs and a
+roofline step time.
 
 `plan` returns a `Plan` (what `linen-moe plan` prints); `CHIPS` is the
 table of accelerators it knows; `model_flops` counts a step's model FLOPs

@@ -172,18 +172,18 @@ class PlanCommandTest(parameterized.TestCase):
     self.assertRegex(
         err,
         r"^linen-moe: error: target='gpu:h100-8' needs jax's CUDA plugin .*"
-        r"linen_moe\[gpu-plan\]",
+        r"pip install '\.\[gpu-plan\]'",
     )
     self.assertEqual(err.count("\n"), 1, err)
 
 
 @absltest.skipUnless(
     targets_lib.cuda_plugin_available(),
-    "needs jax's CUDA plugin: pip install 'linen_moe[gpu-plan]'",
+    "needs jax's CUDA plugin: pip install '.[gpu-plan]'",
 )
 class GpuPlanTest(absltest.TestCase):
   """A plan for 8 H100s, compiled through the CUDA plugin's topology
-  without a GPU (in a venv with `linen_moe[gpu-plan]`; skipped elsewhere)."""
+  without a GPU (in a venv with the `gpu-plan` extra; skipped elsewhere)."""
 
   def test_tiny_mixtral_on_eight_h100s(self):
     proc = workers.run(
@@ -210,12 +210,36 @@ class GpuPlanTest(absltest.TestCase):
     self.assertEqual(device["parameter_bytes"], 4 * tiny_mixtral_parameters())
     self.assertEqual(plan["flops_per_step"], tiny_mixtral_train_flops(B, S))
     self.assertIsNone(plan["compiler_flops_per_step"])  # no cost analysis
+    self.assertEqual(
+        plan["compiler_flops_note"],
+        "XLA:GPU gives no cost analysis without the GPU",
+    )
     self.assertGreater(plan["estimated_step_s"], 0)
+
+  def test_one_h200_says_it_has_no_compiler_flops(self):
+    proc = workers.run(
+        "linen_moe_cli.main",
+        "plan",
+        "--config",
+        "tiny_mixtral",
+        "--target",
+        "gpu:h200-1",
+    )
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    self.assertIn(
+        "on gpu:h200-1 (1 devices, mesh 1), batch 16 x seq 32", proc.stdout
+    )
+    self.assertIn(
+        "(no compiler FLOPs: XLA:GPU gives no cost analysis without the GPU)",
+        proc.stdout,
+    )
+    self.assertIn("roofline (h200): >= ", proc.stdout)
+    self.assertNotIn("MFU <= 100", proc.stdout)
 
 
 @absltest.skipUnless(
     targets_lib.libtpu_available(),
-    "needs libtpu to compile for a TPU: pip install 'linen_moe[tpu-plan]'",
+    "needs libtpu to compile for a TPU: pip install '.[tpu-plan]'",
 )
 class UsableMemoryOnTpuTest(parameterized.TestCase):
   """Each TPU chip's `usable_bytes` is libtpu's own limit: a program 16 MiB

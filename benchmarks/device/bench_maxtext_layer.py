@@ -75,6 +75,7 @@ import linen_moe
 
 # The pairing's switch has no public name (benchmarks compare with it on).
 from linen_moe._src.kernels import accelerator  # noqa: TID251
+from linen_moe._src.planning import costs  # noqa: TID251
 
 BF16 = jnp.bfloat16
 
@@ -549,21 +550,28 @@ def bench_shape(label: str, shape: Shape, args) -> dict:
 
 def compiled_sizes(calls: dict, shape: Shape) -> dict:
   """{variant: its compiled program's temporaries, arguments (GiB) and
-  FLOPs over the useful ones}, printed: a target's compile, not run."""
+  FLOPs over the useful ones}, printed: a target's compile, not run.
+  A GPU compiled without one has no cost analysis: its FLOPs are None
+  ("no compiler FLOPs")."""
   out = {}
   for name, call in calls.items():
     mem = call.memory_analysis()
-    cost = call.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
+    flops = costs.compiled_cost(call).get("flops")
     out[name] = {
         "temp_gib": mem.temp_size_in_bytes / 2**30,
         "argument_gib": mem.argument_size_in_bytes / 2**30,
-        "flops_over_useful": float(cost.get("flops", -1)) / useful_flops(shape),
+        "flops_over_useful": (
+            None if flops is None else float(flops) / useful_flops(shape)
+        ),
     }
+    counted = (
+        "no compiler FLOPs"
+        if flops is None
+        else f"FLOPs {out[name]['flops_over_useful']:.2f} of the useful"
+    )
     print(
         f"  {name:>22}: temp {out[name]['temp_gib']:.2f} GiB, arguments "
-        f"{out[name]['argument_gib']:.2f} GiB, FLOPs "
-        f"{out[name]['flops_over_useful']:.2f} of the useful",
+        f"{out[name]['argument_gib']:.2f} GiB, {counted}",
         flush=True,
     )
   return out

@@ -4,7 +4,8 @@ step), and the cases come back as a Markdown table (what
 benchmarks/reference/plans.md records).
 
 A TPU slice needs libtpu in the Python that runs the plan (`--python`, e.g.
-a venv with `pip install 'linen_moe[tpu-plan]'`); `cpu:N` needs nothing.
+a venv with the `tpu-plan` extra: `VENV=DIR scripts/setup_venv.sh tpu-plan`
+from a checkout); `cpu:N` needs nothing.
 Full-size compiles take minutes each on a small machine.
 
 Usage:
@@ -76,9 +77,14 @@ def command(case: dict, python: str, extra: tuple[str, ...] = ()) -> list[str]:
 
 
 def run_case(
-    case: dict, python: str, timeout: int, extra: tuple[str, ...] = ()
+    case: dict,
+    python: str,
+    timeout: int,
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> dict:
-  """The plan's JSON (with `exit_status` and `wall_s`), or its error."""
+  """The plan's JSON (with `exit_status` and `wall_s`), or its error;
+  `env`: the child's environment (None: this process's)."""
   start = time.perf_counter()
   proc = subprocess.run(
       command(case, python, extra),
@@ -86,6 +92,7 @@ def run_case(
       text=True,
       timeout=timeout,
       check=False,
+      env=env,
   )
   out = {"case": case, "exit_status": proc.returncode}
   lines = proc.stdout.strip().splitlines()
@@ -95,6 +102,16 @@ def run_case(
     out["error"] = (proc.stderr.strip().splitlines() or ["?"])[-1]
   out["wall_s"] = time.perf_counter() - start
   return out
+
+
+def _roofline(step, mfu, bound) -> str:
+  """The roofline's cell: an MFU bound only where memory bounds it (a
+  compute-bound roofline's MFU is the peak by construction)."""
+  if step is None:
+    return "-"
+  if bound == "compute" or (bound is None and mfu >= 1.0):
+    return f"{step:.3g} s, compute-bound"
+  return f"{step:.3g} s, MFU <= {mfu:.0%}"
 
 
 def row(plan: dict) -> str:
@@ -113,7 +130,7 @@ def row(plan: dict) -> str:
       f"{d['optimizer_state_bytes'] / GIB:.1f} | {d['temp_bytes'] / GIB:.1f} "
       f"| {d['peak_bytes'] / GIB:.1f} / {plan['device_memory_bytes'] / GIB:.1f}"
       f" | {'yes' if plan['fits'] else 'no'} | {plan['flops_per_step']:.3g} | "
-      + ("-" if step is None else f"{step:.3g} s, MFU <= {mfu:.0%}")
+      + _roofline(step, mfu, plan.get("roofline_bound"))
       + f" | {plan.get('compile_s', 0):.0f} s |"
   )
 

@@ -18,7 +18,7 @@ import pytest
 from linen_moe._src.testing.marks import is_slow  # noqa: TID251
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1]
-for folder in ("device", "layer", "model", "serving"):
+for folder in ("device", "layer", "model", "planning", "serving"):
   sys.path.insert(0, str(BENCHMARKS / folder))
 sys.path.insert(0, str(BENCHMARKS))
 

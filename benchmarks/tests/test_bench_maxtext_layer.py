@@ -6,6 +6,8 @@ import json
 import pathlib
 import sys
 import tempfile
+import types
+from unittest import mock
 import zipfile
 
 from absl.testing import absltest
@@ -53,6 +55,34 @@ class CountingTest(absltest.TestCase):
         {"dense": 1.0, "ours_auto": 0.5},
     )
     self.assertEqual(bench.fractions({"ours_auto": 4.0}), {})
+
+
+class CompiledSizesTest(absltest.TestCase):
+  """`--target gpu:...` compiles without a GPU, whose cost analysis is
+  None (it crashed with "'NoneType' object has no attribute 'get'")."""
+
+  def test_a_gpu_compile_without_cost_analysis(self):
+    shape = bench.TINY["8x2048x5632"]
+    memory = types.SimpleNamespace(
+        temp_size_in_bytes=2**30, argument_size_in_bytes=2**29
+    )
+    flops = 3 * bench.useful_flops(shape)
+    calls = {
+        "gpu": mock.Mock(
+            memory_analysis=mock.Mock(return_value=memory),
+            cost_analysis=mock.Mock(return_value=None),
+        ),
+        "tpu": mock.Mock(
+            memory_analysis=mock.Mock(return_value=memory),
+            cost_analysis=mock.Mock(return_value=[{"flops": flops}]),
+        ),
+    }
+    got = bench.compiled_sizes(calls, shape)
+    self.assertEqual(
+        got["gpu"],
+        {"temp_gib": 1.0, "argument_gib": 0.5, "flops_over_useful": None},
+    )
+    self.assertAlmostEqual(got["tpu"]["flops_over_useful"], 3.0)
 
 
 class TinyRunTest(absltest.TestCase):

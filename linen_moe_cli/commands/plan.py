@@ -5,9 +5,10 @@ FLOPs and tokens per step, a roofline step time and MFU
 (`linen_moe.planning.plan`).
 
 Targets: `cpu:N` (N simulated CPU devices, always there), Cloud TPU
-slices such as `tpu:v5p-64` (with libtpu: `pip install
-'linen_moe[tpu-plan]'`) and NVIDIA GPUs such as `gpu:h100-8` (with jax's
-CUDA plugin: `pip install 'linen_moe[gpu-plan]'`). The simulated device
+slices such as `tpu:v5p-64` (with libtpu: the `tpu-plan` extra, `pip
+install '.[tpu-plan]'` from a checkout) and NVIDIA GPUs such as
+`gpu:h200-1` or `gpu:h100-8` (with jax's CUDA plugin: the `gpu-plan`
+extra). The simulated device
 count has to be set before jax starts its backends, and this command runs
 before anything imports jax, so it sets it here, in this process
 (`planning.prepare_process`): no child process, and the compile's errors
@@ -37,8 +38,9 @@ def register(subparsers) -> None:
       "plan",
       help=(
           "compile (never run) the train or decode step for a target "
-          "(cpu:N, tpu:v5p-64, gpu:h100-8, ...) and print its memory per "
-          "device, whether it fits, FLOPs and a roofline step time"
+          "(cpu:N, tpu:v5p-64, gpu:h200-1, gpu:h100-8, ...) and print its "
+          "memory per device, whether it fits, FLOPs and a roofline step "
+          "time"
       ),
   )
   model_args.add_model_args(p)
@@ -48,10 +50,10 @@ def register(subparsers) -> None:
       help=(
           "cpu:N (N simulated CPU devices) or a Cloud TPU slice: "
           "tpu:v5e-N, tpu:v6e-N (N chips), tpu:v5p-N (N TensorCores, N/2 "
-          "chips); TPU slices need libtpu (pip install "
-          "'linen_moe[tpu-plan]'); or NVIDIA GPUs: gpu:h100-N, gpu:h200-N "
-          "(N in 1, 2, 4, 8 or a multiple of 8), which need jax's CUDA "
-          "plugin (pip install 'linen_moe[gpu-plan]')"
+          "chips); TPU slices need libtpu (from a checkout: pip install "
+          "'.[tpu-plan]'); or NVIDIA GPUs: gpu:h100-N, gpu:h200-N (N in 1, "
+          "2, 4, 8 or a multiple of 8), which need jax's CUDA plugin "
+          "(pip install '.[gpu-plan]')"
       ),
   )
   options.add_step_args(
@@ -185,6 +187,25 @@ def does_not_fit(p) -> str:
   )
 
 
+def _roofline(p) -> str:
+  """The roofline's line: a lower bound on the step time, and an upper
+  bound on MFU only where the memory traffic bounds it (a compute-bound
+  roofline's MFU is the peak by construction: no bound at all)."""
+  time = (
+      f"roofline ({p.chip}): >= {p.estimated_step_s * 1e3:.3g} ms per step, "
+      f"<= {p.tokens_per_step / p.estimated_step_s:.3g} tokens/s"
+  )
+  if p.roofline_bound == "memory":
+    return (
+        f"{time}, bound by memory traffic at the chip's bandwidth: MFU <= "
+        f"{p.estimated_mfu:.1%}"
+    )
+  return (
+      f"{time}, bound by the model FLOPs at the chip's peak (a run's MFU "
+      "is measured, not planned)"
+  )
+
+
 def describe(p, config: str) -> str:
   """The plan as a few lines of text."""
   mesh = ",".join(f"{k}={v}" for k, v in p.mesh.items() if v > 1) or "1"
@@ -207,19 +228,16 @@ def describe(p, config: str) -> str:
           f"{_gib(p.device_memory_bytes)}: {verdict}"
       ),
   ]
-  compiler = ""
   if p.compiler_flops_per_step is not None:
-    compiler = f" (the compiler counts {p.compiler_flops_per_step:.3g})"
+    compiler = f"the compiler counts {p.compiler_flops_per_step:.3g}"
+  else:
+    compiler = f"no compiler FLOPs: {p.compiler_flops_note}"
   lines.append(
-      f"  model FLOPs per step {p.flops_per_step:.3g}{compiler}, tokens per "
-      f"step {p.tokens_per_step}"
+      f"  model FLOPs per step {p.flops_per_step:.3g} ({compiler}), tokens "
+      f"per step {p.tokens_per_step}"
   )
   if p.estimated_step_s is not None:
-    lines.append(
-        f"  roofline ({p.chip}): {p.estimated_step_s * 1e3:.3g} ms per "
-        f"step, MFU <= {p.estimated_mfu:.1%}, "
-        f"{p.tokens_per_step / p.estimated_step_s:.3g} tokens/s"
-    )
+    lines.append(f"  {_roofline(p)}")
   if d.host_bytes:
     lines.append(f"  host memory per device: {_gib(d.host_bytes)}")
   lines.append(f"  compiled in {p.compile_s:.1f} s")

@@ -32,6 +32,7 @@ from linen_moe._src.config.variables import CACHE
 from linen_moe._src.models import decoding
 from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.parallel import sharding
+from linen_moe._src.planning import costs
 from linen_moe._src.planning import flops as flops_lib
 from linen_moe._src.planning import targets as targets_lib
 
@@ -126,16 +127,21 @@ class Plan:
       of them; no FLOPs inside Pallas kernels.
     tokens_per_step: tokens one step trains on (decode: generates).
     estimated_step_s: the roofline time of a step: the slower of the
-      model FLOPs at the chip's peak and the bytes the step reads and
-      writes (the compiler's count, at least every argument, output and
-      temporary once) at its memory bandwidth, per device, no
-      communication (a lower bound); None without the chip's figures
-      (CPU) or a compiled step.
+      model FLOPs (never the compiler's count) at the chip's peak and the
+      bytes the step reads and writes (the compiler's count, at least
+      every argument, output and temporary once) at its memory
+      bandwidth, per device, no communication (a lower bound); None
+      without the chip's figures (CPU) or a compiled step.
     estimated_mfu: model FLOPs over the devices' peak in that time (an
-      upper bound); None likewise.
+      upper bound: 1.0 when the step is compute-bound); None likewise.
     chip: the chip's name, or None.
     compile_s: seconds the compile took.
     note: what else to know (e.g. the compiler's out-of-memory message).
+    roofline_bound: what bounds `estimated_step_s`: "compute" (the model
+      FLOPs at the peak) or "memory" (the bytes at the bandwidth); None
+      without a roofline.
+    compiler_flops_note: why `compiler_flops_per_step` is None (e.g. a
+      GPU compiled without one has no cost analysis); None when it is not.
   """
 
   target: str
@@ -157,6 +163,8 @@ class Plan:
   chip: str | None = None
   compile_s: float = 0.0
   note: str | None = None
+  roofline_bound: str | None = None
+  compiler_flops_note: str | None = None
 
   def to_json(self) -> dict[str, Any]:
     """The plan as JSON.
@@ -193,16 +201,6 @@ def _shard_bytes(leaf: Any) -> int:
 
 def _tree_bytes(tree: Any) -> int:
   return sum(_shard_bytes(x) for x in jax.tree.leaves(tree))
-
-
-def _cost(compiled) -> dict[str, float]:
-  try:
-    cost = compiled.cost_analysis()
-  except Exception:  # noqa: BLE001 (a backend without cost analysis)
-    return {}
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else {}
-  return dict(cost or {})
 
 
 # libtpu's out-of-memory messages: "... the total memory required for HLO
@@ -375,9 +373,11 @@ def plan(
   cache of `seq_len` positions, the layers unrolled) instead.
 
   For `cpu:N` this process must have N CPU devices (`prepare_process`
-  before jax starts); a TPU slice needs libtpu (`pip install
-  'linen_moe[tpu-plan]'`), NVIDIA GPUs jax's CUDA plugin (`pip install
-  'linen_moe[gpu-plan]'`; no autotuning, no cost analysis). A step that
+  before jax starts); a TPU slice needs libtpu (the `tpu-plan` extra:
+  `pip install '.[tpu-plan]'` from a checkout), NVIDIA GPUs jax's CUDA
+  plugin (`gpu-plan`; no autotuning, and no cost analysis: the plan has
+  no compiler FLOPs, says why in `compiler_flops_note`, and its roofline
+  uses the model FLOPs and the compiled bytes). A step that
   cannot fit a TPU's memory fails to compile there: the plan then says so
   (`fits` False, the compiler's message in `note`, the bytes it reported
   used as the peak).
@@ -472,7 +472,7 @@ def plan(
   if compiled is not None:
     stats = compiled.memory_analysis()
     per_device = _per_device(stats, split)
-    cost = _cost(compiled)
+    cost = costs.compiled_cost(compiled)
   else:  # the compiler's figures, where its message has them
     temp = 0
     if oom.used_bytes is not None:
@@ -489,11 +489,13 @@ def plan(
   devices = target.num_devices
   flops = flops_lib.model_flops(config, batch_size, seq_len, decode=decode)
   compiler_flops = cost.get("flops")
+  flops_note = None
   if compiler_flops is not None and compiler_flops >= 0:
     compiler_flops = float(compiler_flops) * devices
   else:
     compiler_flops = None
-  step_s = mfu = None
+    flops_note = costs.no_compiler_flops(target, compiled)
+  step_s = mfu = bound = None
   chip = target.chip
   if chip is not None and compiled is not None:
     # The compiler's count takes a loop's body once (a scanned stack's
@@ -504,10 +506,7 @@ def plan(
         + per_device.output_bytes
         + per_device.temp_bytes,
     )
-    step_s = max(
-        flops / devices / chip.peak_flops, moved / chip.memory_bandwidth
-    )
-    mfu = flops / (devices * chip.peak_flops * step_s)
+    step_s, mfu, bound = costs.roofline(flops / devices, moved, chip)
   consumers = per_device.consumers()
   return Plan(
       target=target.name,
@@ -529,6 +528,8 @@ def plan(
       chip=None if chip is None else chip.name,
       compile_s=compile_s,
       note=note,
+      roofline_bound=bound,
+      compiler_flops_note=flops_note,
   )
 
 

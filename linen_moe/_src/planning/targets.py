@@ -56,20 +56,27 @@ _THREE_D = {
     6144: "16x16x24",
 }
 # Slice family -> (chip, topology prefix of libtpu, the slice's number counts
-# TensorCores per chip, chips -> topology). A v5p-N slice has N TensorCores,
-# two per chip (one JAX device); v5e-N and v6e-N have N chips.
+# TensorCores per chip, chips -> topology, the family's name in Cloud TPU's
+# accelerator types). A v5p-N slice has N TensorCores, two per chip (one JAX
+# device); v5e-N and v6e-N have N chips.
 _SLICES = {
-    "v5e": ("v5e", "v5e", 1, _TWO_D),
-    "v5litepod": ("v5e", "v5e", 1, _TWO_D),
-    "v6e": ("v6e", "v6e", 1, _TWO_D),
-    "v5p": ("v5p", "v5p", 2, _THREE_D),
+    "v5e": ("v5e", "v5e", 1, _TWO_D, "v5litepod"),
+    "v5litepod": ("v5e", "v5e", 1, _TWO_D, "v5litepod"),
+    "v6e": ("v6e", "v6e", 1, _TWO_D, "v6e"),
+    "v5p": ("v5p", "v5p", 2, _THREE_D, "v5p"),
 }
+# What libtpu reads for the slice it is on (a TPU VM's metadata gives it);
+# without it, and without a TPU, it prints "WARNING: could not determine TPU
+# accelerator type" on every start.
+ACCELERATOR_TYPE_VAR = "TPU_ACCELERATOR_TYPE"
 _TPU = re.compile(r"^tpu:([a-z0-9]+)-(\d+)$")
 _CPU = re.compile(r"^cpu:(\d+)$")
 _GPU = re.compile(r"^gpu:([a-z0-9]+)-(\d+)$")
 
-# GPU -> XLA's target description of it (gpu_specs/, as the CUDA plugin
-# of jax 0.12.0.1 embeds them); a host holds up to _GPUS_PER_HOST of them.
+# GPU -> XLA's target description of it (gpu_specs/: XLA's own
+# GpuTargetConfigProto files, xla/backends/gpu/target_config/specs/; the
+# CUDA plugins of jax[cuda12] 0.12.0.1 and jax[cuda13] 0.11.2 both compile
+# with them); a host holds up to _GPUS_PER_HOST of them.
 _GPU_SPECS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb"}
 _GPUS_PER_HOST = 8
 _SPEC_DIR = os.path.join(os.path.dirname(__file__), "gpu_specs")
@@ -87,6 +94,9 @@ class Target:
     topology: libtpu's topology name, e.g. "v5p:2x4x4" (TPU), or the CUDA
       plugin's, partitions x hosts x GPUs a host, e.g. "1x1x8" (GPU); None
       for the CPU.
+    accelerator_type: a TPU slice's Cloud TPU accelerator type, e.g.
+      "v5p-64" or "v5litepod-16" (what libtpu reads from
+      `TPU_ACCELERATOR_TYPE`); None for the others.
   """
 
   name: str
@@ -94,6 +104,7 @@ class Target:
   num_devices: int
   chip: Chip | None = None
   topology: str | None = None
+  accelerator_type: str | None = None
 
   @property
   def device_memory_bytes(self) -> int:
@@ -111,7 +122,7 @@ def _host_memory_bytes() -> int:
 
 def _slice_names() -> str:
   names = []
-  for family, (_, _, per_chip, shapes) in _SLICES.items():
+  for family, (_, _, per_chip, shapes, _) in _SLICES.items():
     if family == "v5litepod":
       continue
     sizes = [n * per_chip for n in shapes]
@@ -153,12 +164,17 @@ def parse_target(name: str) -> Target:
     return Target(name, "cpu", int(match.group(1)))
   match = _TPU.match(spec)
   if match and match.group(1) in _SLICES:
-    chip, prefix, per_chip, shapes = _SLICES[match.group(1)]
+    chip, prefix, per_chip, shapes, kind = _SLICES[match.group(1)]
     size = int(match.group(2))
     chips = size // per_chip
     if size % per_chip == 0 and chips in shapes:
       return Target(
-          name, "tpu", chips, CHIPS[chip], f"{prefix}:{shapes[chips]}"
+          name,
+          "tpu",
+          chips,
+          CHIPS[chip],
+          f"{prefix}:{shapes[chips]}",
+          f"{kind}-{size}",
       )
   match = _GPU.match(spec)
   if match and match.group(1) in _GPU_SPECS:
@@ -204,14 +220,32 @@ def check_mesh(mesh, target: Target) -> dict[str, int]:
   return sizes
 
 
+def install_hint(extra: str) -> str:
+  """How to install the package's `extra` ("tpu-plan", "gpu-plan"): from a
+  checkout or a wheel (the package is on no index), in a venv of its own.
+
+  Args:
+    extra: the optional dependency group of pyproject.toml.
+
+  Returns:
+    The words of an error message, e.g. "from a checkout: pip install
+    '.[gpu-plan]' ...".
+  """
+  return (
+      f"from a checkout: pip install '.[{extra}]', or VENV=DIR "
+      f"scripts/setup_venv.sh {extra} (from a wheel: pip install "
+      f"'WHEEL[{extra}]'), in a virtual environment of its own"
+  )
+
+
 def libtpu_available() -> bool:
-  """Whether libtpu is installed (`pip install 'linen_moe[tpu-plan]'`)."""
+  """Whether libtpu is installed (the `tpu-plan` extra: `install_hint`)."""
   return importlib.util.find_spec("libtpu") is not None
 
 
 def cuda_plugin_available() -> bool:
-  """Whether jax's CUDA plugin is installed (`pip install
-  'linen_moe[gpu-plan]'`)."""
+  """Whether jax's CUDA plugin is installed (the `gpu-plan` extra:
+  `install_hint`)."""
   if importlib.util.find_spec("jax_plugins") is None:
     return False
   return any(
@@ -240,8 +274,11 @@ def prepare_process(target: Target) -> None:
   on the CPU alone (`JAX_PLATFORMS=cpu` unless set). A TPU
   slice: libtpu is told not to look for a TPU of its own
   (`TPU_SKIP_MDS_QUERY`, `ALLOW_MULTIPLE_LIBTPU_LOAD`,
-  `TPU_WORKER_HOSTNAMES`), and jax runs on the CPU (`JAX_PLATFORMS=cpu`
-  unless set): the compile for the slice goes through its topology.
+  `TPU_WORKER_HOSTNAMES`) and is given the slice's accelerator type
+  (`TPU_ACCELERATOR_TYPE`, which a TPU VM's metadata holds: without it
+  libtpu warns on every start that it could not determine one), and jax
+  runs on the CPU (`JAX_PLATFORMS=cpu` unless set): the compile for the
+  slice goes through its topology. Each is set unless set already.
   NVIDIA GPUs: jax runs on the CPU (`JAX_PLATFORMS=cpu` unless set), so
   that the CUDA plugin looks for no GPU of its own, and XLA sorts without
   CUB (`--xla_gpu_enable_cub_radix_sort=false` unless set: CUB asks the
@@ -275,6 +312,7 @@ def prepare_process(target: Target) -> None:
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "true")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault(ACCELERATOR_TYPE_VAR, target.accelerator_type)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
   if "jax" in sys.modules:  # it read JAX_PLATFORMS when it was imported
     import jax  # noqa: PLC0415
@@ -318,8 +356,7 @@ def target_devices(target: Target) -> list:
   if not libtpu_available():
     raise ValueError(
         f"target={target.name!r} needs libtpu to compile for a TPU without "
-        "one: pip install 'linen_moe[tpu-plan]' (jax[tpu]), in a virtual "
-        "environment of its own."
+        f"one (jax[tpu]): {install_hint('tpu-plan')}."
     )
   from jax.experimental import topologies  # noqa: PLC0415
 
@@ -347,8 +384,7 @@ def _gpu_devices(target: Target) -> list:
   if not cuda_plugin_available():
     raise ValueError(
         f"target={target.name!r} needs jax's CUDA plugin to compile for "
-        "NVIDIA GPUs without one: pip install 'linen_moe[gpu-plan]' "
-        "(jax[cuda12]), in a virtual environment of its own."
+        f"NVIDIA GPUs without one (jax[cuda13]): {install_hint('gpu-plan')}."
     )
   from jax.experimental import topologies  # noqa: PLC0415
 
