@@ -66,16 +66,12 @@ TRAIN = (
 class TrainCommandResumeTest(absltest.TestCase):
   """`linen-moe train`: `whole` runs 12 steps in one command (Linen),
   `split` 6 and then the same command with 12, `in_nnx` resumes a copy of
-  `split` at step 6 to 12 with `--frontend nnx` (slow: the default run
-  resumes into NNX in the library, test_checkpoint.py). One test each, so
-  that the runs are not repeated per test process."""
+  `split` at step 6 to 12 with `--frontend nnx` (the library's crossing:
+  test_nnx_fp8.py, test_checkpoint.py). One test, so that the runs are not
+  repeated per test process."""
 
   @heavy
   def test_resume_from_the_command_line(self):
-    self.check_resume(in_nnx=False)
-
-  @testing.slow
-  def test_resume_from_the_command_line_into_nnx(self):
     self.check_resume(in_nnx=True)
 
   def check_resume(self, in_nnx: bool):
@@ -112,12 +108,25 @@ class TrainCommandResumeTest(absltest.TestCase):
     if in_nnx:  # a Linen run resumed in NNX matches too
       resumed = _metrics(dirs["in_nnx"])
       self.assertIn("resumed from step 6", outputs["in_nnx"][0])
-      self.assertEqual(resumed[-1]["step"], STEPS)
-      # Another front end is another program: equal to float rounding
-      # (5e-7 relative seen), not to the bit.
-      self.assertAlmostEqual(
-          resumed[-1]["loss"], whole[-1]["loss"], delta=1e-5 * whole[-1]["loss"]
+      self.assertEqual([m["step"] for m in resumed], list(range(1, STEPS + 1)))
+      # One update rule in both front ends, fp8 state included: every
+      # resumed step's loss that of the Linen run (batch 8 x 32: 8.6e-5
+      # relative apart at step 12 when the NNX step rounded its update
+      # otherwise; test_nnx_fp8.py).
+      np.testing.assert_allclose(
+          [m["loss"] for m in resumed[STOP:]],
+          [m["loss"] for m in whole[STOP:]],
+          rtol=1e-6,
       )
+      final, linen = _final_tree(dirs["in_nnx"]), _final_tree(dirs["whole"])
+      self.assertEqual(sorted(final), sorted(linen))
+      for p in linen:  # the state too: fp8 scale histories, weights, moments
+        np.testing.assert_allclose(
+            np.asarray(final[p], np.float64),
+            np.asarray(linen[p], np.float64),
+            rtol=1e-6,
+            err_msg=str(p),
+        )
     with checkpoint.Checkpoints(dirs["split"]) as ckpts:
       self.assertEqual(ckpts.all_steps(), [6, 9, 12])  # --keep 3
       self.assertEqual(ckpts.meta()["data"]["position"], STEPS)
