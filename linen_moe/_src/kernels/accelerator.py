@@ -277,9 +277,9 @@ _FLOATS = (jnp.float32, jnp.bfloat16)
 
 def _pallas(interpret: bool) -> tuple[Kernel | None, str | None]:
   try:
-    from linen_moe._src.kernels import pallas_gate_up
-    from linen_moe._src.kernels import pallas_grouped
-    from linen_moe._src.kernels import pallas_int8
+    from linen_moe._src.kernels.tpu import pallas_gate_up
+    from linen_moe._src.kernels.tpu import pallas_grouped
+    from linen_moe._src.kernels.tpu import pallas_int8
   except ImportError as e:  # a jax without Pallas TPU
     return None, f"jax.experimental.pallas.tpu: {e}"
   fn = functools.partial(
@@ -355,7 +355,7 @@ def row_gather(implementation: str) -> str:
 def gather_rows(table, index, valid=None) -> jax.Array:
   """`pallas_gather.gather_rows` for where it is traced (interpreted on a
   CPU)."""
-  from linen_moe._src.kernels import pallas_gather
+  from linen_moe._src.kernels.tpu import pallas_gather
 
   interpret = target_platform() == "cpu"
   return pallas_gather.gather_rows(table, index, valid, interpret=interpret)
@@ -364,7 +364,7 @@ def gather_rows(table, index, valid=None) -> jax.Array:
 def gather_sum(table, index, weights) -> jax.Array:
   """`pallas_gather.gather_sum` for where it is traced (interpreted on a
   CPU)."""
-  from linen_moe._src.kernels import pallas_gather
+  from linen_moe._src.kernels.tpu import pallas_gather
 
   interpret = target_platform() == "cpu"
   return pallas_gather.gather_sum(table, index, weights, interpret=interpret)
@@ -373,7 +373,7 @@ def gather_sum(table, index, weights) -> jax.Array:
 def gather_scale_dot(table, index, scale, other) -> tuple[jax.Array, jax.Array]:
   """`pallas_gather.gather_scale_dot` for where it is traced (interpreted
   on a CPU)."""
-  from linen_moe._src.kernels import pallas_gather
+  from linen_moe._src.kernels.tpu import pallas_gather
 
   interpret = target_platform() == "cpu"
   return pallas_gather.gather_scale_dot(
@@ -389,8 +389,8 @@ def auto_on_tpu(shape: tuple[int, ...] | None, dtypes: tuple[Any, ...]) -> str:
   kernel, _ = _pallas(interpret=False)
   if shape is None or kernel is None or not (dtypes and kernel.takes(dtypes)):
     return "ragged_dot"
-  from linen_moe._src.kernels import gmm_tiling
-  from linen_moe._src.kernels import pallas_gmm
+  from linen_moe._src.kernels.tpu import gmm_tiling
+  from linen_moe._src.kernels.tpu import pallas_gmm
 
   m, k, n, g = shape
   dtype = pallas_gmm.compute_dtype(*dtypes)

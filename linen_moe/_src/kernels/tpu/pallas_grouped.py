@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe._src.kernels import gmm_tiling
-from linen_moe._src.kernels import pallas_gmm
-from linen_moe._src.kernels.gmm_tiling import GmmTiling
+from linen_moe._src.kernels.tpu import gmm_tiling
+from linen_moe._src.kernels.tpu import pallas_gmm
+from linen_moe._src.kernels.tpu.gmm_tiling import GmmTiling
 from linen_moe._src.kernels.operand_shapes import check_shapes
 
 OPERAND_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
