@@ -17,10 +17,10 @@ from linen_moe import testing
 from linen_moe._src.kernels import accelerator
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.kernels import int8_grouped
-from linen_moe._src.kernels.tpu import pallas_int8
 from linen_moe._src.kernels import platform
 from linen_moe._src.kernels import ragged_collectives
 from linen_moe._src.kernels.accelerator import KernelFallbackWarning
+from linen_moe._src.kernels.tpu import pallas_int8
 from tests import numpy_reference
 
 M, K, N = 96, 24, 40  # M > K, N: only a dense fallback reaches G * M * N
