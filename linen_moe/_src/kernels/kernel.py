@@ -199,7 +199,9 @@ class Entry:
     )
 
 
-def _checked(entry: Entry, fn, lhs, rhs, group_sizes, preferred_element_type):
+def _checked(
+    entry: Entry, fn, lhs, rhs, group_sizes, preferred_element_type=None
+):
   entry.check(lhs, rhs, group_sizes, preferred_element_type)
   return fn(lhs, rhs, group_sizes, preferred_element_type)
 
