@@ -35,8 +35,8 @@ from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.config.variables import AQT_RNG_STREAM
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.kernels import accelerator as grouped_kernels
+from linen_moe._src.kernels import tokamax_ragged_dot as tokamax_route
 from linen_moe._src.kernels.accelerator import KernelFallbackWarning
-from linen_moe._src.kernels.gpu import tokamax as tokamax_route
 from linen_moe.sharding import unbox
 from tests import gmm_cases
 from tests import numpy_reference

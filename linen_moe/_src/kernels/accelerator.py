@@ -44,7 +44,6 @@ from typing import Any
 import jax
 
 from linen_moe._src.kernels import registry
-from linen_moe._src.kernels.gpu.tokamax import tokamax_ragged_dot  # noqa: F401
 from linen_moe._src.kernels.kernel import Entry
 from linen_moe._src.kernels.kernel import Kernel  # noqa: F401
 from linen_moe._src.kernels.kernel import KernelFallbackWarning  # noqa: F401
@@ -52,6 +51,7 @@ from linen_moe._src.kernels.platform import target_platform
 from linen_moe._src.kernels.registry import ON_CPU_KINDS  # noqa: F401
 from linen_moe._src.kernels.registry import find_kernel  # noqa: F401
 from linen_moe._src.kernels.registry import kernels_on_cpu  # noqa: F401
+from linen_moe._src.kernels.tokamax_ragged_dot import tokamax_ragged_dot  # noqa: F401
 from linen_moe._src.kernels.tpu.megablox import MEGABLOX_ROW_TILE  # noqa: F401
 from linen_moe._src.kernels.tpu.megablox import MEGABLOX_TILES  # noqa: F401
 from linen_moe._src.kernels.tpu.megablox import megablox_gmm  # noqa: F401

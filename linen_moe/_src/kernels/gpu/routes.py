@@ -19,7 +19,7 @@
   tokamax_mosaic  Tokamax's Pallas Mosaic GPU kernel (sm90 and up).
   tokamax_triton  Tokamax's Pallas Triton kernel.
   tokamax_xla     Tokamax's XLA implementation: the wrapper's masks and VJP
-                  (`gpu.tokamax`) on any backend; what
+                  (`tokamax_ragged_dot`) on any backend; what
                   `kernels_on_cpu("tokamax")` runs.
 
 Each takes float16, bfloat16 and float32 operands (Tokamax's kernels take
@@ -89,7 +89,7 @@ def _pallas_triton(interpret: bool) -> Parts:
 
 
 def _tokamax(implementation, interpret: bool) -> Parts:
-  from linen_moe._src.kernels.gpu import tokamax
+  from linen_moe._src.kernels import tokamax_ragged_dot as tokamax
 
   return Parts(tokamax.load(implementation, interpret))
 

@@ -67,7 +67,7 @@ def _megablox(interpret: bool) -> Parts:
 
 
 def _tokamax_mosaic_tpu(interpret: bool) -> Parts:
-  from linen_moe._src.kernels.gpu import tokamax
+  from linen_moe._src.kernels import tokamax_ragged_dot as tokamax
 
   return Parts(tokamax.load("mosaic_tpu", interpret))
 
