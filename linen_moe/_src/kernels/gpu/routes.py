@@ -94,62 +94,56 @@ def _tokamax(implementation, interpret: bool) -> Parts:
   return Parts(tokamax.load(implementation, interpret))
 
 
+def _route(name, title, loader, *, on_cpu=None, needs="") -> Entry:
+  """A GPU route: it takes `FLOATS`, and "auto" chooses it from
+  `AUTO_TABLE` (tokamax_xla, which is `ragged_dot` again, never)."""
+  return Entry(
+      name=name,
+      backend="gpu",
+      title=title,
+      operand_dtypes=FLOATS,
+      loader=loader,
+      auto_table=None if name == "tokamax_xla" else AUTO_TABLE,
+      on_cpu=on_cpu,
+      needs=needs,
+  )
+
+
 _GPU = "an NVIDIA GPU"
+_TOKAMAX = functools.partial(functools.partial, _tokamax)
 ENTRIES = (
-    Entry(
-        name="xla_ragged_dot",
-        backend="gpu",
-        title="XLA ragged_dot",
-        operand_dtypes=FLOATS,
-        loader=_xla,
-        auto_table=AUTO_TABLE,
-        on_cpu="xla",
-    ),
-    Entry(
-        name="pallas_triton",
-        backend="gpu",
-        title="ragged_dot on jax's Pallas-Triton lowering",
-        operand_dtypes=FLOATS,
-        loader=_pallas_triton,
-        auto_table=AUTO_TABLE,
+    _route("xla_ragged_dot", "XLA ragged_dot", _xla, on_cpu="xla"),
+    _route(
+        "pallas_triton",
+        "ragged_dot on jax's Pallas-Triton lowering",
+        _pallas_triton,
         needs=(
             f"{_GPU} (the flag {PALLAS_TRITON_FLAG} changes the CUDA "
             "lowering only) and a jax that has the flag"
         ),
     ),
-    Entry(
-        name="tokamax",
-        backend="gpu",
-        title="tokamax ragged_dot",
-        operand_dtypes=FLOATS,
-        loader=functools.partial(_tokamax, ("mosaic", "triton")),
-        auto_table=AUTO_TABLE,
+    _route(
+        "tokamax",
+        "tokamax ragged_dot",
+        _TOKAMAX(("mosaic", "triton")),
         needs=f"{_GPU} and tokamax (on a CPU its kernels do not run)",
     ),
-    Entry(
-        name="tokamax_mosaic",
-        backend="gpu",
-        title="tokamax Mosaic GPU ragged_dot",
-        operand_dtypes=FLOATS,
-        loader=functools.partial(_tokamax, ("mosaic",)),
-        auto_table=AUTO_TABLE,
+    _route(
+        "tokamax_mosaic",
+        "tokamax Mosaic GPU ragged_dot",
+        _TOKAMAX(("mosaic",)),
         needs=f"{_GPU} of sm90 or newer (Mosaic GPU) and tokamax",
     ),
-    Entry(
-        name="tokamax_triton",
-        backend="gpu",
-        title="tokamax Triton ragged_dot",
-        operand_dtypes=FLOATS,
-        loader=functools.partial(_tokamax, ("triton",)),
-        auto_table=AUTO_TABLE,
+    _route(
+        "tokamax_triton",
+        "tokamax Triton ragged_dot",
+        _TOKAMAX(("triton",)),
         needs=f"{_GPU} (Triton) and tokamax",
     ),
-    Entry(
-        name="tokamax_xla",
-        backend="gpu",
-        title="tokamax XLA ragged_dot",
-        operand_dtypes=FLOATS,
-        loader=functools.partial(_tokamax, ("xla",)),
+    _route(
+        "tokamax_xla",
+        "tokamax XLA ragged_dot",
+        _TOKAMAX(("xla",)),
         on_cpu="xla",
     ),
 )
