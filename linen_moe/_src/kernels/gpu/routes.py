@@ -70,10 +70,7 @@ def pallas_triton_state():
 
   state = getattr(jax_config, PALLAS_TRITON_FLAG, None)
   if state is None:
-    raise ImportError(
-        f"jax {jax.__version__} has no {PALLAS_TRITON_FLAG} (jax 0.10-0.11 "
-        "have it)"
-    )
+    raise ImportError(f"jax {jax.__version__} has no {PALLAS_TRITON_FLAG}")
   return state
 
 
