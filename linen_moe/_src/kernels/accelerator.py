@@ -74,12 +74,13 @@ def _outside_shard_map(entry: Entry) -> bool:
 def _entry_for(implementation: str, platform: str) -> Entry | None:
   """The registered kernel whose side jobs (int8, gathers) `implementation`
   gets where it is traced, with no shape known: the backend's `"kernel"`
-  for "kernel"; for "auto" the same off a CPU ("auto" never runs a kernel
-  on a CPU)."""
-  if implementation == "kernel" or (
-      implementation == "auto" and platform != "cpu"
-  ):
+  (`registry.kernel_entry`: on a CPU, the `kernels_on_cpu` kind's) for
+  "kernel"; for "auto" the backend's own (`registry.KERNEL`: none on a
+  CPU, where "auto" never runs a kernel)."""
+  if implementation == "kernel":
     return registry.kernel_entry(platform)[0]
+  if implementation == "auto" and platform in registry.KERNEL:
+    return registry.get(registry.KERNEL[platform])
   return None
 
 
