@@ -13,6 +13,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
+import linen_moe
 from linen_moe import testing
 from linen_moe import training
 from linen_moe._src.run import loop as train_job
@@ -132,6 +133,33 @@ class TrainOptionsTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, "'routed_bias': expected FIELD"):
       model_args.parse_set(["routed_bias"])
     self.assertEqual(cli.main(["train", "--set", "num_routing_groups=3"]), 2)
+
+  def test_set_reads_exponents_as_numbers(self):
+    # train --help's own example: PyYAML (YAML 1.1) reads 1e-3 as a string.
+    overrides = model_args.parse_set([
+        "router_z_loss_weight=1e-3",
+        "router_jitter=.5E1",
+        "aux_loss_weight=-2e+2",
+        "remat=full",
+        'drop_policy="1e-3"',  # quoted: a string
+    ])
+    self.assertEqual(
+        overrides,
+        dict(
+            router_z_loss_weight=0.001,
+            router_jitter=5.0,
+            aux_loss_weight=-200.0,
+            remat="full",
+            drop_policy="1e-3",
+        ),
+    )
+    help_text = " ".join(cli_helpers.cli_output("train", "--help").split())
+    self.assertIn("--set router_z_loss_weight=1e-3", help_text)
+    cfg = linen_moe.load_model_config(
+        "tiny_deepseek_v3",
+        **model_args.parse_set(["router_z_loss_weight=1e-3"]),
+    )
+    self.assertEqual(cfg.moe.router_z_loss_weight, 1e-3)
 
   def test_remat_flag_sets_the_config_field(self):
     args = cli.build_parser().parse_args(["train", "--remat", "save_experts"])
