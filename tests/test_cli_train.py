@@ -7,6 +7,7 @@ test_sharding.py; resuming a run directory in test_cli_resume.py.
 """
 
 import math
+import os
 from unittest import mock
 
 from absl.testing import absltest
@@ -160,6 +161,15 @@ class TrainOptionsTest(parameterized.TestCase):
         **model_args.parse_set(["router_z_loss_weight=1e-3"]),
     )
     self.assertEqual(cfg.moe.router_z_loss_weight, 1e-3)
+
+  def test_bad_input_leaves_no_run_directory(self):
+    runs = cli_helpers.tempdir(self)
+    with mock.patch.dict(os.environ, {"LINEN_MOE_RUNS_DIR": runs}):
+      status, out, err = _cli("train", "--set", "router_jitter=often")
+    self.assertEqual(status, 2, err)
+    self.assertIn(f"run directory: {runs}/tiny_mixtral-", out)
+    self.assertIn("router_jitter='often'", err)
+    self.assertEqual(os.listdir(runs), [])
 
   def test_remat_flag_sets_the_config_field(self):
     args = cli.build_parser().parse_args(["train", "--remat", "save_experts"])

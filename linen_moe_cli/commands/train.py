@@ -14,6 +14,7 @@ that resumes it, and the command exits with 128 + the signal's number.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -441,6 +442,12 @@ def run(args: argparse.Namespace) -> int:
       where = options.default_run_dir(opts.config)
       opts = dataclasses.replace(opts, checkpoint_dir=where)
       print(f"run directory: {where} (--checkpoint-dir chooses one)")
+      try:
+        return train_and_report(opts, frontend, argv)
+      except ValueError:  # bad input: leave no empty run directory behind
+        with contextlib.suppress(OSError):
+          os.rmdir(where)
+        raise
     return train_and_report(opts, frontend, argv)
   try:
     return train_and_report(opts, frontend, argv)
