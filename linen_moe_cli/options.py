@@ -161,8 +161,10 @@ def missing_optional(module: str, needed_for: str) -> str | None:
     importlib.import_module(module)
   except ImportError:
     extra = EXTRAS.get(module)
+    # The package is on no index: an extra installs from a checkout.
     how = (
-        f"pip install 'linen_moe[{extra}]' (or scripts/setup_venv.sh {extra})"
+        f"pip install '.[{extra}]' from a checkout (or scripts/setup_venv.sh"
+        f" {extra}), else pip install {module}"
         if extra
         else f"pip install {module}"
     )

@@ -181,7 +181,8 @@ def register(subparsers) -> None:
       help=(
           "also write each step's scalars (loss, learning_rate, tokens_per_s, "
           "model_tflops_per_s, mfu, ...) as TensorBoard events into DIR "
-          "(needs tensorboardX: pip install 'linen_moe[tensorboard]')"
+          "(needs tensorboardX: pip install tensorboardX, or from a checkout "
+          "pip install '.[tensorboard]')"
       ),
   )
   p.add_argument(

@@ -129,7 +129,9 @@ def load(implementation: Any = None, interpret: bool = False):
   try:
     import tokamax  # noqa: F401
   except ImportError as e:
-    raise ImportError(f"tokamax (pip install 'linen_moe[kernels]'): {e}") from e
+    raise ImportError(
+        f"tokamax (from a checkout: pip install '.[kernels]'): {e}"
+    ) from e
   if implementation == "mosaic_tpu":
     implementation = (pallas_tpu_interpreted(),) if interpret else ("mosaic",)
   return functools.partial(tokamax_ragged_dot, implementation=implementation)
