@@ -80,5 +80,36 @@ class InstallHintsTest(absltest.TestCase):
     self.assertEqual(options.EXTRAS["tensorboardX"], "tensorboard")
 
 
+class ChatTokenizerHintTest(absltest.TestCase):
+
+  def test_a_tokenizer_without_template_says_what_to_add(self):
+    # `tokenizer train` writes a lone tokenizer.json; chat data needs more.
+    folder = cli_helpers.tempdir(self)
+    text = os.path.join(folder, "notes.txt")
+    with open(text, "w", encoding="utf-8") as f:
+      f.write("What is 2 + 2? Four. " * 20)
+    tokenizer = os.path.join(folder, "tokenizer.json")
+    cli_helpers.cli_output(
+        "tokenizer", "train", text, "--vocab-size", "64", "--out", tokenizer
+    )
+    chats = os.path.join(folder, "chats.jsonl")
+    with open(chats, "w", encoding="utf-8") as f:
+      f.write(
+          '{"messages": [{"role": "user", "content": "Hi"},'
+          ' {"role": "assistant", "content": "Hello"}]}\n'
+      )
+    err = cli_helpers.cli_error(
+        "train", "--data", chats, "--data-format", "chat",
+        "--tokenizer", tokenizer, "--checkpoint-dir",
+        os.path.join(folder, "run"),
+    )  # fmt: skip
+    self.assertEqual(err.count("\n"), 1, err)
+    self.assertIn(
+        f"tokenizer folder {folder}: has no tokenizer_config.json;", err
+    )
+    self.assertIn('tokenizer.json with the "chat_template"', err)
+    self.assertIn('("eos_token", ...)', err)
+
+
 if __name__ == "__main__":
   absltest.main()

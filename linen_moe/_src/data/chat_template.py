@@ -302,13 +302,20 @@ def load_chat_template(path: str | os.PathLike) -> ChatTemplate:
   """
   directory = _config_dir(path)
   config_path = os.path.join(directory, TOKENIZER_CONFIG)
-  needs = "chat data needs a tokenizer with a chat template"
+  needs = (
+      "chat data needs a tokenizer with a chat template, as a released"
+      f" model's tokenizer folder has: a {TOKENIZER_CONFIG} beside its"
+      ' tokenizer.json with the "chat_template" (Jinja text) and the special'
+      f' tokens it writes ("eos_token", ...), or a {CHAT_TEMPLATE_FILE}'
+      " beside that file"
+  )
   try:
     with open(config_path, encoding="utf-8") as f:
       config = json.load(f)
   except FileNotFoundError:
     raise ValueError(
-        f"tokenizer {directory}: has no {TOKENIZER_CONFIG}; {needs}."
+        f"tokenizer folder {os.path.abspath(directory)}: has no"
+        f" {TOKENIZER_CONFIG}; {needs}."
     ) from None
   except (OSError, ValueError) as e:
     raise ValueError(
