@@ -40,9 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="linen-moe",
       description=(
-          "Routed MoE for JAX: train the reference decoder, decode from "
-          "a checkpoint, export it, plan a run, run the quantization x "
-          "path matrix."
+          "Routed MoE for JAX: train the reference decoder or fine-tune a "
+          "Hugging Face checkpoint, decode from a checkpoint, export it, "
+          "plan a run, run the quantization x path matrix, launch local "
+          "processes, train a tokenizer. `linen-moe COMMAND --help` for each."
       ),
   )
   parser.add_argument(

@@ -2,6 +2,7 @@
 command's --help name install commands that run as written and examples
 that the command accepts (a walk through them, issue 62)."""
 
+import argparse
 import glob
 import os
 import sys
@@ -9,6 +10,8 @@ from unittest import mock
 
 from absl.testing import absltest
 
+from linen_moe import testing
+from linen_moe_cli import main as cli_main
 from linen_moe_cli import options
 from linen_moe_cli.commands import train as train_command
 from tests import cli_helpers
@@ -49,6 +52,37 @@ def pages() -> dict[str, str]:
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
       out[path] = f.read()
   return out
+
+
+def _parsers():
+  """(command line, parser) of every command and subcommand."""
+  todo = [("linen-moe", cli_main.build_parser())]
+  while todo:
+    name, parser = todo.pop()
+    yield name, parser
+    for action in parser._actions:  # noqa: SLF001 (argparse has no public way)
+      if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+        todo += [(f"{name} {n}", p) for n, p in action.choices.items()]
+
+
+class HelpTest(absltest.TestCase):
+
+  def test_every_option_says_what_it_does_and_one_default(self):
+    for name, parser in _parsers():
+      formatter = cli_main.DefaultsHelp(name)
+      for action in parser._actions:  # noqa: SLF001
+        if not action.option_strings or action.help == argparse.SUPPRESS:
+          continue
+        flag = f"{name} {action.option_strings[0]}"
+        self.assertTrue(action.help, flag)
+        shown = formatter._get_help_string(action)  # noqa: SLF001
+        shown = shown.replace("%(default)s", "X")
+        self.assertLessEqual(shown.count("default"), 1, (flag, shown))
+
+  def test_matrix_all_names_its_configs(self):
+    text = " ".join(cli_helpers.cli_output("matrix", "--help").split())
+    for config in (*testing.TINY_CONFIGS, *testing.FAMILY_CONFIGS):
+      self.assertIn(config, text[text.index("--all") :])
 
 
 class InstallHintsTest(absltest.TestCase):

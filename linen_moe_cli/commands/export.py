@@ -24,7 +24,15 @@ def register(subparsers) -> None:
           "its float weights as a Hugging Face checkpoint (--format hf)"
       ),
   )
-  p.add_argument("--checkpoint-dir", required=True)
+  p.add_argument(
+      "--checkpoint-dir",
+      required=True,
+      metavar="RUN",
+      help=(
+          "a `linen-moe train` run's directory (its latest checkpoint, or"
+          " --step)"
+      ),
+  )
   p.add_argument("--out", required=True, help="a new directory")
   p.add_argument(
       "--format",

@@ -78,7 +78,7 @@ def register(subparsers) -> None:
       "--batch-size",
       type=int,
       default=8,
-      help="--prompts-file: prompts decoded together (default 8)",
+      help="--prompts-file: prompts decoded together",
   )
   p.add_argument(
       "--chat",
@@ -92,7 +92,7 @@ def register(subparsers) -> None:
       "--temperature",
       type=float,
       default=0.0,
-      help="sampling temperature, >= 0 (default 0: greedy)",
+      help="sampling temperature, >= 0 (0: greedy)",
   )
   p.add_argument(
       "--top-k", type=int, default=0, help="keep the k likeliest (0: all)"
@@ -129,7 +129,7 @@ def register(subparsers) -> None:
       help=(
           "serve expert weights converted to MODE's storage type "
           f"({', '.join(SERVING_MODES)}; a Hugging Face checkpoint's "
-          "are converted as they are read); default none: float weights"
+          "are converted as they are read); none: float weights"
       ),
   )
   p.add_argument(
@@ -148,7 +148,7 @@ def register(subparsers) -> None:
       dest="new_tokens",
       type=int,
       default=32,
-      help="the most new tokens a prompt (default 32)",
+      help="the most new tokens a prompt",
   )
   p.set_defaults(run=run)
 

@@ -19,11 +19,18 @@ def register(subparsers) -> None:
           "[--timeout SECONDS] -- train [train flags]"
       ),
   )
-  p.add_argument("--local-processes", type=int, required=True)
+  p.add_argument(
+      "--local-processes",
+      type=int,
+      required=True,
+      metavar="N",
+      help="processes to start on this machine, joined as one group",
+  )
   p.add_argument(
       "--devices-per-process",
       type=int,
       default=None,
+      metavar="D",
       help="simulate D CPU devices in each process (default: JAX's devices)",
   )
   p.add_argument(

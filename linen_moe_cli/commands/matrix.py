@@ -8,6 +8,7 @@ import argparse
 import os
 import time
 
+from linen_moe import testing
 from linen_moe.quantization import MODES
 from linen_moe_cli import options
 from linen_moe_cli.model_args import LAYERS
@@ -18,14 +19,23 @@ def register(subparsers) -> None:
   p = subparsers.add_parser(
       "matrix", help="train one step in every quantization x path cell"
   )
-  p.add_argument("--config", default="tiny_mixtral")
+  p.add_argument(
+      "--config",
+      default="tiny_mixtral",
+      help="a config name (train --help lists them) or a path to a .yml file",
+  )
   p.add_argument(
       "--quantization",
       choices=tuple(MODES),
       default=None,
       help="one row only (default: all modes)",
   )
-  p.add_argument("--layers", choices=LAYERS, default=None)
+  p.add_argument(
+      "--layers",
+      choices=LAYERS,
+      default=None,
+      help="scan the decoder blocks or unroll them (default: scanned)",
+  )
   p.add_argument(
       "--frontend",
       choices=nnx_adapter.FRONTENDS,
@@ -36,8 +46,10 @@ def register(subparsers) -> None:
       "--all",
       action="store_true",
       help=(
-          "every config x front end x layers, and the whole-model families"
-          " (tiny DeepSeek-V3, Gemma-4) in every mode (ignores the rest)"
+          f"the layer's configs ({', '.join(testing.TINY_CONFIGS)}) x front"
+          " end x layers, and the whole-model configs"
+          f" ({', '.join(testing.FAMILY_CONFIGS)}) in every mode on one path"
+          " each (ignores the rest)"
       ),
   )
   p.add_argument(
@@ -54,8 +66,8 @@ def register(subparsers) -> None:
       type=int,
       default=min(2, os.cpu_count() or 1),
       help=(
-          "processes that compile and run cells side by side (default: 2, "
-          "or 1 on a single core)"
+          "processes that compile and run cells side by side (at most 2; one"
+          " on a single core)"
       ),
   )
   p.set_defaults(run=run)
@@ -64,8 +76,6 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
   if args.workers < 1:
     raise ValueError(f"--workers must be at least 1; got {args.workers}.")
-  from linen_moe import testing  # noqa: PLC0415 (imports no jax)
-
   if args.fast_compile:
     testing.use_fast_compile()
   testing.use_compilation_cache()
