@@ -5,6 +5,7 @@ that the command accepts (a walk through them, issue 62)."""
 import argparse
 import glob
 import os
+import re
 import sys
 from unittest import mock
 
@@ -143,6 +144,50 @@ class ChatTokenizerHintTest(absltest.TestCase):
     )
     self.assertIn('tokenizer.json with the "chat_template"', err)
     self.assertIn('("eos_token", ...)', err)
+
+
+def _outside_code(text: str) -> list[str]:
+  """The lines of a page outside its fenced code blocks."""
+  lines, fenced = [], False
+  for line in text.splitlines():
+    if line.startswith("```"):
+      fenced = not fenced
+    elif not fenced:
+      lines.append(line)
+  return lines
+
+
+class PagesTest(absltest.TestCase):
+
+  def test_one_title_a_page(self):
+    for path, text in pages().items():
+      if path == "docs/changelog.md":  # includes CHANGELOG.md
+        continue
+      titles = [t for t in _outside_code(text) if t.startswith("# ")]
+      self.assertLen(titles, 1, path)
+
+  def test_named_files_exist(self):
+    # The packages' files from where they are installed; benchmarks/,
+    # tests/ and docs/ from the checkout (what CI copies beside the tests).
+    import linen_moe  # noqa: PLC0415
+
+    packages = os.path.dirname(os.path.dirname(linen_moe.__file__))
+    for path, text in pages().items():
+      for name, top in re.findall(
+          r"`((linen_moe|nnx_adapter|linen_moe_cli|benchmarks|tests|docs)/"
+          r"[\w./-]+)`",
+          text,
+      ):
+        if name.startswith(("benchmarks/results/", "docs/_build/")):
+          continue  # what a run or the docs build writes
+        root = (
+            packages
+            if top in ("linen_moe", "nnx_adapter", "linen_moe_cli")
+            else ROOT
+        )
+        self.assertTrue(
+            os.path.exists(os.path.join(root, name)), f"{path}: {name}"
+        )
 
 
 if __name__ == "__main__":
