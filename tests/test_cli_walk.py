@@ -174,20 +174,19 @@ class PagesTest(absltest.TestCase):
     packages = os.path.dirname(os.path.dirname(linen_moe.__file__))
     for path, text in pages().items():
       for name, top in re.findall(
-          r"`((linen_moe|nnx_adapter|linen_moe_cli|benchmarks|tests|docs)/"
-          r"[\w./-]+)`",
+          r"`((linen_moe|nnx_adapter|linen_moe_cli|benchmarks|tests|docs|_src)"
+          r"/[\w./-]+)`",
           text,
       ):
         if name.startswith(("benchmarks/results/", "docs/_build/")):
           continue  # what a run or the docs build writes
-        root = (
-            packages
-            if top in ("linen_moe", "nnx_adapter", "linen_moe_cli")
-            else ROOT
-        )
-        self.assertTrue(
-            os.path.exists(os.path.join(root, name)), f"{path}: {name}"
-        )
+        if top == "_src":  # the pages' short form of linen_moe/_src/
+          where = os.path.join(packages, "linen_moe", name)
+        elif top in ("linen_moe", "nnx_adapter", "linen_moe_cli"):
+          where = os.path.join(packages, name)
+        else:
+          where = os.path.join(ROOT, name)
+        self.assertTrue(os.path.exists(where), f"{path}: {name}")
 
 
 if __name__ == "__main__":
