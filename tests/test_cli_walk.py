@@ -146,6 +146,27 @@ class ChatTokenizerHintTest(absltest.TestCase):
     self.assertIn('("eos_token", ...)', err)
 
 
+class ExportIsNoRunTest(absltest.TestCase):
+
+  def test_generate_on_an_export_says_what_it_is(self):
+    # `linen-moe export --out DIR` writes one orbax checkpoint (its marker
+    # file at the top), not a run's folder of steps.
+    export = cli_helpers.tempdir(self)
+    with open(os.path.join(export, "_CHECKPOINT_METADATA"), "w") as f:
+      f.write("{}")
+    err = cli_helpers.cli_error(
+        "generate", "--checkpoint-dir", export, "--prompt-ids", "1,2"
+    )
+    self.assertEqual(err.count("\n"), 1, err)
+    self.assertIn(f"No checkpoint in {export}. It is one checkpoint,", err)
+    self.assertIn("linen_moe.checkpoint.load_export reads it", err)
+    empty = cli_helpers.tempdir(self)
+    err = cli_helpers.cli_error(
+        "generate", "--checkpoint-dir", empty, "--prompt-ids", "1,2"
+    )
+    self.assertEqual(err, f"linen-moe: error: No checkpoint in {empty}.\n")
+
+
 def _outside_code(text: str) -> list[str]:
   """The lines of a page outside its fenced code blocks."""
   lines, fenced = [], False

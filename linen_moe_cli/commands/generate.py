@@ -50,11 +50,16 @@ def register(subparsers) -> None:
       "--checkpoint-dir",
       default=None,
       metavar="DIR",
-      help="a linen-moe train checkpoint directory (its latest step)",
+      help=(
+          "a linen-moe train run's --checkpoint-dir (its latest step; not an"
+          " export)"
+      ),
   )
   prompt = p.add_mutually_exclusive_group()
   prompt.add_argument(
-      "--prompt", default=None, help="text, tokenized with --tokenizer"
+      "--prompt",
+      default=None,
+      help="text, tokenized with DIR/tokenizer.json or --tokenizer",
   )
   prompt.add_argument(
       "--prompt-ids", default=None, metavar="IDS", help="token ids, e.g. 1,2,3"

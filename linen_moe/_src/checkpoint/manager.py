@@ -238,7 +238,14 @@ class Checkpoints:
     if step is None and steps:
       return steps[-1]
     if step is None:
-      raise ValueError(f"No checkpoint in {self.directory}.")
+      export = ""
+      if os.path.isfile(os.path.join(self.directory, "_CHECKPOINT_METADATA")):
+        export = (  # one orbax checkpoint, not a run's folder of steps
+            " It is one checkpoint, as `linen-moe export` writes (the"
+            " serving variables: linen_moe.checkpoint.load_export reads it);"
+            " a run's directory holds a folder a saved step."
+        )
+      raise ValueError(f"No checkpoint in {self.directory}.{export}")
     if step not in steps:
       raise ValueError(
           f"No checkpoint of step {step} in {self.directory}; it holds "

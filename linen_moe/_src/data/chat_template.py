@@ -303,7 +303,8 @@ def load_chat_template(path: str | os.PathLike) -> ChatTemplate:
   directory = _config_dir(path)
   config_path = os.path.join(directory, TOKENIZER_CONFIG)
   needs = (
-      "chat data needs a tokenizer with a chat template, as a released"
+      "chat data and generate --chat need a tokenizer with a chat"
+      " template, as a released"
       f" model's tokenizer folder has: a {TOKENIZER_CONFIG} beside its"
       ' tokenizer.json with the "chat_template" (Jinja text) and the special'
       f' tokens it writes ("eos_token", ...), or a {CHAT_TEMPLATE_FILE}'
