@@ -11,6 +11,7 @@ from unittest import mock
 
 from absl.testing import absltest
 
+import linen_moe
 from linen_moe import testing
 from linen_moe_cli import main as cli_main
 from linen_moe_cli import options
@@ -79,6 +80,14 @@ class HelpTest(absltest.TestCase):
         shown = formatter._get_help_string(action)  # noqa: SLF001
         shown = shown.replace("%(default)s", "X")
         self.assertLessEqual(shown.count("default"), 1, (flag, shown))
+
+  def test_remat_lists_its_policies(self):
+    for command in ("train", "plan"):
+      text = " ".join(cli_helpers.cli_output(command, "--help").split())
+      entry = text[text.index("--remat REMAT ") :]
+      entry = entry[: entry.index(" --", 3)]
+      for policy in linen_moe.ModelConfig.REMAT_POLICIES:
+        self.assertIn(policy, entry, command)
 
   def test_matrix_all_names_its_configs(self):
     text = " ".join(cli_helpers.cli_output("matrix", "--help").split())

@@ -68,10 +68,6 @@ def register(subparsers) -> None:
           "the device mesh, as for train, e.g. fsdp=16,expert=4 (default: "
           "data=<devices>); the sizes must multiply to the target's devices"
       ),
-      remat=(
-          "the rematerialisation policy (the config's remat field; "
-          "default: the config's)"
-      ),
       batch_size="sequences per step",
       seq_len="tokens per sequence",
   )
