@@ -68,6 +68,14 @@ class TokenizerCommandTest(absltest.TestCase):
         ([text, "--out", exists], r"--out .*t.json exists; it is never over"),
         ([text + ".missing", "--out", new], r"\.missing does not exist"),
         (
+            [tmp, "--out", new],
+            r"is a folder; give its files \(e\.g\. .*\*\.txt",
+        ),
+        (
+            [os.path.join(tmp, "*.txt"), "--out", new],
+            r"\*\.txt does not exist \(a glob is not expanded here",
+        ),
+        (
             [text, "--out", os.path.join(tmp, "no", "t.json")],
             r"the folder .*no does not exist",
         ),

@@ -54,8 +54,16 @@ def register(subparsers) -> None:
 def _checked(args: argparse.Namespace) -> None:
   options.check_int("vocab_size", args.vocab_size, 3)
   for file in args.files:
+    if os.path.isdir(file):
+      raise ValueError(
+          f"tokenizer train: {file} is a folder; give its files (e.g."
+          f" {os.path.join(file, '*.txt')}, unquoted: the shell expands it)."
+      )
     if not os.path.isfile(file):
-      raise ValueError(f"tokenizer train: {file} does not exist.")
+      glob = ""
+      if any(c in file for c in "*?["):  # `train --data` takes it quoted
+        glob = " (a glob is not expanded here: leave it unquoted for the shell)"
+      raise ValueError(f"tokenizer train: {file} does not exist{glob}.")
   if os.path.exists(args.out):
     raise ValueError(
         f"--out {args.out} exists; it is never overwritten: choose a new file."
