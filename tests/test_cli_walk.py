@@ -176,6 +176,21 @@ class ExportIsNoRunTest(absltest.TestCase):
     self.assertEqual(err, f"linen-moe: error: No checkpoint in {empty}.\n")
 
 
+class YamlNumberTest(absltest.TestCase):
+
+  def test_a_number_read_as_text_says_how_to_write_it(self):
+    # PyYAML (YAML 1.1) reads `router_z_loss_weight: 1e-3` as a string.
+    hint = r"\(a YAML file reads 1e-3 as text: write 1.0e-3\)\.$"
+    for field, value in (
+        ("router_z_loss_weight", "1e-3"),
+        ("norm_eps", "1e-5"),
+    ):
+      with self.assertRaisesRegex(ValueError, f"{field}='{value}' .*{hint}"):
+        linen_moe.load_model_config("tiny_mixtral", **{field: value})
+    with self.assertRaisesRegex(ValueError, r"expected a number\.$"):
+      linen_moe.load_model_config("tiny_mixtral", router_jitter="often")
+
+
 def _outside_code(text: str) -> list[str]:
   """The lines of a page outside its fenced code blocks."""
   lines, fenced = [], False

@@ -29,7 +29,19 @@ def run_field(default: Any) -> Any:
 
 
 def fail(cls: str, field: str, value: Any, allowed: str) -> None:
-  raise ValueError(f"{cls}.{field}={value!r} is invalid: {allowed}.")
+  hint = ""
+  if isinstance(value, str) and "number" in allowed and _number_text(value):
+    # PyYAML follows YAML 1.1, whose floats need a dot.
+    hint = " (a YAML file reads 1e-3 as text: write 1.0e-3)"
+  raise ValueError(f"{cls}.{field}={value!r} is invalid: {allowed}{hint}.")
+
+
+def _number_text(text: str) -> bool:
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return True
 
 
 def check_positive_ints(obj: Any, names: tuple[str, ...]) -> None:
