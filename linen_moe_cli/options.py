@@ -73,14 +73,13 @@ def recipe_help(text: str, name: str) -> str:
   return f"{text} (default: the recipe's: {default})"
 
 
-def default_run_dir(config: str, now: float | None = None) -> str:
-  """runs/<config>-<YYYYmmdd-HHMMSS>, the run directory of a `train`
+def default_run_dir(name: str, now: float | None = None) -> str:
+  """runs/<name>-<YYYYmmdd-HHMMSS>, the run directory of a `train`
   without --checkpoint-dir (a new one: -2, -3, ... if it exists); runs/ is
   $LINEN_MOE_RUNS_DIR where that is set.
 
   Args:
-    config: the config name or YAML path (its file name, without the
-      extension, names the directory).
+    name: the model trained (`RunOptions.model_name`).
     now: the time (default: now).
 
   Returns:
@@ -89,7 +88,6 @@ def default_run_dir(config: str, now: float | None = None) -> str:
   import os  # noqa: PLC0415
   import time  # noqa: PLC0415
 
-  name = os.path.splitext(os.path.basename(config))[0] or "run"
   stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
   runs = os.environ.get("LINEN_MOE_RUNS_DIR") or "runs"
   path, n = os.path.join(runs, f"{name}-{stamp}"), 1

@@ -50,6 +50,8 @@ def register(subparsers) -> None:
       ),
   )
   model_args.add_model_args(p)
+  # None: the default model, or the checkpoint of --init-from(-hf).
+  p.set_defaults(config=None)
   p.add_argument(
       "--steps",
       type=int,
@@ -145,7 +147,7 @@ def register(subparsers) -> None:
       help=(
           "fine-tune a Hugging Face checkpoint (Mixtral, Qwen3-MoE, "
           "DeepSeek-V3, Gemma-4): its "
-          "config.json is the model (--config is not read; --quantization, "
+          "config.json is the model (no --config; --quantization, "
           "--layers, the path flags and --set of run fields apply), on "
           "synthetic data over its vocabulary unless --data is given (text "
           "tokenized with its tokenizer.json unless --tokenizer)"
@@ -437,7 +439,7 @@ def run(args: argparse.Namespace) -> int:
   argv = getattr(args, "argv", None)
   if not several:
     if opts.checkpoint_dir is None:  # one process: its own new directory
-      where = options.default_run_dir(opts.config)
+      where = options.default_run_dir(opts.model_name)
       opts = dataclasses.replace(opts, checkpoint_dir=where)
       print(f"run directory: {where} (--checkpoint-dir chooses one)")
     return train_and_report(opts, frontend, argv)

@@ -74,7 +74,7 @@ def _millions(n: int) -> str:
 
 def _model_line(opts: Any) -> str:
   start = opts.init_from_hf or opts.init_from
-  name = f"from {start}" if start else opts.config
+  name = f"from {start}" if start else opts.model_name
   changed = ", ".join(f"{k}={v}" for k, v in sorted(opts.overrides.items()))
   return (
       f"linen-moe train: {name}{f' ({changed})' if changed else ''}, "

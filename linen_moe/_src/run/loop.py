@@ -39,6 +39,7 @@ from linen_moe._src.run import tokenizer_files
 from linen_moe._src.run import watchdog
 from linen_moe._src.run.checkpoints import RunCheckpoints
 from linen_moe._src.run.directory import RunLock
+from linen_moe._src.run.options import DEFAULT_CONFIG
 from linen_moe._src.run.options import RunOptions
 from linen_moe._src.run.options import RunStopped
 from linen_moe._src.run.stop import RunInterrupted
@@ -122,7 +123,7 @@ def _set_up(
   if opts.init_from is not None:
     cfg = init_from.model_config(opts.init_from, opts.overrides)
   elif opts.init_from_hf is None:
-    cfg = load_model_config(opts.config, **opts.overrides)
+    cfg = load_model_config(opts.config or DEFAULT_CONFIG, **opts.overrides)
   else:
     from linen_moe._src.hf import config_map  # noqa: PLC0415
 
@@ -460,7 +461,7 @@ def _train_from(
             "rng": ckpt_meta.rng_to_json(rng),
             "data": source.meta,
             "run": {
-                "config": opts.config,
+                "config": opts.model_name,
                 "init_from_hf": opts.init_from_hf,
                 "init_from": opts.init_from,
                 "recipe": recipe["name"],

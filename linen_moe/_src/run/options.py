@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import dataclasses
 import math
 import os
+import re
 from typing import Any
 
 from linen_moe._src.config import lora as lora_config
@@ -20,6 +21,12 @@ from linen_moe._src.config.quantization_modes import SERVING_MODES
 from linen_moe._src.config.schedules import SCHEDULES
 from linen_moe._src.run import recipes
 from linen_moe._src.run import throughput
+
+# The model of a run from scratch that names none.
+DEFAULT_CONFIG = "tiny_mixtral"
+# A run directory's default name ends in a time stamp (`-20261207-120000`,
+# `-2` for a second one in the same second).
+_STAMP = re.compile(r"-\d{8}-\d{6}(-\d+)?$")
 
 
 class RunStopped(Exception):
@@ -68,7 +75,9 @@ class RunOptions:
     result = linen_moe.training.run(options)
 
   Attributes:
-    config: a config name (`linen_moe.available_configs()`) or a YAML path.
+    config: a config name (`linen_moe.available_configs()`) or a YAML path
+      (default "tiny_mixtral"); None with `init_from_hf` or `init_from`,
+      whose checkpoint is the model (a config given there is an error).
     overrides: config fields to override (`--set`, `--quantization`, ...).
     steps: train up to this step (a resumed run continues to it).
     batch_size: sequences per step, B; split into `grad_accum` equal
@@ -156,7 +165,7 @@ class RunOptions:
       the 5 steps after the first), at least 300 s.
   """
 
-  config: str = "tiny_mixtral"
+  config: str | None = None
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   steps: int | None = None
   batch_size: int | None = None
@@ -258,6 +267,21 @@ class RunOptions:
         _is_number(timeout) and math.isfinite(timeout) and timeout >= 0
     ):
       _fail("step_timeout", timeout, "expected seconds >= 0 (0: off)")
+
+  @property
+  def model_name(self) -> str:
+    """What the run's directory is named after (`linen-moe train` without
+    `checkpoint_dir`): the model trained. The config's file name (without
+    the extension), the Hugging Face checkpoint's directory name, or the
+    name of the run `init_from` starts from (its time stamp dropped)."""
+    start = self.init_from_hf or self.init_from
+    if start is None:
+      where = self.config or DEFAULT_CONFIG
+    else:
+      where = os.path.basename(os.path.normpath(start))
+      if self.init_from is not None:
+        where = _STAMP.sub("", where)
+    return os.path.splitext(os.path.basename(where))[0] or "run"
 
   @property
   def recipe(self) -> recipes.Recipe:
@@ -510,8 +534,15 @@ class RunOptions:
     self._check_fixed_model("init_from", where)
 
   def _check_fixed_model(self, name: str, where: str) -> None:
-    """A pretrained start fixes the model: the overrides may change only
-    the run fields, `param_dtype` and the adapters."""
+    """A pretrained start fixes the model: no config, and the overrides
+    may change only the run fields, `param_dtype` and the adapters."""
+    if self.config is not None:
+      _fail(
+          "config",
+          self.config,
+          f"{name}={where!r} is the model (its checkpoint's config), so a "
+          "config would be ignored: drop it",
+      )
     run_fields = ModelConfig.run_fields
     adapters = {"lora_rank", "lora_alpha", "lora_targets", "serving"}
     fixed = sorted(
