@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import re
 from typing import Any
 
 from linen_moe import ModelConfig
@@ -47,16 +48,85 @@ def frontend_help() -> str:
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:
-  """The `RunOptions` of a parsed `linen-moe train` command line (checked:
-  a bad value is a `ValueError` naming its flag)."""
+  """The `RunOptions` of a parsed `linen-moe train` command line: its
+  strings parsed into the fields' objects, and checked (a bad value is a
+  `ValueError` naming the field; `in_flag_words` names the flag)."""
   fields = {f.name for f in dataclasses.fields(RunOptions)} - {
       "overrides",
       "progress",
+      "optimizer",  # an optax object: Python only
+      "lora_targets",
+      "profile_steps",
   }
+  targets = args.lora_targets
+  if targets is not None:
+    targets = tuple(t.strip() for t in targets.split(",") if t.strip())
   return RunOptions(
       overrides=model_args.model_overrides(args),
       progress=not args.no_progress,
+      lora_targets=targets,
+      profile_steps=parse_steps(args.profile_steps),
       **{name: getattr(args, name) for name in fields},
+  )
+
+
+def parse_steps(spec: str | None) -> tuple[int, int] | None:
+  """ "A:B" (`--profile-steps`) -> (A, B), the first and last step
+  (1-based, inclusive); None -> None.
+
+  Raises:
+    ValueError: `spec` is not A:B with 1 <= A <= B.
+  """
+  if spec is None:
+    return None
+  first, sep, last = spec.partition(":")
+  try:
+    a, b = int(first), int(last)
+  except ValueError:
+    a = b = 0
+  if not sep or not 1 <= a <= b:
+    raise ValueError(
+        f"--profile-steps {spec!r} is invalid: expected A:B, the first and "
+        "the last step to trace, 1 <= A <= B."
+    )
+  return a, b
+
+
+def flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
+  """{field or dest name: its flag} of a command's parser, and of the
+  `RunOptions` fields and config overrides whose flag has another name."""
+  flags = {
+      action.dest: action.option_strings[-1]
+      for action in parser._actions  # noqa: SLF001 (argparse has no API)
+      if action.option_strings and action.dest != "help"
+  }
+  return flags | {
+      "progress": "--no-progress",
+      "overrides": "--set",
+      "scan_layers": "--layers",
+  }
+
+
+def in_flag_words(text: str, flags: dict[str, str]) -> str:
+  """A run's message in the command line's words: the field an error
+  starts with (`steps=0 is invalid: ...`) followed by its flag
+  (`steps=0 (--steps) is invalid: ...`), and each field the message names
+  in backticks (`checkpoint_dir`) written as its flag (--checkpoint-dir).
+
+  Args:
+    text: the message (`RunOptions`' and `training.run`'s).
+    flags: `flags_of` the command's parser.
+
+  Returns:
+    The message with the flags.
+  """
+  first = re.match(r"(\w+)=", text)
+  if first and first[1] in flags and " is invalid" in text:
+    text = text.replace(" is invalid", f" ({flags[first[1]]}) is invalid", 1)
+  return re.sub(
+      r"`(\w+)`",
+      lambda m: flags.get(m[1], m[0]),
+      text,
   )
 
 
@@ -122,6 +192,7 @@ def add_step_args(
           "help": "microbatches per step",
       },
       "remat": {
+          "choices": ModelConfig.REMAT_POLICIES,
           "default": None,
           "help": (
               "what each layer keeps for the backward pass (the config's "

@@ -43,7 +43,7 @@ class ConfigBesideACheckpointTest(absltest.TestCase):
         "train", "--config", "tiny_gpt_oss", "--init-from-hf", str(MIXTRAL)
     )
     self.assertIn("--config", err)
-    self.assertIn("init_from_hf", err)
+    self.assertIn("--init-from-hf", err)
     self.assertIn("drop it", err)
 
   def test_model_name(self):

@@ -83,7 +83,7 @@ def _model_line(opts: Any) -> str:
 
 
 def _family_line(config: Any) -> str:
-  """Whether `linen-moe export --format hf` writes the model, said before
+  """Whether the Hugging Face export writes the model, said before
   training rather than at export."""
   from linen_moe._src.hf import config_map  # noqa: PLC0415
 
@@ -143,6 +143,13 @@ def lines(
   warmup = optimizer["warmup_steps"]
   after = f"{schedule} after {warmup} warmup steps" if warmup else schedule
   tokens = opts.batch_size * opts.seq_len
+  if optimizer["learning_rate"] is None:
+    rates = f"your optimizer ({type(opts.optimizer).__name__})"
+  else:
+    rates = (
+        f"learning rate {optimizer['learning_rate']:g} ({after}), weight "
+        f"decay {optimizer['weight_decay']:g}"
+    )
   return [
       _model_line(opts),
       _family_line(config),
@@ -156,8 +163,6 @@ def lines(
       *_data_line(opts, data_meta),
       (
           f"  steps 1-{opts.steps}, batch {opts.batch_size} x {opts.seq_len} "
-          f"tokens ({tokens * opts.steps:,} in all), learning rate "
-          f"{optimizer['learning_rate']:g} ({after}), weight decay "
-          f"{optimizer['weight_decay']:g}"
+          f"tokens ({tokens * opts.steps:,} in all), {rates}"
       ),
   ]

@@ -1,9 +1,9 @@
 """The checkpoints and per-step metrics of one training run.
 
-A run with `--checkpoint-dir DIR` resumes from the newest checkpoint in DIR
-that reads (or the one `--resume-step` names), in any front end, layer mode
+A run with a `checkpoint_dir` DIR resumes from the newest checkpoint in DIR
+that reads (or the one `resume_step` names), in any front end, layer mode
 or mesh (`linen_moe.checkpoint` restores into the run's own state); saves
-every `--save-every` steps and always its last; and appends one JSON object
+every `save_every` steps and always its last; and appends one JSON object
 per step to `DIR/metrics.jsonl`. What that guarantees:
 
 - No lost rows: the metrics file is flushed to disk before each save, and
@@ -13,7 +13,7 @@ per step to `DIR/metrics.jsonl`. What that guarantees:
   in order.
 - A damaged checkpoint is skipped: the newest one that reads is restored,
   with a message for each one skipped; the ones newer than the step resumed
-  from (damaged, or passed over by `--resume-step`) are set aside as
+  from (damaged, or passed over by `resume_step`) are set aside as
   `DIR/<step>.damaged` or `DIR/<step>.superseded`, never deleted.
 - A save that fails (a full disk, a refused write) stops the run with
   `RunStopped`, naming the last complete checkpoint, which orbax's
@@ -129,8 +129,6 @@ class RunCheckpoints:
       return step
     return None
 
-  # ---------------------------------------------------------------- resume
-
   def resume(
       self,
       fe,
@@ -157,7 +155,7 @@ class RunCheckpoints:
     steps = self.checkpoints.all_steps()
     if resume_step is not None and resume_step not in steps:
       raise ValueError(
-          f"--resume-step {resume_step}: {self.directory} holds no checkpoint "
+          f"`resume_step` {resume_step}: {self.directory} holds no checkpoint "
           f"of that step; it holds steps {steps or 'none'}."
       )
     rng = jax.random.key(seed)
@@ -195,7 +193,7 @@ class RunCheckpoints:
       listed = ", ".join(f"{s} ({why})" for s, why in damaged.items())
       raise ValueError(
           f"no checkpoint in {self.directory} can be read: {listed}. Start "
-          "again with another --checkpoint-dir, or move them away."
+          "again with another `checkpoint_dir`, or move them away."
       )
     self._set_aside({
         s: "damaged" if s in damaged else "superseded"
@@ -213,9 +211,9 @@ class RunCheckpoints:
     saved_seed = meta.get("run", {}).get("seed")
     if saved_seed != seed:
       raise ValueError(
-          f"--seed {seed} differs from the seed {saved_seed} of the run in "
-          f"{self.directory}; resume with --seed {saved_seed} or use a new "
-          "--checkpoint-dir."
+          f"`seed` {seed} differs from the seed {saved_seed} of the run in "
+          f"{self.directory}; resume with `seed` {saved_seed} or use a new "
+          "`checkpoint_dir`."
       )
     if check_data is not None:
       check_data(meta.get("data", {}), self.checkpoints.step_dir(step))
@@ -236,15 +234,13 @@ class RunCheckpoints:
           n += 1
           target = f"{source}.{reason}.{n}"
         os.rename(source, target)
-        why = "" if reason == "damaged" else " (newer than --resume-step)"
+        why = "" if reason == "damaged" else " (newer than `resume_step`)"
         self.log(f"set checkpoint {step} aside as {target}{why}")
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # noqa: PLC0415
 
       multihost_utils.sync_global_devices("linen_moe run set aside")
     self.checkpoints.reload()
-
-  # --------------------------------------------------------------- metrics
 
   def begin(self, start: int, meta: dict) -> None:
     """Starts recording at step `start` (0 or the resumed step); `meta` (the

@@ -24,6 +24,7 @@ from linen_moe._src.checkpoint import manager as ckpt_manager
 from linen_moe._src.checkpoint import meta as ckpt_meta
 from linen_moe._src.checkpoint import tree as ckpt_tree
 from linen_moe._src.config.files import load_model_config
+from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.parallel import distributed
 from linen_moe._src.parallel import sharding
 from linen_moe._src.run import banner
@@ -116,12 +117,18 @@ class _Setup:
 def _set_up(
     opts: RunOptions, fe: TrainingFrontend, optimizer_settings: dict
 ) -> _Setup:
-  mesh = opts.mesh
+  mesh, device_mesh = opts.mesh, None
   if mesh is None and jax.process_count() > 1:
     mesh = f"data={jax.device_count()}"
-  device_mesh = None if mesh is None else sharding.make_mesh(mesh)
+  if isinstance(mesh, str):
+    device_mesh = sharding.make_mesh(mesh)
+  elif mesh is not None:  # a jax.sharding.Mesh
+    device_mesh = mesh
+    mesh = ",".join(f"{k}={v}" for k, v in mesh.shape.items())
   if opts.init_from is not None:
     cfg = init_from.model_config(opts.init_from, opts.overrides)
+  elif isinstance(opts.config, ModelConfig):
+    cfg = opts.config.replace(**opts.overrides)
   elif opts.init_from_hf is None:
     cfg = load_model_config(opts.config or DEFAULT_CONFIG, **opts.overrides)
   else:
@@ -129,7 +136,9 @@ def _set_up(
 
     base = config_map.model_config(_read_json(opts.init_from_hf))
     cfg = base.replace(**opts.overrides)
-  optimizer, lr_schedule = schedule.optimizer(optimizer_settings)
+  optimizer, lr_schedule = schedule.optimizer(
+      optimizer_settings, opts.optimizer
+  )
   run, feed = None, jnp.asarray
   if device_mesh is not None:
     run = fe.sharded(cfg, optimizer, device_mesh, opts.grad_accum)
@@ -332,7 +341,7 @@ def _run(opts: RunOptions, fe, log, guard: _Guard, held: list) -> RunResult:
       )
       if latest is not None and latest >= opts.steps:
         log(
-            f"{opts.checkpoint_dir} is already at step {latest} (--steps "
+            f"{opts.checkpoint_dir} is already at step {latest} (`steps` "
             f"{opts.steps}); nothing to train."
         )
         result = RunResult([], job.data.best_loss, start_step=latest)
@@ -491,7 +500,7 @@ def _train_from(
       cfg, opts.batch_size, opts.seq_len, _run_devices(job)
   )
   profiler = throughput.Profiler(
-      opts.profile_steps and throughput.parse_steps(opts.profile_steps),
+      opts.profile_steps,
       opts.checkpoint_dir
       and os.path.join(opts.checkpoint_dir, throughput.PROFILE_DIR),
   )
@@ -518,7 +527,7 @@ def _train_from(
       profiler.after(i + 1)
       metrics = {
           **metrics,
-          "learning_rate": schedule.learning_rate(job.lr_schedule, i, metrics),
+          **schedule.learning_rate(job.lr_schedule, i, metrics),
           **speed,
       }
       host_memory.settle()  # waits only where host memory is reused
@@ -564,11 +573,11 @@ def _train_from(
         raise RunStopped(
             f"stopped at step {i + 1} of {opts.steps}: the last {in_a_row} "
             f"steps ({i + 2 - in_a_row} to {i + 1}) were all skipped for a "
-            "non-finite loss or gradient (--max-consecutive-skips "
+            "non-finite loss or gradient (`max_consecutive_skips` "
             f"{opts.max_consecutive_skips}; {skipped} skipped in all). The run "
-            "is not recovering: lower --learning-rate, or check the data."
+            "is not recovering: lower `learning_rate`, or check the data."
         )
-      bar.step(done, loss, metrics["learning_rate"], skipped, speed)
+      bar.step(done, loss, metrics.get("learning_rate"), skipped, speed)
   finally:
     profiler.close()
     board.close()

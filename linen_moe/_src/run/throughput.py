@@ -63,31 +63,6 @@ class Throughput:
     return out
 
 
-def parse_steps(spec: str) -> tuple[int, int]:
-  """ "A:B" -> (A, B), the first and last step (1-based, inclusive).
-
-  Args:
-    spec: "A:B" with 1 <= A <= B.
-
-  Returns:
-    (A, B).
-
-  Raises:
-    ValueError: `spec` is not of that form.
-  """
-  first, sep, last = str(spec).partition(":")
-  try:
-    a, b = int(first), int(last)
-  except ValueError:
-    a = b = 0
-  if not sep or not 1 <= a <= b:
-    raise ValueError(
-        f"profile_steps={spec!r} (--profile-steps) is invalid: expected "
-        "A:B, the first and the last step to trace, 1 <= A <= B."
-    )
-  return a, b
-
-
 class Profiler:
   """Traces steps A to B (1-based, inclusive) with `jax.profiler` into
   `directory`; does nothing when `steps` is None."""

@@ -1,16 +1,16 @@
 """What a run keeps of its tokenizer: its files and stop id, in the run's
 directory.
 
-A run on text (`--data` with `--tokenizer`, or the tokenizer of the
+A run on text (`data` with a `tokenizer`, or the tokenizer of the
 Hugging Face checkpoint it starts from) copies into its `checkpoint_dir`
 the tokenizer's `tokenizer.json` and the files beside it that say how to
 use it (`TOKENIZER_FILES`: its config, special tokens and chat template;
 a lone tokenizer.json gets a tokenizer_config.json that transformers reads
 it with), and writes `generation_config.json` with the stop id it trained with (the
 end-of-document id) — or copies the starting checkpoint's. `linen-moe
-generate --checkpoint-dir RUN` then tokenizes and stops with them, a
-resumed run reads the same tokenizer without `--tokenizer`, and `linen-moe
-export --format hf` hands them to transformers (`kept_files`).
+generate` of the run then tokenizes and stops with them, a resumed run
+reads the same tokenizer without a `tokenizer`, and the Hugging Face
+export hands them to transformers (`kept_files`).
 
 Imports no jax.
 """
@@ -125,8 +125,8 @@ def _copy_tokenizer(tokenizer: str, directory: str) -> list[str]:
   if os.path.isfile(kept) and not filecmp.cmp(tokenizer, kept, shallow=False):
     raise ValueError(
         f"tokenizer {tokenizer}: {directory} trained with another tokenizer, "
-        f"{kept}; resume with that one (leave out --tokenizer), or start a "
-        "new run in another --checkpoint-dir."
+        f"{kept}; resume with that one (leave out `tokenizer`), or start a "
+        "new run in another `checkpoint_dir`."
     )
   written = []
   for name in TOKENIZER_FILES:
