@@ -13,8 +13,6 @@ from linen_moe import sharding
 from linen_moe import training
 from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
-from linen_moe_cli import main as cli_main
-from linen_moe_cli import options as cli_options
 from tests import cli_helpers
 
 STEPS = 3
@@ -75,23 +73,22 @@ class ObjectsTest(absltest.TestCase):
     self.assertLess(result.losses[-1], result.losses[0])  # it trains
 
   def test_the_command_line_parses_into_objects(self):
-    args = cli_main.build_parser().parse_args([
+    err = cli_helpers.cli_error(
         "train",
-        "--lora-rank",
-        "2",
-        "--lora-targets",
-        "experts, attention",
         "--profile-steps",
-        "2:3",
-        "--checkpoint-dir",
-        cli_helpers.tempdir(self),
+        "2:9",
         "--steps",
         "3",
-    ])
-    opts = cli_options.run_options(args)
-    self.assertEqual(opts.lora_targets, ("experts", "attention"))
-    self.assertEqual(opts.profile_steps, (2, 3))
-    self.assertIsNone(opts.config)
+        "--checkpoint-dir",
+        cli_helpers.tempdir(self),
+    )
+    self.assertEqual(
+        err,
+        "linen-moe: error: profile_steps=(2, 9) (--profile-steps) is invalid:"
+        " the last step traced must be at most --steps 3.\n",
+    )
+    err = cli_helpers.cli_error("train", "--lora-targets", "experts, mlp")
+    self.assertIn("lora_targets=('experts', 'mlp') (--lora-targets)", err)
 
   def test_objects_of_the_wrong_kind(self):
     for fields, message in (
