@@ -13,6 +13,7 @@ from linen_moe._src.faces import lazy_face as _lazy_face
 
 _EXPORTS = {
     "linen_moe._src.config.schedules": ("SCHEDULES",),
+    "linen_moe._src.run.callbacks": ("Callback",),
     "linen_moe._src.run.host_memory": ("reuse_host_memory",),
     "linen_moe._src.run.loop": ("RunResult", "run"),
     "linen_moe._src.run.options": ("RunOptions", "RunStopped"),

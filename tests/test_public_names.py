@@ -115,7 +115,6 @@ PUBLIC = {
         "family_match",
         "load_checkpoint",
         "model_config",
-        "parse_size",
         "save_checkpoint",
         "save_peft_adapters",
     ),
@@ -200,6 +199,7 @@ PUBLIC = {
         "validate_tokens",
     ),
     "linen_moe.training": (
+        "Callback",
         "chunked_cross_entropy",
         "cross_entropy",
         "decoder_loss",

@@ -182,6 +182,7 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
     },
     "linen_moe.hf": {
         "MODEL_TYPES": (None, "linen_moe._src.hf.families"),
+        "parse_size": (None, "linen_moe._src.hf.safetensors_io"),
     },
     "linen_moe.testing": {
         "is_slow": (None, "linen_moe._src.testing.marks"),

@@ -61,12 +61,6 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
   check_new_directory(args.out, "--out")
   if args.format in ("hf", "hf-fp8"):
-    from linen_moe.hf import parse_size  # noqa: PLC0415 (no jax)
-
-    try:
-      parse_size(args.max_shard_size)
-    except ValueError as e:
-      raise ValueError(f"--max-shard-size: {e}") from e
     from linen_moe import checkpoint  # noqa: PLC0415 (imports jax)
     from linen_moe import hf  # noqa: PLC0415
     from linen_moe import training  # noqa: PLC0415

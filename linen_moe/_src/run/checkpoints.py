@@ -95,7 +95,7 @@ class RunCheckpoints:
       keep: int,
       log: Callable[[str], None] = print,
   ):
-    self.steps, self.save_every, self.log = steps, save_every or steps, log
+    self.last_step, self.save_every, self.log = steps, save_every or steps, log
     self._quiet = _QuietOrbaxErrors()
     logging.getLogger("absl").addFilter(self._quiet)
     self.checkpoints = manager.Checkpoints(
@@ -104,7 +104,7 @@ class RunCheckpoints:
     self.directory = self.checkpoints.directory
     self.metrics_path = os.path.join(self.directory, METRICS_FILE)
     self.main_process = distributed.is_main_process()
-    self.meta: dict = {}
+    self.run_meta: dict = {}
     self._resumed_row: dict | None = None
     self._saving: int | None = None  # the step of the last save started
 
@@ -115,9 +115,30 @@ class RunCheckpoints:
       self.checkpoints.close()
     except Exception as e:  # noqa: BLE001 (orbax's, from the save thread)
       if report:
-        raise self._stopped(e, self.steps) from e
+        raise self._stopped(e, self.last_step) from e
     finally:
       logging.getLogger("absl").removeFilter(self._quiet)
+
+  def steps(self) -> list[int]:
+    """The steps of the checkpoints in the directory, oldest first."""
+    return self.checkpoints.all_steps()
+
+  def meta(self, step: int) -> dict:
+    """The metadata of checkpoint `step` (model config, RNG, data, run).
+
+    Raises:
+      DamagedCheckpointError: it cannot be read.
+    """
+    return self.checkpoints.meta(step)
+
+  def step_dir(self, step: int) -> str:
+    """The directory of checkpoint `step`."""
+    return self.checkpoints.step_dir(step)
+
+  def restore_data(self, iterator, step: int):
+    """`iterator` (a Grain iterator) moved to the state saved with
+    checkpoint `step`."""
+    return self.checkpoints.restore_data(iterator, step)
 
   def latest_step(self) -> int | None:
     """The newest checkpoint whose metadata reads (None: there is none)."""
@@ -247,7 +268,7 @@ class RunCheckpoints:
     model config, the RNG, the data and run settings) goes with every
     checkpoint. Rewrites the metrics file as steps 1..start: its rows before
     `start`, then the resumed checkpoint's own row."""
-    self.meta = meta
+    self.run_meta = meta
     if not self.main_process:
       return
     rows: dict[int, str] = {}
@@ -302,7 +323,7 @@ class RunCheckpoints:
         (this one, or an earlier one found failed).
     """
     record = {"step": done, **{k: _json_value(v) for k, v in metrics.items()}}
-    due = force or done % self.save_every == 0 or done == self.steps
+    due = force or done % self.save_every == 0 or done == self.last_step
     if self.main_process:
       try:
         with open(self.metrics_path, "a", encoding="utf-8") as f:
@@ -323,8 +344,8 @@ class RunCheckpoints:
     if due:
       self._raise_save_error(done)  # the previous save, if it failed
       meta = {
-          **self.meta,
-          "data": {**self.meta["data"], "position": done},
+          **self.run_meta,
+          "data": {**self.run_meta["data"], "position": done},
           "metrics": record,
       }
       self._saving = done

@@ -519,7 +519,7 @@ class RunOptions:
         _fail(
             "final_lr_ratio",
             ratio,
-            "only the `lr_schedule` cosine and linear decay to a final rate",
+            "only `lr_schedule` cosine and linear decay to a final rate",
         )
     else:
       if self.warmup_steps >= self.steps:

@@ -155,9 +155,7 @@ def optimizer(run_settings: Mapping[str, Any], own: Any = None):
   )
 
 
-def learning_rate(
-    schedule: Callable | None, step: int, metrics: Mapping
-) -> dict[str, float]:
+def learning_rate(schedule: Callable, step: int, metrics: Mapping) -> float:
   """The learning rate step `step` (from 0) applied, or would have.
 
   Args:
@@ -167,10 +165,7 @@ def learning_rate(
       "skipped_steps" (steps skipped so far, this one included).
 
   Returns:
-    {"learning_rate": `schedule(updates applied before the step)`}, or {}
-    without a schedule (an optimizer of the user's own).
+    `schedule(updates applied before the step)`, a float.
   """
-  if schedule is None:
-    return {}
   skipped_before = int(metrics["skipped_steps"]) - int(metrics["skipped"])
-  return {"learning_rate": float(schedule(step - skipped_before))}
+  return float(schedule(step - skipped_before))

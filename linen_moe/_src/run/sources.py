@@ -199,7 +199,7 @@ class CorpusSource:
 
   def restore(self, ckpts, step: int) -> None:
     """Moves the iterator to the state saved with checkpoint `step`."""
-    self.iterator = ckpts.checkpoints.restore_data(self.iterator, step)
+    self.iterator = ckpts.restore_data(self.iterator, step)
 
 
 class Evaluator:

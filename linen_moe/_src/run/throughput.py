@@ -46,14 +46,18 @@ class Throughput:
     self._start = time.perf_counter()
 
   def stop(self) -> dict[str, float]:
-    """The throughput of the step since `start`.
+    """The throughput of the step since `start` (`of` its time)."""
+    return self.of(time.perf_counter() - self._start)
+
+  def of(self, seconds: float) -> dict[str, float]:
+    """The throughput of a step that took `seconds`.
 
     Returns:
       `tokens_per_s` (the global batch's tokens), `model_tflops_per_s`
       and, where the device's peak is known, `mfu` (model FLOPs over the
       devices' peak).
     """
-    seconds = max(time.perf_counter() - self._start, 1e-9)
+    seconds = max(seconds, 1e-9)
     out = {
         "tokens_per_s": self.tokens / seconds,
         "model_tflops_per_s": self.flops / seconds / 1e12,
