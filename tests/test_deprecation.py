@@ -48,7 +48,9 @@ class MovedNamesTest(parameterized.TestCase):
   def test_old_name_warns_and_is_the_new_object(
       self, face, name, new_face, new_name
   ):
-    module = importlib.import_module(face)
+    with warnings.catch_warnings():  # an old module's own warning
+      warnings.simplefilter("ignore", DeprecationWarning)
+      module = importlib.import_module(face)
     with self.assertWarnsRegex(DeprecationWarning, f"{face}.{name}") as w:
       old = getattr(module, name)
     if new_face is None:
@@ -73,6 +75,14 @@ class MovedNamesTest(parameterized.TestCase):
       warnings.simplefilter("always")
       linen_moe.QUANTIZATIONS  # noqa: B018
     self.assertEqual(caught[0].filename, __file__)
+
+  def test_the_old_config_modules_load_config_works(self):
+    with self.assertWarnsRegex(DeprecationWarning, "load_config"):
+      with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.import_module("linen_moe.config")
+      moe = old.load_config("tiny_mixtral")
+    self.assertEqual(moe, linen_moe.load_moe_config("tiny_mixtral"))
 
   def test_unknown_name_is_an_attribute_error(self):
     with self.assertRaisesRegex(AttributeError, "no attribute 'nothing'"):

@@ -71,6 +71,15 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
         "unrolled_to_scanned": ("linen_moe.models", "unrolled_to_scanned"),
         "UPDATED_BY_RULE": ("linen_moe.variables", "UPDATED_BY_RULE"),
     },
+    # 0.1's `linen_moe.config` module (`MOVED_MODULES`) held these too.
+    "linen_moe.config": {
+        "available_configs": ("linen_moe", "available_configs"),
+        "load_config": ("linen_moe", "load_moe_config"),
+        "load_model_config": ("linen_moe", "load_model_config"),
+        "load_moe_config": ("linen_moe", "load_moe_config"),
+        "ModelConfig": ("linen_moe", "ModelConfig"),
+        "run_fields": (None, "linen_moe._src.config.model_config"),
+    },
     "linen_moe.checkpoint": {
         "check_model_config": (None, "linen_moe._src.checkpoint.meta"),
         "config_from_dict": (None, "linen_moe._src.checkpoint.meta"),
@@ -379,13 +388,17 @@ def moved_module_advice(old: str) -> str:
 
 class _Forwarding(types.ModuleType):
   """A module that answers every attribute from the private module it
-  stands for (never a second copy of that module's state)."""
+  stands for (never a second copy of that module's state), or, for a name
+  that moved away from it (`MOVED_NAMES` of the old module), from its new
+  home with a warning."""
 
   def __init__(self, name: str, target: types.ModuleType):
     super().__init__(name, target.__doc__)
     self.__dict__["_target"] = target
 
   def __getattr__(self, name: str) -> Any:
+    if name in MOVED_NAMES.get(self.__name__, {}):
+      return moved_name(self.__name__, name)
     return getattr(self.__dict__["_target"], name)
 
   def __dir__(self) -> list[str]:
