@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe._src.config.checks import check_int as _check_int
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.sampling import Sampling
 from linen_moe._src.config.variables import CACHE
@@ -121,14 +122,6 @@ def _generate_rows(
   state = (jnp.int32(1), out, token, done, stopped, cache)
   _, out, _, _, stopped, _ = jax.lax.while_loop(cond, body, state)
   return out, stopped
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise TypeError(f"{name} must be an int; got {value!r}.")
-  if value < minimum:
-    raise ValueError(f"{name}={value} must be >= {minimum}.")
-  return int(value)
 
 
 def _check_ids(name: str, ids, vocab_size: int) -> list[int]:

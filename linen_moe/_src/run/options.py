@@ -19,6 +19,7 @@ import re
 from typing import Any
 
 from linen_moe._src.config import lora as lora_config
+from linen_moe._src.config.checks import check_int
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.model_config import check_remat
 from linen_moe._src.config.quantization_modes import SERVING_MODES
@@ -54,12 +55,6 @@ def _fail(name: str, value: Any, allowed: str, error=ValueError) -> None:
 
 def _is_number(value: Any) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_int(name: str, value: Any, minimum: int) -> None:
-  """`value` must be an integer (not a bool) >= `minimum`."""
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    _fail(name, value, f"expected an integer >= {minimum}")
 
 
 @dataclasses.dataclass(frozen=True)
