@@ -141,7 +141,7 @@ def _decoding_args(sampling: GenerateOptions, stops: list[int]) -> dict:
   """`decoding.generate`'s and `generate_stream`'s keywords, but the seed."""
   return {
       "max_new_tokens": sampling.max_new_tokens,
-      **sampling.sampling.kwargs(),
+      "sampling": sampling.sampling,
       "stop_ids": stops,
   }
 
