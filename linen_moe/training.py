@@ -17,7 +17,6 @@ _EXPORTS = {
     "linen_moe._src.run.host_memory": ("reuse_host_memory",),
     "linen_moe._src.run.loop": ("RunResult", "run"),
     "linen_moe._src.run.options": ("RunOptions", "RunStopped"),
-    "linen_moe._src.run.tokenizer_files": ("kept_files",),
     "linen_moe._src.run.stop": ("StopRequest",),
     "linen_moe._src.training.chunked_loss": ("chunked_cross_entropy",),
     "linen_moe._src.training.evaluation": ("make_eval_step",),

@@ -236,6 +236,7 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
         ),
     },
     "linen_moe.training": {
+        "kept_files": (None, "linen_moe._src.run.tokenizer_files"),
         "accumulate_gradients": ("linen_moe.frontend", "accumulate_gradients"),
         "all_finite": ("linen_moe.frontend", "all_finite"),
         "combine_overwrite_microbatches": (

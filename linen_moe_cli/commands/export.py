@@ -61,14 +61,14 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
   check_new_directory(args.out, "--out")
   if args.format in ("hf", "hf-fp8"):
-    from linen_moe import checkpoint  # noqa: PLC0415 (imports jax)
+    from linen_moe import decoding  # noqa: PLC0415 (imports jax)
     from linen_moe import hf  # noqa: PLC0415
-    from linen_moe import training  # noqa: PLC0415
 
-    kept = training.kept_files(args.checkpoint_dir)
-    config, variables, step = checkpoint.read_variables(
+    # The float weights, with what the run kept of its tokenizer.
+    kept = decoding.load_model(
         args.checkpoint_dir, dtype=args.dtype, step=args.step
     )
+    config, variables, step = kept.config, kept.variables, kept.step
     if config.moe.lora is not None:  # the adapters folded in
       from linen_moe import lora  # noqa: PLC0415
 
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         generation_config=kept.generation_config or {},
         tokenizer_files=kept.tokenizer_files,
     )
-    tokenizer = "the tokenizer" if kept.tokenizer else "no tokenizer"
+    tokenizer = "the tokenizer" if kept.tokenizer_path else "no tokenizer"
     print(
         f"exported step {step} of {args.checkpoint_dir} to {args.out} "
         f"(Hugging Face{', block fp8' if args.format == 'hf-fp8' else ''}, "
