@@ -2,7 +2,8 @@
 `linen-moe train` does, from Python), the train step (with an optional
 loss mask), the optimizer (AdamW, learning-rate schedules, the weight-decay
 mask), the held-out loss, the sharded step, synthetic data and the
-front-end protocol (real data: `linen_moe.data`), and stopping a loop on
+front-end protocol and the front ends by name (`frontend`; real data:
+`linen_moe.data`), and stopping a loop on
 SIGTERM or Ctrl-C after the same step on every process (`StopRequest`).
 
 The layer itself does not depend on this module. Its names load on first
@@ -22,6 +23,11 @@ _EXPORTS = {
     "linen_moe._src.training.evaluation": ("make_eval_step",),
     "linen_moe._src.training.frontend": ("LinenFrontend", "TrainingFrontend"),
     "linen_moe._src.training.markov_data": ("MarkovData",),
+    "linen_moe._src.training.registry": (
+        "FRONTENDS",
+        "frontend",
+        "register_frontend",
+    ),
     "linen_moe._src.training.optimizer": (
         "default_optimizer",
         "learning_rate_schedule",

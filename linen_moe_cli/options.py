@@ -15,9 +15,10 @@ import re
 from typing import Any
 
 from linen_moe import ModelConfig
+from linen_moe import training
 from linen_moe.training import RunOptions
 from linen_moe_cli import model_args
-import nnx_adapter
+import nnx_adapter  # noqa: F401 (registers the "nnx" front end)
 
 # Optional packages -> the extra of this project that installs them.
 EXTRAS = {
@@ -42,8 +43,7 @@ def check_int(name: str, value: Any, minimum: int) -> None:
 def frontend_help() -> str:
   """ "linen: ..., nnx: ..." for a `--frontend` flag (no jax)."""
   return "; ".join(
-      f"{name}: {what}"
-      for name, what in nnx_adapter.FRONTEND_DESCRIPTIONS.items()
+      f"{name}: {what}" for name, what in training.FRONTENDS.items()
   )
 
 
@@ -209,7 +209,7 @@ def add_step_args(
           ),
       },
       "frontend": {
-          "choices": nnx_adapter.FRONTENDS,
+          "choices": tuple(training.FRONTENDS),
           "default": "linen",
           "help": frontend_help(),
       },

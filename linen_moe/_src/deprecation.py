@@ -100,6 +100,7 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
         "ChatSequences": (None, "linen_moe._src.data.chat_rows"),
         "encode_conversation": (None, "linen_moe._src.data.chat"),
         "end_of_document_id": (None, "linen_moe._src.data.tokenization"),
+        "find_files": (None, "linen_moe._src.data.sources"),
         "find_tokenizer": (None, "linen_moe._src.data.tokenization"),
         "first_fit": (None, "linen_moe._src.data.packing"),
         "first_fit_rows": (None, "linen_moe._src.data.packing"),
@@ -406,6 +407,23 @@ class _Forwarding(types.ModuleType):
     return dir(self.__dict__["_target"])
 
 
+class _CallableForwarding(_Forwarding):
+  """0.1's module `linen_moe.training.frontend`, whose path is now the
+  function `linen_moe.training.frontend(name)`: importing the old path
+  puts this module there, so it answers as the function too."""
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    module, _, name = _CALLABLE_MODULES[self.__name__].partition(":")
+    return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
+# Old module paths that are a function's name now (`_CallableForwarding`):
+# old path -> "module:function" it answers as.
+_CALLABLE_MODULES = {
+    "linen_moe.training.frontend": "linen_moe._src.training.registry:frontend",
+}
+
+
 class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
   """Finds the old public module paths of `MOVED_MODULES`."""
 
@@ -418,6 +436,8 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
   def create_module(self, spec):
     warn(spec.name, moved_module_advice(spec.name), MODULES_REMOVED_IN)
     target = importlib.import_module(MOVED_MODULES[spec.name][0])
+    if spec.name in _CALLABLE_MODULES:
+      return _CallableForwarding(spec.name, target)
     return _Forwarding(spec.name, target)
 
   def exec_module(self, module):

@@ -30,7 +30,6 @@ from linen_moe.training import RunStopped
 from linen_moe_cli import model_args
 from linen_moe_cli import options
 from linen_moe_cli.options import train_default
-import nnx_adapter
 
 
 def register(subparsers) -> None:
@@ -527,7 +526,7 @@ def train_and_report(
   try:
     result = training.run(
         opts,
-        nnx_adapter.frontend(frontend),
+        training.frontend(frontend),
         log=lambda line: print(options.in_flag_words(line, flags or {})),
     )
   except RunStopped as e:
