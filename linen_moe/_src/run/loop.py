@@ -14,14 +14,12 @@ from collections.abc import Callable
 from collections.abc import Sequence
 import contextlib
 import dataclasses
-import math
 import os
 import time
 
 import jax
 import numpy as np
 
-from linen_moe._src.checkpoint import manager as ckpt_manager
 from linen_moe._src.checkpoint import meta as ckpt_meta
 from linen_moe._src.checkpoint import tree as ckpt_tree
 from linen_moe._src.parallel import distributed
@@ -41,65 +39,14 @@ from linen_moe._src.run.callbacks import Callback
 from linen_moe._src.run.callbacks import RunInfo
 from linen_moe._src.run.callbacks import StepInfo
 from linen_moe._src.run.checkpoints import RunCheckpoints
-from linen_moe._src.run.directory import RunLock
 from linen_moe._src.run.options import RunOptions
 from linen_moe._src.run.options import RunStopped
+from linen_moe._src.run.result import TAIL_STEPS
+from linen_moe._src.run.result import RunResult
 from linen_moe._src.run.stop import RunInterrupted
 from linen_moe._src.run.stop import StopRequest
 from linen_moe._src.training.frontend import LinenFrontend
 from linen_moe._src.training.frontend import TrainingFrontend
-
-# Steps over which the final loss and expert loads are averaged.
-TAIL_STEPS = 10
-
-
-@dataclasses.dataclass(frozen=True)
-class RunResult:
-  """What a run did: the steps this call ran (none when a resumed run was
-  already at its `steps`).
-
-  Attributes:
-    losses: per-step cross-entropy of steps `start_step + 1` onwards (NaN
-      where the step was skipped).
-    best_loss: the best achievable loss (the synthetic data's; NaN for real
-      data).
-    skipped_steps: how many steps were skipped.
-    expert_load: <float32>[L, E] each layer's share of routed assignments
-      per expert, averaged over the last `TAIL_STEPS` steps.
-    start_step: the step the run started from (0, or the resumed one).
-    eval_losses: the held-out losses [(step, nats)] of the evaluated steps
-      (`eval_every`).
-    stop_reason: why a callback stopped the run early (`RunInfo.stop`),
-      or None.
-  """
-
-  losses: list[float]
-  best_loss: float
-  skipped_steps: int = 0
-  expert_load: np.ndarray | None = None
-  start_step: int = 0
-  eval_losses: list[tuple[int, float]] = dataclasses.field(default_factory=list)
-  stop_reason: str | None = None
-
-  @property
-  def first_loss(self) -> float:
-    return next((x for x in self.losses if math.isfinite(x)), math.nan)
-
-  @property
-  def final_loss(self) -> float:
-    """Mean of the last `TAIL_STEPS` (10) steps' finite losses (less noisy
-    than the last one); `linen-moe train` prints it so labelled."""
-    tail = [x for x in self.losses[-TAIL_STEPS:] if math.isfinite(x)]
-    return sum(tail) / len(tail) if tail else math.nan
-
-  @property
-  def load_ratio(self) -> float:
-    """Max / min expert load of the most unbalanced layer (1 = balanced; inf
-    when an expert got nothing), from `expert_load`."""
-    load = self.expert_load[self.expert_load.sum(axis=-1) > 0]  # MoE layers
-    with np.errstate(divide="ignore"):
-      ratios = load.max(axis=-1) / load.min(axis=-1)
-    return float(np.max(ratios))
 
 
 def run(
@@ -226,7 +173,7 @@ def _run(
 ) -> RunResult:
   lock = None
   if opts.checkpoint_dir is not None:
-    lock = _lock(opts.checkpoint_dir, log)
+    lock = setup.lock(opts.checkpoint_dir, log)
     held.append(lock)
   try:
     if opts.checkpoint_dir is None:
@@ -252,7 +199,7 @@ def _run(
       if latest is None:
         latest = ckpts.latest_step()
       job = setup.set_up(
-          opts, fe, _optimizer_settings(opts, ckpts, latest, log)
+          opts, fe, setup.optimizer_settings(opts, ckpts, latest, log)
       )
       tokenizer_files.keep(
           opts, sources.tokenizer_path(opts), ckpts.main_process
@@ -282,45 +229,6 @@ def _run(
     if lock is not None:
       lock.release()
       held.remove(lock)
-
-
-def _optimizer_settings(opts, ckpts, latest: int | None, log) -> dict:
-  """The flags' optimizer settings, or those of the run that checkpoint
-  `latest` continues (`schedule.resumed`: the same flags, the schedule's
-  first length)."""
-  wanted = schedule.settings(opts)
-  if latest is None or latest not in ckpts.steps():
-    return wanted
-  try:
-    saved = ckpts.meta(latest).get("run", {})
-  except ckpt_manager.DamagedCheckpointError:
-    return wanted  # the resume skips it, or names it
-  return schedule.resumed(wanted, saved, ckpts.step_dir(latest), log)
-
-
-def _lock(directory: str, log: Callable[[str], None]) -> RunLock | None:
-  """Locks `directory` for this run: process 0 alone takes the lock and
-  the others follow its decision (they stop too when it fails), before any
-  process writes there. Returns process 0's lock (None elsewhere)."""
-  if jax.process_count() == 1:
-    return RunLock.acquire(directory, log=log)
-  lock, error = None, None
-  if jax.process_index() == 0:
-    try:
-      lock = RunLock.acquire(directory, log=log)
-    except ValueError as e:
-      error = e
-  from jax.experimental import multihost_utils  # noqa: PLC0415
-
-  locked = multihost_utils.broadcast_one_to_all(np.int32(error is None))
-  if error is not None:
-    raise error
-  if not int(locked):
-    raise ValueError(
-        f"process 0 could not lock {os.path.abspath(directory)} (its error "
-        "says why); every process stops."
-    )
-  return lock
 
 
 def _train_from(

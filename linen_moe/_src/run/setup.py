@@ -1,7 +1,9 @@
 """What a training run builds before its first step: the model config, the
 mesh, the optimizer, the data source and the sharded training
 (`set_up`), and a fresh state's weights from a Hugging Face checkpoint
-(`load_hf`, `with_variables`). No compile yet.
+(`load_hf`, `with_variables`), the optimizer settings a resume continues
+(`optimizer_settings`) and the run directory's lock (`lock`). No compile
+yet.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe._src.checkpoint import manager as ckpt_manager
 from linen_moe._src.checkpoint import meta as ckpt_meta
 from linen_moe._src.checkpoint import tree as ckpt_tree
 from linen_moe._src.config.files import load_model_config
@@ -24,6 +27,7 @@ from linen_moe._src.parallel import sharding
 from linen_moe._src.run import init_from
 from linen_moe._src.run import schedule
 from linen_moe._src.run import sources
+from linen_moe._src.run.directory import RunLock
 from linen_moe._src.run.options import DEFAULT_CONFIG
 from linen_moe._src.run.options import RunOptions
 from linen_moe._src.training.frontend import TrainingFrontend
@@ -158,3 +162,42 @@ def run_devices(job: Setup) -> list:
   if job.device_mesh is not None:
     return list(job.device_mesh.devices.flat)
   return jax.devices()[:1]
+
+
+def optimizer_settings(opts, ckpts, latest: int | None, log) -> dict:
+  """The flags' optimizer settings, or those of the run that checkpoint
+  `latest` continues (`schedule.resumed`: the same flags, the schedule's
+  first length)."""
+  wanted = schedule.settings(opts)
+  if latest is None or latest not in ckpts.steps():
+    return wanted
+  try:
+    saved = ckpts.meta(latest).get("run", {})
+  except ckpt_manager.DamagedCheckpointError:
+    return wanted  # the resume skips it, or names it
+  return schedule.resumed(wanted, saved, ckpts.step_dir(latest), log)
+
+
+def lock(directory: str, log: Callable[[str], None]) -> RunLock | None:
+  """Locks `directory` for this run: process 0 alone takes the lock and
+  the others follow its decision (they stop too when it fails), before any
+  process writes there. Returns process 0's lock (None elsewhere)."""
+  if jax.process_count() == 1:
+    return RunLock.acquire(directory, log=log)
+  lock, error = None, None
+  if jax.process_index() == 0:
+    try:
+      lock = RunLock.acquire(directory, log=log)
+    except ValueError as e:
+      error = e
+  from jax.experimental import multihost_utils  # noqa: PLC0415
+
+  locked = multihost_utils.broadcast_one_to_all(np.int32(error is None))
+  if error is not None:
+    raise error
+  if not int(locked):
+    raise ValueError(
+        f"process 0 could not lock {os.path.abspath(directory)} (its error "
+        "says why); every process stops."
+    )
+  return lock
