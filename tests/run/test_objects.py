@@ -11,6 +11,7 @@ from absl.testing import absltest
 from linen_moe import load_model_config
 from linen_moe import sharding
 from linen_moe import training
+from linen_moe._src.run import loop
 from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
 from tests import cli_helpers
@@ -129,6 +130,19 @@ class ObjectsTest(absltest.TestCase):
         "linen-moe: error: save_every=2 (--save-every) is invalid: it needs a "
         "--checkpoint-dir to save to.\n",
     )
+
+  def test_the_run_package_names_no_flag(self):
+    folder = os.path.dirname(os.path.abspath(loop.__file__))
+    named = [
+        f"{name}:{number}: {line.strip()}"
+        for name in sorted(os.listdir(folder))
+        if name.endswith(".py")
+        for number, line in enumerate(
+            open(os.path.join(folder, name), encoding="utf-8"), 1
+        )
+        if "--" in line
+    ]
+    self.assertEqual(named, [])
 
   def test_the_old_strings_still_work_with_a_warning(self):
     with warnings.catch_warnings(record=True) as caught:

@@ -1,6 +1,6 @@
 """A model ready to generate, from a training run's directory or a Hugging
 Face checkpoint folder: `load_model` (`linen_moe.decoding.load_model`),
-what `linen-moe generate` and `linen-moe export --format hf` call.
+what the command line's `generate` and Hugging Face `export` call.
 
 A run directory (`RunOptions.checkpoint_dir`) gives its latest (or
 `step`'s) checkpoint and the tokenizer files and `generation_config.json`

@@ -118,8 +118,7 @@ class RunOptions:
     resume_step: resume from this checkpoint rather than the newest that
       reads; needs `checkpoint_dir`, at most `steps`.
     data: train on these files (a path, a directory or a glob;
-      as `linen-moe train --data` reads them) instead of synthetic Markov
-      tokens.
+      in sorted order) instead of synthetic Markov tokens.
     tokenizer: the `tokenizer.json` of text data (default: the one in
       `init_from_hf`'s directory, when the run starts from one).
     data_format: "text", "npy", "bin" or "chat" (JSONL conversations,
