@@ -517,8 +517,10 @@ def train_and_report(
   """Runs the job with the front end named `frontend` (this process already
   joined any others) and prints its one-line summary on process 0; the exit
   status. `argv` (the command's arguments) is the resume command of a run
-  a signal stopped; `flags` (`options.flags_of`) name the fields the run's
-  messages mention."""
+  a signal stopped; `flags` (`options.flags_of`; default: `train`'s) name
+  the fields the run's messages mention."""
+  if flags is None:
+    flags = _train_flags()
   from linen_moe import distributed  # noqa: PLC0415 (imports jax)
   from linen_moe import training  # noqa: PLC0415
 
@@ -527,7 +529,7 @@ def train_and_report(
     result = training.run(
         opts,
         training.frontend(frontend),
-        log=lambda line: print(options.in_flag_words(line, flags or {})),
+        log=lambda line: print(options.in_flag_words(line, flags)),
     )
   except RunStopped as e:
     if e.signal is None:
@@ -561,6 +563,13 @@ def train_and_report(
         f"{load}wall: {time.perf_counter() - start:.1f}s"
     )
   return 0
+
+
+def _train_flags() -> dict[str, str]:
+  """`train`'s flags by field name (`options.flags_of` of its parser)."""
+  subparsers = argparse.ArgumentParser().add_subparsers()
+  register(subparsers)
+  return options.flags_of(subparsers.choices["train"])
 
 
 def _resume_hint(
