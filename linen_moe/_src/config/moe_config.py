@@ -510,4 +510,3 @@ class MoEConfig:
     changes = new_names("MoEConfig", changes)
     check_keys(type(self), changes)
     return dataclasses.replace(self, **changes)
-
