@@ -202,7 +202,7 @@ class StepTimeoutOptionTest(parameterized.TestCase):
   def test_bad_step_timeout(self, value):
     with self.assertRaisesRegex(
         ValueError,
-        r"^step_timeout=.* is invalid: expected seconds " r">= 0 \(0: off\)\.$",
+        r"^step_timeout=.* is invalid: expected seconds >= 0 \(0: off\)\.$",
     ):
       training.RunOptions(step_timeout=value)
 
