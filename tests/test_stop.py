@@ -162,7 +162,7 @@ class WatchdogTest(absltest.TestCase):
     self.assertEqual(child.returncode, watchdog.STEP_TIMEOUT_EXIT, err)
     path = os.path.join(directory, "stacks.process_1.txt")
     head = (
-        "linen-moe: step 2: step ran past --step-timeout 0.5s on process 1 "
+        "linen-moe: step 2: step ran past step_timeout 0.5s on process 1 "
         f"of 2; every thread's stack follows (also in {path}). Exit status 75."
     )
     written = assert_stacks(self, err, path, head)
@@ -202,8 +202,7 @@ class StepTimeoutOptionTest(parameterized.TestCase):
   def test_bad_step_timeout(self, value):
     with self.assertRaisesRegex(
         ValueError,
-        r"^step_timeout=.* \(--step-timeout\) is invalid: expected seconds "
-        r">= 0 \(0: off\)\.$",
+        r"^step_timeout=.* is invalid: expected seconds >= 0 \(0: off\)\.$",
     ):
       training.RunOptions(step_timeout=value)
 
