@@ -258,6 +258,7 @@ class LoRABannerTest(absltest.TestCase):
   """The banner's LoRA line and step range (no jax computation)."""
 
   def banner(self, first_step: int = 1, **kwargs) -> str:
+    kwargs.setdefault("config", "tiny_mixtral")
     opts = RunOptions(steps=150, batch_size=2, seq_len=8, **kwargs)
     config = load_model_config(opts.config, **opts.overrides)
     settings = {
@@ -300,7 +301,7 @@ class LoRABannerTest(absltest.TestCase):
     self.assertIn(
         "exports as gpt_oss, adapters in PEFT's format\n",
         self.banner(
-            config="tiny_gpt_oss", lora_rank=4, lora_targets="attention"
+            config="tiny_gpt_oss", lora_rank=4, lora_targets=("attention",)
         ),
     )
 

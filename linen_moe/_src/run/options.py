@@ -24,6 +24,7 @@ from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.model_config import check_remat
 from linen_moe._src.config.quantization_modes import SERVING_MODES
 from linen_moe._src.config.schedules import SCHEDULES
+from linen_moe._src.hf import download
 from linen_moe._src.run import recipes
 
 # The model of a run from scratch that names none.
@@ -605,9 +606,7 @@ class RunOptions:
       _fail(
           "init_from_hf",
           where,
-          "it does not exist; it takes a folder of a checkpoint's files: "
-          f"download a released model first, `hf download {where} "
-          "--local-dir DIR` (pip install huggingface_hub), then pass DIR",
+          f"it does not exist; {download.download_hint(where)}",
       )
     if not os.path.isfile(os.path.join(where, "config.json")):
       _fail(
