@@ -28,9 +28,9 @@ def main(target_name: str) -> None:
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
-  from linen_moe._src.kernels import pallas_grouped  # noqa: PLC0415
-  from linen_moe._src.kernels import pallas_int8  # noqa: PLC0415
-  from linen_moe._src.kernels import tpu_chips  # noqa: PLC0415
+  from linen_moe._src.kernels.tpu import pallas_grouped  # noqa: PLC0415
+  from linen_moe._src.kernels.tpu import pallas_int8  # noqa: PLC0415
+  from linen_moe._src.kernels.tpu import tpu_chips  # noqa: PLC0415
   from tests import gmm_cases  # noqa: PLC0415
   from tests import test_tpu_kernels  # noqa: PLC0415
 

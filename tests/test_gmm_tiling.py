@@ -17,11 +17,11 @@ import numpy as np
 
 from linen_moe import testing
 from linen_moe._src.kernels import accelerator
-from linen_moe._src.kernels import gmm_tiling
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
-from linen_moe._src.kernels import pallas_gate_up
-from linen_moe._src.kernels import pallas_grouped
-from linen_moe._src.kernels import tpu_chips
+from linen_moe._src.kernels.tpu import gmm_tiling
+from linen_moe._src.kernels.tpu import pallas_gate_up
+from linen_moe._src.kernels.tpu import pallas_grouped
+from linen_moe._src.kernels.tpu import tpu_chips
 from linen_moe._src.planning import targets
 from tests import test_kernels
 from tests import workers

@@ -17,11 +17,18 @@ from linen_moe import testing
 from linen_moe._src.kernels import accelerator
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.kernels import int8_grouped
-from linen_moe._src.kernels import pallas_int8
 from linen_moe._src.kernels import platform
 from linen_moe._src.kernels import ragged_collectives
 from linen_moe._src.kernels.accelerator import KernelFallbackWarning
+from linen_moe._src.kernels.tpu import pallas_int8
 from tests import numpy_reference
+
+try:
+  import tokamax  # noqa: F401
+
+  NO_TOKAMAX = None
+except ImportError as e:  # the `kernels` extra is not installed
+  NO_TOKAMAX = f"tokamax is not importable ({e}): pip install '.[kernels]'"
 
 M, K, N = 96, 24, 40  # M > K, N: only a dense fallback reaches G * M * N
 
@@ -345,6 +352,46 @@ class KernelSeamTest(parameterized.TestCase):
     np.testing.assert_array_equal(out, want)
     for got, ref in zip(grads, vjp(2 * want), strict=True):
       np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-5)
+
+  @parameterized.named_parameters(
+      ("tpu", "tpu", "pallas gmm takes float32/bfloat16"),
+      ("gpu", "gpu", "tokamax ragged_dot takes float16/bfloat16/float32"),
+  )
+  def test_a_dtype_the_kernel_cannot_take_falls_back_alike(self, backend, msg):
+    # The same visible fallback on a GPU path as on a TPU one.
+    if backend == "gpu" and NO_TOKAMAX:
+      self.skipTest(NO_TOKAMAX)
+    with self.assertWarnsRegex(
+        KernelFallbackWarning, f"{msg} operands, not \\('int8', 'int8'\\)"
+    ):
+      got = gmm_lib.resolve_implementation("kernel", backend, (jnp.int8,) * 2)
+    self.assertEqual(got, "ragged_dot")
+
+  @parameterized.named_parameters(
+      ("tpu", "tpu", "TPU v5 lite"), ("gpu", "gpu", "NVIDIA H200")
+  )
+  def test_group_sizes_past_the_rows_are_an_error_alike(self, backend, kind):
+    # grouped_matmul="kernel" traced for the backend (a mesh of its
+    # devices): concrete sizes past the rows fail before the kernel runs,
+    # with the same message on a GPU path as on a TPU one.
+    if backend == "gpu" and NO_TOKAMAX:
+      self.skipTest(NO_TOKAMAX)
+    device = mesh_lib.AbstractDevice(
+        device_kind=kind, num_cores=1, platform=backend
+    )
+    mesh = jax.sharding.AbstractMesh(
+        (1,),
+        ("x",),
+        axis_types=jax.sharding.AxisType.Auto,
+        abstract_device=device,
+    )
+    lhs, rhs, _ = _operands(2, m=16)
+    sizes = jnp.asarray((7, 10), jnp.int32)
+    with (
+        jax.sharding.use_abstract_mesh(mesh),
+        self.assertRaisesRegex(ValueError, "sum to 17, past the 16 rows"),
+    ):
+      gmm_lib.grouped_matmul(lhs, rhs, sizes, implementation="kernel")
 
   def test_gpu_without_tokamax(self):
     try:

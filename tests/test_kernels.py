@@ -35,6 +35,7 @@ from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.config.variables import AQT_RNG_STREAM
 from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.kernels import accelerator as grouped_kernels
+from linen_moe._src.kernels import tokamax_ragged_dot as tokamax_route
 from linen_moe._src.kernels.accelerator import KernelFallbackWarning
 from linen_moe.sharding import unbox
 from tests import gmm_cases
@@ -171,11 +172,9 @@ class EmptyGroupGuardTest(parameterized.TestCase):
       return buggy(lhs, rhs, group_sizes)
 
     lhs, rhs, sizes, dout = _operands(*ISSUE_887)
-    with absltest.mock.patch.object(
-        grouped_kernels, "_tokamax_call", fake_call
-    ):
+    with absltest.mock.patch.object(tokamax_route, "_tokamax_call", fake_call):
       _, _, drhs = jax.jit(
-          functools.partial(_fwd_bwd, grouped_kernels.tokamax_ragged_dot)
+          functools.partial(_fwd_bwd, tokamax_route.tokamax_ragged_dot)
       )(lhs, rhs, sizes, dout)
     empty = np.asarray(sizes) == 0
     np.testing.assert_array_equal(np.asarray(drhs)[empty], 0.0)

@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe._src.kernels import gmm_tiling
-from linen_moe._src.kernels import pallas_gate_up
-from linen_moe._src.kernels import pallas_gmm
-from linen_moe._src.kernels import pallas_grouped
-from linen_moe._src.kernels.gmm_tiling import GmmTiling
+from linen_moe._src.kernels.tpu import gmm_tiling
+from linen_moe._src.kernels.tpu import pallas_gate_up
+from linen_moe._src.kernels.tpu import pallas_gmm
+from linen_moe._src.kernels.tpu import pallas_grouped
+from linen_moe._src.kernels.tpu.gmm_tiling import GmmTiling
 from tests import numpy_reference
 from tests.test_tpu_kernels import ON_TPU
 from tests.test_tpu_kernels import PROBLEMS

@@ -1,4 +1,4 @@
-"""The DMA row gather (`kernels/pallas_gather.py`), interpreted on this CPU,
+"""The DMA row gather (`kernels/tpu/pallas_gather.py`), interpreted on this CPU,
 against `jnp.take` bit for bit; and the sparse layer's permutation with it
 (`permute` under `kernels_on_cpu("pallas")`) against XLA's gathers."""
 
@@ -14,7 +14,7 @@ import numpy as np
 
 from linen_moe import testing
 from linen_moe._src.kernels import accelerator
-from linen_moe._src.kernels import pallas_gather
+from linen_moe._src.kernels.tpu import pallas_gather
 from linen_moe._src.layer import permute
 from tests import test_kernels
 

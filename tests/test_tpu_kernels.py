@@ -20,10 +20,10 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from linen_moe._src.kernels import gmm_schedule
-from linen_moe._src.kernels import pallas_grouped
-from linen_moe._src.kernels import pallas_int8
-from linen_moe._src.kernels.gmm_tiling import GmmTiling
+from linen_moe._src.kernels.tpu import gmm_schedule
+from linen_moe._src.kernels.tpu import pallas_grouped
+from linen_moe._src.kernels.tpu import pallas_int8
+from linen_moe._src.kernels.tpu.gmm_tiling import GmmTiling
 from linen_moe._src.testing.marks import slow
 from tests import gmm_cases
 from tests import numpy_reference

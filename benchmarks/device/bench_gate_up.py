@@ -44,9 +44,9 @@ import jax.numpy as jnp
 
 # The kernels have no public name: the layer reaches them through
 # `MoEConfig.grouped_matmul` ("kernel", or "auto" on a TPU).
-from linen_moe._src.kernels import gmm_tiling  # noqa: TID251
-from linen_moe._src.kernels import pallas_gate_up  # noqa: TID251
-from linen_moe._src.kernels import pallas_grouped  # noqa: TID251
+from linen_moe._src.kernels.tpu import gmm_tiling  # noqa: TID251
+from linen_moe._src.kernels.tpu import pallas_gate_up  # noqa: TID251
+from linen_moe._src.kernels.tpu import pallas_grouped  # noqa: TID251
 
 BF16 = jnp.bfloat16
 # M, K, N, G: the sorted rows of bench_maxtext_layer.py's two layers, and

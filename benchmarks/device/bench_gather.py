@@ -44,8 +44,8 @@ import numpy as np
 
 # The kernel has no public name: the layer reaches it through
 # `MoEConfig.grouped_matmul` ("kernel", or "auto" on a TPU).
-from linen_moe._src.kernels import pallas_gather  # noqa: TID251
-from linen_moe._src.kernels import tpu_chips  # noqa: TID251
+from linen_moe._src.kernels.tpu import pallas_gather  # noqa: TID251
+from linen_moe._src.kernels.tpu import tpu_chips  # noqa: TID251
 
 BF16 = jnp.bfloat16
 # Qwen3-30B-A3B's layer at 8 x 4096 tokens: T tokens, k choices, emb M.

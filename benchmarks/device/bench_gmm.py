@@ -27,7 +27,7 @@ other half):
 
 Writes, under --out: bench_gmm.json (every timing) and gmm_tiles.json (the
 package's table with this chip's entries replaced: copy it to
-linen_moe/_src/kernels/gmm_tiles.json), after each shape, so that a run cut
+linen_moe/_src/kernels/tpu/gmm_tiles.json), after each shape, so that a run cut
 short keeps what it measured.
 
   python benchmarks/device/bench_gmm.py --out DIR          # on a TPU
@@ -56,9 +56,9 @@ import numpy as np
 # The kernels and their tiles have no public name: the layer reaches them
 # through `MoEConfig.grouped_matmul="kernel"`; this times them alone.
 from linen_moe._src.kernels import accelerator  # noqa: TID251
-from linen_moe._src.kernels import gmm_tiling  # noqa: TID251
-from linen_moe._src.kernels import pallas_gmm  # noqa: TID251
-from linen_moe._src.kernels import pallas_grouped  # noqa: TID251
+from linen_moe._src.kernels.tpu import gmm_tiling  # noqa: TID251
+from linen_moe._src.kernels.tpu import pallas_gmm  # noqa: TID251
+from linen_moe._src.kernels.tpu import pallas_grouped  # noqa: TID251
 
 SHAPES = ("8192,2048,5632,8", "32768,4096,14336,8", "32768,2048,768,128")
 IMPLEMENTATIONS = ("dense", "ragged_dot", "megablox", "pallas", "int8")
@@ -371,7 +371,7 @@ def _about() -> str:
   import importlib.resources  # noqa: PLC0415
 
   text = (
-      importlib.resources.files("linen_moe._src.kernels")
+      importlib.resources.files("linen_moe._src.kernels.tpu")
       .joinpath(gmm_tiling.TABLE_FILE)
       .read_text(encoding="utf-8")
   )

@@ -40,12 +40,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import bench_gmm  # noqa: E402
 
+from linen_moe._src.kernels import int8_grouped  # noqa: E402, TID251
+
 # The kernels have no public name (the layer reaches them through
 # `quantization="int8"` with `grouped_matmul="kernel"`): this times them
 # alone.
-from linen_moe._src.kernels import gmm_tiling  # noqa: E402, TID251
-from linen_moe._src.kernels import int8_grouped  # noqa: E402, TID251
-from linen_moe._src.kernels import pallas_gmm  # noqa: E402, TID251
+from linen_moe._src.kernels.tpu import gmm_tiling  # noqa: E402, TID251
+from linen_moe._src.kernels.tpu import pallas_gmm  # noqa: E402, TID251
 
 SHAPES = ("16384,4096,14336,8", "32768,2048,768,128")
 

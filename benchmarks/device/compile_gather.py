@@ -64,7 +64,7 @@ def main(argv=None) -> int:
 
   from linen_moe import load_moe_config  # noqa: PLC0415
   from linen_moe._src.kernels import accelerator  # noqa: PLC0415, TID251
-  from linen_moe._src.kernels import pallas_gather  # noqa: PLC0415, TID251
+  from linen_moe._src.kernels.tpu import pallas_gather  # noqa: PLC0415, TID251
 
   device = targets.target_devices(target)[0]
   print(f"jax {jax.__version__}, {args.target}: {device.device_kind}")

@@ -56,11 +56,11 @@ def check_shape(m, k, n, g, device, top: int) -> list[dict]:
   import jax.numpy as jnp  # noqa: PLC0415
   import tpu_programs  # noqa: PLC0415 (imports jax)
 
-  from linen_moe._src.kernels import gmm_tiling  # noqa: TID251
-  from linen_moe._src.kernels import pallas_gate_up  # noqa: TID251
-  from linen_moe._src.kernels import pallas_gmm  # noqa: TID251
-  from linen_moe._src.kernels import pallas_grouped  # noqa: TID251
-  from linen_moe._src.kernels import tpu_chips  # noqa: TID251
+  from linen_moe._src.kernels.tpu import gmm_tiling  # noqa: TID251
+  from linen_moe._src.kernels.tpu import pallas_gate_up  # noqa: TID251
+  from linen_moe._src.kernels.tpu import pallas_gmm  # noqa: TID251
+  from linen_moe._src.kernels.tpu import pallas_grouped  # noqa: TID251
+  from linen_moe._src.kernels.tpu import tpu_chips  # noqa: TID251
 
   chip = tpu_chips.tpu_chip_name(device.device_kind)
   place = tpu_programs.placer(device)

@@ -23,7 +23,7 @@
 #              ragged_dot / megablox / ours forward + backward side by side
 #              at the three shapes, equal and skewed groups; writes
 #              $OUT/gmm/bench_gmm.json and $OUT/gmm/gmm_tiles.json (copy the
-#              latter to linen_moe/_src/kernels/); 120 + 420 s at most,
+#              latter to linen_moe/_src/kernels/tpu/); 120 + 420 s at most,
 #              each shape written as it ends; GMM_ARGS adds options
 #              (e.g. "--shapes 8192,2048,5632,8 --top 2"). Not in the
 #              default run.

@@ -8,7 +8,7 @@ from absl.testing import absltest
 import bench_gate_up as bench
 import jax.numpy as jnp
 
-from linen_moe._src.kernels import gmm_tiling  # noqa: TID251
+from linen_moe._src.kernels.tpu import gmm_tiling  # noqa: TID251
 
 
 class VariantTilingTest(absltest.TestCase):

@@ -19,21 +19,25 @@ Implementations:
                 from `rhs`, never gathered per row; a custom VJP keeps the
                 backward grouped too. A small problem gives every group M
                 slots (`default_slot_rows`): one batched matmul, no loop.
-  "kernel"      An accelerator kernel: this project's Pallas `gmm` / `tgmm` on
-                TPU (`pallas_grouped`), Tokamax `ragged_dot` on GPU
-                (`linen_moe._src.kernels.accelerator`).
+  "kernel"      The backend's accelerator kernel, looked up in the
+                registry (`registry.KERNEL`): this project's Pallas `gmm` /
+                `tgmm` on TPU (`tpu/pallas_grouped`), Tokamax's Mosaic GPU
+                and Triton kernels on GPU (`gpu/routes`).
                 Operands a kernel does not take (int8, fp8) run "ragged_dot"
                 with a `KernelFallbackWarning`; so does megablox inside a
                 `shard_map` (the expert-parallel path under a mesh): a
                 `pallas_call` gives its outputs no manual-axis type, which a
                 `shard_map` checking them (`check_vma`) requires.
-  "auto"        "blocked" on CPU; on TPU the Pallas kernels where the tile
-                table measured them fastest for the nearest shape on the
-                chip (`gmm_tiling`), else "ragged_dot"; on GPU the
-                kernel when importable for the operand dtypes, else
-                "blocked" (XLA:GPU pads a ragged_dot's groups to dense). The
-                platform is the one traced for (`platform.target_platform`:
-                a plan's target mesh).
+  "auto"        The backend's own choice (`registry.auto`): "blocked" on
+                CPU; on TPU the Pallas kernels where the tile table
+                measured them fastest for the nearest shape on the chip
+                (`tpu/gmm_tiling`), else "ragged_dot"; on GPU the route
+                the route table measured fastest for the nearest shape
+                and not dense (`gpu/auto_table`), else "blocked" (the
+                table ships unmeasured; XLA:GPU pads a ragged_dot's groups
+                to dense where it does not reach cuDNN's grouped matmul).
+                The platform is the one traced for
+                (`platform.target_platform`: a plan's target mesh).
 """
 
 from __future__ import annotations
@@ -50,7 +54,10 @@ from jax import lax
 import jax.numpy as jnp
 
 from linen_moe._src.kernels import accelerator as grouped_kernels
+from linen_moe._src.kernels import registry
 from linen_moe._src.kernels.implementations import IMPLEMENTATIONS
+from linen_moe._src.kernels.kernel import Kernel
+from linen_moe._src.kernels.kernel import KernelFallbackWarning
 from linen_moe._src.kernels.operand_shapes import check_shapes
 from linen_moe._src.kernels.platform import target_platform
 
@@ -534,6 +541,51 @@ def blocked_grouped_matmul(
   return _blocked_rows(lhs, rhs, plan, bm, False, out_dtype)
 
 
+def _resolve(
+    implementation: str,
+    backend: str | None,
+    dtypes: tuple[Any, ...],
+    shape: tuple[int, int, int, int] | None,
+    stacklevel: int,
+) -> tuple[str, Kernel | None]:
+  """(the implementation, the loaded kernel where it is "kernel"): lookups
+  in the registry (`registry.auto`, `registry.kernel_entry`)."""
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(
+        f"Unknown grouped matmul implementation {implementation!r}; allowed: "
+        f"{IMPLEMENTATIONS}."
+    )
+  if implementation in ("ragged_dot", "blocked"):
+    return implementation, None
+  backend = backend or target_platform()
+  if implementation == "auto":
+    impl, entry = registry.auto(backend, shape, dtypes)
+    if entry is None:
+      return impl, None
+    kernel, _ = registry.load(entry, backend)
+    return ("kernel", kernel) if kernel is not None else ("ragged_dot", None)
+  entry, missing = registry.kernel_entry(backend)
+  kernel = None
+  if entry is not None:
+    kernel, missing = registry.load(entry, backend)
+  if kernel is None:
+    raise ValueError(
+        f"Grouped matmul implementation 'kernel' is unavailable: {missing}. "
+        "Available here: 'ragged_dot', 'blocked' (and 'auto')."
+    )
+  if kernel.takes(dtypes):
+    return "kernel", kernel
+  names = tuple(jnp.dtype(d).name for d in dtypes)
+  warnings.warn(
+      f"grouped_matmul='kernel': {kernel.name} takes "
+      f"{kernel.describe_dtypes()} operands, not {names}; this grouped "
+      "matmul runs jax.lax.ragged_dot instead.",
+      KernelFallbackWarning,
+      stacklevel=stacklevel + 1,
+  )
+  return "ragged_dot", None
+
+
 def resolve_implementation(
     implementation: str,
     backend: str | None = None,
@@ -542,8 +594,8 @@ def resolve_implementation(
 ) -> str:
   """Maps "auto" to the fastest implementation available on `backend`.
 
-  "kernel" where the backend has a kernel that does not take `dtypes` (int8,
-  fp8) resolves to "ragged_dot" with a `KernelFallbackWarning` that names
+  "kernel" where the backend's kernel does not take `dtypes` (int8, fp8)
+  resolves to "ragged_dot" with a `KernelFallbackWarning` that names
   them (see `linen_moe._src.kernels.accelerator`).
 
   Args:
@@ -551,48 +603,14 @@ def resolve_implementation(
     backend: "cpu", "gpu" or "tpu"; default `platform.target_platform()`.
     dtypes: operand dtypes, when known (kernels take only some).
     shape: (M, K, N, G) of lhs [M, K] x rhs [G, K, N], when known ("auto"
-      on a TPU looks it up in the tile table).
+      on a TPU looks it up in the tile table, on a GPU in the route table).
 
   Raises:
     ValueError: for an unknown implementation, or "kernel" where the
       backend has no usable kernel at all (the message says what is
       missing).
   """
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(
-        f"Unknown grouped matmul implementation {implementation!r}; allowed: "
-        f"{IMPLEMENTATIONS}."
-    )
-  if implementation in ("ragged_dot", "blocked"):
-    return implementation
-  backend = backend or target_platform()
-  if implementation == "auto" and backend == "cpu":
-    return "blocked"
-  if implementation == "auto" and backend == "tpu":
-    return grouped_kernels.auto_on_tpu(shape, dtypes)
-  kernel, missing = grouped_kernels.find_kernel(backend)
-  if implementation == "kernel" and kernel is None:
-    raise ValueError(
-        f"Grouped matmul implementation 'kernel' is unavailable: {missing}. "
-        "Available here: 'ragged_dot', 'blocked' (and 'auto')."
-    )
-  if kernel is not None and kernel.takes(dtypes):
-    return "kernel"
-  if implementation == "kernel":
-    names = tuple(jnp.dtype(d).name for d in dtypes)
-    warnings.warn(
-        f"grouped_matmul='kernel': {kernel.name} takes "
-        f"{kernel.describe_dtypes()} operands, not {names}; this grouped "
-        "matmul runs jax.lax.ragged_dot instead.",
-        grouped_kernels.KernelFallbackWarning,
-        stacklevel=3,
-    )
-    return "ragged_dot"
-  # "auto" on a GPU without a kernel for these operands: XLA:GPU rewrites a
-  # ragged_dot into a dense dot over zero-padded groups (G times the work
-  # and memory; a Qwen3-30B-A3B plan for 8 H100s: 80 GiB of temporaries a
-  # GPU, 17.5 GiB with "blocked").
-  return "blocked"
+  return _resolve(implementation, backend, dtypes, shape, stacklevel=3)[0]
 
 
 def paired_kernel(
@@ -608,11 +626,10 @@ def paired_kernel(
   calls)."""
   if not grouped_kernels.pairs_gate_up():
     return None
-  impl = resolve_implementation(implementation, dtypes=dtypes, shape=shape)
+  impl, kernel = _resolve(implementation, None, dtypes, shape, stacklevel=3)
   if impl != "kernel" or jax.sharding.get_abstract_mesh().manual_axes:
     return None
-  kernel, _ = grouped_kernels.find_kernel(target_platform())
-  return None if kernel is None else kernel.paired
+  return kernel.paired
 
 
 def grouped_matmul(
@@ -635,8 +652,8 @@ def grouped_matmul(
         f"group_sizes must be integers; got dtype {group_sizes.dtype}."
     )
   shape = (*lhs.shape, rhs.shape[2], rhs.shape[0])
-  impl = resolve_implementation(
-      implementation, dtypes=(lhs.dtype, rhs.dtype), shape=shape
+  impl, kernel = _resolve(
+      implementation, None, (lhs.dtype, rhs.dtype), shape, stacklevel=2
   )
   if impl == "ragged_dot":
     return ragged_dot(lhs, rhs, group_sizes, preferred_element_type)
@@ -648,7 +665,6 @@ def grouped_matmul(
         preferred_element_type=preferred_element_type,
         max_group_size=max_group_size,
     )
-  kernel, _ = grouped_kernels.find_kernel(target_platform())
   if not kernel.in_shard_map and jax.sharding.get_abstract_mesh().manual_axes:
     if implementation == "auto":
       return ragged_dot(lhs, rhs, group_sizes, preferred_element_type)
@@ -656,7 +672,7 @@ def grouped_matmul(
         f"grouped_matmul='kernel': {kernel.name} cannot run inside a "
         "shard_map (its outputs carry no manual-axis type for check_vma); "
         "this grouped matmul runs jax.lax.ragged_dot instead.",
-        grouped_kernels.KernelFallbackWarning,
+        KernelFallbackWarning,
         stacklevel=2,
     )
     return ragged_dot(lhs, rhs, group_sizes, preferred_element_type)

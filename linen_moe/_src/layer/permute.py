@@ -16,7 +16,7 @@ is zero-initialised or scattered.
 
 Where the layer runs kernels on a TPU (`grouped_matmul` "kernel" or "auto":
 `SortPlan.row_gather` is "pallas"), the [R, M] row gathers (the dispatch,
-and the combine's backward) move rows by DMA (`kernels/pallas_gather.py`):
+and the combine's backward) move rows by DMA (`kernels/tpu/pallas_gather.py`):
 XLA's TPU gather reaches ~0.3 of a v5e's HBM roofline there; the
 combine's backward also weights the gathered rows and takes their dot
 products with the expert outputs in the same kernel

@@ -22,7 +22,7 @@ held (1 GiB at 8 x 4096 tokens of Qwen3-30B-A3B's).
 
 Where the Pallas kernels run a float layer's plain `wi_0` and `wi_1`, the
 gate and up projections' backward is one call each way
-(`kernels/pallas_gate_up.py`): the rows read once for both weight
+(`kernels/tpu/pallas_gate_up.py`): the rows read once for both weight
 gradients, and the two input gradients summed in the kernel rather than by
 XLA (on a TPU v5e the backward 1.7x as fast as two calls at 128 experts
 of 2048 x 768, 2.1x at 8 of 4096 x 14336);

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from linen_moe._src.kernels.tpu_chips import TPU_DEVICE_KINDS
+from linen_moe._src.kernels.tpu.tpu_chips import TPU_DEVICE_KINDS
 
 GB = 10**9
 TB = 10**12

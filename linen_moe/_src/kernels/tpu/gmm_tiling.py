@@ -35,10 +35,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src.kernels import pallas_gmm
-from linen_moe._src.kernels.gmm_schedule import cdiv
-from linen_moe._src.kernels.tpu_chips import TPU_CHIPS
-from linen_moe._src.kernels.tpu_chips import tpu_chip_name
+from linen_moe._src.kernels.tpu import pallas_gmm
+from linen_moe._src.kernels.tpu.gmm_schedule import cdiv
+from linen_moe._src.kernels.tpu.tpu_chips import TPU_CHIPS
+from linen_moe._src.kernels.tpu.tpu_chips import tpu_chip_name
 
 TABLE_FILE = "gmm_tiles.json"
 OPS = ("gmm", "gmm_t", "tgmm")
@@ -251,7 +251,7 @@ def rule_tiling(
 def load_table() -> tuple[dict[str, Any], ...]:
   """The entries of `gmm_tiles.json` (package data)."""
   text = (
-      importlib.resources.files("linen_moe._src.kernels")
+      importlib.resources.files("linen_moe._src.kernels.tpu")
       .joinpath(TABLE_FILE)
       .read_text(encoding="utf-8")
   )

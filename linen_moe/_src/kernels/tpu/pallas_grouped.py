@@ -24,18 +24,15 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from linen_moe._src.kernels import gmm_tiling
-from linen_moe._src.kernels import pallas_gmm
-from linen_moe._src.kernels.gmm_tiling import GmmTiling
+from linen_moe._src.kernels.operand_shapes import check_dtypes
+from linen_moe._src.kernels.operand_shapes import check_group_sizes
 from linen_moe._src.kernels.operand_shapes import check_shapes
+from linen_moe._src.kernels.tpu import gmm_tiling
+from linen_moe._src.kernels.tpu import pallas_gmm
+from linen_moe._src.kernels.tpu.gmm_tiling import GmmTiling
 
 OPERAND_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
-
-
-def _names(dtypes) -> str:
-  return ", ".join(jnp.dtype(d).name for d in dtypes)
 
 
 def check_operands(lhs, rhs, group_sizes, preferred_element_type) -> jnp.dtype:
@@ -46,45 +43,14 @@ def check_operands(lhs, rhs, group_sizes, preferred_element_type) -> jnp.dtype:
     TypeError: a dtype the kernel does not take.
   """
   check_shapes(lhs, rhs, group_sizes)
-  if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
-    raise TypeError(
-        f"group_sizes must be integers; got dtype {group_sizes.dtype}."
-    )
-  for name, x in (("lhs", lhs), ("rhs", rhs)):
-    if jnp.dtype(x.dtype) not in OPERAND_DTYPES:
-      raise TypeError(
-          f"{name} has dtype {x.dtype}; the Pallas grouped matmul takes "
-          f"{_names(OPERAND_DTYPES)}."
-      )
-  out = preferred_element_type or jnp.result_type(lhs.dtype, rhs.dtype)
-  if jnp.dtype(out) not in OPERAND_DTYPES:
-    raise TypeError(
-        f"preferred_element_type={jnp.dtype(out).name}; the Pallas grouped "
-        f"matmul writes {_names(OPERAND_DTYPES)}."
-    )
-  return jnp.dtype(out)
-
-
-def check_group_sizes(group_sizes, m: int) -> None:
-  """Concrete group sizes: none negative, summing to at most M. Traced
-  ones pass unchecked.
-
-  Raises:
-    ValueError: a negative size, or a sum past M.
-  """
-  if isinstance(group_sizes, jax.core.Tracer):
-    return
-  sizes = np.asarray(group_sizes)
-  if np.any(sizes < 0):
-    raise ValueError(
-        f"group_sizes must be >= 0; got {sizes.tolist()} (negative at "
-        f"{np.flatnonzero(sizes < 0).tolist()})."
-    )
-  if int(sizes.sum()) > m:
-    raise ValueError(
-        f"group_sizes sum to {int(sizes.sum())}, past the {m} rows of lhs; "
-        "allowed: at most M."
-    )
+  return check_dtypes(
+      lhs,
+      rhs,
+      group_sizes,
+      preferred_element_type,
+      OPERAND_DTYPES,
+      "the Pallas grouped matmul",
+  )
 
 
 def _check_tiles(op: str, tiles, c: int, o: int, multiple: int) -> None:

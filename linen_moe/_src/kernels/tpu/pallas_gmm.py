@@ -46,7 +46,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 import jax.numpy as jnp
 
-from linen_moe._src.kernels import gmm_schedule
+from linen_moe._src.kernels.tpu import gmm_schedule
 
 _F32 = jnp.float32
 _PRODUCT_DIMS = (((1,), (0,)), ((), ()))  # [tm, tc] x [tc, to]

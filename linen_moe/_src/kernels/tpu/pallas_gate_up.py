@@ -23,10 +23,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src.kernels import gmm_tiling
-from linen_moe._src.kernels import pallas_gmm
-from linen_moe._src.kernels import pallas_grouped
-from linen_moe._src.kernels.gmm_tiling import GmmTiling
+from linen_moe._src.kernels.tpu import gmm_tiling
+from linen_moe._src.kernels.tpu import pallas_gmm
+from linen_moe._src.kernels.tpu import pallas_grouped
+from linen_moe._src.kernels.tpu.gmm_tiling import GmmTiling
 
 
 def paired_vmem_bytes(tiling: GmmTiling, k: int, n: int, dtype) -> int:

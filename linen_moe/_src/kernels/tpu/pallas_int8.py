@@ -18,11 +18,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from linen_moe._src.kernels import gmm_tiling
-from linen_moe._src.kernels import pallas_gmm
-from linen_moe._src.kernels import pallas_grouped
-from linen_moe._src.kernels.gmm_tiling import GmmTiling
 from linen_moe._src.kernels.operand_shapes import check_shapes
+from linen_moe._src.kernels.tpu import gmm_tiling
+from linen_moe._src.kernels.tpu import pallas_gmm
+from linen_moe._src.kernels.tpu import pallas_grouped
+from linen_moe._src.kernels.tpu.gmm_tiling import GmmTiling
 
 
 def _check(q_lhs, lhs_scale, q_rhs, rhs_scale, group_sizes, transpose_rhs):
