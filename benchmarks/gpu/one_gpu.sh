@@ -3,7 +3,7 @@
 # JAX and no package index (the workplace's H200 device machine: Python
 # 3.12.3, jax/jaxlib/jax-cuda13-plugin 0.11.2, flax, optax, orbax, chex,
 # torch 2.11, transformers 5.17). What this project needs beyond those
-# travels as wheels in .whl-gpu/ (scripts/gpu_wheels.py builds it;
+# travels as wheels in .whl-gpu/ (benchmarks/gpu/gpu_wheels.py builds it;
 # benchmarks/gpu/README.md says how to carry it); the project runs from the
 # checkout.
 #

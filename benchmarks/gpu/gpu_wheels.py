@@ -13,8 +13,8 @@ then prints each wheel's size, their total and the working tree's (the
 tracked and untracked, not ignored files that travel with every call), and
 exits 1 when the two together pass the limit.
 
-  python scripts/gpu_wheels.py                  # build .whl-gpu/, check
-  python scripts/gpu_wheels.py --check-only     # check what is there
+  python benchmarks/gpu/gpu_wheels.py                # build .whl-gpu/, check
+  python benchmarks/gpu/gpu_wheels.py --check-only     # check what is there
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import shutil
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CARRIED = ROOT / "benchmarks" / "gpu" / "carried.txt"
 MIB = 1 << 20
 # The device tool's limit on what travels in one call: the working tree and
