@@ -82,7 +82,7 @@ class Tiling:
 
   gmm: Tiles = Tiles()
   gmm_t: Tiles = Tiles()
-  tgmm: Tiles = Tiles(block_m=64, num_stages=3)
+  tgmm: Tiles = Tiles(block_m=64, block_k=128, num_stages=3)
 
   def check(self) -> None:
     """Raises a `ValueError` naming the pass and field that does not fit."""
