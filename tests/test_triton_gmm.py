@@ -143,6 +143,23 @@ class TritonGmmTest(parameterized.TestCase):
       writes[mine] += 1
     np.testing.assert_array_equal(writes, 1, "every row written once")
 
+  @parameterized.parameters(("float32", 3), ("bfloat16", 0))
+  def test_float32_products_are_ieee_not_tf32(self, dtype, highest):
+    """Pallas-Triton multiplies float32 in TF32 unless asked for HIGHEST
+    (IEEE): the three kernels' products ask for it in float32 only (a CPU
+    computes float32 exactly either way, so the numbers cannot show it)."""
+    lhs, rhs, sizes, dout = gmm_cases.operands(32, 16, 16, (10, 20), dtype)
+    matmul = functools.partial(
+        triton_grouped.triton_grouped_matmul, interpret=True
+    )
+    text = str(
+        jax.make_jaxpr(functools.partial(gmm_cases.fwd_bwd, matmul))(
+            lhs, rhs, sizes, dout
+        )
+    )
+    self.assertEqual(text.count("dot_general"), 3)
+    self.assertEqual(text.count("precision=(Precision.HIGHEST"), highest)
+
   def test_a_dtype_it_cannot_take_is_a_type_error(self):
     lhs, rhs = jnp.ones((8, 16), jnp.int8), jnp.ones((2, 16, 8), jnp.int8)
     sizes = jnp.asarray([3, 5], jnp.int32)
