@@ -132,7 +132,9 @@ class TritonGmmTest(parameterized.TestCase):
     )(jnp.asarray(sizes, jnp.int32), m, tm)
     want, owner = _numpy_items(sizes, m, tm)
     count = int(count[0])
-    got = list(zip(np.asarray(segment[:count]), np.asarray(tile[:count])))
+    got = list(
+        zip(np.asarray(segment[:count]), np.asarray(tile[:count]), strict=True)
+    )
     self.assertEqual([(int(s), int(t)) for s, t in got], want)
     self.assertEqual(segment.shape, (-(-m // tm) + len(sizes),))
     writes = np.zeros(m, int)
@@ -211,8 +213,9 @@ class TritonGmmTest(parameterized.TestCase):
     """Calls the grouped matmul with the kernels replaced by a failure:
     the error must come before any kernel is traced."""
     fail = mock.Mock(side_effect=AssertionError("a kernel was traced"))
-    with mock.patch.object(triton_gmm, "gmm", fail), mock.patch.object(
-        triton_gmm, "tgmm", fail
+    with (
+        mock.patch.object(triton_gmm, "gmm", fail),
+        mock.patch.object(triton_gmm, "tgmm", fail),
     ):
       triton_grouped.triton_grouped_matmul(*args, interpret=True, **kwargs)
 
@@ -231,13 +234,18 @@ class TritonGmmTest(parameterized.TestCase):
         device_kind="NVIDIA H200", num_cores=132, platform="gpu"
     )
     mesh = jax.sharding.AbstractMesh(
-        (1,), ("x",), axis_types=jax.sharding.AxisType.Auto, abstract_device=h200
+        (1,),
+        ("x",),
+        axis_types=jax.sharding.AxisType.Auto,
+        abstract_device=h200,
     )
     m, k, n, g = 512, 256, 384, 8
     shape = lambda *s: jax.ShapeDtypeStruct(s, jnp.dtype(dtype))  # noqa: E731
     sizes = jax.ShapeDtypeStruct((g,), jnp.int32)
     run = jax.jit(
-        functools.partial(gmm_cases.fwd_bwd, triton_grouped.triton_grouped_matmul)
+        functools.partial(
+            gmm_cases.fwd_bwd, triton_grouped.triton_grouped_matmul
+        )
     )
     with jax.sharding.use_abstract_mesh(mesh), warnings.catch_warnings():
       # jax 0.12 warns that Pallas' Triton backend is deprecated.

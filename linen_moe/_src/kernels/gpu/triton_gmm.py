@@ -154,8 +154,10 @@ def gmm(
   m, c = lhs.shape
   num_groups = rhs.shape[0]
   o = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-  bm, bc, bo = block(tiles.block_m, m), block(tiles.block_k, c), block(
-      tiles.block_n, o
+  bm, bc, bo = (
+      block(tiles.block_m, m),
+      block(tiles.block_k, c),
+      block(tiles.block_n, o),
   )
   tiles_c, tiles_o = pl.cdiv(c, bc), pl.cdiv(o, bo)
   segment, tile, starts, ends, count = work_items(group_sizes, m, bm)
@@ -229,14 +231,14 @@ def gmm(
           + size(rhs) * pl.cdiv(m, bm)
           + m * o * jnp.dtype(out_dtype).itemsize,
       ),
-      name="linen_moe_triton_gmm_t" if transpose_rhs else "linen_moe_triton_gmm",
+      name="linen_moe_triton_gmm_t"
+      if transpose_rhs
+      else "linen_moe_triton_gmm",
   )
   return call(segment, tile, starts, ends, count, lhs, rhs)
 
 
-@functools.partial(
-    jax.jit, static_argnames=("tiles", "out_dtype", "interpret")
-)
+@functools.partial(jax.jit, static_argnames=("tiles", "out_dtype", "interpret"))
 def tgmm(
     lhs: jax.Array,
     dout: jax.Array,
@@ -264,8 +266,10 @@ def tgmm(
   m, k = lhs.shape
   n = dout.shape[1]
   num_groups = group_sizes.shape[0]
-  bm, bk, bn = block(tiles.block_m, m), block(tiles.block_k, k), block(
-      tiles.block_n, n
+  bm, bk, bn = (
+      block(tiles.block_m, m),
+      block(tiles.block_k, k),
+      block(tiles.block_n, n),
   )
   tiles_k, tiles_n = pl.cdiv(k, bk), pl.cdiv(n, bn)
   starts, ends = gmm_schedule.group_bounds(group_sizes, m)

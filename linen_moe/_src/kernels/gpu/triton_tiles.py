@@ -30,8 +30,11 @@ PASSES = ("gmm", "gmm_t", "tgmm")
 
 
 def _power_of_two(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool) and v > 0 and (
-      v & (v - 1) == 0
+  return (
+      isinstance(v, int)
+      and not isinstance(v, bool)
+      and v > 0
+      and (v & (v - 1) == 0)
   )
 
 
@@ -65,8 +68,7 @@ class Tiles:
       least = 16 if name.startswith("block") else 1
       if not _power_of_two(value) or value < least:
         raise ValueError(
-            f"{where}.{name} must be a power of two >= {least}; got "
-            f"{value!r}."
+            f"{where}.{name} must be a power of two >= {least}; got {value!r}."
         )
     for name in ("num_stages", "group_m"):
       value = getattr(self, name)
