@@ -61,9 +61,10 @@ def check_operands(lhs, rhs, group_sizes, preferred_element_type) -> jnp.dtype:
 
 
 def _device_kind() -> str | None:
-  from linen_moe._src.kernels.gpu import auto_table
-
-  return auto_table.current_device_kind()
+  """This process's GPU ("NVIDIA H200"), or None off a GPU (a program
+  traced here for another device takes the default tiles)."""
+  device = jax.devices()[0]
+  return device.device_kind if device.platform == "gpu" else None
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -133,8 +134,8 @@ def triton_grouped_matmul(
       `triton_tiles.choose_tiling` for `device_kind` (unmeasured defaults
       where its table has no entry).
     interpret: run the kernels in Pallas interpret mode (any backend).
-    device_kind: the GPU whose tiles to use ("NVIDIA H200"); default the
-      one traced for.
+    device_kind: the GPU whose tiles to use ("NVIDIA H200"); default this
+      process's first device's.
 
   Returns:
     [M, N]; rows past sum(group_sizes) are zeros. Gradients: dlhs [M, K] in
