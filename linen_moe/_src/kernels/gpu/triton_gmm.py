@@ -114,6 +114,30 @@ def _index(start, size: int):
   return start + lax.broadcasted_iota(jnp.int32, (size,), 0)
 
 
+def _within(start, size: int, dim: int):
+  """<bool>[size]: which of the `size` indices from `start` are < `dim`;
+  None where `dim` is a whole number of blocks (no mask to compute)."""
+  return None if dim % size == 0 else _index(start, size) < dim
+
+
+def _mask(rows, cols, shape):
+  """The `shape` mask of a per-row and a per-column mask (None: all
+  true; both None: no mask)."""
+  if rows is None and cols is None:
+    return None
+  if rows is None:
+    return jnp.broadcast_to(cols[None, :], shape)
+  if cols is None:
+    return jnp.broadcast_to(rows[:, None], shape)
+  return rows[:, None] & cols[None, :]
+
+
+def _load(ref, mask):
+  """`ref`'s block; zeros where `mask` is false (Triton takes `other` only
+  with a mask)."""
+  return plgpu.load(ref, mask=mask, other=None if mask is None else 0)
+
+
 def _params(tiles: Tiles):
   return plgpu.CompilerParams(
       num_warps=tiles.num_warps, num_stages=tiles.num_stages
@@ -163,7 +187,6 @@ def gmm(
   segment, tile, starts, ends, count = work_items(group_sizes, m, bm)
   max_items = segment.shape[0]
   dtype = compute_dtype(lhs.dtype, rhs.dtype)
-  c_even, o_even = c % bc == 0, o % bo == 0
 
   def kernel(seg_ref, tile_ref, starts_ref, ends_ref, count_ref, x, w, out):
     item, j = _program(pl.program_id(0), max_items, tiles_o, tiles.group_m)
@@ -175,29 +198,26 @@ def gmm(
       rows = _index(row0, bm)
       mine = (rows >= starts_ref[s]) & (rows < ends_ref[s])
       col0 = j * bo
-      cols_ok = o_even | (_index(col0, bo) < o)
+      cols_ok = _within(col0, bo, o)
       g = jnp.minimum(s, num_groups - 1)
 
       def step(kk, acc):
         k0 = kk * bc
-        k_ok = c_even | (_index(k0, bc) < c)
-        a = plgpu.load(
+        k_ok = _within(k0, bc, c)
+        a = _load(
             x.at[pl.ds(row0, bm), pl.ds(k0, bc)],
-            mask=mine[:, None] & k_ok[None, :],
-            other=0,
+            _mask(mine, k_ok, (bm, bc)),
         )
         if transpose_rhs:  # [bo, bc]
-          b = plgpu.load(
+          b = _load(
               w.at[g, pl.ds(col0, bo), pl.ds(k0, bc)],
-              mask=cols_ok[:, None] & k_ok[None, :],
-              other=0,
+              _mask(cols_ok, k_ok, (bo, bc)),
           )
           dims = (((1,), (1,)), ((), ()))
         else:  # [bc, bo]
-          b = plgpu.load(
+          b = _load(
               w.at[g, pl.ds(k0, bc), pl.ds(col0, bo)],
-              mask=k_ok[:, None] & cols_ok[None, :],
-              other=0,
+              _mask(k_ok, cols_ok, (bc, bo)),
           )
           dims = (((1,), (0,)), ((), ()))
         return acc + lax.dot_general(
@@ -214,7 +234,7 @@ def gmm(
       plgpu.store(
           out.at[pl.ds(row0, bm), pl.ds(col0, bo)],
           acc.astype(out.dtype),
-          mask=mine[:, None] & cols_ok[None, :],
+          mask=_mask(mine, cols_ok, (bm, bo)),
       )
 
   size = lambda a: a.size * jnp.dtype(a.dtype).itemsize  # noqa: E731
@@ -274,27 +294,23 @@ def tgmm(
   tiles_k, tiles_n = pl.cdiv(k, bk), pl.cdiv(n, bn)
   starts, ends = gmm_schedule.group_bounds(group_sizes, m)
   dtype = compute_dtype(lhs.dtype, dout.dtype)
-  k_even, n_even = k % bk == 0, n % bn == 0
 
   def kernel(starts_ref, ends_ref, x, dy, out):
     g, rest = jnp.divmod(pl.program_id(0), tiles_k * tiles_n)
     k0, n0 = (rest // tiles_n) * bk, (rest % tiles_n) * bn
     lo, hi = starts_ref[g], ends_ref[g]
-    k_ok = k_even | (_index(k0, bk) < k)
-    n_ok = n_even | (_index(n0, bn) < n)
+    k_ok, n_ok = _within(k0, bk, k), _within(n0, bn, n)
 
     def step(r, acc):
       r0 = lo + r * bm
       mine = _index(r0, bm) < hi
-      a = plgpu.load(
+      a = _load(
           x.at[pl.ds(r0, bm), pl.ds(k0, bk)],
-          mask=mine[:, None] & k_ok[None, :],
-          other=0,
+          _mask(mine, k_ok, (bm, bk)),
       )
-      b = plgpu.load(
+      b = _load(
           dy.at[pl.ds(r0, bm), pl.ds(n0, bn)],
-          mask=mine[:, None] & n_ok[None, :],
-          other=0,
+          _mask(mine, n_ok, (bm, bn)),
       )
       return acc + lax.dot_general(
           a.astype(dtype),
@@ -309,7 +325,7 @@ def tgmm(
     plgpu.store(
         out.at[g, pl.ds(k0, bk), pl.ds(n0, bn)],
         acc.astype(out.dtype),
-        mask=k_ok[:, None] & n_ok[None, :],
+        mask=_mask(k_ok, n_ok, (bk, bn)),
     )
 
   size = lambda a: a.size * jnp.dtype(a.dtype).itemsize  # noqa: E731
