@@ -32,6 +32,7 @@ other types only as qwix `QArray`s). Which one `"auto"` runs is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -158,10 +159,15 @@ ENTRIES = (
         _TOKAMAX(("xla",)),
         on_cpu="xla",
     ),
-    _route(
-        "pallas_triton_gmm",
-        "our Pallas-Triton grouped matmul",
-        _triton_gmm,
-        on_cpu="interpret",
+    # A `pallas_call`'s outputs carry no manual-axis types: not inside a
+    # `shard_map` that checks them.
+    dataclasses.replace(
+        _route(
+            "pallas_triton_gmm",
+            "our Pallas-Triton grouped matmul",
+            _triton_gmm,
+            on_cpu="interpret",
+        ),
+        in_shard_map=False,
     ),
 )
