@@ -8,7 +8,9 @@ starting points for a Hopper GPU (the Triton matmul tutorial's and
 tokamax's H100 configurations are of this kind): 128 x 128 output blocks,
 64-deep K steps in 16-bit types (a stage holds (128 + 128) x 64 x 2 B =
 32 KiB of shared memory; 4 stages of the H200's 228 KiB), 32-deep in
-float32, 4 warps. `TUNED` ships empty; a measured entry (the autotuning
+float32, 4 warps; the weight gradient's 128 x 128 blocks of [K, N] take
+64 rows a step (32 KiB a stage, 3 stages), float32's 64 x 64 blocks 32
+rows. `TUNED` ships empty; a measured entry (the autotuning
 hook `benchmarks/gpu/bench_triton_gmm.py --sweep` prints them) reads:
 
   {"device_kind": "NVIDIA H200", "dtype": "bfloat16",
