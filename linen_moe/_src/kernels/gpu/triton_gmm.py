@@ -228,8 +228,9 @@ def gmm(
             preferred_element_type=_F32,
         )
 
-      # The tail segment (s == G) stores zeros: no step runs.
-      steps = jnp.where(s < num_groups, tiles_c, 0)
+      # The tail segment (s == G) stores zeros: no step runs. (Not
+      # `jnp.where`: Pallas-Triton lowers that bound into an invalid scf.for.)
+      steps = (s < num_groups).astype(jnp.int32) * tiles_c
       acc = lax.fori_loop(0, steps, step, jnp.zeros((bm, bo), _F32))
       plgpu.store(
           out.at[pl.ds(row0, bm), pl.ds(col0, bo)],
