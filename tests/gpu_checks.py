@@ -22,6 +22,7 @@ import pathlib
 from typing import Any
 
 import jax
+import numpy as np
 import pytest
 
 ON_CPU_ENV = "LINEN_MOE_GPU_CHECKS_ON_CPU"
@@ -76,3 +77,16 @@ def custom_call_targets(text: str) -> list[str]:
       for inst in reading.parse_hlo(text).values()
       if inst.opcode == "custom-call" and inst.target
   })
+
+
+def relative_errors(parts, got, want) -> dict[str, float]:
+  """Each part's largest |got - want| over want's largest magnitude (at
+  least 1), in float64: `parts` names the leaves of `got` and `want`."""
+  out = {}
+  for part, g, w in zip(
+      parts, jax.tree.leaves(got), jax.tree.leaves(want), strict=True
+  ):
+    ref = np.asarray(w, np.float64)
+    scale = max(1.0, float(np.abs(ref).max()))
+    out[part] = float(np.abs(np.asarray(g, np.float64) - ref).max()) / scale
+  return out

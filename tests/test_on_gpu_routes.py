@@ -110,10 +110,7 @@ class RoutesOnGpuTest(parameterized.TestCase):
       got = run(*args)
     # The reference from the operands as the route saw them (bf16-rounded).
     want = numpy_reference.grouped_matmul(lhs, rhs, group_sizes, dout)
-    errors = {}
-    for part, g, w in zip(("out", "dlhs", "drhs"), got, want, strict=True):
-      scale = max(1.0, float(np.abs(w).max()))
-      errors[part] = float(np.abs(np.asarray(g, np.float64) - w).max()) / scale
+    errors = gpu_checks.relative_errors(("out", "dlhs", "drhs"), got, want)
     if name == "auto":
       shape = (m, k, n, len(sizes))
       impl, entry = registry.auto(jax.default_backend(), shape, (dtype, dtype))
