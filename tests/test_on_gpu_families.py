@@ -1,0 +1,163 @@
+"""On the GPU: the tiny Hugging Face fixtures of all eight families give our
+logits and transformers' on torch, on the same GPU.
+
+One fixture per family (tests/fixtures/hf). float32 with TF32 off on both
+sides (`torch.backends.cuda.matmul.allow_tf32 = False`, cuDNN's too;
+`jax.default_matmul_precision("highest")`): our logits equal
+transformers' to `ATOL` (the fixtures' own bound, ours on a CPU against
+theirs on a CPU), and greedy decoding over the KV cache gives the tokens
+transformers' `generate` gives. bfloat16 (both loaded in bf16): ours is
+within bf16's tolerance of transformers' float32 logits, which is measured,
+not guessed: at most twice as far as transformers' own bf16 logits are
+from its float32 ones, or 2^-7 of the logits' largest magnitude. Each
+family's largest differences are recorded.
+
+Skipped at collection without a GPU (tests/gpu_checks.py); per test where
+torch or transformers is not importable, where torch sees no GPU on a GPU
+machine, or where transformers does not know the family. With
+LINEN_MOE_GPU_CHECKS_ON_CPU=1 it rehearses on the CPU (torch on its CPU)
+where both import.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+from tests import gpu_checks
+
+gpu_checks.skip_unless_asked()
+
+from absl.testing import absltest  # noqa: E402
+from absl.testing import parameterized  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tests import hf_helpers  # noqa: E402
+
+FAMILIES = {
+    "mixtral": "mixtral_gqa_swa",
+    "qwen3_moe": "qwen3_moe_dense0_norm",
+    "deepseek_v3": "deepseek_v3_plain_nogroup",
+    "gemma4_text": "gemma4_text_moe_keqv",
+    "gpt_oss": "gpt_oss_sinks_swa_yarn",
+    "glm4_moe": "glm4_moe_partial_qknorm_groups",
+    "minimax_m2": "minimax_m2_partial_qknorm",
+    "llama4_text": "llama4_text_nope_chunked",
+}
+ATOL = hf_helpers.ATOL
+NEW_TOKENS = 8
+EAGER = {"attn_implementation": "eager", "experts_implementation": "eager"}
+
+
+def _why_no_peer() -> str | None:
+  for module in ("torch", "transformers"):
+    if importlib.util.find_spec(module) is None:
+      return f"{module} is not importable here"
+  import torch  # noqa: PLC0415
+
+  if gpu_checks.ON_GPU and not torch.cuda.is_available():
+    return "torch sees no CUDA device on this GPU machine"
+  return None
+
+
+def _peer(fixture: str, dtype: str):
+  """transformers' model of `fixture` on the device, eager, in `dtype`;
+  (model, device), or (None, why transformers cannot build it)."""
+  import torch  # noqa: PLC0415
+  import transformers  # noqa: PLC0415
+  from transformers.models.auto import configuration_auto  # noqa: PLC0415
+
+  torch.backends.cuda.matmul.allow_tf32 = False
+  torch.backends.cudnn.allow_tf32 = False
+  directory = hf_helpers.FIXTURES / fixture
+  model_type = json.loads((directory / "config.json").read_text())["model_type"]
+  if model_type not in configuration_auto.CONFIG_MAPPING:
+    return None, (
+        f"transformers {transformers.__version__} does not know"
+        f" model_type {model_type!r}"
+    )
+  device = "cuda" if gpu_checks.ON_GPU else "cpu"
+  torch_dtype = getattr(torch, dtype)
+  try:
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch_dtype, **EAGER
+    )
+  except (TypeError, ValueError):  # a transformers without experts_impl.
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch_dtype, attn_implementation="eager"
+    )
+  return model.to(device).eval(), device
+
+
+def _peer_outputs(model, device, ids, prompt_len):
+  """transformers' float32 logits [B, S, V] and greedy tokens."""
+  import torch  # noqa: PLC0415
+
+  with torch.no_grad():
+    tokens = torch.as_tensor(np.asarray(ids), device=device)
+    logits = model(tokens, use_cache=False).logits.float().cpu().numpy()
+    prompt = tokens[:, :prompt_len]
+    generated = model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        use_cache=True,
+    )
+  return logits, generated.cpu().numpy()
+
+
+def _ours(fixture: str, dtype: str, ids, prompt):
+  config, variables = hf_helpers.load(fixture, True, dtype=dtype)
+  with jax.default_matmul_precision("highest"):
+    logits = hf_helpers.logits(config, variables, "linen", ids)
+    tokens = (
+        hf_helpers.generate(config, variables, "linen", prompt, NEW_TOKENS)
+        if dtype == "float32"
+        else None
+    )
+  return np.asarray(logits, np.float32), tokens
+
+
+class FamiliesOnGpuTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*FAMILIES.items())
+  def test_on_gpu_logits_equal_transformers(self, fixture):
+    why = _why_no_peer()
+    if why:
+      self.skipTest(why)
+    ids, _, _, prompt_len = hf_helpers.fixture(fixture)
+    model, device = _peer(fixture, "float32")
+    if model is None:
+      gpu_checks.record("families", fixture, {"skipped": device})
+      self.skipTest(device)
+    theirs, their_tokens = _peer_outputs(model, device, ids, prompt_len)
+    ours, our_tokens = _ours(fixture, "float32", ids, ids[:, :prompt_len])
+    model16, _ = _peer(fixture, "bfloat16")
+    theirs16, _ = _peer_outputs(model16, device, ids, prompt_len)
+    ours16, _ = _ours(fixture, "bfloat16", ids, None)
+    scale = max(1.0, float(np.abs(theirs).max()))
+    their_bf16 = float(np.abs(theirs16 - theirs).max())
+    our_bf16 = float(np.abs(ours16 - theirs).max())
+    bf16_bound = max(2 * their_bf16, scale * 2**-7)
+    float32 = float(np.abs(ours - theirs).max())
+    gpu_checks.record(
+        "families",
+        fixture,
+        {
+            "device": device,
+            "float32_max_abs": float32,
+            "greedy_equal": bool(np.array_equal(our_tokens, their_tokens)),
+            "bf16_ours_vs_their_f32": our_bf16,
+            "bf16_theirs_vs_their_f32": their_bf16,
+            "bf16_ours_vs_their_bf16": float(np.abs(ours16 - theirs16).max()),
+        },
+    )
+    np.testing.assert_allclose(ours, theirs, atol=ATOL, rtol=0)
+    np.testing.assert_array_equal(our_tokens, their_tokens)
+    self.assertLessEqual(our_bf16, bf16_bound, "bfloat16")
+
+
+if __name__ == "__main__":
+  absltest.main()
