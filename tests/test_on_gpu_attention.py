@@ -73,7 +73,11 @@ def _with_grads(fn, qkv):
 
 class AttentionOnGpuTest(parameterized.TestCase):
 
-  @parameterized.product(mask=tuple(MASKS), dtype=(jnp.bfloat16, jnp.float32))
+  @parameterized.named_parameters(
+      (f"{mask}_{jnp.dtype(dtype).name}", mask, dtype)
+      for mask in MASKS
+      for dtype in (jnp.bfloat16, jnp.float32)
+  )
   def test_on_gpu_auto_equals_einsum(self, mask, dtype):
     window, segments = MASKS[mask]
     keys = jax.random.split(jax.random.key(0), 3)

@@ -59,6 +59,11 @@ TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 0.02}
 _RUN_ON_CPU = {"pallas_triton"}
 ROUTES = {e.name: e for e in registry.entries("gpu")}
 NAMES = (*ROUTES, "blocked", "auto")
+NAMED = tuple(
+    (f"{name}_{problem}_{jnp.dtype(dtype).name}", name, (problem, dtype))
+    for name in NAMES
+    for problem, dtype in CASES
+)
 
 
 def _matmul(name: str, dtype):
@@ -95,7 +100,7 @@ def _program(run, args, m, k, n) -> dict:
 
 class RoutesOnGpuTest(parameterized.TestCase):
 
-  @parameterized.product(name=NAMES, case=CASES)
+  @parameterized.named_parameters(*NAMED)
   def test_on_gpu_route_equals_numpy(self, name, case):
     problem, dtype = case
     matmul, what = _matmul(name, dtype)
