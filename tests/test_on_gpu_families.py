@@ -1,7 +1,9 @@
 """On the GPU: the tiny Hugging Face fixtures of all eight families give our
 logits and transformers' on torch, on the same GPU.
 
-One fixture per family (tests/fixtures/hf). float32 with TF32 off on both
+One fixture per family (tests/fixtures/hf); transformers runs in a
+process of its own (tests/gpu_torch_worker.py: torch and JAX each load
+their own CUDA libraries), on the same GPU. float32 with TF32 off on both
 sides (`torch.backends.cuda.matmul.allow_tf32 = False`, cuDNN's too;
 `jax.default_matmul_precision("highest")`): our logits equal
 transformers' to `ATOL` (the fixtures' own bound, ours on a CPU against
@@ -25,8 +27,14 @@ where both import.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
 
 from tests import gpu_checks
 
@@ -50,66 +58,41 @@ FAMILIES = {
     "llama4_text": "llama4_text_nope_chunked",
 }
 ATOL = hf_helpers.ATOL
-NEW_TOKENS = 8
-EAGER = {"attn_implementation": "eager", "experts_implementation": "eager"}
+NEW_TOKENS = 8  # as tests.gpu_torch_worker
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _why_no_peer() -> str | None:
+@functools.cache
+def _peer() -> tuple[pathlib.Path | None, dict]:
+  """transformers' outputs of every fixture, computed once, in
+  tests.gpu_torch_worker on this machine's GPU (its CPU in a rehearsal):
+  (the folder of its FIXTURE.npz files, its report), or (None, why not)."""
   for module in ("torch", "transformers"):
     if importlib.util.find_spec(module) is None:
-      return f"{module} is not importable here"
-  import torch  # noqa: PLC0415
-
-  if gpu_checks.ON_GPU and not torch.cuda.is_available():
-    return "torch sees no CUDA device on this GPU machine"
-  return None
-
-
-def _peer(fixture: str, dtype: str):
-  """transformers' model of `fixture` on the device, eager, in `dtype`;
-  (model, device), or (None, why transformers cannot build it)."""
-  import torch  # noqa: PLC0415
-  import transformers  # noqa: PLC0415
-  from transformers.models.auto import configuration_auto  # noqa: PLC0415
-
-  torch.backends.cuda.matmul.allow_tf32 = False
-  torch.backends.cudnn.allow_tf32 = False
-  directory = hf_helpers.FIXTURES / fixture
-  model_type = json.loads((directory / "config.json").read_text())["model_type"]
-  if model_type not in configuration_auto.CONFIG_MAPPING:
-    return None, (
-        f"transformers {transformers.__version__} does not know"
-        f" model_type {model_type!r}"
-    )
+      return None, {"why": f"{module} is not importable here"}
+  out = pathlib.Path(tempfile.mkdtemp(prefix="gpu_torch_"))
+  path = [str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
   device = "cuda" if gpu_checks.ON_GPU else "cpu"
-  torch_dtype = getattr(torch, dtype)
-  try:
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        directory, dtype=torch_dtype, **EAGER
-    )
-  except (TypeError, ValueError):  # a transformers without experts_impl.
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        directory, dtype=torch_dtype, attn_implementation="eager"
-    )
-  return model.to(device).eval(), device
-
-
-def _peer_outputs(model, device, ids, prompt_len):
-  """transformers' float32 logits [B, S, V] and greedy tokens."""
-  import torch  # noqa: PLC0415
-
-  with torch.no_grad():
-    tokens = torch.as_tensor(np.asarray(ids), device=device)
-    logits = model(tokens, use_cache=False).logits.float().cpu().numpy()
-    prompt = tokens[:, :prompt_len]
-    generated = model.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        use_cache=True,
-    )
-  return logits, generated.cpu().numpy()
+  done = subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "tests.gpu_torch_worker",
+          str(out),
+          device,
+          *FAMILIES.values(),
+      ],
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=900,
+      check=False,
+  )
+  if done.returncode:
+    raise AssertionError(f"transformers' side failed:\n{done.stderr[-4000:]}")
+  return out, json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _ours(fixture: str, dtype: str, ids, prompt):
@@ -128,18 +111,16 @@ class FamiliesOnGpuTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*FAMILIES.items())
   def test_on_gpu_logits_equal_transformers(self, fixture):
-    why = _why_no_peer()
-    if why:
+    folder, report = _peer()
+    why = report.get("why") or report["fixtures"][fixture]
+    if why != "ok":
+      gpu_checks.record("families", fixture, {"skipped": why})
       self.skipTest(why)
+    with np.load(folder / f"{fixture}.npz") as peer:
+      theirs, theirs16 = peer["logits"], peer["logits_bf16"]
+      their_tokens = peer["tokens"]
     ids, _, _, prompt_len = hf_helpers.fixture(fixture)
-    model, device = _peer(fixture, "float32")
-    if model is None:
-      gpu_checks.record("families", fixture, {"skipped": device})
-      self.skipTest(device)
-    theirs, their_tokens = _peer_outputs(model, device, ids, prompt_len)
     ours, our_tokens = _ours(fixture, "float32", ids, ids[:, :prompt_len])
-    model16, _ = _peer(fixture, "bfloat16")
-    theirs16, _ = _peer_outputs(model16, device, ids, prompt_len)
     ours16, _ = _ours(fixture, "bfloat16", ids, None)
     rms = lambda a: float(np.sqrt(np.mean(np.square(a))))  # noqa: E731
     scale = max(1.0, float(np.abs(theirs).max()))
@@ -151,7 +132,7 @@ class FamiliesOnGpuTest(parameterized.TestCase):
         "families",
         fixture,
         {
-            "device": device,
+            "peer": {k: v for k, v in report.items() if k != "fixtures"},
             "float32_max_abs": float32,
             "greedy_equal": bool(np.array_equal(our_tokens, their_tokens)),
             "bf16_rms_ours_vs_their_f32": our_bf16,
