@@ -3,18 +3,17 @@
 Every cell of the table (quantization none / int8 / fp8 / nanoo_fp8 x the
 sparse, dense and dense + dropping paths) of tiny_mixtral with scanned
 layers, under the Linen and the NNX decoder: one train step compiled for
-the GPU, whose contractions must be fed the mode's quantized element types
-(`QuantizationMode.hlo_types`: int8 as s8, fp8 as f8e4m3fn / f8e5m2,
-nanoo_fp8 as the fnuz types) and an unquantized step none; then two steps
-on one batch: the loss finite and falling, the parameters moved, and every
-fp8 call site's state moved.
+the GPU, whose contractions must be fed (at least) the mode's quantized
+element types (`QuantizationMode.hlo_types`: int8 as s8, fp8 as f8e4m3fn
+/ f8e5m2, nanoo_fp8 as the fnuz types) and an unquantized step none;
+then two steps on one batch: the loss finite and falling, the parameters
+moved, and every fp8 call site's state moved.
 
 Where XLA:GPU keeps a quantized type native is recorded, not guessed: for
 each cell, each quantized type the contractions see, the contractions
 (and their custom-call targets: cuBLAS / cuBLASLt GEMMs) that take it as
 an operand ("native") and those that meet it only upstream, converted to
-a wider type first ("converted"). XLA:CPU converts every one (the
-rehearsal's record shows it).
+a wider type first ("converted").
 
 Skipped at collection without a GPU (tests/gpu_checks.py); rehearsed on a
 CPU with LINEN_MOE_GPU_CHECKS_ON_CPU=1.
@@ -103,7 +102,9 @@ class SeedTableOnGpuTest(parameterized.TestCase):
         {"types": found, "losses": losses},
     )
     expected = MODES[mode].hlo_types
-    self.assertEqual(set(found), set(expected), "types at the contractions")
+    self.assertContainsSubset(expected, set(found), "types at contractions")
+    if not expected:
+      self.assertEmpty(found, "an unquantized step")
     self.assertTrue(np.isfinite(losses).all(), losses)
     self.assertLess(losses[1], losses[0], "the loss falls on one batch")
     self.assertTrue(any(_moved(fe.params(state), fe.params(state2))))
