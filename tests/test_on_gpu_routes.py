@@ -12,7 +12,9 @@ precision (no TF32) to 1e-4 of the largest magnitude, and bfloat16 to 2 %
 of it (a bf16 output rounds to 2^-8; the gradients sum 50-150 products).
 Each route's compiled program is recorded (its custom-call targets, its
 contractions' opcodes, XLA's FLOP count against the useful 6 M K N), so the
-run shows what each route became on the machine, before any assertion.
+run shows what each route became on the machine, before any assertion. A
+GPU kernel that refuses the small problem (below its tiles) is recorded
+and skipped with its error; the problem at 128 a side it must run.
 
 Skipped at collection without a GPU (tests/gpu_checks.py); rehearsed on a
 CPU with LINEN_MOE_GPU_CHECKS_ON_CPU=1, where the routes that need the
@@ -58,6 +60,8 @@ TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 0.02}
 # XLA:CPU's ragged_dot, traced under the flag).
 _RUN_ON_CPU = {"pallas_triton"}
 ROUTES = {e.name: e for e in registry.entries("gpu")}
+# The GPU's own kernels, which may refuse a problem below their tiles.
+REFUSE_SMALL = {"tokamax", "tokamax_mosaic", "tokamax_triton", "pallas_triton"}
 NAMES = (*ROUTES, "blocked", "auto")
 NAMED = tuple(
     (f"{name}_{problem}_{jnp.dtype(dtype).name}", name, (problem, dtype))
@@ -110,8 +114,18 @@ class RoutesOnGpuTest(parameterized.TestCase):
     lhs, rhs, group_sizes, dout = gmm_cases.operands(m, k, n, sizes, dtype)
     run = jax.jit(functools.partial(gmm_cases.fwd_bwd, matmul))
     args = (lhs, rhs, group_sizes, dout)
+    key = f"{name}/{problem}/{jnp.dtype(dtype).name}"
     with jax.default_matmul_precision("highest"):
-      program = _program(run, args, m, k, n)
+      try:
+        program = _program(run, args, m, k, n)
+      except Exception as e:  # noqa: BLE001 (a refusal is recorded)
+        # A kernel of fixed tiles may refuse the small problem (K = 24,
+        # N = 40); the problem at 128 a side it must run.
+        if problem != "small" or name not in REFUSE_SMALL:
+          raise
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        gpu_checks.record("routes", key, {"runs": what, "refused": why})
+        self.skipTest(f"{key} refused: {why}")
       got = run(*args)
     # The reference from the operands as the route saw them (bf16-rounded).
     want = numpy_reference.grouped_matmul(lhs, rhs, group_sizes, dout)
@@ -120,7 +134,6 @@ class RoutesOnGpuTest(parameterized.TestCase):
       shape = (m, k, n, len(sizes))
       impl, entry = registry.auto(jax.default_backend(), shape, (dtype, dtype))
       what = entry.key if entry else impl
-    key = f"{name}/{problem}/{jnp.dtype(dtype).name}"
     gpu_checks.record(
         "routes", key, {"runs": what, "relative_error": errors, **program}
     )
