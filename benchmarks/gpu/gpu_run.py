@@ -51,11 +51,16 @@ DRY_SLACK = 3
 # A step's JSON files up to this size are inlined in gpu_run.json.
 INLINE_BYTES = 256 * 1024
 TAIL_CHARS = 1500
-# The default run's two calls (README.md): each fits one device call.
+# The default run's three calls (README.md): each fits one device call.
 CALLS = (
-    ("env", "tests", "kernels", "layer"),
-    ("env", "decode", "mfu", "profile", "vs_torch"),
+    ("env", "tests"),
+    ("env", "kernels", "layer", "decode"),
+    ("env", "mfu", "profile", "vs_torch"),
 )
+# The GPU chip checks (tests/gpu_checks.py): where this is "1" they run on
+# a CPU (a dry run's rehearsal); their records go to the step's folder.
+ON_CPU_ENV = "LINEN_MOE_GPU_CHECKS_ON_CPU"
+RECORDS_ENV = "LINEN_MOE_GPU_RECORDS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,21 +96,36 @@ def _env(ctx: Context) -> list[list[str]]:
 # routes, the kernels' tests, attention, the layer against the NumPy
 # oracle), and the GPU's own chip checks where the suite has them
 # (`-k on_gpu`, as TPU has `-k on_tpu`).
+# The chip checks first: a step cut short still leaves their records.
+ON_GPU_TEST_FILES = (
+    "tests/test_on_gpu_seed.py",
+    "tests/test_on_gpu_routes.py",
+    "tests/test_on_gpu_attention.py",
+    "tests/test_on_gpu_families.py",
+    "tests/test_on_gpu_resume.py",
+)
 GPU_TEST_FILES = (
+    *ON_GPU_TEST_FILES,
     "tests/test_grouped_matmul.py",
     "tests/test_kernels.py",
     "tests/test_attention.py",
     "tests/test_moe.py",
 )
-DRY_TESTS = "matches_numpy_loop or rows_past_total or gpu_without_tokamax"
+# A dry run: the chip checks whole (rehearsed on the CPU where ON_CPU_ENV
+# is "1", its default there), and a few of the others.
+DRY_TESTS = (
+    "on_gpu or matches_numpy_loop or rows_past_total or gpu_without_tokamax"
+)
 
 
 def _tests(ctx: Context) -> list[list[str]]:
   junit = ["--junitxml", str(ctx.out / "tests.xml")]
   pytest = [ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+  pytest += ["-p", "no:xdist", "-rs"]
   if ctx.dry:
-    return [[*pytest, *junit, "tests/test_grouped_matmul.py", "-k", DRY_TESTS]]
-  return [[*pytest, *junit, "-p", "no:xdist", *GPU_TEST_FILES]]
+    files = (*ON_GPU_TEST_FILES, "tests/test_grouped_matmul.py")
+    return [[*pytest, *junit, *files, "-k", DRY_TESTS]]
+  return [[*pytest, *junit, *GPU_TEST_FILES]]
 
 
 # M,K,N,G of the layer benchmarks' two shapes (8 experts of 2048 x 5632,
@@ -217,8 +237,11 @@ STEPS: dict[str, Step] = {
         _env,
     ),
     "tests": Step(
-        210,
-        "the tests on the GPU: " + " ".join(GPU_TEST_FILES) + " (junit XML)",
+        525,
+        "the GPU chip checks (their records: on_gpu_*.json) and the tests"
+        " on the GPU: "
+        + " ".join(GPU_TEST_FILES)
+        + " (junit XML)",
         _tests,
     ),
     "kernels": Step(
@@ -276,6 +299,7 @@ def child_env(dry: bool) -> dict[str, str]:
   paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
   if dry:
     env["JAX_PLATFORMS"] = "cpu"
+    env.setdefault(ON_CPU_ENV, "1")  # "0": the chip checks skip
     paths.insert(0, str(STANDIN))
   elif importlib.util.find_spec("xprof") is None:
     paths.append(str(STANDIN))
@@ -342,7 +366,7 @@ def run_step(name: str, ctx: Context, env: dict, left_s: float) -> dict:
   """Runs a step's commands in turn under what is left of its limit."""
   step = STEPS[name]
   ctx.out.mkdir(parents=True, exist_ok=True)
-  env = {**env, **dict(step.env)}
+  env = {**env, **dict(step.env), RECORDS_ENV: str(ctx.out)}
   budget = step.budget_s * (DRY_SLACK if ctx.dry else 1)
   limit = min(budget, left_s)
   record = {"step": name, "budget_s": budget, "what": step.what}

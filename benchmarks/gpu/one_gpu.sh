@@ -12,7 +12,7 @@
 #
 # Steps (benchmarks/gpu/gpu_run.py --list; each under its own time limit,
 # all of them within one device call's): env tests kernels layer decode mfu
-# profile vs_torch. Default: env tests kernels layer. Writes
+# profile vs_torch. Default: env tests (gpu_run.CALLS[0]). Writes
 # $OUT/gpu_run.json, $OUT/gpu_run.txt and $OUT/gpu_run.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

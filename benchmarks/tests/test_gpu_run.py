@@ -78,6 +78,26 @@ class StepsTest(absltest.TestCase):
         [("env", "skipped"), ("mfu", "skipped")],
     )
 
+  def test_the_tests_step_runs_the_gpu_chip_checks(self):
+    step = gpu_run.STEPS["tests"]
+    for dry in (False, True):
+      ctx = gpu_run.Context("py", pathlib.Path("o"), dry, 100, False)
+      (argv,) = step.commands(ctx)
+      for path in gpu_run.ON_GPU_TEST_FILES:
+        self.assertIn(path, argv)
+        self.assertTrue((gpu_run.ROOT / path).is_file(), path)
+    # A dry run rehearses them on the CPU unless told not to.
+    saved = os.environ.pop(gpu_run.ON_CPU_ENV, None)
+    try:
+      self.assertEqual(gpu_run.child_env(True)[gpu_run.ON_CPU_ENV], "1")
+      self.assertNotIn(gpu_run.ON_CPU_ENV, gpu_run.child_env(False))
+      os.environ[gpu_run.ON_CPU_ENV] = "0"
+      self.assertEqual(gpu_run.child_env(True)[gpu_run.ON_CPU_ENV], "0")
+    finally:
+      os.environ.pop(gpu_run.ON_CPU_ENV, None)
+      if saved is not None:
+        os.environ[gpu_run.ON_CPU_ENV] = saved
+
   def test_unknown_step(self):
     with self.assertRaises(SystemExit):
       gpu_run.main(["nothing"])
@@ -176,6 +196,8 @@ class DryRunTest(absltest.TestCase):
     with tempfile.TemporaryDirectory() as out:
       env = {**os.environ, "OUT": out, "PYTHON": sys.executable}
       env["WHEELS"] = os.path.join(out, "no-wheels")
+      # The GPU chip checks' rehearsal is minutes of compiles: not here.
+      env[gpu_run.ON_CPU_ENV] = "0"
       done = subprocess.run(
           [str(GPU / "one_gpu.sh"), "--cpu-dry-run", "env", "tests", "kernels"],
           env=env,
