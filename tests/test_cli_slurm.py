@@ -288,7 +288,9 @@ class SlurmFailureTest(_SlurmTest):
   def test_a_task_count_the_batch_cannot_be_split_over(self):
     run = os.path.join(self.tmp, "run")
     command = ["linen-moe", "train", *TRAIN, "--steps", "3"]
-    code, out, err = self.srun(3, [*command, "--checkpoint-dir", run])
+    code, out, err = self.srun(
+        3, [*command, "--checkpoint-dir", run], "--time=3"
+    )
     self.assertEqual(code, 2, err[-3000:])
     self.assertRegex(
         err,
@@ -306,7 +308,8 @@ class SlurmFailureTest(_SlurmTest):
         argv = [a if a != "8" else str(seq_len) for a in TRAIN]
         f.write(f"{task} linen-moe train {' '.join(argv)} --steps 3 ")
         f.write(f"--checkpoint-dir {run}\n")
-    code, out, err = self.srun(2, [conf], "--multi-prog")
+    # Without the check the tasks would wait for each other: the time limit.
+    code, out, err = self.srun(2, [conf], "--multi-prog", "--time=3")
     self.assertEqual(code, 2, err[-3000:])
     for task, seq_len in ((0, 8), (1, 16)):
       self.assertIn(
