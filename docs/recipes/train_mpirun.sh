@@ -14,11 +14,12 @@ set -euo pipefail
 NP=${NP:-16}
 RUN_DIR=${RUN_DIR:-$HOME/linen-moe-runs/mpirun-$(date +%Y%m%d-%H%M%S)}
 
-# -x passes variables to the remote ranks (the local ones inherit them all);
+# -x passes variables to the remote ranks (the local ones inherit them all:
+# add -x XLA_FLAGS and the like for what your ranks need);
 # --map-by slot fills each host's slots in turn, so that rank i of a host
 # gets local device i (OMPI_COMM_WORLD_LOCAL_RANK).
 # shellcheck disable=SC2086
 exec mpirun -np "$NP" ${HOSTFILE:+--hostfile "$HOSTFILE"} --map-by slot \
-  -x PATH -x LD_LIBRARY_PATH -x XLA_FLAGS -x JAX_PLATFORMS \
+  -x PATH -x LD_LIBRARY_PATH \
   ${MPIRUN_OPTS:-} \
   linen-moe train --checkpoint-dir "$RUN_DIR" "$@"
