@@ -18,6 +18,7 @@ the package under test).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -48,6 +49,16 @@ def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("", 0))
     return s.getsockname()[1]
+
+
+def _cpus() -> int:
+  """The cores slurmd finds here (`slurmd -C`), which the node must not
+  claim more of (a container may show the host's count elsewhere)."""
+  got = subprocess.run(
+      ["slurmd", "-C"], capture_output=True, text=True, timeout=30, check=False
+  )
+  found = re.search(r"\bCPUs=(\d+)", got.stdout)
+  return int(found.group(1)) if found else os.cpu_count() or 1
 
 
 def _config(root: str, node: str, cpus: int) -> str:
@@ -127,7 +138,7 @@ class SlurmCluster:
     with open(os.path.join(root, "gres.conf"), "w") as f:
       f.write("Name=gpu File=/dev/null\nName=gpu File=/dev/zero\n")
     with open(self.conf, "w") as f:
-      f.write(_config(root, self.node, os.cpu_count() or 1))
+      f.write(_config(root, self.node, _cpus()))
     munge = [
         "munged",
         "--foreground",
