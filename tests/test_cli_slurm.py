@@ -231,7 +231,11 @@ class SlurmStopTest(_SlurmTest):
     _, err = proc.communicate(timeout=300)
     self.assertEqual(proc.returncode, 143, err[-3000:])
     self.assertIn("DUE TO TIME LIMIT", err)
-    self.assertEqual(_cluster().job_state(job), "TIMEOUT")
+    deadline = time.monotonic() + 120
+    while (state := _cluster().job_state(job)) == "COMPLETING":
+      self.assertLess(time.monotonic(), deadline, state)
+      time.sleep(0.5)
+    self.assertEqual(state, "TIMEOUT")
     stop = self.check_stopped(run, err, STEPS)
 
     out = self.train(2, run, stop + 2)
