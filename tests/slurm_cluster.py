@@ -4,7 +4,9 @@ munge (its own key and socket), slurmctld and slurmd (the host's cores and
 two stand-in GPUs, `/dev/null` and `/dev/zero`, so that a recipe's
 `--gpus-per-node` means what it means on a GPU cluster), every file under
 one temporary directory, on free ports, started as this (root) process's
-children in the foreground and stopped by their process ids; `stop()`
+children in the foreground and stopped by their process ids (job ids from
+a random first one: JAX's Slurm coordinator port is 61440 + the job id mod
+4096, and two clusters on one host must not share it); `stop()`
 cancels the jobs, stops the daemons and removes the directory, also after a
 failed start. Debian's packages (`slurm-wlm`, `munge`) provide the programs;
 `missing()` says why a cluster cannot start here (not root, a program
@@ -18,6 +20,7 @@ the package under test).
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import socket
@@ -65,6 +68,7 @@ def _config(root: str, node: str, cpus: int) -> str:
   ports = _free_port(), _free_port()
   return f"""\
 ClusterName=linenmoe
+FirstJobId={random.randrange(1, 1 << 20)}
 SlurmctldHost={node}
 SlurmctldPort={ports[0]}
 SlurmdPort={ports[1]}

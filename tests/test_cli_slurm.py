@@ -45,7 +45,7 @@ from tests import slurm_cluster
 
 ROOT = launcher_runs.ROOT
 RECIPES = os.path.join(ROOT, "docs", "recipes")
-STEPS = 300  # the reference's; every stop lands well before it
+STEPS = 100  # the reference's; every stop lands well before it
 TRAIN = launcher_runs.TRAIN
 HEARTBEAT_S = 5
 # A loaded 2-core machine can take this long beyond the heartbeat timeout
@@ -223,8 +223,8 @@ class SlurmStopTest(_SlurmTest):
     """A job whose time limit runs out: both tasks save the last step and
     exit 143 within KillWait; resumed, the reference's rows."""
     run = os.path.join(self.tmp, "run")
-    # Half a second a step, so the limit lands within a few dozen steps.
-    command = [sys.executable, "-m", "tests.cli_slurm_worker", "0.5"]
+    # A second a step: the limit lands 60-90 s after the start, within 90.
+    command = [sys.executable, "-m", "tests.cli_slurm_worker", "1.0"]
     command += ["train", *TRAIN, "--steps", str(STEPS)]
     proc, job = self.start("limit", 2, [*command, "--checkpoint-dir", run])
     self.wait_rows(run, 1, proc)
