@@ -131,6 +131,27 @@ class StopRequestTest(parameterized.TestCase):
     self.assertIn("a second SIGTERM: exiting at once", err)
     self.assertTrue(os.path.exists(marker))
 
+  def test_a_repeated_signal_is_one_request(self):
+    """Two SIGTERMs at once (a Slurm time limit sends two, 5 ms apart) ask
+    once: the process stays, and a third, later, ends it."""
+    child = _child("""
+        import time
+        from linen_moe import training
+        with training.StopRequest() as stop:
+          print("ready", flush=True)
+          time.sleep(60)
+        """)
+    self.assertEqual(child.stdout.readline(), "ready\n")
+    child.send_signal(signal.SIGTERM)
+    time.sleep(0.05)  # delivered apart (pending ones would merge)
+    child.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    self.assertIsNone(child.poll())  # one request, not an exit
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    self.assertEqual(child.returncode, 143, err)
+    self.assertIn("a second SIGTERM: exiting at once", err)
+
 
 class WatchdogTest(absltest.TestCase):
 

@@ -143,6 +143,12 @@ def run(
   callbacks = list(callbacks)
   cbs.arrange({}, callbacks)  # a TypeError for a non-Callback, before work
   fe = LinenFrontend() if frontend is None else frontend
+  # Processes started with other options would wait in their first
+  # collective forever: one clear error on each instead.
+  options = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+  distributed.check_same(
+      {**options, "frontend": fe.name}, ignore=("progress", "log_every")
+  )
   held = []  # the lock, released by the exits that skip `finally`
   release = lambda: [lock.release() for lock in held]  # noqa: E731
   with (
