@@ -474,7 +474,10 @@ def _run(args: argparse.Namespace) -> int:
     # stop, JAX terminates the others with an error.
     import traceback  # noqa: PLC0415
 
-    print(f"[process {args.process_id}]", file=sys.stderr)
+    import jax  # noqa: PLC0415 (initialized above)
+
+    # Under srun / mpirun JAX found the process index, not --process-id.
+    print(f"[process {jax.process_index()}]", file=sys.stderr)
     traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
