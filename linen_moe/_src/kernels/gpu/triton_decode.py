@@ -38,8 +38,9 @@ input (int8 per row, fp8 with its input scale); a caller that wants those
 numbers quantizes x first (T x K values; float8 values are exact in
 bfloat16) and folds the input scale into `scale`.
 
-The product runs in bfloat16 (float16) when x is, else in float32 at full
-precision; it accumulates in float32. Dimensions need not be multiples of
+The product runs in bfloat16 (float16) when x is and the weights are that
+type or stored (int8, float8), else in float32 at full precision; it
+accumulates in float32. Dimensions need not be multiples of
 the tiles (masked loads and stores). Tiles are unmeasured defaults.
 """
 
@@ -198,7 +199,10 @@ def decode_kernel(
   )
   tiles_k, tiles_n = pl.cdiv(k, bk), pl.cdiv(n, bn)
   slots, count = expert_slots(expert_ids, e)
-  dtype = triton_gmm.compute_dtype(x.dtype)
+  # int8 and float8 values are exact in x's type; float weights join the
+  # choice (float32 weights with bfloat16 rows multiply in float32).
+  stored = jnp.dtype(w.dtype) not in X_DTYPES
+  dtype = triton_gmm.compute_dtype(x.dtype, *(() if stored else (w.dtype,)))
   scaled = scale is not None
   within, mask, load = triton_gmm._within, triton_gmm._mask, triton_gmm._load  # noqa: SLF001
 
