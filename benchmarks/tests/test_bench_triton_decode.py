@@ -1,0 +1,65 @@
+"""benchmarks/gpu/bench_triton_decode.py: its routing, and what it reports
+from the times and bandwidth it measures (here given, not measured),
+against numbers worked out by hand."""
+
+import pathlib
+import sys
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
+
+GPU = pathlib.Path(__file__).resolve().parents[1] / "gpu"
+sys.path.insert(0, str(GPU))
+
+import bench_triton_decode as bench  # noqa: E402
+
+# Two tokens of top-2 among 6 experts of 40 x 24: experts 2, 3 and 5, 2
+# twice.
+IDS = np.asarray([[2, 3], [2, 5]], np.int32)
+TIMES = {"decode": 4e-6, "triton_gmm": 8e-6, "ragged_dot": 2e-5}
+
+
+class BenchTritonDecodeTest(parameterized.TestCase):
+
+  @parameterized.parameters((1, 8, 128), (8, 2, 8), (8, 8, 128), (3, 1, 1))
+  def test_routing_picks_distinct_experts_per_token(self, batch, top_k, e):
+    ids = bench.routing(batch, top_k, e)
+    self.assertEqual(ids.shape, (batch, top_k))
+    self.assertTrue(all(len(set(row)) == top_k for row in ids))
+    self.assertTrue(((ids >= 0) & (ids < e)).all())
+
+  # 3 distinct experts of 40 x 24: bfloat16 3 * 960 * 2 = 5,760 bytes;
+  # int8 and float8 3 * (960 * 1 + 24 * 4 scale bytes) = 3,168.
+  @parameterized.parameters(
+      ("bfloat16", 5760, 1.44, 0.72, 0.288),
+      ("int8", 3168, 0.792, 0.72, 0.288),
+      ("float8_e4m3fn", 3168, 0.792, 0.72, 0.288),
+  )
+  def test_reports_the_fraction_of_the_weight_read_limit(
+      self, w_dtype, nbytes, decode, gmm, ragged
+  ):
+    with mock.patch.object(bench, "_alternating", return_value=TIMES):
+      r = bench.time_decode(
+          6, 40, 24, 2, 2, w_dtype=w_dtype, bandwidth=1e9, ids=IDS,
+          interpret=True,
+      )  # fmt: skip
+    self.assertEqual(r["distinct_experts"], 3)
+    self.assertEqual(r["weight_bytes"], nbytes)
+    self.assertAlmostEqual(r["limit_s"], nbytes / 1e9)
+    # bf16 route bytes 5,760 at 8 us and 20 us: 0.72 and 0.288 of 1 GB/s.
+    want = {"decode": decode, "triton_gmm": gmm, "ragged_dot": ragged}
+    for route, fraction in want.items():
+      self.assertAlmostEqual(r["fraction_of_limit"][route], fraction)
+    self.assertAlmostEqual(r["bytes_per_s"]["decode"], nbytes / 4e-6)
+    self.assertAlmostEqual(r["decode_speedup"]["triton_gmm"], 2.0)
+    self.assertAlmostEqual(r["decode_speedup"]["ragged_dot"], 5.0)
+
+  def test_copy_bandwidth_counts_a_read_and_a_write(self):
+    with mock.patch.object(bench, "_alternating", return_value={"copy": 0.5}):
+      self.assertEqual(bench.copy_bandwidth(1 << 20, rounds=1), 4 * (1 << 20))
+
+
+if __name__ == "__main__":
+  absltest.main()
