@@ -28,6 +28,7 @@ import numpy as np
 from linen_moe._src.kernels import registry
 from linen_moe._src.kernels.gpu import triton_decode
 from linen_moe._src.kernels.gpu.triton_tiles import Tiles
+from linen_moe._src.quantization import stored_weights
 from linen_moe._src.testing.marks import slow
 
 # 16 x 16 tiles: K = 40 and N = 24 take partial tiles, two N tiles.
@@ -223,6 +224,46 @@ class TritonDecodeTest(parameterized.TestCase):
         hidden = gate / (1 + np.exp(-gate)) * up
         want[t] += route_w[t, j] * (hidden @ wo64[e])
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-4)
+
+  @parameterized.parameters(("int8", None), ("float8_e4m3fn", 0.02))
+  def test_stored_weights_give_the_serving_contractions_numbers(
+      self, w_dtype, input_scale
+  ):
+    """`decode_matmul_stored` against the serving layer's own contraction
+    (`StoredGroupedMatmul`, input quantized as it does, XLA's ragged_dot)
+    on the rows sorted by expert: batch 8 of top-2."""
+    ids = _routing(8, 2)
+    x = _x(ids.size, "float32")
+    values, scale, _ = _weights(w_dtype)
+    mode = "int8"
+    if input_scale is not None:  # float8: one scale a tensor
+      scale, mode = jnp.asarray([0.03], jnp.float32), "fp8"
+      input_scale = jnp.asarray([input_scale], jnp.float32)
+    got = triton_decode.decode_matmul_stored(
+        x, values, jnp.asarray(ids), scale, input_scale, tiles=SMALL,
+        interpret=True,
+    )  # fmt: skip
+    order = np.argsort(ids, kind="stable")
+    sizes = jnp.asarray(np.bincount(ids, minlength=E), jnp.int32)
+    kernel = stored_weights.StoredKernel(values, scale, input_scale, mode)
+    serving = stored_weights.StoredGroupedMatmul("ragged_dot")
+    want = np.empty((ids.size, N))
+    want[order] = serving.apply({}, x[order], kernel, sizes)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+  def test_stored_weights_bad_input_are_value_errors(self):
+    x, ids = jnp.ones((4, 16)), jnp.zeros(4, int)
+    w, scale = jnp.ones((3, 16, 8), jnp.int8), jnp.ones((3, 1, 8))
+    one = jnp.ones((1,))
+    for args, message in (
+        ((x, w.astype(jnp.bfloat16), ids, scale), "values has dtype bfloat16"),
+        ((x, w, ids, scale, one), "int8 takes none; got values int8"),
+        ((x, w.astype(jnp.float8_e4m3fn), ids, one), "float8_e4m3fn with"),
+    ):
+      with self.assertRaisesRegex(ValueError, message):
+        fail = mock.Mock(side_effect=AssertionError("a kernel was traced"))
+        with mock.patch.object(triton_decode, "decode_kernel", fail):
+          triton_decode.decode_matmul_stored(*args, interpret=True)
 
   @parameterized.parameters(
       ([3, 1, 3, 0, 1], 4),
