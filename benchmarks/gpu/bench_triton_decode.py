@@ -4,7 +4,7 @@ weight-read limit, beside the grouped-matmul routes at the same sizes.
 One projection of a decode step: B tokens' top-k choices, T = B * k rows,
 each times its expert's [K, N] weight. What a step must read is the
 weights of the distinct routed experts, U of them: U * K * N weight bytes
-(plus U * N * 4 scale bytes for int8 / float8 weights). The *weight-read
+(plus int8's U * N * 4 scale bytes, float8's 8). The *weight-read
 limit* is those bytes over the device's measured copy bandwidth (a jitted
 `a + 1` over a large array: 2 x its bytes a call, read and written);
 `fraction_of_limit` = limit seconds / measured seconds, each route against
@@ -13,7 +13,9 @@ step: >= 0.80 at batch 1 and 8).
 
 Routes, medians of alternating rounds:
 
-  decode        `triton_decode.decode_matmul` in the weights' type.
+  decode        `triton_decode.decode_matmul` in the weights' type (int8
+                and float8 through `decode_matmul_stored`, the serving
+                layer's numbers: the rows quantized first).
   triton_gmm    the grouped matmul route: rows sorted by expert (the sort
                 timed with it), our Pallas-Triton grouped matmul's forward
                 over all E groups, in bfloat16.
@@ -30,6 +32,7 @@ DIR/bench_triton_decode.json. From Python: `time_decode(...)`.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import statistics
@@ -65,12 +68,14 @@ def routing(batch: int, top_k: int, num_experts: int, seed: int = 0):
 
 
 def weight_bytes(ids, k: int, n: int, w_dtype: str) -> int:
-  """Bytes of the distinct routed experts' [K, N] weights (and their [N]
-  float32 scales when stored as int8 / float8)."""
+  """Bytes of the distinct routed experts' [K, N] weights and their
+  scales: int8's [N] float32 per expert, float8's two float32 scalars (its
+  scale and input scale, one a tensor)."""
   distinct = np.unique(np.asarray(ids)).size
-  stored = jnp.dtype(w_dtype) in (jnp.int8, jnp.float8_e4m3fn)
-  per_expert = k * n * jnp.dtype(w_dtype).itemsize + (n * 4 if stored else 0)
-  return distinct * per_expert
+  values = distinct * k * n * jnp.dtype(w_dtype).itemsize
+  if w_dtype == "int8":
+    return values + distinct * n * 4
+  return values + (8 if w_dtype == "float8_e4m3fn" else 0)
 
 
 def _seconds(call, args) -> float:
@@ -116,8 +121,19 @@ def _weights(e, k, n, w_dtype, seed=1):
     values = jnp.clip(jnp.round(w * 40), -127, 127).astype(jnp.int8)
     return values, jnp.full((e, 1, n), 1 / 40, jnp.float32)
   if w_dtype == "float8_e4m3fn":
-    return w.astype(jnp.float8_e4m3fn), jnp.ones((e, 1, n), jnp.float32)
+    return w.astype(jnp.float8_e4m3fn), jnp.ones((1,), jnp.float32)
   return w.astype(jnp.dtype(w_dtype)), None
+
+
+def _decode(x, w, ids, scale, *, interpret):
+  """The decode route: bfloat16 weights as they are; int8 and float8 as a
+  serving layer reads them (`decode_matmul_stored`: its input quantized)."""
+  if scale is None:
+    return triton_decode.decode_matmul(x, w, ids, interpret=interpret)
+  input_scale = None if w.dtype == jnp.int8 else jnp.ones((1,), jnp.float32)
+  return triton_decode.decode_matmul_stored(
+      x, w, ids, scale, input_scale, interpret=interpret
+  )
 
 
 def _grouped(matmul, num_experts):
@@ -174,11 +190,7 @@ def time_decode(
   x = jax.random.normal(jax.random.key(2), (flat.size, k), jnp.bfloat16)
   w, scale = _weights(e, k, n, w_dtype)
   w16 = _weights(e, k, n, "bfloat16")[0]
-  decode = jax.jit(
-      lambda x, w, ids, s: triton_decode.decode_matmul(
-          x, w, ids, s, interpret=interpret
-      )
-  )
+  decode = jax.jit(functools.partial(_decode, interpret=interpret))
   calls = {
       "decode": (decode, (x, w, flat, scale)),
       "triton_gmm": (

@@ -31,11 +31,13 @@ class BenchTritonDecodeTest(parameterized.TestCase):
     self.assertTrue(((ids >= 0) & (ids < e)).all())
 
   # 3 distinct experts of 40 x 24: bfloat16 3 * 960 * 2 = 5,760 bytes;
-  # int8 and float8 3 * (960 * 1 + 24 * 4 scale bytes) = 3,168.
+  # int8 3 * (960 * 1 + 24 * 4 scale bytes) = 3,168; float8 3 * 960 + 2
+  # scalar scales of 4 bytes = 2,888. At 4 us and 1 GB/s: 1.44, 0.792,
+  # 0.722 of the limit.
   @parameterized.parameters(
       ("bfloat16", 5760, 1.44, 0.72, 0.288),
       ("int8", 3168, 0.792, 0.72, 0.288),
-      ("float8_e4m3fn", 3168, 0.792, 0.72, 0.288),
+      ("float8_e4m3fn", 2888, 0.722, 0.72, 0.288),
   )
   def test_reports_the_fraction_of_the_weight_read_limit(
       self, w_dtype, nbytes, decode, gmm, ragged
