@@ -1,9 +1,11 @@
 """Times the decode expert matmul (`triton_decode`, unmeasured) against the
 weight-read limit, beside the grouped-matmul routes at the same sizes.
 
-One projection of a decode step: B tokens' top-k choices, T = B * k rows,
-each times its expert's [K, N] weight. What a step must read is the
-weights of the distinct routed experts, U of them: U * K * N weight bytes
+One projection of a decode step, in each of L layers (one call runs them
+all, as a step does, so that what is timed is not the launch and the
+weights are not in L2): B tokens' top-k choices, T = B * k rows, each
+times its expert's [K, N] weight. What a step must read is the
+weights of the distinct routed experts, U of them a layer: U * K * N bytes
 (plus int8's U * N * 4 scale bytes, float8's 8). The *weight-read
 limit* is those bytes over the device's measured copy bandwidth (a jitted
 `a + 1` over a large array: 2 x its bytes a call, read and written);
@@ -47,35 +49,44 @@ import numpy as np
 from linen_moe._src.kernels.gpu import triton_decode  # noqa: TID251
 from linen_moe._src.kernels.gpu import triton_grouped  # noqa: TID251
 
-# name: (E, K, N, top-k): a Qwen3-30B-A3B expert's gate projection (128
-# of 2048 x 768, top-8) and a Mixtral-8x7B one's (8 of 4096 x 14336, top-2).
+# name: (E, K, N, top-k, layers): a Qwen3-30B-A3B expert's gate projection
+# (128 of 2048 x 768, top-8) and a Mixtral-8x7B one's (8 of 4096 x 14336,
+# top-2), over enough layers that a call's routed weights (at batch 1: 16
+# x 25 MB, 4 x 235 MB in bfloat16) are several times the H200's 50 MB L2.
 SHAPES = {
-    "qwen3_30b_a3b": (128, 2048, 768, 8),
-    "mixtral_8x7b": (8, 4096, 14336, 2),
+    "qwen3_30b_a3b": (128, 2048, 768, 8, 16),
+    "mixtral_8x7b": (8, 4096, 14336, 2, 4),
 }
-DRY_SHAPES = {"dry": (6, 40, 24, 2)}
+DRY_SHAPES = {"dry": (6, 40, 24, 2, 2)}
 BATCHES = (1, 8)
 WEIGHTS = ("bfloat16", "int8", "float8_e4m3fn")
 COPY_BYTES, DRY_COPY_BYTES = 1 << 30, 1 << 20
 
 
-def routing(batch: int, top_k: int, num_experts: int, seed: int = 0):
-  """<int32>[B, k]: each token's k distinct experts, uniformly drawn."""
+def routing(
+    batch: int, top_k: int, num_experts: int, layers: int = 1, seed: int = 0
+):
+  """<int32>[L, B, k]: per layer each token's k distinct experts,
+  uniformly drawn."""
   rng = np.random.default_rng(seed)
-  return np.stack(
-      [rng.choice(num_experts, top_k, replace=False) for _ in range(batch)]
-  ).astype(np.int32)
+  draw = lambda: rng.choice(num_experts, top_k, replace=False)  # noqa: E731
+  return np.asarray(
+      [[draw() for _ in range(batch)] for _ in range(layers)], np.int32
+  )
 
 
 def weight_bytes(ids, k: int, n: int, w_dtype: str) -> int:
   """Bytes of the distinct routed experts' [K, N] weights and their
-  scales: int8's [N] float32 per expert, float8's two float32 scalars (its
-  scale and input scale, one a tensor)."""
-  distinct = np.unique(np.asarray(ids)).size
+  scales, summed over layers (ids <int>[L, B, k]): int8's [N] float32 per
+  expert, float8's two float32 scalars a layer (its scale and input
+  scale, one a tensor)."""
+  ids = np.asarray(ids)
+  layers = ids.shape[0]
+  distinct = sum(np.unique(layer).size for layer in ids)
   values = distinct * k * n * jnp.dtype(w_dtype).itemsize
   if w_dtype == "int8":
     return values + distinct * n * 4
-  return values + (8 if w_dtype == "float8_e4m3fn" else 0)
+  return values + (8 * layers if w_dtype == "float8_e4m3fn" else 0)
 
 
 def _seconds(call, args) -> float:
@@ -139,11 +150,24 @@ def _decode(x, w, ids, scale, *, interpret):
 def _grouped(matmul, num_experts):
   """The grouped-matmul route: sort the rows by expert, multiply, unsort."""
 
-  def run(x, w, ids):
+  def run(x, w, ids, scale):
+    del scale  # bfloat16 weights
     order = jnp.argsort(ids, stable=True)
     sizes = jnp.bincount(ids, length=num_experts).astype(jnp.int32)
     out = matmul(x[order], w, sizes)
     return jnp.zeros_like(out).at[order].set(out)
+
+  return run
+
+
+def _layers(route):
+  """One jitted call of `route` over the layers, each its own weights and
+  routing, unrolled (no layer's weights sliced out of a stack, which XLA
+  may copy), the outputs summed."""
+
+  def run(x, ws, ids, scales):
+    outs = [route(x, *a) for a in zip(ws, ids, scales, strict=True)]
+    return sum(o.astype(jnp.float32) for o in outs)
 
   return jax.jit(run)
 
@@ -154,6 +178,7 @@ def time_decode(
     n: int,
     top_k: int,
     batch: int,
+    layers: int = 1,
     *,
     w_dtype: str = "bfloat16",
     bandwidth: float | None = None,
@@ -162,20 +187,24 @@ def time_decode(
     warmup: int = 1,
     interpret: bool = False,
 ) -> dict:
-  """One projection at batch `batch` of top-`top_k`, each route timed.
+  """One projection at batch `batch` of top-`top_k` in each of `layers`
+  layers (a call: all of them, as a decode step), each route timed.
 
   Args:
     e, k, n, top_k: E experts of [K, N], top-k routing.
     batch: tokens B (T = B * top_k rows).
+    layers: L, each with its own weights and routing.
     w_dtype: the decode kernel's weight type (the grouped routes run
       bfloat16 weights).
     bandwidth: copy bytes per second (default `copy_bandwidth()`).
-    ids: <int>[B, top_k] routing (default `routing(batch, top_k, e)`).
+    ids: <int>[L, B, top_k] routing (default `routing(batch, top_k, e,
+      layers)`).
     rounds, warmup: of `_alternating`.
     interpret: Pallas interpret mode (`--cpu-dry-run`).
 
   Returns:
-    {"e", "k", "n", "top_k", "batch", "w_dtype", "distinct_experts",
+    {"e", "k", "n", "top_k", "batch", "layers", "w_dtype",
+    "distinct_experts" (summed over layers),
     "weight_bytes" and "limit_s" (the decode route's: its weights' bytes,
     those over the bandwidth), "copy_bytes_per_s", "seconds": {route},
     "bytes_per_s": {route: its weight bytes / its seconds},
@@ -184,25 +213,34 @@ def time_decode(
     device}. The grouped routes read bfloat16 weights: their bytes and
     limit are bfloat16's.
   """
-  ids = routing(batch, top_k, e) if ids is None else np.asarray(ids)
+  ids = routing(batch, top_k, e, layers) if ids is None else np.asarray(ids)
+  if ids.shape != (layers, batch, top_k):
+    raise ValueError(
+        f"ids must have shape [L, B, k]={(layers, batch, top_k)}; got "
+        f"{ids.shape}."
+    )
   bandwidth = copy_bandwidth() if bandwidth is None else bandwidth
-  flat = jnp.asarray(ids.reshape(-1), jnp.int32)
-  x = jax.random.normal(jax.random.key(2), (flat.size, k), jnp.bfloat16)
-  w, scale = _weights(e, k, n, w_dtype)
-  w16 = _weights(e, k, n, "bfloat16")[0]
-  decode = jax.jit(functools.partial(_decode, interpret=interpret))
+  flat = tuple(jnp.asarray(i.reshape(-1), jnp.int32) for i in ids)
+  x = jax.random.normal(jax.random.key(2), (batch * top_k, k), jnp.bfloat16)
+  ws, scales = zip(
+      *(_weights(e, k, n, w_dtype, seed=1 + i) for i in range(layers)),
+      strict=True,
+  )
+  w16 = tuple(_weights(e, k, n, "bfloat16", 1 + i)[0] for i in range(layers))
+  none = (None,) * layers
+  triton_gmm = functools.partial(
+      triton_grouped.triton_grouped_matmul, interpret=interpret
+  )
   calls = {
-      "decode": (decode, (x, w, flat, scale)),
-      "triton_gmm": (
-          _grouped(
-              lambda a, b, s: triton_grouped.triton_grouped_matmul(
-                  a, b, s, interpret=interpret
-              ),
-              e,
-          ),
-          (x, w16, flat),
+      "decode": (
+          _layers(functools.partial(_decode, interpret=interpret)),
+          (x, ws, flat, scales),
       ),
-      "ragged_dot": (_grouped(jax.lax.ragged_dot, e), (x, w16, flat)),
+      "triton_gmm": (_layers(_grouped(triton_gmm, e)), (x, w16, flat, none)),
+      "ragged_dot": (
+          _layers(_grouped(jax.lax.ragged_dot, e)),
+          (x, w16, flat, none),
+      ),
   }
   seconds = _alternating(calls, rounds, warmup)
   route_bytes = {
@@ -217,8 +255,9 @@ def time_decode(
       "n": n,
       "top_k": top_k,
       "batch": batch,
+      "layers": layers,
       "w_dtype": w_dtype,
-      "distinct_experts": int(np.unique(ids).size),
+      "distinct_experts": sum(np.unique(layer).size for layer in ids),
       "weight_bytes": route_bytes["decode"],
       "copy_bytes_per_s": bandwidth,
       "limit_s": limit_s,
@@ -245,11 +284,12 @@ def main(argv=None) -> None:
   bandwidth = copy_bandwidth(DRY_COPY_BYTES if dry else COPY_BYTES, rounds)
   print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s")
   record = {"copy_bytes_per_s": bandwidth, "timings": []}
-  for name, (e, k, n, top_k) in shapes.items():
+  for name, (e, k, n, top_k, layers) in shapes.items():
     for batch in BATCHES:
       for w_dtype in WEIGHTS:
         r = time_decode(
-            e, k, n, top_k, batch, w_dtype=w_dtype, bandwidth=bandwidth,
+            e, k, n, top_k, batch, layers, w_dtype=w_dtype,
+            bandwidth=bandwidth,
             rounds=rounds, warmup=0 if dry else 1, interpret=dry,
         )  # fmt: skip
         record["timings"].append({"shape": name, **r})
