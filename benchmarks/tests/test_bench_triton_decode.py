@@ -60,9 +60,10 @@ class BenchTritonDecodeTest(parameterized.TestCase):
     self.assertAlmostEqual(r["decode_speedup"]["ragged_dot"], 5.0)
 
   def test_layers_add_their_distinct_experts(self):
-    """Two layers: the first's 3 experts and [[0, 1], [1, 0]]'s 2, so 5 x
-    960 weights: bfloat16 9,600 bytes; float8 4,800 + 2 x 8 = 4,816."""
-    ids = np.concatenate([IDS, [[[0, 1], [1, 0]]]])
+    """Two layers: the first's 3 experts and [[2, 3], [3, 2]]'s 2 (the
+    same experts of another layer's weights), so 5 x 960 weights: bfloat16
+    9,600 bytes; float8 4,800 + 2 x 8 = 4,816."""
+    ids = np.concatenate([IDS, [[[2, 3], [3, 2]]]])
     self.assertEqual(bench.weight_bytes(ids, 40, 24, "bfloat16"), 9600)
     self.assertEqual(bench.weight_bytes(ids, 40, 24, "float8_e4m3fn"), 4816)
     self.assertEqual(bench.weight_bytes(ids, 40, 24, "int8"), 4800 + 480)
