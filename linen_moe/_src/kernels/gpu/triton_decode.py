@@ -17,9 +17,10 @@ name).
 Why not the grouped matmul: at decode a step's T = batch x top-k rows
 (2-64) meet a grouped matmul whose row tile is 128; the sorted path also
 sorts and gathers, and the layer's small-batch paths read every expert
-(`sparse.every_expert`) or gather the chosen ones into an HBM copy
-(`sparse.chosen_experts`: read, write, read again, and an expert chosen
-twice copied twice). Here one program per (distinct expert, N tile) loops
+(`sparse.every_expert`) or, in float, gather the chosen ones
+(`sparse.chosen_experts`: T x k experts' weights taken, an expert chosen
+twice taken twice, into a copy a kernel call then reads again). Here one
+program per (distinct expert, N tile) loops
 over K, loading its expert's [block_k, block_n] weight tile once for all
 the rows routed to it (the rows it does not own masked to zero): the
 weights are read once, the rows (T x K, tiny) once per N tile.
@@ -45,8 +46,8 @@ in bfloat16) and applies the input's scale after: `decode_matmul_stored`.
 
 The product runs in bfloat16 (float16) when x is and the weights are that
 type or stored (int8, float8), else in float32 at full precision; it
-accumulates in float32. Dimensions need not be multiples of
-the tiles (masked loads and stores). Tiles are unmeasured defaults.
+accumulates in float32. Dimensions need not be multiples of the tiles
+(masked loads and stores). Tiles are unmeasured defaults.
 """
 
 from __future__ import annotations
