@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe._src.kernels import registry
+from linen_moe._src.kernels.gpu import decode_stored
 from linen_moe._src.kernels.gpu import triton_decode
 from linen_moe._src.kernels.gpu.triton_tiles import Tiles
 from linen_moe._src.quantization import stored_weights
@@ -239,7 +240,7 @@ class TritonDecodeTest(parameterized.TestCase):
     if input_scale is not None:  # float8: one scale a tensor
       scale, mode = jnp.asarray([0.03], jnp.float32), "fp8"
       input_scale = jnp.asarray([input_scale], jnp.float32)
-    got = triton_decode.decode_matmul_stored(
+    got = decode_stored.decode_matmul_stored(
         x, values, jnp.asarray(ids), scale, input_scale, tiles=SMALL,
         interpret=True,
     )  # fmt: skip
@@ -263,7 +264,7 @@ class TritonDecodeTest(parameterized.TestCase):
       with self.assertRaisesRegex(ValueError, message):
         fail = mock.Mock(side_effect=AssertionError("a kernel was traced"))
         with mock.patch.object(triton_decode, "decode_kernel", fail):
-          triton_decode.decode_matmul_stored(*args, interpret=True)
+          decode_stored.decode_matmul_stored(*args, interpret=True)
 
   @parameterized.parameters(
       ([3, 1, 3, 0, 1], 4),

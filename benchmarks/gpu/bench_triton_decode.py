@@ -46,6 +46,7 @@ import numpy as np
 
 # The kernels have no public name (the layer reaches them through the
 # kernel registry); this times them alone, on routing set here.
+from linen_moe._src.kernels.gpu import decode_stored  # noqa: TID251
 from linen_moe._src.kernels.gpu import triton_decode  # noqa: TID251
 from linen_moe._src.kernels.gpu import triton_grouped  # noqa: TID251
 
@@ -142,7 +143,7 @@ def _decode(x, w, ids, scale, *, interpret):
   if scale is None:
     return triton_decode.decode_matmul(x, w, ids, interpret=interpret)
   input_scale = None if w.dtype == jnp.int8 else jnp.ones((1,), jnp.float32)
-  return triton_decode.decode_matmul_stored(
+  return decode_stored.decode_matmul_stored(
       x, w, ids, scale, input_scale, interpret=interpret
   )
 

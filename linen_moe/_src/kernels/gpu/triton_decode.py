@@ -6,10 +6,6 @@ name).
 
   decode_matmul         x [T, K], w [E, K, N], expert_ids <int32>[T]
                         -> [T, N]: out[t] = x[t] @ (w[ids[t]] * scale[ids[t]])
-  decode_matmul_stored  the serving layer's numbers from stored int8 /
-                        float8 weights: x quantized as its contraction
-                        quantizes it (int8 per row, float8 with the input
-                        scale), `decode_matmul`, then the input's scale.
   decode_experts        the gated expert MLP of B tokens' top-k choices
                         through three `decode_matmul`s, combined with the
                         routing weights.
@@ -42,7 +38,7 @@ serving's [1]) is applied to the tiny output outside the kernel. The
 product is weight-only: the serving layer's contractions also quantize the
 input (int8 per row, fp8 with its input scale); a caller that wants those
 numbers quantizes x first (T x K values; int8 and float8 values are exact
-in bfloat16) and applies the input's scale after: `decode_matmul_stored`.
+in bfloat16) and applies the input's scale after: `decode_stored`.
 
 The product runs in bfloat16 (float16) when x is and the weights are that
 type or stored (int8, float8), else in float32 at full precision; it
@@ -55,7 +51,6 @@ from __future__ import annotations
 from collections.abc import Callable
 import functools
 
-from flax.linen import fp8_ops
 import jax
 from jax import lax
 from jax.experimental import pallas as pl
@@ -64,7 +59,6 @@ import jax.numpy as jnp
 
 from linen_moe._src.kernels.gpu import triton_gmm
 from linen_moe._src.kernels.gpu.triton_tiles import Tiles
-from linen_moe._src.kernels.int8_grouped import quantize_int8
 
 _F32 = jnp.float32
 # The most token-assignments (tokens x top-k) a call takes: one row block
@@ -341,65 +335,6 @@ def decode_matmul(
   if per_tensor:
     out = out * scale.reshape(())
   return out.astype(out_dtype)
-
-
-def decode_matmul_stored(
-    x: jax.Array,
-    values: jax.Array,
-    expert_ids: jax.Array,
-    scale: jax.Array,
-    input_scale: jax.Array | None = None,
-    *,
-    tiles: Tiles | None = None,
-    interpret: bool = False,
-) -> jax.Array:
-  """A serving layer's stored-kernel contraction (`stored_weights`), the
-  decode kernel's way: the same numbers to float32 rounding (the order of
-  the float32 accumulation and of the scales' products).
-
-    int8    x quantized per row (AQT's int8, `quantize_int8(x, axis=1)`:
-            q <int8>[T, K], s_x [T, 1]); out = (q @ values[e] * scale[e])
-            * s_x. The int32 accumulation becomes float32 (exact while
-            K * 127^2 < 2^24, K <= 1040; float32 rounding past it).
-    float8  x quantized to values' type with `input_scale`
-            (`fp8_ops.quantize`); out = (q @ values[e]) * scale *
-            input_scale.
-
-  Args:
-    x: [T, K] float16, bfloat16 or float32.
-    values: <int8>[E, K, N] or <float8_e4m3fn / e5m2>[E, K, N].
-    expert_ids: <int>[T].
-    scale: int8's <f32>[E, 1, N]; float8's <f32>[1].
-    input_scale: float8's <f32>[1]; None for int8.
-    tiles, interpret: `decode_matmul`'s.
-
-  Returns:
-    [T, N] in x's dtype.
-
-  Raises:
-    ValueError: values neither int8 nor float8, or `input_scale` given
-      for int8 / missing for float8; and `decode_matmul`'s errors.
-  """
-  dtype = jnp.dtype(values.dtype)
-  if dtype not in W_DTYPES[3:]:
-    raise ValueError(
-        f"values has dtype {dtype.name}; stored weights are "
-        f"{_names(W_DTYPES[3:])}."
-    )
-  if (dtype == jnp.int8) != (input_scale is None):
-    raise ValueError(
-        "input_scale is float8's (the scale its input is quantized with) "
-        f"and int8 takes none; got values {dtype.name} with input_scale "
-        f"{'None' if input_scale is None else input_scale.shape}."
-    )
-  run = functools.partial(decode_matmul, tiles=tiles, interpret=interpret)
-  if dtype == jnp.int8:
-    q, row_scale = quantize_int8(x, axis=1)  # [T, K], [T, 1]
-    out = run(q.astype(x.dtype), values, expert_ids, scale, _F32)
-    return (out * row_scale).astype(x.dtype)
-  q = fp8_ops.quantize(x, dtype, input_scale, x.dtype)
-  out = run(q.astype(x.dtype), values, expert_ids, scale, _F32)
-  return (out * input_scale.astype(_F32)).astype(x.dtype)
 
 
 Weight = jax.Array | tuple[jax.Array, jax.Array]
