@@ -23,7 +23,9 @@
                   `kernels_on_cpu("tokamax")` runs.
   pallas_triton_gmm  our own Pallas-Triton grouped matmul
                   (`triton_grouped`): forward, input and weight gradient
-                  as Triton kernels on a GPU; interpreted on a CPU.
+                  as Triton kernels on a GPU; interpreted on a CPU. With
+                  it, the decode expert matmul (`triton_decode`,
+                  unmeasured, `Kernel.decode`): nothing runs it by default.
 
 Each takes float16, bfloat16 and float32 operands (Tokamax's kernels take
 other types only as qwix `QArray`s). Which one `"auto"` runs is
@@ -100,10 +102,15 @@ def _triton_gmm(interpret: bool) -> Parts:
     from linen_moe._src.kernels.gpu import triton_grouped
   except ImportError as e:  # a jax without Pallas' Triton backend
     raise ImportError(f"jax.experimental.pallas.triton: {e}") from e
+  from linen_moe._src.kernels.gpu import triton_decode
+
   return Parts(
       functools.partial(
           triton_grouped.triton_grouped_matmul, interpret=interpret
-      )
+      ),
+      decode=functools.partial(
+          triton_decode.decode_matmul, interpret=interpret
+      ),
   )
 
 
@@ -169,5 +176,6 @@ ENTRIES = (
             on_cpu="interpret",
         ),
         in_shard_map=False,
+        decode=True,
     ),
 )
