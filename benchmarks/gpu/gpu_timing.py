@@ -38,7 +38,7 @@ def torch_or_none():
 
 
 def torch_device(torch) -> str:
-  """"cuda" where torch sees a GPU, else "cpu"."""
+  """ "cuda" where torch sees a GPU, else "cpu"."""
   return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
 
 

@@ -122,7 +122,9 @@ class TitanMoE:
     ) * mm(routed, w["w3"].transpose(-2, -1), offs=offs)
     y = mm(h, w["w2"].transpose(-2, -1), offs=offs)[rows]
     y = y.float() * scores.reshape(-1)[order, None]
-    out = torch.zeros((tokens, x.shape[1]), dtype=torch.float32, device=x.device)
+    out = torch.zeros(
+        (tokens, x.shape[1]), dtype=torch.float32, device=x.device
+    )
     return out.index_add(0, token_of, y).to(x.dtype)
 
   def grads_as_ours(self, grads: dict) -> dict:
@@ -166,7 +168,9 @@ def hf_block(torch, transformers, family: str, params, top_k: int, impl: str):
         num_experts_per_tok=top_k,
         norm_topk_prob=True,
     )
-    cls = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock
+    cls = (
+        transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock
+    )
   else:
     raise ValueError(f"family must be mixtral or qwen3_moe; got {family!r}.")
   cfg._experts_implementation = impl  # noqa: SLF001 (its documented switch)
