@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import os
 import pathlib
-import statistics
 import sys
 import time
 

@@ -107,7 +107,6 @@ def jax_variants(shape, ops) -> dict:
 def torch_variants(torch, shape, ops, skipped: dict) -> dict:
   """{name: (thunk, the raw step)} of TitanMoE and transformers' blocks."""
   import numpy as np  # noqa: PLC0415
-
   import torch_moe  # noqa: PLC0415
 
   params = jax.tree.map(lambda a: np.asarray(a, np.float32), ops["params"])
