@@ -126,8 +126,9 @@ def speedups(model: dict) -> dict:
   return out
 
 
-def timing(folder: str, out: str, dry: bool, torch) -> dict:
-  """bench_model.py on the checkpoint, in a child; its JSON."""
+def timing(folder: str, out: str, dry: bool, torch, deadline) -> dict:
+  """bench_model.py on the checkpoint, in a child (ended at `deadline`);
+  its JSON."""
   path = os.path.join(out, "bench_model.json")
   argv = [
       sys.executable,
@@ -143,7 +144,12 @@ def timing(folder: str, out: str, dry: bool, torch) -> dict:
   if torch is not None:
     argv += ["--peer", sys.executable]
   env = {**os.environ, "LINEN_MOE_PEER_DEVICE": gpu_timing.torch_device(torch)}
-  done = subprocess.run(argv, env=env, check=False)
+  try:
+    done = subprocess.run(
+        argv, env=env, check=False, timeout=max(deadline.left(), 1)
+    )
+  except subprocess.TimeoutExpired:
+    return {"exit": 124, "command": " ".join(argv)}
   if done.returncode or not os.path.exists(path):
     return {"exit": done.returncode, "command": " ".join(argv)}
   with open(path, encoding="utf-8") as f:
@@ -157,10 +163,12 @@ def main(argv=None) -> int:
   parser.add_argument("--logits-batch", type=int, default=2)
   parser.add_argument("--logits-seq", type=int, default=512)
   parser.add_argument("--no-timing", action="store_true")
+  parser.add_argument("--budget-s", type=float, default=150)
   parser.add_argument("--cpu-dry-run", action="store_true")
   args = parser.parse_args(argv)
   if args.cpu_dry_run:
     args.logits_batch, args.logits_seq = 1, 16
+  deadline = gpu_timing.Deadline(args.budget_s)
   torch = gpu_timing.torch_or_none()
   folder = args.workdir or tempfile.mkdtemp(prefix="bench_gpu_model_")
   cfg = config(args.cpu_dry_run)
@@ -175,7 +183,9 @@ def main(argv=None) -> int:
   print(f"logits: {result['logits']}", flush=True)
   gpu_timing.write_json(args.out, "bench_gpu_model.json", result)
   if not args.no_timing:
-    result["timing"] = timing(folder, args.out, args.cpu_dry_run, torch)
+    result["timing"] = timing(
+        folder, args.out, args.cpu_dry_run, torch, deadline
+    )
     models = result["timing"].get("result", {}).get("models", [])
     result["speedups"] = [speedups(m) for m in models]
     print(f"ours over transformers: {result['speedups']}", flush=True)

@@ -89,19 +89,25 @@ def verdicts(ms: dict[str, float], shape) -> dict:
   }
 
 
-def jax_variants(shape, ops) -> dict:
-  """{name: thunk} of dense and ours (each a jitted step)."""
-  thunks = {
-      "dense": gpu_timing.jax_thunk(
-          layer_bench.dense_step(), ops["dense"], ops["x"], ops["cot"]
+def jax_variants(shape, ops, workers: int) -> tuple[dict, dict]:
+  """({name: thunk}, {name: error}) of dense and ours, compiled `workers`
+  at a time."""
+  jobs = {
+      "dense": (
+          layer_bench.dense_step(),
+          (ops["dense"], ops["x"], ops["cot"]),
       )
   }
   for impl in OURS:
-    step = layer_bench.our_step(shape, impl, False)
-    thunks[f"ours_{impl}"] = gpu_timing.jax_thunk(
-        step, ops["params"], ops["x"], ops["cot"]
+    jobs[f"ours_{impl}"] = (
+        layer_bench.our_step(shape, impl, False),
+        (ops["params"], ops["x"], ops["cot"]),
     )
-  return thunks
+  compiled, errors = gpu_timing.compile_all(jobs, workers)
+  return {
+      name: gpu_timing.jax_thunk(call, *jobs[name][1])
+      for name, call in compiled.items()
+  }, errors
 
 
 def torch_variants(torch, shape, ops, skipped: dict) -> dict:
@@ -167,9 +173,7 @@ def _leaves(result) -> dict:
 def bench_shape(label, shape, args, torch, deadline) -> dict:
   print(f"== {label}: {shape}", flush=True)
   ops = layer_bench.operands(shape)
-  thunks = jax_variants(shape, ops)
-  raw = dict(thunks)
-  skipped: dict[str, str] = {}
+  raw, skipped = jax_variants(shape, ops, args.workers)
   if torch is not None:
     for name, run in torch_variants(torch, shape, ops, skipped).items():
       raw[name] = gpu_timing.torch_thunk(torch, run)
@@ -207,8 +211,14 @@ def main(argv=None) -> int:
       default=list(layer_bench.SHAPES),
       choices=list(layer_bench.SHAPES),
   )
-  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--budget-s", type=float, default=240)
+  parser.add_argument(
+      "--workers",
+      type=int,
+      default=min(8, os.cpu_count() or 1),
+      help="programs compiled at once",
+  )
   parser.add_argument("--out", default=".")
   parser.add_argument(
       "--cpu-dry-run",

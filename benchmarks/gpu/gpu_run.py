@@ -38,6 +38,8 @@ import tempfile
 import time
 from xml.etree import ElementTree
 
+import bench_steps
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "benchmarks" / "gpu" / "standin"
 # What one device call may run (its limit is 600 s), less the wheels'
@@ -55,6 +57,9 @@ TAIL_CHARS = 1500
 CALLS = (
     ("env", "tests", "kernels", "layer"),
     ("env", "decode", "mfu", "profile", "vs_torch"),
+    # Issue 63's measurements (README.md, "Issue 63").
+    ("env", "gmm", "layer_torch", "fp8", "decode_limit"),
+    ("mfu", "model_torch"),
 )
 
 
@@ -159,7 +164,7 @@ def _mfu(ctx: Context) -> list[list[str]]:
   args += ["--budget-s", str(max(ctx.budget_s - 30, 30))]
   if ctx.dry:
     return [_script(ctx, path, "--tiny", "--rounds", "1", *args)]
-  variants = ("bf16", "ragged_dot", "kernel")
+  variants = ("bf16", "kernel", "no_remat")
   return [_script(ctx, path, "--variants", *variants, *args)]
 
 
@@ -240,7 +245,7 @@ STEPS: dict[str, Step] = {
         _decode,
     ),
     "mfu": Step(
-        200,
+        180,
         "one decoder layer's MFU against the H200's bf16 peak:"
         " bench_mfu.py --chip h200",
         _mfu,
@@ -262,6 +267,26 @@ STEPS: dict[str, Step] = {
             ("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.45"),
             ("LINEN_MOE_PEER_DEVICE", "cuda"),
         ),
+    ),
+    # Issue 63 (bench_steps.py builds their command lines).
+    "gmm": Step(
+        160, bench_steps.WHAT["gmm"], bench_steps.gmm, bench_steps.TORCH_ENV
+    ),
+    "layer_torch": Step(
+        160,
+        bench_steps.WHAT["layer_torch"],
+        bench_steps.layer_torch,
+        bench_steps.TORCH_ENV,
+    ),
+    "fp8": Step(110, bench_steps.WHAT["fp8"], bench_steps.fp8),
+    "decode_limit": Step(
+        80, bench_steps.WHAT["decode_limit"], bench_steps.decode_limit
+    ),
+    "model_torch": Step(
+        150,
+        bench_steps.WHAT["model_torch"],
+        bench_steps.model_torch,
+        (*bench_steps.TORCH_ENV, ("LINEN_MOE_PEER_DEVICE", "cuda")),
     ),
 }
 

@@ -61,6 +61,30 @@ def jax_thunk(fn, *args) -> Callable[[], Any]:
   return lambda: jax.block_until_ready(fn(*args))
 
 
+def compile_all(jobs: dict, workers: int) -> tuple[dict, dict]:
+  """({name: compiled executable}, {name: error}) of {name: (jitted fn,
+  args)}, lowered and compiled `workers` at a time (XLA compiles outside
+  the GIL; a GPU kernel's autotuning is most of a first call)."""
+  import concurrent.futures  # noqa: PLC0415
+
+  def build(fn, args):
+    try:
+      return fn.lower(*args).compile()
+    except Exception as e:  # noqa: BLE001 (a route that fails is a result)
+      return e
+
+  with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+    futures = {name: pool.submit(build, *job) for name, job in jobs.items()}
+  done, errors = {}, {}
+  for name, future in futures.items():
+    got = future.result()
+    if isinstance(got, Exception):
+      errors[name] = f"compile: {type(got).__name__}: {got}"[:600]
+    else:
+      done[name] = got
+  return done, errors
+
+
 class Deadline:
   """A run's end, as a monotonic time: `left()` seconds, `passed()`."""
 
