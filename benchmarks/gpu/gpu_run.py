@@ -70,7 +70,7 @@ class Context:
   python: str  # the interpreter (the machine's python3)
   out: pathlib.Path  # the step's own folder
   dry: bool  # --cpu-dry-run: tiny shapes on the CPU
-  budget_s: int  # the step's time limit
+  budget_s: int  # its limit (x DRY_SLACK dry), or what the call has left
   has_torch: bool
 
 
@@ -510,7 +510,13 @@ def main(argv=None) -> int:
           python=sys.executable,
           out=work / name,
           dry=args.cpu_dry_run,
-          budget_s=STEPS[name].budget_s,
+          # What the step may take: its limit, or what is left of the call.
+          budget_s=int(
+              min(
+                  STEPS[name].budget_s * (DRY_SLACK if args.cpu_dry_run else 1),
+                  left,
+              )
+          ),
           has_torch=has_module("torch"),
       )
       records.append(run_step(name, ctx, env, left))
