@@ -133,46 +133,61 @@ def config(depth: int, variant: str, tiny: bool):
   return linen_moe.load_model_config("mixtral_8x7b").replace(**changes)
 
 
-def time_depth(depth: int, args, mesh) -> dict:
-  """Compiles each variant, counts the fp8 step's contractions, then
-  alternates their steps on their own states."""
+def compile_programs(args, mesh) -> dict:
+  """{(depth, variant): (run, facts)}: every program lowered here, then
+  compiled all at once in threads (compiling is most of the time), the
+  fp8 steps' contractions read from their HLO."""
+  import concurrent.futures  # noqa: PLC0415
+
+  from linen_moe import hlo  # noqa: PLC0415
+
+  lowered, out = {}, {}
+  for depth in args.depths:
+    for v in VARIANTS:
+      run = bench_mfu.training_run(config(depth, v, args.cpu_dry_run), mesh)
+      try:
+        abstract = bench_mfu.abstract_args(run, mesh, args.batch, args.seq)
+        lowered[depth, v] = (run, run.lower(*abstract), time.perf_counter())
+      except Exception as e:  # noqa: BLE001 (a variant that fails is a result)
+        out[depth, v] = (None, {"error": f"lower: {type(e).__name__}: {e}"})
+
+  def build(item):
+    key, (run, low, start) = item
+    try:
+      compiled = low.compile()
+    except Exception as e:  # noqa: BLE001 (an out-of-memory is a result)
+      return key, (None, {"error": f"{type(e).__name__}: {e}"[:600]})
+    facts = {"compile_s": time.perf_counter() - start}
+    facts.update(native_summary(hlo.contractions(compiled.as_text())))
+    return key, (run, facts)
+
+  with concurrent.futures.ThreadPoolExecutor(len(lowered) or 1) as pool:
+    out.update(dict(pool.map(build, lowered.items())))
+  return out
+
+
+def time_depth(depth: int, programs: dict, args, mesh, deadline) -> dict:
+  """The variants' steps at `depth`, alternating, each on its own state."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
 
-  from linen_moe import hlo  # noqa: PLC0415
-
   group = {"depth": depth, "programs": {}}
-  runs, states, calls = {}, {}, {}
-  seq = args.seq
-  rng = jax.device_put(jax.random.key(1), bench_mfu.replicated(mesh))
+  runs = {}
   for v in VARIANTS:
-    cfg = config(depth, v, args.cpu_dry_run)
-    run = bench_mfu.training_run(cfg, mesh)
-    start = time.perf_counter()
-    try:
-      abstract = bench_mfu.abstract_args(run, mesh, args.batch, seq)
-      compiled = run.lower(*abstract).compile()
-    except Exception as e:  # noqa: BLE001 (a variant that fails is a result)
-      group["programs"][v] = {"error": f"{type(e).__name__}: {e}"[:600]}
-      continue
-    facts = {"compile_s": time.perf_counter() - start}
-    facts.update(native_summary(hlo.contractions(compiled.as_text())))
+    run, facts = programs[depth, v]
     group["programs"][v] = facts
-    runs[v] = run
+    if run is not None:
+      runs[v] = run
+  if not runs:
+    return group
+  rng = jax.device_put(jax.random.key(1), bench_mfu.replicated(mesh))
+  vocab = config(depth, "bf16", args.cpu_dry_run).vocab_size
+  tokens = np.random.default_rng(0).integers(0, vocab, (args.batch, args.seq))
   tokens = jax.device_put(
-      jnp.asarray(
-          np.random.default_rng(0).integers(
-              0,
-              config(depth, "bf16", args.cpu_dry_run).vocab_size,
-              (args.batch, seq),
-          ),
-          jnp.int32,
-      ),
-      next(iter(runs.values())).token_sharding() if runs else None,
+      jnp.asarray(tokens, jnp.int32), next(iter(runs.values())).token_sharding()
   )
-  for v, run in runs.items():
-    states[v] = run.init(tokens, jax.random.key(0))
+  states = {v: run.init(tokens, jax.random.key(0)) for v, run in runs.items()}
   losses = {}
 
   def stepper(v):
@@ -183,15 +198,14 @@ def time_depth(depth: int, args, mesh) -> dict:
 
     return call
 
-  for v in runs:
-    calls[v] = stepper(v)
   seconds, errors = gpu_timing.alternating_medians(
-      calls, args.rounds, gpu_timing.Deadline(args.budget_s)
+      {v: stepper(v) for v in runs}, args.rounds, deadline
   )
   group["step_ms"] = {v: s * 1e3 for v, s in seconds.items()}
   group["ratio"] = ratios(group["step_ms"])
   group["loss"] = losses
   group["errors"] = errors
+  states.clear()  # the next depth's states need the memory
   return group
 
 
@@ -222,20 +236,20 @@ def main(argv=None) -> int:
       "settings": {**vars(args), "variants": VARIANTS},
       "depths": [],
   }
+  programs = compile_programs(args, mesh)
   for depth in args.depths:
     if deadline.passed():
       result["depths"].append({"depth": depth, "cut": "deadline"})
       continue
-    args.budget_s = max(deadline.left(), 1)
-    group = time_depth(depth, args, mesh)
+    group = time_depth(depth, programs, args, mesh, deadline)
     result["depths"].append(group)
     step_ms = {
         g["depth"]: g["step_ms"] for g in result["depths"] if "step_ms" in g
     }
     result.update(layer_ratio(step_ms, tuple(args.depths)))
     print(
-        f"== {depth} layer(s): step ms {group['step_ms']}, bf16/fp8"
-        f" {group['ratio']}, loss {group['loss']}",
+        f"== {depth} layer(s): step ms {group.get('step_ms')}, bf16/fp8"
+        f" {group.get('ratio')}, loss {group.get('loss')}",
         flush=True,
     )
     fp8 = group["programs"].get("fp8", {})
