@@ -270,17 +270,17 @@ STEPS: dict[str, Step] = {
     ),
     # Issue 63 (bench_steps.py builds their command lines).
     "gmm": Step(
-        160, bench_steps.WHAT["gmm"], bench_steps.gmm, bench_steps.TORCH_ENV
+        150, bench_steps.WHAT["gmm"], bench_steps.gmm, bench_steps.TORCH_ENV
     ),
     "layer_torch": Step(
-        160,
+        150,
         bench_steps.WHAT["layer_torch"],
         bench_steps.layer_torch,
         bench_steps.TORCH_ENV,
     ),
     "fp8": Step(110, bench_steps.WHAT["fp8"], bench_steps.fp8),
     "decode_limit": Step(
-        80, bench_steps.WHAT["decode_limit"], bench_steps.decode_limit
+        100, bench_steps.WHAT["decode_limit"], bench_steps.decode_limit
     ),
     "model_torch": Step(
         150,
