@@ -108,7 +108,9 @@ def compare_logits(folder: str, batch: int, seq: int, torch) -> dict:
   out["relative"] = gpu_timing.relative_errors(ours, theirs)
   out["agree"] = gpu_timing.agree(out["relative"])
   out["argmax_agreement"] = argmax_agreement(ours, theirs)
-  del model
+  del model, theirs
+  if torch.cuda.is_available():
+    torch.cuda.empty_cache()  # the child's peer needs it
   return out
 
 
@@ -144,6 +146,9 @@ def timing(folder: str, out: str, dry: bool, torch, deadline) -> dict:
   if torch is not None:
     argv += ["--peer", sys.executable]
   env = {**os.environ, "LINEN_MOE_PEER_DEVICE": gpu_timing.torch_device(torch)}
+  # The child's JAX: its usual pool, less the peer's share of the GPU.
+  env.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)
+  env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.45"
   try:
     done = subprocess.run(
         argv, env=env, check=False, timeout=max(deadline.left(), 1)

@@ -17,6 +17,14 @@ MARGIN_S = 25
 # JAX takes 75 % of the GPU by default: leave torch, in the same process,
 # its share.
 TORCH_ENV = (("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5"),)
+# bench_gpu_model.py's own process exports and compares, untimed, then
+# starts bench_model.py (JAX) and its transformers peer: it takes GPU
+# memory as it goes and gives it back (the platform allocator), leaving the
+# child JAX's usual pool (`CHILD_ENV`).
+MODEL_ENV = (
+    ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform"),
+    ("LINEN_MOE_PEER_DEVICE", "cuda"),
+)
 
 
 def _script(ctx, name: str, *args: str) -> list[list[str]]:

@@ -286,7 +286,7 @@ STEPS: dict[str, Step] = {
         150,
         bench_steps.WHAT["model_torch"],
         bench_steps.model_torch,
-        (*bench_steps.TORCH_ENV, ("LINEN_MOE_PEER_DEVICE", "cuda")),
+        bench_steps.MODEL_ENV,
     ),
 }
 
