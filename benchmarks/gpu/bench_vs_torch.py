@@ -143,8 +143,9 @@ def torch_variants(torch, shape, ops, skipped: dict) -> dict:
 
 
 def compare(raw: dict, reference: str) -> dict:
-  """{variant: {leaf: relative_errors}} of (out, weight grads, x grad)
-  against `reference`'s, all in our layout."""
+  """{variant: {"leaves": {leaf: relative_errors}, "agree": all within
+  bf16 rounding}} of (out, weight grads, x grad) against `reference`'s,
+  all in our layout."""
   want = _leaves(raw[reference]())
   out = {}
   for name, run in raw.items():
@@ -159,7 +160,15 @@ def compare(raw: dict, reference: str) -> dict:
         )
         for leaf in want
     }
-  return out
+  return {
+      name: {
+          "leaves": leaves,
+          "agree": all(
+              e != "missing" and gpu_timing.agree(e) for e in leaves.values()
+          ),
+      }
+      for name, leaves in out.items()
+  }
 
 
 def _leaves(result) -> dict:
