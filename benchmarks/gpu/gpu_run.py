@@ -38,6 +38,8 @@ import tempfile
 import time
 from xml.etree import ElementTree
 
+import bench_steps
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "benchmarks" / "gpu" / "standin"
 # What one device call may run (its limit is 600 s), less the wheels'
@@ -56,6 +58,9 @@ CALLS = (
     ("env", "tests"),
     ("env", "kernels", "layer", "decode"),
     ("env", "mfu", "profile", "vs_torch"),
+    # Issue 63's measurements (README.md, "Issue 63").
+    ("env", "gmm", "layer_torch", "fp8", "decode_limit"),
+    ("mfu", "model_torch"),
 )
 # The GPU chip checks (tests/gpu_checks.py): where this is "1" they run on
 # a CPU (a dry run's rehearsal); their records go to the step's folder.
@@ -70,7 +75,7 @@ class Context:
   python: str  # the interpreter (the machine's python3)
   out: pathlib.Path  # the step's own folder
   dry: bool  # --cpu-dry-run: tiny shapes on the CPU
-  budget_s: int  # the step's time limit
+  budget_s: int  # its limit (x DRY_SLACK dry), or what the call has left
   has_torch: bool
 
 
@@ -179,7 +184,7 @@ def _mfu(ctx: Context) -> list[list[str]]:
   args += ["--budget-s", str(max(ctx.budget_s - 30, 30))]
   if ctx.dry:
     return [_script(ctx, path, "--tiny", "--rounds", "1", *args)]
-  variants = ("bf16", "ragged_dot", "kernel")
+  variants = ("bf16", "kernel", "no_remat")
   return [_script(ctx, path, "--variants", *variants, *args)]
 
 
@@ -263,7 +268,7 @@ STEPS: dict[str, Step] = {
         _decode,
     ),
     "mfu": Step(
-        200,
+        180,
         "one decoder layer's MFU against the H200's bf16 peak:"
         " bench_mfu.py --chip h200",
         _mfu,
@@ -285,6 +290,26 @@ STEPS: dict[str, Step] = {
             ("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.45"),
             ("LINEN_MOE_PEER_DEVICE", "cuda"),
         ),
+    ),
+    # Issue 63 (bench_steps.py builds their command lines).
+    "gmm": Step(
+        150, bench_steps.WHAT["gmm"], bench_steps.gmm, bench_steps.TORCH_ENV
+    ),
+    "layer_torch": Step(
+        150,
+        bench_steps.WHAT["layer_torch"],
+        bench_steps.layer_torch,
+        bench_steps.TORCH_ENV,
+    ),
+    "fp8": Step(110, bench_steps.WHAT["fp8"], bench_steps.fp8),
+    "decode_limit": Step(
+        100, bench_steps.WHAT["decode_limit"], bench_steps.decode_limit
+    ),
+    "model_torch": Step(
+        150,
+        bench_steps.WHAT["model_torch"],
+        bench_steps.model_torch,
+        bench_steps.MODEL_ENV,
     ),
 }
 
@@ -509,7 +534,13 @@ def main(argv=None) -> int:
           python=sys.executable,
           out=work / name,
           dry=args.cpu_dry_run,
-          budget_s=STEPS[name].budget_s,
+          # What the step may take: its limit, or what is left of the call.
+          budget_s=int(
+              min(
+                  STEPS[name].budget_s * (DRY_SLACK if args.cpu_dry_run else 1),
+                  left,
+              )
+          ),
           has_torch=has_module("torch"),
       )
       records.append(run_step(name, ctx, env, left))
