@@ -108,6 +108,8 @@ ON_GPU_TEST_FILES = (
     "tests/test_on_gpu_attention.py",
     "tests/test_on_gpu_families.py",
     "tests/test_on_gpu_resume.py",
+    "tests/test_triton_gmm.py",
+    "tests/test_triton_decode.py",
 )
 GPU_TEST_FILES = (
     *ON_GPU_TEST_FILES,
@@ -138,6 +140,13 @@ def _tests(ctx: Context) -> list[list[str]]:
 KERNEL_SHAPES = ((32768, 2048, 5632, 8), (131072, 2048, 768, 128))
 
 
+def _triton(ctx: Context, name: str) -> list[str]:
+  """Our own Pallas-Triton kernel's bench (gpu/triton_*.py) beside dense."""
+  rounds = ("--cpu-dry-run",) if ctx.dry else ("--rounds", "5")
+  out = ("--out", str(ctx.out))
+  return _script(ctx, f"benchmarks/gpu/bench_triton_{name}.py", *rounds, *out)
+
+
 def _kernels(ctx: Context) -> list[list[str]]:
   path = "benchmarks/layer/bench_grouped_matmul.py"
   if ctx.dry:
@@ -147,16 +156,20 @@ def _kernels(ctx: Context) -> list[list[str]]:
             path,
             *("--m", "256", "--k", "64", "--n", "128", "--g", "8"),
             *("--rounds", "1", "--slow_rounds", "1", "--warmup", "0"),
-        )
+        ),
+        _triton(ctx, "gmm"),
     ]
   return [
-      _script(
-          ctx,
-          path,
-          *("--m", str(m), "--k", str(k), "--n", str(n), "--g", str(g)),
-          *("--dtype", "bfloat16", "--rounds", "5", "--slow_rounds", "3"),
-      )
-      for m, k, n, g in KERNEL_SHAPES
+      _triton(ctx, "gmm"),
+      *(
+          _script(
+              ctx,
+              path,
+              *("--m", str(m), "--k", str(k), "--n", str(n), "--g", str(g)),
+              *("--dtype", "bfloat16", "--rounds", "5", "--slow_rounds", "3"),
+          )
+          for m, k, n, g in KERNEL_SHAPES
+      ),
   ]
 
 
@@ -214,10 +227,12 @@ def _decode(ctx: Context) -> list[list[str]]:
     tiny = ("--model", "tiny_mixtral", "--batch", "2", "--new", "4")
     prompts = ("--min-prompt", "4", "--max-prompt", "8")
     return [
-        _script(ctx, path, *tiny, *prompts, "--rounds", "1", "--steps", "2")
+        _script(ctx, path, *tiny, *prompts, "--rounds", "1", "--steps", "2"),
+        _triton(ctx, "decode"),
     ]
   return [
-      _script(ctx, path, "--set", *DECODE_SET, "--rounds", "3", "--steps", "8")
+      _triton(ctx, "decode"),
+      _script(ctx, path, "--set", *DECODE_SET, "--rounds", "3", "--steps", "8"),
   ]
 
 
@@ -250,9 +265,10 @@ STEPS: dict[str, Step] = {
         _tests,
     ),
     "kernels": Step(
-        120,
-        "the grouped matmul alone (dense, blocked, ragged_dot as XLA lowers"
-        " it), fwd and fwd+bwd, ms: benchmarks/layer/bench_grouped_matmul.py",
+        200,
+        "our Pallas-Triton grouped matmul beside dense (bench_triton_gmm.py),"
+        " then the grouped matmul alone (dense, blocked, ragged_dot as XLA"
+        " lowers it), fwd and fwd+bwd, ms: bench_grouped_matmul.py",
         _kernels,
     ),
     "layer": Step(
@@ -262,9 +278,11 @@ STEPS: dict[str, Step] = {
         _layer,
     ),
     "decode": Step(
-        90,
-        "sampled generation and the decode step, tokens/s, a bf16 Mixtral"
-        " shape of 2.4 B parameters: bench_generate.py",
+        150,
+        "our Pallas-Triton decode expert matmul against the weight-read"
+        " limit (bench_triton_decode.py), then sampled generation and the"
+        " decode step, tokens/s, a bf16 Mixtral shape of 2.4 B parameters:"
+        " bench_generate.py",
         _decode,
     ),
     "mfu": Step(
