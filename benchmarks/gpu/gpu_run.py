@@ -30,6 +30,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -565,6 +566,7 @@ def main(argv=None) -> int:
       print(records[-1]["tail"][-600:], flush=True)
       print(f"== {name}: {records[-1]['status']}", flush=True)
     write(out, work, head, records)
+  shutil.rmtree(work, ignore_errors=True)  # all of it is in gpu_run.tar.gz
   print(table(records))
   return 0 if all(r["status"] == "ok" for r in records) else 1
 

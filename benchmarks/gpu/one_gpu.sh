@@ -37,7 +37,10 @@ if [ -d "$WHEELS" ]; then
 fi
 # linen_moe.configs is configs/ (setup.py's package_dir); the checkout, which
 # pytest puts first for tests/, finds it through this link, made only where
-# the import fails (the machine; an editable install here has it).
-"$PYTHON" -c 'import linen_moe.configs' 2>/dev/null ||
+# the import fails (the machine; an editable install here has it), and
+# removed after the run (it is no file of the project).
+if ! "$PYTHON" -c 'import linen_moe.configs' 2>/dev/null; then
   ln -s ../configs linen_moe/configs
-exec "$PYTHON" benchmarks/gpu/gpu_run.py --out "$OUT" "$@"
+  trap 'rm -f linen_moe/configs' EXIT
+fi
+"$PYTHON" benchmarks/gpu/gpu_run.py --out "$OUT" "$@"
