@@ -30,7 +30,6 @@ _EXPORTS = {
         "BIN_DTYPES",
         "FORMATS",
         "Corpus",
-        "find_files",
         "read_corpus",
     ),
     "linen_moe._src.data.tokenization": (

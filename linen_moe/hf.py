@@ -25,7 +25,6 @@ _EXPORTS = {
     "linen_moe._src.hf.config_map": ("family_match", "model_config"),
     "linen_moe._src.hf.load": ("load_checkpoint",),
     "linen_moe._src.hf.peft": ("save_peft_adapters",),
-    "linen_moe._src.hf.safetensors_io": ("parse_size",),
     "linen_moe._src.hf.save": ("save_checkpoint",),
 }
 

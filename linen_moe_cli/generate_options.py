@@ -28,7 +28,7 @@ class GenerateOptions:
       draws with `seed + i`.
     stop_ids: token ids that end a row (`--stop-id`, inclusive); None:
       the checkpoint's generation_config.json `eos_token_id`
-      (`prompt_job.stop_ids_of`).
+      (`linen_moe.decoding.load_model`'s `stop_ids`).
     chat: a text prompt is rendered with the tokenizer's chat template, as
       a user turn followed by the assistant's header.
     system: with `chat`, a system turn before the user's (None: none).

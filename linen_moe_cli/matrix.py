@@ -26,11 +26,14 @@ from linen_moe import hlo
 from linen_moe import load_model_config
 from linen_moe import testing
 from linen_moe.quantization import MODES
+from linen_moe.training import FRONTENDS as _FRONTENDS
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
+from linen_moe.training import frontend
 from linen_moe_cli.model_args import LAYERS
-from nnx_adapter import FRONTENDS
-from nnx_adapter import frontend
+import nnx_adapter  # noqa: F401 (registers the "nnx" front end)
+
+FRONTENDS = tuple(_FRONTENDS)
 
 PATH_TITLES = {
     "sparse": "sparse (gmm)",

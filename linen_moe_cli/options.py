@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import re
 from typing import Any
 
 from linen_moe import ModelConfig
+from linen_moe import training
 from linen_moe.training import RunOptions
 from linen_moe_cli import model_args
-import nnx_adapter
+import nnx_adapter  # noqa: F401 (registers the "nnx" front end)
 
 # Optional packages -> the extra of this project that installs them.
 EXTRAS = {
@@ -41,22 +43,90 @@ def check_int(name: str, value: Any, minimum: int) -> None:
 def frontend_help() -> str:
   """ "linen: ..., nnx: ..." for a `--frontend` flag (no jax)."""
   return "; ".join(
-      f"{name}: {what}"
-      for name, what in nnx_adapter.FRONTEND_DESCRIPTIONS.items()
+      f"{name}: {what}" for name, what in training.FRONTENDS.items()
   )
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:
-  """The `RunOptions` of a parsed `linen-moe train` command line (checked:
-  a bad value is a `ValueError` naming its flag)."""
+  """The `RunOptions` of a parsed `linen-moe train` command line: its
+  strings parsed into the fields' objects, and checked (a bad value is a
+  `ValueError` naming the field; `in_flag_words` names the flag)."""
   fields = {f.name for f in dataclasses.fields(RunOptions)} - {
       "overrides",
       "progress",
+      "optimizer",  # an optax object: Python only
+      "lora_targets",
+      "profile_steps",
   }
+  targets = args.lora_targets
+  if targets is not None:
+    targets = tuple(t.strip() for t in targets.split(",") if t.strip())
   return RunOptions(
       overrides=model_args.model_overrides(args),
       progress=not args.no_progress,
+      lora_targets=targets,
+      profile_steps=parse_steps(args.profile_steps),
       **{name: getattr(args, name) for name in fields},
+  )
+
+
+def parse_steps(spec: str | None) -> tuple[int, int] | None:
+  """ "A:B" (`--profile-steps`) -> (A, B), the first and last step
+  (1-based, inclusive); None -> None.
+
+  Raises:
+    ValueError: `spec` is not A:B with 1 <= A <= B.
+  """
+  if spec is None:
+    return None
+  first, sep, last = spec.partition(":")
+  try:
+    a, b = int(first), int(last)
+  except ValueError:
+    a = b = 0
+  if not sep or not 1 <= a <= b:
+    raise ValueError(
+        f"--profile-steps {spec!r} is invalid: expected A:B, the first and "
+        "the last step to trace, 1 <= A <= B."
+    )
+  return a, b
+
+
+def flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
+  """{field or dest name: its flag} of a command's parser, and of the
+  `RunOptions` fields and config overrides whose flag has another name."""
+  flags = {
+      action.dest: action.option_strings[-1]
+      for action in parser._actions  # noqa: SLF001 (argparse has no API)
+      if action.option_strings and action.dest != "help"
+  }
+  return flags | {
+      "progress": "--no-progress",
+      "overrides": "--set",
+      "scan_layers": "--layers",
+  }
+
+
+def in_flag_words(text: str, flags: dict[str, str]) -> str:
+  """A run's message in the command line's words: the field an error
+  starts with (`steps=0 is invalid: ...`) followed by its flag
+  (`steps=0 (--steps) is invalid: ...`), and each field the message names
+  in backticks (`checkpoint_dir`) written as its flag (--checkpoint-dir).
+
+  Args:
+    text: the message (`RunOptions`' and `training.run`'s).
+    flags: `flags_of` the command's parser.
+
+  Returns:
+    The message with the flags.
+  """
+  first = re.match(r"(\w+)=", text)
+  if first and first[1] in flags and " is invalid" in text:
+    text = text.replace(" is invalid", f" ({flags[first[1]]}) is invalid", 1)
+  return re.sub(
+      r"`(\w+)`",
+      lambda m: flags.get(m[1], m[0]),
+      text,
   )
 
 
@@ -73,14 +143,13 @@ def recipe_help(text: str, name: str) -> str:
   return f"{text} (default: the recipe's: {default})"
 
 
-def default_run_dir(config: str, now: float | None = None) -> str:
-  """runs/<config>-<YYYYmmdd-HHMMSS>, the run directory of a `train`
+def default_run_dir(name: str, now: float | None = None) -> str:
+  """runs/<name>-<YYYYmmdd-HHMMSS>, the run directory of a `train`
   without --checkpoint-dir (a new one: -2, -3, ... if it exists); runs/ is
   $LINEN_MOE_RUNS_DIR where that is set.
 
   Args:
-    config: the config name or YAML path (its file name, without the
-      extension, names the directory).
+    name: the model trained (`RunOptions.model_name`).
     now: the time (default: now).
 
   Returns:
@@ -89,7 +158,6 @@ def default_run_dir(config: str, now: float | None = None) -> str:
   import os  # noqa: PLC0415
   import time  # noqa: PLC0415
 
-  name = os.path.splitext(os.path.basename(config))[0] or "run"
   stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
   runs = os.environ.get("LINEN_MOE_RUNS_DIR") or "runs"
   path, n = os.path.join(runs, f"{name}-{stamp}"), 1
@@ -124,6 +192,7 @@ def add_step_args(
           "help": "microbatches per step",
       },
       "remat": {
+          "choices": ModelConfig.REMAT_POLICIES,
           "default": None,
           "help": (
               "what each layer keeps for the backward pass (the config's "
@@ -140,7 +209,7 @@ def add_step_args(
           ),
       },
       "frontend": {
-          "choices": nnx_adapter.FRONTENDS,
+          "choices": tuple(training.FRONTENDS),
           "default": "linen",
           "help": frontend_help(),
       },

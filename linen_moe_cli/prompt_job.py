@@ -25,20 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 import time
 
 import numpy as np
 
 from linen_moe import decoding
-from linen_moe import hf
-from linen_moe.quantization import quantize_weights
 from linen_moe.tokens import validate_tokens
-from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe_cli.generate_options import GenerateOptions
-
-GENERATION_CONFIG = "generation_config.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,60 +59,27 @@ class Continuation:
   first_seconds: float = 0.0
 
 
-def load_model(hf_dir, checkpoint_dir, serve: str, quantization: str | None):
-  """(config, variables) of the Hugging Face checkpoint `hf_dir`, else of
-  the training checkpoint `checkpoint_dir`: serving weights of `serve`, or
+def load_model(
+    hf_dir, checkpoint_dir, serve: str, quantization: str | None, tokenizer=None
+):
+  """The model of the Hugging Face checkpoint `hf_dir`, else of the
+  training checkpoint `checkpoint_dir`, with its tokenizer and stop ids
+  (`linen_moe.decoding.load_model`): serving weights of `serve`, or
   ("none") float weights computed in `quantization` (None: "none")."""
-  serving_weights = serve != "none"
-  mode = serve if serving_weights else quantization or "none"
-  if hf_dir is not None:
-    return hf.load_checkpoint(
-        hf_dir, quantization=mode, serving=serving_weights
-    )
-  from linen_moe import checkpoint  # noqa: PLC0415 (loads orbax)
-
-  config, variables, _ = checkpoint.read_variables(checkpoint_dir)
-  if serving_weights:
-    return quantize_weights(config.replace(quantization=mode), variables)
-  if mode == "none":  # every collection but the fp8 state (routed biases too)
-    float_vars = {
-        k: v for k, v in variables.items() if k != OVERWRITE_WITH_GRADIENT
-    }
-    return config.replace(quantization="none"), float_vars
-  if mode != config.moe.quantization:
-    raise ValueError(
-        f"--quantization {mode}: {checkpoint_dir} trained in"
-        f" {config.moe.quantization!r}; its float weights decode in that mode"
-        f" or in none (or serve them converted: --serve {mode})."
-    )
-  return config, variables
+  return decoding.load_model(
+      hf_dir or checkpoint_dir,
+      serve=serve,
+      quantization=quantization or "none",
+      tokenizer=tokenizer,
+  )
 
 
-def stop_ids_of(directory: str | None, stop_ids: list[int] | None) -> list[int]:
-  """`stop_ids` when given, else the `eos_token_id` of `directory`'s
-  `generation_config.json` (a Hugging Face checkpoint's, or the one a
-  training run kept; an int or a list; none without the file or the
-  field)."""
-  if stop_ids is not None:
-    return list(stop_ids)
-  if directory is None:
-    return []
-  path = os.path.join(directory, GENERATION_CONFIG)
-  if not os.path.isfile(path):
-    return []
-  with open(path, encoding="utf-8") as f:
-    eos = json.load(f).get("eos_token_id")
-  if eos is None:
-    return []
-  return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
-
-
-def _tokenizer(path: str | None):
-  if path is None:
-    return None
-  from tokenizers import Tokenizer  # noqa: PLC0415
-
-  return Tokenizer.from_file(path)
+def _stops(model, sampling: GenerateOptions) -> list[int]:
+  """`--stop-id`s when given, else the model's (its generation config's
+  `eos_token_id`)."""
+  if sampling.stop_ids is not None:
+    return list(sampling.stop_ids)
+  return list(model.stop_ids)
 
 
 def _encode(tok, tokenizer: str, text: str, sampling: GenerateOptions):
@@ -142,7 +103,7 @@ def _decoding_args(sampling: GenerateOptions, stops: list[int]) -> dict:
   """`decoding.generate`'s and `generate_stream`'s keywords, but the seed."""
   return {
       "max_new_tokens": sampling.max_new_tokens,
-      **sampling.sampling.kwargs(),
+      "sampling": sampling.sampling,
       "stop_ids": stops,
   }
 
@@ -190,16 +151,16 @@ def generate(
   prompt id outside the model's vocabulary is a ValueError before any
   decoding."""
   out = sys.stdout if out is None else out
-  tok = _tokenizer(tokenizer)
+  model = load_model(hf_dir, checkpoint_dir, serve, quantization, tokenizer)
+  config, variables, tok = model.config, model.variables, model.tokenizer
   if prompt is not None:
-    prompt_ids = _encode(tok, tokenizer, prompt, sampling)
+    prompt_ids = _encode(tok, model.tokenizer_path, prompt, sampling)
     if not prompt_ids:
       raise ValueError(f"--prompt {prompt!r} encodes to no tokens.")
-  config, variables = load_model(hf_dir, checkpoint_dir, serve, quantization)
   validate_tokens(
       np.asarray([prompt_ids], np.int32), config.vocab_size, name="prompt"
   )
-  stops = stop_ids_of(hf_dir or checkpoint_dir, sampling.stop_ids)
+  stops = _stops(model, sampling)
   weights = _weights(serve, quantization)
   stream = decoding.generate_stream(
       config,
@@ -309,7 +270,8 @@ def generate_file(
   summary line (count, tokens/s, and the first batch's time, which holds
   the compile)."""
   records = read_prompts(prompts_file)
-  tok = _tokenizer(tokenizer)
+  model = load_model(hf_dir, checkpoint_dir, serve, quantization, tokenizer)
+  config, variables, tok = model.config, model.variables, model.tokenizer
   rows = []
   for i, record in enumerate(records):
     if "prompt_ids" in record:
@@ -320,9 +282,8 @@ def generate_file(
           f"--prompts-file line {i + 1} is text: it needs a tokenizer "
           "(--tokenizer FILE, or DIR/tokenizer.json), or give prompt_ids."
       )
-    rows.append(_encode(tok, tokenizer, record["prompt"], sampling))
-  config, variables = load_model(hf_dir, checkpoint_dir, serve, quantization)
-  stops = stop_ids_of(hf_dir or checkpoint_dir, sampling.stop_ids)
+    rows.append(_encode(tok, model.tokenizer_path, record["prompt"], sampling))
+  stops = _stops(model, sampling)
   sink = sys.stdout if output is None else open(output, "w", encoding="utf-8")
   start, total, compiled = time.perf_counter(), 0, None
   try:

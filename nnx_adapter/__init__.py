@@ -6,17 +6,21 @@ same math and the same variable paths), trained by `train_step` /
 `value_and_grad` in place of `nnx.value_and_grad` so that fp8 scales
 update), sharded by `NNXFrontend.sharded`, and decoded by
 `greedy_generate`. `EagerToNNX` wraps any Linen module with all
-of its state built at construction. `FRONTENDS` names the two training
-front ends (`frontend` builds one by name).
+of its state built at construction. `frontend` builds a training front
+end by name, from the library's one
+registry, `linen_moe.training.frontend`, where this package registers
+"nnx" when imported).
 
 Built on `linen_moe`'s public API only. Each name loads on first use:
 `import nnx_adapter` alone imports no jax (the command line's `--help`
-reads `FRONTENDS` and `FRONTEND_DESCRIPTIONS`).
+reads `linen_moe.training.FRONTENDS`).
 """
 
 import importlib as _importlib
 from typing import Any as _Any
 import warnings as _warnings
+
+from linen_moe import training as _training
 
 _EXPORTS = {
     "nnx_adapter._adapter": ("EagerToNNX", "Fp8State", "RuleState"),
@@ -51,17 +55,17 @@ _PRIVATE_NOW = {
     ),
 }
 
-# The training front ends by name, and a line on each for `--help`; known
-# without importing jax (`frontend(name)` loads one).
-FRONTEND_DESCRIPTIONS = {
-    "linen": "the Linen decoder (linen_moe.Decoder)",
-    "nnx": "the NNX decoder (nnx_adapter.Decoder)",
-}
-FRONTENDS = tuple(FRONTEND_DESCRIPTIONS)
+
+def _nnx_frontend() -> _Any:
+  return __getattr__("NNXFrontend")
+
+
+# This front end, in the library's one registry (no jax imported here).
+_training.register_frontend(
+    "nnx", _nnx_frontend, "the NNX decoder (nnx_adapter.Decoder)"
+)
 
 __all__ = [
-    "FRONTENDS",
-    "FRONTEND_DESCRIPTIONS",
     "Decoder",
     "EagerToNNX",
     "Fp8State",
@@ -84,6 +88,15 @@ __all__ = [
 
 
 def __getattr__(name: str) -> _Any:
+  if name in ("FRONTENDS", "FRONTEND_DESCRIPTIONS"):  # the one registry's
+    _warnings.warn(
+        f"nnx_adapter.{name} is deprecated and will be removed in 0.4; use"
+        " linen_moe.training.FRONTENDS.",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    names = _training.FRONTENDS
+    return tuple(names) if name == "FRONTENDS" else dict(names)
   if name in _HOME:
     value = getattr(_importlib.import_module(_HOME[name]), name)
     globals()[name] = value

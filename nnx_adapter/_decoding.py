@@ -113,12 +113,13 @@ def generate(
     prompts,
     *,
     max_new_tokens: int,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
+    sampling: decoding.Sampling | None = None,
     stop_ids=(),
     seed=0,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
 ) -> decoding.GenerationResult:
   """New tokens for prompts of any lengths, greedy or sampled.
 
@@ -130,12 +131,13 @@ def generate(
     model: an NNX `Decoder` (float or serving), not itself decoding.
     prompts: a non-empty sequence of non-empty token-id sequences.
     max_new_tokens: the most new tokens per prompt, >= 1.
-    temperature: >= 0; 0 is greedy.
-    top_k: >= 0 (0: all tokens).
-    top_p: in (0, 1].
-    min_p: in [0, 1].
+    sampling: a `linen_moe.decoding.Sampling`, or None (greedy).
     stop_ids: token ids that end a row (included in its tokens).
     seed: an int, or one int per prompt.
+    temperature: deprecated: `sampling=Sampling(temperature=...)`.
+    top_k: deprecated, as `temperature`.
+    top_p: deprecated, as `temperature`.
+    min_p: deprecated, as `temperature`.
 
   Returns:
     A `linen_moe.decoding.GenerationResult`.
@@ -154,10 +156,11 @@ def generate(
       variables,
       prompts,
       max_new_tokens=max_new_tokens,
+      sampling=sampling,
+      stop_ids=stop_ids,
+      seed=seed,
       temperature=temperature,
       top_k=top_k,
       top_p=top_p,
       min_p=min_p,
-      stop_ids=stop_ids,
-      seed=seed,
   )

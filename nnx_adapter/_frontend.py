@@ -113,26 +113,10 @@ class NNXFrontend:
   from_checkpoint_tree = staticmethod(_checkpoint.state_from)
 
 
-def _linen_frontend():
-  from linen_moe.training import LinenFrontend  # noqa: PLC0415
-
-  return LinenFrontend
-
-
-# name -> () -> its TrainingFrontend, for each name of `nnx_adapter.FRONTENDS`.
-_REGISTRY = {"linen": _linen_frontend, "nnx": lambda: NNXFrontend}
-
-
-def _entry(name: str):
-  if name not in _REGISTRY:
-    raise ValueError(
-        f"Unknown front end {name!r}; allowed: {tuple(_REGISTRY)}."
-    )
-  return _REGISTRY[name]
-
-
 def frontend(name: str) -> Any:
-  """The `linen_moe.training.TrainingFrontend` called `name`.
+  """The `linen_moe.training.TrainingFrontend` called `name`: the one
+  registry's (`linen_moe.training.frontend`), where this package
+  registers "nnx".
 
   Args:
     name: one of `nnx_adapter.FRONTENDS` ("linen", "nnx").
@@ -143,7 +127,9 @@ def frontend(name: str) -> Any:
   Raises:
     ValueError: `name` is not a registered front end.
   """
-  return _entry(name)()
+  from linen_moe import training  # noqa: PLC0415
+
+  return training.frontend(name)
 
 
 def sharded_training(

@@ -4,6 +4,8 @@
 # Usage: scripts/setup_venv.sh [--wheel WHEEL] [EXTRAS]
 #   scripts/setup_venv.sh test,bench            .venv, editable, with extras
 #   VENV=/tmp/v scripts/setup_venv.sh --wheel dist/linen_moe-*.whl test
+#   CONSTRAINTS=.ci/oldest.txt VENV=/tmp/old scripts/setup_venv.sh test
+#                      the oldest supported jax (a pip constraints file)
 set -euo pipefail
 
 target=-e.
@@ -12,6 +14,7 @@ if [ "${1:-}" = "--wheel" ]; then
 fi
 extras=${1:+[$1]}
 VENV=$(realpath -m "${VENV:-$(dirname "$0")/../.venv}")
+CONSTRAINTS=${CONSTRAINTS:+$(realpath "$CONSTRAINTS")}
 cd "$(dirname "$0")/.."
 
 find_python312() {
@@ -41,8 +44,10 @@ install() {
   "$VENV/bin/python" -m pip install -qq "$@"
 }
 "$VENV/bin/python" -m pip install -qq uv 2>/dev/null || true
+constraints=()
+[ -z "${CONSTRAINTS:-}" ] || constraints=(-c "$CONSTRAINTS")
 if [ "$target" = -e. ]; then
-  install -e ".$extras"
+  install "${constraints[@]}" -e ".$extras"
 else
-  install "$target$extras"
+  install "${constraints[@]}" "$target$extras"
 fi

@@ -70,7 +70,7 @@ class RecipeTest(absltest.TestCase):
   def test_init_from_a_directory_without_a_checkpoint(self):
     empty = cli_helpers.tempdir(self)
     with self.assertRaisesRegex(
-        ValueError, r"--init-from\) is invalid: .* it holds no checkpoint"
+        ValueError, r"^init_from=.* is invalid: .* it holds no checkpoint"
     ):
       RunOptions(init_from=empty)
     with self.assertRaisesRegex(ValueError, "it does not exist"):

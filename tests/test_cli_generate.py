@@ -15,13 +15,13 @@ import jax
 import numpy as np
 
 from linen_moe import checkpoint
+from linen_moe import decoding
 from linen_moe import frontend
 from linen_moe import hf
 from linen_moe import testing
 from linen_moe.decoding import Sampling
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.variables import UPDATED_BY_RULE
-from linen_moe_cli import prompt_job
 from linen_moe_cli.commands import generate
 from linen_moe_cli.generate_options import GenerateOptions
 from linen_moe_cli.main import build_parser
@@ -101,9 +101,10 @@ class GenerateModelTest(absltest.TestCase):
         ("fp8", "fp8", "fp8", True, False),  # scales in the stored kernels
     ):
       with self.subTest(serve=serve, quantization=quantization):
-        config, variables = prompt_job.load_model(
-            str(MIXTRAL), None, serve, quantization
+        model = decoding.load_model(
+            MIXTRAL, serve=serve, quantization=quantization
         )
+        config, variables = model.config, model.variables
         self.assertEqual(config.moe.quantization, mode)
         self.assertEqual(config.moe.serving, serving)
         self.assertEqual(OVERWRITE_WITH_GRADIENT in variables, fp8_state)
@@ -117,7 +118,7 @@ class GenerateModelTest(absltest.TestCase):
     meta = {"model_config": checkpoint.config_dict(config)}
     with checkpoint.Checkpoints(directory) as ckpts:
       ckpts.save(1, {frontend.VARIABLES: variables}, meta)
-    _, loaded = prompt_job.load_model(None, directory, "none", None)
+    loaded = decoding.load_model(directory).variables
     self.assertEqual(sorted(loaded), ["params", UPDATED_BY_RULE])
     np.testing.assert_array_equal(
         jax.tree.leaves(loaded[UPDATED_BY_RULE]),

@@ -124,16 +124,17 @@ class TrainAndExportTest(absltest.TestCase):
             "generate", "--checkpoint-dir", str(tmp / "run"), "--prompt-ids",
             "1", "--quantization", "fp8",
         ),
-        r"--quantization fp8: .* trained in 'none'",
+        r"quantization='fp8' \(--quantization\) is invalid: .* trained in "
+        r"'none'.* --serve fp8",
     )  # fmt: skip
 
   def test_bad_flags(self):
     with self.assertRaisesRegex(
-        ValueError, r"--init-from-hf\) is invalid: it does not exist"
+        ValueError, r"^init_from_hf=.* is invalid: it does not exist"
     ):
       RunOptions(init_from_hf=str(FIXTURES / "nowhere"))
     with self.assertRaisesRegex(
-        ValueError, r"--init-from-hf.*with config.json"
+        ValueError, r"^init_from_hf=.*with config.json"
     ):
       RunOptions(init_from_hf=str(FIXTURES))
     with self.assertRaisesRegex(

@@ -9,11 +9,11 @@ import sys
 
 from absl.testing import absltest
 
+from linen_moe import training
 from linen_moe.training import RunOptions
 from linen_moe_cli import commands
 from linen_moe_cli import main as cli
 from linen_moe_cli import options
-import nnx_adapter
 from tests import cli_helpers
 
 # nnx_adapter's face loads nothing until a name is used (the front ends'
@@ -123,9 +123,9 @@ class StructureTest(absltest.TestCase):
 
   def test_train_options_name_the_flag(self):
     for fields, message in (
-        (dict(seed=-1), r"seed=-1 \(--seed\) is invalid"),
-        (dict(keep=0), r"keep=0 \(--keep\) is invalid"),
-        (dict(save_every=2), r"save_every=2 \(--save-every\) .*checkpoint-dir"),
+        (dict(seed=-1), r"^seed=-1 is invalid"),
+        (dict(keep=0), r"^keep=0 is invalid"),
+        (dict(save_every=2), r"^save_every=2 is invalid: .*`checkpoint_dir`"),
     ):
       with self.subTest(**fields), self.assertRaisesRegex(ValueError, message):
         RunOptions(**fields)
@@ -191,7 +191,7 @@ class StructureTest(absltest.TestCase):
     self.assertNotIn("DEFAULT_", out)  # a value, not a constant's name
 
   def test_frontend_help_names_every_front_end(self):
-    for name in nnx_adapter.FRONTENDS:
+    for name in training.FRONTENDS:
       self.assertIn(f"{name}: ", options.frontend_help())
 
 

@@ -142,7 +142,6 @@ class PlanCommandTest(parameterized.TestCase):
       (["--target", "tpu:v9-8"], r"target='tpu:v9-8' is invalid: .*v5p-"),
       (["--target", "cpu:0"], r"target='cpu:0' is invalid: expected cpu:N"),
       (["--target", "gpu:h100-6"], r"target='gpu:h100-6' is invalid: .*h100"),
-      (["--remat", "bogus"], r"ModelConfig.remat='bogus' is invalid: allowed"),
       (
           ["--target", "cpu:8", "--mesh", "data=2,expert=2"],
           r"mesh='data=2,expert=2' has 4 devices, but target 'cpu:8' has 8",

@@ -48,7 +48,7 @@ class RunTest(absltest.TestCase):
   def test_bad_input(self):
     with self.assertRaisesRegex(TypeError, "opts must be a RunOptions"):
       training.run({"steps": 3})
-    with self.assertRaisesRegex(ValueError, r"steps=0 \(--steps\)"):
+    with self.assertRaisesRegex(ValueError, r"^steps=0 is invalid"):
       training.RunOptions(steps=0)
 
 

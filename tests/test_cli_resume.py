@@ -29,9 +29,10 @@ from linen_moe._src.testing import helpers
 from linen_moe._src.testing.marks import heavy
 from linen_moe.training import RunOptions
 import nnx_adapter
-from nnx_adapter import FRONTENDS
 from tests import cli_helpers
 from tests import workers
+
+FRONTENDS = ("linen", "nnx")
 
 STOP, STEPS = 6, 12
 BATCH, SEQ, GRAD_ACCUM = 4, 8, 2

@@ -36,7 +36,7 @@ import pytest
 from linen_moe import testing
 from linen_moe._src.parallel import launcher as launch
 from linen_moe._src.run import directory as run_directory
-from linen_moe._src.run import loop as train_job
+from linen_moe._src.run import setup as run_setup
 from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
 from tests import cli_helpers
@@ -219,7 +219,7 @@ class DirectoryCheckTest(absltest.TestCase):
   """A directory that cannot be made or written: one line, before work."""
 
   def _check(self, argv, message):
-    with mock.patch.object(train_job, "_set_up") as set_up:
+    with mock.patch.object(run_setup, "set_up") as set_up:
       code, _, err = _cli(*argv)
     set_up.assert_not_called()  # no model, no compile
     self.assertEqual((code, err.count("\n")), (2, 1), err)

@@ -507,7 +507,7 @@ class HangTest(absltest.TestCase):
     self.assertLess(ended - started[0]["hang_started"], 5 + 10)
     stacks = os.path.join(run, "stacks.process_0.txt")
     head = (
-        "linen-moe: step 5: stop agreement ran past --step-timeout 5s on "
+        "linen-moe: step 5: stop agreement ran past step_timeout 5s on "
         f"process 0 of 2; every thread's stack follows (also in {stacks})."
     )
     written = test_stop.assert_stacks(self, err, stacks, head)

@@ -21,9 +21,9 @@ import numpy as np
 from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import data
+from linen_moe import decoding
 from linen_moe import hf
 from linen_moe import testing
-from linen_moe import training
 from tests import cli_helpers
 
 # Four one-document files: "hello world", then the end of the document.
@@ -142,8 +142,10 @@ class RunKeepsItsTokenizerTest(absltest.TestCase):
     ]  # fmt: skip
 
   def test_the_run_directory_keeps_the_tokenizer_and_its_stop_id(self):
-    kept = training.kept_files(self.run_dir)
-    self.assertTrue(filecmp.cmp(kept.tokenizer, self.tokenizer, shallow=False))
+    kept = decoding.load_model(self.run_dir)
+    self.assertTrue(
+        filecmp.cmp(kept.tokenizer_path, self.tokenizer, shallow=False)
+    )
     with open(os.path.join(self.run_dir, "tokenizer_config.json")) as f:
       self.assertEqual(
           json.load(f),
@@ -153,7 +155,7 @@ class RunKeepsItsTokenizerTest(absltest.TestCase):
           },
       )
     self.assertEqual(kept.generation_config, {"eos_token_id": 0})
-    self.assertEqual(kept.stop_ids, [0])
+    self.assertEqual(kept.stop_ids, (0,))
     self.assertEqual(
         sorted(os.path.basename(p) for p in kept.tokenizer_files),
         ["tokenizer.json", "tokenizer_config.json"],

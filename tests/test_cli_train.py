@@ -50,10 +50,14 @@ class TrainOptionsTest(parameterized.TestCase):
           ["--batch-size", "4", "--grad-accum", "3"],
           r"grad_accum=3 .*divisor of batch_size=4 \(\[1, 2, 4\]\)",
       ),
-      (["--profile-steps", "3-4"], r"profile_steps='3-4' .*expected A:B"),
+      (
+          ["--profile-steps", "3-4"],
+          r"--profile-steps '3-4' is invalid: expected A:B",
+      ),
       (
           ["--profile-steps", "2:3"],
-          r"profile_steps='2:3' .*give --checkpoint-dir",
+          r"profile_steps=\(2, 3\) \(--profile-steps\) .*give a "
+          "--checkpoint-dir",
       ),
   )
   def test_bad_flag_is_one_line_before_any_work(self, argv, message):
@@ -65,7 +69,7 @@ class TrainOptionsTest(parameterized.TestCase):
     self.assertEqual(err.count("\n"), 1, err)
 
   def test_python_entry_point_checks_the_same(self):
-    with self.assertRaisesRegex(ValueError, r"seq_len=1 \(--seq-len\)"):
+    with self.assertRaisesRegex(ValueError, r"^seq_len=1 is invalid"):
       RunOptions("tiny_mixtral", {}, steps=1, seq_len=1)
     with self.assertRaisesRegex(ValueError, r"steps=True"):
       RunOptions(steps=True, batch_size=1, seq_len=2)
@@ -180,8 +184,8 @@ class TrainOptionsTest(parameterized.TestCase):
       status, _, err = _cli("train", "--remat", "dots")
     train.assert_not_called()
     self.assertEqual(status, 2)
-    self.assertRegex(
-        err, r"^linen-moe: error: remat='dots' \(--remat\) .*'full'"
+    self.assertIn(  # argparse's choices
+        "error: argument --remat: invalid choice: 'dots' (choose from", err
     )
 
 

@@ -98,7 +98,7 @@ class BatchesTest(_Chats):
         seq_len=128,  # a conversation a row
     )
     self.assertEqual(opts.packing, "pad")  # chat data is padded by default
-    cfg = load_model_config(opts.config)
+    cfg = load_model_config(opts.model_name)
     source = train_data.CorpusSource(cfg, opts, None)
     tokens, mask, *_ = next(source.batches(0))  # and segment ids, positions
     self.assertIsNotNone(mask)

@@ -73,6 +73,45 @@ class InitializeTest(parameterized.TestCase):
   def test_cluster_launcher(self, environ, expected):
     self.assertEqual(distributed_lib.cluster_launcher(environ), expected)
 
+  def test_slurm_task_zero_checks_the_port_jax_derives(self):
+    # JAX's Slurm port: 61440 + job id mod 4096; the first node of the step.
+    task = {
+        "SLURM_JOB_ID": "4097",
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEP_NODELIST": "node[3-4],other",
+        "SLURM_NTASKS": "2",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+    }
+    with mock.patch.dict(os.environ, task):
+      os.environ.pop("JAX_COORDINATOR_PORT", None)
+      self.assertEqual(
+          distributed_lib.launcher_coordinator(), ("node3:61441", 2, 0)
+      )
+    with socket.socket() as taken:
+      taken.bind(("", 0))
+      taken.listen()
+      port = taken.getsockname()[1]
+      with mock.patch.dict(os.environ, task, JAX_COORDINATOR_PORT=str(port)):
+        with self.assertRaisesRegex(
+            ValueError,
+            f"port {port} is already in use .* JAX chose it from the slurm "
+            "job's environment; set JAX_COORDINATOR_PORT",
+        ):
+          distributed.initialize()
+
+  def test_slurm_tasks_outside_a_job_step(self):
+    # An sbatch script that runs the command without srun.
+    with mock.patch.dict(
+        os.environ, {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "7"}
+    ):
+      for name in ("SLURM_STEP_ID", "SLURM_STEP_NODELIST"):
+        os.environ.pop(name, None)
+      with self.assertRaisesRegex(
+          ValueError, r"SLURM_NTASKS=2 says .* start the command with srun"
+      ):
+        distributed.initialize()
+
   def test_alone_without_arguments(self):
     cleared = {k: "" for k in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")}
     with mock.patch.dict(os.environ, cleared):

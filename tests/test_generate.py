@@ -31,7 +31,9 @@ FIXTURE = "mixtral_gqa_swa"
 NEW = 8
 LENGTHS = (1, 7, 20)
 SLOW_LENGTHS = (64, 300)
-SAMPLING = dict(temperature=0.9, top_k=20, top_p=0.9, min_p=0.02)
+SAMPLING = dict(
+    sampling=decoding.Sampling(temperature=0.9, top_k=20, top_p=0.9, min_p=0.02)
+)
 
 
 # Every family's fixture, for the @slow products.
@@ -112,7 +114,9 @@ class MixedLengthsTest(absltest.TestCase):
 
   def test_top_k_1_is_greedy(self):
     prompts = _prompts()
-    sampled = _generate(prompts, temperature=1.5, top_k=1, seed=3)
+    sampled = _generate(
+        prompts, sampling=decoding.Sampling(temperature=1.5, top_k=1), seed=3
+    )
     self.assertEqual(sampled.tokens, _generate(prompts).tokens)
 
   def test_stream_draws_what_generate_draws(self):
@@ -129,9 +133,9 @@ class MixedLengthsTest(absltest.TestCase):
     tokens = list(streamed)
     self.assertEqual(tokens[-1], stop)
     self.assertNotIn(stop, tokens[:-1])
-    with self.assertRaisesRegex(ValueError, "top_p"):
+    with self.assertRaisesRegex(TypeError, "sampling"):  # at the call
       decoding.generate_stream(
-          config, variables, prompt, **(kwargs | {"top_p": 0})
+          config, variables, prompt, **(kwargs | {"sampling": 0})
       )
 
   def test_nnx_generate_equals_linen(self):
@@ -355,10 +359,14 @@ class BadInputTest(absltest.TestCase):
     self._raises(r"prompts\[1\] is empty", prompts=[[1], []])
     self._raises("prompts is empty", prompts=[])
     self._raises(r"prompts\[0\]\[1\]=64 is outside", prompts=[[1, 64]])
-    self._raises("top_p=0.0", top_p=0.0)
-    self._raises("top_p=1.5", top_p=1.5)
-    self._raises("temperature=-0.5", temperature=-0.5)
-    self._raises("min_p=2.0", min_p=2.0)
+    for name, settings in (
+        ("top_p=0.0", dict(top_p=0.0)),
+        ("top_p=1.5", dict(top_p=1.5)),
+        ("temperature=-0.5", dict(temperature=-0.5)),
+        ("min_p=2.0", dict(min_p=2.0)),
+    ):
+      with self.assertRaisesRegex(ValueError, name):
+        decoding.Sampling(**settings)
     self._raises("max_new_tokens=0", max_new_tokens=0)
     self._raises(r"stop_ids\[0\]=99", stop_ids=[99])
     self._raises("seed has 2 entries", seed=[1, 2])

@@ -120,7 +120,7 @@ class FamilyTableTest(absltest.TestCase):
 
   def test_a_hub_name_says_how_to_download_it(self):
     want = "`hf download openai/gpt-oss-20b --local-dir DIR`"
-    with self.assertRaisesRegex(ValueError, r"--init-from-hf.*does not ex"):
+    with self.assertRaisesRegex(ValueError, r"init_from_hf.*does not ex"):
       RunOptions(init_from_hf="openai/gpt-oss-20b")
     try:
       RunOptions(init_from_hf="openai/gpt-oss-20b")

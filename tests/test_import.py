@@ -14,8 +14,8 @@ class ImportTest(absltest.TestCase):
     script = (
         "import sys\n"
         "import linen_moe, linen_moe.testing\n"
-        "from linen_moe._src.config import moe_config as config\n"
-        "assert config.MODES and config.available_configs()\n"
+        "from linen_moe._src.config import files, moe_config\n"
+        "assert moe_config.MODES and files.available_configs()\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in"
         " ('jax', 'flax', 'optax', 'aqt', 'orbax')))\n"
         "linen_moe.Decoder\n"

@@ -144,6 +144,7 @@ class KernelConformanceTest(parameterized.TestCase):
       self.skipTest(f"{entry.key} does not load here: {missing}")
     self.assertEqual(kernel.paired is not None, entry.paired_gate_up)
     self.assertEqual(kernel.int8_scaled is not None, entry.int8_scaled)
+    self.assertEqual(kernel.decode is not None, entry.decode)
     self.assertEqual(kernel.in_shard_map, entry.in_shard_map)
     self.assertTrue(kernel.takes(entry.operand_dtypes))
     self.assertFalse(kernel.takes((jnp.int8,)))

@@ -103,17 +103,14 @@ class GenerateArgumentTest(absltest.TestCase):
   def _generate(self, error, **kwargs):
     config = load_model_config("tiny_mixtral")
     v = config.vocab_size
-    args = dict(
-        prompts=[[0, v - 1]],
-        max_new_tokens=1,
-        temperature=0.0,
-        top_k=0,
-        top_p=1.0,
-        min_p=0.0,
-        stop_ids=[0, v - 1],
-    )
+    args = dict(prompts=[[0, v - 1]], max_new_tokens=1, stop_ids=[0, v - 1])
+    settings = dict(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
+    for name in settings:
+      if name in kwargs:
+        settings[name] = kwargs.pop(name)
     args |= kwargs
     with self.assertRaisesRegex(ValueError, error):
+      args["sampling"] = decoding.Sampling(**settings)
       decoding.generate(config, {"cache": {}}, args.pop("prompts"), **args)
 
   def test_edges_inside_are_accepted(self):

@@ -1,5 +1,5 @@
 """What a run keeps of its tokenizer (`_src/run/tokenizer_files.py`,
-`training.kept_files`), file by file; the command line's use of it is in
+`tokenizer_files.kept_files`), file by file; the command line's use of it is in
 tests/test_cli_tokenizer.py."""
 
 import json
@@ -11,7 +11,6 @@ from absl.testing import absltest
 from linen_moe import data
 from linen_moe import hf
 from linen_moe import testing
-from linen_moe import training
 from linen_moe._src.run import tokenizer_files
 from linen_moe.training import RunOptions
 from tests import cli_helpers
@@ -36,7 +35,7 @@ class KeepTest(absltest.TestCase):
         sorted(os.path.basename(p) for p in written),
         ["generation_config.json", "tokenizer.json", "tokenizer_config.json"],
     )
-    kept = training.kept_files(run)
+    kept = tokenizer_files.kept_files(run)
     self.assertEqual(kept.generation_config, {"eos_token_id": 0})
     self.assertEqual(kept.tokenizer, str(run / "tokenizer.json"))
     # `--eod-id` is the stop id when given.
@@ -44,7 +43,7 @@ class KeepTest(absltest.TestCase):
         checkpoint_dir=str(run), data=testing.license_texts()[0], eod_id=1
     )
     tokenizer_files.keep(opts, self.tokenizer)
-    self.assertEqual(training.kept_files(run).stop_ids, [1])
+    self.assertEqual(tokenizer_files.kept_files(run).stop_ids, [1])
     # Another process of the group writes nothing.
     other = self.tmp / "other"
     other.mkdir()
@@ -68,7 +67,7 @@ class KeepTest(absltest.TestCase):
     opts = RunOptions(checkpoint_dir=str(run), init_from_hf=str(start))
     tokenizer_files.keep(opts, self.tokenizer)
     self.assertEqual(
-        training.kept_files(run).generation_config,
+        tokenizer_files.kept_files(run).generation_config,
         {"bos_token_id": 5, "do_sample": True, "eos_token_id": 0},
     )
     # Without a tokenizer, the checkpoint's alone (no tokenizer files).
@@ -77,20 +76,20 @@ class KeepTest(absltest.TestCase):
     bare.mkdir()
     opts = RunOptions(checkpoint_dir=str(bare), init_from_hf=str(start))
     tokenizer_files.keep(opts, None)
-    kept = training.kept_files(bare)
+    kept = tokenizer_files.kept_files(bare)
     self.assertEqual((kept.tokenizer, kept.stop_ids), (None, [2, 3]))
 
   def test_bad_input(self):
     with self.assertRaisesRegex(ValueError, r"nowhere does not exist"):
-      training.kept_files(self.tmp / "nowhere")
+      tokenizer_files.kept_files(self.tmp / "nowhere")
     run = self.tmp / "run"
     run.mkdir()
     (run / "generation_config.json").write_text("[1, 2]")
     with self.assertRaisesRegex(ValueError, r"is not a JSON object"):
-      training.kept_files(run)
+      tokenizer_files.kept_files(run)
     (run / "generation_config.json").write_text("{")
     with self.assertRaisesRegex(ValueError, r"cannot be read"):
-      training.kept_files(run)
+      tokenizer_files.kept_files(run)
 
 
 class SaveCheckpointExtrasTest(absltest.TestCase):

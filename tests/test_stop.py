@@ -131,6 +131,27 @@ class StopRequestTest(parameterized.TestCase):
     self.assertIn("a second SIGTERM: exiting at once", err)
     self.assertTrue(os.path.exists(marker))
 
+  def test_a_repeated_signal_is_one_request(self):
+    """Two SIGTERMs at once (a Slurm time limit sends two, 5 ms apart) ask
+    once: the process stays, and a third, later, ends it."""
+    child = _child("""
+        import time
+        from linen_moe import training
+        with training.StopRequest() as stop:
+          print("ready", flush=True)
+          time.sleep(60)
+        """)
+    self.assertEqual(child.stdout.readline(), "ready\n")
+    child.send_signal(signal.SIGTERM)
+    time.sleep(0.05)  # delivered apart (pending ones would merge)
+    child.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    self.assertIsNone(child.poll())  # one request, not an exit
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=60)
+    self.assertEqual(child.returncode, 143, err)
+    self.assertIn("a second SIGTERM: exiting at once", err)
+
 
 class WatchdogTest(absltest.TestCase):
 
@@ -162,7 +183,7 @@ class WatchdogTest(absltest.TestCase):
     self.assertEqual(child.returncode, watchdog.STEP_TIMEOUT_EXIT, err)
     path = os.path.join(directory, "stacks.process_1.txt")
     head = (
-        "linen-moe: step 2: step ran past --step-timeout 0.5s on process 1 "
+        "linen-moe: step 2: step ran past step_timeout 0.5s on process 1 "
         f"of 2; every thread's stack follows (also in {path}). Exit status 75."
     )
     written = assert_stacks(self, err, path, head)
@@ -202,8 +223,7 @@ class StepTimeoutOptionTest(parameterized.TestCase):
   def test_bad_step_timeout(self, value):
     with self.assertRaisesRegex(
         ValueError,
-        r"^step_timeout=.* \(--step-timeout\) is invalid: expected seconds "
-        r">= 0 \(0: off\)\.$",
+        r"^step_timeout=.* is invalid: expected seconds >= 0 \(0: off\)\.$",
     ):
       training.RunOptions(step_timeout=value)
 

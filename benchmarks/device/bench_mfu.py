@@ -13,7 +13,9 @@ the optimizer is plain SGD, so the step is the loss and its gradients
 is sharded N ways). Each shape's batch is the largest that
 `linen_moe.planning.plan(..., optimizer=optax.sgd(...))` fits on a
 `tpu:v5e-1` at the deeper depth, with the remat it then needs
-(`Shape.batch`, `Shape.remat`; `--plan` reproduces that search).
+(`Shape.batch`, `Shape.remat`; `--plan` reproduces that search). On a
+GPU (`--chip h200`: its peak from `planning.CHIPS`, 989 TFLOP/s) the
+batches are `GPU_SHAPES`'.
 
 Variants (`VARIANTS`), each a step of its own, all alternating on one
 train state per depth (they share its layout), medians of `--rounds`:
@@ -153,6 +155,16 @@ SHAPES = {
         unrolled_no_remat_batch=3,
     ),
 }
+# On a GPU (`--chip h100`/`h200`): estimated, not planned, from the v5e
+# plans' bytes per row (Qwen3 ~0.9 GB, Mixtral ~1.5 GB at 2 layers, full
+# remat) within JAX's default 75 % of an H200's 141 GB, then halved for
+# the compile's slack and the step's time; `--plan --target gpu:h200-1`
+# searches them where a CUDA jaxlib compiles.
+GPU_SHAPES = {
+    "qwen3": Shape("qwen3_30b_a3b", 48, 32, "full", 8, (1, 2)),
+    "mixtral": Shape("mixtral_8x7b", 32, 16, "full", 4, (1, 2)),
+}
+GPU_CHIPS = ("h100", "h200")
 # A CPU rehearsal of the same code (`--tiny`): its figures mean nothing.
 TINY = {
     "qwen3": Shape(
@@ -961,7 +973,8 @@ def main(argv=None) -> int:
     shapes = dict(TINY)
     args.seq = min(args.seq, 64)
   else:
-    shapes = {n: SHAPES[n] for n in args.shapes}
+    table = GPU_SHAPES if args.chip in GPU_CHIPS else SHAPES
+    shapes = {n: table[n] for n in args.shapes}
   if args.plan:
     return plan_search(args, shapes)
   if args.target:

@@ -48,6 +48,16 @@ import transformers
 
 # transformers' config class per `model_type` this peer knows.
 _CONFIGS = {"mixtral": "MixtralConfig"}
+# Where the model runs: "cpu" (the default), or "cuda" for the GPU run
+# (benchmarks/gpu/gpu_run.py's vs_torch step sets it).
+DEVICE = torch.device(os.environ.get("LINEN_MOE_PEER_DEVICE", "cpu"))
+
+
+def _now() -> float:
+  """The wall clock, after the device's queued work (CUDA runs async)."""
+  if DEVICE.type == "cuda":
+    torch.cuda.synchronize()
+  return time.perf_counter()
 
 
 class Peer:
@@ -88,6 +98,7 @@ class Peer:
       self.model = transformers.AutoModelForCausalLM.from_config(
           config, **kwargs
       )
+    self.model.to(DEVICE)
     self.model.config.output_router_logits = True  # the load-balance loss
     self.vocab = self.model.config.vocab_size
     self.optimizer = torch.optim.AdamW(
@@ -101,6 +112,7 @@ class Peer:
             "transformers": transformers.__version__,
             "python": sys.version.split()[0],
         },
+        "device": str(DEVICE),
         "attn_implementation": config._attn_implementation,  # noqa: SLF001
         "experts_implementation": getattr(
             config, "_experts_implementation", None
@@ -112,20 +124,20 @@ class Peer:
     }
 
   def _tokens(self, batch: int, seq: int) -> torch.Tensor:
-    return torch.randint(0, self.vocab, (batch, seq))
+    return torch.randint(0, self.vocab, (batch, seq), device=DEVICE)
 
   def train(self, batch: int, seq: int, steps: int) -> dict:
     self.model.train()
     tokens = self._tokens(batch, seq)
     times = []
     for _ in range(steps):
-      start = time.perf_counter()
+      start = _now()
       loss = self.model(input_ids=tokens, labels=tokens).loss
       loss.backward()
       torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
       self.optimizer.step()
       self.optimizer.zero_grad(set_to_none=True)
-      times.append(time.perf_counter() - start)
+      times.append(_now() - start)
     return {"step_s": times, "loss": float(loss)}
 
   @torch.inference_mode()
@@ -134,7 +146,7 @@ class Peer:
     tokens = self._tokens(batch, prompt)
     generate_s, prefill_s = [], []
     for _ in range(repeats):
-      start = time.perf_counter()
+      start = _now()
       out = self.model.generate(
           tokens,
           attention_mask=torch.ones_like(tokens),
@@ -144,17 +156,17 @@ class Peer:
           eos_token_id=None,
           pad_token_id=0,
       )
-      generate_s.append(time.perf_counter() - start)
+      generate_s.append(_now() - start)
       if out.shape != (batch, prompt + new):
         raise RuntimeError(f"generate returned {tuple(out.shape)}")
-      start = time.perf_counter()
+      start = _now()
       self.model(
           input_ids=tokens,
           use_cache=True,
           past_key_values=transformers.DynamicCache(config=self.model.config),
           logits_to_keep=1,
       )
-      prefill_s.append(time.perf_counter() - start)
+      prefill_s.append(_now() - start)
     return {"generate_s": generate_s, "prefill_s": prefill_s}
 
 
@@ -174,10 +186,11 @@ def sample(
   for i, n in enumerate(lengths):
     tokens[i, width - n :] = torch.randint(1, peer.vocab, (n,))
     mask[i, width - n :] = 1
+  tokens, mask = tokens.to(DEVICE), mask.to(DEVICE)
   generate_s = []
   for r in range(repeats):
     torch.manual_seed(r)
-    start = time.perf_counter()
+    start = _now()
     with torch.no_grad():
       out = peer.model.generate(
           tokens,
@@ -194,7 +207,7 @@ def sample(
           # step's router logits by the whole attention mask: no aux loss.
           output_router_logits=False,
       )
-    generate_s.append(time.perf_counter() - start)
+    generate_s.append(_now() - start)
     if out.shape != (len(lengths), width + new):
       raise RuntimeError(f"generate returned {tuple(out.shape)}")
   return {"generate_s": generate_s}

@@ -101,7 +101,7 @@ def run(opts: argparse.Namespace) -> dict:
         prompts,
         max_new_tokens=new,
         seed=seed,
-        **sampling,
+        sampling=decoding.Sampling(**sampling),
     )
     seconds = time.perf_counter() - start
     assert all(len(t) == new for t in result.tokens)

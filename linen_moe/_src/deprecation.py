@@ -71,6 +71,15 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
         "unrolled_to_scanned": ("linen_moe.models", "unrolled_to_scanned"),
         "UPDATED_BY_RULE": ("linen_moe.variables", "UPDATED_BY_RULE"),
     },
+    # 0.1's `linen_moe.config` module (`MOVED_MODULES`) held these too.
+    "linen_moe.config": {
+        "available_configs": ("linen_moe", "available_configs"),
+        "load_config": ("linen_moe", "load_moe_config"),
+        "load_model_config": ("linen_moe", "load_model_config"),
+        "load_moe_config": ("linen_moe", "load_moe_config"),
+        "ModelConfig": ("linen_moe", "ModelConfig"),
+        "run_fields": (None, "linen_moe._src.config.model_config"),
+    },
     "linen_moe.checkpoint": {
         "check_model_config": (None, "linen_moe._src.checkpoint.meta"),
         "config_from_dict": (None, "linen_moe._src.checkpoint.meta"),
@@ -91,6 +100,7 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
         "ChatSequences": (None, "linen_moe._src.data.chat_rows"),
         "encode_conversation": (None, "linen_moe._src.data.chat"),
         "end_of_document_id": (None, "linen_moe._src.data.tokenization"),
+        "find_files": (None, "linen_moe._src.data.sources"),
         "find_tokenizer": (None, "linen_moe._src.data.tokenization"),
         "first_fit": (None, "linen_moe._src.data.packing"),
         "first_fit_rows": (None, "linen_moe._src.data.packing"),
@@ -182,6 +192,7 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
     },
     "linen_moe.hf": {
         "MODEL_TYPES": (None, "linen_moe._src.hf.families"),
+        "parse_size": (None, "linen_moe._src.hf.safetensors_io"),
     },
     "linen_moe.testing": {
         "is_slow": (None, "linen_moe._src.testing.marks"),
@@ -226,6 +237,7 @@ MOVED_NAMES: dict[str, dict[str, tuple[str | None, str]]] = {
         ),
     },
     "linen_moe.training": {
+        "kept_files": (None, "linen_moe._src.run.tokenizer_files"),
         "accumulate_gradients": ("linen_moe.frontend", "accumulate_gradients"),
         "all_finite": ("linen_moe.frontend", "all_finite"),
         "combine_overwrite_microbatches": (
@@ -378,17 +390,38 @@ def moved_module_advice(old: str) -> str:
 
 class _Forwarding(types.ModuleType):
   """A module that answers every attribute from the private module it
-  stands for (never a second copy of that module's state)."""
+  stands for (never a second copy of that module's state), or, for a name
+  that moved away from it (`MOVED_NAMES` of the old module), from its new
+  home with a warning."""
 
   def __init__(self, name: str, target: types.ModuleType):
     super().__init__(name, target.__doc__)
     self.__dict__["_target"] = target
 
   def __getattr__(self, name: str) -> Any:
+    if name in MOVED_NAMES.get(self.__name__, {}):
+      return moved_name(self.__name__, name)
     return getattr(self.__dict__["_target"], name)
 
   def __dir__(self) -> list[str]:
     return dir(self.__dict__["_target"])
+
+
+class _CallableForwarding(_Forwarding):
+  """0.1's module `linen_moe.training.frontend`, whose path is now the
+  function `linen_moe.training.frontend(name)`: importing the old path
+  puts this module there, so it answers as the function too."""
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    module, _, name = _CALLABLE_MODULES[self.__name__].partition(":")
+    return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
+# Old module paths that are a function's name now (`_CallableForwarding`):
+# old path -> "module:function" it answers as.
+_CALLABLE_MODULES = {
+    "linen_moe.training.frontend": "linen_moe._src.training.registry:frontend",
+}
 
 
 class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -403,6 +436,8 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
   def create_module(self, spec):
     warn(spec.name, moved_module_advice(spec.name), MODULES_REMOVED_IN)
     target = importlib.import_module(MOVED_MODULES[spec.name][0])
+    if spec.name in _CALLABLE_MODULES:
+      return _CallableForwarding(spec.name, target)
     return _Forwarding(spec.name, target)
 
   def exec_module(self, module):

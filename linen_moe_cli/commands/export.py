@@ -74,20 +74,14 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
   check_new_directory(args.out, "--out")
   if args.format in ("hf", "hf-fp8"):
-    from linen_moe.hf import parse_size  # noqa: PLC0415 (no jax)
-
-    try:
-      parse_size(args.max_shard_size)
-    except ValueError as e:
-      raise ValueError(f"--max-shard-size: {e}") from e
-    from linen_moe import checkpoint  # noqa: PLC0415 (imports jax)
+    from linen_moe import decoding  # noqa: PLC0415 (imports jax)
     from linen_moe import hf  # noqa: PLC0415
-    from linen_moe import training  # noqa: PLC0415
 
-    kept = training.kept_files(args.checkpoint_dir)
-    config, variables, step = checkpoint.read_variables(
+    # The float weights, with what the run kept of its tokenizer.
+    kept = decoding.load_model(
         args.checkpoint_dir, dtype=args.dtype, step=args.step
     )
+    config, variables, step = kept.config, kept.variables, kept.step
     if config.moe.lora is not None:  # the adapters folded in
       from linen_moe import lora  # noqa: PLC0415
 
@@ -101,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         generation_config=kept.generation_config or {},
         tokenizer_files=kept.tokenizer_files,
     )
-    tokenizer = "the tokenizer" if kept.tokenizer else "no tokenizer"
+    tokenizer = "the tokenizer" if kept.tokenizer_path else "no tokenizer"
     print(
         f"exported step {step} of {args.checkpoint_dir} to {args.out} "
         f"(Hugging Face{', block fp8' if args.format == 'hf-fp8' else ''}, "

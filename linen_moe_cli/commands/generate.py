@@ -155,7 +155,7 @@ def register(subparsers) -> None:
       default=32,
       help="the most new tokens a prompt",
   )
-  p.set_defaults(run=run)
+  p.set_defaults(run=run, flags=options.flags_of(p))
 
 
 def _prompt_ids(text: str) -> list[int]:
@@ -254,9 +254,13 @@ def run(args: argparse.Namespace) -> int:
   job = _checked(args)
   from linen_moe_cli import prompt_job  # noqa: PLC0415 (imports jax)
 
-  if "prompts_file" in job:
-    summary = prompt_job.generate_file(**job)
-    print(summary, file=sys.stderr if job["output"] is None else sys.stdout)
-    return 0
-  print(prompt_job.format_report(prompt_job.generate(**job)))
+  try:
+    if "prompts_file" in job:
+      summary = prompt_job.generate_file(**job)
+      print(summary, file=sys.stderr if job["output"] is None else sys.stdout)
+      return 0
+    print(prompt_job.format_report(prompt_job.generate(**job)))
+  except ValueError as e:  # the library's, naming its arguments
+    e.args = (options.in_flag_words(str(e), args.flags),)
+    raise
   return 0

@@ -9,10 +9,10 @@ import os
 import time
 
 from linen_moe import testing
+from linen_moe import training
 from linen_moe.quantization import MODES
 from linen_moe_cli import options
 from linen_moe_cli.model_args import LAYERS
-import nnx_adapter
 
 
 def register(subparsers) -> None:
@@ -38,7 +38,7 @@ def register(subparsers) -> None:
   )
   p.add_argument(
       "--frontend",
-      choices=nnx_adapter.FRONTENDS,
+      choices=tuple(training.FRONTENDS),
       default="linen",
       help=options.frontend_help(),
   )
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
   from linen_moe_cli import matrix  # noqa: PLC0415 (imports jax)
 
   if args.all:
-    configs, fes, layers = matrix.CONFIGS, nnx_adapter.FRONTENDS, LAYERS
+    configs, fes, layers = matrix.CONFIGS, tuple(training.FRONTENDS), LAYERS
   else:
     configs = (args.config,)
     fes = (args.frontend,)

@@ -25,10 +25,10 @@ import argparse
 import json
 import sys
 
+from linen_moe import training
 from linen_moe.training import RunOptions
 from linen_moe_cli import model_args
 from linen_moe_cli import options
-import nnx_adapter
 
 GIB = 2**30
 
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
       seq_len=args.seq_len,
       grad_accum=args.grad_accum,
       decode=args.serve is not None,
-      frontend=nnx_adapter.frontend(args.frontend),
+      frontend=training.frontend(args.frontend),
       device_memory_bytes=memory,
   )
   if args.json:

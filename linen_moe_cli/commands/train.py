@@ -31,7 +31,6 @@ from linen_moe.training import RunStopped
 from linen_moe_cli import model_args
 from linen_moe_cli import options
 from linen_moe_cli.options import train_default
-import nnx_adapter
 
 
 def register(subparsers) -> None:
@@ -51,6 +50,8 @@ def register(subparsers) -> None:
       ),
   )
   model_args.add_model_args(p)
+  # None: the default model, or the checkpoint of --init-from(-hf).
+  p.set_defaults(config=None)
   p.add_argument(
       "--steps",
       type=int,
@@ -147,7 +148,7 @@ def register(subparsers) -> None:
           "fine-tune a Hugging Face checkpoint folder (Mixtral, Qwen3-MoE, "
           "DeepSeek-V3, Gemma-4, GPT-OSS, GLM-4.5, MiniMax-M2, Llama-4; a "
           "released model: `hf download NAME --local-dir DIR` first): its "
-          "config.json is the model (--config is not read; --quantization, "
+          "config.json is the model (no --config; --quantization, "
           "--layers, the path flags and --set of run fields apply), on "
           "synthetic data over its vocabulary unless --data is given (text "
           "tokenized with its tokenizer.json unless --tokenizer)"
@@ -204,7 +205,7 @@ def register(subparsers) -> None:
   _add_lora_args(p)
   _add_optimizer_args(p)
   _add_process_args(p)
-  p.set_defaults(run=run)
+  p.set_defaults(run=run, flags=options.flags_of(p))
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
@@ -422,7 +423,16 @@ def _add_process_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  """Checks the flags, joins the processes (if asked) and trains."""
+  """Checks the flags, joins the processes (if asked) and trains; a
+  message of the run names the flags (`options.in_flag_words`)."""
+  try:
+    return _run(args)
+  except (ValueError, RunStopped) as e:
+    e.args = (options.in_flag_words(str(e), args.flags),)
+    raise
+
+
+def _run(args: argparse.Namespace) -> int:
   opts = options.run_options(args)
   frontend = args.frontend
   from linen_moe import distributed  # noqa: PLC0415 (imports jax)
@@ -438,21 +448,23 @@ def run(args: argparse.Namespace) -> int:
       **{k: v for k, v in timeouts.items() if v is not None},
   )
   argv = getattr(args, "argv", None)
+  flags = args.flags
   if not several:
     if opts.checkpoint_dir is None:  # one process: its own new directory
-      where = options.default_run_dir(opts.config)
+      where = options.default_run_dir(opts.model_name)
       opts = dataclasses.replace(opts, checkpoint_dir=where)
       print(f"run directory: {where} (--checkpoint-dir chooses one)")
       try:
-        return train_and_report(opts, frontend, argv)
+        return train_and_report(opts, frontend, argv, flags)
       except ValueError:  # bad input: leave no empty run directory behind
         with contextlib.suppress(OSError):
           os.rmdir(where)
         raise
-    return train_and_report(opts, frontend, argv)
+    return train_and_report(opts, frontend, argv, flags)
   try:
-    return train_and_report(opts, frontend, argv)
+    return train_and_report(opts, frontend, argv, flags)
   except ValueError as e:
+    e.args = (options.in_flag_words(str(e), flags),)
     # Every process rejects the same input together. The normal exit would
     # wait at JAX's shutdown barrier, where a loaded CI machine once held
     # process 0 past the launcher's 60 s grace (killed, -9): leave after it
@@ -470,7 +482,10 @@ def run(args: argparse.Namespace) -> int:
     # stop, JAX terminates the others with an error.
     import traceback  # noqa: PLC0415
 
-    print(f"[process {args.process_id}]", file=sys.stderr)
+    import jax  # noqa: PLC0415 (initialized above)
+
+    # Under srun / mpirun JAX found the process index, not --process-id.
+    print(f"[process {jax.process_index()}]", file=sys.stderr)
     traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -506,18 +521,28 @@ def exit_after_shutdown(code: int, wait_s: float, shutdown=None) -> None:
 
 
 def train_and_report(
-    opts: RunOptions, frontend: str = "linen", argv: list[str] | None = None
+    opts: RunOptions,
+    frontend: str = "linen",
+    argv: list[str] | None = None,
+    flags: dict[str, str] | None = None,
 ) -> int:
   """Runs the job with the front end named `frontend` (this process already
   joined any others) and prints its one-line summary on process 0; the exit
   status. `argv` (the command's arguments) is the resume command of a run
-  a signal stopped."""
+  a signal stopped; `flags` (`options.flags_of`; default: `train`'s) name
+  the fields the run's messages mention."""
+  if flags is None:
+    flags = _train_flags()
   from linen_moe import distributed  # noqa: PLC0415 (imports jax)
   from linen_moe import training  # noqa: PLC0415
 
   start = time.perf_counter()
   try:
-    result = training.run(opts, nnx_adapter.frontend(frontend))
+    result = training.run(
+        opts,
+        training.frontend(frontend),
+        log=lambda line: print(options.in_flag_words(line, flags)),
+    )
   except RunStopped as e:
     if e.signal is None:
       raise
@@ -550,6 +575,13 @@ def train_and_report(
         f"{load}wall: {time.perf_counter() - start:.1f}s"
     )
   return 0
+
+
+def _train_flags() -> dict[str, str]:
+  """`train`'s flags by field name (`options.flags_of` of its parser)."""
+  subparsers = argparse.ArgumentParser().add_subparsers()
+  register(subparsers)
+  return options.flags_of(subparsers.choices["train"])
 
 
 def _resume_hint(

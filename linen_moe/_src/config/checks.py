@@ -1,10 +1,13 @@
 """The checks every config class shares: field names (and their old
-spellings), choices, positive integers, and the one error they raise."""
+spellings), choices, positive integers, and the one error they raise; and
+the one check of an integer argument, `check_int`."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+import numpy as np
 
 from linen_moe._src import deprecation
 from linen_moe._src.deprecation import RENAMED_FIELDS
@@ -42,6 +45,31 @@ def _number_text(text: str) -> bool:
   except ValueError:
     return False
   return True
+
+
+def check_int(name: str, value: Any, minimum: int) -> int:
+  """The one check of an integer argument: an int (a NumPy integer too;
+  not a bool) >= `minimum`.
+
+  Args:
+    name: what the error calls it (the argument's or field's name).
+    value: the value.
+    minimum: the least value allowed.
+
+  Returns:
+    `value` as a Python int.
+
+  Raises:
+    ValueError: "name=value is invalid: expected an integer >= minimum."
+  """
+  integer = isinstance(value, (int, np.integer)) and not isinstance(
+      value, (bool, np.bool_)
+  )
+  if not integer or value < minimum:
+    raise ValueError(
+        f"{name}={value!r} is invalid: expected an integer >= {minimum}."
+    )
+  return int(value)
 
 
 def check_positive_ints(obj: Any, names: tuple[str, ...]) -> None:

@@ -510,24 +510,3 @@ class MoEConfig:
     changes = new_names("MoEConfig", changes)
     check_keys(type(self), changes)
     return dataclasses.replace(self, **changes)
-
-
-# Where `ModelConfig` and the YAML readers lived until they got modules of
-# their own: `linen_moe.config` (0.1's public module, deprecated) and
-# `linen_moe._src.config.moe_config` keep answering for them.
-_MOVED = {
-    "ModelConfig": "linen_moe._src.config.model_config",
-    "run_fields": "linen_moe._src.config.model_config",
-    "available_configs": "linen_moe._src.config.files",
-    "load_config": "linen_moe._src.config.files",
-    "load_model_config": "linen_moe._src.config.files",
-    "load_moe_config": "linen_moe._src.config.files",
-}
-
-
-def __getattr__(name: str) -> Any:
-  if name in _MOVED:
-    import importlib  # noqa: PLC0415
-
-    return getattr(importlib.import_module(_MOVED[name]), name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

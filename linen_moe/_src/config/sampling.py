@@ -28,7 +28,7 @@ class Sampling:
 
     sampling = Sampling(temperature=0.7, top_p=0.9)
     result = decoding.generate(config, variables, prompts,
-                               max_new_tokens=32, **sampling.kwargs())
+                               max_new_tokens=32, sampling=sampling)
 
   Attributes:
     temperature: the logits are divided by it, >= 0; 0 is greedy (argmax,

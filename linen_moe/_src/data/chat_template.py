@@ -263,7 +263,7 @@ class ChatTemplate:
       tokenizer: a `tokenizers.Tokenizer`.
 
     Returns:
-      The prompt's ids (no special tokens added: the template writes
+      The prompt's ids, no special tokens added (the template writes
       them).
 
     Raises:

@@ -28,6 +28,7 @@ from typing import Any
 
 import grain
 
+from linen_moe._src.config.checks import check_int as _check_int
 from linen_moe._src.data import packing as packing_lib
 from linen_moe._src.data import shards
 from linen_moe._src.data.sources import Corpus
@@ -35,11 +36,6 @@ from linen_moe._src.data.sources import Corpus
 # Grain reads ahead in a thread, a few batches at most: a batch is a few
 # slices of memory-mapped ids, and the step, not the reading, is the work.
 DEFAULT_READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(f"{name}={value!r} is invalid: an integer >= {minimum}.")
 
 
 class DataPipeline:

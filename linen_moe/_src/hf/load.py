@@ -50,6 +50,7 @@ from linen_moe._src.config.variables import PARAMS
 from linen_moe._src.config.variables import UPDATED_BY_RULE
 from linen_moe._src.hf import block_fp8
 from linen_moe._src.hf import config_map
+from linen_moe._src.hf import download
 from linen_moe._src.hf import mxfp4
 from linen_moe._src.hf import reading
 from linen_moe._src.hf import tensor_names as tn
@@ -399,9 +400,7 @@ def load_checkpoint(
   if not directory.exists():
     raise ValueError(
         f"path={str(directory)!r} does not exist (relative paths are read "
-        f"from {pathlib.Path.cwd()}); it takes a folder of a checkpoint's "
-        f"files: download a released model first, `hf download {path} "
-        "--local-dir DIR` (pip install huggingface_hub), then pass DIR."
+        f"from {pathlib.Path.cwd()}); {download.download_hint(path)}."
     )
   if not directory.is_dir():
     raise ValueError(

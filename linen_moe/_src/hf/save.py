@@ -35,6 +35,7 @@ from linen_moe._src.config.variables import PARAMS
 from linen_moe._src.config.variables import UPDATED_BY_RULE
 from linen_moe._src.hf import block_fp8
 from linen_moe._src.hf import config_map
+from linen_moe._src.hf import generation_config as generation_config_file
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.hf.layout import flat_params
 from linen_moe._src.hf.layout import flat_state
@@ -220,7 +221,7 @@ def _block(weight_format: str, block_size) -> tuple[int, int] | None:
 
 
 _TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
-GENERATION_CONFIG_FILE = "generation_config.json"
+GENERATION_CONFIG_FILE = generation_config_file.FILE
 
 
 def _extra_files(

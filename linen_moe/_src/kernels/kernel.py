@@ -52,6 +52,9 @@ class Kernel:
     paired: the gate and up projections, their backward in one call each
       way, where the kernel has it (`pallas_gate_up.paired_grouped_matmul`'s
       signature), else None.
+    decode: the decode expert matmul (few token-assignments, each
+      distinct expert's weights read once; `triton_decode.decode_matmul`'s
+      signature), where the kernel has one, else None.
   """
 
   name: str
@@ -60,6 +63,7 @@ class Kernel:
   in_shard_map: bool = True
   int8_scaled: Callable[..., jax.Array] | None = None
   paired: Callable[..., tuple[jax.Array, jax.Array]] | None = None
+  decode: Callable[..., jax.Array] | None = None
 
   def takes(self, dtypes: tuple[Any, ...]) -> bool:
     allowed = {jnp.dtype(d) for d in self.operand_dtypes}
@@ -76,6 +80,7 @@ class Parts:
   fn: Callable[..., jax.Array]
   int8_scaled: Callable[..., jax.Array] | None = None
   paired: Callable[..., tuple[jax.Array, jax.Array]] | None = None
+  decode: Callable[..., jax.Array] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +114,8 @@ class Entry:
       runs its int8 kernel, where it was measured faster; None: never.
     min_dim: the least M, K and N it takes (Tokamax's Mosaic TPU kernel:
       128).
+    decode: whether it has a decode expert matmul (`Kernel.decode`); none
+      runs by default (`registry.find_decode` loads one by key).
   """
 
   name: str
@@ -125,6 +132,7 @@ class Entry:
   needs: str = ""
   auto_int8_min_rows: int | None = None
   min_dim: int = 1
+  decode: bool = False
 
   def __post_init__(self):
     if self.backend not in BACKENDS:
@@ -185,6 +193,7 @@ class Entry:
         in_shard_map=self.in_shard_map,
         int8_scaled=parts.int8_scaled,
         paired=parts.paired,
+        decode=parts.decode,
     )
 
   def __call__(

@@ -14,6 +14,10 @@ runs is a lookup here, not a branch on its name:
                            (`AUTO`: "blocked" on a CPU; the tile table on
                            a TPU; the route table on a GPU).
 
+`find_decode(key, backend)` loads a kernel's decode expert matmul (the
+few-token projection that reads each routed expert once, `Entry.decode`)
+by key: an opt-in, no backend runs one by default (unmeasured).
+
 `entries()` lists every registered kernel (the conformance test runs each
 one); `get("gpu/tokamax_mosaic")` finds one by key.
 """
@@ -99,6 +103,25 @@ def find_kernel(backend: str):
   if entry is None:
     return None, missing
   return load(entry, backend)
+
+
+def find_decode(key: str, backend: str):
+  """(the decode expert matmul of the kernel registered as `key`, for a
+  program traced for `backend`, None), or (None, why it does not load).
+  Interpreted where `backend` is not the entry's own.
+
+  Raises:
+    ValueError: no kernel is registered as `key`, or it has no decode
+      matmul (the message lists those that do).
+  """
+  entry = get(key)
+  if not entry.decode:
+    with_decode = sorted(e.key for e in ENTRIES if e.decode)
+    raise ValueError(
+        f"{key!r} has no decode expert matmul; kernels with one: {with_decode}."
+    )
+  kernel, missing = load(entry, backend)
+  return (None, missing) if kernel is None else (kernel.decode, None)
 
 
 def _auto_cpu(shape, dtypes) -> tuple[str, Entry | None]:

@@ -5,7 +5,8 @@ stop ids.
 `lax.while_loop` of decode steps as one program that ends when every row
 drew a stop id; `generate_stream` yields one prompt's tokens as they are
 drawn. How a token is drawn (temperature, top-k, top-p, min-p) is one
-`Sampling`, checked once, which the command line builds from its flags too.
+`Sampling`, checked once, which the command line builds from its flags too
+(0.2's loose keywords, `temperature=...`, still work, with a warning).
 The cache and its steps are `decoding`'s.
 """
 
@@ -20,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe._src import deprecation
+from linen_moe._src.config.checks import check_int as _check_int
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.sampling import Sampling
 from linen_moe._src.config.variables import CACHE
@@ -123,14 +126,6 @@ def _generate_rows(
   return out, stopped
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise TypeError(f"{name} must be an int; got {value!r}.")
-  if value < minimum:
-    raise ValueError(f"{name}={value} must be >= {minimum}.")
-  return int(value)
-
-
 def _check_ids(name: str, ids, vocab_size: int) -> list[int]:
   """A sequence of token ids as ints in [0, vocab_size)."""
   if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
@@ -173,9 +168,44 @@ def _row_keys(seed, n: int) -> jax.Array:
   )
 
 
-def _checked(
-    config, prompts, max_new_tokens, temperature, top_k, top_p, min_p, stop_ids
-):
+def sampling_of(sampling, old: Mapping, where: str) -> Sampling:
+  """The one `Sampling` of a generation call: `sampling`, or one made of
+  0.2's loose keywords (`old`, those not None), with a warning.
+
+  Args:
+    sampling: a `Sampling`, or None (greedy).
+    old: {"temperature", "top_k", "top_p", "min_p"}: the old keywords.
+    where: the function, for the messages (e.g. "decoding.generate").
+
+  Returns:
+    The `Sampling`.
+
+  Raises:
+    TypeError: `sampling` is not a `Sampling`, or both forms are given.
+  """
+  given = {k: v for k, v in old.items() if v is not None}
+  if given:
+    if sampling is not None:
+      raise TypeError(
+          f"{where}: pass sampling=Sampling(...) alone, without "
+          f"{', '.join(sorted(given))}."
+      )
+    deprecation.warn(
+        f"{where}({', '.join(sorted(given))}=...)",
+        "pass sampling=linen_moe.decoding.Sampling(...)",
+    )
+    return Sampling(**given)
+  if sampling is None:
+    return Sampling()
+  if not isinstance(sampling, Sampling):
+    raise TypeError(
+        f"sampling={sampling!r} is invalid: expected a "
+        "linen_moe.decoding.Sampling."
+    )
+  return sampling
+
+
+def _checked(config, prompts, max_new_tokens, sampling, stop_ids):
   """`generate`'s arguments checked: (prompts as lists of ints,
   max_new_tokens, the `Sampling`, stop ids)."""
   if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
@@ -191,7 +221,6 @@ def _checked(
       raise ValueError(f"prompts[{i}] is empty: a prompt needs >= 1 token.")
     rows.append(ids)
   max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
-  sampling = Sampling(temperature, top_k, top_p, min_p)
   stops = _check_ids("stop_ids", list(stop_ids), config.vocab_size)
   return rows, max_new_tokens, sampling, stops
 
@@ -202,12 +231,13 @@ def generate(
     prompts,
     *,
     max_new_tokens: int,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
+    sampling: Sampling | None = None,
     stop_ids=(),
     seed=0,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
 ) -> GenerationResult:
   """New tokens for prompts of any lengths, greedy or sampled.
 
@@ -240,34 +270,33 @@ def generate(
     prompts: a non-empty sequence of prompts, each a non-empty sequence of
       token ids in [0, vocab_size).
     max_new_tokens: the most new tokens per prompt, >= 1.
-    temperature: >= 0; 0 is greedy (equal to `greedy_generate`).
-    top_k: keep the k most likely tokens, >= 0 (0: all).
-    top_p: nucleus mass in (0, 1] (1: all).
-    min_p: in [0, 1]: keep tokens of at least min_p times the largest
-      probability (0: all).
+    sampling: how a token is drawn (`Sampling`: temperature, top-k,
+      top-p, min-p); None: greedy (equal to `greedy_generate`).
     stop_ids: token ids that end a row (included in its tokens).
     seed: an int, or a sequence of ints, one per prompt (see above).
+    temperature: deprecated: `sampling=Sampling(temperature=...)`.
+    top_k: deprecated, as `temperature`.
+    top_p: deprecated, as `temperature`.
+    min_p: deprecated, as `temperature`.
 
   Returns:
     A `GenerationResult`, each prompt's new tokens (up to and including its
     first stop id) and finish reason ("stop" or "length").
 
   Raises:
-    TypeError: a prompt, stop id, seed or count that is not integers.
+    TypeError: a prompt, stop id or seed that is not integers; a
+      `sampling` that is not a `Sampling`.
     ValueError: before any work, naming the argument: no prompts, an empty
-      prompt, an id outside [0, vocab_size), `max_new_tokens` < 1, a
-      negative or non-finite temperature, `top_k` < 0, `top_p` outside
-      (0, 1], `min_p` outside [0, 1], or `variables` holding a cache.
+      prompt, an id outside [0, vocab_size), `max_new_tokens` < 1, or
+      `variables` holding a cache (a bad setting is `Sampling`'s error).
   """
+  sampling = sampling_of(
+      sampling,
+      dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p),
+      "decoding.generate",
+  )
   rows, max_new_tokens, sampling, stops = _checked(
-      config,
-      prompts,
-      max_new_tokens,
-      temperature,
-      top_k,
-      top_p,
-      min_p,
-      stop_ids,
+      config, prompts, max_new_tokens, sampling, stop_ids
   )
   temperature, top_k, top_p, min_p = dataclasses.astuple(sampling)
   keys = _row_keys(seed, len(rows))
@@ -319,12 +348,13 @@ def generate_stream(
     prompt,
     *,
     max_new_tokens: int,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
+    sampling: Sampling | None = None,
     stop_ids=(),
     seed=0,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
 ) -> Iterator[int]:
   """One prompt's new tokens, each yielded as soon as it is drawn.
 
@@ -338,16 +368,17 @@ def generate_stream(
 
   Args:
     config: as for `generate`, and so are `variables`, `max_new_tokens`,
-      the sampling settings and `stop_ids`.
+      `sampling` and `stop_ids`.
     variables: see `config`.
     prompt: a non-empty sequence of token ids.
     max_new_tokens: see `config`.
-    temperature: see `config`.
-    top_k: see `config`.
-    top_p: see `config`.
-    min_p: see `config`.
+    sampling: see `config`.
     stop_ids: see `config`.
     seed: an int, or a one-element sequence of ints.
+    temperature: deprecated: `sampling=Sampling(temperature=...)`.
+    top_k: deprecated, as `temperature`.
+    top_p: deprecated, as `temperature`.
+    min_p: deprecated, as `temperature`.
 
   Yields:
     The new token ids, as ints.
@@ -356,15 +387,13 @@ def generate_stream(
     TypeError: as `generate`.
     ValueError: as `generate` (raised at the call, before any work).
   """
+  sampling = sampling_of(
+      sampling,
+      dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p),
+      "decoding.generate_stream",
+  )
   rows, max_new_tokens, sampling, stops = _checked(
-      config,
-      [prompt],
-      max_new_tokens,
-      temperature,
-      top_k,
-      top_p,
-      min_p,
-      stop_ids,
+      config, [prompt], max_new_tokens, sampling, stop_ids
   )
   key = _row_keys(seed, 1)
   variables = sharding.unbox(dict(variables))

@@ -13,6 +13,11 @@ coordination service on process 0 and connects every process to it. Without
 them it joins only when a cluster launcher that JAX detects on its own
 started more than one process (`cluster_launcher`: Slurm's `srun`, Open
 MPI's `mpirun`, a Cloud TPU pod slice), and otherwise stays a single process.
+Either way process 0 first checks that the coordinator's port is free (under
+Slurm and Open MPI the port JAX derives from the job, `launcher_coordinator`),
+so a port in use is one clear error, not a wait for the init timeout.
+`check_same` then makes every process stop with one clear error when they
+were started with different options, before any of them trains.
 
 Failure is bounded. Every process sends heartbeats to the coordination
 service; a process that stops (killed, crashed) is declared dead after
@@ -24,10 +29,14 @@ error that says so. A process whose coordinator never answers gives up after
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Mapping
 import errno
+import json
+import math
 import os
 import socket
 from typing import Any
+import zlib
 
 import jax
 import numpy as np
@@ -67,20 +76,24 @@ def parse_coordinator(address: str) -> tuple[str, int]:
   return host, int(port)
 
 
-def check_port_free(port: int) -> None:
+def check_port_free(port: int, hint: str = "choose a free port") -> None:
   """Raises `ValueError` if `port` is taken on this host.
 
   Process 0 binds the coordination service to every interface on the
-  coordinator's port, so the check binds the same way.
+  coordinator's port, so the check binds the same way, with `SO_REUSEADDR`
+  as gRPC does: a port that only the closed connections of an earlier
+  group still hold (a requeued job's, in TIME_WAIT) counts as free.
 
   Args:
     port: a TCP port number.
+    hint: what the message tells the user to do.
 
   Raises:
     ValueError: if binding fails because the port is in use (any other
       `OSError` propagates unchanged).
   """
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
       s.bind(("", port))
     except OSError as e:
@@ -88,7 +101,7 @@ def check_port_free(port: int) -> None:
         raise
       raise ValueError(
           f"coordinator port {port} is already in use on this host, where "
-          "process 0 starts the coordination service; choose a free port."
+          f"process 0 starts the coordination service; {hint}."
       ) from None
 
 
@@ -124,6 +137,71 @@ def cluster_launcher(environ: dict[str, str] | None = None) -> str | None:
   if len(environ.get(_TPU_WORKERS, "").split(",")) > 1:
     return "tpu"
   return None
+
+
+def launcher_coordinator(
+    init_timeout_s: int = DEFAULT_INIT_TIMEOUT_S,
+) -> tuple[str, int, int] | None:
+  """What `jax.distributed.initialize()` finds on its own under Slurm or
+  Open MPI: (coordinator "HOST:PORT", process count, this process's id).
+
+  JAX derives the port from the job (Slurm: the job id; Open MPI 4: the
+  job id in `OMPI_MCA_orte_hnp_uri`) unless `JAX_COORDINATOR_PORT` sets
+  it. The answer is JAX's own cluster detection, read through its private
+  module; where that cannot be read (another jax), None, and
+  `initialize` leaves the check to JAX.
+
+  Args:
+    init_timeout_s: how long a detection that talks to other processes
+      (Open MPI 5, through mpi4py) may wait.
+
+  Returns:
+    (coordinator, N, id), or None where no Slurm or Open MPI environment
+    of JAX's is found.
+  """
+  if cluster_launcher() not in _LAUNCHER_PROCESS_COUNTS:
+    return None
+  try:
+    from jax._src import clusters  # noqa: PLC0415
+
+    found = clusters.ClusterEnv.auto_detect_unset_distributed_params(
+        None, None, None, None, None, init_timeout_s
+    )
+  except (ImportError, AttributeError, TypeError, KeyError, RuntimeError):
+    return None
+  address, count, index = found[:3]
+  if address is None or count is None or index is None:
+    return None
+  return str(address), int(count), int(index)
+
+
+def _check_launcher(init_timeout_s: int) -> None:
+  """Under Slurm or Open MPI: process 0's coordinator port is free, and
+  JAX finds the job (not only its process count, which a batch script
+  that calls the command without `srun` also has)."""
+  launcher = cluster_launcher()
+  if launcher not in _LAUNCHER_PROCESS_COUNTS:
+    return
+  found = launcher_coordinator(init_timeout_s)
+  variable = _LAUNCHER_PROCESS_COUNTS[launcher]
+  if found is None:
+    if launcher == "slurm" and "SLURM_STEP_ID" not in os.environ:
+      raise ValueError(
+          f"{variable}={os.environ[variable]} says this is one of several "
+          "Slurm tasks, but this process is not a task of a job step (no "
+          "SLURM_STEP_ID): start the command with srun (in an sbatch "
+          "script too), which starts one process per task."
+      )
+    return
+  address, _, index = found
+  if index == 0:
+    check_port_free(
+        parse_coordinator(address)[1],
+        hint=(
+            f"JAX chose it from the {launcher} job's environment; set "
+            "JAX_COORDINATOR_PORT to a free port for every process"
+        ),
+    )
 
 
 def _check_process_args(
@@ -181,7 +259,9 @@ def initialize(
   Raises:
     ValueError: some but not all of the three arguments, a malformed
       coordinator address, N < 1, an id outside [0, N), a timeout that is not
-      an int >= 1, process 0's port already in use, or a failure to connect.
+      an int >= 1, process 0's port already in use (also the port JAX
+      derives under Slurm and Open MPI), a Slurm task count outside a job
+      step (a batch script that forgot `srun`), or a failure to connect.
     TypeError: if `num_processes` or `process_id` is not an int.
   """
   _check_process_args(coordinator, num_processes, process_id)
@@ -193,7 +273,9 @@ def initialize(
       raise ValueError(f"{name}={value!r} must be an int >= 1 (seconds).")
   if coordinator is None and cluster_launcher() is None:
     return False
-  if process_id == 0 and num_processes > 1:
+  if coordinator is None:
+    _check_launcher(init_timeout_s)
+  elif process_id == 0 and num_processes > 1:
     check_port_free(parse_coordinator(coordinator)[1])
   # Collectives between CPU processes; ignored by GPU and TPU backends.
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -215,6 +297,62 @@ def initialize(
         f"{init_timeout_s}s: {str(e).splitlines()[0]}"
     ) from e
   return jax.process_count() > 1
+
+
+def check_same(
+    values: Mapping[str, Any], what: str = "options", ignore: tuple = ()
+) -> None:
+  """Every process holds the same `values`, or every process raises.
+
+  Processes started with different options (say, `srun --multi-prog` with
+  another `--seq-len` on one task) would build different programs and wait
+  for each other forever in their first collective. Each process
+  all-gathers a CRC32 of each value (`process_allgather`, one small
+  program), so all of them see the same differences and stop together,
+  each naming its own values. Nothing happens in a single process.
+
+  Args:
+    values: name -> a JSON-serialisable value (others compared by `repr`).
+    what: what the values are, for the message.
+    ignore: names that may differ between processes (e.g. what only
+      process 0 prints).
+
+  Raises:
+    ValueError: on every process, when some process holds another value of
+      some name: naming those names, the processes that differ from
+      process 0 and this process's values.
+  """
+  if jax.process_count() == 1:
+    return
+  names = sorted(k for k in values if k not in ignore)
+  digests = [
+      zlib.crc32(json.dumps(values[k], sort_keys=True, default=repr).encode())
+      for k in names
+  ]
+  digests.append(zlib.crc32(json.dumps(names).encode()))
+  from jax.experimental import multihost_utils  # noqa: PLC0415
+
+  gathered = np.asarray(
+      multihost_utils.process_allgather(np.asarray(digests, np.uint32))
+  )  # [processes, names + 1]
+  other = (gathered != gathered[:1]).any(axis=0)
+  if not other.any():
+    return
+  if other[-1]:
+    raise ValueError(
+        f"the processes hold different sets of {what} (another version of "
+        "linen_moe on some host?); install the same version everywhere."
+    )
+  differ = [k for k, o in zip(names, other[:-1], strict=True) if o]
+  who = [int(p) for p in np.nonzero((gathered != gathered[:1]).any(1))[0]]
+  here = ", ".join(f"{k}={values[k]!r}" for k in differ)
+  raise ValueError(
+      f"the {len(gathered)} processes were started with different {what}: "
+      f"{', '.join(differ)} differ between process 0 and process"
+      f"{'es' if len(who) > 1 else ''} {', '.join(map(str, who))}; this is "
+      f"process {jax.process_index()}, with {here}. Start every process "
+      "with the same command."
+  )
 
 
 def is_main_process() -> bool:
@@ -249,8 +387,11 @@ def global_array(
     A `jax.Array` of `shape` with `sharding`.
 
   Raises:
-    ValueError: if `data` is an array whose shape is not `shape`.
+    ValueError: if `data` is an array whose shape is not `shape`, or a
+      dimension is not a multiple of the devices it is split over (say, a
+      batch of 4 over the 3 processes of `srun -n 3`).
   """
+  _check_divides(tuple(shape), sharding)
   if isinstance(data, np.ndarray):
     if data.shape != tuple(shape):
       raise ValueError(
@@ -259,3 +400,26 @@ def global_array(
     array = data
     data = lambda index: array[index]  # noqa: E731
   return jax.make_array_from_callback(tuple(shape), sharding, data)
+
+
+def _check_divides(shape: tuple[int, ...], sharding: Any) -> None:
+  """Each dimension a `NamedSharding` splits is a multiple of the devices it
+  is split over; the message names the mesh axes and the processes."""
+  if not isinstance(sharding, jax.sharding.NamedSharding):
+    return
+  sizes = dict(sharding.mesh.shape)
+  for axis, (size, entry) in enumerate(zip(shape, sharding.spec, strict=False)):
+    if entry is None:
+      continue
+    names = (entry,) if isinstance(entry, str) else tuple(entry)
+    ways = math.prod(sizes[n] for n in names)
+    if size % ways:
+      split = ",".join(f"{n}={sizes[n]}" for n in names if sizes[n] > 1)
+      raise ValueError(
+          f"axis {axis} of the global shape {shape} (size {size}) is split "
+          f"over {ways} devices (mesh axes {split}: "
+          f"{jax.process_count()} processes x {jax.local_device_count()} "
+          "devices), which must divide it. For the batch: a batch size "
+          f"that is a multiple of {ways}, or a number of processes (tasks) "
+          "and devices that divides the batch size."
+      )

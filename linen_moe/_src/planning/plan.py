@@ -27,6 +27,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from linen_moe._src import deprecation
+from linen_moe._src.config.checks import check_int as _check_int
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.config.variables import CACHE
 from linen_moe._src.models import decoding
@@ -176,13 +177,6 @@ class Plan:
     out = dataclasses.asdict(self)
     out["per_device"]["consumers"] = self.per_device.consumers()
     return out
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-    raise ValueError(
-        f"{name}={value!r} is invalid: expected an integer >= {minimum}."
-    )
 
 
 def _shard_bytes(leaf: Any) -> int:

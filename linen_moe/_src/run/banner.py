@@ -74,7 +74,7 @@ def _millions(n: int) -> str:
 
 def _model_line(opts: Any, config: Any) -> str:
   start = opts.init_from_hf or opts.init_from
-  name = f"from {start}" if start else opts.config
+  name = f"from {start}" if start else opts.model_name
   overrides = dict(opts.overrides)
   if "lora_alpha" in overrides and config.moe.lora is not None:
     overrides["lora_alpha"] = config.moe.lora.alpha  # 0 means the rank
@@ -86,7 +86,7 @@ def _model_line(opts: Any, config: Any) -> str:
 
 
 def _family_line(config: Any) -> str:
-  """Whether `linen-moe export --format hf` writes the model, said before
+  """Whether the Hugging Face export writes the model, said before
   training rather than at export."""
   from linen_moe._src.hf import config_map  # noqa: PLC0415
 
@@ -160,6 +160,13 @@ def lines(
   after = f"{schedule} after {warmup} warmup steps" if warmup else schedule
   tokens = opts.batch_size * opts.seq_len
   steps = opts.steps - first_step + 1
+  if optimizer["learning_rate"] is None:
+    rates = f"your optimizer ({type(opts.optimizer).__name__})"
+  else:
+    rates = (
+        f"learning rate {optimizer['learning_rate']:g} ({after}), weight "
+        f"decay {optimizer['weight_decay']:g}"
+    )
   return [
       _model_line(opts, config),
       _family_line(config),
@@ -173,8 +180,6 @@ def lines(
       *_data_line(opts, data_meta),
       (
           f"  steps {first_step}-{opts.steps}, batch {opts.batch_size} x "
-          f"{opts.seq_len} tokens ({tokens * steps:,} in all), learning rate "
-          f"{optimizer['learning_rate']:g} ({after}), weight decay "
-          f"{optimizer['weight_decay']:g}"
+          f"{opts.seq_len} tokens ({tokens * steps:,} in all), {rates}"
       ),
   ]

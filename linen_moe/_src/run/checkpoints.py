@@ -1,9 +1,9 @@
 """The checkpoints and per-step metrics of one training run.
 
-A run with `--checkpoint-dir DIR` resumes from the newest checkpoint in DIR
-that reads (or the one `--resume-step` names), in any front end, layer mode
+A run with a `checkpoint_dir` DIR resumes from the newest checkpoint in DIR
+that reads (or the one `resume_step` names), in any front end, layer mode
 or mesh (`linen_moe.checkpoint` restores into the run's own state); saves
-every `--save-every` steps and always its last; and appends one JSON object
+every `save_every` steps and always its last; and appends one JSON object
 per step to `DIR/metrics.jsonl`. What that guarantees:
 
 - No lost rows: the metrics file is flushed to disk before each save, and
@@ -13,7 +13,7 @@ per step to `DIR/metrics.jsonl`. What that guarantees:
   in order.
 - A damaged checkpoint is skipped: the newest one that reads is restored,
   with a message for each one skipped; the ones newer than the step resumed
-  from (damaged, or passed over by `--resume-step`) are set aside as
+  from (damaged, or passed over by `resume_step`) are set aside as
   `DIR/<step>.damaged` or `DIR/<step>.superseded`, never deleted.
 - A save that fails (a full disk, a refused write) stops the run with
   `RunStopped`, naming the last complete checkpoint, which orbax's
@@ -95,7 +95,7 @@ class RunCheckpoints:
       keep: int,
       log: Callable[[str], None] = print,
   ):
-    self.steps, self.save_every, self.log = steps, save_every or steps, log
+    self.last_step, self.save_every, self.log = steps, save_every or steps, log
     self._quiet = _QuietOrbaxErrors()
     logging.getLogger("absl").addFilter(self._quiet)
     self.checkpoints = manager.Checkpoints(
@@ -104,7 +104,7 @@ class RunCheckpoints:
     self.directory = self.checkpoints.directory
     self.metrics_path = os.path.join(self.directory, METRICS_FILE)
     self.main_process = distributed.is_main_process()
-    self.meta: dict = {}
+    self.run_meta: dict = {}
     self._resumed_row: dict | None = None
     self._saving: int | None = None  # the step of the last save started
 
@@ -115,9 +115,30 @@ class RunCheckpoints:
       self.checkpoints.close()
     except Exception as e:  # noqa: BLE001 (orbax's, from the save thread)
       if report:
-        raise self._stopped(e, self.steps) from e
+        raise self._stopped(e, self.last_step) from e
     finally:
       logging.getLogger("absl").removeFilter(self._quiet)
+
+  def steps(self) -> list[int]:
+    """The steps of the checkpoints in the directory, oldest first."""
+    return self.checkpoints.all_steps()
+
+  def meta(self, step: int) -> dict:
+    """The metadata of checkpoint `step` (model config, RNG, data, run).
+
+    Raises:
+      DamagedCheckpointError: it cannot be read.
+    """
+    return self.checkpoints.meta(step)
+
+  def step_dir(self, step: int) -> str:
+    """The directory of checkpoint `step`."""
+    return self.checkpoints.step_dir(step)
+
+  def restore_data(self, iterator, step: int):
+    """`iterator` (a Grain iterator) moved to the state saved with
+    checkpoint `step`."""
+    return self.checkpoints.restore_data(iterator, step)
 
   def latest_step(self) -> int | None:
     """The newest checkpoint whose metadata reads (None: there is none)."""
@@ -128,8 +149,6 @@ class RunCheckpoints:
         continue
       return step
     return None
-
-  # ---------------------------------------------------------------- resume
 
   def resume(
       self,
@@ -157,7 +176,7 @@ class RunCheckpoints:
     steps = self.checkpoints.all_steps()
     if resume_step is not None and resume_step not in steps:
       raise ValueError(
-          f"--resume-step {resume_step}: {self.directory} holds no checkpoint "
+          f"`resume_step` {resume_step}: {self.directory} holds no checkpoint "
           f"of that step; it holds steps {steps or 'none'}."
       )
     rng = jax.random.key(seed)
@@ -195,7 +214,7 @@ class RunCheckpoints:
       listed = ", ".join(f"{s} ({why})" for s, why in damaged.items())
       raise ValueError(
           f"no checkpoint in {self.directory} can be read: {listed}. Start "
-          "again with another --checkpoint-dir, or move them away."
+          "again with another `checkpoint_dir`, or move them away."
       )
     self._set_aside({
         s: "damaged" if s in damaged else "superseded"
@@ -213,9 +232,9 @@ class RunCheckpoints:
     saved_seed = meta.get("run", {}).get("seed")
     if saved_seed != seed:
       raise ValueError(
-          f"--seed {seed} differs from the seed {saved_seed} of the run in "
-          f"{self.directory}; resume with --seed {saved_seed} or use a new "
-          "--checkpoint-dir."
+          f"`seed` {seed} differs from the seed {saved_seed} of the run in "
+          f"{self.directory}; resume with `seed` {saved_seed} or use a new "
+          "`checkpoint_dir`."
       )
     if check_data is not None:
       check_data(meta.get("data", {}), self.checkpoints.step_dir(step))
@@ -236,7 +255,7 @@ class RunCheckpoints:
           n += 1
           target = f"{source}.{reason}.{n}"
         os.rename(source, target)
-        why = "" if reason == "damaged" else " (newer than --resume-step)"
+        why = "" if reason == "damaged" else " (newer than `resume_step`)"
         self.log(f"set checkpoint {step} aside as {target}{why}")
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # noqa: PLC0415
@@ -244,14 +263,12 @@ class RunCheckpoints:
       multihost_utils.sync_global_devices("linen_moe run set aside")
     self.checkpoints.reload()
 
-  # --------------------------------------------------------------- metrics
-
   def begin(self, start: int, meta: dict) -> None:
     """Starts recording at step `start` (0 or the resumed step); `meta` (the
     model config, the RNG, the data and run settings) goes with every
     checkpoint. Rewrites the metrics file as steps 1..start: its rows before
     `start`, then the resumed checkpoint's own row."""
-    self.meta = meta
+    self.run_meta = meta
     if not self.main_process:
       return
     rows: dict[int, str] = {}
@@ -306,7 +323,7 @@ class RunCheckpoints:
         (this one, or an earlier one found failed).
     """
     record = {"step": done, **{k: _json_value(v) for k, v in metrics.items()}}
-    due = force or done % self.save_every == 0 or done == self.steps
+    due = force or done % self.save_every == 0 or done == self.last_step
     if self.main_process:
       try:
         with open(self.metrics_path, "a", encoding="utf-8") as f:
@@ -327,8 +344,8 @@ class RunCheckpoints:
     if due:
       self._raise_save_error(done)  # the previous save, if it failed
       meta = {
-          **self.meta,
-          "data": {**self.meta["data"], "position": done},
+          **self.run_meta,
+          "data": {**self.run_meta["data"], "position": done},
           "metrics": record,
       }
       self._saving = done

@@ -2,9 +2,9 @@
 
 `writable_directory` and `check_new_directory` turn a directory that cannot
 be made or written (below a regular file, on a read-only file system, ...) into a
-one-line `ValueError` naming the flag, before anything is computed.
+one-line `ValueError` naming the option, before anything is computed.
 
-`RunLock` is the one-writer rule of `linen-moe train --checkpoint-dir DIR`:
+`RunLock` is the one-writer rule of a run's `checkpoint_dir` DIR:
 the run creates `DIR/run.lock` atomically (`O_CREAT | O_EXCL`), naming its
 host, process id and start time, before it writes anything, and removes it
 when it ends. A second run on DIR finds the file and stops at once, naming
@@ -44,56 +44,56 @@ def _not_a_directory(path: str) -> str | None:
   return None if os.path.isdir(probe) else probe
 
 
-def writable_directory(path: str | os.PathLike, flag: str) -> str:
+def writable_directory(path: str | os.PathLike, name: str) -> str:
   """Makes directory `path` (and its parents) if needed and checks that a
   file can be created in it; returns its absolute path.
 
   Raises:
-    ValueError: naming `flag` and the reason, when `path` cannot be
-      created or written.
+    ValueError: naming `name` (how the error calls the path) and the
+      reason, when `path` cannot be created or written.
   """
   path = os.path.abspath(os.fspath(path))
   blocker = _not_a_directory(path)
   if blocker is not None:
     kind = "it is" if blocker == path else f"{blocker} is"
     raise ValueError(
-        f"{flag} {path} cannot be a directory: {kind} a file, not a directory."
+        f"{name} {path} cannot be a directory: {kind} a file, not a directory."
     )
   try:
     os.makedirs(path, exist_ok=True)
   except OSError as e:
-    raise ValueError(f"{flag} {path} cannot be created: {_reason(e)}.") from e
+    raise ValueError(f"{name} {path} cannot be created: {_reason(e)}.") from e
   probe = os.path.join(path, f".write-test-{os.getpid()}-{uuid.uuid4().hex}")
   try:
     os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     os.remove(probe)
   except OSError as e:
-    raise ValueError(f"{flag} {path} is not writable: {_reason(e)}.") from e
+    raise ValueError(f"{name} {path} is not writable: {_reason(e)}.") from e
   return path
 
 
-def check_new_directory(path: str | os.PathLike, flag: str) -> str:
+def check_new_directory(path: str | os.PathLike, name: str) -> str:
   """Checks, before any work, that directory `path` does not exist and can
   be created (its nearest existing ancestor is a writable directory).
   Creates nothing.
 
   Args:
     path: the directory an export or a run will create.
-    flag: how the error names it (e.g. "--out", or "out").
+    name: how the error calls it (e.g. "`out`").
 
   Returns:
     `path`, absolute.
 
   Raises:
-    ValueError: naming `flag`, when `path` exists or cannot be created.
+    ValueError: naming `name`, when `path` exists or cannot be created.
   """
   path = os.path.abspath(os.fspath(path))
   if os.path.lexists(path):
-    raise ValueError(f"{flag} {path} exists; it must be a new directory.")
+    raise ValueError(f"{name} {path} exists; it must be a new directory.")
   blocker = _not_a_directory(path)
   if blocker is not None:
     raise ValueError(
-        f"{flag} {path} cannot be created: {blocker} is a file, not a "
+        f"{name} {path} cannot be created: {blocker} is a file, not a "
         "directory."
     )
   ancestor = os.path.dirname(path)
@@ -102,7 +102,7 @@ def check_new_directory(path: str | os.PathLike, flag: str) -> str:
   if not os.access(ancestor, os.W_OK | os.X_OK):
     reason = os.strerror(errno.EROFS if _read_only(ancestor) else errno.EACCES)
     raise ValueError(
-        f"{flag} {path} cannot be created: {ancestor} is not writable "
+        f"{name} {path} cannot be created: {ancestor} is not writable "
         f"({reason})."
     )
   return path
@@ -113,9 +113,6 @@ def _read_only(path: str) -> bool:
     return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
   except OSError:
     return False
-
-
-# ------------------------------------------------------------------ lock ---
 
 
 def _process_start(pid: int) -> str | None:
@@ -174,17 +171,17 @@ class RunLock:
       cls,
       directory: str | os.PathLike,
       *,
-      flag: str = "--checkpoint-dir",
+      name: str = "`checkpoint_dir`",
       log: Callable[[str], None] = print,
   ) -> RunLock:
     """Makes `directory` if needed and locks it for this process.
 
     Raises:
       ValueError: one line: the directory cannot be created or written
-        (naming `flag`), or another run holds the lock (naming its host,
+        (naming `name`), or another run holds the lock (naming its host,
         process id and start time).
     """
-    directory = writable_directory(directory, flag)
+    directory = writable_directory(directory, name)
     path = os.path.join(directory, LOCK_FILE)
     holder = {
         "host": socket.gethostname(),
@@ -204,7 +201,7 @@ class RunLock:
         continue
       except OSError as e:
         raise ValueError(
-            f"{flag} {directory} is not writable: {_reason(e)}."
+            f"{name} {directory} is not writable: {_reason(e)}."
         ) from e
       try:
         os.write(fd, (json.dumps(holder) + "\n").encode())
@@ -268,7 +265,7 @@ class RunLock:
     )
     raise ValueError(
         f"{directory} is in use by another run: {who}{where}. Wait for it to "
-        "end, or give this run another --checkpoint-dir."
+        "end, or give this run another `checkpoint_dir`."
     )
 
   def release(self) -> None:

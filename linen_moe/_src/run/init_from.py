@@ -34,7 +34,7 @@ def _latest(ckpts: manager.Checkpoints) -> tuple[int, dict]:
     except manager.DamagedCheckpointError as e:
       problems.append(str(e))
   raise ValueError(
-      f"init_from={ckpts.directory!r} (--init-from) is invalid: no checkpoint"
+      f"init_from={ckpts.directory!r} is invalid: no checkpoint"
       f" there can be read ({'; '.join(problems) or 'it holds none'})."
   )
 

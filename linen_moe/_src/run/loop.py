@@ -11,189 +11,42 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from collections.abc import Sequence
+import contextlib
 import dataclasses
-import math
 import os
-from typing import Any
+import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from linen_moe._src.checkpoint import manager as ckpt_manager
 from linen_moe._src.checkpoint import meta as ckpt_meta
 from linen_moe._src.checkpoint import tree as ckpt_tree
-from linen_moe._src.config.files import load_model_config
 from linen_moe._src.parallel import distributed
-from linen_moe._src.parallel import sharding
 from linen_moe._src.run import banner
+from linen_moe._src.run import callbacks as cbs
 from linen_moe._src.run import host_memory
 from linen_moe._src.run import init_from
-from linen_moe._src.run import loss_chart
 from linen_moe._src.run import progress
 from linen_moe._src.run import recipes
 from linen_moe._src.run import schedule
+from linen_moe._src.run import setup
 from linen_moe._src.run import sources
 from linen_moe._src.run import throughput
 from linen_moe._src.run import tokenizer_files
 from linen_moe._src.run import watchdog
+from linen_moe._src.run.callbacks import Callback
+from linen_moe._src.run.callbacks import RunInfo
+from linen_moe._src.run.callbacks import StepInfo
 from linen_moe._src.run.checkpoints import RunCheckpoints
-from linen_moe._src.run.directory import RunLock
 from linen_moe._src.run.options import RunOptions
 from linen_moe._src.run.options import RunStopped
+from linen_moe._src.run.result import TAIL_STEPS
+from linen_moe._src.run.result import RunResult
 from linen_moe._src.run.stop import RunInterrupted
 from linen_moe._src.run.stop import StopRequest
 from linen_moe._src.training.frontend import LinenFrontend
 from linen_moe._src.training.frontend import TrainingFrontend
-
-# Steps over which the final loss and expert loads are averaged.
-TAIL_STEPS = 10
-
-
-@dataclasses.dataclass(frozen=True)
-class RunResult:
-  """What a run did: the steps this call ran (none when a resumed run was
-  already at its `steps`).
-
-  Attributes:
-    losses: per-step cross-entropy of steps `start_step + 1` onwards (NaN
-      where the step was skipped).
-    best_loss: the best achievable loss (the synthetic data's; NaN for real
-      data).
-    skipped_steps: how many steps were skipped.
-    expert_load: <float32>[L, E] each layer's share of routed assignments
-      per expert, averaged over the last `TAIL_STEPS` steps.
-    start_step: the step the run started from (0, or the resumed one).
-    eval_losses: the held-out losses [(step, nats)] of the evaluated steps
-      (`eval_every`).
-  """
-
-  losses: list[float]
-  best_loss: float
-  skipped_steps: int = 0
-  expert_load: np.ndarray | None = None
-  start_step: int = 0
-  eval_losses: list[tuple[int, float]] = dataclasses.field(default_factory=list)
-
-  @property
-  def first_loss(self) -> float:
-    return next((x for x in self.losses if math.isfinite(x)), math.nan)
-
-  @property
-  def final_loss(self) -> float:
-    """Mean of the last `TAIL_STEPS` (10) steps' finite losses (less noisy
-    than the last one); `linen-moe train` prints it so labelled."""
-    tail = [x for x in self.losses[-TAIL_STEPS:] if math.isfinite(x)]
-    return sum(tail) / len(tail) if tail else math.nan
-
-  @property
-  def load_ratio(self) -> float:
-    """Max / min expert load of the most unbalanced layer (1 = balanced; inf
-    when an expert got nothing), from `expert_load`."""
-    load = self.expert_load[self.expert_load.sum(axis=-1) > 0]  # MoE layers
-    with np.errstate(divide="ignore"):
-      ratios = load.max(axis=-1) / load.min(axis=-1)
-    return float(np.max(ratios))
-
-
-@dataclasses.dataclass
-class _Setup:
-  """What a run builds before its first step (no compile yet)."""
-
-  cfg: Any  # ModelConfig
-  data: Any  # sources.MarkovSource or CorpusSource
-  fe: Any  # TrainingFrontend
-  optimizer: Any
-  mesh: str | None
-  run: Any  # sharded training, or None on one device
-  feed: Callable[[np.ndarray], jax.Array]
-  device_mesh: Any = None  # jax.sharding.Mesh, or None on one device
-  optimizer_settings: dict = dataclasses.field(default_factory=dict)
-  lr_schedule: Callable = None  # updates applied -> learning rate
-
-
-def _set_up(
-    opts: RunOptions, fe: TrainingFrontend, optimizer_settings: dict
-) -> _Setup:
-  mesh = opts.mesh
-  if mesh is None and jax.process_count() > 1:
-    mesh = f"data={jax.device_count()}"
-  device_mesh = None if mesh is None else sharding.make_mesh(mesh)
-  if opts.init_from is not None:
-    cfg = init_from.model_config(opts.init_from, opts.overrides)
-  elif opts.init_from_hf is None:
-    cfg = load_model_config(opts.config, **opts.overrides)
-  else:
-    from linen_moe._src.hf import config_map  # noqa: PLC0415
-
-    base = config_map.model_config(_read_json(opts.init_from_hf))
-    cfg = base.replace(**opts.overrides)
-  optimizer, lr_schedule = schedule.optimizer(optimizer_settings)
-  run, feed = None, jnp.asarray
-  if device_mesh is not None:
-    run = fe.sharded(cfg, optimizer, device_mesh, opts.grad_accum)
-    tokens_sharding = run.token_sharding()
-    feed = lambda batch: distributed.global_array(  # noqa: E731
-        batch.shape, tokens_sharding, batch
-    )
-  if opts.data is None:
-    source = sources.MarkovSource(cfg, opts, feed)
-  else:  # reads and checks the files: any error comes before any step
-    source = sources.CorpusSource(cfg, opts, run)
-  return _Setup(
-      cfg=cfg,
-      data=source,
-      fe=fe,
-      optimizer=optimizer,
-      mesh=mesh,
-      run=run,
-      feed=feed,
-      device_mesh=device_mesh,
-      optimizer_settings=optimizer_settings,
-      lr_schedule=lr_schedule,
-  )
-
-
-def _load_hf(directory: str, cfg, device_mesh):
-  """The variables of the Hugging Face checkpoint in `directory` for the
-  run's model `cfg`, loaded straight into the mesh's shardings."""
-  from linen_moe._src.hf import load as hf_load  # noqa: PLC0415
-  from linen_moe._src.lora import tree as lora_tree  # noqa: PLC0415
-
-  loaded, variables = hf_load.load_checkpoint(
-      directory,
-      scan_layers=cfg.scan_layers,
-      dtype=cfg.moe.param_dtype,
-      mesh=device_mesh,
-      quantization=cfg.moe.quantization,
-      serving=cfg.moe.serving,
-  )
-  # The checkpoint is the base: the run's config without its adapters.
-  base = lora_tree.without_adapters(cfg)
-  ckpt_meta.check_model_config(ckpt_meta.config_dict(loaded), base, directory)
-  return variables
-
-
-def _read_json(directory: str) -> dict:
-  import json  # noqa: PLC0415
-
-  with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
-    return json.load(f)
-
-
-def _with_variables(fe, state, variables):
-  """`state` (a fresh one) with its params from `variables`; the fp8 and
-  routing state and the optimizer moments stay fresh."""
-  from flax import traverse_util  # noqa: PLC0415
-
-  flat = traverse_util.flatten_dict(fe.checkpoint_tree(state))
-  for path, value in traverse_util.flatten_dict(
-      {ckpt_tree.VARIABLES: {"params": variables["params"]}}
-  ).items():
-    if path not in flat:
-      raise ValueError(f"The loaded checkpoint has no {'/'.join(path)}.")
-    flat[path] = value
-  return fe.from_checkpoint_tree(traverse_util.unflatten_dict(flat), state)
 
 
 def run(
@@ -201,6 +54,7 @@ def run(
     frontend: TrainingFrontend | None = None,
     *,
     log: Callable[[str], None] = print,
+    callbacks: Sequence[Callback] = (),
 ) -> RunResult:
   """Trains the reference decoder as `opts` says, as `linen-moe train` does.
 
@@ -218,6 +72,13 @@ def run(
       the NNX one). A checkpoint of one resumes in the other.
     log: where the run's messages go (resumes, skipped checkpoints, the
       held-out losses when there is no progress bar, the chart).
+    callbacks: `Callback`s to call at the start, after every step and at
+      the end, after the run's own (progress, throughput, profiler,
+      held-out loss, TensorBoard, checkpoints); one whose `name` is one of
+      those takes its place (`linen_moe._src.run.callbacks`). A callback
+      may add metrics to the step's row, stop the run (`RunInfo.stop`:
+      the step saved, the result's `stop_reason` set), or raise (the step
+      saved, then `RunStopped` from its exception).
 
   Returns:
     The `RunResult` (the losses of the steps this call ran, the best
@@ -279,7 +140,15 @@ def run(
   """
   if not isinstance(opts, RunOptions):
     raise TypeError(f"opts must be a RunOptions; got {type(opts).__name__}.")
+  callbacks = list(callbacks)
+  cbs.arrange({}, callbacks)  # a TypeError for a non-Callback, before work
   fe = LinenFrontend() if frontend is None else frontend
+  # Processes started with other options would wait in their first
+  # collective forever: one clear error on each instead.
+  options = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+  distributed.check_same(
+      {**options, "frontend": fe.name}, ignore=("progress", "log_every")
+  )
   held = []  # the lock, released by the exits that skip `finally`
   release = lambda: [lock.release() for lock in held]  # noqa: E731
   with (
@@ -293,7 +162,7 @@ def run(
           on_exit=release,
       ) as watch,
   ):
-    return _run(opts, fe, log, _Guard(stop, watch), held)
+    return _run(opts, fe, log, _Guard(stop, watch), held, callbacks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,15 +174,25 @@ class _Guard:
   watch: watchdog.Watchdog
 
 
-def _run(opts: RunOptions, fe, log, guard: _Guard, held: list) -> RunResult:
+def _run(
+    opts: RunOptions, fe, log, guard: _Guard, held: list, callbacks: list
+) -> RunResult:
   lock = None
   if opts.checkpoint_dir is not None:
-    lock = _lock(opts.checkpoint_dir, log)
+    lock = setup.lock(opts.checkpoint_dir, log)
     held.append(lock)
   try:
     if opts.checkpoint_dir is None:
-      job = _set_up(opts, fe, schedule.settings(opts))
-      return _train_from(opts, job, None, resume=False, log=log, guard=guard)
+      job = setup.set_up(opts, fe, schedule.settings(opts))
+      return _train_from(
+          opts,
+          job,
+          None,
+          resume=False,
+          log=log,
+          guard=guard,
+          callbacks=callbacks,
+      )
     ckpts = RunCheckpoints(
         opts.checkpoint_dir,
         steps=opts.steps,
@@ -325,20 +204,27 @@ def _run(opts: RunOptions, fe, log, guard: _Guard, held: list) -> RunResult:
       latest = opts.resume_step
       if latest is None:
         latest = ckpts.latest_step()
-      job = _set_up(opts, fe, _optimizer_settings(opts, ckpts, latest, log))
+      job = setup.set_up(
+          opts, fe, setup.optimizer_settings(opts, ckpts, latest, log)
+      )
       tokenizer_files.keep(
           opts, sources.tokenizer_path(opts), ckpts.main_process
       )
       if latest is not None and latest >= opts.steps:
         log(
-            f"{opts.checkpoint_dir} is already at step {latest} (--steps "
+            f"{opts.checkpoint_dir} is already at step {latest} (`steps` "
             f"{opts.steps}); nothing to train."
         )
         result = RunResult([], job.data.best_loss, start_step=latest)
       else:
-        resume = bool(ckpts.checkpoints.all_steps())
         result = _train_from(
-            opts, job, ckpts, resume=resume, log=log, guard=guard
+            opts,
+            job,
+            ckpts,
+            resume=bool(ckpts.steps()),
+            log=log,
+            guard=guard,
+            callbacks=callbacks,
         )
     except BaseException:
       ckpts.close(report=False)
@@ -351,52 +237,43 @@ def _run(opts: RunOptions, fe, log, guard: _Guard, held: list) -> RunResult:
       held.remove(lock)
 
 
-def _optimizer_settings(opts, ckpts, latest: int | None, log) -> dict:
-  """The flags' optimizer settings, or those of the run that checkpoint
-  `latest` continues (`schedule.resumed`: the same flags, the schedule's
-  first length)."""
-  wanted = schedule.settings(opts)
-  if latest is None or latest not in ckpts.checkpoints.all_steps():
-    return wanted
-  try:
-    saved = ckpts.checkpoints.meta(latest).get("run", {})
-  except ckpt_manager.DamagedCheckpointError:
-    return wanted  # the resume skips it, or names it
-  return schedule.resumed(
-      wanted, saved, ckpts.checkpoints.step_dir(latest), log
-  )
-
-
-def _lock(directory: str, log: Callable[[str], None]) -> RunLock | None:
-  """Locks `directory` for this run: process 0 alone takes the lock and
-  the others follow its decision (they stop too when it fails), before any
-  process writes there. Returns process 0's lock (None elsewhere)."""
-  if jax.process_count() == 1:
-    return RunLock.acquire(directory, log=log)
-  lock, error = None, None
-  if jax.process_index() == 0:
-    try:
-      lock = RunLock.acquire(directory, log=log)
-    except ValueError as e:
-      error = e
-  from jax.experimental import multihost_utils  # noqa: PLC0415
-
-  locked = multihost_utils.broadcast_one_to_all(np.int32(error is None))
-  if error is not None:
-    raise error
-  if not int(locked):
-    raise ValueError(
-        f"process 0 could not lock {os.path.abspath(directory)} (its error "
-        "says why); every process stops."
-    )
-  return lock
-
-
 def _train_from(
-    opts: RunOptions, job: _Setup, ckpts, *, resume: bool, log, guard: _Guard
-):
-  """Restores a checkpoint (`resume`) or initialises, and trains to the
-  end, or to the step after which `guard.stop` stops it."""
+    opts: RunOptions,
+    job: setup.Setup,
+    ckpts,
+    *,
+    resume: bool,
+    log,
+    guard: _Guard,
+    callbacks: Sequence[Callback],
+) -> RunResult:
+  """Restores a checkpoint (`resume`) or initialises, records the start,
+  and trains to the end, or to the step after which a signal or a
+  callback stops it."""
+  start, state, rng = _restore_or_init(opts, job, ckpts, resume, log)
+  run_info, observers, last = _record_start(
+      opts, job, ckpts, start, state, rng, callbacks, log
+  )
+  if guard.stop.should_stop():  # during set-up: nothing new to save
+    resumed = ckpts and start and ckpts.step_dir(start)
+    raise RunInterrupted(guard.stop.signal, start, opts.steps, resumed or None)
+  everyone = [*observers, *([last] if last else [])]
+  for cb in everyone:
+    cb.on_start(run_info)
+  error = None
+  try:
+    return _steps(opts, job, run_info, state, rng, (observers, last), guard)
+  except BaseException as e:
+    error = e
+    raise
+  finally:
+    for cb in everyone:
+      cb.on_end(run_info, error)
+
+
+def _restore_or_init(opts: RunOptions, job: setup.Setup, ckpts, resume, log):
+  """(start step, state, rng): the checkpoint's (`resume`) or a fresh
+  state's, with the weights of `init_from_hf` or `init_from`."""
   fe, run, cfg, source = job.fe, job.run, job.cfg, job.data
   fill = source.meta.get("pipeline", {}).get("fill_fraction")
   if fill is not None:
@@ -417,175 +294,210 @@ def _train_from(
         check_data=source.check_meta,
     )
     source.restore(ckpts, start)
-  if state is None:
-    state = (
-        run.init(sample, rng)
-        if run
-        else fe.init(cfg, job.optimizer, sample, rng)
-    )
-    if opts.init_from_hf is not None:
-      variables = _load_hf(opts.init_from_hf, cfg, job.device_mesh)
-      state = _with_variables(fe, state, variables)
-      del variables
-      if run is not None:
-        state = run.place(state, sample, rng)
-    elif opts.init_from is not None:
-      state = init_from.load(opts.init_from, fe, state, cfg, log)
+  if state is not None:
+    return start, state, rng
+  state = (
+      run.init(sample, rng) if run else fe.init(cfg, job.optimizer, sample, rng)
+  )
+  if opts.init_from_hf is not None:
+    variables = setup.load_hf(opts.init_from_hf, cfg, job.device_mesh)
+    state = setup.with_variables(fe, state, variables)
+    del variables
+    if run is not None:
+      state = run.place(state, sample, rng)
+  elif opts.init_from is not None:
+    state = init_from.load(opts.init_from, fe, state, cfg, log)
+  return start, state, rng
+
+
+def _record_start(opts, job, ckpts, start, state, rng, callbacks, log):
+  """The banner, and the run's observers (`callbacks.arrange`): the
+  defaults (the checkpoints' with the metadata every save carries) and the
+  user's. Returns (`RunInfo`, the observers before the stop agreement,
+  the one after it or None)."""
+  cfg, source, main = job.cfg, job.data, distributed.is_main_process()
   # Shapes only: a cast of a global array would be a program that the
   # other processes do not run.
-  params = fe.checkpoint_tree(ckpt_tree.abstract(state))
-  if distributed.is_main_process():
+  params = job.fe.checkpoint_tree(ckpt_tree.abstract(state))
+  devices = setup.run_devices(job)
+  if main:
     for line in banner.lines(
         opts,
         cfg,
         params[ckpt_tree.VARIABLES]["params"],
         source.meta,
-        _run_devices(job),
+        devices,
         job.mesh,
         job.optimizer_settings,
         first_step=start + 1,
     ):
       log(line)
-  recipe = recipes.record(opts.recipe.name, job.optimizer_settings, opts)
-  if run is None:
-    step = jax.jit(
-        fe.make_step(cfg, job.optimizer, opts.grad_accum), donate_argnums=0
-    )
-  else:
-    step = run.step
-  if ckpts is not None:
-    ckpts.begin(
-        start,
-        {
-            "model_config": ckpt_meta.config_dict(cfg),
-            "rng": ckpt_meta.rng_to_json(rng),
-            "data": source.meta,
-            "run": {
-                "config": opts.config,
-                "init_from_hf": opts.init_from_hf,
-                "init_from": opts.init_from,
-                "recipe": recipe["name"],
-                "frontend": job.fe.name,
-                "mesh": job.mesh,
-                "seed": opts.seed,
-                "optimizer": job.optimizer_settings,
-            },
-        },
-    )
-  evaluate = None
-  if opts.eval_every is not None:
-    evaluate = sources.Evaluator(cfg, fe, run, source)
-  stream = source.batches(start)
-  losses, skipped, in_a_row, held_out = [], 0, 0, []
-  loads = collections.deque(maxlen=TAIL_STEPS)
-  bar = progress.StepReport(
-      start,
-      opts.steps,
-      main=distributed.is_main_process(),
-      bar=opts.progress,
-      every=opts.log_every,
-      best_loss=source.best_loss,
-      log=log,
-  )
-  meter = throughput.Throughput(
-      cfg, opts.batch_size, opts.seq_len, _run_devices(job)
-  )
-  profiler = throughput.Profiler(
-      opts.profile_steps and throughput.parse_steps(opts.profile_steps),
-      opts.checkpoint_dir
-      and os.path.join(opts.checkpoint_dir, throughput.PROFILE_DIR),
-  )
-  board = throughput.TensorBoard(
-      opts.tensorboard if distributed.is_main_process() else None
-  )
-  watch = guard.watch.phase
-  if guard.stop.should_stop():  # during set-up: nothing new to save
-    resumed = ckpts and start and ckpts.checkpoints.step_dir(start)
-    raise RunInterrupted(guard.stop.signal, start, opts.steps, resumed or None)
-  try:
-    for i in bar:
-      profiler.before(i + 1)
-      meter.start()
-      with watch("data", i + 1):
-        tokens, *extras = next(stream)
-      key = jax.random.fold_in(rng, i)
-      while extras and extras[-1] is None:  # e.g. every position real: the
-        extras.pop()  # unmasked loss, the step without a mask
-      with watch("step", i + 1):
-        state, metrics = step(state, tokens, key, *extras)
-        loss = float(metrics["cross_entropy"])
-      speed = meter.stop()
-      profiler.after(i + 1)
-      metrics = {
-          **metrics,
-          "learning_rate": schedule.learning_rate(job.lr_schedule, i, metrics),
-          **speed,
-      }
-      host_memory.settle()  # waits only where host memory is reused
-      losses.append(loss)
-      loads.append(metrics["expert_load"])
-      done = i + 1
-      if evaluate is not None and done % opts.eval_every == 0:
-        with watch("eval", done):
-          eval_loss = evaluate(state)
-        held_out.append((done, eval_loss))
-        perplexity = math.exp(min(eval_loss, 700.0))
-        metrics = {
-            **metrics,
-            "eval_loss": eval_loss,
-            "eval_perplexity": perplexity,
-        }
-        bar.write(
-            f"step {done}: held-out loss {eval_loss:.4f}, perplexity "
-            f"{perplexity:.2f} (train loss {loss:.4f})"
-        )
-      with watch("stop agreement", done):  # a collective: every process
-        stopping = guard.stop.should_stop() and done < opts.steps
-      board.write(done, metrics)
-      if ckpts is not None:
-        with watch("save", done):
-          row = {**metrics, "recipe": recipe} if done == 1 else metrics
-          ckpts.after_step(
-              done,
-              row,
-              fe.checkpoint_tree,
-              state,
-              data=source.iterator,
-              force=stopping,
+  run_info = RunInfo(opts, cfg, job.fe, start, ckpts, main, log)
+  defaults = {
+      "throughput": cbs.Throughput(
+          throughput.Throughput(cfg, opts.batch_size, opts.seq_len, devices)
+      ),
+      "progress": cbs.Progress(
+          lambda run: progress.StepReport(
+              start,
+              opts.steps,
+              main=main,
+              bar=opts.progress,
+              every=opts.log_every,
+              best_loss=source.best_loss,
+              log=log,
           )
-          if stopping:  # on disk and committed before the run ends
-            ckpts.wait(done)
-      if stopping:
-        saved = ckpts and ckpts.checkpoints.step_dir(done)
-        raise RunInterrupted(guard.stop.signal, done, opts.steps, saved)
-      in_a_row = in_a_row + 1 if int(metrics["skipped"]) else 0
-      skipped += in_a_row > 0
-      if in_a_row >= opts.max_consecutive_skips:
-        raise RunStopped(
-            f"stopped at step {i + 1} of {opts.steps}: the last {in_a_row} "
-            f"steps ({i + 2 - in_a_row} to {i + 1}) were all skipped for a "
-            "non-finite loss or gradient (--max-consecutive-skips "
-            f"{opts.max_consecutive_skips}; {skipped} skipped in all). The run "
-            "is not recovering: lower --learning-rate, or check the data."
-        )
-      bar.step(done, loss, metrics["learning_rate"], skipped, speed)
-  finally:
-    profiler.close()
-    board.close()
-  if ckpts is not None and opts.data is not None and ckpts.main_process:
-    loss_chart.chart_beside(ckpts.metrics_path, log)
+      ),
+  }
+  if opts.eval_every is not None:
+    evaluate = sources.Evaluator(cfg, job.fe, job.run, source)
+    defaults["evaluation"] = cbs.HeldOut(evaluate, opts.eval_every)
+  if opts.profile_steps is not None:
+    where = os.path.join(opts.checkpoint_dir, throughput.PROFILE_DIR)
+    defaults["profiler"] = cbs.Profiler(
+        throughput.Profiler(opts.profile_steps, where)
+    )
+  if opts.tensorboard is not None and main:
+    defaults["tensorboard"] = cbs.TensorBoard(
+        throughput.TensorBoard(opts.tensorboard)
+    )
+  if ckpts is not None:
+    recipe = recipes.record(opts.recipe.name, job.optimizer_settings, opts)
+    meta = _checkpoint_meta(opts, job, rng, recipe)
+    defaults["checkpoints"] = cbs.Checkpoints(
+        ckpts, meta, recipe, job.fe.checkpoint_tree, source, log
+    )
+  observers, last = cbs.arrange(defaults, list(callbacks))
+  return run_info, observers, last
+
+
+def _checkpoint_meta(opts, job, rng, recipe: dict) -> dict:
+  """What every checkpoint of the run carries besides its step's row."""
+  return {
+      "model_config": ckpt_meta.config_dict(job.cfg),
+      "rng": ckpt_meta.rng_to_json(rng),
+      "data": job.data.meta,
+      "run": {
+          "config": opts.model_name,
+          "init_from_hf": opts.init_from_hf,
+          "init_from": opts.init_from,
+          "recipe": recipe["name"],
+          "frontend": job.fe.name,
+          "mesh": job.mesh,
+          "seed": opts.seed,
+          "optimizer": job.optimizer_settings,
+      },
+  }
+
+
+def _steps(opts, job, run_info, state, rng, observers, guard) -> RunResult:
+  """The steps from `run_info.start_step + 1` to `opts.steps` (or the
+  stop), each followed by the observers (`_observe`)."""
+  fe, cfg, source = job.fe, job.cfg, job.data
+  step_fn = (
+      job.run.step
+      if job.run
+      else jax.jit(
+          fe.make_step(cfg, job.optimizer, opts.grad_accum), donate_argnums=0
+      )
+  )
+  start, watch = run_info.start_step, guard.watch.phase
+  stream = source.batches(start)
+  losses, skipped, in_a_row = [], 0, 0
+  loads = collections.deque(maxlen=TAIL_STEPS)
+  held_out = next((o for o in observers[0] if isinstance(o, cbs.HeldOut)), None)
+  for i in range(start, opts.steps):
+    began = time.perf_counter()
+    with watch("data", i + 1):
+      tokens, *extras = next(stream)
+    key = jax.random.fold_in(rng, i)
+    while extras and extras[-1] is None:  # e.g. every position real: the
+      extras.pop()  # unmasked loss, the step without a mask
+    with watch("step", i + 1):
+      state, metrics = step_fn(state, tokens, key, *extras)
+      loss = float(metrics["cross_entropy"])
+    seconds = time.perf_counter() - began
+    if job.lr_schedule is not None:  # None: the user's own optimizer
+      rate = schedule.learning_rate(job.lr_schedule, i, metrics)
+      metrics = {**metrics, "learning_rate": rate}
+    host_memory.settle()  # waits only where host memory is reused
+    losses.append(loss)
+    loads.append(metrics["expert_load"])
+    in_a_row = in_a_row + 1 if int(metrics["skipped"]) else 0
+    skipped += in_a_row > 0
+    info = StepInfo(i + 1, loss, metrics, state, seconds, skipped)
+    if _observe(run_info, info, observers, guard):
+      break
+    if in_a_row >= opts.max_consecutive_skips:
+      raise RunStopped(
+          f"stopped at step {i + 1} of {opts.steps}: the last {in_a_row} "
+          f"steps ({i + 2 - in_a_row} to {i + 1}) were all skipped for a "
+          "non-finite loss or gradient (`max_consecutive_skips` "
+          f"{opts.max_consecutive_skips}; {skipped} skipped in all). The run "
+          "is not recovering: lower `learning_rate`, or check the data."
+      )
   return RunResult(
       losses,
       source.best_loss,
       skipped,
       expert_load=np.mean(jax.device_get(list(loads)), axis=0),
       start_step=start,
-      eval_losses=held_out,
+      eval_losses=list(held_out.losses) if held_out else [],
+      stop_reason=run_info.stop_reason,
   )
 
 
-def _run_devices(job: _Setup) -> list:
-  """The devices a step runs on: the mesh's, or the one default device."""
-  if job.device_mesh is not None:
-    return list(job.device_mesh.devices.flat)
-  return jax.devices()[:1]
+def _observe(run_info: RunInfo, info: StepInfo, observers, guard) -> bool:
+  """Calls the observers after step `info.step`: those before the stop
+  agreement (the first exception skips the rest and stops the run), the
+  agreement, then the one that records the step (saving it when the run
+  stops). Returns whether a callback stopped the run (`RunInfo.stop`).
+
+  Raises:
+    RunInterrupted: a signal stopped the run (the step saved).
+    RunStopped: a callback raised (the step saved), from its exception.
+  """
+  before, last = observers
+  done, watch = info.step, guard.watch.phase
+  failed = None
+  for cb in before:
+    try:
+      with _watched(watch, cb.phase, done):
+        cb.after_step(run_info, info)
+    except Exception as e:  # noqa: BLE001 (any callback's: stop, saved)
+      failed = (cbs.callback_name(cb), e)
+      break
+  with watch("stop agreement", done):  # a collective: every process
+    signalled = guard.stop.should_stop() and done < run_info.steps
+    asked = failed is not None or run_info.stop_reason is not None
+    asked = _anywhere(asked and done < run_info.steps)
+  info.stopping = signalled or asked
+  if last is not None:
+    with _watched(watch, last.phase, done):
+      last.after_step(run_info, info)
+  saved = (
+      run_info.checkpoints
+      and info.stopping
+      and (run_info.checkpoints.step_dir(done))
+  )
+  if signalled:
+    raise RunInterrupted(guard.stop.signal, done, run_info.steps, saved)
+  if failed is not None:
+    name, error = failed
+    raise RunStopped(cbs.failure(name, error, done, saved)) from error
+  if asked and run_info.stop_reason is None:
+    run_info.stop_reason = "another process's callback stopped the run"
+  return asked
+
+
+def _watched(watch, phase: str | None, step: int):
+  return contextlib.nullcontext() if phase is None else watch(phase, step)
+
+
+def _anywhere(flag: bool) -> bool:
+  """`flag` or-ed over every process (one all-gather in a group)."""
+  if jax.process_count() == 1:
+    return flag
+  from jax.experimental import multihost_utils  # noqa: PLC0415
+
+  return bool(np.any(multihost_utils.process_allgather(np.array(flag))))

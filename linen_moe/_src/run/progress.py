@@ -57,25 +57,33 @@ class StepReport:
       log: Callable[[str], None] = print,
   ):
     interactive = main and bar and _terminal()
-    self.bar = tqdm.trange(start, steps, disable=not interactive, desc="train")
+    self.bar = tqdm.tqdm(
+        total=steps - start, disable=not interactive, desc="train"
+    )
     self.lines = main and not interactive
     self.start, self.steps, self.every, self.log = start, steps, every, log
     self.best = best_loss if math.isfinite(best_loss) else None
     self._began = time.perf_counter()
 
   def __iter__(self):
-    return iter(self.bar)
+    return iter(range(self.start, self.steps))
+
+  def close(self) -> None:
+    """Ends the bar (a no-op for lines)."""
+    self.bar.close()
 
   def step(
       self,
       done: int,
       loss: float,
-      learning_rate: float,
+      learning_rate: float | None,
       skipped: int,
       speed: dict[str, float],
   ) -> None:
     """Reports step `done` (from 1): the bar's fields, or its line when it
-    is due (every `every` steps, the first and the last)."""
+    is due (every `every` steps, the first and the last); `learning_rate`
+    None: unknown (an optimizer of the user's own)."""
+    self.bar.update(1)
     fields = {"loss": f"{loss:.3f}"}
     if self.best is not None:
       fields["best"] = f"{self.best:.3f}"
@@ -84,9 +92,10 @@ class StepReport:
     if self.lines and due:
       rates = ", ".join(f"{v} {k}" for k, v in speed_postfix(speed).items())
       best = "" if self.best is None else f" (best {self.best:.4f})"
+      lr = "" if learning_rate is None else f", lr {learning_rate:.3g}"
       self.log(
-          f"step {done}/{self.steps}: loss {loss:.4f}{best}, lr "
-          f"{learning_rate:.3g}, {rates}, {skipped} skipped, "
+          f"step {done}/{self.steps}: loss {loss:.4f}{best}{lr}, "
+          f"{rates}, {skipped} skipped, "
           f"{time.perf_counter() - self._began:.0f}s"
       )
 

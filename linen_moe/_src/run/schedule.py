@@ -1,16 +1,18 @@
-"""The optimizer of a `linen-moe train` run: its settings from the flags,
+"""The optimizer of a training run: its settings from its options,
 recorded with every checkpoint and continued by a resume, and the learning
 rate of each step.
 
 The settings (`settings`) are the learning rate, the schedule, its warmup,
-its length (`--steps` of the run that began it), its final ratio and the
+its length (`steps` of the run that began it), its final ratio and the
 weight decay; they go into each checkpoint's metadata as
 `run.optimizer`. A resumed run (`resumed`) must ask for the same ones, or
 it stops before any step; it keeps the schedule's length as the run began
-it, so a run continued past its first `--steps` goes on at the final rate
+it, so a run continued past its first `steps` goes on at the final rate
 instead of stretching the schedule under the steps already taken. The
 learning rate of step i is the schedule's value at the number of updates
-applied before it (skipped steps apply none): `learning_rate`.
+applied before it (skipped steps apply none): `learning_rate`. A run with
+an optimizer of its own (`RunOptions.optimizer`) records the schedule
+"own" and no rate.
 """
 
 from __future__ import annotations
@@ -23,18 +25,20 @@ from typing import Any
 from linen_moe._src.config.schedules import DEFAULT_FINAL_LR_RATIO
 from linen_moe._src.run.options import RunOptions
 
-# Settings that a resumed run must repeat, with their flags.
-FLAGS = {
-    "learning_rate": "--learning-rate",
-    "lr_schedule": "--lr-schedule",
-    "warmup_steps": "--warmup-steps",
-    "final_lr_ratio": "--final-lr-ratio",
-    "weight_decay": "--weight-decay",
-}
+# Settings that a resumed run must repeat (`RunOptions` fields).
+FIELDS = (
+    "learning_rate",
+    "lr_schedule",
+    "warmup_steps",
+    "final_lr_ratio",
+    "weight_decay",
+)
+# The `lr_schedule` recorded for an optimizer of the user's own.
+OWN = "own"
 
 
 def settings(opts: RunOptions) -> dict[str, Any]:
-  """The optimizer settings of a run's flags (JSON-serialisable).
+  """The optimizer settings of a run's options (JSON-serialisable).
 
   Args:
     opts: the run's options (checked).
@@ -43,8 +47,18 @@ def settings(opts: RunOptions) -> dict[str, Any]:
     {"learning_rate", "lr_schedule", "warmup_steps", "total_steps" (the
     schedule's length, `opts.steps`, for "cosine" and "linear"; else None),
     "final_lr_ratio" (resolved: `opts.final_lr_ratio` or the default, for
-    "cosine" and "linear"; else None), "weight_decay"}.
+    "cosine" and "linear"; else None), "weight_decay"}; with
+    `opts.optimizer`, "lr_schedule" is `OWN` and the others None.
   """
+  if opts.optimizer is not None:
+    return {
+        "learning_rate": None,
+        "lr_schedule": OWN,
+        "warmup_steps": None,
+        "total_steps": None,
+        "final_lr_ratio": None,
+        "weight_decay": None,
+    }
   decaying = opts.lr_schedule != "constant"
   ratio = opts.final_lr_ratio
   if decaying and ratio is None:
@@ -68,7 +82,7 @@ def resumed(
   """The settings a resumed run continues with.
 
   Args:
-    wanted: `settings` of this run's flags.
+    wanted: `settings` of this run's options.
     saved_run: the "run" metadata of the checkpoint it resumes.
     where: that checkpoint, for messages.
     log: where a note goes when the schedule keeps its saved length.
@@ -78,28 +92,28 @@ def resumed(
     checkpoint recorded no optimizer (it predates the schedules).
 
   Raises:
-    ValueError: naming each flag whose value differs from the saved run's.
+    ValueError: naming each field whose value differs from the saved run's.
   """
   saved = saved_run.get("optimizer")
   if not isinstance(saved, dict):
     return dict(wanted)
   diffs = [
-      f"{flag} {wanted.get(key)!r} here, {saved.get(key)!r} there"
-      for key, flag in FLAGS.items()
+      f"`{key}` {wanted.get(key)!r} here, {saved.get(key)!r} there"
+      for key in FIELDS
       if wanted.get(key) != saved.get(key)
   ]
   if diffs:
     same = " ".join(
-        f"{flag} {saved.get(key)}"
-        for key, flag in FLAGS.items()
+        f"`{key}` {saved.get(key)}"
+        for key in FIELDS
         if saved.get(key) is not None
     )
     run_dir = os.path.dirname(os.path.normpath(where))
     raise ValueError(
         f"The run in {where} has another optimizer: {'; '.join(diffs)}. "
-        f"A resume continues a run exactly: resume with its flags ({same}), "
-        "or start a new run from its weights with these settings: "
-        f"--init-from {run_dir} and a new --checkpoint-dir."
+        "A resume continues a run exactly: resume with its settings "
+        f"({same}), or start a new run from its weights with these "
+        f"settings: `init_from` {run_dir} and a new `checkpoint_dir`."
     )
   out = {**wanted, "total_steps": saved.get("total_steps")}
   if out["total_steps"] != wanted["total_steps"]:
@@ -110,16 +124,20 @@ def resumed(
   return out
 
 
-def optimizer(run_settings: Mapping[str, Any]):
+def optimizer(run_settings: Mapping[str, Any], own: Any = None):
   """The run's optax optimizer and its learning-rate schedule.
 
   Args:
     run_settings: `settings` (or `resumed`) of the run.
+    own: the user's optimizer (`RunOptions.optimizer`), or None.
 
   Returns:
-    The pair `(optimizer, schedule)`, `linen_moe.training.default_optimizer` of
-    them, and `learning_rate_schedule` of them (updates -> rate).
+    The pair `(optimizer, schedule)`: `own` and None, or
+    `linen_moe.training.default_optimizer` of the settings and
+    `learning_rate_schedule` of them (updates -> rate).
   """
+  if own is not None:
+    return own, None
   from linen_moe._src.training import optimizer as optim  # noqa: PLC0415 (jax)
 
   kwargs = {

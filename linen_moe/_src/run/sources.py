@@ -2,7 +2,7 @@
 
 `MarkovSource`: the synthetic Markov tokens (the default), batch i a
 function of (seed + 1, i); the data position is the step. `CorpusSource`:
-the user's files (`--data`) through `linen_moe.data.DataPipeline` (chat
+the user's files (`data`) through `linen_moe.data.DataPipeline` (chat
 files through `linen_moe.data.ChatPipeline`), each
 process reading only its rows of each global batch; the Grain iterator's
 state is saved with each checkpoint and restored on resume (on any process
@@ -44,10 +44,10 @@ BATCH_FIELDS = ("tokens", "mask", "segment_ids", "positions")
 
 
 def tokenizer_path(opts: RunOptions) -> str | None:
-  """`--tokenizer`, else the tokenizer.json of the Hugging Face checkpoint
-  the run starts from (`--init-from-hf DIR`, where the command has it),
-  else the one kept by the run it starts from (`--init-from RUN`), else
-  the one the run kept in its `--checkpoint-dir` (a resumed run), else
+  """`tokenizer`, else the tokenizer.json of the Hugging Face checkpoint
+  the run starts from (`init_from_hf` DIR, where the command has it),
+  else the one kept by the run it starts from (`init_from` RUN), else
+  the one the run kept in its `checkpoint_dir` (a resumed run), else
   None."""
   if opts.tokenizer is not None:
     return opts.tokenizer
@@ -97,7 +97,7 @@ class MarkovSource:
 
   def check_meta(self, saved: dict, where: str) -> None:
     if saved.get("kind", "markov") != "markov":
-      raise _other_data(where, saved, "synthetic Markov data (no --data)")
+      raise _other_data(where, saved, "synthetic Markov data (no `data`)")
 
   def restore(self, ckpts, step: int) -> None:
     del ckpts, step  # the position is the step
@@ -199,7 +199,7 @@ class CorpusSource:
 
   def restore(self, ckpts, step: int) -> None:
     """Moves the iterator to the state saved with checkpoint `step`."""
-    self.iterator = ckpts.checkpoints.restore_data(self.iterator, step)
+    self.iterator = ckpts.restore_data(self.iterator, step)
 
 
 class Evaluator:

@@ -29,7 +29,10 @@ reached, plus one), a step taken out of the grace period. Entering a
 A second signal ends the process at once (`os._exit(128 + signum)`): a
 save in flight is abandoned, and orbax's atomic commit (a temporary
 directory renamed when complete) leaves the last committed checkpoint the
-latest. The signals are heard by a thread reading Python's wakeup file
+latest. One that comes within `REPEAT_S` of the first is the same request
+sent twice, not a second one: a Slurm time limit sends every task SIGTERM
+twice, 5 ms apart (measured, Slurm 22.05), and the task must still save.
+The signals are heard by a thread reading Python's wakeup file
 descriptor (`signal.set_wakeup_fd`), so the second one acts even while the
 main thread waits inside a C call (a collective, a barrier of a save) where
 no Python handler can run.
@@ -45,6 +48,7 @@ import os
 import signal as signal_module
 import sys
 import threading
+import time
 from typing import Any
 
 from linen_moe._src.run.options import RunStopped
@@ -58,6 +62,8 @@ def signal_name(signum: int) -> str:
     return f"signal {signum}"
 
 
+# A signal this soon after the first is a repeat of it (seconds).
+REPEAT_S = 0.25
 # Signals no handler can catch.
 _UNCATCHABLE = frozenset({signal_module.SIGKILL, signal_module.SIGSTOP})
 
@@ -144,6 +150,7 @@ class StopRequest:
     self.received: int | None = None
     self.signal: int | None = None
     self._count = 0
+    self._first_s: float | None = None  # when the first one was heard
     self._previous: dict[int, Any] = {}
     self._old_wakeup_fd = -1
     self._pipe: tuple[int, int] | None = None
@@ -204,6 +211,10 @@ class StopRequest:
           continue  # another signal with a Python handler
         if self.received is None:
           self.received = signum
+        now = time.monotonic()
+        if self._first_s is not None and now - self._first_s < REPEAT_S:
+          continue  # the same request, sent twice
+        self._first_s = self._first_s or now
         self._count += 1
         if self._count >= 2:
           self._exit_now(signum)

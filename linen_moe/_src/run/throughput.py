@@ -46,14 +46,18 @@ class Throughput:
     self._start = time.perf_counter()
 
   def stop(self) -> dict[str, float]:
-    """The throughput of the step since `start`.
+    """The throughput of the step since `start` (`of` its time)."""
+    return self.of(time.perf_counter() - self._start)
+
+  def of(self, seconds: float) -> dict[str, float]:
+    """The throughput of a step that took `seconds`.
 
     Returns:
       `tokens_per_s` (the global batch's tokens), `model_tflops_per_s`
       and, where the device's peak is known, `mfu` (model FLOPs over the
       devices' peak).
     """
-    seconds = max(time.perf_counter() - self._start, 1e-9)
+    seconds = max(seconds, 1e-9)
     out = {
         "tokens_per_s": self.tokens / seconds,
         "model_tflops_per_s": self.flops / seconds / 1e12,
@@ -61,31 +65,6 @@ class Throughput:
     if self.peak is not None:
       out["mfu"] = self.flops / seconds / self.peak
     return out
-
-
-def parse_steps(spec: str) -> tuple[int, int]:
-  """ "A:B" -> (A, B), the first and last step (1-based, inclusive).
-
-  Args:
-    spec: "A:B" with 1 <= A <= B.
-
-  Returns:
-    (A, B).
-
-  Raises:
-    ValueError: `spec` is not of that form.
-  """
-  first, sep, last = str(spec).partition(":")
-  try:
-    a, b = int(first), int(last)
-  except ValueError:
-    a = b = 0
-  if not sep or not 1 <= a <= b:
-    raise ValueError(
-        f"profile_steps={spec!r} (--profile-steps) is invalid: expected "
-        "A:B, the first and the last step to trace, 1 <= A <= B."
-    )
-  return a, b
 
 
 class Profiler:

@@ -1,16 +1,16 @@
 """What a run keeps of its tokenizer: its files and stop id, in the run's
 directory.
 
-A run on text (`--data` with `--tokenizer`, or the tokenizer of the
+A run on text (`data` with a `tokenizer`, or the tokenizer of the
 Hugging Face checkpoint it starts from) copies into its `checkpoint_dir`
 the tokenizer's `tokenizer.json` and the files beside it that say how to
 use it (`TOKENIZER_FILES`: its config, special tokens and chat template;
 a lone tokenizer.json gets a tokenizer_config.json that transformers reads
 it with), and writes `generation_config.json` with the stop id it trained with (the
 end-of-document id) — or copies the starting checkpoint's. `linen-moe
-generate --checkpoint-dir RUN` then tokenizes and stops with them, a
-resumed run reads the same tokenizer without `--tokenizer`, and `linen-moe
-export --format hf` hands them to transformers (`kept_files`).
+generate` of the run then tokenizes and stops with them, a resumed run
+reads the same tokenizer without a `tokenizer`, and the Hugging Face
+export hands them to transformers (`kept_files`).
 
 Imports no jax.
 """
@@ -25,6 +25,7 @@ import shutil
 from typing import Any
 
 from linen_moe._src.data import tokenization
+from linen_moe._src.hf import generation_config as generation_config_file
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # The tokenizer's own file, then those beside it that transformers reads.
@@ -34,7 +35,7 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
 )
-GENERATION_CONFIG = "generation_config.json"
+GENERATION_CONFIG = generation_config_file.FILE
 
 
 def _same(a: str, b: str) -> bool:
@@ -64,10 +65,7 @@ def generation_config(opts: Any, tokenizer: str | None) -> dict[str, Any]:
       opts, "init_from", None
   )
   if start is not None:
-    path = os.path.join(start, GENERATION_CONFIG)
-    if os.path.isfile(path):
-      with open(path, encoding="utf-8") as f:
-        out = dict(json.load(f))
+    out = dict(generation_config_file.read(start) or {})
   if out.get("eos_token_id") is not None:
     return out
   eos = getattr(opts, "eod_id", None)
@@ -125,8 +123,8 @@ def _copy_tokenizer(tokenizer: str, directory: str) -> list[str]:
   if os.path.isfile(kept) and not filecmp.cmp(tokenizer, kept, shallow=False):
     raise ValueError(
         f"tokenizer {tokenizer}: {directory} trained with another tokenizer, "
-        f"{kept}; resume with that one (leave out --tokenizer), or start a "
-        "new run in another --checkpoint-dir."
+        f"{kept}; resume with that one (leave out `tokenizer`), or start a "
+        "new run in another `checkpoint_dir`."
     )
   written = []
   for name in TOKENIZER_FILES:
@@ -176,10 +174,7 @@ class KeptFiles:
   @property
   def stop_ids(self) -> list[int]:
     """`generation_config`'s `eos_token_id` as a list (none: [])."""
-    eos = (self.generation_config or {}).get("eos_token_id")
-    if eos is None:
-      return []
-    return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    return generation_config_file.stop_ids(self.generation_config)
 
 
 def kept_files(directory: str | os.PathLike) -> KeptFiles:
@@ -201,14 +196,5 @@ def kept_files(directory: str | os.PathLike) -> KeptFiles:
     raise ValueError(f"{directory} does not exist.")
   paths = [os.path.join(directory, name) for name in TOKENIZER_FILES]
   files = tuple(p for p in paths if os.path.isfile(p))
-  config = None
-  path = os.path.join(directory, GENERATION_CONFIG)
-  if os.path.isfile(path):
-    with open(path, encoding="utf-8") as f:
-      try:
-        config = json.load(f)
-      except ValueError as e:
-        raise ValueError(f"{path} cannot be read: {e}.") from None
-    if not isinstance(config, dict):
-      raise ValueError(f"{path} is not a JSON object.")
+  config = generation_config_file.read(directory)
   return KeptFiles(kept_tokenizer(directory), files, config)

@@ -1,4 +1,4 @@
-"""A hang is an error, not a wait: `Watchdog`, the `--step-timeout` of a run.
+"""A hang is an error, not a wait: `Watchdog`, the `step_timeout` of a run.
 
 A job of several hosts hangs when one host stalls (a kernel that never
 returns, a lost network link, a stuck file system): the others wait in the
@@ -13,7 +13,7 @@ try again), so that a scheduler restarts the job from its last checkpoint.
 Every process watches itself: the one that hangs, and each one waiting for
 it in a collective, runs past the limit.
 
-The limit (`RunOptions.step_timeout`, `--step-timeout SECONDS`):
+The limit (`RunOptions.step_timeout`, in seconds):
 
 - N > 0: every phase, except the first train step and the first
   evaluation of the run, which compile;
@@ -182,14 +182,14 @@ class Watchdog:
       self.limit = auto_limit(self._steps)
 
   def describe(self) -> str:
-    """The limit in words, e.g. "--step-timeout 30s"."""
+    """The limit in words, e.g. "step_timeout 30s"."""
     if self.auto and self._steps:
       median = statistics.median(self._steps)
       return (
           f"the step timeout {self.limit:g}s (the default: {AUTO_MULTIPLE} x "
           f"the median step {median:.3g}s, at least {AUTO_MIN_S:g}s)"
       )
-    return f"--step-timeout {self.limit:g}s"
+    return f"step_timeout {self.limit:g}s"
 
   def _watch(self) -> None:
     with self._cond:

@@ -21,6 +21,11 @@
   tokamax_xla     Tokamax's XLA implementation: the wrapper's masks and VJP
                   (`tokamax_ragged_dot`) on any backend; what
                   `kernels_on_cpu("tokamax")` runs.
+  pallas_triton_gmm  our own Pallas-Triton grouped matmul
+                  (`triton_grouped`): forward, input and weight gradient
+                  as Triton kernels on a GPU; interpreted on a CPU. With
+                  it, the decode expert matmul (`triton_decode`,
+                  unmeasured, `Kernel.decode`): nothing runs it by default.
 
 Each takes float16, bfloat16 and float32 operands (Tokamax's kernels take
 other types only as qwix `QArray`s). Which one `"auto"` runs is
@@ -29,6 +34,7 @@ other types only as qwix `QArray`s). Which one `"auto"` runs is
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -91,6 +97,23 @@ def _tokamax(implementation, interpret: bool) -> Parts:
   return Parts(tokamax.load(implementation, interpret))
 
 
+def _triton_gmm(interpret: bool) -> Parts:
+  try:
+    from linen_moe._src.kernels.gpu import triton_grouped
+  except ImportError as e:  # a jax without Pallas' Triton backend
+    raise ImportError(f"jax.experimental.pallas.triton: {e}") from e
+  from linen_moe._src.kernels.gpu import triton_decode
+
+  return Parts(
+      functools.partial(
+          triton_grouped.triton_grouped_matmul, interpret=interpret
+      ),
+      decode=functools.partial(
+          triton_decode.decode_matmul, interpret=interpret
+      ),
+  )
+
+
 def _route(name, title, loader, *, on_cpu=None, needs="") -> Entry:
   """A GPU route: it takes `FLOATS`, and "auto" chooses it from
   `AUTO_TABLE` (tokamax_xla, which is `ragged_dot` again, never)."""
@@ -142,5 +165,17 @@ ENTRIES = (
         "tokamax XLA ragged_dot",
         _TOKAMAX(("xla",)),
         on_cpu="xla",
+    ),
+    # A `pallas_call`'s outputs carry no manual-axis types: not inside a
+    # `shard_map` that checks them.
+    dataclasses.replace(
+        _route(
+            "pallas_triton_gmm",
+            "our Pallas-Triton grouped matmul",
+            _triton_gmm,
+            on_cpu="interpret",
+        ),
+        in_shard_map=False,
+        decode=True,
     ),
 )

@@ -1,0 +1,1 @@
+"""xprof.cli of the import-only stand-in (see xprof/__init__.py)."""
