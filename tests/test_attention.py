@@ -354,7 +354,7 @@ class SplashOnTpuTest(absltest.TestCase):
 
 @absltest.skipUnless(
     plan_targets.libtpu_available(),
-    "needs libtpu to compile for a TPU: pip install 'linen_moe[tpu-plan]'",
+    "needs libtpu to compile for a TPU: pip install '.[tpu-plan]'",
 )
 class SplashCompilesForTpuTest(parameterized.TestCase):
   """Splash's forward and backward compile for TPU slices through libtpu's

@@ -104,6 +104,15 @@ class InstallHintsTest(absltest.TestCase):
       self.assertNotIn("linen_moe[", text, name)
       self.assertNotIn("linen-moe[", text, name)
 
+  def test_no_message_of_the_package_installs_from_an_index(self):
+    # Every error and log line lives in the installed package's sources.
+    roots = [os.path.dirname(linen_moe.__file__)]
+    roots.append(os.path.dirname(cli_main.__file__))
+    for root in roots:
+      for path in glob.glob(os.path.join(root, "**", "*.py"), recursive=True):
+        with open(path, encoding="utf-8") as f:
+          self.assertNotIn("'linen_moe[", f.read(), path)
+
   def test_missing_extra_names_the_checkout_and_the_package(self):
     missing = ModuleNotFoundError(
         "No module named 'tensorboardX'", name="tensorboardX"

@@ -267,7 +267,7 @@ class LayerWithPallasTest(test_kernels.LayerKernelChecks):
 
 @absltest.skipUnless(
     targets.libtpu_available(),
-    "needs libtpu to compile for a TPU: pip install 'linen_moe[tpu-plan]'",
+    "needs libtpu to compile for a TPU: pip install '.[tpu-plan]'",
 )
 class CompileForTpuTest(absltest.TestCase):
   """Mosaic accepts the kernels, forward + backward, for a TPU v5e: the

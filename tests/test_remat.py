@@ -341,7 +341,7 @@ class RematQuantizationTest(parameterized.TestCase):
 
 @absltest.skipUnless(
     targets_lib.libtpu_available(),
-    "needs libtpu to compile for a TPU: pip install 'linen_moe[tpu-plan]'",
+    "needs libtpu to compile for a TPU: pip install '.[tpu-plan]'",
 )
 class OffloadOnTpuTest(parameterized.TestCase):
   """Planned for a TPU chip (`linen-moe plan`, libtpu's topology, no TPU),

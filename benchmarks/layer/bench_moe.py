@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
   if not chart:
     print(
         "bench_moe: matplotlib is not installed, so the chart (bench.png) is"
-        " skipped; bench.json is written (pip install 'linen_moe[bench]')",
+        " skipped; bench.json is written (pip install matplotlib)",
         file=sys.stderr,
     )
   rows = moe_report.run(

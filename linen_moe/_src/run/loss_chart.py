@@ -65,8 +65,8 @@ def chart_beside(metrics_path: str, log: Callable[[str], None]) -> str | None:
   except ImportError:
     log(
         f"matplotlib is not installed, so the chart of the losses ({out}) is"
-        " not drawn; install it with pip install 'linen_moe[bench]' (or"
-        " scripts/setup_venv.sh bench)."
+        " not drawn; install it with pip install matplotlib (from a checkout:"
+        " pip install '.[bench]' or scripts/setup_venv.sh bench)."
     )
     return None
   log(f"chart of the losses: {draw(metrics_path, out)}")

@@ -451,7 +451,8 @@ class RunOptions:
       except ImportError as e:
         raise ValueError(
             "tensorboardX is not installed, so `tensorboard` cannot write its"
-            " events; install it with pip install 'linen_moe[tensorboard]'."
+            " events; install it with pip install tensorboardX (from a"
+            " checkout: pip install '.[tensorboard]')."
         ) from e
 
   def _check_lora(self) -> None:
