@@ -99,7 +99,9 @@ class GemmsTest(absltest.TestCase):
     self.assertEqual(self.found["plain"].call, "")
 
   def test_native_and_converted(self):
-    lt8, d1, d2, d3 = (self.found[n] for n in ("lt8", "dot.1", "dot.2", "dot.3"))
+    lt8, d1, d2, d3 = (
+        self.found[n] for n in ("lt8", "dot.1", "dot.2", "dot.3")
+    )
     self.assertEqual(lt8.operand_types, ("f8e4m3fn", "f8e4m3fn"))
     self.assertTrue(lt8.native)
     self.assertEqual(lt8.converted, "")

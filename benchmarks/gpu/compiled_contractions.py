@@ -178,13 +178,14 @@ def compile_cell(
       "path": path,
       "route": route if path == "sparse" else "einsum",
   }
-  platform = "gpu" if device.platform in ("cuda", "rocm", "gpu") else (
-      device.platform
+  platform = (
+      "gpu" if device.platform in ("cuda", "rocm", "gpu") else (device.platform)
   )
   try:
-    with route_context(route, platform) as setting, warnings.catch_warnings(
-        record=True
-    ) as caught:
+    with (
+        route_context(route, platform) as setting,
+        warnings.catch_warnings(record=True) as caught,
+    ):
       warnings.simplefilter("always")
       cfg = load_model_config(
           config,
@@ -214,7 +215,9 @@ def compile_cell(
     cost = cost[0] if cost else {}
   record.update(summarize(found))
   record["compiler_flops"] = cost.get("flops")
-  record["temp_bytes"] = None if stats is None else int(stats.temp_size_in_bytes)
+  record["temp_bytes"] = (
+      None if stats is None else int(stats.temp_size_in_bytes)
+  )
   record["argument_bytes"] = (
       None if stats is None else int(stats.argument_size_in_bytes)
   )
@@ -232,8 +235,8 @@ def probe(device, m: int = 1024, k: int = 2048, n: int = 4096) -> list[dict]:
   two forms ("qdq": `in_qdq` / `out_qdq` around a bf16 dot, as this
   library's fp8 modes; "direct": `fp8_scaled_dot_general`, fp8 x fp8),
   compiled for `device`; each form's record."""
-  import jax  # noqa: PLC0415
   from flax.linen import fp8_ops  # noqa: PLC0415
+  import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
   mesh = jax.sharding.Mesh([device], ("x",))

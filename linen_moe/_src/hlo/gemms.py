@@ -47,7 +47,9 @@ ROUTES = (
     "custom",
 )
 _TRITON_KIND = re.compile(r'"kind"\s*:\s*"__triton')
-_TYPE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
+_TYPE = re.compile(
+    r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]"
+)
 _DOT_DIMS = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _GEMM_DIMS = re.compile(r'"lhs_contracting_dimensions"\s*:\s*\[([^\]]*)\]')
 # Where the walk back inside a fusion stops looking for a convert.
