@@ -65,6 +65,7 @@ ENTRY %main (p0: f8e4m3fn[16,64], p1: f8e4m3fn[64,32], p2: f8e5m2[16,64], p3: s8
   %gemm = (bf16[16,32]{1,0}, s8[1048576]{0}) custom-call(%p4, %deq), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
   %p7 = s8[4,8]{1,0} parameter(7)
   %plain = s32[4,4]{1,0} dot(%p7, %p7), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+  %k = bf16[16,32]{1,0} custom-call(%p4, %p3, %p7), custom_call_target="__gpu$xla.gpu.triton"
   ROOT %out = f32[16,32]{1,0} add(%f1, %f2)
 }
 """
@@ -147,6 +148,13 @@ class GemmsTest(absltest.TestCase):
     self.assertEqual(rows["lt8"]["quantized_inputs"], ["f8e4m3fn"])
     self.assertEqual(rows["lt8"]["operand_types"], ["f8e4m3fn", "f8e4m3fn"])
     self.assertTrue(rows["dot.1"]["backward"])
+
+  def test_kernel_calls_are_not_gemms(self):
+    # The Pallas call reads bf16 and s8; the cuBLAS calls are not counted.
+    self.assertEqual(
+        gemms.kernel_calls(HLO), {"__gpu$xla.gpu.triton:bf16,s8": 1}
+    )
+    self.assertNotIn("k", self.found)
 
 
 if __name__ == "__main__":

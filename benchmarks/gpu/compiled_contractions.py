@@ -224,6 +224,7 @@ def compile_cell(
   record["custom_call_targets"] = sorted(
       set(re.findall(r'custom_call_target="([^"]*)"', text))
   )
+  record["kernel_calls"] = gemms_lib.kernel_calls(text)
   record["gemms"] = gemms_lib.to_json(found)
   if keep_text:
     record["hlo"] = text
@@ -323,6 +324,10 @@ def _line(record: dict) -> str:
   if "error" in record:
     return f"{head} ERROR {record['error']}"
   expert = ", ".join(f"{k} {v}" for k, v in record["expert"].items())
+  if record["kernel_calls"]:
+    expert += "; kernels " + ", ".join(
+        f"{k} {v}" for k, v in record["kernel_calls"].items()
+    )
   return (
       f"{head} temp {record['temp_bytes'] / 2**20:8.1f} MiB, dots "
       f"{record['hlo_flops'] / 1e9:8.3f} GFLOP; experts "

@@ -237,6 +237,31 @@ def _result_dims(line: str, shape) -> tuple[int, ...]:
   return tuple(int(d) for d in match.group(1).split(",") if d) if match else ()
 
 
+def kernel_calls(text: str) -> dict[str, int]:
+  """The custom calls that are not GEMMs (Pallas kernels, e.g. Triton's
+  `__gpu$xla.gpu.triton`), counted by "target:operand types" (each type
+  once, sorted).
+
+  Args:
+    text: optimised HLO module text.
+
+  Returns:
+    e.g. {"__gpu$xla.gpu.triton:bf16,s32": 9}.
+  """
+  instructions = reading.parse_hlo(text)
+  counts: dict[str, int] = {}
+  for inst in instructions.values():
+    if inst.opcode != "custom-call" or reading.is_contraction(inst):
+      continue
+    types = set()
+    for operand in inst.operands:
+      if operand in instructions:
+        types |= instructions[operand].types
+    key = f"{inst.target}:{','.join(sorted(types))}"
+    counts[key] = counts.get(key, 0) + 1
+  return dict(sorted(counts.items()))
+
+
 def summary(found: list[Gemm]) -> dict[str, int]:
   """Counts of `found` by "route:lhs x rhs[:converted]" (JSON-ready).
 
