@@ -45,6 +45,7 @@ import warnings
 
 # The reader and the target plumbing have no public names.
 from linen_moe._src.hlo import gemms as gemms_lib  # noqa: TID251
+from linen_moe._src.hlo import reading  # noqa: TID251
 from linen_moe._src.planning import targets  # noqa: TID251
 
 PROGRAMS = ("layer", "decoder")
@@ -225,6 +226,11 @@ def compile_cell(
       set(re.findall(r'custom_call_target="([^"]*)"', text))
   )
   record["kernel_calls"] = gemms_lib.kernel_calls(text)
+  # Anywhere in the program, not only at a contraction: XLA:GPU may drop
+  # a round trip through a narrow type altogether.
+  record["quantized_types_in_program"] = sorted(
+      reading.quantized_types_in_hlo(text)
+  )
   record["gemms"] = gemms_lib.to_json(found)
   if keep_text:
     record["hlo"] = text
