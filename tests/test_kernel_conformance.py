@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import re
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe._src.kernels import registry
+from linen_moe._src.kernels.gpu import routes
 from tests import gmm_cases
 from tests import numpy_reference
 
@@ -148,6 +150,24 @@ class KernelConformanceTest(parameterized.TestCase):
     self.assertEqual(kernel.in_shard_map, entry.in_shard_map)
     self.assertTrue(kernel.takes(entry.operand_dtypes))
     self.assertFalse(kernel.takes((jnp.int8,)))
+
+
+class PallasTritonRouteTest(absltest.TestCase):
+  """jax's opt-in Pallas-Triton ragged dot loads only where its lowering
+  module exists (jax 0.11.2 has the flag without it; 0.12 has neither)."""
+
+  def test_a_flag_without_its_lowering_is_unavailable(self):
+    from jax._src import config as jax_config  # noqa: PLC0415
+
+    flag = routes.PALLAS_TRITON_FLAG
+    with (
+        mock.patch.object(jax_config, flag, object(), create=True),
+        mock.patch.object(
+            routes.importlib.util, "find_spec", return_value=None
+        ),
+        self.assertRaisesRegex(ImportError, re.escape(f"has {flag} but not")),
+    ):
+      routes.pallas_triton_state()
 
 
 if __name__ == "__main__":

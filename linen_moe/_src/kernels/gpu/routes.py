@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +46,7 @@ from linen_moe._src.kernels.kernel import Parts
 from linen_moe._src.kernels.kernel import rows_valid
 
 PALLAS_TRITON_FLAG = "jax_ragged_dot_use_gpu_pallas_triton_lowering"
+PALLAS_TRITON_LOWERING = "jax._src.lax.pallas_lowerings.gpu"
 FLOATS = (jnp.float16, jnp.bfloat16, jnp.float32)
 AUTO_TABLE = "gpu/gpu_routes.json"
 
@@ -77,6 +79,17 @@ def pallas_triton_state():
   state = getattr(jax_config, PALLAS_TRITON_FLAG, None)
   if state is None:
     raise ImportError(f"jax {jax.__version__} has no {PALLAS_TRITON_FLAG}")
+  # jax 0.11.2 has the flag but not the module its lowering imports (seen
+  # compiling for an H200: ModuleNotFoundError at lowering).
+  try:
+    lowering = importlib.util.find_spec(PALLAS_TRITON_LOWERING)
+  except ModuleNotFoundError:  # its package is missing too
+    lowering = None
+  if lowering is None:
+    raise ImportError(
+        f"jax {jax.__version__} has {PALLAS_TRITON_FLAG} but not "
+        f"{PALLAS_TRITON_LOWERING}, which its lowering imports"
+    )
   return state
 
 
