@@ -36,14 +36,29 @@ def task_env(base: dict[str, str], **extra: str) -> dict[str, str]:
   return env
 
 
+# Where `LINEN_MOE_COMMAND_LOG` names a file, every command line a test
+# runs is appended to it too: `.ci/run` prints it after the heavy checks,
+# since pytest shows a passing test's output nowhere.
+COMMAND_LOG_ENV = "LINEN_MOE_COMMAND_LOG"
+
+
+def log_command(argv: list[str]) -> None:
+  """Prints `$ argv` (the test's log), and appends it to the command log."""
+  line = "$ " + " ".join(argv)
+  print(line, flush=True)
+  if path := os.environ.get(COMMAND_LOG_ENV):
+    with open(path, "a", encoding="utf-8") as f:
+      f.write(line + "\n")
+
+
 def mkdtemp() -> str:
   return tempfile.mkdtemp(prefix="linen_moe_launcher-")
 
 
 def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
   """`argv` to its end, output captured as text; the command line is
-  printed (the test's log)."""
-  print("$", " ".join(argv), flush=True)
+  logged (`log_command`)."""
+  log_command(argv)
   return subprocess.run(
       argv,
       env=env,
@@ -56,8 +71,9 @@ def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def start(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-  """`argv` started, output captured as text; the command line printed."""
-  print("$", " ".join(argv), flush=True)
+  """`argv` started, output captured as text; the command line logged
+  (`log_command`)."""
+  log_command(argv)
   return subprocess.Popen(
       argv,
       env=env,
