@@ -5,7 +5,7 @@ HOST:PORT --num-processes N --process-id I] [--heartbeat-timeout S]` runs
 each job in order (every process runs the same jobs) and process 0 prints
 one JSON line per finished job: {"job": index, "result": ...}. Without the process flags it runs alone,
 on whatever devices XLA_FLAGS gives it: the single-process reference.
-`tests/test_cli_launch.py` starts the groups through `linen_moe.distributed.launch`'s machinery.
+`tests/cli/test_cli_launch.py` starts the groups through `linen_moe.distributed.launch`'s machinery.
 
 Jobs:
   train        `linen-moe train <argv>` in this process; its printed lines.

@@ -160,7 +160,7 @@ def assert_packed_equals_alone(name: str, implementation: str = "einsum"):
 
 
 # int8 per-channel serving weights against transformers' float logits
-# (tests/test_hf.py's bound).
+# (tests/hf/test_hf.py's bound).
 INT8_REL = 0.04
 
 

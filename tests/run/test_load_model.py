@@ -1,6 +1,6 @@
 """`decoding.load_model`: a Hugging Face folder's or a run's model with its
 tokenizer and stop ids, in one call (issue 64, item 3). A run directory's
-tokenizer files and stop id: tests/test_cli_tokenizer.py."""
+tokenizer files and stop id: tests/cli/test_cli_tokenizer.py."""
 
 import json
 import pathlib
