@@ -29,6 +29,7 @@ from linen_moe import hf
 from linen_moe import lora
 from linen_moe._src.hf import peft
 from linen_moe._src.lora import tree
+from linen_moe._src.testing import helpers
 from linen_moe._src.testing.marks import heavy
 from linen_moe.sharding import unbox
 from tests import cli_helpers
@@ -162,13 +163,13 @@ class ExportAdaptersTest(_ExportChecks):
 
   @parameterized.parameters(*CASES)
   def test_export_and_load_back(self, base):
-    run = cli_helpers.tempdir(self)
+    run = helpers.tempdir(self)
     _lora_run(base, run)
     self.check_export(base, run)
 
   def test_library_refuses_without_the_option(self):
-    config, variables = _lora_run("gpt_oss_mxfp4", cli_helpers.tempdir(self))
-    out = pathlib.Path(cli_helpers.tempdir(self))
+    config, variables = _lora_run("gpt_oss_mxfp4", helpers.tempdir(self))
+    out = pathlib.Path(helpers.tempdir(self))
     with self.assertRaisesRegex(
         ValueError, r"gpt_oss \(model.layers.0.mlp.experts.gate_up_proj, "
         r"stored as x @ W\) have no PEFT form here.*no_peft_form='linen_moe'"
@@ -204,7 +205,7 @@ class TrainThenExportAdaptersTest(_ExportChecks):
 
   @parameterized.parameters(*CASES)
   def test_export_and_load_back(self, base):
-    run = os.path.join(cli_helpers.tempdir(self), "run")
+    run = os.path.join(helpers.tempdir(self), "run")
     cli_helpers.cli_output(
         "train", "--init-from-hf", str(FIXTURES / base), "--lora-rank",
         str(RANK), "--layers", "unrolled", "--learning-rate", "1e-2",

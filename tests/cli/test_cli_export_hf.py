@@ -35,6 +35,7 @@ from linen_moe import testing
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import layout
 from linen_moe._src.hf import tensor_names as tn
+from linen_moe._src.testing import helpers
 from linen_moe_cli import main as cli
 from linen_moe_cli import model_args
 from tests import cli_helpers
@@ -82,7 +83,7 @@ class PinnedExportTest(parameterized.TestCase):
   def test_the_tokenizer_gives_transformers_ids(self):
     # The tokenizer of the fixtures (64 tokens of the license texts, made
     # the same way); transformers' AutoTokenizer read the export's copy.
-    path = os.path.join(cli_helpers.tempdir(self), "tokenizer.json")
+    path = os.path.join(helpers.tempdir(self), "tokenizer.json")
     data.train_bpe_tokenizer(testing.license_texts(), 64, path)
     for name in NAMES:
       report = _fixture(name, "transformers.json")
@@ -130,7 +131,7 @@ class NoHFFormTest(parameterized.TestCase):
         Decoder(config).init, jax.random.key(0), jnp.zeros((1, 2), jnp.int32)
     )
     variables = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-    run = cli_helpers.tempdir(self)
+    run = helpers.tempdir(self)
     with checkpoint.Checkpoints(run) as ckpts:
       meta = {"model_config": checkpoint.config_dict(config)}
       ckpts.save(1, {frontend.VARIABLES: variables}, meta)
@@ -155,7 +156,7 @@ class TrainThenExportTest(parameterized.TestCase):
 
   @parameterized.parameters(*NAMES)
   def test_train_then_export(self, name):
-    tmp = pathlib.Path(cli_helpers.tempdir(self))
+    tmp = pathlib.Path(helpers.tempdir(self))
     corpus = tmp / "corpus"
     corpus.mkdir(parents=True)
     for i, path in enumerate(testing.license_texts()[:6]):

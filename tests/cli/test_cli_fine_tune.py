@@ -70,7 +70,7 @@ class RecipeTest(absltest.TestCase):
     self.assertEqual(opts.warmup_steps, 1)
 
   def test_init_from_a_directory_without_a_checkpoint(self):
-    empty = cli_helpers.tempdir(self)
+    empty = helpers.tempdir(self)
     with self.assertRaisesRegex(
         ValueError, r"^init_from=.* is invalid: .* it holds no checkpoint"
     ):
@@ -160,7 +160,7 @@ class RunAndInitFromTest(absltest.TestCase):
 
   def test_init_from_a_run(self):
     source = re.search(r"^run directory: (\S+) ", self.out, re.M)[1]
-    run = os.path.join(cli_helpers.tempdir(self), "tuned")
+    run = os.path.join(helpers.tempdir(self), "tuned")
     # Another optimizer than the source's (constant 1e-2): a new run, not a
     # resume. A rate of 1e-30 leaves the weights as loaded.
     status, out, err = cli_helpers.cli(

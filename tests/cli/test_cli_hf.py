@@ -28,15 +28,11 @@ _cli = cli_helpers.cli_output
 _error = cli_helpers.cli_error
 
 
-def _tempdir(test) -> pathlib.Path:
-  return pathlib.Path(cli_helpers.tempdir(test))
-
-
 class TrainAndExportTest(absltest.TestCase):
 
   @heavy
   def test_fine_tune_from_hf_then_export_for_transformers(self):
-    tmp = _tempdir(self)
+    tmp = pathlib.Path(helpers.tempdir(self))
     opts = RunOptions(
         init_from_hf=str(QWEN),
         steps=1,
@@ -164,7 +160,7 @@ class GenerateTest(absltest.TestCase):
     from tokenizers.models import WordLevel  # noqa: PLC0415
     from tokenizers.pre_tokenizers import Whitespace  # noqa: PLC0415
 
-    d = _tempdir(self) / "model"
+    d = pathlib.Path(helpers.tempdir(self)) / "model"
     shutil.copytree(MIXTRAL, d)
     vocab = {f"w{i}": i for i in range(64)}
     tok = Tokenizer(WordLevel(vocab, unk_token="w0"))

@@ -26,10 +26,8 @@ import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from unittest import mock
 
@@ -245,20 +243,15 @@ def _losses(directory: str) -> list[tuple[int, float]]:
   return [(r["step"], r["cross_entropy"]) for r in rows]
 
 
-class _CheckpointAcrossProcesses(absltest.TestCase):
+class _CheckpointAcrossProcesses(helpers.TempDirMixin, absltest.TestCase):
   """A run saved by one process group resumes in another: 2 x 4 devices and
   1 x 8 devices hand one checkpoint directory back and forth (every process
   writes its own shards through orbax; a restore reads them onto any
   layout), and the chain's per-step losses equal one uninterrupted run's."""
 
-  def _tempdir(self) -> str:
-    directory = tempfile.mkdtemp()
-    self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
-    return directory
-
   def check_chain(self, argv: list[str], groups: list[tuple[int, int]]):
     argv = [*argv, "--batch-size", "8", "--seq-len", "8", "--no-progress"]
-    chained = self._tempdir()
+    chained = self.tempdir()
     written_by = set()
     for stop, (processes, devices) in enumerate(groups, start=1):
       steps = ["--steps", str(2 * stop), "--checkpoint-dir", chained]
@@ -272,7 +265,7 @@ class _CheckpointAcrossProcesses(absltest.TestCase):
     self.assertContainsSubset(
         {"ocdbt.process_0", "ocdbt.process_1"}, written_by
     )
-    whole = self._tempdir()
+    whole = self.tempdir()
     steps = ["--steps", str(2 * len(groups)), "--checkpoint-dir", whole]
     result, _, err = run_train([*argv, *steps], 1, 8)
     self.assertEqual(result.code, 0, err)

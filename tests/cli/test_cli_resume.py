@@ -41,13 +41,6 @@ BATCH, SEQ, GRAD_ACCUM = 4, 8, 2
 _run_cli = cli_helpers.cli
 
 
-def _metrics(directory: str) -> list[dict]:
-  """The rows of DIR/metrics.jsonl without the step times' metrics."""
-  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
-  timing = throughput.TIMING_METRICS
-  return [{k: v for k, v in r.items() if k not in timing} for r in rows]
-
-
 TRAIN = (
     "train",
     "--config",
@@ -96,7 +89,9 @@ class TrainCommandResumeTest(absltest.TestCase):
     if in_nnx:
       run("in_nnx", STEPS, "--frontend", "nnx")
 
-    whole, split = _metrics(dirs["whole"]), _metrics(dirs["split"])
+    whole, split = helpers.run_metrics(dirs["whole"]), helpers.run_metrics(
+        dirs["split"]
+    )
     self.assertEqual(whole[0]["recipe"]["steps"], STEPS)
     split = cli_helpers.as_started_for(self, split, STOP, STEPS)
     self.assertEqual([m["step"] for m in split], list(range(1, STEPS + 1)))
@@ -107,7 +102,7 @@ class TrainCommandResumeTest(absltest.TestCase):
     self.assertIn(f"  steps {STOP + 1}-{STEPS}, ", outputs["split"][1])
     self.assertIn(f"  steps 1-{STOP}, ", outputs["split"][0])
     if in_nnx:  # a Linen run resumed in NNX matches too
-      resumed = _metrics(dirs["in_nnx"])
+      resumed = helpers.run_metrics(dirs["in_nnx"])
       self.assertIn("resumed from step 6", outputs["in_nnx"][0])
       self.assertEqual([m["step"] for m in resumed], list(range(1, STEPS + 1)))
       # One update rule in both front ends, fp8 state included: every
@@ -138,7 +133,7 @@ class TrainCommandResumeTest(absltest.TestCase):
     self.assertEqual(code, 0)
     self.assertIn("already at step 12 (--steps 12)", out)
     again = cli_helpers.as_started_for(
-        self, _metrics(dirs["split"]), STOP, STEPS
+        self, helpers.run_metrics(dirs["split"]), STOP, STEPS
     )
     self.assertEqual(again, whole)
 
@@ -204,8 +199,10 @@ class ScheduleResumeTest(absltest.TestCase):
     )
     self.assertEqual(code, 0, out + err)
     self.assertIn(f"resumed from step {STOP}", out)
-    rows = _metrics(whole)
-    self.assertEqual(_metrics(killed), rows)  # every metric, rates included
+    rows = helpers.run_metrics(whole)
+    self.assertEqual(
+        helpers.run_metrics(killed), rows
+    )  # every metric, rates included
     self.assertEqual([m["skipped_steps"] for m in rows], [0] * STEPS)
     np.testing.assert_allclose(
         [m["learning_rate"] for m in rows],
@@ -232,7 +229,7 @@ class ScheduleResumeTest(absltest.TestCase):
     self.assertRegex(
         err, "another optimizer: --lr-schedule 'constant' here, 'cosine' there"
     )
-    self.assertLen(_metrics(killed), STEPS)
+    self.assertLen(helpers.run_metrics(killed), STEPS)
 
 
 def _check_throughput(test, run: str, board: str) -> None:
@@ -310,8 +307,10 @@ class TrainResumeProductTest(parameterized.TestCase):
         )
         train_job.run(opts, nnx_adapter.frontend(frontend), log=lambda _: None)
     self.assertEqual(
-        cli_helpers.as_started_for(self, _metrics(dirs["split"]), STOP, STEPS),
-        _metrics(dirs["whole"]),
+        cli_helpers.as_started_for(
+            self, helpers.run_metrics(dirs["split"]), STOP, STEPS
+        ),
+        helpers.run_metrics(dirs["whole"]),
     )
     whole, split = _final_tree(dirs["whole"]), _final_tree(dirs["split"])
     self.assertEqual(sorted(split), sorted(whole))
@@ -333,13 +332,15 @@ class FreshFp8StateCommandTest(absltest.TestCase):
     code, _, err = _run_cli(*TRAIN, "--steps", "5", "--checkpoint-dir", tmp)
     self.assertEqual(code, 2)
     self.assertIn("--fresh-fp8-state", err)
-    self.assertLen(_metrics(tmp), 3)
+    self.assertLen(helpers.run_metrics(tmp), 3)
     code, out, _ = _run_cli(
         *TRAIN, "--steps", "5", "--checkpoint-dir", tmp, "--fresh-fp8-state"
     )
     self.assertEqual(code, 0)
     self.assertIn("resumed from step 3 with fresh fp8 state", out)
-    self.assertEqual([m["step"] for m in _metrics(tmp)], [1, 2, 3, 4, 5])
+    self.assertEqual(
+        [m["step"] for m in helpers.run_metrics(tmp)], [1, 2, 3, 4, 5]
+    )
 
 
 @testing.slow
@@ -387,7 +388,7 @@ class KilledTrainingTest(absltest.TestCase):
       recorded = now
     code, _, _ = _run_cli(*argv, "--checkpoint-dir", killed)
     self.assertEqual(code, 0)
-    self.assertEqual(_metrics(killed), _metrics(whole))
+    self.assertEqual(helpers.run_metrics(killed), helpers.run_metrics(whole))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ from linen_moe import testing
 from linen_moe._src.parallel import launcher as launch
 from linen_moe._src.run import directory as run_directory
 from linen_moe._src.run import setup as run_setup
-from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
 from tests import cli_helpers
 
@@ -63,16 +62,8 @@ TRAIN = (
 _cli = cli_helpers.cli
 
 
-def _rows(directory: str) -> list[dict]:
-  """The rows of DIR/metrics.jsonl without the step times' metrics (a step
-  run again computes the same row, but not in the same time)."""
-  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
-  timing = throughput.TIMING_METRICS
-  return [{k: v for k, v in r.items() if k not in timing} for r in rows]
-
-
 def _steps(directory: str) -> list[int]:
-  return [r["step"] for r in _rows(directory)]
+  return [r["step"] for r in helpers.run_metrics(directory)]
 
 
 def _checkpoints(directory: str) -> list[int]:
@@ -87,9 +78,6 @@ def _damage(directory: str, step: int) -> None:
   for f in data:
     with open(f, "r+b") as handle:
       handle.truncate(os.path.getsize(f) // 2)
-
-
-_tempdir = cli_helpers.tempdir
 
 
 def _holder(directory: str) -> subprocess.Popen:
@@ -130,7 +118,7 @@ class RunLockTest(absltest.TestCase):
   """The lock file alone (no training)."""
 
   def test_held_lock_names_its_holder(self):
-    tmp = os.path.join(_tempdir(self), "run")
+    tmp = os.path.join(helpers.tempdir(self), "run")
     lock = run_directory.RunLock.acquire(tmp, log=self.fail)
     with open(lock.path, encoding="utf-8") as f:
       self.assertEqual(json.load(f)["pid"], os.getpid())
@@ -145,7 +133,7 @@ class RunLockTest(absltest.TestCase):
     run_directory.RunLock.acquire(tmp).release()
 
   def test_lock_of_an_ended_process_is_taken_over(self):
-    tmp = _tempdir(self)
+    tmp = helpers.tempdir(self)
     gone = subprocess.Popen(["true"])
     gone.wait()
     for holder in (
@@ -165,7 +153,7 @@ class RunLockTest(absltest.TestCase):
       lock.release()
 
   def test_other_hosts_and_unreadable_locks_are_not_taken(self):
-    tmp = _tempdir(self)
+    tmp = helpers.tempdir(self)
     path = _lock_file(tmp, host="elsewhere", pid=1)
     with self.assertRaisesRegex(ValueError, "on elsewhere.*another host"):
       run_directory.RunLock.acquire(tmp)
@@ -175,7 +163,7 @@ class RunLockTest(absltest.TestCase):
       run_directory.RunLock.acquire(tmp)
 
   def test_release_leaves_another_runs_lock(self):
-    tmp = _tempdir(self)
+    tmp = helpers.tempdir(self)
     lock = run_directory.RunLock.acquire(tmp)
     os.remove(lock.path)
     _lock_file(tmp, pid=1)
@@ -186,7 +174,7 @@ class RunLockTest(absltest.TestCase):
 def _mount_tmpfs(test: absltest.TestCase, size: str, *options: str):
   """A fresh tmpfs of `size`, or None where mounting is refused (not root,
   no CAP_SYS_ADMIN): the test then injects the fault at the file layer."""
-  where = _tempdir(test)
+  where = helpers.tempdir(test)
   opts = ",".join((f"size={size}", *options))
   try:
     done = subprocess.run(
@@ -228,7 +216,7 @@ class DirectoryCheckTest(absltest.TestCase):
     self.assertRegex(err, "^linen-moe: error: " + message)
 
   def test_below_a_regular_file(self):
-    tmp = _tempdir(self)
+    tmp = helpers.tempdir(self)
     afile = os.path.join(tmp, "file")
     with open(afile, "w", encoding="utf-8") as f:
       f.write("x")
@@ -247,7 +235,7 @@ class DirectoryCheckTest(absltest.TestCase):
     ro = _mount_tmpfs(self, "1m", "ro")
     faults = contextlib.ExitStack()
     if ro is None:  # a read-only file system, injected below `ro`
-      ro = _tempdir(self)
+      ro = helpers.tempdir(self)
       makedirs, access = os.makedirs, os.access
 
       def refused_makedirs(path, *args, **kwargs):
@@ -285,7 +273,7 @@ class ProcessGroupLockTest(absltest.TestCase):
   written."""
 
   def test_group_stops_when_process_0_cannot_lock(self):
-    tmp = _tempdir(self)
+    tmp = helpers.tempdir(self)
     _lock_file(tmp)  # held by this (live) test process
     out, err = io.StringIO(), io.StringIO()
     env = dict(launch.child_env(4), PYTHONPATH=ROOT)
@@ -328,7 +316,7 @@ class FaultsTest(absltest.TestCase):
     return out, err
 
   def _same_rows(self, directory, steps, before):
-    rows = _rows(directory)
+    rows = helpers.run_metrics(directory)
     self.assertEqual([r["step"] for r in rows], list(range(1, steps + 1)))
     self.assertEqual(rows[: len(before)], before[:steps])
     return rows
@@ -337,7 +325,7 @@ class FaultsTest(absltest.TestCase):
   # closed event loop ("Event loop is closed", ignored by Python).
   @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
   def test_one_directory_through_every_fault(self):
-    run = os.path.join(_tempdir(self), "run")
+    run = os.path.join(helpers.tempdir(self), "run")
     os.makedirs(run)
 
     # Two writers: a second run stops at once, naming the first.
@@ -443,7 +431,7 @@ class TwoTrainCommandsTest(absltest.TestCase):
   takes its lock over."""
 
   def test_second_command_stops_then_takes_over(self):
-    run = os.path.join(_tempdir(self), "run")
+    run = os.path.join(helpers.tempdir(self), "run")
     argv = [sys.executable, "-m", "linen_moe_cli.main", *TRAIN]
     argv += ["--checkpoint-dir", run]
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
@@ -500,7 +488,7 @@ class DiskFullTest(absltest.TestCase):
     disk = _mount_tmpfs(self, "4m")
     faults = contextlib.ExitStack()
     if disk is None:
-      disk = _tempdir(self)
+      disk = helpers.tempdir(self)
       faults.enter_context(_failing_commit(6, errno.ENOSPC))
     run = os.path.join(disk, "run")
     with faults:

@@ -39,6 +39,7 @@ from absl.testing import absltest
 import numpy as np
 
 from linen_moe import checkpoint
+from linen_moe._src.testing import helpers
 from linen_moe._src.testing.marks import heavy
 from tests import launcher_runs
 from tests import slurm_cluster
@@ -89,7 +90,7 @@ def _whole() -> list[dict]:
     if got.returncode:
       raise AssertionError(f"the reference failed: {got.stderr[-3000:]}")
     _shared["whole"] = directory
-  return launcher_runs.rows(_shared["whole"])
+  return helpers.run_metrics(_shared["whole"], recipe_steps=False)
 
 
 def _committed(directory: str) -> list[int]:
@@ -173,7 +174,7 @@ class _SlurmTest(absltest.TestCase):
     self.assertEqual(int(found.group(2)), steps)
     self.assertLess(stop, steps - 2)
     self.assertEqual(_committed(directory)[-1], stop)
-    rows = launcher_runs.rows(directory)
+    rows = helpers.run_metrics(directory, recipe_steps=False)
     self.assertEqual([r["step"] for r in rows], list(range(1, stop + 1)))
     self.assertFalse(os.path.exists(os.path.join(directory, "run.lock")))
     return stop
@@ -205,13 +206,13 @@ class SlurmStopTest(_SlurmTest):
     out = self.train(2, run, stop + 2)
     self.assertIn(f"resumed from step {stop}", out)
     whole = _whole()[: stop + 2]
-    self.assertEqual(launcher_runs.rows(run), whole)
+    self.assertEqual(helpers.run_metrics(run, recipe_steps=False), whole)
 
     for tasks, copy in copies.items():
       with self.subTest(tasks=tasks):
         out = self.train(tasks, copy, stop + 2)
         self.assertIn(f"resumed from step {stop}", out)
-        rows = launcher_runs.rows(copy)
+        rows = helpers.run_metrics(copy, recipe_steps=False)
         self.assertEqual([r["step"] for r in rows], list(range(1, stop + 3)))
         np.testing.assert_allclose(
             [r["cross_entropy"] for r in rows],
@@ -243,7 +244,9 @@ class SlurmStopTest(_SlurmTest):
 
     out = self.train(2, run, stop + 2)
     self.assertIn(f"resumed from step {stop}", out)
-    self.assertEqual(launcher_runs.rows(run), _whole()[: stop + 2])
+    self.assertEqual(
+        helpers.run_metrics(run, recipe_steps=False), _whole()[: stop + 2]
+    )
 
   def test_requeued_job_ends_where_an_uninterrupted_run_ends(self):
     """`sbatch --requeue` of the recipe (docs/recipes/train.sbatch, on this
@@ -269,7 +272,7 @@ class SlurmStopTest(_SlurmTest):
     with open(log, encoding="utf-8") as f:
       text = f.read()
     self.assertRegex(text, r"resumed from step \d+")
-    self.assertEqual(launcher_runs.rows(run), _whole())
+    self.assertEqual(helpers.run_metrics(run, recipe_steps=False), _whole())
 
 
 @heavy

@@ -23,11 +23,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 from absl.testing import absltest
@@ -36,7 +34,6 @@ import numpy as np
 from linen_moe import checkpoint
 from linen_moe import testing
 from linen_moe._src.parallel import launcher
-from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
 from linen_moe_cli import main as cli
 from tests import workers
@@ -51,20 +48,6 @@ STEPS = 40  # room for the stops from outside, which land where they may
 DATA_TRAIN = [a if a != "2" else "4" for a in TRAIN]
 
 
-def _rows(directory: str) -> list[dict]:
-  """DIR/metrics.jsonl without the step times' metrics, and without the
-  steps the run was started for (the first row's recipe): a stopped run
-  and the one it is compared with are started for other step counts."""
-  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
-  out = []
-  for row in rows:
-    kept = {k: v for k, v in row.items() if k not in throughput.TIMING_METRICS}
-    if "recipe" in kept:
-      kept["recipe"] = {k: v for k, v in kept["recipe"].items() if k != "steps"}
-    out.append(kept)
-  return out
-
-
 def _committed(directory: str) -> list[int]:
   with checkpoint.Checkpoints(directory, create=False) as ckpts:
     return ckpts.all_steps()
@@ -76,12 +59,6 @@ def _loads(test, directory: str, step: int) -> None:
     test.assertEqual(ckpts.meta(step)["step"], step)
     tree = ckpts.read(step, checkpoint.abstract(ckpts.saved_leaves(step)))
   test.assertEqual(int(tree["step"]), step)
-
-
-def _tempdir(test) -> str:
-  directory = tempfile.mkdtemp()
-  test.addCleanup(shutil.rmtree, directory, ignore_errors=True)
-  return directory
 
 
 def _lines(path: str) -> int:
@@ -142,7 +119,7 @@ class SigtermCommandTest(absltest.TestCase):
   process."""
 
   def test_sigterm_saves_its_step_and_resumes_exactly(self):
-    tmp = _tempdir(self)
+    tmp = helpers.tempdir(self)
     split = os.path.join(tmp, "split")
     argv = [*TRAIN, "--steps", "300", "--save-every", "4"]
     argv += ["--checkpoint-dir", split]
@@ -164,7 +141,8 @@ class SigtermCommandTest(absltest.TestCase):
     self.assertEqual(resume, "linen-moe train " + " ".join(argv))
     self.assertEqual(_committed(split)[-1], stop)  # committed, the latest
     self.assertEqual(
-        [r["step"] for r in _rows(split)], list(range(1, stop + 1))
+        [r["step"] for r in helpers.run_metrics(split, recipe_steps=False)],
+        list(range(1, stop + 1)),
     )
     self.assertFalse(os.path.exists(os.path.join(split, "run.lock")))
 
@@ -179,7 +157,10 @@ class SigtermCommandTest(absltest.TestCase):
         ["train", *TRAIN, "--steps", str(stop + 2), "--checkpoint-dir", whole],
     )
     self.assertEqual(code, 0, err)
-    self.assertEqual(_rows(split), _rows(whole))
+    self.assertEqual(
+        helpers.run_metrics(split, recipe_steps=False),
+        helpers.run_metrics(whole, recipe_steps=False),
+    )
 
   def test_bad_step_timeout_is_one_line(self):
     code, _, err = testing.run_capturing(
@@ -197,7 +178,7 @@ class SigtermCommandTest(absltest.TestCase):
 def _ids_file(test) -> str:
   """A corpus of pre-tokenized ids (one .npy document, the tiny configs'
   vocabulary): real data without a tokenizer."""
-  path = os.path.join(_tempdir(test), "ids.npy")
+  path = os.path.join(helpers.tempdir(test), "ids.npy")
   rng = np.random.default_rng(0)
   np.save(path, rng.integers(0, 256, size=6000, dtype=np.int32))
   return path
@@ -249,7 +230,7 @@ class _Chain(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.tmp = _tempdir(self)
+    self.tmp = helpers.tempdir(self)
     self.ids = _ids_file(self)
     self.dir = os.path.join(self.tmp, "chain")
     self.whole = os.path.join(self.tmp, "whole")
@@ -289,7 +270,10 @@ class _Chain(absltest.TestCase):
     if state is None:
       state = {
           "committed": _committed(self.dir),
-          "rows": [r["step"] for r in _rows(self.dir)],
+          "rows": [
+              r["step"]
+              for r in helpers.run_metrics(self.dir, recipe_steps=False)
+          ],
           "locked": os.path.exists(os.path.join(self.dir, "run.lock")),
       }
     self.assertEqual(state["committed"][-1], step, line)
@@ -379,7 +363,9 @@ class _Chain(absltest.TestCase):
     latest = max([before] + [s for s in range(before + 1, step) if s % 4 == 0])
     self.assertEqual(_committed(self.dir)[-1], latest, before)
     _loads(self, self.dir, latest)
-    self.assertGreaterEqual(len(_rows(self.dir)), step)  # resumed over
+    self.assertGreaterEqual(
+        len(helpers.run_metrics(self.dir, recipe_steps=False)), step
+    )  # resumed over
 
   def finish(self) -> None:
     """Runs the chain to the end: every row equals the uninterrupted
@@ -387,10 +373,10 @@ class _Chain(absltest.TestCase):
     codes, outputs, errs, _ = self.group([{"argv": self.argv(self.dir)}])
     self.assertEqual(codes, [0] * self.processes, errs)
     self.assertEqual(outputs[0][0]["code"], 0)
-    whole = _rows(self.whole)
+    whole = helpers.run_metrics(self.whole, recipe_steps=False)
     self.assertEqual([r["step"] for r in whole], list(range(1, STEPS + 1)))
     self.assertTrue(any("eval_loss" in r for r in whole))
-    self.assertEqual(_rows(self.dir), whole)
+    self.assertEqual(helpers.run_metrics(self.dir, recipe_steps=False), whole)
 
 
 @testing.slow
@@ -467,7 +453,7 @@ class HangTest(absltest.TestCase):
   command then resumes the run, to an uninterrupted run's metrics."""
 
   def test_one_of_two_processes_hangs(self):
-    tmp = _tempdir(self)
+    tmp = helpers.tempdir(self)
     ids = _ids_file(self)
     run, whole = os.path.join(tmp, "run"), os.path.join(tmp, "whole")
 
@@ -518,7 +504,10 @@ class HangTest(absltest.TestCase):
         self, _group([{"argv": argv(run, "--step-timeout", "5")}], 2)
     )
     self.assertEqual(codes, [0, 0], errs)
-    self.assertEqual(_rows(run), _rows(whole))
+    self.assertEqual(
+        helpers.run_metrics(run, recipe_steps=False),
+        helpers.run_metrics(whole, recipe_steps=False),
+    )
 
 
 @testing.slow
@@ -530,7 +519,7 @@ class ProcessCountTest(absltest.TestCase):
   allocation cannot hold is a one-line error naming it."""
 
   def test_two_to_one_and_one_to_two(self):
-    tmp = _tempdir(self)
+    tmp = helpers.tempdir(self)
     ids = _ids_file(self)
     dirs = {k: os.path.join(tmp, k) for k in ("whole", "two_one", "one_two")}
 
@@ -582,10 +571,10 @@ class ProcessCountTest(absltest.TestCase):
     codes, _, errs, _ = _finish(self, _group([{"argv": argv("one_two")}], 2))
     self.assertEqual(codes, [0, 0], errs)
 
-    whole = _rows(dirs["whole"])
+    whole = helpers.run_metrics(dirs["whole"], recipe_steps=False)
     self.assertEqual([r["step"] for r in whole], [1, 2, 3, 4, 5])
     for name in ("two_one", "one_two"):
-      rows = _rows(dirs[name])
+      rows = helpers.run_metrics(dirs[name], recipe_steps=False)
       self.assertEqual([r["step"] for r in rows], [1, 2, 3, 4, 5], name)
       np.testing.assert_allclose(
           [r["cross_entropy"] for r in rows],

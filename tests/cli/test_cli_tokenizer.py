@@ -24,6 +24,7 @@ from linen_moe import data
 from linen_moe import decoding
 from linen_moe import hf
 from linen_moe import testing
+from linen_moe._src.testing import helpers
 from tests import cli_helpers
 
 # Four one-document files: "hello world", then the end of the document.
@@ -41,7 +42,7 @@ def _error(test: absltest.TestCase, *argv: str) -> str:
 class TokenizerCommandTest(absltest.TestCase):
 
   def test_train_a_tokenizer(self):
-    tmp = cli_helpers.tempdir(self)
+    tmp = helpers.tempdir(self)
     out = os.path.join(tmp, "tokenizer.json")
     code, printed, err = cli_helpers.cli(
         "tokenizer", "train", *testing.license_texts()[:4], "--vocab-size",
@@ -56,7 +57,7 @@ class TokenizerCommandTest(absltest.TestCase):
     self.assertEqual(tokenizer.decode(tokenizer.encode(text).ids), text)
 
   def test_bad_input_is_one_line_before_training(self):
-    tmp = cli_helpers.tempdir(self)
+    tmp = helpers.tempdir(self)
     empty, exists = os.path.join(tmp, "empty.txt"), os.path.join(tmp, "t.json")
     with open(empty, "w") as f:
       f.write(" \n\n")
@@ -84,7 +85,7 @@ class TokenizerCommandTest(absltest.TestCase):
         self.assertFalse(os.path.exists(new))
 
   def test_library_names_the_empty_file(self):
-    tmp = cli_helpers.tempdir(self)
+    tmp = helpers.tempdir(self)
     empty = os.path.join(tmp, "empty.txt")
     open(empty, "w").close()
     with self.assertRaisesRegex(
@@ -171,7 +172,7 @@ class RunKeepsItsTokenizerTest(absltest.TestCase):
     code, out, err = cli_helpers.cli(*self.train_argv())
     self.assertEqual(code, 0, err)
     self.assertIn("is already at step 40", out + err)
-    other = os.path.join(cli_helpers.tempdir(self), "other.json")
+    other = os.path.join(helpers.tempdir(self), "other.json")
     data.train_bpe_tokenizer(testing.license_texts()[:2], 16, other)
     err = _error(self, *self.train_argv(other))
     self.assertRegex(
@@ -181,7 +182,7 @@ class RunKeepsItsTokenizerTest(absltest.TestCase):
     )
 
   def test_export_hands_the_tokenizer_to_transformers(self):
-    out = os.path.join(cli_helpers.tempdir(self), "hf")
+    out = os.path.join(helpers.tempdir(self), "hf")
     old = os.umask(0o022)
     try:
       code, printed, err = cli_helpers.cli(

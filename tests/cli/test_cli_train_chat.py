@@ -45,7 +45,7 @@ def _conversation(i: int) -> dict:
   return {"messages": messages}
 
 
-class _Chats(absltest.TestCase):
+class _Chats(helpers.TempDirMixin, absltest.TestCase):
   """A chat file of 40 conversations, shared by the class."""
 
   @classmethod
@@ -61,11 +61,6 @@ class _Chats(absltest.TestCase):
   def tearDownClass(cls):
     shutil.rmtree(cls.tmp, ignore_errors=True)
     super().tearDownClass()
-
-  def tempdir(self) -> str:
-    directory = tempfile.mkdtemp()
-    self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
-    return directory
 
   def argv(self, *extra: str) -> list[str]:
     return [

@@ -30,7 +30,6 @@ from linen_moe import testing
 from linen_moe._src.parallel import launcher as launch
 from linen_moe._src.run import loss_chart
 from linen_moe._src.run import sources as train_data
-from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
 from linen_moe.training import RunOptions
 from tests import cli_helpers
@@ -45,13 +44,6 @@ MIXTRAL = os.path.join(ROOT, "tests", "fixtures", "hf", "mixtral_gqa_swa")
 _run_cli = cli_helpers.cli
 
 
-def _metrics(directory: str) -> list[dict]:
-  """The rows of DIR/metrics.jsonl without the step times' metrics."""
-  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
-  timing = throughput.TIMING_METRICS
-  return [{k: v for k, v in r.items() if k not in timing} for r in rows]
-
-
 def _final_tree(directory: str) -> dict:
   with checkpoint.Checkpoints(directory) as ckpts:
     leaves = ckpts.saved_leaves()
@@ -59,7 +51,7 @@ def _final_tree(directory: str) -> dict:
   return {p: np.asarray(x) for p, x in traverse_util.flatten_dict(tree).items()}
 
 
-class _Corpus(absltest.TestCase):
+class _Corpus(helpers.TempDirMixin, absltest.TestCase):
   """A directory of license texts and a tokenizer trained on them (256
   tokens: the tiny configs' vocabulary), shared by the class."""
 
@@ -78,11 +70,6 @@ class _Corpus(absltest.TestCase):
   def tearDownClass(cls):
     shutil.rmtree(cls.tmp, ignore_errors=True)
     super().tearDownClass()
-
-  def tempdir(self) -> str:
-    directory = tempfile.mkdtemp()
-    self.addCleanup(shutil.rmtree, directory, ignore_errors=True)
-    return directory
 
   def argv(self, *extra: str) -> list[str]:
     return [
@@ -122,8 +109,10 @@ class _Corpus(absltest.TestCase):
   def check_same_run(self, whole: str, split: str, trees: bool = True):
     """The run in `whole` (started for STEPS steps) against `split`'s
     (started for STOP, resumed to STEPS): every metric of every step."""
-    resumed = cli_helpers.as_started_for(self, _metrics(split), STOP, STEPS)
-    self.assertEqual(resumed, _metrics(whole))
+    resumed = cli_helpers.as_started_for(
+        self, helpers.run_metrics(split), STOP, STEPS
+    )
+    self.assertEqual(resumed, helpers.run_metrics(whole))
     if trees:
       a, b = _final_tree(whole), _final_tree(split)
       self.assertEqual(sorted(a), sorted(b))
@@ -148,7 +137,7 @@ class ResumeTest(_Corpus):
     self.assertIn("resumed from step 6", out)
     self.check_same_run(dirs["whole"], dirs["split"])
 
-    rows = _metrics(dirs["whole"])
+    rows = helpers.run_metrics(dirs["whole"])
     self.assertEqual([r["step"] for r in rows], list(range(1, STEPS + 1)))
     self.assertTrue(all(np.isfinite(r["loss"]) for r in rows))
     evaluated = [r["step"] for r in rows if "eval_loss" in r]
@@ -182,7 +171,7 @@ class ResumeTest(_Corpus):
     )  # fmt: skip
     self.assertEqual(code, 2)
     self.assertRegex(err, r"was trained on .*00.txt \(and \d+ more files\)")
-    self.assertLen(_metrics(dirs["split"]), STEPS)
+    self.assertLen(helpers.run_metrics(dirs["split"]), STEPS)
 
 
 @testing.slow
@@ -357,7 +346,9 @@ class FineTuneHfTest(_HfCheckpoint):
         "--checkpoint-dir", run, "--no-progress",
     )  # fmt: skip
     self.assertEqual(code, 0, err)
-    held_out = [r["eval_loss"] for r in _metrics(run) if "eval_loss" in r]
+    held_out = [
+        r["eval_loss"] for r in helpers.run_metrics(run) if "eval_loss" in r
+    ]
     self.assertLen(held_out, 8)
     self.assertLess(held_out[-1], held_out[0] - 0.5, held_out)
     with checkpoint.Checkpoints(run) as ckpts:
@@ -425,7 +416,7 @@ class SlowResumeTest(_Corpus):
     self.assertContainsSubset(
         {"process_0-of-2.json", "process_1-of-2.json"}, written
     )
-    a, b = _metrics(whole), _metrics(split)
+    a, b = helpers.run_metrics(whole), helpers.run_metrics(split)
     self.assertEqual([r["step"] for r in b], list(range(1, STEPS + 1)))
     for key in ("cross_entropy", "eval_loss"):
       # Cross-process sums may add in another order: float32 rounding.

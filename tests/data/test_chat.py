@@ -13,7 +13,6 @@ import json
 import os
 import pathlib
 import shutil
-import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -25,6 +24,7 @@ from linen_moe._src.data import chat as chat_data
 from linen_moe._src.data import chat_rows
 from linen_moe._src.data import chat_spans
 from linen_moe._src.hf import families
+from linen_moe._src.testing import helpers
 
 FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "chat"
 # The chat fixture of each model type the library loads (a template in the
@@ -75,12 +75,6 @@ def _masked_runs(tokenizer, text, mask) -> list[str]:
       runs.append(text[start : offsets[t - 1][1]])
       start = None
   return runs
-
-
-def _tempdir(test: absltest.TestCase) -> str:
-  directory = tempfile.mkdtemp()
-  test.addCleanup(shutil.rmtree, directory, ignore_errors=True)
-  return directory
 
 
 def _write_jsonl(path: str, rows: list) -> str:
@@ -473,7 +467,7 @@ class RowsTest(absltest.TestCase):
       )
 
   def _chat(self, packing="pad", seq_len=16):
-    tmp = _tempdir(self)
+    tmp = helpers.tempdir(self)
     rows = []
     for i in range(12):
       messages = [{"role": "user", "content": f"Question {i}?"}]
@@ -588,7 +582,7 @@ class BadInputTest(parameterized.TestCase):
       ),
   )  # fmt: skip
   def test_file_and_line(self, row, message):
-    tmp = _tempdir(self)
+    tmp = helpers.tempdir(self)
     good = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}  # fmt: skip
     path = _write_jsonl(os.path.join(tmp, "c.jsonl"), [row, good])
     with self.assertRaisesRegex(ValueError, "c.jsonl" + message):
@@ -601,7 +595,7 @@ class BadInputTest(parameterized.TestCase):
       chat_data.read_conversations(path)
 
   def test_template_refusal_names_the_line(self):
-    tmp = _tempdir(self)
+    tmp = helpers.tempdir(self)
     rows = [
         {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
         {"messages": [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
@@ -613,7 +607,7 @@ class BadInputTest(parameterized.TestCase):
       data.read_chat(path, str(FIXTURES / "mixtral" / "tokenizer.json"))
 
   def test_tokenizer_without_chat_template(self):
-    tmp = _tempdir(self)
+    tmp = helpers.tempdir(self)
     for name in ("tokenizer.json", "tokenizer_config.json"):
       shutil.copy(FIXTURES / "mixtral" / name, os.path.join(tmp, name))
     with self.assertRaisesRegex(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import tempfile
 
 from absl.testing import absltest
@@ -31,16 +30,11 @@ from linen_moe import training
 from linen_moe._src.data import checkpointing
 from linen_moe._src.data import packing as packing_lib
 from linen_moe._src.data import tokenization
+from linen_moe._src.testing import helpers
 
 # A pre-tokenized stream of three documents, each ending with EOD = 0.
 EOD = 0
 STREAM = [5, 6, 7, 0, 8, 9, 0, 3, 4, 5, 6, 7, 0]
-
-
-def _tempdir(test: absltest.TestCase) -> str:
-  directory = tempfile.mkdtemp()
-  test.addCleanup(shutil.rmtree, directory, ignore_errors=True)
-  return directory
 
 
 def _write(path: str, content: str | bytes) -> str:
@@ -65,7 +59,7 @@ class _Tokenizer:
 
 
 def _stream_corpus(test, stream=STREAM, dtype="uint16") -> data.Corpus:
-  path = os.path.join(_tempdir(test), "ids.bin")
+  path = os.path.join(helpers.tempdir(test), "ids.bin")
   np.asarray(stream, dtype).tofile(path)
   return data.read_corpus(path, dtype=dtype, vocab_size=16, eod_id=EOD)
 
@@ -165,7 +159,7 @@ class PackingTest(absltest.TestCase):
     )
 
   def test_files_concatenate_in_sorted_order(self):
-    directory = _tempdir(self)
+    directory = helpers.tempdir(self)
     np.save(os.path.join(directory, "b.npy"), np.array([3, 4], np.int32))
     np.save(os.path.join(directory, "a.npy"), np.array([1, 2, 0], np.int64))
     corpus = data.read_corpus(directory, vocab_size=8)
@@ -175,7 +169,7 @@ class PackingTest(absltest.TestCase):
     self.assertEqual(corpus.documents.tolist(), [[0, 3], [3, 5]])
 
   def test_text_documents_end_with_eod(self):
-    directory = _tempdir(self)
+    directory = helpers.tempdir(self)
     texts = {"a.txt": "the license text", "b.txt": "  \n", "c.txt": "granted"}
     for name, text in texts.items():
       _write(os.path.join(directory, name), text)
@@ -353,12 +347,12 @@ class TokenizerTest(absltest.TestCase):
     """The tokenizer beside a checkpoint is found; its configured
     `eos_token` ends each document (before the names tried otherwise); the
     ids are the tokenizer's own, its "<s>" included."""
-    checkpoint_dir = _tempdir(self)
+    checkpoint_dir = helpers.tempdir(self)
     path = _released_style_tokenizer(
         checkpoint_dir, {"content": "</s>", "special": True}
     )
     self.assertEqual(tokenization.find_tokenizer(checkpoint_dir), path)
-    self.assertIsNone(tokenization.find_tokenizer(_tempdir(self)))
+    self.assertIsNone(tokenization.find_tokenizer(helpers.tempdir(self)))
     tokenizer = data.load_tokenizer(path)
     bos, eos, endoftext = (
         tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<|endoftext|>")
@@ -368,7 +362,7 @@ class TokenizerTest(absltest.TestCase):
     self.assertEqual(tokenization.end_of_document_id(tokenizer), endoftext)
 
     text = "Permission is granted, free of charge.\nÄ ☃"
-    directory = _tempdir(self)
+    directory = helpers.tempdir(self)
     _write(os.path.join(directory, "a.txt"), text)
     corpus = data.read_corpus(directory, tokenizer=path, vocab_size=300)
     plain = tokenizer.encode(text, add_special_tokens=False).ids
@@ -380,7 +374,7 @@ class TokenizerTest(absltest.TestCase):
     self.assertEqual(corpus.describe()["tokenizer"], path)
 
   def test_eos_token_as_a_string(self):
-    directory = _tempdir(self)
+    directory = helpers.tempdir(self)
     path = _released_style_tokenizer(directory, "<s>")
     tokenizer = data.load_tokenizer(path)
     self.assertEqual(
@@ -403,7 +397,7 @@ class TokenizerTest(absltest.TestCase):
     from tokenizers import models  # noqa: PLC0415
     from tokenizers import pre_tokenizers  # noqa: PLC0415
 
-    directory = _tempdir(self)
+    directory = helpers.tempdir(self)
     path = os.path.join(directory, "tokenizer.json")
     words = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, "[UNK]"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -516,7 +510,7 @@ class IteratorCheckpointTest(absltest.TestCase):
 
   def test_saved_and_restored(self):
     pipeline = _pipeline(self)
-    directory = _tempdir(self)
+    directory = helpers.tempdir(self)
     iterator = pipeline.train_iterator()
     tree = {"step": jnp.int32(0)}
     with checkpoint.Checkpoints(directory) as ckpts:
@@ -540,7 +534,7 @@ class IteratorCheckpointTest(absltest.TestCase):
         ([5, 5], None),
         ([5, 6], "in different states .* resume on 2 processes"),
     ):
-      directory = epath.Path(_tempdir(self))
+      directory = epath.Path(helpers.tempdir(self))
       for p, k in enumerate(states):
         (directory / f"process_{p}-of-2.json").write_text(
             json.dumps({"next_index": k})
@@ -563,9 +557,9 @@ class BadInputTest(parameterized.TestCase):
     self.assertNotIn("\n", str(caught.exception))
 
   def test_missing_files(self):
-    missing = os.path.join(_tempdir(self), "nothing")
+    missing = os.path.join(helpers.tempdir(self), "nothing")
     self._check(f"data {missing}: no such file", data.read_corpus, missing)
-    pattern = os.path.join(_tempdir(self), "*.txt")
+    pattern = os.path.join(helpers.tempdir(self), "*.txt")
     self._check(
         f"data {re.escape(pattern)}: no file matches",
         data.read_corpus,
@@ -573,7 +567,7 @@ class BadInputTest(parameterized.TestCase):
     )
 
   def test_empty_corpus(self):
-    directory = _tempdir(self)
+    directory = helpers.tempdir(self)
     for name in ("a.txt", "b.txt"):
       _write(os.path.join(directory, name), "\n \n")
     self._check(
@@ -614,7 +608,7 @@ class BadInputTest(parameterized.TestCase):
         _Tokenizer.get(),
         vocab_size=100,
     )
-    text = _write(os.path.join(_tempdir(self), "a.txt"), "text")
+    text = _write(os.path.join(helpers.tempdir(self), "a.txt"), "text")
     self._check(
         "vocabulary of 256 tokens is larger than the model's vocab_size=64",
         data.read_corpus,
@@ -625,7 +619,7 @@ class BadInputTest(parameterized.TestCase):
 
   @parameterized.parameters("npy", "bin")
   def test_ids_outside_the_vocabulary(self, fmt):
-    path = os.path.join(_tempdir(self), f"ids.{fmt}")
+    path = os.path.join(helpers.tempdir(self), f"ids.{fmt}")
     ids = np.array([3, 1, 300, 2, 999], np.uint16)
     if fmt == "npy":
       np.save(path, ids)
@@ -644,7 +638,7 @@ class BadInputTest(parameterized.TestCase):
       self._check("id -1 at position 1", data.read_corpus, path, vocab_size=9)
 
   def test_corrupt_tokenizer(self):
-    directory = _tempdir(self)
+    directory = helpers.tempdir(self)
     for name, content in (
         ("cut.json", '{"model": {"type": "BPE"'),
         ("wrong.json", '{"model": 3}'),
@@ -662,7 +656,7 @@ class BadInputTest(parameterized.TestCase):
     )
 
   def test_malformed_files(self):
-    directory = _tempdir(self)
+    directory = helpers.tempdir(self)
     odd = _write(os.path.join(directory, "odd.bin"), b"\x01\x02\x03")
     self._check(
         "odd.bin: its 3 bytes are not a whole number of uint16 ids",

@@ -19,7 +19,6 @@ import logging
 import pathlib
 import shutil
 import struct
-import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -53,12 +52,6 @@ _DTYPES = {
     "F32": np.dtype(np.float32),
     "BF16": np.dtype(ml_dtypes.bfloat16),
 }
-
-
-def _tempdir(test) -> pathlib.Path:
-  path = tempfile.mkdtemp()
-  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
-  return pathlib.Path(path)
 
 
 def _raw(path: pathlib.Path) -> dict[str, np.ndarray]:
@@ -159,7 +152,7 @@ class LoadTest(parameterized.TestCase):
     self.assertTrue(
         any(t.dtype == _DTYPES["F8_E4M3"] for t in tensors.values())
     )
-    d = _tempdir(self)
+    d = pathlib.Path(helpers.tempdir(self))
     hf_config = json.loads((FIXTURES / name / "config.json").read_text())
     del hf_config["quantization_config"]
     (d / "config.json").write_text(json.dumps(hf_config))
@@ -209,7 +202,7 @@ class ReadRowsTest(parameterized.TestCase):
     values = rng.normal(size=shape).astype(ml_dtypes.float8_e4m3fn)
     scales = rng.uniform(0.5, 2, block_fp8.scale_shape(shape, block))
     tensors = {"w.weight": values, "w.weight" + SCALE: scales.astype("f4")}
-    d = _tempdir(self)
+    d = pathlib.Path(helpers.tempdir(self))
     _write_raw(d / "model.safetensors", tensors)
     ckpt = block_fp8.Dequantized(Checkpoint(d), block)
     self.assertEqual(ckpt.tensors["w.weight"].dtype, "F32")
@@ -250,7 +243,7 @@ class SaveTest(parameterized.TestCase):
   @parameterized.parameters(DEEPSEEK, QWEN)
   def test_save_writes_the_fixture_back_byte_for_byte(self, name):
     config, variables, _ = _load(name, scan_layers=True, dtype="float32")
-    out = _tempdir(self) / "out"
+    out = pathlib.Path(helpers.tempdir(self)) / "out"
     hf.save_checkpoint(
         config,
         variables,
@@ -278,7 +271,7 @@ class SaveTest(parameterized.TestCase):
 
   def test_bad_arguments(self):
     config, variables, _ = _load(QWEN, scan_layers=True, dtype="float32")
-    out = _tempdir(self) / "out"
+    out = pathlib.Path(helpers.tempdir(self)) / "out"
     for kwargs, pattern in (
         ({"weight_format": "fp4"}, r"weight_format='fp4' is invalid"),
         ({"block_size": (16, 16)}, r"block_size=.* is for weight_format="),
@@ -298,7 +291,7 @@ class BadInputTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.dir = _tempdir(self) / QWEN
+    self.dir = pathlib.Path(helpers.tempdir(self)) / QWEN
     shutil.copytree(FIXTURES / QWEN, self.dir)
     forbid_data_reads(self)
 
@@ -384,7 +377,7 @@ class SlowTest(parameterized.TestCase):
     # [E, ceil(2I / bm), ceil(H / bn)] beside them.
     name = "gemma4_text_moe_keqv"
     config, variables = hf.load_checkpoint(FIXTURES / name, dtype="float32")
-    out = _tempdir(self) / "out"
+    out = pathlib.Path(helpers.tempdir(self)) / "out"
     hf.save_checkpoint(
         config, variables, out, weight_format="block_fp8", block_size=(16, 16)
     )

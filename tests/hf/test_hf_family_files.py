@@ -5,7 +5,6 @@ bad input. Loading and saving compile nothing but the fresh rule state.
 import json
 import pathlib
 import shutil
-import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -23,12 +22,6 @@ from linen_moe._src.testing import helpers
 import nnx_adapter
 from tests.hf_helpers import FIXTURES
 from tests.hf_helpers import forbid_data_reads
-
-
-def _tempdir(test) -> pathlib.Path:
-  path = tempfile.mkdtemp()
-  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
-  return pathlib.Path(path)
 
 
 def _equal_trees(test, a, b):
@@ -69,7 +62,7 @@ class RoundTripTest(parameterized.TestCase):
   def test_load_save_load_and_the_tensors_on_disk(
       self, name, scan, shard, prefix
   ):
-    out = _tempdir(self) / "out"
+    out = pathlib.Path(helpers.tempdir(self)) / "out"
     config, variables = hf.load_checkpoint(FIXTURES / name, scan_layers=scan)
     hf.save_checkpoint(config, variables, out, max_shard_size=shard)
     again_config, again = hf.load_checkpoint(out, scan_layers=scan)
@@ -95,7 +88,7 @@ class RoundTripTest(parameterized.TestCase):
     name = "deepseek_v3_qlora_yarn_groups"
     config, variables = hf.load_checkpoint(FIXTURES / name)
     model = nnx_adapter.Decoder.from_linen(config, variables)
-    out = _tempdir(self) / "out"
+    out = pathlib.Path(helpers.tempdir(self)) / "out"
     hf.save_checkpoint(config, nnx_adapter.nnx_to_linen(model), out)
     saved = load_file(out / "model.safetensors")
     bias = "model.layers.2.mlp.gate.e_score_correction_bias"
@@ -146,7 +139,7 @@ class FineTuneTest(absltest.TestCase):
       )
       np.testing.assert_allclose(after, want, rtol=0, atol=1e-7)
       self.assertGreater(float(np.abs(np.asarray(after) - before).max()), 0)
-    out = _tempdir(self) / "out"
+    out = pathlib.Path(helpers.tempdir(self)) / "out"
     hf.save_checkpoint(config, trained, out)
     again_config, again = hf.load_checkpoint(
         out, scan_layers=False, quantization="fp8"
@@ -173,7 +166,7 @@ class FineTuneTest(absltest.TestCase):
         loaded["params"],
     )
     self.assertGreater(max(jax.tree.leaves(moved)), 0.0)
-    out = _tempdir(self) / "out"
+    out = pathlib.Path(helpers.tempdir(self)) / "out"
     hf.save_checkpoint(config, trained, out)
     _, again = hf.load_checkpoint(out, scan_layers=False)
     _equal_trees(self, again["params"], jax.device_get(trained["params"]))
@@ -182,7 +175,9 @@ class FineTuneTest(absltest.TestCase):
 class SkippedTensorsTest(absltest.TestCase):
 
   def test_mtp_layer_is_skipped_with_a_message(self):
-    d = _copy("deepseek_v3_qlora_yarn_groups", _tempdir(self))
+    d = _copy(
+        "deepseek_v3_qlora_yarn_groups", pathlib.Path(helpers.tempdir(self))
+    )
     extra = {}
 
     def add_mtp(tensors):  # layer 3 = num_hidden_layers: the MTP layer
@@ -209,7 +204,7 @@ class SkippedTensorsTest(absltest.TestCase):
     self.assertEqual(config.num_layers, 3)
 
   def test_multimodal_towers_are_skipped_with_a_message(self):
-    d = _copy("gemma4_conditional_text", _tempdir(self))
+    d = _copy("gemma4_conditional_text", pathlib.Path(helpers.tempdir(self)))
     _edit_tensors(
         d,
         lambda t: t.update({
@@ -229,7 +224,7 @@ class BadInputTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.tmp = _tempdir(self)
+    self.tmp = pathlib.Path(helpers.tempdir(self))
     forbid_data_reads(self)
 
   def _fails(self, name, change, pattern, text=False):
@@ -362,7 +357,7 @@ class BadInputTest(parameterized.TestCase):
 class SaveErrorsTest(absltest.TestCase):
 
   def test_rejects(self):
-    out = _tempdir(self) / "out"
+    out = pathlib.Path(helpers.tempdir(self)) / "out"
     config, variables = hf.load_checkpoint(FIXTURES / "gemma4_text_moe_keqv")
     with self.assertRaisesRegex(
         ValueError,

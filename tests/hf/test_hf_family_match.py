@@ -18,7 +18,7 @@ from linen_moe import load_model_config
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf.config_map import FamilyMatch
 from linen_moe._src.hf.families import FAMILIES
-from tests import cli_helpers
+from linen_moe._src.testing import helpers
 
 EXPORTED = {
     "tiny_mixtral": "mixtral",
@@ -123,7 +123,7 @@ class FamilyMatchTest(parameterized.TestCase):
         r"qk_norm=True \(this config: False\)\. The shipped configs that "
         r"export as qwen3_moe: tiny_qwen3_moe, qwen3_30b_a3b\.$",
     ):
-      hf.save_checkpoint(config, {"params": {}}, cli_helpers.tempdir(self))
+      hf.save_checkpoint(config, {"params": {}}, helpers.tempdir(self))
     # Mixtral's routing written as softmax-then-top-k renormalised is still
     # Mixtral (mixtral_8x7b's config.json maps to it).
     mixtral = load_model_config("mixtral_8x7b")

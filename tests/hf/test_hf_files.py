@@ -9,7 +9,6 @@ import importlib.resources
 import json
 import pathlib
 import shutil
-import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -24,6 +23,7 @@ from linen_moe import load_model_config
 from linen_moe import quantization
 from linen_moe import testing
 from linen_moe._src.hf.safetensors_io import Checkpoint
+from linen_moe._src.testing import helpers
 import nnx_adapter
 from tests import workers
 from tests.hf_helpers import forbid_data_reads
@@ -33,12 +33,6 @@ FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "hf"
 # read from the installed package as CI's copy of tests/ must.
 CONFIGS = importlib.resources.files("linen_moe.configs") / "hf"
 SERVING_REL = {"int8": 0.04, "fp8": 0.12}  # as tests/hf/test_hf.py
-
-
-def _tempdir(test) -> str:
-  path = tempfile.mkdtemp()
-  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
-  return path
 
 
 def _equal_trees(test, a, b):
@@ -52,7 +46,7 @@ class RoundTripTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.out = pathlib.Path(_tempdir(self)) / "out"
+    self.out = pathlib.Path(helpers.tempdir(self)) / "out"
 
   @parameterized.parameters(
       # (fixture, scanned, shard size): a (dense, MoE) group, sharded; the
@@ -207,7 +201,7 @@ class BadInputTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.tmp = _tempdir(self)
+    self.tmp = helpers.tempdir(self)
     forbid_data_reads(self)
 
   def assert_fails(self, d, pattern, **kwargs):
@@ -352,7 +346,7 @@ class BadInputTest(absltest.TestCase):
 class SaveErrorsTest(absltest.TestCase):
 
   def test_rejects(self):
-    out = pathlib.Path(_tempdir(self)) / "out"
+    out = pathlib.Path(helpers.tempdir(self)) / "out"
     config, variables = hf.load_checkpoint(FIXTURES / "mixtral_gqa_swa")
     own = load_model_config("tiny_mixtral", scale_embeddings=True)
     with self.assertRaisesRegex(

@@ -13,6 +13,7 @@ under slow in tests/hf/test_hf.py (`NAMES`).
 
 import importlib.resources
 import json
+import pathlib
 import shutil
 from unittest import mock
 
@@ -41,7 +42,6 @@ from tests.hf_helpers import fixture
 from tests.hf_helpers import forbid_data_reads
 from tests.hf_helpers import load
 from tests.hf_helpers import logits
-from tests.hf_helpers import tempdir
 
 FLOAT, MXFP4 = "gpt_oss_sinks_swa_yarn", "gpt_oss_mxfp4"
 CONFIGS = importlib.resources.files("linen_moe.configs") / "hf"
@@ -150,7 +150,7 @@ class FilesTest(absltest.TestCase):
   def test_mxfp4_is_exact_float(self):
     # Each value is an e2m1 number times a power of two: the dequantized
     # experts are the float tensors transformers dequantizes to.
-    out = tempdir(self) / "out"
+    out = pathlib.Path(helpers.tempdir(self)) / "out"
     config, variables = hf.load_checkpoint(FIXTURES / MXFP4)
     hf.save_checkpoint(config, variables, out)
     saved = load_file(out / "model.safetensors")
@@ -168,7 +168,7 @@ class BadInputTest(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.tmp = tempdir(self)
+    self.tmp = pathlib.Path(helpers.tempdir(self))
     forbid_data_reads(self)
 
   def _copy(self, name):

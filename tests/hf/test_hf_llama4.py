@@ -12,6 +12,7 @@ attention implementations runs under slow in tests/hf/test_hf.py (`NAMES`).
 """
 
 import json
+import pathlib
 from unittest import mock
 
 from absl.testing import absltest
@@ -23,6 +24,7 @@ from linen_moe import hf
 from linen_moe._src.hf import families
 from linen_moe._src.models import attention_blockwise
 from linen_moe._src.models import attention_geometry
+from linen_moe._src.testing import helpers
 from tests.hf_helpers import ATOL
 from tests.hf_helpers import FIXTURES
 from tests.hf_helpers import assert_config_refused
@@ -35,7 +37,6 @@ from tests.hf_helpers import fixture
 from tests.hf_helpers import forbid_data_reads
 from tests.hf_helpers import load
 from tests.hf_helpers import logits
-from tests.hf_helpers import tempdir
 
 CHUNKED = "llama4_text_nope_chunked"
 ALL_MOE = "llama4_text_all_moe"
@@ -147,7 +148,7 @@ class FilesTest(absltest.TestCase):
   def test_multimodal_text_saves_as_the_text_model(self):
     # The text decoder of the multimodal checkpoint (its vision tower
     # skipped) saves as the Llama4ForCausalLM transformers wrote of it.
-    out = tempdir(self) / "out"
+    out = pathlib.Path(helpers.tempdir(self)) / "out"
     config, variables = hf.load_checkpoint(FIXTURES / CONDITIONAL)
     hf.save_checkpoint(config, variables, out)
     saved = load_file(out / "model.safetensors")

@@ -8,6 +8,7 @@ attention implementations runs under slow in tests/hf/test_hf.py (`NAMES`).
 """
 
 import json
+import pathlib
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -25,7 +26,6 @@ from tests.hf_helpers import assert_save_is_the_fixture
 from tests.hf_helpers import fixture
 from tests.hf_helpers import forbid_data_reads
 from tests.hf_helpers import load
-from tests.hf_helpers import tempdir
 
 NAME = "minimax_m2_partial_qknorm"
 # Block fp8 weights (blocks of 16 here) against the float model: every
@@ -76,7 +76,7 @@ class FilesTest(absltest.TestCase):
     # The release: block-fp8 linear weights beside `weight_scale_inv`,
     # config.json's `quantization_config` as MiniMax wrote it.
     config, variables = hf.load_checkpoint(FIXTURES / NAME)
-    out = tempdir(self) / "fp8"
+    out = pathlib.Path(helpers.tempdir(self)) / "fp8"
     hf.save_checkpoint(
         config,
         variables,

@@ -26,7 +26,7 @@ from linen_moe import Decoder
 from linen_moe import hf
 from linen_moe import load_model_config
 from linen_moe import lora
-from tests import cli_helpers
+from linen_moe._src.testing import helpers
 
 FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures"
 BASES = (
@@ -49,7 +49,7 @@ class SavePeftAdaptersTest(parameterized.TestCase):
   @parameterized.parameters(*BASES)
   def test_the_files_peft_loaded(self, base):
     config, variables = _adapted(base)
-    out = pathlib.Path(cli_helpers.tempdir(self)) / "peft"
+    out = pathlib.Path(helpers.tempdir(self)) / "peft"
     files = hf.save_peft_adapters(
         config,
         variables,
@@ -107,7 +107,7 @@ class SavePeftAdaptersTest(parameterized.TestCase):
     self.assertEqual(meta["alpha_pattern"], {"gate_up_proj": 16.0})
     # Attention alone: modules, and the run's dropout kept.
     attention = config.replace(lora_targets=("attention",), lora_dropout=0.1)
-    out = pathlib.Path(cli_helpers.tempdir(self)) / "attention"
+    out = pathlib.Path(helpers.tempdir(self)) / "attention"
     hf.save_peft_adapters(attention, variables, out)
     meta = json.loads((out / "adapter_config.json").read_text())
     self.assertEqual(
@@ -118,7 +118,7 @@ class SavePeftAdaptersTest(parameterized.TestCase):
 
   def test_bad_input(self):
     config, variables = _adapted("qwen3_moe_dense0_norm")
-    tmp = pathlib.Path(cli_helpers.tempdir(self))
+    tmp = pathlib.Path(helpers.tempdir(self))
     with self.assertRaisesRegex(ValueError, r"out=.* exists; it never over"):
       hf.save_peft_adapters(config, variables, tmp)
     with self.assertRaisesRegex(
@@ -154,7 +154,7 @@ class LinenMoEAdaptersTest(absltest.TestCase):
     # a directory of linen_moe 0.2 (adapter_config.json in our schema)
     # still loads (tests/fixtures/lora: test_lora.py).
     config, variables = _adapted("mixtral_gqa_swa")
-    out = pathlib.Path(cli_helpers.tempdir(self)) / "ours"
+    out = pathlib.Path(helpers.tempdir(self)) / "ours"
     lora.save_adapters(config, variables, out)
     self.assertEqual(
         sorted(p.name for p in out.iterdir()),
@@ -165,7 +165,7 @@ class LinenMoEAdaptersTest(absltest.TestCase):
     base, base_vars = hf.load_checkpoint(FIXTURES / "hf" / legacy.name)
     loaded, _ = lora.load_adapters(base, base_vars, legacy)
     self.assertEqual(loaded.moe.lora_rank, 4)
-    peft_dir = pathlib.Path(cli_helpers.tempdir(self))
+    peft_dir = pathlib.Path(helpers.tempdir(self))
     hf.save_peft_adapters(config, variables, peft_dir / "p")
     (peft_dir / "p" / "adapters.safetensors").write_bytes(b"")
     with self.assertRaisesRegex(ValueError, r"is PEFT's adapter config"):

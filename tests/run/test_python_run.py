@@ -6,24 +6,16 @@ import os
 from absl.testing import absltest
 
 from linen_moe import training
-from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
 from tests import cli_helpers
 
 ARGS = dict(steps=3, batch_size=4, seq_len=8, save_every=2)
 
 
-def _rows(directory: str) -> list[dict]:
-  """metrics.jsonl without the step times (not the same twice)."""
-  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
-  timing = throughput.TIMING_METRICS
-  return [{k: v for k, v in r.items() if k not in timing} for r in rows]
-
-
 class RunTest(absltest.TestCase):
 
   def test_python_run_equals_the_command(self):
-    python_dir, cli_dir = cli_helpers.tempdir(self), cli_helpers.tempdir(self)
+    python_dir, cli_dir = helpers.tempdir(self), helpers.tempdir(self)
     result = training.run(
         training.RunOptions(checkpoint_dir=python_dir, progress=False, **ARGS),
         log=lambda _: None,
@@ -37,9 +29,12 @@ class RunTest(absltest.TestCase):
     )
     self.assertEqual(status, 0, err)
     self.assertIn(f"final loss: {result.final_loss:.4f}", out)
-    self.assertEqual(_rows(python_dir), _rows(cli_dir))
     self.assertEqual(
-        [r["cross_entropy"] for r in _rows(python_dir)], result.losses
+        helpers.run_metrics(python_dir), helpers.run_metrics(cli_dir)
+    )
+    self.assertEqual(
+        [r["cross_entropy"] for r in helpers.run_metrics(python_dir)],
+        result.losses,
     )
     self.assertEqual(
         sorted(os.listdir(python_dir)), sorted(os.listdir(cli_dir))

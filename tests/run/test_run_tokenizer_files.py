@@ -12,8 +12,8 @@ from linen_moe import data
 from linen_moe import hf
 from linen_moe import testing
 from linen_moe._src.run import tokenizer_files
+from linen_moe._src.testing import helpers
 from linen_moe.training import RunOptions
-from tests import cli_helpers
 
 FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "hf"
 
@@ -22,7 +22,7 @@ class KeepTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.tmp = pathlib.Path(cli_helpers.tempdir(self))
+    self.tmp = pathlib.Path(helpers.tempdir(self))
     self.tokenizer = str(self.tmp / "tokenizer.json")
     data.train_bpe_tokenizer(testing.license_texts()[:2], 64, self.tokenizer)
 
@@ -96,7 +96,7 @@ class SaveCheckpointExtrasTest(absltest.TestCase):
 
   def test_bad_extras(self):
     config, variables = hf.load_checkpoint(FIXTURES / "mixtral_gqa_swa")
-    tmp = pathlib.Path(cli_helpers.tempdir(self))
+    tmp = pathlib.Path(helpers.tempdir(self))
     with self.assertRaisesRegex(
         ValueError, r"generation_config=\[0\] is invalid: expected a mapping"
     ):
