@@ -37,12 +37,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
+from linen_moe import MATMUL_PATHS
 from linen_moe import distributed
 from linen_moe import hlo
+from linen_moe import load_model_config
+from linen_moe import load_moe_config
 from linen_moe import sharding
-from linen_moe._src.config.files import load_model_config
-from linen_moe._src.config.files import load_moe_config
-from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import main as cli_main

@@ -25,17 +25,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import frontend
 from linen_moe._src.checkpoint import meta
 from linen_moe._src.checkpoint import tree as ckpt_tree
-from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.testing import helpers
 from linen_moe._src.testing.marks import heavy
 from linen_moe.training import LinenFrontend
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 import nnx_adapter
 from tests import checkpoint_worker
 from tests import workers

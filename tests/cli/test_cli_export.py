@@ -7,7 +7,7 @@ from absl.testing import absltest
 import jax.numpy as jnp
 
 from linen_moe import checkpoint
-from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe_cli import main as cli
 from tests.checkpoint.test_checkpoint import CheckpointTestBase
 

@@ -16,10 +16,10 @@ import itertools
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from linen_moe import MATMUL_PATHS
 from linen_moe import testing
-from linen_moe._src.config.moe_config import FAMILY_CONFIGS
-from linen_moe._src.config.moe_config import MATMUL_PATHS
-from linen_moe._src.config.quantization_modes import MODES
+from linen_moe.quantization import MODES
+from linen_moe.testing import FAMILY_CONFIGS
 from linen_moe_cli import matrix
 
 # Each (quantization, path) cell once, rotating through the configs (each

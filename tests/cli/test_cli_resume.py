@@ -17,16 +17,16 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
+from linen_moe import MATMUL_PATHS
 from linen_moe import checkpoint
 from linen_moe import load_model_config
 from linen_moe import planning
 from linen_moe import testing
-from linen_moe._src.config.moe_config import MATMUL_PATHS
-from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.run import loop as train_job
 from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
 from linen_moe._src.testing.marks import heavy
+from linen_moe.quantization import MODES
 from linen_moe.training import RunOptions
 import nnx_adapter
 from tests import cli_helpers

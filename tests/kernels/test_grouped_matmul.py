@@ -13,13 +13,13 @@ from jax._src import mesh as mesh_lib
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import KernelFallbackWarning
 from linen_moe import testing
 from linen_moe._src.kernels import accelerator
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.kernels import int8_grouped
 from linen_moe._src.kernels import platform
 from linen_moe._src.kernels import ragged_collectives
-from linen_moe._src.kernels.accelerator import KernelFallbackWarning
 from linen_moe._src.kernels.tpu import pallas_int8
 from tests import numpy_reference
 

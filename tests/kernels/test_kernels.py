@@ -27,17 +27,17 @@ from jax._src import mesh as mesh_lib
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import KernelFallbackWarning
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
 from linen_moe import quantization
 from linen_moe import testing
-from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.config.variables import AQT_RNG_STREAM
-from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.kernels import accelerator as grouped_kernels
 from linen_moe._src.kernels import tokamax_ragged_dot as tokamax_route
-from linen_moe._src.kernels.accelerator import KernelFallbackWarning
+from linen_moe.quantization import MODES
 from linen_moe.sharding import unbox
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT as OWG
 from tests import gmm_cases
 from tests import numpy_reference
 

@@ -24,9 +24,9 @@ from absl.testing import parameterized
 
 from linen_moe import testing
 from linen_moe._src.config.quantization_modes import FP8_MODES
-from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.parallel import ep_traffic
 from linen_moe._src.testing.marks import heavy
+from linen_moe.quantization import MODES
 from tests import workers
 
 RAGGED = "ragged_all_to_all"

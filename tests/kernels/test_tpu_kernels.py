@@ -24,7 +24,7 @@ from linen_moe._src.kernels.tpu import gmm_schedule
 from linen_moe._src.kernels.tpu import pallas_grouped
 from linen_moe._src.kernels.tpu import pallas_int8
 from linen_moe._src.kernels.tpu.gmm_tiling import GmmTiling
-from linen_moe._src.testing.marks import slow
+from linen_moe.testing import slow
 from tests import gmm_cases
 from tests import numpy_reference
 

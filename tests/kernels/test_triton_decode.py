@@ -30,7 +30,7 @@ from linen_moe._src.kernels.gpu import decode_stored
 from linen_moe._src.kernels.gpu import triton_decode
 from linen_moe._src.kernels.gpu.triton_tiles import Tiles
 from linen_moe._src.quantization import stored_weights
-from linen_moe._src.testing.marks import slow
+from linen_moe.testing import slow
 
 # 16 x 16 tiles: K = 40 and N = 24 take partial tiles, two N tiles.
 SMALL = Tiles(block_n=16, block_k=16)

@@ -28,7 +28,7 @@ from linen_moe._src.kernels.gpu import triton_gmm
 from linen_moe._src.kernels.gpu import triton_grouped
 from linen_moe._src.kernels.gpu.triton_tiles import Tiles
 from linen_moe._src.kernels.gpu.triton_tiles import Tiling
-from linen_moe._src.testing.marks import slow
+from linen_moe.testing import slow
 from tests import gmm_cases
 from tests import numpy_reference
 

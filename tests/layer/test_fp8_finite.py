@@ -18,8 +18,8 @@ import numpy as np
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
 from linen_moe import testing
-from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.quantization import contractions as quantization
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT as OWG
 
 ROLES = ("input", "kernel", "output_grad")
 HISTORY = 4

@@ -8,8 +8,8 @@ import numpy as np
 
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
-from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe._src.layer import jit_init
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 
 
 def _assert_same_variables(test, got, want):

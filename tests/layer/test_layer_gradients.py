@@ -23,16 +23,16 @@ from jax._src.ad_checkpoint import saved_residuals
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import MATMUL_PATHS
 from linen_moe import RoutedMoE
 from linen_moe import load_moe_config
 from linen_moe import testing
 from linen_moe._src.config import activations
-from linen_moe._src.config.moe_config import MATMUL_PATHS
-from linen_moe._src.config.variables import UPDATED_BY_RULE
 from linen_moe._src.layer import dense
 from linen_moe._src.layer import expert
 from linen_moe._src.layer import sparse
 from linen_moe._src.testing import helpers
+from linen_moe.variables import UPDATED_BY_RULE
 from tests import numpy_reference
 
 B, S = 2, 8

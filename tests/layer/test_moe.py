@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import MATMUL_PATHS as ALL_PATHS
 from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
 from linen_moe import SharedExpert
@@ -15,11 +16,10 @@ from linen_moe import hlo
 from linen_moe import load_moe_config
 from linen_moe import routing
 from linen_moe import testing
-from linen_moe._src.config.moe_config import MATMUL_PATHS as ALL_PATHS
-from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.layer import dense as dense_lib
 from linen_moe._src.layer import routing as routing_lib
 from linen_moe._src.testing import helpers
+from linen_moe.quantization import MODES
 from linen_moe.sharding import unbox
 from tests import numpy_reference
 

@@ -16,23 +16,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import MoEConfig
 from linen_moe import RoutedMoE
 from linen_moe import hlo
 from linen_moe import load_moe_config
 from linen_moe import testing
 from linen_moe._src.config import variables
-from linen_moe._src.config.moe_config import MoEConfig
 from linen_moe._src.config.quantization_modes import FP8_MODES as FP8
-from linen_moe._src.config.quantization_modes import MODES as FACTS
 from linen_moe._src.config.quantization_modes import QUANTIZED
-from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.hlo import reading
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.kernels import int8_grouped
 from linen_moe._src.layer import dense
 from linen_moe._src.quantization import contractions as quantization
 from linen_moe._src.testing import helpers
+from linen_moe.quantization import MODES as FACTS
 from linen_moe.sharding import unbox
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT as OWG
 from tests import numpy_reference
 
 MODES = tuple(FACTS)  # the mode names

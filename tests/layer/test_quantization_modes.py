@@ -18,10 +18,10 @@ from linen_moe import load_moe_config
 from linen_moe import quantization
 from linen_moe._src.config import quantization_modes as qm
 from linen_moe._src.config.variables import AQT_RNG_STREAM
-from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.quantization import serving as serving_lib
 from linen_moe._src.quantization import stored_weights as sw
 from linen_moe.sharding import unbox
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT as OWG
 
 # Every element type the table names, once.
 TABLE_DTYPES = sorted(

@@ -27,15 +27,15 @@ from linen_moe import load_moe_config
 from linen_moe import quantization
 from linen_moe import testing
 from linen_moe._src.config import expert_weights
-from linen_moe._src.config.moe_config import TINY_CONFIGS
-from linen_moe._src.config.quantization_modes import MODES as FACTS
-from linen_moe._src.config.quantization_modes import SERVING_MODES as MODES
-from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT as OWG
 from linen_moe._src.quantization import serving as serving_lib
 from linen_moe._src.quantization import stored_weights
 from linen_moe._src.testing import helpers
 from linen_moe.models import scanned_to_unrolled
+from linen_moe.quantization import MODES as FACTS
+from linen_moe.quantization import SERVING_MODES as MODES
 from linen_moe.sharding import unbox
+from linen_moe.testing import TINY_CONFIGS
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT as OWG
 import nnx_adapter
 from tests import workers
 

@@ -31,14 +31,14 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 
+from linen_moe import Decoder
 from linen_moe import load_model_config
 from linen_moe import sharding
 from linen_moe import testing
 from linen_moe._src.config.quantization_modes import FP8_MODES
-from linen_moe._src.config.quantization_modes import MODES
-from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.parallel import sharding as sharding_lib
 from linen_moe._src.testing.marks import heavy
+from linen_moe.quantization import MODES
 from tests import workers
 
 MESHES = ("data=8", "expert=8", "data=2,expert=4")

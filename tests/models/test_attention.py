@@ -14,12 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import Decoder
 from linen_moe import load_model_config
 from linen_moe import testing
 from linen_moe._src.models import attention
 from linen_moe._src.models import attention_blockwise
 from linen_moe._src.models import attention_fused
-from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.planning import targets as plan_targets
 from linen_moe._src.testing import helpers
 from linen_moe.sharding import unbox

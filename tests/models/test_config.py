@@ -14,7 +14,7 @@ from linen_moe import available_configs
 from linen_moe import load_model_config
 from linen_moe import load_moe_config
 from linen_moe._src.config.moe_config import check_serving
-from linen_moe._src.config.quantization_modes import SERVING_MODES
+from linen_moe.quantization import SERVING_MODES
 
 GOOD = dict(num_experts=8, num_experts_per_tok=2, emb_dim=16, moe_mlp_dim=32)
 # The released models' shapes as their Hugging Face config.json files state

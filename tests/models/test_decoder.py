@@ -17,16 +17,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from linen_moe import Decoder
 from linen_moe import RoutedMoE
 from linen_moe import load_model_config
 from linen_moe import testing
-from linen_moe._src.models.decoder import Decoder
-from linen_moe._src.models.decoder import scanned_to_unrolled
-from linen_moe._src.models.decoder import unrolled_to_scanned
 from linen_moe._src.models.scan import AUTO_UNROLL_MAX_LENGTH
-from linen_moe._src.models.scan import resolved_unroll
 from linen_moe._src.testing import helpers
 from linen_moe._src.training import step as train_lib
+from linen_moe.frontend import resolved_unroll
+from linen_moe.models import scanned_to_unrolled
+from linen_moe.models import unrolled_to_scanned
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer

@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import MATMUL_PATHS
 from linen_moe import MoEConfig
 from linen_moe import RoutedMoE
 from linen_moe import load_model_config
-from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.models import attention_geometry
 from linen_moe._src.models.rotary import Rope
 from linen_moe._src.testing import helpers

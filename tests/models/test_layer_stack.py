@@ -17,9 +17,9 @@ from linen_moe import load_model_config
 from linen_moe import testing
 from linen_moe._src.checkpoint import tree as ckpt_tree
 from linen_moe._src.config import stack_plan
-from linen_moe._src.config.stack_plan import StackPlan
 from linen_moe._src.models import layer_stack
-from linen_moe._src.models.decoder import routed_bias_rule
+from linen_moe.frontend import routed_bias_rule
+from linen_moe.models import StackPlan
 from linen_moe.sharding import unbox
 
 D, M, S, F = "dense", "moe", "sliding", "full"

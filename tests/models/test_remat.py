@@ -27,6 +27,7 @@ import numpy as np
 import optax
 
 from linen_moe import MATMUL_PATHS
+from linen_moe import Decoder
 from linen_moe import RoutedMoE
 from linen_moe import frontend
 from linen_moe import load_model_config
@@ -34,14 +35,13 @@ from linen_moe import load_moe_config
 from linen_moe import models
 from linen_moe import testing
 from linen_moe._src.config.model_config import REMAT_POLICIES
-from linen_moe._src.config.quantization_modes import MODES
 from linen_moe._src.layer import checkpoint_names as names
-from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.remat import OFFLOADED_NAMES
 from linen_moe._src.models.remat import SAVED_NAMES
 from linen_moe._src.planning import targets as targets_lib
 from linen_moe._src.testing import helpers
 from linen_moe._src.training import step as train_lib
+from linen_moe.quantization import MODES
 from linen_moe.sharding import unbox
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 from linen_moe.variables import rng_dict

@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import Decoder
 from linen_moe import decoding
 from linen_moe import frontend
 from linen_moe import load_model_config
 from linen_moe import tokens as tokens_lib
-from linen_moe._src.models.decoder import Decoder
 import nnx_adapter
 
 CFG = load_model_config("tiny_mixtral", num_layers=1)

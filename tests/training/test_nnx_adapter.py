@@ -11,21 +11,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import MATMUL_PATHS
+from linen_moe import Decoder as LinenDecoder
 from linen_moe import RoutedMoE
 from linen_moe import load_model_config
 from linen_moe import sharding
 from linen_moe import testing
 from linen_moe import training
-from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe._src.config.quantization_modes import FP8_MODES
-from linen_moe._src.config.quantization_modes import MODES
-from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT
-from linen_moe._src.models.decoder import Decoder as LinenDecoder
 from linen_moe._src.testing import helpers
 from linen_moe._src.testing.marks import heavy
 from linen_moe._src.training import step as train_lib
+from linen_moe.quantization import MODES
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData
+from linen_moe.variables import OVERWRITE_WITH_GRADIENT
 import nnx_adapter
 
 # The contraction call sites each path registers.

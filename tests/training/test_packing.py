@@ -17,14 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import Decoder
 from linen_moe import load_model_config
 from linen_moe import testing
 from linen_moe._src.models.attention import CausalSelfAttention
-from linen_moe._src.models.decoder import Decoder
-from linen_moe._src.models.decoder import scanned_to_unrolled
 from linen_moe._src.models.segments import same_segment_targets
 from linen_moe._src.testing import helpers
 from linen_moe.frontend import loss_weights
+from linen_moe.models import scanned_to_unrolled
 from linen_moe.models import segment_positions
 from linen_moe.sharding import unbox
 from linen_moe.training import decoder_loss

@@ -18,14 +18,14 @@ from jax._src.ad_checkpoint import saved_residuals
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import Decoder
+from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
 from linen_moe import load_model_config
 from linen_moe import load_moe_config
 from linen_moe._src.config.model_config import REMAT_POLICIES
 from linen_moe._src.layer import sparse
-from linen_moe._src.layer.moe import RoutedAndSharedMoE
 from linen_moe._src.models import blocks
-from linen_moe._src.models.decoder import Decoder
 from linen_moe._src.models.remat import layer_remats_rows
 from linen_moe._src.testing import helpers
 from linen_moe._src.training import step as train_lib

@@ -16,12 +16,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import frontend
 from linen_moe import load_model_config
 from linen_moe import routing
 from linen_moe import testing
-from linen_moe._src.models.decoder import Decoder
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 import nnx_adapter
