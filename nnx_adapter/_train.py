@@ -242,7 +242,7 @@ def train_step(
   # new against old: the same update in that other program rounds the
   # weights otherwise (an ulp after step 2 on XLA CPU), and fp8 scales
   # amplify it into a 6e-4 relative loss difference by step 12
-  # (tests/test_nnx_fp8.py).
+  # (tests/training/test_nnx_fp8.py).
   steps = optimizer.step.get_value() + 1
   new = jax.lax.cond(ok, update, lambda s: s, state)
   nnx.update((model, optimizer), new)

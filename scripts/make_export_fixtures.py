@@ -23,7 +23,7 @@ The second half writes tests/fixtures/hf_export/NAME/: the export's
 `config.json`, `tensors.json` (each tensor's name, shape and dtype) and
 `transformers.json` (what transformers reported: the largest logit
 difference, the tokenizer's ids, the stop id, the versions). The test suite
-(tests/test_cli_export_hf.py) checks that an export today writes that
+(tests/cli/test_cli_export_hf.py) checks that an export today writes that
 config.json and those tensors, and (slow) that each config trained and
 exported by the command line reads back with the trained logits.
 """

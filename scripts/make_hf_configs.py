@@ -7,7 +7,7 @@ config.json, written field by field (every field that differs from the
 `ModelConfig` / `MoEConfig` default): the released models' shapes
 (`configs/hf/*/config.json`) and the tiny models the matrix trains (the
 fixtures' config.json). `--check` writes nothing and fails when a file
-differs from what it would write (tests/test_hf_sizes.py checks the same).
+differs from what it would write (tests/hf/test_hf_sizes.py checks the same).
 """
 
 from __future__ import annotations

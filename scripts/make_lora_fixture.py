@@ -16,7 +16,7 @@ Two halves, in two venvs (CI has no torch):
 
 It writes tests/fixtures/lora/BASE/: `adapters.safetensors`,
 `adapter_config.json` and `transformers_logits.npy` (float32 [2, S, V]),
-and `meta.json` (versions, seed). tests/test_lora.py loads the base
+and `meta.json` (versions, seed). tests/training/test_lora.py loads the base
 fixture, adds these adapters, and checks our adapted decoder's logits
 against transformers' to 1e-4.
 """

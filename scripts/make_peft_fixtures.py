@@ -21,7 +21,7 @@ Two halves, in two venvs (CI has no torch):
 
 The second half writes .../BASE/peft_logits.npy (PEFT's logits, float32
 [2, S, V]) and peft.json (PEFT's tensor names and shapes, the largest
-difference from the merged logits, the versions). tests/test_hf_peft.py
+difference from the merged logits, the versions). tests/hf/test_hf_peft.py
 writes the PEFT export again from the committed adapters (the same files),
 checks its names and shapes against PEFT's, and our adapted decoder's
 logits against PEFT's to 1e-4.

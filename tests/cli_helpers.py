@@ -3,9 +3,6 @@ and the command lines of a local process group."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-
 from absl.testing import absltest
 
 from linen_moe import testing
@@ -49,14 +46,6 @@ def train_commands(argv: list[str], processes: int) -> list[list[str]]:
   runs them (`linen_moe.distributed.launch`'s process flags appended)."""
   base = launch.train_command(argv)
   return [base + flags for flags in launcher.process_flags(processes)]
-
-
-def tempdir(test: absltest.TestCase) -> str:
-  """A new directory, removed when `test` ends (pytest does not parse
-  absl's flags, so `create_tempdir` cannot be used)."""
-  directory = tempfile.mkdtemp()
-  test.addCleanup(shutil.rmtree, directory, ignore_errors=True)
-  return directory
 
 
 def as_started_for(

@@ -5,7 +5,7 @@ HOST:PORT --num-processes N --process-id I] [--heartbeat-timeout S]` runs
 each job in order (every process runs the same jobs) and process 0 prints
 one JSON line per finished job: {"job": index, "result": ...}. Without the process flags it runs alone,
 on whatever devices XLA_FLAGS gives it: the single-process reference.
-`tests/test_cli_launch.py` starts the groups through `linen_moe.distributed.launch`'s machinery.
+`tests/cli/test_cli_launch.py` starts the groups through `linen_moe.distributed.launch`'s machinery.
 
 Jobs:
   train        `linen-moe train <argv>` in this process; its printed lines.
@@ -37,12 +37,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
+from linen_moe import MATMUL_PATHS
 from linen_moe import distributed
 from linen_moe import hlo
+from linen_moe import load_model_config
+from linen_moe import load_moe_config
 from linen_moe import sharding
-from linen_moe._src.config.files import load_model_config
-from linen_moe._src.config.files import load_moe_config
-from linen_moe._src.config.moe_config import MATMUL_PATHS
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from linen_moe_cli import main as cli_main

@@ -132,9 +132,9 @@ gc.collect()
 gc.freeze()
 gc.set_threshold(50_000, 50, 1_000)
 
-# Property tests (tests/test_properties.py): every new config or shape is a
-# new compile, so the default run draws a few examples, the same ones every
-# run, and reports a failing one as drawn (shrinking it would compile dozens
+# Property tests (tests/layer/test_properties.py): every new config or shape
+# is a new compile, so the default run draws a few examples, the same ones
+# every run, and reports a failing one as drawn (shrinking it would compile dozens
 # of programs); `--hypothesis-profile=slow` explores many more, randomly.
 # `linen-moe train` without --checkpoint-dir makes runs/<config>-<time>
 # under $LINEN_MOE_RUNS_DIR: in a directory of this session, never the

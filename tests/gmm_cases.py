@@ -1,5 +1,5 @@
 """Random grouped-matmul operands and a forward + backward, shared by the
-kernel tests (imports no flax: tests/test_tpu_kernels.py runs where only
+kernel tests (imports no flax: tests/kernels/test_tpu_kernels.py runs where only
 jax is installed)."""
 
 from __future__ import annotations

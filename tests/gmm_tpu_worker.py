@@ -1,11 +1,11 @@
 """Compiles the Pallas grouped matmul, forward + backward, for one chip of
 a TPU target through libtpu's topology (no TPU needed): the problems of
-tests/test_tpu_kernels.py with their tiles (float32 and bfloat16), and
+tests/kernels/test_tpu_kernels.py with their tiles (float32 and bfloat16), and
 `SHAPE` with the tiles the package chooses, and there the int8 kernel with
 its scales (forward and transposed). Prints as JSON each program's
 `cost_analysis()` FLOPs and its useful ones (3 x 2 M K N forward +
 backward, 2 M K N an int8 call). Run by
-tests/test_gmm_tiling.py in a process of its own (the target is set before
+tests/kernels/test_gmm_tiling.py in a process of its own (the target is set before
 jax starts).
 
   python -m tests.gmm_tpu_worker TARGET
@@ -32,7 +32,7 @@ def main(target_name: str) -> None:
   from linen_moe._src.kernels.tpu import pallas_int8  # noqa: PLC0415
   from linen_moe._src.kernels.tpu import tpu_chips  # noqa: PLC0415
   from tests import gmm_cases  # noqa: PLC0415
-  from tests import test_tpu_kernels  # noqa: PLC0415
+  from tests.kernels import test_tpu_kernels  # noqa: PLC0415
 
   device = targets.target_devices(target)[0]
   chip = tpu_chips.tpu_chip_name(device.device_kind)

@@ -1,4 +1,4 @@
-"""What the GPU chip checks (tests/test_on_gpu_*.py) share: where they run,
+"""What the GPU chip checks (tests/gpu/test_on_gpu_*.py) share: where they run,
 and the records they leave.
 
 They run on an NVIDIA GPU (benchmarks/gpu/one_gpu.sh's `tests` step; `-k

@@ -1,4 +1,4 @@
-"""The halves of tests/test_on_gpu_resume.py: a short training run that
+"""The halves of tests/gpu/test_on_gpu_resume.py: a short training run that
 saves a checkpoint and one that resumes from it, on whatever device this
 process has; and, as `python -m tests.gpu_resume_worker '<json job>'`,
 the CPU side (the test starts it with JAX_PLATFORMS=cpu), which prints one

@@ -1,4 +1,4 @@
-"""transformers' side of tests/test_on_gpu_families.py, in a process of its
+"""transformers' side of tests/gpu/test_on_gpu_families.py, in a process of its
 own (torch and the JAX CUDA plugin each load their own CUDA libraries; the
 test's process holds JAX's). Imports no jax.
 

@@ -2,7 +2,7 @@
 chip of the slice that holds `usable_bytes` of the target's chip less a
 margin, and one that holds the same plus the margin; prints as JSON
 whether each compiled (`CompileTimeHbmOom` is not compiling). Run by
-tests/test_cli_plan.py in a process of its own (the target is set before
+tests/planning/test_cli_plan.py in a process of its own (the target is set before
 jax starts).
 
   python -m tests.hbm_tpu_worker TARGET MARGIN_BYTES

@@ -6,7 +6,6 @@ import functools
 import json
 import pathlib
 import shutil
-import tempfile
 from unittest import mock
 
 from flax import nnx
@@ -79,13 +78,6 @@ def equal_trees(test, a, b) -> None:
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def tempdir(test) -> pathlib.Path:
-  """A fresh directory removed after `test`."""
-  path = tempfile.mkdtemp()
-  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
-  return pathlib.Path(path)
-
-
 def assert_logits(name: str, scan: bool, frontend: str, path: str) -> None:
   """Fixture `name`'s logits equal transformers' to `ATOL`."""
   ids, expected, _, _ = fixture(name)
@@ -109,7 +101,7 @@ def assert_save_is_the_fixture(test, name: str, prefix: str = "model."):
   saved directory."""
   from safetensors.numpy import load_file  # noqa: PLC0415
 
-  out = tempdir(test) / "out"
+  out = pathlib.Path(helpers.tempdir(test)) / "out"
   config, variables = hf.load_checkpoint(FIXTURES / name, scan_layers=False)
   hf.save_checkpoint(config, variables, out)
   saved = {}
@@ -130,7 +122,7 @@ def assert_config_refused(test, name: str, change: dict, pattern: str):
   """Fixture `name` with `change` applied to its config.json fails to load
   with a ValueError matching `pattern` (before any data is read, when the
   test forbids it)."""
-  d = tempdir(test) / name
+  d = pathlib.Path(helpers.tempdir(test)) / name
   shutil.copytree(FIXTURES / name, d)
   config = json.loads((d / "config.json").read_text())
   config.update(change)
@@ -160,7 +152,7 @@ def assert_packed_equals_alone(name: str, implementation: str = "einsum"):
 
 
 # int8 per-channel serving weights against transformers' float logits
-# (tests/test_hf.py's bound).
+# (tests/hf/test_hf.py's bound).
 INT8_REL = 0.04
 
 

@@ -1,6 +1,7 @@
 """What the tests of cluster launchers share (test_cli_slurm.py,
 test_cli_mpirun.py): the tasks' environment, the training flags, running a
-command, and a run directory's metrics rows to compare."""
+command; a run directory's rows to compare are
+`helpers.run_metrics(directory, recipe_steps=False)`."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import os
 import subprocess
 import tempfile
 
-from linen_moe._src.run import throughput
-from linen_moe._src.testing import helpers
 from tests import workers
 
 ROOT = workers.ROOT
@@ -89,16 +88,3 @@ def lines(path: str) -> int:
     return 0
   with open(path, encoding="utf-8") as f:
     return f.read().count("\n")
-
-
-def rows(directory: str) -> list[dict]:
-  """DIR/metrics.jsonl without the step times' metrics and without the
-  steps the run was started for (the first row's recipe): a stopped run
-  and the one it is compared with are started for other step counts."""
-  out = []
-  for row in helpers.read_jsonl(os.path.join(directory, "metrics.jsonl")):
-    kept = {k: v for k, v in row.items() if k not in throughput.TIMING_METRICS}
-    if "recipe" in kept:
-      kept["recipe"] = {k: v for k, v in kept["recipe"].items() if k != "steps"}
-    out.append(kept)
-  return out

@@ -1,7 +1,7 @@
 """Ragged all-to-all checks on 8 simulated CPU devices, run in a subprocess.
 
 `python -m tests.ragged_worker '<json list of jobs>'` prints one JSON line
-with their results; `tests/test_ragged_all_to_all.py` asserts on them. The
+with their results; `tests/kernels/test_ragged_all_to_all.py` asserts on them. The
 layer and train-step jobs are `tests.sharding_worker`'s.
 """
 

@@ -1,7 +1,7 @@
 """Sharding checks on 8 simulated CPU devices, run in a subprocess.
 
 `python -m tests.sharding_worker '<json list of jobs>'` runs each job and
-prints one JSON line with their results; `tests/test_sharding.py` asserts on
+prints one JSON line with their results; `tests/layer/test_sharding.py` asserts on
 them. The device count must be set before jax is imported, which is why this
 runs in its own process. Each job compiles its single-device reference once
 and then one sharded init and step per mesh.
@@ -278,7 +278,7 @@ def serving(job: dict) -> dict:
 def skip(job: dict) -> dict:
   """Three sharded fp8 steps with two microbatches, the second step's last
   microbatch poisoned (an out-of-range id: NaN loss); see
-  `tests/test_skip_steps.py` for the single-device twin."""
+  `tests/training/test_skip_steps.py` for the single-device twin."""
   cfg = load_model_config(
       "tiny_mixtral",
       quantization="fp8",

@@ -1,6 +1,6 @@
 """Compiles splash attention's forward and backward for a TPU slice
 through libtpu's topology (no TPU needed), with the head widths given, and
-prints the compiled temp bytes as JSON. Run by tests/test_attention.py in
+prints the compiled temp bytes as JSON. Run by tests/models/test_attention.py in
 a process of its own (the target is set before jax starts).
 
   python -m tests.splash_tpu_worker TARGET SEQ DK DV

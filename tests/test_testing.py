@@ -2,6 +2,9 @@
 promises (an absl upgrade that changed how parameterized copies methods
 would otherwise put slow cases back into the default run, unseen)."""
 
+import json
+import os
+
 from absl.testing import absltest
 from absl.testing import parameterized
 from hypothesis import given
@@ -102,6 +105,49 @@ class MeasuresTest(absltest.TestCase):
     b = {"w": np.array([1.0, 2.5]), "b": np.array(2.0)}
     self.assertEqual(helpers.max_abs_diff(a, b), 1.0)
     self.assertEqual(helpers.max_abs_diff({}, {}), 0.0)
+
+
+class RunFilesTest(helpers.TempDirMixin, absltest.TestCase):
+
+  def test_tempdir_is_removed_when_the_test_ends(self):
+    class Inner(helpers.TempDirMixin, absltest.TestCase):
+
+      def runTest(self):
+        Inner.made = self.tempdir()
+        assert os.path.isdir(Inner.made)
+
+    Inner().run()
+    self.assertFalse(os.path.exists(Inner.made))
+
+  def test_run_metrics_leaves_out_the_step_times(self):
+    directory = self.tempdir()
+    rows = [
+        {
+            "step": 1,
+            "loss": 2.5,
+            "tokens_per_s": 9.0,
+            "mfu": 0.1,
+            "recipe": {"steps": 4, "lr": 0.1},
+        },
+        {"step": 2, "loss": 2.0, "model_tflops_per_s": 1.0, "lr": 0.1},
+    ]
+    with open(os.path.join(directory, "metrics.jsonl"), "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+    self.assertEqual(
+        helpers.run_metrics(directory),
+        [
+            {"step": 1, "loss": 2.5, "recipe": {"steps": 4, "lr": 0.1}},
+            {"step": 2, "loss": 2.0, "lr": 0.1},
+        ],
+    )
+    self.assertEqual(
+        helpers.run_metrics(directory, ("lr", "recipe")),
+        [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.0}],
+    )
+    self.assertEqual(
+        helpers.run_metrics(directory, recipe_steps=False)[0]["recipe"],
+        {"lr": 0.1},
+    )
 
 
 if __name__ == "__main__":

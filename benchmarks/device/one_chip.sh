@@ -8,7 +8,7 @@
 #   benchmarks/device/one_chip.sh [STEP ...]   # default: every step
 #
 # Steps (each under its own time limit, its output in $OUT/STEP.log):
-#   tests      the tests that run only on a TPU (tests/test_attention.py's
+#   tests      the tests that run only on a TPU (tests/models/test_attention.py's
 #              SplashOnTpuTest: splash against the einsum)
 #   attention  benchmarks/model/bench_attention.py accelerator
 #   tiles      benchmarks/layer/bench_gmm_tiles.py: megablox gmm's tiles
@@ -18,7 +18,7 @@
 #              of 2.4 B parameters: the decode step against the chip's
 #              weight-read limit
 #   gmm        the Pallas grouped matmul: its tests compiled for the chip
-#              (tests/test_tpu_kernels.py -k on_tpu), then
+#              (tests/kernels/test_tpu_kernels.py -k on_tpu), then
 #              benchmarks/device/bench_gmm.py: a tile sweep, and dense /
 #              ragged_dot / megablox / ours forward + backward side by side
 #              at the issue's three shapes, equal and skewed groups; writes
@@ -29,7 +29,7 @@
 #              default run.
 #   gmm_tests  gmm's tests alone.
 #   gate_up    the paired gate and up projections: their tests compiled for
-#              the chip (tests/test_pallas_gate_up.py -k on_tpu), then
+#              the chip (tests/kernels/test_pallas_gate_up.py -k on_tpu), then
 #              benchmarks/device/bench_gate_up.py: two calls beside the
 #              paired kernels at several tiles, forward + backward, at the
 #              layer benchmarks' shapes and Mixtral's; $OUT/gate_up/;
@@ -101,7 +101,7 @@ for s in $steps; do
   case $s in
     tests)
       step tests 150 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_attention.py -k Splash ;;
+        tests/models/test_attention.py -k Splash ;;
     attention)
       step attention 120 python3 benchmarks/model/bench_attention.py \
         accelerator --seqs 2048 4096 8192 --repeats 10 ;;
@@ -122,7 +122,7 @@ for s in $steps; do
       # jax and numpy, and checks ours against ragged_dot itself.
       if python3 -c 'import pytest, absl, hypothesis' 2>/dev/null; then
         step gmm_tests 120 python3 -m pytest -q -p no:cacheprovider \
-          tests/test_tpu_kernels.py -k on_tpu
+          tests/kernels/test_tpu_kernels.py -k on_tpu
       else
         echo "== gmm_tests: skipped (no pytest / absl / hypothesis here)"
       fi
@@ -135,7 +135,7 @@ for s in $steps; do
       # gate and up projections paired beside two calls.
       if python3 -c 'import pytest, absl, hypothesis' 2>/dev/null; then
         step gate_up_tests 120 python3 -m pytest -q -p no:cacheprovider \
-          tests/test_pallas_gate_up.py -k on_tpu
+          tests/kernels/test_pallas_gate_up.py -k on_tpu
       fi
       # shellcheck disable=SC2086  # GATE_UP_ARGS: extra options, word-split
       step gate_up 300 python3 benchmarks/device/bench_gate_up.py \

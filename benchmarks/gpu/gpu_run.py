@@ -104,20 +104,20 @@ def _env(ctx: Context) -> list[list[str]]:
 # (`-k on_gpu`, as TPU has `-k on_tpu`).
 # The chip checks first: a step cut short still leaves their records.
 ON_GPU_TEST_FILES = (
-    "tests/test_on_gpu_seed.py",
-    "tests/test_on_gpu_routes.py",
-    "tests/test_on_gpu_attention.py",
-    "tests/test_on_gpu_families.py",
-    "tests/test_on_gpu_resume.py",
-    "tests/test_triton_gmm.py",
-    "tests/test_triton_decode.py",
+    "tests/gpu/test_on_gpu_seed.py",
+    "tests/gpu/test_on_gpu_routes.py",
+    "tests/gpu/test_on_gpu_attention.py",
+    "tests/gpu/test_on_gpu_families.py",
+    "tests/gpu/test_on_gpu_resume.py",
+    "tests/kernels/test_triton_gmm.py",
+    "tests/kernels/test_triton_decode.py",
 )
 GPU_TEST_FILES = (
     *ON_GPU_TEST_FILES,
-    "tests/test_grouped_matmul.py",
-    "tests/test_kernels.py",
-    "tests/test_attention.py",
-    "tests/test_moe.py",
+    "tests/kernels/test_grouped_matmul.py",
+    "tests/kernels/test_kernels.py",
+    "tests/models/test_attention.py",
+    "tests/layer/test_moe.py",
 )
 # A dry run: the chip checks whole (rehearsed on the CPU where ON_CPU_ENV
 # is "1", its default there), and a few of the others.
@@ -131,7 +131,7 @@ def _tests(ctx: Context) -> list[list[str]]:
   pytest = [ctx.python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
   pytest += ["-p", "no:xdist", "-rs"]
   if ctx.dry:
-    files = (*ON_GPU_TEST_FILES, "tests/test_grouped_matmul.py")
+    files = (*ON_GPU_TEST_FILES, "tests/kernels/test_grouped_matmul.py")
     return [[*pytest, *junit, *files, "-k", DRY_TESTS]]
   return [[*pytest, *junit, *GPU_TEST_FILES]]
 

@@ -1,6 +1,6 @@
 """`serving/bench_serving.py`'s decoding part: trains (here: no steps),
 converts, decodes, and prints each mode's expert-weight bytes and decode
-speed. Decoding itself: tests/test_decoding.py."""
+speed. Decoding itself: tests/models/test_decoding.py."""
 
 from absl.testing import absltest
 import bench_serving

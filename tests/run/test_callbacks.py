@@ -10,9 +10,7 @@ from absl.testing import absltest
 
 from linen_moe import load_model_config
 from linen_moe import training
-from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
-from tests import cli_helpers
 
 TINY = load_model_config("tiny_mixtral").replace(num_layers=1)
 SHAPE = dict(steps=4, batch_size=2, seq_len=8, progress=False, log_every=1)
@@ -22,12 +20,6 @@ def _options(directory: str, **fields) -> training.RunOptions:
   return training.RunOptions(
       config=TINY, checkpoint_dir=directory, **(SHAPE | fields)
   )
-
-
-def _rows(directory: str) -> list[dict]:
-  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
-  timing = throughput.TIMING_METRICS
-  return [{k: v for k, v in r.items() if k not in timing} for r in rows]
 
 
 class Recorder(training.Callback):
@@ -80,7 +72,7 @@ class CallbacksTest(absltest.TestCase):
         self.recorder.calls,
         [("start", 0, 4), *(("step", s) for s in (1, 2, 3, 4)), ("end", None)],
     )
-    rows = _rows(self.whole_dir)
+    rows = helpers.run_metrics(self.whole_dir)
     self.assertEqual(
         [r["twice_the_loss"] for r in rows],
         [2 * r["cross_entropy"] for r in rows],
@@ -91,7 +83,7 @@ class CallbacksTest(absltest.TestCase):
     self.assertFalse([x for x in self.lines if x.startswith("step ")])
 
   def test_stop_saves_the_step_and_a_resume_continues_the_same_run(self):
-    where = cli_helpers.tempdir(self)
+    where = helpers.tempdir(self)
     stopper = Recorder(stop_at=2)
     result = training.run(
         _options(where), log=lambda _: None, callbacks=[stopper]
@@ -104,10 +96,12 @@ class CallbacksTest(absltest.TestCase):
         _options(where), log=lambda _: None, callbacks=[Recorder()]
     )
     self.assertEqual(resumed.start_step, 2)
-    self.assertEqual(_rows(where), _rows(self.whole_dir))
+    self.assertEqual(
+        helpers.run_metrics(where), helpers.run_metrics(self.whole_dir)
+    )
 
   def test_an_exception_stops_the_run_saved(self):
-    where = cli_helpers.tempdir(self)
+    where = helpers.tempdir(self)
     failing = Recorder(fail_at=3)
     with self.assertRaisesRegex(
         training.RunStopped,
@@ -117,7 +111,9 @@ class CallbacksTest(absltest.TestCase):
       training.run(_options(where), log=lambda _: None, callbacks=[failing])
     self.assertIsInstance(caught.exception.__cause__, ZeroDivisionError)
     self.assertIn("3", os.listdir(where))
-    self.assertEqual(_rows(where), _rows(self.whole_dir)[:3])
+    self.assertEqual(
+        helpers.run_metrics(where), helpers.run_metrics(self.whole_dir)[:3]
+    )
     self.assertEqual(failing.calls[-1], ("end", "RunStopped"))
 
   def test_a_callback_must_be_one(self):

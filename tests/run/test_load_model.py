@@ -1,6 +1,6 @@
 """`decoding.load_model`: a Hugging Face folder's or a run's model with its
 tokenizer and stop ids, in one call (issue 64, item 3). A run directory's
-tokenizer files and stop id: tests/test_cli_tokenizer.py."""
+tokenizer files and stop id: tests/cli/test_cli_tokenizer.py."""
 
 import json
 import pathlib
@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from linen_moe import decoding
 from linen_moe import hf
-from tests import cli_helpers
+from linen_moe._src.testing import helpers
 
 FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures"
 MIXTRAL = FIXTURES / "hf" / "mixtral_gqa_swa"
@@ -23,7 +23,7 @@ TOKENIZER = FIXTURES / "chat" / "mixtral" / "tokenizer.json"
 class LoadModelTest(absltest.TestCase):
 
   def test_a_hugging_face_folder_with_its_tokenizer_and_stop_ids(self):
-    folder = pathlib.Path(cli_helpers.tempdir(self)) / "model"
+    folder = pathlib.Path(helpers.tempdir(self)) / "model"
     shutil.copytree(MIXTRAL, folder)
     shutil.copy(TOKENIZER, folder / "tokenizer.json")
     (folder / "generation_config.json").write_text(

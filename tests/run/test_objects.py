@@ -12,7 +12,6 @@ from linen_moe import load_model_config
 from linen_moe import sharding
 from linen_moe import training
 from linen_moe._src.run import loop
-from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
 from tests import cli_helpers
 
@@ -20,18 +19,14 @@ STEPS = 3
 SHAPE = dict(steps=STEPS, batch_size=2, seq_len=8)
 
 
-def _rows(directory: str) -> list[dict]:
-  """metrics.jsonl without the step times and the learning rate (an own
-  optimizer's rate is not known to the run)."""
-  rows = helpers.read_jsonl(os.path.join(directory, "metrics.jsonl"))
-  left_out = (*throughput.TIMING_METRICS, "learning_rate", "recipe")
-  return [{k: v for k, v in r.items() if k not in left_out} for r in rows]
+# An own optimizer's learning rate is not known to the run.
+_LEFT_OUT = ("learning_rate", "recipe")
 
 
 class ObjectsTest(absltest.TestCase):
 
   def test_objects_train_as_the_command_lines_strings(self):
-    python_dir, cli_dir = cli_helpers.tempdir(self), cli_helpers.tempdir(self)
+    python_dir, cli_dir = helpers.tempdir(self), helpers.tempdir(self)
     result = training.run(
         training.RunOptions(
             config=load_model_config("tiny_mixtral").replace(num_layers=1),
@@ -67,9 +62,9 @@ class ObjectsTest(absltest.TestCase):
         *(f"--{k.replace('_', '-')}={v}" for k, v in SHAPE.items()),
     )
     self.assertEqual(status, 0, err)
-    rows = _rows(python_dir)
+    rows = helpers.run_metrics(python_dir, _LEFT_OUT)
     self.assertEqual([r["step"] for r in rows], [1, 2, 3])
-    self.assertEqual(rows, _rows(cli_dir))
+    self.assertEqual(rows, helpers.run_metrics(cli_dir, _LEFT_OUT))
     self.assertEqual([r["cross_entropy"] for r in rows], result.losses)
     self.assertLess(result.losses[-1], result.losses[0])  # it trains
 
@@ -81,7 +76,7 @@ class ObjectsTest(absltest.TestCase):
         "--steps",
         "3",
         "--checkpoint-dir",
-        cli_helpers.tempdir(self),
+        helpers.tempdir(self),
     )
     self.assertEqual(
         err,
@@ -151,7 +146,7 @@ class ObjectsTest(absltest.TestCase):
           lora_rank=2,
           lora_targets="experts,attention",
           profile_steps="1:2",
-          checkpoint_dir=cli_helpers.tempdir(self),
+          checkpoint_dir=helpers.tempdir(self),
           steps=3,
       )
     self.assertEqual(opts.lora_targets, ("experts", "attention"))

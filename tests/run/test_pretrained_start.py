@@ -10,6 +10,7 @@ from unittest import mock
 from absl.testing import absltest
 
 from linen_moe import training
+from linen_moe._src.testing import helpers
 from tests import cli_helpers
 
 MIXTRAL = (
@@ -20,7 +21,7 @@ SHAPE = ("--batch-size", "2", "--seq-len", "8", "--no-progress")
 
 def _a_run(test: absltest.TestCase, name: str) -> str:
   """An (empty) run directory `name` holding a checkpoint step folder."""
-  where = os.path.join(cli_helpers.tempdir(test), name)
+  where = os.path.join(helpers.tempdir(test), name)
   os.makedirs(os.path.join(where, "3"))
   return where
 
@@ -57,7 +58,7 @@ class ConfigBesideACheckpointTest(absltest.TestCase):
       self.assertEqual(options.model_name, name)
 
   def test_default_run_directory_is_named_after_the_model(self):
-    runs = cli_helpers.tempdir(self)
+    runs = helpers.tempdir(self)
     with mock.patch.dict(os.environ, {"LINEN_MOE_RUNS_DIR": runs}):
       status, out, err = cli_helpers.cli(
           "train", "--init-from-hf", str(MIXTRAL), "--steps", "1", *SHAPE

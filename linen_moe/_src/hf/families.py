@@ -269,7 +269,7 @@ MODEL_TYPES = tuple(sorted(FAMILIES))
 class FamilyEntry(NamedTuple):
   """One family as the entry points name it (`--help`, the README, the
   guides and `linen_moe.hf`'s docstring, each checked against this table
-  by tests/test_hf_family_table.py).
+  by tests/hf/test_hf_family_table.py).
 
   Attributes:
     name: the family's name ("GPT-OSS").

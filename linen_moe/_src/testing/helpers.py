@@ -13,6 +13,9 @@ from collections.abc import Iterator
 import contextlib
 import io
 import json
+import os
+import shutil
+import tempfile
 from typing import Any
 
 import jax
@@ -25,6 +28,7 @@ from linen_moe._src.config import variables as variables_lib
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.layer.moe import RoutedMoE
 from linen_moe._src.parallel import sharding
+from linen_moe._src.run import throughput
 from linen_moe._src.training.markov_data import MarkovData
 
 
@@ -228,6 +232,63 @@ def read_jsonl(path: str) -> list[dict]:
   """
   with open(path, encoding="utf-8") as f:
     return [json.loads(line) for line in f]
+
+
+def tempdir(test: Any) -> str:
+  """A new directory, removed when `test` ends.
+
+  pytest does not parse absl's flags, so absltest's `create_tempdir`
+  cannot be used.
+
+  Args:
+    test: the running `absltest.TestCase` (its `addCleanup` removes it).
+
+  Returns:
+    The directory's path.
+  """
+  directory = tempfile.mkdtemp()
+  test.addCleanup(shutil.rmtree, directory, ignore_errors=True)
+  return directory
+
+
+class TempDirMixin:
+  """For an `absltest.TestCase`: `self.tempdir()`, a new directory removed
+  when the test ends (`tempdir`)."""
+
+  def tempdir(self) -> str:
+    return tempdir(self)
+
+
+def run_metrics(
+    directory: str,
+    leave_out: tuple[str, ...] = (),
+    recipe_steps: bool = True,
+) -> list[dict]:
+  """A run's DIR/metrics.jsonl without the step times' metrics.
+
+  A step run again computes the same row, but not in the same time, so the
+  throughput metrics (`tokens_per_s`, `model_tflops_per_s`, `mfu`) are left
+  out, and so is every key of `leave_out`.
+
+  Args:
+    directory: the run's directory (`--checkpoint-dir`).
+    leave_out: more top-level keys to leave out of each row.
+    recipe_steps: False leaves out the steps the run was started for (the
+      first row's `recipe`): a stopped run and the one it is compared with
+      are started for other step counts.
+
+  Returns:
+    Each row's metrics, in order.
+  """
+  rows = read_jsonl(os.path.join(directory, "metrics.jsonl"))
+  skip = (*throughput.TIMING_METRICS, *leave_out)
+  out = []
+  for row in rows:
+    kept = {k: v for k, v in row.items() if k not in skip}
+    if not recipe_steps and "recipe" in kept:
+      kept["recipe"] = {k: v for k, v in kept["recipe"].items() if k != "steps"}
+    out.append(kept)
+  return out
 
 
 def jaxpr_equations(jaxpr: Any) -> Iterator[Any]:

@@ -77,7 +77,7 @@ def apply_if_finite(ok: jax.Array, update: Callable[[PyTree], PyTree], state):
   The NNX train step skips in this same form (`nnx_adapter.train_step`):
   the same update under a select instead rounds the weights otherwise (an
   ulp on XLA CPU), which fp8 scales amplify into different losses
-  (tests/test_nnx_fp8.py).
+  (tests/training/test_nnx_fp8.py).
 
   Args:
     ok: <bool>[], typically `all_finite((loss, gradients))`.
