@@ -16,9 +16,10 @@ import os
 import time
 from typing import Any
 
+from linen_moe._src.training.metric_names import TIMING_METRICS
+
 PROFILE_DIR = "profile"
-# The metrics of a step's time (they differ between two runs of one step).
-TIMING_METRICS = ("tokens_per_s", "model_tflops_per_s", "mfu")
+__all__ = ["PROFILE_DIR", "TIMING_METRICS", "Throughput"]
 
 
 class Throughput:

@@ -28,8 +28,8 @@ from linen_moe._src.config import variables as variables_lib
 from linen_moe._src.config.model_config import ModelConfig
 from linen_moe._src.layer.moe import RoutedMoE
 from linen_moe._src.parallel import sharding
-from linen_moe._src.run import throughput
 from linen_moe._src.training.markov_data import MarkovData
+from linen_moe._src.training.metric_names import TIMING_METRICS
 
 
 def rel_err(got: Any, expected: Any) -> float:
@@ -281,7 +281,7 @@ def run_metrics(
     Each row's metrics, in order.
   """
   rows = read_jsonl(os.path.join(directory, "metrics.jsonl"))
-  skip = (*throughput.TIMING_METRICS, *leave_out)
+  skip = (*TIMING_METRICS, *leave_out)
   out = []
   for row in rows:
     kept = {k: v for k, v in row.items() if k not in skip}

@@ -13,12 +13,15 @@ from absl.testing import absltest
 
 import linen_moe
 from linen_moe import testing
+from linen_moe._src.testing import helpers
 from linen_moe_cli import main as cli_main
 from linen_moe_cli import options
 from linen_moe_cli.commands import train as train_command
 from tests import cli_helpers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 # Every command and subcommand a user can ask for --help.
 COMMANDS = (
     (),
@@ -137,7 +140,7 @@ class ChatTokenizerHintTest(absltest.TestCase):
 
   def test_a_tokenizer_without_template_says_what_to_add(self):
     # `tokenizer train` writes a lone tokenizer.json; chat data needs more.
-    folder = cli_helpers.tempdir(self)
+    folder = helpers.tempdir(self)
     text = os.path.join(folder, "notes.txt")
     with open(text, "w", encoding="utf-8") as f:
       f.write("What is 2 + 2? Four. " * 20)
@@ -169,7 +172,7 @@ class ExportIsNoRunTest(absltest.TestCase):
   def test_generate_on_an_export_says_what_it_is(self):
     # `linen-moe export --out DIR` writes one orbax checkpoint (its marker
     # file at the top), not a run's folder of steps.
-    export = cli_helpers.tempdir(self)
+    export = helpers.tempdir(self)
     with open(os.path.join(export, "_CHECKPOINT_METADATA"), "w") as f:
       f.write("{}")
     err = cli_helpers.cli_error(
@@ -178,7 +181,7 @@ class ExportIsNoRunTest(absltest.TestCase):
     self.assertEqual(err.count("\n"), 1, err)
     self.assertIn(f"No checkpoint in {export}. It is one checkpoint,", err)
     self.assertIn("linen_moe.checkpoint.load_export reads it", err)
-    empty = cli_helpers.tempdir(self)
+    empty = helpers.tempdir(self)
     err = cli_helpers.cli_error(
         "generate", "--checkpoint-dir", empty, "--prompt-ids", "1,2"
     )
