@@ -18,6 +18,7 @@ import linen_moe
 from linen_moe import testing
 from linen_moe import training
 from linen_moe._src.run import loop as train_job
+from linen_moe._src.testing import helpers
 from linen_moe.training import MarkovData
 from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
@@ -167,7 +168,7 @@ class TrainOptionsTest(parameterized.TestCase):
     self.assertEqual(cfg.moe.router_z_loss_weight, 1e-3)
 
   def test_bad_input_leaves_no_run_directory(self):
-    runs = cli_helpers.tempdir(self)
+    runs = helpers.tempdir(self)
     with mock.patch.dict(os.environ, {"LINEN_MOE_RUNS_DIR": runs}):
       status, out, err = _cli("train", "--set", "router_jitter=often")
     self.assertEqual(status, 2, err)
