@@ -162,7 +162,7 @@ class CommandTest(absltest.TestCase):
     self.assertRegex(
         err,
         r"^bench_moe: matplotlib is not installed, so the chart "
-        r"\(bench.png\) is skipped; .*pip install 'linen_moe\[bench\]'",
+        r"\(bench.png\) is skipped; .*pip install matplotlib",
     )
 
   def test_bad_repeats(self):
