@@ -37,12 +37,14 @@ import argparse
 import functools
 import json
 import pathlib
-import statistics
-import time
+import sys
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import gpu_timing  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 # The kernels have no public name (the layer reaches them through the
 # kernel registry); this times them alone, on routing set here.
@@ -90,22 +92,8 @@ def weight_bytes(ids, k: int, n: int, w_dtype: str) -> int:
   return values + (8 * layers if w_dtype == "float8_e4m3fn" else 0)
 
 
-def _seconds(call, args) -> float:
-  start = time.perf_counter()
-  jax.block_until_ready(call(*args))
-  return time.perf_counter() - start
-
-
-def _alternating(calls: dict, rounds: int, warmup: int) -> dict[str, float]:
-  """{name: median seconds} of (call, args) pairs over alternating rounds."""
-  for call, args in calls.values():
-    for _ in range(max(warmup, 1)):  # the first call compiles
-      jax.block_until_ready(call(*args))
-  times = {name: [] for name in calls}
-  for _ in range(rounds):
-    for name, (call, args) in calls.items():
-      times[name].append(_seconds(call, args))
-  return {name: statistics.median(t) for name, t in times.items()}
+# {name: median seconds} of {name: (call, args)}; tests replace it.
+_alternating = gpu_timing.call_medians
 
 
 def copy_bandwidth(nbytes: int = COPY_BYTES, rounds: int = 5) -> float:

@@ -31,12 +31,15 @@ import dataclasses
 import functools
 import json
 import pathlib
-import statistics
+import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+import gpu_timing  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 # The kernel has no public name (the layer reaches it through the kernel
 # registry); this times it alone, on group sizes set here.
@@ -111,23 +114,8 @@ def _fwd_bwd(matmul):
   return jax.jit(run)
 
 
-def _seconds(call, args) -> float:
-  start = time.perf_counter()
-  jax.block_until_ready(call(*args))
-  return time.perf_counter() - start
-
-
-def _alternating(calls: dict, rounds: int, warmup: int) -> dict[str, float]:
-  """{name: median seconds} of (call, args) pairs over alternating rounds."""
-  for call, args in calls.values():
-    for _ in range(max(warmup, 1)):  # the first call compiles
-      jax.block_until_ready(call(*args))
-  times = {name: [] for name in calls}
-  for _ in range(rounds):
-    for name, (call, args) in calls.items():
-      jax.block_until_ready(call(*args))
-      times[name].append(_seconds(call, args))
-  return {name: statistics.median(t) for name, t in times.items()}
+# {name: median seconds} of {name: (call, args)}; tests replace it.
+_alternating = gpu_timing.call_medians
 
 
 def _device() -> dict:

@@ -102,15 +102,18 @@ def alternating_medians(
     thunks: dict[str, Callable[[], Any]],
     rounds: int,
     deadline: Deadline | None = None,
+    warmup: int = 1,
 ) -> tuple[dict[str, float], dict[str, str]]:
-  """({name: median seconds}, {name: error}) of `thunks`: one untimed call
-  each (a call that raises is dropped, its error kept), then up to `rounds`
-  rounds calling each once in turn, fewer where `deadline` passes (at least
-  one timed round for each that warmed up)."""
+  """({name: median seconds}, {name: error}) of `thunks`: `warmup` (at
+  least one: the first compiles) untimed calls each (a call that raises is
+  dropped, its error kept), then up to `rounds` rounds calling each once in
+  turn, fewer where `deadline` passes (at least one timed round for each
+  that warmed up)."""
   errors, live = {}, {}
   for name, thunk in thunks.items():
     try:
-      thunk()
+      for _ in range(max(warmup, 1)):
+        thunk()
       live[name] = thunk
     except Exception as e:  # noqa: BLE001 (a route that fails is a result)
       errors[name] = f"{type(e).__name__}: {e}"[:600]
@@ -123,6 +126,23 @@ def alternating_medians(
       thunk()
       samples[name].append(time.perf_counter() - start)
   return {n: statistics.median(s) for n, s in samples.items() if s}, errors
+
+
+def call_medians(
+    calls: dict[str, tuple[Callable[..., Any], tuple]],
+    rounds: int,
+    warmup: int = 1,
+) -> dict[str, float]:
+  """{name: median seconds} of {name: (jitted call, its arguments)} by
+  `alternating_medians`; a call that fails raises (a kernel's own
+  benchmark has no other route to report)."""
+  thunks = {
+      name: jax_thunk(call, *args) for name, (call, args) in calls.items()
+  }
+  seconds, errors = alternating_medians(thunks, rounds, warmup=warmup)
+  if errors:
+    raise RuntimeError(f"timed calls failed: {errors}")
+  return seconds
 
 
 # -- the reporting arithmetic (benchmarks/tests checks it) -----------------

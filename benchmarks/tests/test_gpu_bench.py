@@ -11,6 +11,8 @@ import tempfile
 import types
 
 from absl.testing import absltest
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import testing
@@ -73,6 +75,22 @@ class TimingArithmeticTest(absltest.TestCase):
     calls.clear()
     gpu_timing.alternating_medians({"ok": ok}, 5, gpu_timing.Deadline(-1))
     self.assertLen(calls, 2)
+    # `warmup` untimed calls before the rounds.
+    calls.clear()
+    gpu_timing.alternating_medians({"ok": ok}, rounds=2, warmup=3)
+    self.assertLen(calls, 5)
+
+  def test_call_medians_of_jitted_calls(self):
+    double = jax.jit(lambda x: 2 * x)
+    seconds = gpu_timing.call_medians({"double": (double, (jnp.ones(4),))}, 2)
+    self.assertEqual(list(seconds), ["double"])
+    self.assertGreater(seconds["double"], 0.0)
+
+    def bad(x):
+      raise ValueError("no kernel")
+
+    with self.assertRaisesRegex(RuntimeError, "bad.*ValueError: no kernel"):
+      gpu_timing.call_medians({"bad": (bad, (1,))}, 2)
 
 
 class GmmReportTest(absltest.TestCase):
