@@ -25,11 +25,10 @@ defaults are unmeasured).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src.kernels import kernel_vjp
 from linen_moe._src.kernels.gpu import triton_gmm
 from linen_moe._src.kernels.gpu import triton_tiles
 from linen_moe._src.kernels.gpu.triton_tiles import Tiling
@@ -67,47 +66,29 @@ def _device_kind() -> str | None:
   return device.device_kind if device.platform == "gpu" else None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _gmm(lhs, rhs, group_sizes, out_dtype, tiling, interpret):
+def _run_pass(op, a, b, group_sizes, tiling, out_dtype, interpret):
+  """One pass of `kernel_vjp.with_vjp` with its tiles of `tiling`."""
+  if op == "tgmm":
+    return triton_gmm.tgmm(
+        a,
+        b,
+        group_sizes,
+        tiles=tiling.tgmm,
+        out_dtype=out_dtype,
+        interpret=interpret,
+    )
   return triton_gmm.gmm(
-      lhs,
-      rhs,
+      a,
+      b,
       group_sizes,
-      tiles=tiling.gmm,
+      tiles=getattr(tiling, op),
       out_dtype=out_dtype,
+      transpose_rhs=op == "gmm_t",
       interpret=interpret,
   )
 
 
-def _gmm_fwd(lhs, rhs, group_sizes, out_dtype, tiling, interpret):
-  out = _gmm(lhs, rhs, group_sizes, out_dtype, tiling, interpret)
-  return out, (lhs, rhs, group_sizes)
-
-
-def _gmm_bwd(out_dtype, tiling, interpret, residuals, dout):
-  del out_dtype
-  lhs, rhs, group_sizes = residuals
-  dlhs = triton_gmm.gmm(
-      dout,
-      rhs,
-      group_sizes,
-      tiles=tiling.gmm_t,
-      out_dtype=lhs.dtype,
-      transpose_rhs=True,
-      interpret=interpret,
-  )
-  drhs = triton_gmm.tgmm(
-      lhs,
-      dout,
-      group_sizes,
-      tiles=tiling.tgmm,
-      out_dtype=rhs.dtype,
-      interpret=interpret,
-  )
-  return dlhs, drhs, None
-
-
-_gmm.defvjp(_gmm_fwd, _gmm_bwd)
+_gmm = kernel_vjp.with_vjp(_run_pass)
 
 
 def triton_grouped_matmul(

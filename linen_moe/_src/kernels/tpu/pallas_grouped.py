@@ -20,11 +20,10 @@ rule) unless given.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
+from linen_moe._src.kernels import kernel_vjp
 from linen_moe._src.kernels.operand_shapes import check_dtypes
 from linen_moe._src.kernels.operand_shapes import check_group_sizes
 from linen_moe._src.kernels.operand_shapes import check_shapes
@@ -94,44 +93,20 @@ def check_tiling(
     _check_tiles(op, getattr(tiling, op), *dims[op], multiple)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _gmm(lhs, rhs, group_sizes, out_dtype, tiling, interpret):
-  return pallas_gmm.gmm(
-      lhs,
-      rhs,
-      group_sizes,
-      tiling=tiling.gmm,
+def _run_pass(op, a, b, group_sizes, tiling, out_dtype, interpret):
+  """One pass of `kernel_vjp.with_vjp` with its tiles of `tiling`."""
+  run = dict(
+      tiling=getattr(tiling, op),
       out_dtype=out_dtype,
       interpret=interpret,
       vmem_limit_bytes=tiling.vmem_limit_bytes,
   )
+  if op == "tgmm":
+    return pallas_gmm.tgmm(a, b, group_sizes, **run)
+  return pallas_gmm.gmm(a, b, group_sizes, transpose_rhs=op == "gmm_t", **run)
 
 
-def _gmm_fwd(lhs, rhs, group_sizes, out_dtype, tiling, interpret):
-  out = _gmm(lhs, rhs, group_sizes, out_dtype, tiling, interpret)
-  return out, (lhs, rhs, group_sizes)
-
-
-def _gmm_bwd(out_dtype, tiling, interpret, residuals, dout):
-  del out_dtype
-  lhs, rhs, group_sizes = residuals
-  run = dict(interpret=interpret, vmem_limit_bytes=tiling.vmem_limit_bytes)
-  dlhs = pallas_gmm.gmm(
-      dout,
-      rhs,
-      group_sizes,
-      tiling=tiling.gmm_t,
-      out_dtype=lhs.dtype,
-      transpose_rhs=True,
-      **run,
-  )
-  drhs = pallas_gmm.tgmm(
-      lhs, dout, group_sizes, tiling=tiling.tgmm, out_dtype=rhs.dtype, **run
-  )
-  return dlhs, drhs, None
-
-
-_gmm.defvjp(_gmm_fwd, _gmm_bwd)
+_gmm = kernel_vjp.with_vjp(_run_pass)
 
 
 def pallas_grouped_matmul(
