@@ -64,12 +64,17 @@ class StepReport:
     self.start, self.steps, self.every, self.log = start, steps, every, log
     self.best = best_loss if math.isfinite(best_loss) else None
     self._began = time.perf_counter()
+    self._unwritten = None  # the last step's line, when it was not due
 
   def __iter__(self):
     return iter(range(self.start, self.steps))
 
   def close(self) -> None:
-    """Ends the bar (a no-op for lines)."""
+    """Ends the bar; with lines, writes the last reported step's line if
+    it was not due (a run stopped between two lines ends on its line)."""
+    if self._unwritten is not None:
+      self.log(self._unwritten)
+      self._unwritten = None
     self.bar.close()
 
   def step(
@@ -88,16 +93,20 @@ class StepReport:
     if self.best is not None:
       fields["best"] = f"{self.best:.3f}"
     self.bar.set_postfix(**fields, skipped=skipped, **speed_postfix(speed))
+    if not self.lines:
+      return
+    rates = ", ".join(f"{v} {k}" for k, v in speed_postfix(speed).items())
+    best = "" if self.best is None else f" (best {self.best:.4f})"
+    lr = "" if learning_rate is None else f", lr {learning_rate:.3g}"
+    line = (
+        f"step {done}/{self.steps}: loss {loss:.4f}{best}{lr}, "
+        f"{rates}, {skipped} skipped, "
+        f"{time.perf_counter() - self._began:.0f}s"
+    )
     due = done % self.every == 0 or done in (self.start + 1, self.steps)
-    if self.lines and due:
-      rates = ", ".join(f"{v} {k}" for k, v in speed_postfix(speed).items())
-      best = "" if self.best is None else f" (best {self.best:.4f})"
-      lr = "" if learning_rate is None else f", lr {learning_rate:.3g}"
-      self.log(
-          f"step {done}/{self.steps}: loss {loss:.4f}{best}{lr}, "
-          f"{rates}, {skipped} skipped, "
-          f"{time.perf_counter() - self._began:.0f}s"
-      )
+    self._unwritten = None if due else line
+    if due:
+      self.log(line)
 
   def write(self, line: str) -> None:
     """A message between steps (e.g. a held-out loss), above the bar."""
