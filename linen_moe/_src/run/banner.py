@@ -103,10 +103,28 @@ def _family_line(config: Any) -> str:
     return f"  Hugging Face: exports as {match.model_type}, {adapters}"
   if match.exports:
     return f"  Hugging Face: exports as {match.model_type}"
+  siblings = ", ".join(exporting_configs(match.model_type))
   return (
       f"  Hugging Face: no form (the nearest family, {match.model_type}, "
-      f"needs {'; '.join(match.differences)})"
+      f"needs {'; '.join(match.differences)}"
+      + (f"; shipped configs that export as it: {siblings}" if siblings else "")
+      + ")"
   )
+
+
+def exporting_configs(model_type: str) -> list[str]:
+  """The shipped configs that export as Hugging Face's `model_type`
+  (sorted; reads the YAML files, no jax)."""
+  from linen_moe._src.config.files import available_configs  # noqa: PLC0415
+  from linen_moe._src.config.files import load_model_config  # noqa: PLC0415
+  from linen_moe._src.hf import config_map  # noqa: PLC0415
+
+  found = []
+  for name in available_configs():
+    match = config_map.family_match(load_model_config(name))
+    if match.exports and match.model_type == model_type:
+      found.append(name)
+  return found
 
 
 def _data_line(opts: Any, meta: Mapping) -> list[str]:
