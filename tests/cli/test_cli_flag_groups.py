@@ -223,7 +223,7 @@ class FlagGroupsTest(absltest.TestCase):
     return [
         Case(
             flags=(
-                ("--steps", "37"),
+                ("--steps=37",),  # the = spelling too
                 ("--batch-size", "6"),
                 ("--seq-len", "24"),
                 ("--learning-rate", "0.0025"),
