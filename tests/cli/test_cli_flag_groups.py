@@ -17,6 +17,7 @@ where `train` would start it.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 import contextlib
 import dataclasses
 import io
@@ -41,6 +42,7 @@ from linen_moe_cli.commands import train as train_command
 ALONE = ((None, None, None), {"init_timeout_s": 300, "heartbeat_timeout_s": 30})
 # Where a one-process run without --checkpoint-dir is told to write.
 RUN_DIR = "runs/the-default-run-directory"
+_MISSING = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,13 +89,25 @@ def _options(argv: list[str]) -> RunOptions:
 
 
 @contextlib.contextmanager
+def _item(mapping: dict, key: str, value) -> Iterator[None]:
+  """`mapping[key]` is `value` within; then as it was. (`mock.patch.dict`
+  would restore a copy of the whole dict, and so drop the modules that
+  were first imported within from `sys.modules`.)"""
+  old = mapping.get(key, _MISSING)
+  mapping[key] = value
+  try:
+    yield
+  finally:
+    if old is _MISSING:
+      del mapping[key]
+    else:
+      mapping[key] = old
+
+
 def _stub_tensorboardx():
   """`RunOptions(tensorboard=...)` checks that tensorboardX imports, and
   the test extra does not install it; nothing here writes an event."""
-  with mock.patch.dict(
-      sys.modules, {"tensorboardX": types.ModuleType("tensorboardX")}
-  ):
-    yield
+  return _item(sys.modules, "tensorboardX", types.ModuleType("tensorboardX"))
 
 
 def _dispatched(argv: list[str]) -> tuple:
@@ -114,7 +128,7 @@ def _dispatched(argv: list[str]) -> tuple:
 
   with (
       # The face loads `initialize` (and jax) on first use: set it directly.
-      mock.patch.dict(distributed.__dict__, {"initialize": initialize}),
+      _item(distributed.__dict__, "initialize", initialize),
       mock.patch.object(train_command, "train_and_report", train_and_report),
       mock.patch.object(options, "default_run_dir", lambda name: RUN_DIR),
       contextlib.redirect_stdout(io.StringIO()),  # "run directory: ..."
