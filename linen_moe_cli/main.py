@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 # The subcommands whose time goes to running compiled steps, not to compiling
 # them: with LINEN_MOE_REUSE_HOST_MEMORY=1 they restart with host memory that
 # the programs reuse (`linen_moe.training.reuse_host_memory`). One malloc arena slows compiling, which
-# is most of what `matrix` (a few steps of each of 200 cells) does.
+# is most of what `matrix` (a few steps of each of 216 cells) does.
 STEP_BOUND_COMMANDS = ("train", "generate", "launch")
 
 

@@ -43,11 +43,15 @@ PATH_TITLES = {
 CONFIGS = testing.TINY_CONFIGS
 # The whole-model families (`FAMILY_CONFIGS`), each in every quantization
 # mode on one (path, layers, front end): the fewest cells that show every
-# mode trains each (8 beside the 192 of the product; the layer's paths are
-# the product's).
+# mode trains each (24 beside the 192 of the product; the layer's paths are
+# the product's), the families spread over the paths, layers and front ends.
 FAMILY_CELLS = {  # one entry per FAMILY_CONFIGS name (tested)
     "tiny_deepseek_v3_mla": ("sparse", "scanned", "linen"),
     "tiny_gemma4_text": ("dense", "unrolled", "nnx"),
+    "tiny_gpt_oss": ("dense_dropping", "unrolled", "nnx"),
+    "tiny_llama4": ("sparse", "unrolled", "linen"),
+    "tiny_glm4_moe": ("dense", "scanned", "nnx"),
+    "tiny_minimax_m2": ("sparse", "scanned", "nnx"),
 }
 MATRIX_LEARNING_RATE = 1e-3
 # The element types a compiled training step must feed its contractions.

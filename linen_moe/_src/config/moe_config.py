@@ -63,10 +63,17 @@ TINY_CONFIGS = (
     "tiny_deepseek_v3",
     "tiny_qwen3_moe",
 )
-# Tiny whole DeepSeek-V3 and Gemma-4 decoders (their attention and blocks,
-# which the MoE-layer shapes above lack), derived from the Hugging Face
-# fixtures (scripts/make_hf_configs.py).
-FAMILY_CONFIGS = ("tiny_deepseek_v3_mla", "tiny_gemma4_text")
+# Tiny whole decoders of the Hugging Face families (their attention and
+# blocks, which the MoE-layer shapes above lack), derived from the Hugging
+# Face fixtures (scripts/make_hf_configs.py).
+FAMILY_CONFIGS = (
+    "tiny_deepseek_v3_mla",
+    "tiny_gemma4_text",
+    "tiny_gpt_oss",
+    "tiny_llama4",
+    "tiny_glm4_moe",
+    "tiny_minimax_m2",
+)
 
 
 # Float fields (ints accepted, stored as floats); all must be finite.
