@@ -1,9 +1,10 @@
 """`linen-moe train`: its flags, its one-line errors (exit status 2, no
-traceback, checked before any work), what it prints, and a run on a mesh.
+traceback, checked before any work; 1 for a run that stopped), and the
+summary line it prints.
 
-The training it drives is tested through the library in test_decoder.py,
-test_skip_steps.py, test_routed_bias.py, test_nnx_adapter.py and
-test_sharding.py; resuming a run directory in test_cli_resume.py.
+The run it drives is tested through `linen_moe.training.run` in tests/run/
+(skipped steps and bad batches: test_skipped_steps.py; a mesh:
+test_mesh_runs.py; the options' checks: test_option_checks.py).
 """
 
 import math
@@ -15,20 +16,12 @@ from absl.testing import parameterized
 import numpy as np
 
 import linen_moe
-from linen_moe import testing
 from linen_moe import training
-from linen_moe._src.run import loop as train_job
 from linen_moe._src.testing import helpers
-from linen_moe.training import MarkovData
-from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
 from linen_moe_cli import model_args
 from linen_moe_cli.commands import train as train_command
 from tests import cli_helpers
-from tests import workers
-
-V = 256  # tiny_mixtral's vocabulary
-
 
 _cli = cli_helpers.cli
 
@@ -68,27 +61,6 @@ class TrainOptionsTest(parameterized.TestCase):
     self.assertEqual(status, 2)
     self.assertRegex(err, "^linen-moe: error: " + message)
     self.assertEqual(err.count("\n"), 1, err)
-
-  def test_python_entry_point_checks_the_same(self):
-    with self.assertRaisesRegex(ValueError, r"^seq_len=1 is invalid"):
-      RunOptions("tiny_mixtral", {}, steps=1, seq_len=1)
-    with self.assertRaisesRegex(ValueError, r"steps=True"):
-      RunOptions(steps=True, batch_size=1, seq_len=2)
-
-  def test_bad_batch_is_rejected_before_its_step(self):
-    def batches(self, batch_size, seq_len, seed=1, start=0):
-      del self, seed, start
-      yield np.full((batch_size, seq_len), V, np.int32)
-
-    with (
-        mock.patch.object(MarkovData, "batches", batches),
-        mock.patch.object(training.LinenFrontend, "init") as init,
-    ):
-      with self.assertRaisesRegex(
-          ValueError, rf"batch\[0, 0\]={V} is invalid: .*vocab_size={V}"
-      ):
-        training.run(RunOptions(steps=1, batch_size=2, seq_len=4))
-    init.assert_not_called()  # no model was built
 
   def test_missing_module_anywhere_is_one_line(self):
     # A module that is installed nowhere (tokamax, the example this used,
@@ -193,7 +165,7 @@ class TrainOptionsTest(parameterized.TestCase):
 class ResultLineTest(absltest.TestCase):
 
   def test_load_ratio_of_the_worst_layer(self):
-    result = train_job.RunResult(
+    result = training.RunResult(
         losses=[1.0],
         best_loss=1.0,
         expert_load=np.array([[0.25, 0.25, 0.25, 0.25], [0.4, 0.2, 0.2, 0.2]]),
@@ -205,7 +177,7 @@ class ResultLineTest(absltest.TestCase):
     self.assertIn("expert load max/min: 2.00  wall: ", out)
 
   def test_reports_skipped_steps(self):
-    result = train_job.RunResult([math.nan, 2.0, 1.0], 1.5, skipped_steps=1)
+    result = training.RunResult([math.nan, 2.0, 1.0], 1.5, skipped_steps=1)
     with mock.patch.object(training, "run", return_value=result):
       status, out, _ = _cli("train", "--steps=3")
     self.assertEqual(status, 0)
@@ -217,20 +189,19 @@ class ResultLineTest(absltest.TestCase):
     )
 
 
-class SkippedStepsTest(absltest.TestCase):
+class StoppedRunTest(absltest.TestCase):
 
-  def test_stops_after_consecutive_skips(self):
-    # The first step (learning rate 1e30) applies and sends every parameter
-    # to ~1e30; every later step overflows and is skipped.
-    status, _, err = _cli(
-        "train",
-        "--steps=6",
-        "--batch-size=2",
-        "--seq-len=8",
-        "--learning-rate=1e30",
-        "--max-consecutive-skips=3",
-        "--no-progress",
+  def test_a_run_that_stops_is_one_line_naming_the_flags(self):
+    # The run's message names its fields (tests/run/test_skipped_steps.py
+    # checks the real one); the command names its flags, exit status 1.
+    stopped = training.RunStopped(
+        "stopped at step 4 of 6: the last 3 steps (2 to 4) were all skipped "
+        "for a non-finite loss or gradient (`max_consecutive_skips` 3; 3 "
+        "skipped in all). The run is not recovering: lower `learning_rate`, "
+        "or check the data."
     )
+    with mock.patch.object(training, "run", side_effect=stopped):
+      status, _, err = _cli("train", "--max-consecutive-skips=3")
     self.assertEqual(status, 1)
     self.assertEqual(
         err,
@@ -239,20 +210,6 @@ class SkippedStepsTest(absltest.TestCase):
         "(--max-consecutive-skips 3; 3 skipped in all). The run is not "
         "recovering: lower --learning-rate, or check the data.\n",
     )
-
-
-@testing.slow
-class MeshTrainTest(parameterized.TestCase):
-  """`linen-moe train --mesh` on 8 simulated devices, both front ends."""
-
-  @parameterized.parameters("linen", "nnx")
-  def test_train_on_a_mesh(self, frontend):
-    argv = ["train", "--mesh", "data=2,expert=4", "--steps", "3"]
-    argv += ["--no-progress", "--frontend", frontend]
-    argv += ["--batch-size", "8", "--seq-len", "8"]
-    proc = workers.run("linen_moe_cli.main", *argv, devices=8)
-    self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
-    self.assertIn("final loss", proc.stdout)
 
 
 if __name__ == "__main__":
