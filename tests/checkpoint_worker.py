@@ -29,10 +29,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from linen_moe import MATMUL_PATHS  # noqa: E402
 from linen_moe import checkpoint  # noqa: E402
+from linen_moe import load_model_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
-from linen_moe._src.config.files import load_model_config  # noqa: E402
-from linen_moe._src.config.moe_config import MATMUL_PATHS  # noqa: E402
 from linen_moe.training import default_optimizer  # noqa: E402
 import nnx_adapter  # noqa: E402
 from nnx_adapter import frontend as get_frontend  # noqa: E402

@@ -1,5 +1,5 @@
 """Page faults of a compiled program's calls, in a process restarted (or not)
-by `host_memory.reuse_host_memory`.
+by `linen_moe.training.reuse_host_memory`.
 
   python -m tests.cli_host_memory_worker tuned|default
 
@@ -13,11 +13,12 @@ import os
 import resource
 import sys
 
+from linen_moe import training
 from linen_moe._src.run import host_memory
 
 if sys.argv[1] == "tuned":
   os.environ[host_memory.OPT_IN] = "1"
-host_memory.reuse_host_memory()
+training.reuse_host_memory()
 
 import jax  # noqa: E402  (after the restart: imported once)
 import jax.numpy as jnp  # noqa: E402

@@ -115,7 +115,7 @@ def _max_abs(tree) -> float:
 
 def layer(job: dict) -> dict:
   from linen_moe import RoutedMoE  # noqa: PLC0415
-  from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
+  from linen_moe.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
 
   mesh = sharding.make_mesh(job["mesh"])
   replicated = NamedSharding(mesh, P())

@@ -16,15 +16,15 @@ from __future__ import annotations
 import json
 import sys
 
-from linen_moe._src.planning import targets
+from linen_moe import planning
 
 # The Mixtral-like expert matmul: 8192 rows, 8 experts of 2048 x 5632.
 SHAPE = (8192, 2048, 5632, 8)
 
 
 def main(target_name: str) -> None:
-  target = targets.parse_target(target_name)
-  targets.prepare_process(target)
+  target = planning.parse_target(target_name)
+  planning.prepare_process(target)
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
 
@@ -34,7 +34,7 @@ def main(target_name: str) -> None:
   from tests import gmm_cases  # noqa: PLC0415
   from tests.kernels import test_tpu_kernels  # noqa: PLC0415
 
-  device = targets.target_devices(target)[0]
+  device = planning.target_devices(target)[0]
   chip = tpu_chips.tpu_chip_name(device.device_kind)
   whole = jax.sharding.NamedSharding(
       jax.sharding.Mesh([device], ("x",)), jax.sharding.PartitionSpec()

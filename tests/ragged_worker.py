@@ -26,8 +26,8 @@ import numpy as np  # noqa: E402
 
 from linen_moe import RoutedMoE  # noqa: E402
 from linen_moe import hlo
+from linen_moe import load_moe_config  # noqa: E402
 from linen_moe import sharding  # noqa: E402
-from linen_moe._src.config.files import load_moe_config  # noqa: E402
 from linen_moe._src.hlo import reading
 from linen_moe._src.kernels import ragged_collectives  # noqa: E402
 from tests import sharding_worker  # noqa: E402

@@ -28,10 +28,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
+from linen_moe import MATMUL_PATHS  # noqa: E402
 from linen_moe import load_model_config  # noqa: E402
 from linen_moe import models  # noqa: E402
 from linen_moe import sharding  # noqa: E402
-from linen_moe._src.config.moe_config import MATMUL_PATHS  # noqa: E402
 from linen_moe._src.hlo import reading
 from linen_moe._src.testing import helpers
 from linen_moe.training import MarkovData  # noqa: E402
@@ -190,8 +190,8 @@ def layer(job: dict) -> dict:
   (default "auto"), on each of `inputs` ("random", "skewed"; default
   "random"). Errors are absolute; `*_scale` the reference's max."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
-  from linen_moe._src.config.files import load_moe_config  # noqa: PLC0415
-  from linen_moe._src.config.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
+  from linen_moe import load_moe_config  # noqa: PLC0415
+  from linen_moe.variables import OVERWRITE_WITH_GRADIENT  # noqa: PLC0415
 
   out = {}
   modes = job.get("quantizations", [job.get("quantization", "fp8")])
@@ -253,8 +253,8 @@ def serving(job: dict) -> dict:
   """Serving forward of a converted `RoutedMoE` (sparse path) on one device
   and under each mesh: the expert-parallel path reads the stored kernels."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
+  from linen_moe import load_moe_config  # noqa: PLC0415
   from linen_moe import quantization  # noqa: PLC0415
-  from linen_moe._src.config.files import load_moe_config  # noqa: PLC0415
 
   out = {}
   for mode in job["modes"]:
@@ -328,9 +328,9 @@ def lora(job: dict) -> dict:
   logical axes say; and each placed leaf's spec. Errors are absolute;
   `*_scale` the reference's max (per leaf for the gradients)."""
   from linen_moe import RoutedMoE  # noqa: PLC0415
+  from linen_moe import load_moe_config  # noqa: PLC0415
   from linen_moe import lora as lora_lib  # noqa: PLC0415
   from linen_moe import quantization  # noqa: PLC0415
-  from linen_moe._src.config.files import load_moe_config  # noqa: PLC0415
 
   cfg = load_moe_config(
       job.get("config", "tiny_mixtral"),

@@ -35,7 +35,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from linen_moe._src.hlo import reading  # noqa: E402
+from linen_moe import hlo  # noqa: E402
 from linen_moe._src.kernels import grouped_matmul as gmm_lib  # noqa: E402
 from linen_moe._src.kernels import registry  # noqa: E402
 from tests import gmm_cases  # noqa: E402
@@ -96,7 +96,7 @@ def _program(run, args, m, k, n) -> dict:
   flops = (cost or {}).get("flops")
   return {
       "custom_calls": gpu_checks.custom_call_targets(text),
-      "contractions": sorted({c.opcode for c in reading.contractions(text)}),
+      "contractions": sorted({c.opcode for c in hlo.contractions(text)}),
       "flops": flops,
       "useful_flops": 6 * m * k * n,
   }

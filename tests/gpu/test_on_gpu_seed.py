@@ -34,12 +34,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from linen_moe import MATMUL_PATHS  # noqa: E402
+from linen_moe import hlo  # noqa: E402
 from linen_moe._src.hlo import reading  # noqa: E402
 from linen_moe._src.testing import helpers  # noqa: E402
 from linen_moe.quantization import MODES  # noqa: E402
+from linen_moe.training import FRONTENDS  # noqa: E402
 from linen_moe.training import MarkovData  # noqa: E402
 from linen_moe.training import default_optimizer  # noqa: E402
-from nnx_adapter import FRONTENDS  # noqa: E402
 from nnx_adapter import frontend as get_frontend  # noqa: E402
 
 CONFIG = "tiny_mixtral"
@@ -57,7 +58,7 @@ def where_types_are(text: str) -> dict[str, dict]:
   target) and the number that meet it only upstream ("converted")."""
   instructions = reading.parse_hlo(text)
   out: dict[str, dict] = {}
-  for c in reading.contractions(text):
+  for c in hlo.contractions(text):
     operands = set().union(*c.operand_types) if c.operand_types else set()
     target = instructions[c.name].target or c.opcode
     for t in c.quantized_inputs:

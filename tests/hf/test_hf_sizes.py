@@ -20,11 +20,11 @@ import jax
 from linen_moe import decoding
 from linen_moe import hf
 from linen_moe import load_model_config
+from linen_moe import sharding
 from linen_moe._src.hf import config_map
 from linen_moe._src.hf import load
 from linen_moe._src.hf import tensor_names as tn
 from linen_moe._src.models import mla
-from linen_moe._src.parallel import sharding
 from tests.hf_helpers import FIXTURES
 
 # The released models' config.json files, read from the installed package

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linen_moe import RoutedMoE
+from linen_moe import frontend
 from linen_moe import load_moe_config
 from linen_moe._src.layer import jit_init
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
@@ -48,7 +49,7 @@ class CompiledInitTest(absltest.TestCase):
     # A restored checkpoint's arrays are committed to their device: a step
     # jitted over `placed` outputs is then one program for both.
     device = jax.devices()[0]
-    make = lambda placed: jit_init.jit_once(  # noqa: E731
+    make = lambda placed: frontend.jit_once(  # noqa: E731
         lambda k: jax.random.normal(k, (3,)), placed=placed
     )(jax.random.key(0))
     restored = jax.device_put(np.ones(3, np.float32), device)
@@ -62,7 +63,7 @@ class CompiledInitTest(absltest.TestCase):
 
   def test_placed_must_be_a_bool(self):
     with self.assertRaisesRegex(TypeError, "placed='yes' must be True or"):
-      jit_init.jit_once(lambda x: x, placed="yes")
+      frontend.jit_once(lambda x: x, placed="yes")
 
   def test_under_jit_and_with_linen_options(self):
     cfg = load_moe_config("tiny_mixtral")
@@ -84,7 +85,7 @@ class CompiledInitTest(absltest.TestCase):
         return 2 * y if double else y
 
     x = jnp.ones((1, 3))
-    got = jit_init.compiled_init(Scaled(), jax.random.key(0), x, double=True)
+    got = frontend.compiled_init(Scaled(), jax.random.key(0), x, double=True)
     want = nn.Module.init(Scaled(), jax.random.key(0), x, double=True)
     _assert_same_variables(self, got, want)
 

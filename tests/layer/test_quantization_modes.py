@@ -27,7 +27,7 @@ from linen_moe.variables import OVERWRITE_WITH_GRADIENT as OWG
 TABLE_DTYPES = sorted(
     {
         jnp.dtype(d).name
-        for m in qm.MODES.values()
+        for m in quantization.MODES.values()
         for d in (m.forward_dtype, m.gradient_dtype, m.storage_dtype)
         if d is not None
     }
@@ -53,20 +53,26 @@ class TableTest(parameterized.TestCase):
     self.assertIn(f" {qm.hlo_type_name(dtype)}[4]", compiled.as_text())
 
   def test_lists_agree_with_the_flags(self):
-    self.assertEqual(tuple(qm.MODES), ("none", "int8", "fp8", "nanoo_fp8"))
-    self.assertEqual(qm.SERVING_MODES, qm.QUANTIZED)
+    self.assertEqual(
+        tuple(quantization.MODES), ("none", "int8", "fp8", "nanoo_fp8")
+    )
+    self.assertEqual(quantization.SERVING_MODES, qm.QUANTIZED)
     self.assertEqual(qm.FP8_MODES, ("fp8", "nanoo_fp8"))
-    self.assertEqual(qm.MODES["fp8"].hlo_types, {"f8e4m3fn", "f8e5m2"})
-    self.assertEqual(qm.MODES["none"].hlo_types, frozenset())
+    self.assertEqual(
+        quantization.MODES["fp8"].hlo_types, {"f8e4m3fn", "f8e5m2"}
+    )
+    self.assertEqual(quantization.MODES["none"].hlo_types, frozenset())
     with self.assertRaisesRegex(ValueError, "'int4'.*allowed"):
       qm.get_mode("int4")
 
-  @parameterized.parameters(*tuple(qm.MODES))
+  @parameterized.parameters(*tuple(quantization.MODES))
   def test_keeps_state_is_what_init_makes(self, mode):
     _, _, variables = _init(mode)
-    self.assertEqual(bool(variables.get(OWG)), qm.MODES[mode].keeps_state)
+    self.assertEqual(
+        bool(variables.get(OWG)), quantization.MODES[mode].keeps_state
+    )
 
-  @parameterized.parameters(*tuple(qm.MODES))
+  @parameterized.parameters(*tuple(quantization.MODES))
   def test_needs_rng_is_what_the_gradient_asks_for(self, mode):
     cfg, x, variables = _init(mode)
 
@@ -76,17 +82,17 @@ class TableTest(parameterized.TestCase):
 
     params = variables["params"]
     jax.eval_shape(jax.grad(loss), params, {AQT_RNG_STREAM: jax.random.key(0)})
-    if qm.MODES[mode].needs_rng:
+    if quantization.MODES[mode].needs_rng:
       with self.assertRaisesRegex(ValueError, AQT_RNG_STREAM):
         jax.eval_shape(jax.grad(loss), params, {})
     else:
       jax.eval_shape(jax.grad(loss), params, {})
 
-  @parameterized.parameters(*qm.SERVING_MODES)
+  @parameterized.parameters(*quantization.SERVING_MODES)
   def test_storage_is_what_serving_writes(self, mode):
     cfg, _, variables = _init(mode)
     _, served = quantization.quantize_weights(cfg, variables)
-    facts = qm.MODES[mode]
+    facts = quantization.MODES[mode]
     self.assertEqual(served["params"]["wi_0"].dtype, facts.storage_dtype)
     scale = served["params"]["wi_0_scale"].shape
     if facts.storage_scales == qm.PER_CHANNEL:

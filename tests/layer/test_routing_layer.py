@@ -28,9 +28,9 @@ from linen_moe._src.layer import routing as routing_lib
 from linen_moe._src.testing import helpers
 from linen_moe.quantization import MODES
 from linen_moe.sharding import unbox
+from linen_moe.variables import UPDATED_BY_RULE as RULE
 from tests import numpy_reference
 
-RULE = variables_lib.UPDATED_BY_RULE
 JITTER = variables_lib.ROUTER_JITTER_RNG_STREAM
 # Each config with a selection bias on the scale of its selection scores
 # (sigmoids ~ 0.5, softmax over 32 experts ~ 1/32).

@@ -19,8 +19,10 @@ import optax
 
 from linen_moe import Decoder
 from linen_moe import RoutedMoE
+from linen_moe import frontend
 from linen_moe import load_model_config
 from linen_moe import testing
+from linen_moe import training
 from linen_moe._src.models.scan import AUTO_UNROLL_MAX_LENGTH
 from linen_moe._src.testing import helpers
 from linen_moe._src.training import step as train_lib
@@ -203,7 +205,7 @@ class ScanUnrollTest(parameterized.TestCase):
 
       def loss(p):
         logits, aux = Decoder(config).apply({**variables, "params": p}, tokens)
-        return train_lib.decoder_loss(logits, aux, tokens)[0]
+        return training.decoder_loss(logits, aux, tokens)[0]
 
       params = variables["params"]
       compiled = jax.jit(jax.value_and_grad(loss)).lower(params).compile()
@@ -281,8 +283,8 @@ class TrainStepTest(parameterized.TestCase):
     model = Decoder(cfg)
     opt = default_optimizer(1e-2)
     tokens = jnp.asarray(next(batches))
-    state = train_lib.init_train_state(model, opt, tokens, jax.random.key(0))
-    step = jax.jit(train_lib.make_train_step(model, opt))
+    state = training.init_train_state(model, opt, tokens, jax.random.key(0))
+    step = jax.jit(training.make_train_step(model, opt))
     losses = []
     for i in range(TRAIN_STEPS):
       state, metrics = step(
@@ -305,9 +307,9 @@ class TrainStepTest(parameterized.TestCase):
     model = Decoder(cfg)
     opt = optax.sgd(0.1)
     tokens = _tokens(cfg, batch=8)
-    state = train_lib.init_train_state(model, opt, tokens, jax.random.key(0))
+    state = training.init_train_state(model, opt, tokens, jax.random.key(0))
     return tuple(
-        jax.jit(train_lib.make_train_step(model, opt, grad_accum=n))(
+        jax.jit(training.make_train_step(model, opt, grad_accum=n))(
             state, tokens, jax.random.key(1)
         )
         for n in (1, 4)
@@ -352,7 +354,7 @@ class TrainStepTest(parameterized.TestCase):
 
     for grad_accum in (1, 3):
       (p, o), m = jax.jit(
-          lambda x, g=grad_accum: train_lib.accumulate_gradients(
+          lambda x, g=grad_accum: frontend.accumulate_gradients(
               grad_fn, x, g, jax.random.key(0)
           )
       )(x)
@@ -378,13 +380,11 @@ class TrainStepTest(parameterized.TestCase):
     opt = optax.sgd(0.1)
     tokens = jnp.zeros((4, 8), jnp.int32)
     state = jax.eval_shape(
-        lambda: train_lib.init_train_state(
-            model, opt, tokens, jax.random.key(0)
-        )
+        lambda: training.init_train_state(model, opt, tokens, jax.random.key(0))
     )
 
     def dots(grad_accum):
-      step = train_lib.make_train_step(model, opt, grad_accum)
+      step = training.make_train_step(model, opt, grad_accum)
       jaxpr = jax.make_jaxpr(step)(state, tokens, jax.random.key(0))
       return sum(
           eqn.primitive.name == "dot_general"
@@ -404,10 +404,10 @@ class OverwriteRuleTest(absltest.TestCase):
   def test_overwrite_takes_new_value(self):
     state = {"a": {"input_scale": jnp.ones((1,))}}
     grads = {"a": {"input_scale": jnp.full((1,), 0.25)}}
-    new = train_lib.overwrite_with_gradient(state, grads)
+    new = frontend.overwrite_with_gradient(state, grads)
     np.testing.assert_array_equal(new["a"]["input_scale"], [0.25])
     with self.assertRaises(ValueError):
-      train_lib.overwrite_with_gradient(state, {"b": grads["a"]})
+      frontend.overwrite_with_gradient(state, {"b": grads["a"]})
 
   def test_microbatch_amax_takes_maximum_not_last_or_sum(self):
     past = jnp.array([0.0, 3.0, 2.0])  # rolled history shared by both

@@ -16,7 +16,6 @@ from linen_moe import frontend
 from linen_moe import load_model_config
 from linen_moe import testing
 from linen_moe._src.checkpoint import tree as ckpt_tree
-from linen_moe._src.config import stack_plan
 from linen_moe._src.models import layer_stack
 from linen_moe.frontend import routed_bias_rule
 from linen_moe.models import StackPlan
@@ -29,7 +28,7 @@ def _tree(plan: StackPlan, kinds) -> dict:
   """A fake params tree in `plan`'s layout: layer i holds [i] in `w` and
   its kind's own leaf."""
   unrolled = {
-      stack_plan.layer_name(i): {
+      frontend.layer_name(i): {
           "w": jnp.full((2,), float(i)),
           kind: jnp.full((3,), float(i)),
       }
@@ -75,7 +74,7 @@ class StackPlanTest(parameterized.TestCase):
     self.assertEqual(layer_stack.plan_of_tree(flat), plan)
     unrolled = layer_stack.to_unrolled(scanned, plan)
     for i, kind in enumerate(kinds):
-      layer = unrolled[stack_plan.layer_name(i)]
+      layer = unrolled[frontend.layer_name(i)]
       np.testing.assert_array_equal(layer["w"], [i, i])
       np.testing.assert_array_equal(layer[kind], [i, i, i])
     back = layer_stack.to_scanned(unrolled, plan)

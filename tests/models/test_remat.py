@@ -34,13 +34,13 @@ from linen_moe import load_model_config
 from linen_moe import load_moe_config
 from linen_moe import models
 from linen_moe import testing
+from linen_moe import training
 from linen_moe._src.config.model_config import REMAT_POLICIES
 from linen_moe._src.layer import checkpoint_names as names
 from linen_moe._src.models.remat import OFFLOADED_NAMES
 from linen_moe._src.models.remat import SAVED_NAMES
 from linen_moe._src.planning import targets as targets_lib
 from linen_moe._src.testing import helpers
-from linen_moe._src.training import step as train_lib
 from linen_moe.quantization import MODES
 from linen_moe.sharding import unbox
 from linen_moe.variables import OVERWRITE_WITH_GRADIENT
@@ -77,7 +77,7 @@ def _loss_fn(cfg, variables_of=_variables):
 
   def loss(p):
     logits, aux = Decoder(cfg).apply({**variables, "params": p}, tokens)
-    return train_lib.decoder_loss(logits, aux, tokens)[0]
+    return training.decoder_loss(logits, aux, tokens)[0]
 
   return loss, variables["params"]
 
@@ -95,7 +95,7 @@ def _nnx_loss_and_grads(cfg):
 
   def loss(m):
     logits, aux = m(tokens)
-    return train_lib.decoder_loss(logits, aux, tokens)[0]
+    return training.decoder_loss(logits, aux, tokens)[0]
 
   value, grads = nnx.jit(nnx.value_and_grad(loss))(model)
   # The gradients are the nnx.Param's; the other variables (a routed bias)
@@ -210,7 +210,7 @@ class SavedTensorsTest(parameterized.TestCase):
     cls.full = _residuals(cls.cfg.replace(remat="full"))
 
   def test_full_saves_no_named_tensor(self):
-    self.assertFalse(set(self.full) & set(names.CHECKPOINT_NAMES))
+    self.assertFalse(set(self.full) & set(models.CHECKPOINT_NAMES))
     none = _residuals(self.cfg)
     self.assertLess(self.full.total(), none.total() // 2)
 
@@ -220,10 +220,10 @@ class SavedTensorsTest(parameterized.TestCase):
     layers = self.cfg.num_layers
     want = {name: layers for name in SAVED_NAMES[remat]}
     self.assertEqual(
-        {k: v for k, v in got.items() if k in names.CHECKPOINT_NAMES}, want
+        {k: v for k, v in got.items() if k in models.CHECKPOINT_NAMES}, want
     )
     self.assertEqual(
-        {k: v for k, v in got.items() if k not in names.CHECKPOINT_NAMES},
+        {k: v for k, v in got.items() if k not in models.CHECKPOINT_NAMES},
         self.full,
     )
 
@@ -238,7 +238,7 @@ class SavedTensorsTest(parameterized.TestCase):
 
   @parameterized.parameters("tiny_mixtral", "tiny_deepseek_v3_mla")
   def test_every_name_is_tagged(self, config):
-    """Each name of `checkpoint_names.CHECKPOINT_NAMES` is on a tensor of the traced
+    """Each name of `checkpoint_models.CHECKPOINT_NAMES` is on a tensor of the traced
     decoder (MLA's query, key and value too)."""
     cfg = load_model_config(config, scan_layers=False)
     loss, params = _loss_fn(cfg, _zero_variables)
@@ -247,7 +247,7 @@ class SavedTensorsTest(parameterized.TestCase):
         for eqn in helpers.jaxpr_equations(jax.make_jaxpr(loss)(params))
         if eqn.primitive.name == "name"
     }
-    self.assertEqual(found, set(names.CHECKPOINT_NAMES))
+    self.assertEqual(found, set(models.CHECKPOINT_NAMES))
 
 
 class GroupedStackTest(parameterized.TestCase):
@@ -287,10 +287,10 @@ class GroupedStackTest(parameterized.TestCase):
 @functools.cache
 def _train_step(cfg, grad_accum):
   optimizer = optax.sgd(0.1)
-  state = train_lib.train_state_from_variables(
+  state = training.train_state_from_variables(
       _variables(cfg.replace(remat="none")), optimizer
   )
-  step = train_lib.make_train_step(Decoder(cfg), optimizer, grad_accum)
+  step = training.make_train_step(Decoder(cfg), optimizer, grad_accum)
   return state, jax.jit(step)
 
 

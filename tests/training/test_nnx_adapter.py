@@ -21,7 +21,7 @@ from linen_moe import training
 from linen_moe._src.config.quantization_modes import FP8_MODES
 from linen_moe._src.testing import helpers
 from linen_moe._src.testing.marks import heavy
-from linen_moe._src.training import step as train_lib
+from linen_moe.frontend import accumulate_gradients
 from linen_moe.quantization import MODES
 from linen_moe.sharding import unbox
 from linen_moe.training import MarkovData
@@ -240,7 +240,7 @@ class InterchangeTest(parameterized.TestCase):
     nnx_adapter.linen_to_nnx(variables, model)
     # Compiled: a whole decoder op by op compiles every op on its own.
     linen_loss_of = jax.jit(
-        lambda v: train_lib.decoder_loss(*linen.apply(v, tokens), tokens)[0]
+        lambda v: training.decoder_loss(*linen.apply(v, tokens), tokens)[0]
     )
     linen_loss = linen_loss_of(variables)
     nnx_loss = nnx.jit(lambda m: nnx_adapter.decoder_loss(m, tokens, None)[0])(
@@ -307,13 +307,13 @@ class TrainingTest(absltest.TestCase):
 
   def _train_linen(self, cfg, variables, batches, grad_accum=2):
     """(losses, fp8 state after) of the Linen train step from `variables`."""
-    state = train_lib.TrainState(
+    state = training.TrainState(
         step=jnp.zeros((), jnp.int32),
         params=variables["params"],
         fp8_state=variables.get(OVERWRITE_WITH_GRADIENT, {}),
         opt_state=TX.init(variables["params"]),
     )
-    step = jax.jit(train_lib.make_train_step(LinenDecoder(cfg), TX, grad_accum))
+    step = jax.jit(training.make_train_step(LinenDecoder(cfg), TX, grad_accum))
     losses = []
     for i, tokens in enumerate(batches):
       state, metrics = step(state, tokens, jax.random.key(i))
@@ -440,7 +440,7 @@ class GradAccumTest(parameterized.TestCase):
             variables["params"], variables[OVERWRITE_WITH_GRADIENT]
         )
 
-      (_, fp8), _ = train_lib.accumulate_gradients(grad_fn, x, grad_accum, rng)
+      (_, fp8), _ = accumulate_gradients(grad_fn, x, grad_accum, rng)
       return fp8
 
     return linen_grads

@@ -23,12 +23,12 @@ from linen_moe import RoutedAndSharedMoE
 from linen_moe import RoutedMoE
 from linen_moe import load_model_config
 from linen_moe import load_moe_config
+from linen_moe import training
 from linen_moe._src.config.model_config import REMAT_POLICIES
 from linen_moe._src.layer import sparse
 from linen_moe._src.models import blocks
 from linen_moe._src.models.remat import layer_remats_rows
 from linen_moe._src.testing import helpers
-from linen_moe._src.training import step as train_lib
 from linen_moe.sharding import unbox
 
 B, S = 2, 16
@@ -41,7 +41,7 @@ def _decoder_loss(cfg):
 
   def loss(p):
     logits, aux = Decoder(cfg).apply({**variables, "params": p}, tokens)
-    return train_lib.decoder_loss(logits, aux, tokens)[0]
+    return training.decoder_loss(logits, aux, tokens)[0]
 
   return loss, variables["params"]
 

@@ -22,6 +22,8 @@ import optax
 from linen_moe import load_model_config
 from linen_moe import testing
 from linen_moe._src.training import skip
+from linen_moe.frontend import all_finite
+from linen_moe.frontend import keep_if_finite
 from linen_moe.training import MarkovData
 from linen_moe.training import default_optimizer
 from nnx_adapter import frontend as get_frontend
@@ -68,8 +70,8 @@ class KeepIfFiniteTest(absltest.TestCase):
       )(params)
       updates, new_opt_state = optimizer.update(grads, opt_state, params)
       new = (optax.apply_updates(params, updates), new_opt_state)
-      ok = skip.all_finite((loss, grads))
-      return skip.keep_if_finite(ok, new, (params, opt_state))
+      ok = all_finite((loss, grads))
+      return keep_if_finite(ok, new, (params, opt_state))
 
     args = (params, optimizer.init(params), 1.0)
     compiled = jax.jit(step).lower(*args).compile()  # compiled once here
@@ -101,7 +103,7 @@ class SkipStepTest(parameterized.TestCase):
     self.assertEqual([int(s.step) for s in states], [0, 1, 2, 3, 4])
 
     before, after = (_comparable(frontend, s) for s in states[1:3])
-    self.assertTrue(bool(skip.all_finite(after)))
+    self.assertTrue(bool(all_finite(after)))
     jax.tree.map(np.testing.assert_array_equal, after, before)
     fp8 = get_frontend(frontend).fp8_state(states[2])
     self.assertNotEmpty(jax.tree.leaves(fp8))
@@ -117,7 +119,7 @@ class SkipStepTest(parameterized.TestCase):
     losses = [float(m["loss"]) for m in metrics]
     self.assertLess(losses[2], losses[0])
     self.assertLess(losses[3], losses[2])
-    self.assertTrue(bool(skip.all_finite(_comparable(frontend, states[-1]))))
+    self.assertTrue(bool(all_finite(_comparable(frontend, states[-1]))))
 
 
 class SkipRuleTest(absltest.TestCase):
@@ -125,12 +127,12 @@ class SkipRuleTest(absltest.TestCase):
   def test_all_finite_and_keep(self):
     new = {"a": jnp.array([1.0, jnp.nan]), "n": jnp.array(3)}
     old = {"a": jnp.array([0.0, 0.0]), "n": jnp.array(2)}
-    self.assertFalse(bool(skip.all_finite(new)))
-    self.assertTrue(bool(skip.all_finite(old)))
-    self.assertTrue(bool(skip.all_finite({"n": jnp.array(1)})))  # ints: no
-    kept = skip.keep_if_finite(skip.all_finite(new), new, old)
+    self.assertFalse(bool(all_finite(new)))
+    self.assertTrue(bool(all_finite(old)))
+    self.assertTrue(bool(all_finite({"n": jnp.array(1)})))  # ints: no
+    kept = keep_if_finite(all_finite(new), new, old)
     jax.tree.map(np.testing.assert_array_equal, kept, old)
-    kept = skip.keep_if_finite(jnp.array(True), new, old)
+    kept = keep_if_finite(jnp.array(True), new, old)
     jax.tree.map(np.testing.assert_array_equal, kept, new)
 
   def test_apply_if_finite(self):
