@@ -13,7 +13,6 @@ from linen_moe import Decoder
 from linen_moe import checkpoint
 from linen_moe import hf
 from linen_moe import training
-from linen_moe._src.run import loop as train_job
 from linen_moe._src.testing import helpers
 from linen_moe._src.testing.marks import heavy
 from linen_moe.training import RunOptions
@@ -42,7 +41,7 @@ class TrainAndExportTest(absltest.TestCase):
         checkpoint_dir=str(tmp / "run"),
     )
     logs = []
-    result = train_job.run(opts, log=logs.append)
+    result = training.run(opts, log=logs.append)
     # A pretrained start trains with the fine-tuning recipe (the sizes
     # given here win), says so first and records it in the first row.
     self.assertIn("fine-tune recipe", logs[0])
