@@ -24,6 +24,7 @@ import numpy as np
 # The grouped matmul alone (and its slot and block sizes) has no public name:
 # the layer reaches it through `MoEConfig.grouped_matmul`, on the group sizes
 # its routing makes; this times it on group sizes set here.
+from linen_moe._src.kernels import blocked  # noqa: TID251
 from linen_moe._src.kernels import grouped_matmul as gmm_lib  # noqa: TID251
 
 
@@ -102,19 +103,19 @@ def bench_pattern(args, pattern: str) -> None:
   flops_fwd = 2 * useful_rows * k * n
   print(
       f"\n{pattern}: M={m} K={k} N={n} G={g} {dtype.name}, "
-      f"slot rows {gmm_lib.slot_rows(m, g)}, overflow block rows "
-      f"{gmm_lib.block_rows(m, g)}, group sizes {sizes.tolist()}"
+      f"slot rows {blocked.slot_rows(m, g)}, overflow block rows "
+      f"{blocked.block_rows(m, g)}, group sizes {sizes.tolist()}"
   )
   print(f"{'':22s}{'ms':>9s}{'GFLOP/s':>10s}")
   for name, t in times.items():
     flops = flops_fwd * (3 if name.endswith("fwd+bwd") else 1)
     print(f"{name:22s}{t * 1e3:9.1f}{flops / t / 1e9:10.1f}")
   for part in ("fwd", "fwd+bwd"):
-    blocked = times[f"blocked {part}"]
+    blocked_s = times[f"blocked {part}"]
     print(
         f"{part:8s} blocked / dense roofline = "
-        f"{times[f'dense {part}'] / blocked:5.2f}   blocked / ragged_dot = "
-        f"{times[f'ragged_dot {part}'] / blocked:5.2f}x"
+        f"{times[f'dense {part}'] / blocked_s:5.2f}   blocked / ragged_dot = "
+        f"{times[f'ragged_dot {part}'] / blocked_s:5.2f}x"
     )
 
 

@@ -113,7 +113,7 @@ def ceilings_main() -> None:
   import jax.numpy as jnp  # noqa: PLC0415
 
   # The layer's pieces alone have no public names (private: they may move).
-  from linen_moe._src.kernels import grouped_matmul  # noqa: PLC0415, TID251
+  from linen_moe._src.kernels import blocked  # noqa: PLC0415, TID251
   from linen_moe._src.layer import permute  # noqa: PLC0415, TID251
   from linen_moe._src.layer import sparse  # noqa: PLC0415, TID251
 
@@ -162,7 +162,7 @@ def ceilings_main() -> None:
   def library_balanced(x, weights, ws, slot_rows=None):
     def hook(site, lhs, rhs, group_sizes):
       del site
-      return grouped_matmul.blocked_grouped_matmul(
+      return blocked.blocked_grouped_matmul(
           lhs, rhs, group_sizes, slot_rows_override=slot_rows
       )
 

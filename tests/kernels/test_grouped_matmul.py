@@ -16,6 +16,7 @@ import numpy as np
 from linen_moe import KernelFallbackWarning
 from linen_moe import testing
 from linen_moe._src.kernels import accelerator
+from linen_moe._src.kernels import blocked
 from linen_moe._src.kernels import grouped_matmul as gmm_lib
 from linen_moe._src.kernels import int8_grouped
 from linen_moe._src.kernels import platform
@@ -60,8 +61,8 @@ def _blocked(block_rows=None, slot_rows=None, **kwargs):
   def matmul(lhs, rhs, group_sizes):
     c = slot_rows
     if c is None:
-      c = gmm_lib.slot_rows(lhs.shape[0], rhs.shape[0])
-    return gmm_lib.blocked_grouped_matmul(
+      c = blocked.slot_rows(lhs.shape[0], rhs.shape[0])
+    return blocked.blocked_grouped_matmul(
         lhs,
         rhs,
         group_sizes,
@@ -191,7 +192,7 @@ class BlockedMatchesRaggedDotTest(parameterized.TestCase):
 
   def test_zero_rows(self):
     lhs, rhs, _ = _operands(2, m=0)
-    out = gmm_lib.blocked_grouped_matmul(lhs, rhs, jnp.zeros(2, jnp.int32))
+    out = blocked.blocked_grouped_matmul(lhs, rhs, jnp.zeros(2, jnp.int32))
     self.assertEqual(out.shape, (0, N))
 
 
@@ -266,7 +267,7 @@ class KernelSeamTest(parameterized.TestCase):
     with jax.sharding.use_abstract_mesh(mesh):
       self.assertEqual(platform.target_platform(), "tpu")
       self.assertEqual(gmm_lib.resolve_implementation("auto"), "ragged_dot")
-      a, b, acc = gmm_lib.float32_accumulation(lhs, lhs)
+      a, b, acc = blocked.float32_accumulation(lhs, lhs)
       self.assertEqual(
           (a.dtype, b.dtype, acc), (lhs.dtype, lhs.dtype, jnp.float32)
       )
@@ -443,7 +444,7 @@ class ValidationTest(parameterized.TestCase):
   )
   def test_tile_sizes_out_of_range(self, name, value, message):
     with self.assertRaisesRegex(ValueError, message):
-      gmm_lib.blocked_grouped_matmul(
+      blocked.blocked_grouped_matmul(
           jnp.zeros((M, K)),
           jnp.zeros((3, K, N)),
           jnp.zeros((3,), jnp.int32),
@@ -460,7 +461,7 @@ class ValidationTest(parameterized.TestCase):
       (40, 1, 8),  # mean 40: 10 -> 8
   )
   def test_block_rows(self, m, g, want):
-    self.assertEqual(gmm_lib.block_rows(m, g), want)
+    self.assertEqual(blocked.block_rows(m, g), want)
 
   # M (every row a slot) while the slots [G, M, max(K, N)] hold at most 2^20
   # elements and their matmul takes at most 2^24 multiply-adds.
@@ -473,12 +474,12 @@ class ValidationTest(parameterized.TestCase):
       (4096, 16, 32, 2, 320),  # 2^22 multiply-adds, but 2^21 elements
   )
   def test_default_slot_rows(self, m, g, k, n, want):
-    self.assertEqual(gmm_lib.default_slot_rows(m, g, k, n), want)
+    self.assertEqual(blocked.default_slot_rows(m, g, k, n), want)
 
   def test_small_problem_runs_without_loops(self):
     group_sizes = jnp.array([13, 0, 57, 20, 0, 5, 1, 0], jnp.int32)
     lhs, rhs, dout = _operands(8)
-    default = gmm_lib.blocked_grouped_matmul  # C = M here
+    default = blocked.blocked_grouped_matmul  # C = M here
     got = _fwd_bwd(default, group_sizes)(lhs, rhs, dout)
     want = _fwd_bwd(gmm_lib.ragged_dot, group_sizes)(lhs, rhs, dout)
     _assert_all_close(got, want, rtol=1e-5, atol=1e-5)
@@ -498,7 +499,7 @@ class ValidationTest(parameterized.TestCase):
     lhs = jax.random.normal(keys[0], (M, 256))
     rhs = jax.random.normal(keys[1], (8, 256, 256))
     dout = jax.random.normal(keys[2], (M, 256))
-    self.assertEqual(gmm_lib.default_slot_rows(M, 8, 256, 256), 16)
+    self.assertEqual(blocked.default_slot_rows(M, 8, 256, 256), 16)
     bounded = functools.partial(
         gmm_lib.grouped_matmul, implementation="blocked", max_group_size=12
     )
@@ -538,7 +539,7 @@ class ValidationTest(parameterized.TestCase):
       (5, 8, 5),  # never above M
   )
   def test_slot_rows(self, m, g, want):
-    self.assertEqual(gmm_lib.slot_rows(m, g), want)
+    self.assertEqual(blocked.slot_rows(m, g), want)
 
 
 if __name__ == "__main__":

@@ -199,7 +199,7 @@ def _paired_gate_up(module: nn.Module, rows: jax.Array, wi_0, wi_1):
 
 # `every_expert` computes E * T rows where the sorted path needs T * k; at
 # T <= 8 the grouped matmul gives each expert at least min(8, T) slots anyway
-# ("blocked", `grouped_matmul.slot_rows`), so the extra rows cost (nearly)
+# ("blocked", `blocked.slot_rows`), so the extra rows cost (nearly)
 # nothing, and the sort, its gathers and the expert-order bookkeeping go.
 EVERY_EXPERT_MAX_TOKENS = 8
 

@@ -247,7 +247,7 @@ class StoredGroupedMatmul(nn.Module):
   Attributes:
     implementation: see `kernels/grouped_matmul.py`'s `IMPLEMENTATIONS`.
     max_group_size: a static bound on every group's size the caller knows,
-      or None (see `grouped_matmul.blocked_grouped_matmul`).
+      or None (see `blocked.blocked_grouped_matmul`).
   """
 
   implementation: str = "auto"
