@@ -243,7 +243,7 @@ class MaskedLossTest(absltest.TestCase):
     """The step's cross-entropy (two microbatches holding 11 and 4 real
     targets) is the NumPy mean over all 15 real ones, of the decoder's own
     logits; what stands in the padding after the real ids changes nothing
-    of it. (The shapes and optimizer are those of test_cli_train_data's
+    of it. (The shapes and optimizer are those of tests/corpus_fixture.py's
     runs: one compiled step for both.)"""
     cfg = load_model_config("tiny_mixtral", num_layers=1)
     model, tx = Decoder(cfg), training.default_optimizer(3e-3)
