@@ -303,7 +303,7 @@ class KilledRunTest(absltest.TestCase):
     rng = np.random.default_rng(0)
     recorded = 0
     for attempt in range(4):
-      proc = subprocess.Popen(  # noqa: S603 (this Python, our code)
+      proc = subprocess.Popen(
           [sys.executable, "-c", _RUN_IN_A_CHILD, child],
           cwd=workers.ROOT,
           env=workers.env(),
