@@ -1,15 +1,15 @@
-"""`linen-moe train --lora-rank` (QLoRA on a Hugging Face base, chat data),
-resumed bit for bit; `linen-moe export --format hf` of it is the merged
-model, `--format adapters` its adapters; the LoRA flags' bad input, named
-before jax."""
+"""`linen-moe train`'s LoRA flags (their bad input, named before jax) and
+the run banner's LoRA lines; `linen-moe export --format hf` of a QLoRA run
+(on a Hugging Face base, chat data) is the merged model, `--format
+adapters` its adapters, in PEFT's format where the model has a Hugging Face
+form. The LoRA run itself (its fields, its exact resume):
+tests/run/test_lora_runs.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import pathlib
-import shutil
-import tempfile
 import types
 
 from absl.testing import absltest
@@ -24,20 +24,17 @@ from linen_moe import hf
 from linen_moe import load_model_config
 from linen_moe import lora
 from linen_moe import testing
+from linen_moe import training
 from linen_moe._src.hf import peft
 from linen_moe._src.lora import tree
 from linen_moe._src.run import banner
-from linen_moe._src.run import throughput
 from linen_moe._src.testing import helpers
 from linen_moe.sharding import unbox
 from linen_moe.testing import slow
 from linen_moe.training import RunOptions
 from linen_moe_cli import main as cli
 from tests import cli_helpers
-
-FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures"
-QUESTIONS = ("What is 2 + 2?", "Name a prime number.", "Say hello.")
-ANSWERS = ("2 + 2 = 4.", "Seven is a prime number.", "Hello!")
+from tests import lora_runs
 
 
 class LoRAFlagsTest(absltest.TestCase):
@@ -67,135 +64,23 @@ class LoRAFlagsTest(absltest.TestCase):
         self.assertEqual(status, 2, err)
         self.assertRegex(err, message)
 
-  def test_flags_become_config_fields(self):
-    opts = RunOptions(
-        lora_rank=16,
-        lora_alpha=32.0,
-        lora_targets=("experts", "attention"),
-        frozen_base_serving=True,
-        overrides={"quantization": "int8"},
-    )
-    self.assertEqual(
-        opts.overrides,
-        {
-            "quantization": "int8",
-            "lora_rank": 16,
-            "lora_alpha": 32.0,
-            "lora_targets": ("experts", "attention"),
-            "lora_dropout": 0.0,
-            "serving": True,
-        },
-    )
-
-
-def _deterministic(rows: list[dict]) -> list[dict]:
-  """The metrics without the wall-clock ones (throughput)."""
-  timing = throughput.TIMING_METRICS
-  return [{k: v for k, v in r.items() if k not in timing} for r in rows]
-
-
-def _base_directory(tmp: str) -> str:
-  """A Hugging Face checkpoint of the Qwen3-MoE fixture's architecture with
-  a vocabulary of 256 (random weights) and the Mixtral-style chat
-  tokenizer fixture (200 tokens) beside it."""
-  base = os.path.join(tmp, "base")
-  config_json = json.loads(
-      (FIXTURES / "hf" / "qwen3_moe_dense0_norm" / "config.json").read_text()
-  )
-  cfg = hf.model_config(config_json).replace(vocab_size=256)
-  tokens = np.zeros((1, 2), np.int32)
-  variables = unbox(Decoder(cfg).init(jax.random.key(0), tokens))
-  hf.save_checkpoint(cfg, variables, base)
-  for name in (
-      "tokenizer.json",
-      "tokenizer_config.json",
-      "chat_template.jinja",
-  ):
-    shutil.copy(FIXTURES / "chat" / "mixtral" / name, base)
-  return base
-
 
 @slow
-class QLoRARunTest(absltest.TestCase):
-  """One QLoRA run from a base directory, its resume and its exports."""
+class QLoRAExportTest(absltest.TestCase):
+  """`linen-moe export` of a QLoRA run (trained by `training.run`;
+  its resume: test_lora_runs.py): `--format hf` is the merged model,
+  `--format adapters` its adapters in PEFT's format."""
 
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    cls.tmp = tempfile.mkdtemp()
-    cls.base = _base_directory(cls.tmp)
-    cls.chats = os.path.join(cls.tmp, "chats.jsonl")
-    with open(cls.chats, "w", encoding="utf-8") as f:
-      for i in range(24):
-        messages = [
-            {"role": "user", "content": QUESTIONS[i % 3]},
-            {"role": "assistant", "content": ANSWERS[i % 3]},
-        ]
-        f.write(json.dumps({"messages": messages}) + "\n")
-
-  @classmethod
-  def tearDownClass(cls):
-    shutil.rmtree(cls.tmp, ignore_errors=True)
-    super().tearDownClass()
-
-  def argv(self, directory: str) -> list[str]:
-    return [
-        "train",
-        "--init-from-hf",
-        self.base,
-        "--data",
-        self.chats,
-        "--data-format",
-        "chat",
-        "--lora-rank",
-        "4",
-        "--lora-alpha",
-        "8",
-        "--quantization",
-        "int8",
-        "--frozen-base-serving",
-        "--learning-rate",  # the LoRA recipe's 2e-4 moves little in 4 steps
-        "1e-2",
-        "--lr-schedule",
-        "cosine",
-        "--warmup-steps",
-        "1",
-        "--steps",
-        "4",
-        "--save-every",
-        "2",
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "32",
-        "--no-progress",
-        "--checkpoint-dir",
-        directory,
-    ]
-
-  def test_resume_and_export(self):
-    whole = os.path.join(self.tmp, "whole")
-    code, out, err = testing.run_capturing(cli.main, self.argv(whole))
-    self.assertEqual(code, 0, out + err)
-    rows = helpers.read_jsonl(os.path.join(whole, "metrics.jsonl"))
-    self.assertLess(rows[-1]["loss"], rows[0]["loss"])
-    resumed = os.path.join(self.tmp, "resumed")
-    shutil.copytree(whole, resumed)
-    code, out, err = testing.run_capturing(
-        cli.main, [*self.argv(resumed), "--resume-step", "2"]
-    )
-    self.assertEqual(code, 0, out + err)
-    self.assertEqual(
-        _deterministic(
-            helpers.read_jsonl(os.path.join(resumed, "metrics.jsonl"))
-        ),
-        _deterministic(rows),
-    )
+  def test_export(self):
+    tmp = helpers.tempdir(self)
+    base, chats = lora_runs.write_inputs(tmp)
+    whole = os.path.join(tmp, "whole")
+    training.run(lora_runs.options(base, chats, whole), log=lambda _: None)
 
     config, variables, _ = checkpoint.read_variables(whole)
     self.assertTrue(config.moe.serving and config.moe.lora_rank == 4)
     plain_cfg, plain = lora.merge(config, variables)
-    merged = os.path.join(self.tmp, "merged")
+    merged = os.path.join(tmp, "merged")
     code, out, err = testing.run_capturing(
         cli.main,
         [
@@ -215,7 +100,7 @@ class QLoRARunTest(absltest.TestCase):
     got = jax.jit(Decoder(loaded_cfg).apply)(loaded, ids)[0]
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
-    out_dir = os.path.join(self.tmp, "adapters")
+    out_dir = os.path.join(tmp, "adapters")
     code, out, err = testing.run_capturing(
         cli.main,
         [
@@ -236,14 +121,14 @@ class QLoRARunTest(absltest.TestCase):
     self.assertEqual(
         (meta["peft_type"], meta["r"], meta["lora_alpha"]), ("LORA", 4, 8.0)
     )
-    self.assertEqual(meta["base_model_name_or_path"], self.base)
+    self.assertEqual(meta["base_model_name_or_path"], base)
     written = load_file(os.path.join(out_dir, "adapter_model.safetensors"))
     want, _ = peft.peft_tensors(config, variables)
     self.assertEqual(list(written), list(want))
     for name, value in want.items():
       np.testing.assert_array_equal(written[name], value)
     # linen_moe's own files load back.
-    own = os.path.join(self.tmp, "own")
+    own = os.path.join(tmp, "own")
     lora.save_adapters(config, variables, own)
     base_cfg = tree.without_adapters(config)
     _, back = lora.load_adapters(base_cfg, variables, own)
@@ -313,8 +198,7 @@ class AdaptersWithoutHFFormTest(absltest.TestCase):
     cfg = load_model_config("tiny_gemma4_26b", lora_rank=2, num_layers=1)
     tokens = np.zeros((1, 4), np.int32)
     variables = unbox(Decoder(cfg).init(jax.random.key(0), tokens))
-    run = tempfile.mkdtemp()
-    self.addCleanup(shutil.rmtree, run, ignore_errors=True)
+    run = helpers.tempdir(self)
     with checkpoint.Checkpoints(run) as ckpts:
       meta = {"model_config": checkpoint.config_dict(cfg)}
       ckpts.save(1, {frontend.VARIABLES: variables}, meta)
