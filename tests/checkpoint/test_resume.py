@@ -8,7 +8,7 @@ through a checkpoint on disk (`linen_moe.checkpoint`) and a restore into an
 abstract state. The cell is int8 on the dense path in NNX (AQT's
 stochastic rounding draws from the step's key); fp8 on the sparse path, in
 Linen and NNX, and the (slow) product of front ends, quantization modes and
-paths run through `linen-moe train --checkpoint-dir` in test_cli_resume.py.
+paths run through `training.run` in tests/run/test_resume.py.
 """
 
 from __future__ import annotations

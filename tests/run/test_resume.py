@@ -155,7 +155,7 @@ def _check_throughput(test, run: str, board: str) -> None:
     test.assertIn(tag.encode(), written)
 
 
-@testing.slow  # 2 more runs; test_cli_resume.py is the default's resume
+@testing.slow  # 2 more runs; tests/cli/test_cli_resume.py is the heavy tier's
 class ScheduleResumeTest(absltest.TestCase):
   """A run with a cosine schedule, warmup and weight decay: `whole` runs 12
   steps; `killed` is a copy of it put back at its step 6 (`resume_step=6`
