@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import pathlib
 import sys
 
@@ -103,15 +102,6 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, rounds: int = 5) -> float:
   call = jax.jit(lambda v: v + 1)
   seconds = _alternating({"copy": (call, (a,))}, rounds, 1)["copy"]
   return 2 * nbytes / seconds
-
-
-def _device() -> dict:
-  device = jax.devices()[0]
-  return {
-      "backend": jax.default_backend(),
-      "device_kind": device.device_kind,
-      "jax": jax.__version__,
-  }
 
 
 def _weights(e, k, n, w_dtype, seed=1):
@@ -257,7 +247,7 @@ def time_decode(
       "bytes_per_s": {r: route_bytes[r] / s for r, s in seconds.items()},
       "decode_speedup": {r: s / seconds["decode"] for r, s in seconds.items()},
       "interpret": interpret,
-      **_device(),
+      **gpu_timing.device_fields(),
   }
 
 
@@ -291,9 +281,7 @@ def main(argv=None) -> None:
             f" {r['limit_s'] * 1e6:.1f} us; fraction of limit: {fractions}"
         )
   if args.out:
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "bench_triton_decode.json"
-    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    path = gpu_timing.write_json(args.out, "bench_triton_decode.json", record)
     print(f"wrote {path}")
 
 

@@ -118,15 +118,6 @@ def _fwd_bwd(matmul):
 _alternating = gpu_timing.call_medians
 
 
-def _device() -> dict:
-  device = jax.devices()[0]
-  return {
-      "backend": jax.default_backend(),
-      "device_kind": device.device_kind,
-      "jax": jax.__version__,
-  }
-
-
 def time_triton_gmm(
     m: int,
     k: int,
@@ -174,7 +165,7 @@ def time_triton_gmm(
       "fraction_of_dense": seconds["dense"] / seconds["ours"],
       "tflops": {name: flops / s / 1e12 for name, s in seconds.items()},
       "interpret": interpret,
-      **_device(),
+      **gpu_timing.device_fields(),
   }
 
 
@@ -227,7 +218,10 @@ def sweep_tiles(
       except Exception as e:  # noqa: BLE001 (a tile that does not compile)
         print(f"{name} {fields}: {type(e).__name__}: {str(e)[:200]}")
   default = triton_tiles.default_tiling(triton_gmm.compute_dtype(dt))
-  entry = {"device_kind": _device()["device_kind"], "dtype": dt.name}
+  entry = {
+      "device_kind": gpu_timing.device_fields()["device_kind"],
+      "dtype": dt.name,
+  }
   entry.update(m=m, k=k, n=n, groups=g)
   for name, times in found.items():
     best = min(times, key=times.get) if times else None
@@ -238,7 +232,7 @@ def sweep_tiles(
           p: {",".join(map(str, f)): s for f, s in t.items()}
           for p, t in found.items()
       },
-      **_device(),
+      **gpu_timing.device_fields(),
   }
 
 
@@ -281,9 +275,7 @@ def main(argv=None) -> None:
       record["sweeps"].append(s)
       print("TUNED entry:", json.dumps(s["entry"]))
   if args.out:
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "bench_triton_gmm.json"
-    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    path = gpu_timing.write_json(args.out, "bench_triton_gmm.json", record)
     print(f"wrote {path}")
 
 

@@ -208,6 +208,18 @@ def write_json(out: str, name: str, result: dict) -> str:
   return path
 
 
+def device_fields() -> dict:
+  """The backend, first device's kind and jax version a result was
+  measured with."""
+  import jax  # noqa: PLC0415
+
+  return {
+      "backend": jax.default_backend(),
+      "device_kind": jax.devices()[0].device_kind,
+      "jax": jax.__version__,
+  }
+
+
 def environment() -> dict:
   """The date, jax's device and versions, torch's where it imports."""
   import datetime  # noqa: PLC0415
